@@ -1,0 +1,334 @@
+"""Frozen-dataclass configs: `--set a.b=value` overrides, type checks, provenance, JSON.
+
+A config is a tree of frozen dataclasses. Every leaf field is a *knob* with a dotted path
+(`model.transformer.num_layers`). Overrides are parsed as Python literals (never evaluated),
+checked against the field's annotation, and applied with `dataclasses.replace`, so every
+dataclass's `__post_init__` validation runs again on the new values.
+"""
+
+import ast
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+C = TypeVar("C")
+
+EXPERIMENT = "experiment"
+OVERRIDE = "--set"
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config or an override; the message says what to change."""
+
+
+def is_config(obj: Any) -> bool:
+    """True for a dataclass instance (a config node)."""
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """All knobs of a config as `{dotted.path: value}`, in field order.
+
+    Arguments:
+        cfg: a dataclass config.
+        prefix: prepended to every path (used in recursion).
+
+    Returns:
+        A flat dict of leaf values.
+    """
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        path = f"{prefix}{f.name}"
+        if is_config(value):
+            out.update(flatten(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def _groups(cfg: Any, prefix: str = "") -> list[str]:
+    out = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if is_config(value):
+            out.append(prefix + f.name)
+            out.extend(_groups(value, prefix + f.name + "."))
+    return out
+
+
+def suggest(name: str, candidates: Sequence[str], n: int = 3) -> list[str]:
+    """The closest names to `name` (also matching on the last dotted component)."""
+    close = difflib.get_close_matches(name, candidates, n=n, cutoff=0.5)
+    leaf = name.rsplit(".", 1)[-1]
+    for c in candidates:
+        if c.rsplit(".", 1)[-1] == leaf and c not in close:
+            close.append(c)
+    return close[:n]
+
+
+def _did_you_mean(name: str, candidates: Sequence[str]) -> str:
+    close = suggest(name, candidates)
+    if not close:
+        return ""
+    return " Did you mean " + " or ".join(repr(c) for c in close) + "?"
+
+
+def parse_literal(text: str) -> Any:
+    """Parse an override value: Python literals, `true/false/none`, else a bare string.
+
+    Uses `ast.literal_eval`, which accepts only literals (numbers, strings, tuples, lists,
+    dicts, booleans, None) and never runs code.
+    """
+    stripped = text.strip()
+    lowered = stripped.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return ast.literal_eval(stripped)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return stripped
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type):
+        return tp.__name__
+    return str(tp).replace("typing.", "")
+
+
+def coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check `value` against the annotation `tp`, converting where it is lossless.
+
+    Accepts an int for a float, a list for a tuple, and a string spelling of a number or
+    bool where the annotation asks for one. Raises ConfigError otherwise.
+    """
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value in allowed and type(value) in {type(a) for a in allowed}:
+            return value
+        raise ConfigError(
+            f"Knob {path!r} must be one of {', '.join(repr(a) for a in allowed)}; "
+            f"got {value!r}.{_did_you_mean(str(value), [str(a) for a in allowed])}"
+        )
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(value, arg, path)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(
+            f"Knob {path!r} expects {_type_name(tp)}; got {value!r} ({type(value).__name__})."
+        )
+    if tp is type(None):
+        if value is None:
+            return None
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        # A bare word that parsed as a number (e.g. a path "123") is still text.
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif origin in (tuple, list) or tp in (tuple, list):
+        container = origin or tp
+        args = typing.get_args(tp)
+        if isinstance(value, (list, tuple)):
+            if container is tuple and args and args[-1] is not Ellipsis:
+                if len(args) != len(value):
+                    raise ConfigError(
+                        f"Knob {path!r} expects {len(args)} values ({_type_name(tp)}); "
+                        f"got {len(value)}: {value!r}."
+                    )
+                items = [coerce(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args))]
+            else:
+                elem = args[0] if args else Any
+                items = [coerce(v, elem, f"{path}[{i}]") for i, v in enumerate(value)]
+            return tuple(items) if container is tuple else list(items)
+    elif origin is dict or tp is dict:
+        if isinstance(value, Mapping):
+            kt, vt = typing.get_args(tp) or (Any, Any)
+            return {coerce(k, kt, path): coerce(v, vt, f"{path}[{k!r}]") for k, v in value.items()}
+    elif dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, Mapping):
+            return from_dict(tp, value, _path=path + ".")
+    elif isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ConfigError(
+        f"Knob {path!r} expects {_type_name(tp)}; got {value!r} ({type(value).__name__})."
+    )
+
+
+def _rebuild(cls: type, kwargs: dict[str, Any], path: str) -> Any:
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        where = f" in {path.rstrip('.')!r}" if path else ""
+        raise ConfigError(f"Invalid config{where}: {e}") from None
+
+
+def _set(cfg: Any, parts: Sequence[str], value: Any, prefix: str) -> Any:
+    name, rest = parts[0], parts[1:]
+    hints = _hints(type(cfg))
+    path = prefix + name
+    current = getattr(cfg, name)
+    if rest:
+        new_child = _set(current, rest, value, path + ".")
+    else:
+        new_child = coerce(value, hints[name], path)
+    kwargs = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
+    kwargs[name] = new_child
+    return _rebuild(type(cfg), kwargs, prefix)
+
+
+def set_knob(cfg: C, path: str, value: Any) -> C:
+    """Return `cfg` with the knob at dotted `path` replaced by `value` (type-checked).
+
+    Arguments:
+        cfg: a dataclass config.
+        path: dotted knob path, e.g. `"model.transformer.num_layers"`.
+        value: the new value (already parsed).
+
+    Returns:
+        A new config; validation of every enclosing dataclass runs again.
+    """
+    knobs = flatten(cfg)
+    if path not in knobs:
+        groups = _groups(cfg)
+        if path in groups:
+            fields = [k for k in knobs if k.startswith(path + ".")]
+            raise ConfigError(
+                f"{path!r} is a group of knobs, not a knob; set one of its fields, "
+                f"e.g. {', '.join(fields[:4])}."
+            )
+        raise ConfigError(f"Unknown knob {path!r}.{_did_you_mean(path, list(knobs))}")
+    return _set(cfg, path.split("."), value, "")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split `a.b=value` into the path and the parsed literal value."""
+    if "=" not in text:
+        raise ConfigError(
+            f"Override {text!r} is not of the form KNOB=VALUE, e.g. --set model.transformer.num_layers=2."
+        )
+    path, raw = text.split("=", 1)
+    path = path.strip()
+    if not path:
+        raise ConfigError(f"Override {text!r} has no knob name before '='.")
+    return path, parse_literal(raw)
+
+
+def apply_overrides(cfg: C, overrides: Sequence[str]) -> tuple[C, dict[str, str]]:
+    """Apply `--set KNOB=VALUE` overrides in order.
+
+    Arguments:
+        cfg: the experiment's config.
+        overrides: strings of the form `a.b.c=VALUE`.
+
+    Returns:
+        The new config and `{knob: source}` for every knob, where source is
+        `"experiment"` or `"--set"`.
+    """
+    sources = {k: EXPERIMENT for k in flatten(cfg)}
+    for text in overrides:
+        path, value = parse_override(text)
+        cfg = set_knob(cfg, path, value)
+        sources[path] = OVERRIDE
+    return cfg, sources
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A JSON-ready nested dict of the config (tuples become lists)."""
+
+    def conv(v: Any) -> Any:
+        if is_config(v):
+            return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [conv(x) for x in v]
+        if isinstance(v, Mapping):
+            return {str(k): conv(x) for k, x in v.items()}
+        return v
+
+    return conv(cfg)
+
+
+def from_dict(cls: type[C], data: Mapping[str, Any], *, _path: str = "") -> C:
+    """Build a config of type `cls` from a nested dict (the inverse of `to_dict`).
+
+    Unknown keys are an error with a "did you mean" hint; missing keys take defaults.
+    """
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in names:
+            raise ConfigError(
+                f"Unknown knob {_path + key!r}.{_did_you_mean(key, names)}"
+            )
+        kwargs[key] = coerce(value, hints[key], _path + key)
+    return _rebuild(cls, kwargs, _path)
+
+
+def to_json(cfg: Any) -> str:
+    """The config as indented JSON."""
+    return json.dumps(to_dict(cfg), indent=2, sort_keys=False)
+
+
+def from_json(cls: type[C], text: str) -> C:
+    """Parse a config of type `cls` from `to_json` output."""
+    return from_dict(cls, json.loads(text))
+
+
+def format_knobs(cfg: Any, sources: Mapping[str, str] | None = None) -> str:
+    """One line per knob: `path = value  # source`, aligned, for knobs.txt and `launch show`."""
+    knobs = flatten(cfg)
+    width = max((len(k) for k in knobs), default=0)
+    lines = []
+    for k, v in knobs.items():
+        src = (sources or {}).get(k, EXPERIMENT)
+        lines.append(f"{k.ljust(width)} = {v!r}  # {src}")
+    return "\n".join(lines) + "\n"
