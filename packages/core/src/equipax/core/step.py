@@ -1,0 +1,149 @@
+"""The train state and the one jitted train step (grad + update + metrics), plus the eval step.
+
+A loss function has the signature `loss_fn(model, batch, *, key) -> (loss, aux)`: `loss` is the
+scalar that is differentiated, `aux` a dict of scalar metrics. `key=None` means deterministic
+(no dropout); the eval step always passes None.
+"""
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+from jaxtyping import Array, Int, PRNGKeyArray, PyTree, Scalar
+
+Batch = dict[str, Array]
+Metrics = dict[str, Array]
+
+# Metric names the train step writes itself; a loss function's aux may not reuse them.
+RESERVED_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate")
+
+
+# `loss_fn(model, batch, *, key: PRNGKeyArray | None) -> (loss, aux)`; a plain Callable so the
+# runtime type checker can check it (a Protocol would need @runtime_checkable to be usable).
+LossFn = Callable[..., tuple[Scalar, Metrics]]
+
+
+class TrainState(eqx.Module):
+    """Everything a training step reads and writes.
+
+    Attributes:
+        step: the number of updates applied so far (0 before the first step).
+        model: the model (parameters and static structure).
+        opt_state: the optimizer state for the model's inexact-array leaves.
+        model_state: non-trained state (BatchNorm statistics); not yet threaded through the
+            train step, which requires it to be None.
+    """
+
+    step: Int[Array, ""]
+    model: eqx.Module
+    opt_state: PyTree
+    model_state: eqx.nn.State | None = None
+
+
+def init_train_state(model: eqx.Module, optimizer: optax.GradientTransformation) -> TrainState:
+    """A train state at step 0 for `model`.
+
+    Arguments:
+        model: the initial model.
+        optimizer: the optimizer that will update the model's inexact-array leaves.
+
+    Returns:
+        The state, with the optimizer state initialised from the model's parameters.
+    """
+    opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
+    return TrainState(step=jnp.zeros((), jnp.int32), model=model, opt_state=opt_state)
+
+
+def _check_aux(aux: Metrics) -> None:
+    clash = sorted(set(aux) & set(RESERVED_METRICS))
+    if clash:
+        raise ValueError(
+            f"loss_fn aux: expected metric names other than {RESERVED_METRICS}, found {clash}. "
+            "Rename these aux entries; the train step writes them itself."
+        )
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: optax.GradientTransformation,
+    schedule: optax.Schedule,
+) -> Callable[[TrainState, Batch, PRNGKeyArray], tuple[TrainState, Metrics]]:
+    """Build the jitted train step.
+
+    The state passed in is donated: its buffers are reused for the new state, so the caller
+    must not use it again. The batch and the key are not donated.
+
+    Arguments:
+        loss_fn: `loss_fn(model, batch, *, key) -> (loss, aux)`.
+        optimizer: the optimizer the state was initialised with.
+        schedule: the optimizer's learning-rate schedule (for the `learning_rate` metric).
+
+    Returns:
+        `train_step(state, batch, key) -> (new_state, metrics)`. The step's random key is
+        `fold_in(key, state.step)`, so callers pass the same base key every step. `metrics` holds
+        `loss`, every aux entry, `grad_norm` (global, before clipping), `param_norm` (of the
+        parameters the loss was computed with) and `learning_rate` (for this update).
+    """
+
+    def loss_and_aux(model, batch, key):
+        loss, aux = loss_fn(model, batch, key=key)
+        return loss, aux
+
+    # donate="all-except-first" donates every argument but the first; the batch and key
+    # travel in the first so only the state is donated.
+    @eqx.filter_jit(donate="all-except-first")
+    def step(inputs: tuple[Batch, PRNGKeyArray], state: TrainState):
+        batch, key = inputs
+        if state.model_state is not None:
+            raise ValueError(
+                "TrainState.model_state: expected None (the train step does not thread "
+                "BatchNorm-style state yet), found a State."
+            )
+        step_key = jax.random.fold_in(key, state.step)
+        (loss, aux), grads = eqx.filter_value_and_grad(loss_and_aux, has_aux=True)(
+            state.model, batch, step_key
+        )
+        _check_aux(aux)
+        params = eqx.filter(state.model, eqx.is_inexact_array)
+        updates, opt_state = optimizer.update(grads, state.opt_state, params)
+        model = eqx.apply_updates(state.model, updates)
+        metrics = {
+            "loss": loss,
+            **aux,
+            "grad_norm": optax.tree.norm(grads),
+            "param_norm": optax.tree.norm(params),
+            "learning_rate": jnp.asarray(schedule(state.step), jnp.float32),
+        }
+        new_state = TrainState(
+            step=state.step + 1, model=model, opt_state=opt_state, model_state=None
+        )
+        return new_state, metrics
+
+    def train_step(
+        state: TrainState, batch: Batch, key: PRNGKeyArray
+    ) -> tuple[TrainState, Metrics]:
+        return step((batch, key), state)
+
+    return train_step
+
+
+def make_eval_step(loss_fn: LossFn) -> Callable[[eqx.Module, Batch], Metrics]:
+    """Build the jitted eval step.
+
+    Arguments:
+        loss_fn: `loss_fn(model, batch, *, key) -> (loss, aux)`; called with `key=None`.
+            Its aux entries should be sums (e.g. summed loss and example weight) so that results
+            over batches combine by addition.
+
+    Returns:
+        `eval_step(model, batch) -> aux`.
+    """
+
+    @eqx.filter_jit
+    def eval_step(model: eqx.Module, batch: Batch) -> Metrics:
+        _, aux = loss_fn(model, batch, key=None)
+        return dict(aux)
+
+    return eval_step

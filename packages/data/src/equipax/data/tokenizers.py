@@ -1,0 +1,199 @@
+"""Tokenizers: a byte-level one with no dependencies and a locally trained SentencePiece one."""
+
+import abc
+import io
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import sentencepiece as spm
+
+
+class Tokenizer(abc.ABC):
+    """Maps text to token ids and back. `decode` drops pad/bos/eos ids."""
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids; every id is in `[0, vocab_size)`."""
+
+    @property
+    @abc.abstractmethod
+    def pad_id(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def bos_id(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def eos_id(self) -> int: ...
+
+    @abc.abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """Encode `text` to ids, without bos/eos."""
+
+    @abc.abstractmethod
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Decode ids to text, skipping pad/bos/eos."""
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as ids: id `b` is byte `b` (0..255), then pad=256, bos=257, eos=258.
+
+    `vocab_size` is 259, the exact count; models that want a hardware-friendly embedding table
+    round their own vocabulary dimension up (a tokenizer never emits the extra ids).
+    Invalid UTF-8 produced by a model decodes with U+FFFD replacement characters.
+    """
+
+    @property
+    def vocab_size(self) -> int:
+        return 259
+
+    @property
+    def pad_id(self) -> int:
+        return 256
+
+    @property
+    def bos_id(self) -> int:
+        return 257
+
+    @property
+    def eos_id(self) -> int:
+        return 258
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        data = []
+        for i in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"id {i} is outside the byte vocabulary [0, {self.vocab_size}).")
+            if i < 256:
+                data.append(i)
+        return bytes(data).decode("utf-8", errors="replace")
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model with pad=0, unk=1, bos=2, eos=3 and byte fallback.
+
+    Build one with `SentencePieceTokenizer.train(...)` or `SentencePieceTokenizer.load(path)`.
+    Trained models use the identity normalizer and keep whitespace, so any text round-trips.
+    """
+
+    def __init__(self, processor: spm.SentencePieceProcessor, model_path: Path | None = None):
+        self._sp = processor
+        self.model_path = model_path
+
+    @classmethod
+    def load(cls, model_path: str | os.PathLike) -> "SentencePieceTokenizer":
+        """Load a `.model` file written by `train` (or any SentencePiece model)."""
+        path = Path(model_path)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"SentencePiece model not found at {str(path)!r}. Train one with "
+                f"SentencePieceTokenizer.train(texts, vocab_size=..., model_path={str(path)!r}) "
+                f"or fix the path."
+            )
+        return cls(spm.SentencePieceProcessor(model_file=str(path)), path)
+
+    @classmethod
+    def train(
+        cls,
+        texts: Iterable[str],
+        *,
+        vocab_size: int,
+        model_path: str | os.PathLike,
+        model_type: Literal["bpe", "unigram", "char", "word"] = "bpe",
+        max_sentences: int = 1_000_000,
+        num_threads: int = 1,
+    ) -> "SentencePieceTokenizer":
+        """Train a vocabulary on `texts` locally and write it to `model_path`.
+
+        Training is deterministic: each text is split into non-empty lines ("sentences") and
+        when there are more than `max_sentences` an evenly strided subset is used (no shuffling).
+
+        **Arguments:**
+
+        - `texts`: documents (e.g. the training split only, never eval data).
+        - `vocab_size`: size of the vocabulary, including 4 specials and 256 byte pieces.
+        - `model_path`: where the `.model` file is written (parent directories are created).
+        - `model_type`: SentencePiece algorithm; "bpe" is fast, "unigram" is SentencePiece's default.
+        - `max_sentences`: cap on training lines, to bound training time.
+        - `num_threads`: trainer threads (unigram only; keep fixed for reproducible models).
+
+        **Returns:** the loaded tokenizer.
+        """
+        if vocab_size <= 260:
+            raise ValueError(
+                f"vocab_size must exceed 260 (4 specials + 256 byte-fallback pieces), got {vocab_size}."
+            )
+        if max_sentences < 1:
+            raise ValueError(f"max_sentences must be positive, got {max_sentences}.")
+        lines = [line for text in texts for line in text.splitlines() if line.strip()]
+        if not lines:
+            raise ValueError("texts contain no non-empty lines to train a tokenizer on.")
+        if len(lines) > max_sentences:
+            picks = np.linspace(0, len(lines) - 1, max_sentences).round().astype(np.int64)
+            lines = [lines[i] for i in picks]
+        writer = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(lines),
+                model_writer=writer,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                pad_id=0,
+                unk_id=1,
+                bos_id=2,
+                eos_id=3,
+                byte_fallback=True,
+                character_coverage=0.9995,
+                normalization_rule_name="identity",
+                remove_extra_whitespaces=False,
+                # Documents are encoded whole, so a line-initial word has no preceding space; training
+                # lines must not get one either or line-initial pieces are never used.
+                add_dummy_prefix=False,
+                shuffle_input_sentence=False,
+                input_sentence_size=0,
+                max_sentence_length=1 << 16,
+                num_threads=num_threads,
+                minloglevel=2,  # warnings and errors only; training progress is not printed
+            )
+        except RuntimeError as err:
+            raise ValueError(f"SentencePiece training failed (vocab_size={vocab_size}): {err}") from err
+        path = Path(model_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(writer.getvalue())
+        tmp.replace(path)
+        return cls.load(path)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._sp.get_piece_size())
+
+    @property
+    def pad_id(self) -> int:
+        return int(self._sp.pad_id())
+
+    @property
+    def bos_id(self) -> int:
+        return int(self._sp.bos_id())
+
+    @property
+    def eos_id(self) -> int:
+        return int(self._sp.eos_id())
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._sp.encode(text))
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        flat = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
+        for i in flat:
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"id {i} is outside the vocabulary [0, {self.vocab_size}).")
+        return self._sp.decode(flat)

@@ -1,0 +1,139 @@
+"""Orbax checkpoints of the train state and the data iterator's state.
+
+The train state (an Equinox module) is saved as a flat `{path: array}` dict of its array
+leaves, so the checkpoint is readable without our classes and a shape mismatch can be
+reported by name before anything is restored. Saves are asynchronous; orbax finalises a
+step directory atomically, so a killed save never shows up as a restorable step.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from equipax.core.config import ConfigError
+
+PyTree = Any
+
+
+def _flat_arrays(tree: PyTree) -> dict[str, Any]:
+    arrays = eqx.filter(tree, eqx.is_array)
+    flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
+    return {jax.tree_util.keystr(path): leaf for path, leaf in flat}
+
+
+def _unflatten_into(template: PyTree, flat: dict[str, Any]) -> PyTree:
+    arrays, static = eqx.partition(template, eqx.is_array)
+    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(arrays)
+    leaves = [flat[jax.tree_util.keystr(p)] for p, _ in leaves_with_path]
+    return eqx.combine(jax.tree_util.tree_unflatten(treedef, leaves), static)
+
+
+class Checkpointer:
+    """Save and restore (train state, data iterator state) under `directory`.
+
+    Arguments:
+        directory: the job's `checkpoints/` folder.
+        keep: how many recent checkpoints to keep.
+    """
+
+    def __init__(self, directory: Path, *, keep: int):
+        self.directory = Path(directory).absolute()
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                                 enable_async_checkpointing=True),
+            item_names=("state", "data"),
+        )
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step, or None."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def save(self, step: int, state: PyTree, data_state: dict[str, Any]) -> None:
+        """Start an asynchronous save of `state` and `data_state` at `step`."""
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(_flat_arrays(state)),  # pyright: ignore[reportCallIssue]
+                data=ocp.args.JsonSave(data_state),  # pyright: ignore[reportCallIssue]
+            ),
+            force=True,
+        )
+
+    def wait(self) -> None:
+        """Block until every started save is complete on disk."""
+        self._manager.wait_until_finished()
+
+    def check_compatible(self, step: int, template: PyTree) -> None:
+        """Raise ConfigError naming every array whose shape/dtype differs from `template`."""
+        meta = self._manager.item_metadata(step)
+        saved = meta["state"] if meta is not None else None
+        if saved is None:
+            return
+        expected = {k: (tuple(v.shape), str(v.dtype)) for k, v in _flat_arrays(template).items()}
+        found = {k: (tuple(v.shape), str(v.dtype)) for k, v in dict(saved).items()}
+        diffs = []
+        for k in sorted(set(expected) | set(found)):
+            e, f = expected.get(k), found.get(k)
+            if e != f:
+                diffs.append(f"  {k}: checkpoint {f or 'missing'}, this config {e or 'missing'}")
+        if diffs:
+            shown = "\n".join(diffs[:10]) + ("\n  ..." if len(diffs) > 10 else "")
+            raise ConfigError(
+                f"The checkpoint at step {step} in {self.directory} was written by a model with "
+                f"different shapes ({len(diffs)} arrays differ):\n{shown}\n"
+                "Point --job-log-dir at a new directory to start fresh, or restore the knobs "
+                "recorded in that job's config.json."
+            )
+
+    def restore(self, step: int, template: PyTree) -> tuple[PyTree, dict[str, Any]]:
+        """Restore the checkpoint at `step` into the structure and shardings of `template`.
+
+        Returns:
+            (state, data_state).
+        """
+        self.check_compatible(step, template)
+        flat_template = _flat_arrays(template)
+        abstract = {
+            k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
+            for k, v in flat_template.items()
+        }
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract),  # pyright: ignore[reportCallIssue]
+                data=ocp.args.JsonRestore(),  # pyright: ignore[reportCallIssue]
+            ),
+        )
+        state = _unflatten_into(template, dict(restored["state"]))
+        return state, dict(restored["data"])
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file's content, or None if it does not exist."""
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def tree_digest(tree: PyTree) -> str:
+    """A short hash of all array leaves (to compare runs bit for bit in logs/tests)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for k, v in sorted(_flat_arrays(tree).items()):
+        h.update(k.encode())
+        h.update(np.asarray(v).tobytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,1 @@
+"""Built-in experiments; every module here is imported by the registry."""

@@ -1,0 +1,42 @@
+"""Small language models on the complete works of Shakespeare (the default experiment)."""
+
+from equipax.core.nn import TransformerConfig
+from equipax.core.optim import LearnerConfig, ScheduleConfig
+from equipax.launch.experiment import DataConfig, ExperimentConfig, TrainConfig
+from equipax.launch.registry import register
+from equipax.models.lm import LMConfig
+
+
+@register
+def shakespeare_tiny() -> ExperimentConfig:
+    """A ~3M-parameter LM on 36 plays (Hamlet and The Tempest held out); ~3 min on 2 CPU cores."""
+    return ExperimentConfig(
+        name="shakespeare_tiny",
+        description="Small LM on Shakespeare; the default experiment.",
+        model=LMConfig(
+            vocab_size=2048,
+            max_seq_len=128,
+            transformer=TransformerConfig(
+                num_layers=4,
+                model_dims=192,
+                num_heads=4,
+                head_dim=48,
+                hidden_dims=768,
+                activation="gelu",
+                scan_layers=False,
+                remat="none",
+            ),
+        ),
+        data=DataConfig(source="shakespeare", tokenizer="sentencepiece", seq_len=128, batch_size=16),
+        learner=LearnerConfig(
+            kind="adamw",
+            weight_decay=1e-4,
+            clip_gradient_norm=1.0,
+            schedule=ScheduleConfig(
+                kind="warmup_cosine", peak_learning_rate=3e-3, warmup_steps=50, decay_steps=550,
+                final_fraction=0.1,
+            ),
+        ),
+        train=TrainConfig(num_steps=600, log_every=20, eval_every=200, eval_batches=16,
+                          checkpoint_every=200),
+    )

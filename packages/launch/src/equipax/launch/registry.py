@@ -1,0 +1,85 @@
+"""Experiment registry: `@register`ed functions returning an ExperimentConfig.
+
+Lookup by short name (`shakespeare_tiny`) or by any dotted suffix of the full path
+(`experiments.shakespeare.shakespeare_tiny`). Registering is pure: nothing runs until a
+config is asked for, and building a config never touches devices.
+"""
+
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Callable
+
+from equipax.core.config import ConfigError, suggest
+from equipax.launch.experiment import ExperimentConfig
+
+ExperimentFn = Callable[[], ExperimentConfig]
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    name: str
+    path: str
+    fn: ExperimentFn
+
+
+_REGISTRY: dict[str, Entry] = {}
+
+
+def register(fn: ExperimentFn) -> ExperimentFn:
+    """Register an experiment under its function name (decorator)."""
+    name = fn.__name__
+    path = f"{fn.__module__}.{name}"
+    existing = _REGISTRY.get(name)
+    if existing is not None and existing.path != path:
+        raise ValueError(f"Experiment {name!r} registered twice: {existing.path} and {path}.")
+    _REGISTRY[name] = Entry(name=name, path=path, fn=fn)
+    return fn
+
+
+def _load_builtin() -> None:
+    import equipax.launch.experiments as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{pkg.__name__}.{mod.name}")
+
+
+def entries() -> list[Entry]:
+    """All registered experiments, sorted by name."""
+    _load_builtin()
+    return sorted(_REGISTRY.values(), key=lambda e: e.name)
+
+
+def lookup(name: str) -> Entry:
+    """Find an experiment by short name or dotted suffix.
+
+    Raises:
+        ConfigError: unknown or ambiguous name, listing the closest registered names.
+    """
+    all_entries = entries()
+    by_name = {e.name: e for e in all_entries}
+    if name in by_name:
+        return by_name[name]
+    matches = [e for e in all_entries if e.path == name or e.path.endswith("." + name)]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise ConfigError(
+            f"Experiment name {name!r} is ambiguous: {', '.join(e.path for e in matches)}. "
+            "Use a longer dotted path."
+        )
+    close = suggest(name.rsplit(".", 1)[-1], list(by_name))
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    raise ConfigError(
+        f"Unknown experiment {name!r}.{hint} Run `launch list` to see all "
+        f"{len(all_entries)} registered experiments."
+    )
+
+
+def get_experiment(name: str) -> ExperimentConfig:
+    """The resolved config of a registered experiment."""
+    entry = lookup(name)
+    cfg = entry.fn()
+    if cfg.name != entry.name:
+        cfg = dataclasses.replace(cfg, name=entry.name)
+    return cfg

@@ -1,0 +1,273 @@
+"""The training loop: config -> (model, optimizer, inputs) -> step -> loop -> job directory.
+
+The host loop stays small: fetch a batch, dispatch the jitted step, and read the metrics of
+a logged step back only after the next step has been dispatched, so the device never waits
+for the host. Evaluation, checkpoints and summaries happen every N steps.
+"""
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from rich.console import Console
+
+from equipax.core.config import format_knobs, to_json
+from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
+from equipax.core.optim import make_learner, make_schedule
+from equipax.core.step import TrainState, init_train_state, make_eval_step, make_train_step
+from equipax.data import BaseInput
+from equipax.launch.checkpoints import Checkpointer, tree_digest
+from equipax.launch.experiment import ExperimentConfig
+from equipax.launch.inputs import build_lm_inputs, build_tokenizer
+from equipax.launch.plots import plot_loss
+from equipax.launch.preemption import StopRequest
+from equipax.launch.progress import ProgressReporter
+from equipax.launch.summaries import MetricsWriter, read_metrics
+from equipax.models.lm import TransformerLM, generate, lm_loss
+
+MODEL_KEYS = ("ids", "labels", "weights")
+
+# bf16 dense peak per chip, TFLOP/s, by `device_kind` substring (for MFU).
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v4": 275.0, "TPU v5 lite": 197.0,
+               "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v5": 459.0, "TPU v6": 918.0}
+
+
+class Preempted(Exception):
+    """The run stopped on SIGTERM/SIGINT after checkpointing `step`."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped after step {step}")
+        self.step = step
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a finished (or stopped) run reports."""
+
+    job_dir: Path
+    start_step: int
+    final_step: int
+    final_train_loss: float | None
+    final_eval_loss: float | None
+    unigram_entropy: float | None
+    state_digest: str
+    sample: str | None
+
+
+def device_peak_tflops(cfg: ExperimentConfig) -> float | None:
+    """The per-device peak used for MFU: the config's, else a table lookup, else None (CPU)."""
+    if cfg.train.peak_tflops_per_device is not None:
+        return cfg.train.peak_tflops_per_device
+    kind = jax.devices()[0].device_kind
+    for name, peak in PEAK_TFLOPS.items():
+        if name.lower() in kind.lower():
+            return peak
+    return None
+
+
+def derived_numbers(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Numbers computed from the config alone (no devices touched)."""
+    params = lm_param_counts(cfg.model.transformer, cfg.model.vocab_size)
+    flops = transformer_lm_flops_per_token(
+        cfg.model.transformer, vocab_size=cfg.model.vocab_size, seq_len=cfg.data.seq_len
+    )
+    tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
+    return {
+        "params_total": params["total"],
+        "params_embedding": params["embedding"],
+        "params_per_layer": params["per_layer"],
+        "global_batch": cfg.data.batch_size,
+        "tokens_per_step": tokens_per_step,
+        "total_tokens": tokens_per_step * cfg.train.num_steps,
+        "model_flops_per_token": flops["training"],
+        "model_flops_per_step": flops["training"] * tokens_per_step,
+        "devices_required": 1,
+    }
+
+
+def _write_job_files(cfg: ExperimentConfig, sources: dict[str, str], job_dir: Path) -> None:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "config.json").write_text(to_json(cfg) + "\n")
+    (job_dir / "knobs.txt").write_text(format_knobs(cfg, sources))
+
+
+def _to_device(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    return {k: jax.device_put(batch[k]) for k in MODEL_KEYS}
+
+
+def evaluate(eval_step, model, eval_input: BaseInput, num_batches: int) -> dict[str, float]:
+    """Weighted mean loss and accuracy over an eval pass (`num_batches`=0: the whole pass)."""
+    eval_input.reset()
+    totals: dict[str, float] = {}
+    count = 0
+    while num_batches == 0 or count < num_batches:
+        try:
+            batch = eval_input.get_next()
+        except StopIteration:
+            break
+        aux = jax.device_get(eval_step(model, _to_device(batch)))
+        for k in ("loss_sum", "weight_sum", "correct_sum"):
+            totals[k] = totals.get(k, 0.0) + float(aux[k])
+        count += 1
+    weight = max(totals.get("weight_sum", 0.0), 1e-9)
+    return {"loss": totals.get("loss_sum", math.nan) / weight,
+            "accuracy": totals.get("correct_sum", math.nan) / weight,
+            "tokens": totals.get("weight_sum", 0.0), "batches": float(count)}
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    *,
+    job_dir: Path,
+    sources: dict[str, str] | None = None,
+    console: Console | None = None,
+) -> RunResult:
+    """Train `cfg`, writing everything to `job_dir`; resume if it holds a checkpoint.
+
+    Arguments:
+        cfg: the resolved experiment.
+        job_dir: the job directory (created if missing).
+        sources: which knobs came from `--set` (for knobs.txt).
+        console: where progress goes (default: stdout).
+
+    Returns:
+        A RunResult with the final losses and a digest of the final state.
+    """
+    console = console or Console()
+    job_dir = Path(job_dir)
+    _write_job_files(cfg, sources or {}, job_dir)
+    numbers = derived_numbers(cfg)
+    console.print(
+        f"[bold]{cfg.name}[/]: {numbers['params_total'] / 1e6:.2f}M params, "
+        f"{numbers['tokens_per_step']:,} tokens/step, {cfg.train.num_steps} steps -> {job_dir}",
+        highlight=False,
+    )
+
+    tokenizer = build_tokenizer(cfg, job_dir, log=lambda m: console.print(m, highlight=False))
+    inputs = build_lm_inputs(cfg, tokenizer)
+
+    root = jax.random.key(cfg.train.seed)
+    init_key, step_key, sample_key = jax.random.split(root, 3)
+    model = TransformerLM(cfg.model, key=init_key)
+    optimizer = make_learner(cfg.learner)
+    schedule = make_schedule(cfg.learner.schedule)
+    state: TrainState = init_train_state(model, optimizer)
+
+    checkpointer = Checkpointer(job_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
+    writer = MetricsWriter(job_dir)
+    start = checkpointer.latest_step()
+    if start is not None:
+        state, data_state = checkpointer.restore(start, state)
+        inputs.train.set_state(data_state)
+        writer.truncate_after(start)
+        console.print(f"Resumed from step {start} ({job_dir / 'checkpoints'}).", highlight=False)
+    start = start or 0
+
+    train_step = make_train_step(lm_loss, optimizer, schedule)
+    eval_step = make_eval_step(lm_loss)
+    flops_per_step = numbers["model_flops_per_step"]
+    peak = device_peak_tflops(cfg)
+    num_devices = 1
+    total = cfg.train.num_steps
+    progress = ProgressReporter(console, total=total, start=start)
+
+    last_train: dict[str, float] = {}
+    last_eval: dict[str, float] = {}
+    pending: tuple[int, dict[str, Any]] | None = None
+    t_last, s_last = time.monotonic(), start
+
+    def flush_pending() -> None:
+        nonlocal pending, t_last, s_last, last_train
+        if pending is None:
+            return
+        s, device_metrics = pending
+        pending = None
+        values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+        now = time.monotonic()
+        step_time = (now - t_last) / max(s - s_last, 1)
+        t_last, s_last = now, s
+        record = {
+            "loss": values["loss"],
+            "accuracy": values.get("accuracy", math.nan),
+            "learning_rate": values["learning_rate"],
+            "grad_norm": values["grad_norm"],
+            "param_norm": values["param_norm"],
+            "step_time_s": step_time,
+            "tokens_per_s": numbers["tokens_per_step"] / step_time,
+            "tflops_per_s_per_device": flops_per_step / step_time / num_devices / 1e12,
+        }
+        if peak is not None:
+            record["mfu"] = record["tflops_per_s_per_device"] / peak
+        last_train = record
+        writer.write(s, "train", record)
+        progress.update(s, record)
+
+    step = start
+    with StopRequest() as stop:
+        for step in range(start + 1, total + 1):
+            batch = _to_device(inputs.train.get_next())
+            state, metrics = train_step(state, batch, step_key)
+            if step == start + 1:
+                jax.block_until_ready(metrics)  # the first step includes compilation
+                progress.message(f"Compiled and ran the first step in {time.monotonic() - t_last:.1f} s.")
+                t_last, s_last = time.monotonic(), step
+            flush_pending()
+            if step % cfg.train.log_every == 0 or step == total or stop:
+                pending = (step, metrics)
+            if step % cfg.train.eval_every == 0 or step == total:
+                flush_pending()
+                last_eval = evaluate(eval_step, state.model, inputs.eval, cfg.train.eval_batches)
+                writer.write(step, "eval", last_eval)
+                progress.message(
+                    f"step {step}: eval loss {last_eval['loss']:.4f}, "
+                    f"accuracy {last_eval['accuracy']:.3f} on {last_eval['tokens']:,.0f} tokens"
+                )
+                t_last = time.monotonic()  # keep eval time out of the next step-time reading
+            if step % cfg.train.checkpoint_every == 0 or step == total or stop:
+                checkpointer.save(step, state, inputs.train.get_state())
+            if stop:
+                break
+        flush_pending()
+    if stop:
+        progress.close()
+        checkpointer.close()
+        writer.close()
+        console.print(
+            f"Stopped by {stop.signal_name} after step {step}; checkpoint saved in "
+            f"{job_dir / 'checkpoints'}. Run the same command again to resume.", highlight=False)
+        raise Preempted(step)
+    progress.close()
+    checkpointer.close()
+    writer.flush()
+
+    sample = None
+    if cfg.train.sample_tokens > 0:
+        prompt = np.asarray(tokenizer.encode(cfg.train.sample_prompt) or [tokenizer.bos_id], np.int32)
+        out = generate(state.model, jax.numpy.asarray(prompt), cfg.train.sample_tokens,
+                       temperature=cfg.train.sample_temperature, key=sample_key)
+        sample = tokenizer.decode(np.asarray(out).tolist())
+        writer.add_text("eval", "sample", sample, total)
+        console.print("[bold]Sample:[/]", highlight=False)
+        console.print(sample, highlight=False, markup=False)
+    writer.close()
+
+    records = read_metrics(writer.path)
+    plot_loss(records, job_dir / "plots" / "loss.png", title=cfg.name)
+    result = RunResult(
+        job_dir=job_dir, start_step=start, final_step=total,
+        final_train_loss=last_train.get("loss"), final_eval_loss=last_eval.get("loss"),
+        unigram_entropy=inputs.unigram_entropy, state_digest=tree_digest(state), sample=sample,
+    )
+    summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()}
+    (job_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if result.final_eval_loss is not None:
+        line = f"Final eval loss {result.final_eval_loss:.4f} nats/token"
+        if result.unigram_entropy is not None:
+            line += f" (unigram entropy of the training tokens: {result.unigram_entropy:.4f})"
+        console.print(line, highlight=False)
+    return result

@@ -1,0 +1,75 @@
+"""Run metrics: one JSON object per logged step in metrics.jsonl, and TensorBoard scalars.
+
+Only process 0 writes (multi-host runs call this with `enabled=False` elsewhere).
+"""
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from tensorboardX import SummaryWriter
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+class MetricsWriter:
+    """Append metrics to `<job>/metrics.jsonl` and `<job>/summaries/{train,eval}`.
+
+    Arguments:
+        job_dir: the job's directory.
+        enabled: False on processes other than 0 (writes nothing).
+    """
+
+    def __init__(self, job_dir: Path, *, enabled: bool = True):
+        self.enabled = enabled
+        self.path = Path(job_dir) / "metrics.jsonl"
+        self._tb: dict[str, SummaryWriter] = {}
+        self._job_dir = Path(job_dir)
+
+    def _writer(self, split: str) -> SummaryWriter:
+        if split not in self._tb:
+            self._tb[split] = SummaryWriter(str(self._job_dir / "summaries" / split))
+        return self._tb[split]
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records past `step` (a resumed run rewrites those steps)."""
+        if not (self.enabled and self.path.exists()):
+            return
+        kept = [ln for ln in self.path.read_text().splitlines()
+                if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        self.path.write_text("".join(ln + "\n" for ln in kept))
+
+    def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
+        """Record `metrics` of `split` ("train" or "eval") at `step`."""
+        if not self.enabled:
+            return
+        record = {"step": step, "split": split, **{k: _jsonable(v) for k, v in metrics.items()}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        tb = self._writer(split)
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                tb.add_scalar(k, v, step)
+
+    def add_text(self, split: str, tag: str, text: str, step: int) -> None:
+        if self.enabled:
+            self._writer(split).add_text(tag, text, step)
+
+    def flush(self) -> None:
+        for tb in self._tb.values():
+            tb.flush()
+
+    def close(self) -> None:
+        for tb in self._tb.values():
+            tb.close()
+        self._tb.clear()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file."""
+    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]

@@ -1,0 +1,204 @@
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from equipax.core.optim import (
+    LearnerConfig,
+    ScheduleConfig,
+    clip_by_update_rms,
+    make_learner,
+    make_schedule,
+)
+
+
+def _values(schedule, steps):
+    return np.array([float(schedule(jnp.asarray(s, jnp.int32))) for s in steps])
+
+
+def test_constant_schedule():
+    schedule = make_schedule(ScheduleConfig(peak_learning_rate=3e-4))
+    np.testing.assert_allclose(_values(schedule, [0, 10, 10_000]), [3e-4] * 3, rtol=1e-6)
+
+
+def test_warmup_cosine_schedule():
+    cfg = ScheduleConfig(
+        kind="warmup_cosine", peak_learning_rate=1e-3, warmup_steps=10, decay_steps=100,
+        final_fraction=0.1,
+    )
+    got = _values(make_schedule(cfg), [0, 5, 10, 60, 110, 1000])
+    # Mid-cosine (50 of 100 steps): peak * (alpha + (1 - alpha) * 0.5 * (1 + cos(pi / 2))).
+    want = [0.0, 5e-4, 1e-3, 1e-3 * (0.1 + 0.9 * 0.5), 1e-4, 1e-4]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9)
+
+
+def test_exponential_decay_schedule_22b():
+    # Pax's 22B: warmup 4000, decay from the end of warmup to 0.1x at step 300000.
+    cfg = ScheduleConfig(
+        kind="linear_rampup_exponential_decay", peak_learning_rate=1e-3, warmup_steps=4000,
+        decay_steps=300_000, final_fraction=0.1,
+    )
+    mid = (4000 + 300_000) // 2
+    got = _values(make_schedule(cfg), [0, 2000, 4000, mid, 300_000, 400_000])
+    want = [0.0, 5e-4, 1e-3, 1e-3 * math.sqrt(0.1), 1e-4, 1e-4]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9)
+
+
+def test_exponential_decay_holds_peak_until_decay_start():
+    cfg = ScheduleConfig(
+        kind="linear_rampup_exponential_decay", peak_learning_rate=2.0, warmup_steps=10,
+        decay_start=20, decay_steps=30, final_fraction=0.25,
+    )
+    got = _values(make_schedule(cfg), [5, 10, 15, 20, 25, 30, 99])
+    np.testing.assert_allclose(got, [1.0, 2.0, 2.0, 2.0, 1.0, 0.5, 0.5], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(peak_learning_rate=0.0), "schedule.peak_learning_rate"),
+        (dict(warmup_steps=-1), "schedule.warmup_steps"),
+        (dict(kind="warmup_cosine", decay_steps=0), "schedule.decay_steps"),
+        (dict(kind="warmup_cosine", decay_steps=5, final_fraction=1.5), "schedule.final_fraction"),
+        (
+            dict(kind="linear_rampup_exponential_decay", warmup_steps=10, decay_steps=5),
+            "schedule.decay_steps",
+        ),
+        (
+            dict(kind="linear_rampup_exponential_decay", warmup_steps=10, decay_start=5,
+                 decay_steps=50),
+            "schedule.decay_start",
+        ),
+        (
+            dict(kind="linear_rampup_exponential_decay", decay_steps=50, final_fraction=0.0),
+            "schedule.final_fraction",
+        ),
+    ],
+)
+def test_bad_schedule_config_raises(kwargs, field):
+    with pytest.raises(ValueError, match=field) as info:
+        ScheduleConfig(**kwargs)
+    assert "expected" in str(info.value) and "found" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(b1=1.0), "learner.b1"),
+        (dict(b2=-0.1), "learner.b2"),
+        (dict(eps=-1.0), "learner.eps"),
+        (dict(weight_decay=-1e-3), "learner.weight_decay"),
+        (dict(clip_gradient_norm=0.0), "learner.clip_gradient_norm"),
+        (dict(kind="pax_adam", clip_update_rms=-1.0), "learner.clip_update_rms"),
+        (dict(kind="adamw", clip_update_rms=1.0), "learner.clip_update_rms"),
+    ],
+)
+def test_bad_learner_config_raises(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        LearnerConfig(**kwargs)
+
+
+def test_unknown_kind_raises():
+    # Under the test suite's runtime type checking the Literal annotation rejects the value
+    # first (a TypeError); without it, __post_init__ raises a ValueError naming the field.
+    with pytest.raises((ValueError, TypeError), match="kind"):
+        ScheduleConfig(kind="cosine")  # pyright: ignore[reportArgumentType]
+    with pytest.raises((ValueError, TypeError), match="kind"):
+        LearnerConfig(kind="sgd")  # pyright: ignore[reportArgumentType]
+
+
+def _params(key):
+    k1, k2 = jax.random.split(key)
+    return {
+        "w": jax.random.normal(k1, (8, 16)),
+        "b": jax.random.normal(k2, (16,)),
+        "big": jnp.ones((4, 4)),
+    }
+
+
+def test_clip_by_update_rms_bounds_each_tensor(key):
+    updates = {"big": 10.0 * jnp.ones((4, 4)), "small": jnp.full((3,), 0.01), "none": None}
+    clipped, _ = clip_by_update_rms(0.5).update(updates, optax.EmptyState())
+    rms = lambda x: float(jnp.sqrt(jnp.mean(jnp.square(x))))
+    assert rms(clipped["big"]) == pytest.approx(0.5, rel=1e-6)
+    np.testing.assert_array_equal(clipped["small"], updates["small"])
+    assert clipped["none"] is None
+
+
+def test_pax_adam_update_rms_clip_is_active(key):
+    lr = 1.0
+    cfg = LearnerConfig(
+        kind="pax_adam", clip_gradient_norm=None, clip_update_rms=0.1,
+        schedule=ScheduleConfig(peak_learning_rate=lr),
+    )
+    opt = make_learner(cfg)
+    params = _params(key)
+    state = opt.init(params)
+    grads = jax.tree.map(lambda p: 3.0 * p, params)
+    updates, _ = opt.update(grads, state, params)
+    for name, u in updates.items():
+        rms = float(jnp.sqrt(jnp.mean(jnp.square(u)))) / lr
+        # Adam's first update has RMS ~1, so the 0.1 clip must be binding on every tensor.
+        assert rms == pytest.approx(0.1, rel=1e-4), name
+
+
+def test_pax_adam_matches_manual_adam_with_decay(key):
+    lr, b1, b2, eps, wd = 0.01, 0.9, 0.99, 1e-6, 0.1
+    cfg = LearnerConfig(
+        kind="pax_adam", b1=b1, b2=b2, eps=eps, weight_decay=wd, clip_gradient_norm=None,
+        schedule=ScheduleConfig(peak_learning_rate=lr),
+    )
+    opt = make_learner(cfg)
+    params = _params(key)
+    state = opt.init(params)
+    ref = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    m = {k: np.zeros_like(v) for k, v in ref.items()}
+    v = {k: np.zeros_like(x) for k, x in ref.items()}
+    for t in range(1, 5):
+        grads = {
+            k: jax.random.normal(jax.random.fold_in(key, 10 * t + i), p.shape)
+            for i, (k, p) in enumerate(sorted(params.items()))
+        }
+        updates, state = opt.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        for k in ref:
+            g = np.asarray(grads[k], np.float64)
+            m[k] = b1 * m[k] + (1 - b1) * g
+            v[k] = b2 * v[k] + (1 - b2) * g**2
+            step = (m[k] / (1 - b1**t)) / (np.sqrt(v[k] / (1 - b2**t)) + eps)
+            decay = wd * ref[k] if ref[k].ndim >= 2 else 0.0
+            ref[k] = ref[k] - lr * (step + decay)
+    for k in ref:
+        np.testing.assert_allclose(np.asarray(params[k]), ref[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "pax_adam"])
+def test_weight_decay_only_on_matrices(kind, key):
+    lr, wd = 0.1, 0.5
+    cfg = LearnerConfig(
+        kind=kind, weight_decay=wd, schedule=ScheduleConfig(peak_learning_rate=lr)
+    )
+    opt = make_learner(cfg)
+    params = _params(key)
+    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = opt.update(zero_grads, opt.init(params), params)
+    new = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(new["w"], params["w"] * (1 - lr * wd), rtol=1e-6)
+    np.testing.assert_array_equal(new["b"], params["b"])
+
+
+@pytest.mark.parametrize("kind", ["adamw", "pax_adam"])
+def test_global_norm_clip_reaches_adam_moments(kind, key):
+    b2 = 0.999
+    cfg = LearnerConfig(kind=kind, b2=b2, clip_gradient_norm=2.0)
+    opt = make_learner(cfg)
+    params = _params(key)
+    grads = jax.tree.map(lambda p: 100.0 * p, params)
+    _, state = opt.update(grads, opt.init(params), params)
+    nu = optax.tree_utils.tree_get(state, "nu")
+    scale = 2.0 / float(optax.tree.norm(grads))
+    want = jax.tree.map(lambda g: (1 - b2) * (scale * g) ** 2, grads)
+    for k in params:
+        np.testing.assert_allclose(nu[k], want[k], rtol=1e-4)
