@@ -211,42 +211,47 @@ def _rebuild(cls: type, kwargs: dict[str, Any], path: str) -> Any:
         raise ConfigError(f"Invalid config{where}: {e}") from None
 
 
-def _set(cfg: Any, parts: Sequence[str], value: Any, prefix: str) -> Any:
-    name, rest = parts[0], parts[1:]
-    hints = _hints(type(cfg))
-    path = prefix + name
-    current = getattr(cfg, name)
-    if rest:
-        new_child = _set(current, rest, value, path + ".")
-    else:
-        new_child = coerce(value, hints[name], path)
-    kwargs = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
-    kwargs[name] = new_child
-    return _rebuild(type(cfg), kwargs, prefix)
+def _check_path(cfg: Any, path: str) -> None:
+    knobs = flatten(cfg)
+    if path in knobs:
+        return
+    groups = _groups(cfg)
+    if path in groups:
+        fields = [k for k in knobs if k.startswith(path + ".")]
+        raise ConfigError(
+            f"{path!r} is a group of knobs, not a knob; set one of its fields, "
+            f"e.g. {', '.join(fields[:4])}."
+        )
+    raise ConfigError(f"Unknown knob {path!r}.{_did_you_mean(path, list(knobs))}")
 
 
-def set_knob(cfg: C, path: str, value: Any) -> C:
-    """Return `cfg` with the knob at dotted `path` replaced by `value` (type-checked).
+def set_knobs(cfg: C, values: Mapping[str, Any]) -> C:
+    """Return `cfg` with the knobs at the dotted paths in `values` replaced (type-checked).
+
+    All values are applied first and validation runs once on the result, so knobs that
+    must agree (e.g. `data.seq_len <= model.max_seq_len`) can be changed together.
 
     Arguments:
         cfg: a dataclass config.
-        path: dotted knob path, e.g. `"model.transformer.num_layers"`.
-        value: the new value (already parsed).
+        values: `{dotted.path: value}` with already parsed values.
 
     Returns:
-        A new config; validation of every enclosing dataclass runs again.
+        A new config of the same type.
     """
-    knobs = flatten(cfg)
-    if path not in knobs:
-        groups = _groups(cfg)
-        if path in groups:
-            fields = [k for k in knobs if k.startswith(path + ".")]
-            raise ConfigError(
-                f"{path!r} is a group of knobs, not a knob; set one of its fields, "
-                f"e.g. {', '.join(fields[:4])}."
-            )
-        raise ConfigError(f"Unknown knob {path!r}.{_did_you_mean(path, list(knobs))}")
-    return _set(cfg, path.split("."), value, "")
+    tree = to_dict(cfg)
+    for path, value in values.items():
+        _check_path(cfg, path)
+        *parents, leaf = path.split(".")
+        node = tree
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return from_dict(type(cfg), tree)
+
+
+def set_knob(cfg: C, path: str, value: Any) -> C:
+    """Return `cfg` with the knob at dotted `path` replaced by `value` (type-checked)."""
+    return set_knobs(cfg, {path: value})
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -274,11 +279,13 @@ def apply_overrides(cfg: C, overrides: Sequence[str]) -> tuple[C, dict[str, str]
         `"experiment"` or `"--set"`.
     """
     sources = {k: EXPERIMENT for k in flatten(cfg)}
+    values: dict[str, Any] = {}
     for text in overrides:
         path, value = parse_override(text)
-        cfg = set_knob(cfg, path, value)
+        _check_path(cfg, path)
+        values[path] = value
         sources[path] = OVERRIDE
-    return cfg, sources
+    return set_knobs(cfg, values), sources
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

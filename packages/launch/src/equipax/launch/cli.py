@@ -53,8 +53,9 @@ def list_cmd() -> None:
     from equipax.launch.run import derived_numbers
 
     table = Table(title="Registered experiments")
-    for col in ("name", "params", "devices", "data", "steps", "description"):
-        table.add_column(col)
+    for col in ("name", "params", "devices", "data", "steps"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("description", ratio=1)
     for entry in registry.entries():
         cfg = entry.fn()
         n = derived_numbers(cfg)

@@ -61,10 +61,16 @@ def build_tokenizer(cfg: ExperimentConfig, job_dir: Path, log=print) -> Tokenize
         return tok
     train, _ = _shakespeare_split(cfg)
     log(f"Training a {cfg.model.vocab_size}-piece SentencePiece BPE vocabulary on {len(train)} plays...")
-    return SentencePieceTokenizer.train(
-        train.values(), vocab_size=cfg.model.vocab_size, model_path=path,
-        max_sentences=cfg.data.tokenizer_max_sentences,
-    )
+    try:
+        return SentencePieceTokenizer.train(
+            train.values(), vocab_size=cfg.model.vocab_size, model_path=path,
+            max_sentences=cfg.data.tokenizer_max_sentences,
+        )
+    except ValueError as e:
+        raise ConfigError(
+            f"Could not train a {cfg.model.vocab_size}-piece tokenizer: {e} "
+            "Raise model.vocab_size, or use --set data.tokenizer=byte."
+        ) from None
 
 
 def build_lm_inputs(

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from rich.console import Console
 
-from equipax.core.config import format_knobs, to_json
+from equipax.core.config import ConfigError, flatten, format_knobs, from_json, to_json
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
 from equipax.core.optim import make_learner, make_schedule
 from equipax.core.step import TrainState, init_train_state, make_eval_step, make_train_step
@@ -96,6 +96,20 @@ def _write_job_files(cfg: ExperimentConfig, sources: dict[str, str], job_dir: Pa
     (job_dir / "knobs.txt").write_text(format_knobs(cfg, sources))
 
 
+def _knob_changes(cfg: ExperimentConfig, job_dir: Path) -> str:
+    """The knobs that differ from the job's recorded config.json, as text (or "")."""
+    path = job_dir / "config.json"
+    if not path.exists():
+        return ""
+    try:
+        old = flatten(from_json(ExperimentConfig, path.read_text()))
+    except (ConfigError, ValueError):
+        return ""
+    new = flatten(cfg)
+    diffs = [f"  {k}: {old.get(k)!r} -> {v!r}" for k, v in new.items() if old.get(k) != v]
+    return "\nKnobs that differ from the job's config.json:\n" + "\n".join(diffs) if diffs else ""
+
+
 def _to_device(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     return {k: jax.device_put(batch[k]) for k in MODEL_KEYS}
 
@@ -140,7 +154,7 @@ def run_experiment(
     """
     console = console or Console()
     job_dir = Path(job_dir)
-    _write_job_files(cfg, sources or {}, job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
     numbers = derived_numbers(cfg)
     console.print(
         f"[bold]{cfg.name}[/]: {numbers['params_total'] / 1e6:.2f}M params, "
@@ -162,11 +176,15 @@ def run_experiment(
     writer = MetricsWriter(job_dir)
     start = checkpointer.latest_step()
     if start is not None:
-        state, data_state = checkpointer.restore(start, state)
+        try:
+            state, data_state = checkpointer.restore(start, state)
+        except ConfigError as e:
+            raise ConfigError(f"{e}{_knob_changes(cfg, job_dir)}") from None
         inputs.train.set_state(data_state)
         writer.truncate_after(start)
         console.print(f"Resumed from step {start} ({job_dir / 'checkpoints'}).", highlight=False)
     start = start or 0
+    _write_job_files(cfg, sources or {}, job_dir)
 
     train_step = make_train_step(lm_loss, optimizer, schedule)
     eval_step = make_eval_step(lm_loss)

@@ -1,0 +1,157 @@
+"""The launcher end to end at toy size: registry, CLI errors, training, resume."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+# The default experiment shrunk to toy size (seconds on a CPU).
+TOY = [
+    "model.vocab_size=384",
+    "model.max_seq_len=32",
+    "model.transformer.num_layers=2",
+    "model.transformer.model_dims=32",
+    "model.transformer.num_heads=2",
+    "model.transformer.head_dim=16",
+    "model.transformer.hidden_dims=64",
+    "data.seq_len=32",
+    "data.batch_size=4",
+    "train.eval_batches=2",
+    "train.sample_tokens=8",
+    "learner.schedule.warmup_steps=2",
+    "learner.schedule.decay_steps=60",
+]
+
+
+def sets(*overrides):
+    return [arg for o in (*TOY, *overrides) for arg in ("--set", o)]
+
+
+def invoke(*args):
+    from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_registry_short_name_and_dotted_suffix():
+    from equipax.launch.registry import get_experiment, lookup
+
+    assert lookup("shakespeare_tiny").name == "shakespeare_tiny"
+    assert lookup("shakespeare.shakespeare_tiny").name == "shakespeare_tiny"
+    assert get_experiment("experiments.shakespeare.shakespeare_tiny").name == "shakespeare_tiny"
+
+
+def test_unknown_experiment_lists_close_names():
+    from equipax.core.config import ConfigError
+    from equipax.launch.registry import lookup
+
+    with pytest.raises(ConfigError, match="Did you mean 'shakespeare_tiny'"):
+        lookup("shakespear_tiny")
+
+
+def test_experiment_config_is_pure_and_round_trips():
+    from equipax.core.config import from_json, to_json
+    from equipax.launch.experiment import ExperimentConfig
+    from equipax.launch.registry import get_experiment
+
+    cfg = get_experiment("shakespeare_tiny")
+    assert from_json(ExperimentConfig, to_json(cfg)) == cfg
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--exp", "nope"], "Unknown experiment 'nope'"),
+        (["--set", "model.transformer.num_layer=2"], "Did you mean 'model.transformer.num_layers'"),
+        (["--set", "train.num_steps=many"], "expects int"),
+        (["--set", "data.seq_len=4096"], "exceeds model.max_seq_len"),
+        (["--set", "data.validation_plays=['hamlett']"], "Did you mean"),
+    ],
+)
+def test_cli_user_errors_exit_2_with_message(args, message, tmp_path):
+    result = invoke("run", "--job-log-dir", str(tmp_path / "job"), *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_show_json_touches_no_devices():
+    result = invoke("show", "--format", "json", "--set", "model.transformer.num_layers=3")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["config"]["model"]["transformer"]["num_layers"] == 3
+    assert data["sources"]["model.transformer.num_layers"] == "--set"
+    assert data["derived"]["params_total"] > 0
+
+
+def test_list_shows_default_experiment():
+    result = invoke("list")
+    assert result.exit_code == 0 and "shakespeare_tiny" in result.output
+
+
+@pytest.mark.slow
+def test_toy_run_learns_and_writes_job_dir(tmp_path):
+    job = tmp_path / "job"
+    result = invoke("run", "--job-log-dir", str(job), *sets("train.num_steps=60", "train.log_every=10",
+                                                            "train.eval_every=30", "train.checkpoint_every=30"))
+    assert result.exit_code == 0, result.output
+    for name in ("config.json", "knobs.txt", "metrics.jsonl", "tokenizer.model", "result.json", "plots/loss.png"):
+        assert (job / name).exists(), name
+    assert list((job / "summaries" / "train").iterdir()) and list((job / "summaries" / "eval").iterdir())
+    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["30", "60"]
+    assert "model.vocab_size" in (job / "knobs.txt").read_text() and "# --set" in (job / "knobs.txt").read_text()
+    records = [json.loads(ln) for ln in (job / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["split"] == "train"]
+    evals = [r for r in records if r["split"] == "eval"]
+    for key in ("step", "loss", "learning_rate", "grad_norm", "step_time_s", "tokens_per_s"):
+        assert key in train[0]
+    assert train[-1]["loss"] < train[0]["loss"] - 0.5, [r["loss"] for r in train]
+    assert evals[-1]["loss"] < evals[0]["loss"]
+    res = json.loads((job / "result.json").read_text())
+    assert res["final_eval_loss"] < res["unigram_entropy"] + 1.0
+    assert "Sample:" in result.output
+
+
+@pytest.mark.slow
+def test_resume_equals_uninterrupted(tmp_path):
+    common = ("train.log_every=5", "train.eval_every=10", "train.checkpoint_every=10")
+    full = invoke("run", "--job-log-dir", str(tmp_path / "full"), *sets("train.num_steps=20", *common))
+    assert full.exit_code == 0, full.output
+    first = invoke("run", "--job-log-dir", str(tmp_path / "split"), *sets("train.num_steps=10", *common))
+    assert first.exit_code == 0, first.output
+    second = invoke("run", "--job-log-dir", str(tmp_path / "split"), *sets("train.num_steps=20", *common))
+    assert second.exit_code == 0, second.output
+    assert "Resumed from step 10" in second.output
+    a = json.loads((tmp_path / "full" / "result.json").read_text())
+    b = json.loads((tmp_path / "split" / "result.json").read_text())
+    assert a["state_digest"] == b["state_digest"]  # parameters and optimizer state, bit for bit
+    assert a["final_train_loss"] == b["final_train_loss"]
+    assert a["final_eval_loss"] == b["final_eval_loss"]
+    # metrics.jsonl holds each step once, as if the run had never stopped.
+    recs = [json.loads(ln) for ln in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if r["split"] == "train"] == [5, 10, 15, 20]
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_different_model_shape(tmp_path):
+    job = str(tmp_path / "job")
+    ok = invoke("run", "--job-log-dir", job, *sets("train.num_steps=2", "train.sample_tokens=0"))
+    assert ok.exit_code == 0, ok.output
+    bad = invoke("run", "--job-log-dir", job, *sets("train.num_steps=4", "model.transformer.hidden_dims=96"))
+    assert bad.exit_code == 2
+    assert "different shapes" in bad.output, bad.output
+    assert "model.transformer.hidden_dims: 64 -> 96" in bad.output, bad.output
+    # The job's record of its config is not overwritten by the refused run.
+    assert json.loads((tmp_path / "job" / "config.json").read_text())["model"]["transformer"]["hidden_dims"] == 64
+
+
+def test_models_and_data_do_not_import_launch():
+    code = (
+        "import sys; import equipax.models, equipax.data, equipax.core.step; "
+        "bad = [m for m in sys.modules if m.startswith('equipax.launch')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
