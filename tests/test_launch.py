@@ -6,26 +6,11 @@ import sys
 
 import pytest
 
-# The default experiment shrunk to toy size (seconds on a CPU).
-TOY = [
-    "model.vocab_size=384",
-    "model.max_seq_len=32",
-    "model.transformer.num_layers=2",
-    "model.transformer.model_dims=32",
-    "model.transformer.num_heads=2",
-    "model.transformer.head_dim=16",
-    "model.transformer.hidden_dims=64",
-    "data.seq_len=32",
-    "data.batch_size=4",
-    "train.eval_batches=2",
-    "train.sample_tokens=8",
-    "learner.schedule.warmup_steps=2",
-    "learner.schedule.decay_steps=60",
-]
+from toy import TOY, set_args
 
 
 def sets(*overrides):
-    return [arg for o in (*TOY, *overrides) for arg in ("--set", o)]
+    return set_args([*TOY, *overrides])
 
 
 def invoke(*args):

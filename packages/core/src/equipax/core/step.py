@@ -10,10 +10,12 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jaxtyping import Array, Int, PRNGKeyArray, PyTree, Scalar
 
-Batch = dict[str, Array]
+# Host batches (numpy) are accepted as well as device arrays; jit transfers them.
+Batch = dict[str, Array | np.ndarray]
 Metrics = dict[str, Array]
 
 # Metric names the train step writes itself; a loss function's aux may not reuse them.

@@ -1,0 +1,24 @@
+"""The default experiment shrunk to toy size (seconds on a CPU), shared by CLI and docs tests."""
+
+TOY = [
+    "model.vocab_size=384",
+    "model.max_seq_len=32",
+    "model.transformer.num_layers=2",
+    "model.transformer.model_dims=32",
+    "model.transformer.num_heads=2",
+    "model.transformer.head_dim=16",
+    "model.transformer.hidden_dims=64",
+    "data.seq_len=32",
+    "data.batch_size=4",
+    "train.eval_batches=2",
+    "train.sample_tokens=8",
+    "learner.schedule.warmup_steps=2",
+    "learner.schedule.decay_steps=60",
+]
+
+# Added after a documented command's own overrides: a few steps, logged and saved.
+TOY_SHORT = [*TOY, "train.num_steps=4", "train.log_every=2", "train.eval_every=4", "train.checkpoint_every=4"]
+
+
+def set_args(overrides):
+    return [arg for o in overrides for arg in ("--set", o)]
