@@ -1,0 +1,117 @@
+"""Analytic FLOP and parameter counts for the transformer LM (MaxText-style accounting).
+
+`cost_analysis()` counts a scanned layer body once, so model FLOPs are computed here
+from the config instead.
+"""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import PyTree
+
+from equipax.core.nn.transformer import TransformerConfig
+
+
+def transformer_lm_flops_per_token(
+    cfg: TransformerConfig, *, vocab_size: int, seq_len: int
+) -> dict[str, float]:
+    """FLOPs per token of a decoder-only LM with tied embeddings.
+
+    A matmul `[m k] @ [k n]` counts `2 m k n`. Causal attention counts half of the full
+    `QK^T` and `PV` products. Training is 3x forward (forward + backward). Remat
+    recomputation is reported as `remat` and is not part of the model FLOPs.
+
+    Arguments:
+        cfg: transformer config.
+        vocab_size: vocabulary size (for the unembedding matmul).
+        seq_len: sequence length (for the attention term).
+
+    Returns:
+        Per-token FLOPs, all layers summed: `qkv_projection`, `output_projection`, `mlp`,
+        `attention`, `unembedding`, `forward` (their sum), `training` (3x forward: the
+        model FLOPs), `remat` (extra forward work recomputed in the backward pass under
+        `cfg.remat`) and `training_with_remat` (what the hardware executes).
+    """
+    d, h, hd, f, n = (
+        cfg.model_dims,
+        cfg.num_heads,
+        cfg.head_dim,
+        cfg.hidden_dims,
+        cfg.num_layers,
+    )
+    qkv = 2.0 * d * 3 * h * hd
+    out_proj = 2.0 * h * hd * d
+    mlp = 2.0 * d * f * (3 if cfg.gated else 2)
+    # QK^T and PV: 2 matmuls of 2 * seq * h * hd per token, halved by the causal mask.
+    attention = 2.0 * 2.0 * seq_len * h * hd / 2.0
+    unembedding = 2.0 * d * vocab_size
+    layers_forward = n * (qkv + out_proj + mlp + attention)
+    forward = layers_forward + unembedding
+    training = 3.0 * forward
+    if cfg.remat == "full":
+        remat = layers_forward
+    elif cfg.remat == "dots_saveable":
+        # Projections (dots without batch dims) are saved; the attention einsums have
+        # batch dims (batch, heads) and are recomputed.
+        remat = n * attention
+    else:
+        remat = 0.0
+    return {
+        "qkv_projection": n * qkv,
+        "output_projection": n * out_proj,
+        "mlp": n * mlp,
+        "attention": n * attention,
+        "unembedding": unembedding,
+        "forward": forward,
+        "training": training,
+        "remat": remat,
+        "training_with_remat": training + remat,
+    }
+
+
+def _is_inexact(x: object) -> bool:
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return bool(jnp.issubdtype(x.dtype, jnp.inexact))
+    return eqx.is_inexact_array(x)
+
+
+def count_params(tree: PyTree) -> int:
+    """Number of parameters: total size of the inexact (float/complex) array leaves.
+
+    Arguments:
+        tree: any pytree, e.g. a model, or its `eqx.filter_eval_shape` abstract version
+            (leaves `jax.ShapeDtypeStruct`; counts a model without allocating it).
+
+    Returns:
+        The parameter count.
+    """
+    leaves = [x for x in jax.tree.leaves(tree) if _is_inexact(x)]
+    return sum(math.prod(x.shape) for x in leaves)
+
+
+def lm_param_counts(cfg: TransformerConfig, vocab_size: int) -> dict[str, int]:
+    """Analytic parameter counts of a transformer LM with tied embeddings and final norm.
+
+    Arguments:
+        cfg: transformer config.
+        vocab_size: vocabulary size.
+
+    Returns:
+        `embedding` (the tied table), `per_layer` (one block), `final_norm` and `total`.
+    """
+    d, h, hd, f = cfg.model_dims, cfg.num_heads, cfg.head_dim, cfg.hidden_dims
+    bias = cfg.use_bias
+    norm = d * (2 if (cfg.norm == "layernorm" and bias) else 1)
+    attention = d * 3 * h * hd + h * hd * d + (3 * h * hd + d if bias else 0)
+    num_in = 2 if cfg.gated else 1
+    mlp = num_in * d * f + f * d + (num_in * f + d if bias else 0)
+    per_layer = 2 * norm + attention + mlp
+    embedding = vocab_size * d
+    return {
+        "embedding": embedding,
+        "per_layer": per_layer,
+        "final_norm": norm,
+        "total": embedding + cfg.num_layers * per_layer + norm,
+    }

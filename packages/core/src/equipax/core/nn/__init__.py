@@ -1,0 +1,33 @@
+"""Neural-network layers: batched `(batch, seq, embed)` modules with `(in, out)` kernels."""
+
+from equipax.core.nn.attention import (
+    CausalSelfAttention,
+    dot_product_attention,
+    reference_attention,
+)
+from equipax.core.nn.embedding import Embedding
+from equipax.core.nn.linear import Linear
+from equipax.core.nn.mlp import Activation, FeedForward
+from equipax.core.nn.norm import LayerNorm, RMSNorm
+from equipax.core.nn.transformer import (
+    TransformerBlock,
+    TransformerConfig,
+    TransformerStack,
+    make_norm,
+)
+
+__all__ = [
+    "Activation",
+    "CausalSelfAttention",
+    "Embedding",
+    "FeedForward",
+    "LayerNorm",
+    "Linear",
+    "RMSNorm",
+    "TransformerBlock",
+    "TransformerConfig",
+    "TransformerStack",
+    "dot_product_attention",
+    "make_norm",
+    "reference_attention",
+]

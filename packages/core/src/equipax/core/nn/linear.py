@@ -1,0 +1,84 @@
+"""Dense layer with an `(in, out)` kernel acting on batched arrays."""
+
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.typing import DTypeLike
+from jaxtyping import Array, Float, PRNGKeyArray
+
+
+def fan_in_init(
+    key: PRNGKeyArray,
+    shape: tuple[int, ...],
+    *,
+    in_axes: Sequence[int],
+    dtype: DTypeLike = jnp.float32,
+) -> Array:
+    """Truncated-normal init with variance 1/fan_in, fan_in = product of `in_axes` dims.
+
+    Arguments:
+        key: PRNG key.
+        shape: parameter shape.
+        in_axes: the axes contracted with the input.
+        dtype: parameter dtype.
+
+    Returns:
+        The initialised parameter.
+    """
+    in_axes = tuple(a % len(shape) for a in in_axes)
+    out_axes = tuple(a for a in range(len(shape)) if a not in in_axes)
+    init = jax.nn.initializers.variance_scaling(
+        1.0, "fan_in", "truncated_normal", in_axis=in_axes, out_axis=out_axes
+    )
+    return init(key, shape, dtype)
+
+
+def expand_to(v: Array, ndim: int) -> Array:
+    """Add leading unit axes so `v` broadcasts against an `ndim` array without rank promotion."""
+    return v.reshape((1,) * (ndim - v.ndim) + v.shape)
+
+
+class Linear(eqx.Module):
+    """`y = x @ weight (+ bias)` over the last axis of `x`."""
+
+    weight: Float[Array, "in out"]
+    bias: Float[Array, " out"] | None
+    in_features: int = eqx.field(static=True)
+    out_features: int = eqx.field(static=True)
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        use_bias: bool = False,
+        dtype: DTypeLike = jnp.float32,
+        key: PRNGKeyArray,
+    ):
+        """Arguments:
+        in_features: size of the input's last axis.
+        out_features: size of the output's last axis.
+        use_bias: add a learned bias (initialised to zero).
+        dtype: parameter dtype.
+        key: PRNG key for the weight.
+        """
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = fan_in_init(key, (in_features, out_features), in_axes=(0,), dtype=dtype)
+        self.bias = jnp.zeros((out_features,), dtype) if use_bias else None
+
+    def __call__(self, x: Float[Array, "*batch in"]) -> Float[Array, "*batch out"]:
+        """Apply the layer; computes in `x.dtype`.
+
+        Arguments:
+            x: inputs, features on the last axis.
+
+        Returns:
+            Outputs with `out_features` on the last axis.
+        """
+        y = jnp.dot(x, self.weight.astype(x.dtype))
+        if self.bias is not None:
+            y = y + expand_to(self.bias.astype(y.dtype), y.ndim)
+        return y

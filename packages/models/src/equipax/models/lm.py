@@ -1,0 +1,220 @@
+"""Decoder-only transformer language model (Pax `TransformerLm`): model, loss, sampling."""
+
+import dataclasses
+import math
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from equipax.core.nn import Embedding, LayerNorm, RMSNorm, TransformerConfig, TransformerStack
+from equipax.core.nn.transformer import make_norm
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LMConfig:
+    """Hyperparameters of the transformer language model."""
+
+    vocab_size: int = 2048
+    max_seq_len: int = 128
+    transformer: TransformerConfig = dataclasses.field(default_factory=TransformerConfig)
+    output_logit_cap: float | None = 30.0
+    position: Literal["sinusoidal", "none"] = "sinusoidal"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+    def __post_init__(self):
+        for name, low in (("vocab_size", 2), ("max_seq_len", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"LMConfig.{name} must be an int >= {low}, got {value!r}.")
+        if not isinstance(self.transformer, TransformerConfig):
+            raise ValueError(
+                f"LMConfig.transformer must be a TransformerConfig, "
+                f"got {type(self.transformer).__name__}."
+            )
+        cap = self.output_logit_cap
+        if cap is not None and not cap > 0:
+            raise ValueError(f"LMConfig.output_logit_cap must be > 0 or None, got {cap!r}.")
+        if self.position not in ("sinusoidal", "none"):
+            raise ValueError(
+                f"LMConfig.position must be 'sinusoidal' or 'none', got {self.position!r}."
+            )
+        if self.dtype not in _DTYPES:
+            raise ValueError(
+                f"LMConfig.dtype must be one of {tuple(_DTYPES)}, got {self.dtype!r}; "
+                "use 'float32' on CPU."
+            )
+
+
+def sinusoidal_positions(seq_len: int, dims: int) -> Float[Array, "seq embed"]:
+    """Pax sinusoidal position embeddings `[sin | cos]`, timescales 1 to 1e4.
+
+    Arguments:
+        seq_len: number of positions.
+        dims: embedding width.
+
+    Returns:
+        Float32 position embeddings.
+    """
+    num_timescales = dims // 2
+    log_inc = math.log(1.0e4) / max(num_timescales - 1, 1)
+    inv_timescales = jnp.exp(jnp.arange(num_timescales, dtype=jnp.float32) * -log_inc)
+    scaled = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_timescales[None, :]
+    pos = jnp.concatenate([jnp.sin(scaled), jnp.cos(scaled)], axis=1)
+    return jnp.pad(pos, ((0, 0), (0, dims % 2)))
+
+
+class TransformerLM(eqx.Module):
+    """Embedding (x sqrt(model_dims)) + positions -> transformer stack -> norm -> tied logits."""
+
+    embedding: Embedding
+    stack: TransformerStack
+    final_norm: LayerNorm | RMSNorm
+    cfg: LMConfig = eqx.field(static=True)
+
+    def __init__(self, cfg: LMConfig, *, key: PRNGKeyArray):
+        """Arguments:
+        cfg: model config.
+        key: PRNG key.
+        """
+        k_emb, k_stack = jr.split(key)
+        self.cfg = cfg
+        self.embedding = Embedding(cfg.vocab_size, cfg.transformer.model_dims, key=k_emb)
+        self.stack = TransformerStack(cfg.transformer, key=k_stack)
+        self.final_norm = make_norm(cfg.transformer)
+
+    def __call__(
+        self, ids: Int[Array, "batch seq"], *, key: PRNGKeyArray | None = None
+    ) -> Float[Array, "batch seq vocab"]:
+        """Next-token logits.
+
+        Arguments:
+            ids: token ids, at most `max_seq_len` per row.
+            key: unused (no dropout); `None` means deterministic.
+
+        Returns:
+            Float32 logits; `logits[:, t]` predicts the token after `ids[:, t]`.
+        """
+        del key
+        seq_len = ids.shape[1]
+        if seq_len > self.cfg.max_seq_len:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds LMConfig.max_seq_len="
+                f"{self.cfg.max_seq_len}; shorten the inputs or raise max_seq_len."
+            )
+        dims = self.cfg.transformer.model_dims
+        x = self.embedding(ids) * math.sqrt(dims)
+        if self.cfg.position == "sinusoidal":
+            x = x + sinusoidal_positions(seq_len, dims)[None]
+        x = x.astype(_DTYPES[self.cfg.dtype])
+        x = self.final_norm(self.stack(x))
+        logits = self.embedding.attend(x).astype(jnp.float32)
+        cap = self.cfg.output_logit_cap
+        if cap is not None:
+            logits = cap * jnp.tanh(logits / cap)
+        return logits
+
+
+def lm_loss(
+    model: TransformerLM, batch: dict[str, Array], *, key: PRNGKeyArray | None = None
+) -> tuple[Float[Array, ""], dict[str, Array]]:
+    """Weighted mean next-token cross-entropy.
+
+    Arguments:
+        model: the language model.
+        batch: `ids` int32 `[batch seq]`, `labels` int32 `[batch seq]` (the token after
+            each id) and `weights` float32 `[batch seq]` (0 excludes a position).
+        key: forwarded to the model.
+
+    Returns:
+        `(loss, aux)` with aux scalars `loss_sum`, `weight_sum`, `correct_sum` (weighted
+        count of argmax == label) and `accuracy`.
+    """
+    logits = model(batch["ids"], key=key)
+    labels, weights = batch["labels"], batch["weights"].astype(jnp.float32)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    loss_sum = jnp.sum(nll * weights)
+    weight_sum = jnp.sum(weights)
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    correct_sum = jnp.sum(correct * weights)
+    denom = jnp.maximum(weight_sum, 1e-8)
+    aux = {
+        "loss_sum": loss_sum,
+        "weight_sum": weight_sum,
+        "correct_sum": correct_sum,
+        "accuracy": correct_sum / denom,
+    }
+    return loss_sum / denom, aux
+
+
+@eqx.filter_jit
+def _generate(
+    model: TransformerLM,
+    prompt: Array,
+    num_tokens: int,
+    temperature: float,
+    key: PRNGKeyArray | None,
+) -> Array:
+    prompt_len = prompt.shape[0]
+    total = prompt_len + num_tokens
+    window = min(model.cfg.max_seq_len, total)
+    buf = jnp.zeros((total,), jnp.int32).at[:prompt_len].set(prompt.astype(jnp.int32))
+
+    def step(pos: Array, state: tuple[Array, PRNGKeyArray | None]):
+        buf, k = state
+        # The last `window` tokens before `pos`; at the start, the window is right-padded
+        # and causal masking keeps the padding out of the logits we read.
+        start = jnp.maximum(pos - window, 0)
+        ids = jax.lax.dynamic_slice(buf, (start,), (window,))
+        logits = model(ids[None])[0, pos - 1 - start]
+        if temperature == 0.0 or k is None:
+            nxt = jnp.argmax(logits)
+        else:
+            k, sub = jr.split(k)
+            nxt = jr.categorical(sub, logits / temperature)
+        return buf.at[pos].set(nxt.astype(jnp.int32)), k
+
+    buf, _ = jax.lax.fori_loop(prompt_len, total, step, (buf, key))
+    return buf
+
+
+def generate(
+    model: TransformerLM,
+    prompt: Int[Array, " seq"],
+    num_tokens: int,
+    *,
+    temperature: float = 0.0,
+    key: PRNGKeyArray | None = None,
+) -> Int[Array, " total"]:
+    """Extend `prompt` by `num_tokens` tokens, greedily or by sampling (jit-compiled).
+
+    Each step recomputes the forward pass over a fixed window of the last
+    `min(max_seq_len, total)` tokens (no KV cache); longer outputs slide the window.
+
+    Arguments:
+        model: the language model.
+        prompt: at least one token id.
+        num_tokens: number of tokens to generate (>= 0).
+        temperature: 0 for greedy decoding, > 0 to sample from `softmax(logits / T)`.
+        key: PRNG key, required when `temperature > 0`.
+
+    Returns:
+        int32 ids `[prompt, generated]` of length `len(prompt) + num_tokens`.
+    """
+    if prompt.shape[0] < 1:
+        raise ValueError("generate needs a prompt of at least one token.")
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}.")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}.")
+    if temperature > 0 and key is None:
+        raise ValueError("sampling with temperature > 0 needs a PRNG key: pass key=...")
+    return _generate(
+        model, prompt, int(num_tokens), float(temperature), key if temperature > 0 else None
+    )

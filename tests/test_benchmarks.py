@@ -1,0 +1,39 @@
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_step.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("benchmarks_train_step", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_step_benchmark_tiny(tmp_path):
+    bench = _load_script()
+    out = tmp_path / "train_step.json"
+    results = bench.main([
+        "--presets", "tiny", "--steps", "2", "--warmup", "1",
+        "--matmul-n", "128", "--matmul-repeats", "2", "--no-warm-process",
+        "--out", str(out),
+    ])
+
+    assert json.loads(out.read_text()) == results
+    for key in ("date", "jax_version", "device_kind", "presets"):
+        assert key in results
+    tiny = results["presets"]["tiny"]
+    assert tiny["matmul"]["gflops"] > 0
+    assert tiny["params"] > 0 and tiny["tokens_per_step"] == 2 * 32
+    for key in (
+        "first_step_s", "tokens_per_s", "model_gflops_per_s", "mfu_vs_measured",
+        "mfu_vs_theoretical", "model_flops_per_token",
+    ):
+        assert math.isfinite(tiny[key]) and tiny[key] > 0, key
+    assert tiny["step_s"]["median_s"] > 0 and tiny["step_s"]["iqr_s"] >= 0
+    assert 0 < tiny["compile_s"] <= tiny["first_step_s"]
+    assert math.isfinite(tiny["last_loss"])
