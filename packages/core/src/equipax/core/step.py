@@ -5,7 +5,7 @@ scalar that is differentiated, `aux` a dict of scalar metrics. `key=None` means 
 (no dropout); the eval step always passes None.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import equinox as eqx
 import jax
@@ -15,7 +15,7 @@ import optax
 from jaxtyping import Array, Int, PRNGKeyArray, PyTree, Scalar
 
 # Host batches (numpy) are accepted as well as device arrays; jit transfers them.
-Batch = dict[str, Array | np.ndarray]
+Batch = Mapping[str, Array | np.ndarray]
 Metrics = dict[str, Array]
 
 # Metric names the train step writes itself; a loss function's aux may not reuse them.

@@ -266,6 +266,7 @@ def run_experiment(
     sample = None
     if cfg.train.sample_tokens > 0:
         prompt = np.asarray(tokenizer.encode(cfg.train.sample_prompt) or [tokenizer.bos_id], np.int32)
+        assert isinstance(state.model, TransformerLM)
         out = generate(state.model, jax.numpy.asarray(prompt), cfg.train.sample_tokens,
                        temperature=cfg.train.sample_temperature, key=sample_key)
         sample = tokenizer.decode(np.asarray(out).tolist())
