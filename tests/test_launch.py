@@ -140,3 +140,24 @@ def test_models_and_data_do_not_import_launch():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_progress_bar_on_a_terminal_and_plain_lines_otherwise():
+    import io
+
+    from rich.console import Console
+
+    from equipax.launch.progress import ProgressReporter
+
+    metrics = {"loss": 2.5, "learning_rate": 1e-3, "tokens_per_s": 1234.0}
+    tty = io.StringIO()
+    bar = ProgressReporter(Console(file=tty, force_terminal=True, width=100), total=10, start=0)
+    bar.update(5, metrics)
+    bar.close()
+    assert "5/10" in tty.getvalue() and "\x1b[" in tty.getvalue()  # drawn with terminal escapes
+
+    log = io.StringIO()
+    plain = ProgressReporter(Console(file=log, force_terminal=False, width=100), total=10, start=0)
+    plain.update(5, metrics)
+    plain.close()
+    assert log.getvalue().startswith("step 5/10  loss 2.5000") and "\x1b[" not in log.getvalue()

@@ -53,13 +53,13 @@ def list_cmd() -> None:
     from equipax.launch.run import derived_numbers
 
     table = Table(title="Registered experiments")
-    for col in ("name", "params", "devices", "data", "steps"):
+    for col in ("name", "params", "mesh", "data", "steps"):
         table.add_column(col, no_wrap=True)
     table.add_column("description", ratio=1)
     for entry in registry.entries():
         cfg = entry.fn()
         n = derived_numbers(cfg)
-        table.add_row(entry.name, f"{n['params_total'] / 1e6:,.1f}M", str(n["devices_required"]),
+        table.add_row(entry.name, f"{n['params_total'] / 1e6:,.1f}M", f"{n['devices_required']} device(s)",
                       f"{cfg.data.source}/{cfg.data.tokenizer}", str(cfg.train.num_steps), cfg.description)
     out.print(table)
 
