@@ -245,7 +245,9 @@ def run_experiment(
                     f"step {step}: eval loss {last_eval['loss']:.4f}, "
                     f"accuracy {last_eval['accuracy']:.3f} on {last_eval['tokens']:,.0f} tokens"
                 )
-                t_last = time.monotonic()  # keep eval time out of the next step-time reading
+                # Eval synchronised the device: restart the step timer here, keeping eval
+                # time out of the next step-time reading.
+                t_last, s_last = time.monotonic(), step
             if step % cfg.train.checkpoint_every == 0 or step == total or stop:
                 checkpointer.save(step, state, inputs.train.get_state())
             if stop:
