@@ -20,5 +20,10 @@ TOY = [
 TOY_SHORT = [*TOY, "train.num_steps=4", "train.log_every=2", "train.eval_every=4", "train.checkpoint_every=4"]
 
 
+# For `*_smoke` experiments, already toy-sized: just a few steps.
+SMOKE_SHORT = ["train.num_steps=2", "train.log_every=1", "train.eval_every=2", "train.checkpoint_every=2",
+               "train.eval_batches=1"]
+
+
 def set_args(overrides):
     return [arg for o in overrides for arg in ("--set", o)]

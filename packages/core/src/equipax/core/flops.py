@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PyTree
 
+from equipax.core.nn.linear_attention import DEFAULT_CHUNK_SIZE
 from equipax.core.nn.transformer import TransformerConfig
 
 
@@ -19,8 +20,12 @@ def transformer_lm_flops_per_token(
 ) -> dict[str, float]:
     """FLOPs per token of a decoder-only LM with tied embeddings.
 
-    A matmul `[m k] @ [k n]` counts `2 m k n`. Causal attention counts half of the full
-    `QK^T` and `PV` products. Training is 3x forward (forward + backward). Remat
+    A matmul `[m k] @ [k n]` counts `2 m k n`. Causal softmax attention counts half of the
+    full `QK^T` and `PV` products. Linear attention (`cfg.attention == "linear"`, causal and
+    chunked) counts, per token and head, the state update `phi(k) v^T` and read-out
+    `phi(q)^T S` (`2 hd^2` each) plus the causal half of the quadratic products inside a
+    chunk of `min(seq_len, DEFAULT_CHUNK_SIZE)` positions; element-wise work (feature map,
+    normaliser) is not counted, as for softmax. Training is 3x forward (forward + backward). Remat
     recomputation is reported as `remat` and is not part of the model FLOPs.
 
     Arguments:
@@ -44,8 +49,12 @@ def transformer_lm_flops_per_token(
     qkv = 2.0 * d * 3 * h * hd
     out_proj = 2.0 * h * hd * d
     mlp = 2.0 * d * f * (3 if cfg.gated else 2)
-    # QK^T and PV: 2 matmuls of 2 * seq * h * hd per token, halved by the causal mask.
-    attention = 2.0 * 2.0 * seq_len * h * hd / 2.0
+    if cfg.attention == "linear":
+        chunk = min(seq_len, DEFAULT_CHUNK_SIZE)
+        attention = 2.0 * 2.0 * hd * hd * h + 2.0 * 2.0 * chunk * h * hd / 2.0
+    else:
+        # QK^T and PV: 2 matmuls of 2 * seq * h * hd per token, halved by the causal mask.
+        attention = 2.0 * 2.0 * seq_len * h * hd / 2.0
     unembedding = 2.0 * d * vocab_size
     layers_forward = n * (qkv + out_proj + mlp + attention)
     forward = layers_forward + unembedding

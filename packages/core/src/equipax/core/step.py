@@ -6,12 +6,14 @@ scalar that is differentiated, `aux` a dict of scalar metrics. `key=None` means 
 """
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh
 from jaxtyping import Array, Int, PRNGKeyArray, PyTree, Scalar
 
 # Host batches (numpy) are accepted as well as device arrays; jit transfers them.
@@ -71,7 +73,10 @@ def make_train_step(
     loss_fn: LossFn,
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
-) -> Callable[[TrainState, Batch, PRNGKeyArray], tuple[TrainState, Metrics]]:
+    *,
+    state_sharding: PyTree | None = None,
+    batch_sharding: PyTree | None = None,
+) -> "TrainStep":
     """Build the jitted train step.
 
     The state passed in is donated: its buffers are reused for the new state, so the caller
@@ -81,6 +86,9 @@ def make_train_step(
         loss_fn: `loss_fn(model, batch, *, key) -> (loss, aux)`.
         optimizer: the optimizer the state was initialised with.
         schedule: the optimizer's learning-rate schedule (for the `learning_rate` metric).
+        state_sharding: shardings of the state's arrays (`partition.train_state_shardings`);
+            applied with `eqx.filter_shard` at the step's boundaries. None: leave it to XLA.
+        batch_sharding: sharding (or pytree of shardings) of the batch, likewise.
 
     Returns:
         `train_step(state, batch, key) -> (new_state, metrics)`. The step's random key is
@@ -95,9 +103,12 @@ def make_train_step(
 
     # donate="all-except-first" donates every argument but the first; the batch and key
     # travel in the first so only the state is donated.
-    @eqx.filter_jit(donate="all-except-first")
     def step(inputs: tuple[Batch, PRNGKeyArray], state: TrainState):
         batch, key = inputs
+        if state_sharding is not None:
+            state = eqx.filter_shard(state, state_sharding)
+        if batch_sharding is not None:
+            batch = eqx.filter_shard(batch, batch_sharding)
         if state.model_state is not None:
             raise ValueError(
                 "TrainState.model_state: expected None (the train step does not thread "
@@ -121,14 +132,40 @@ def make_train_step(
         new_state = TrainState(
             step=state.step + 1, model=model, opt_state=opt_state, model_state=None
         )
+        if state_sharding is not None:
+            new_state = eqx.filter_shard(new_state, state_sharding)
         return new_state, metrics
 
-    def train_step(
-        state: TrainState, batch: Batch, key: PRNGKeyArray
-    ) -> tuple[TrainState, Metrics]:
-        return step((batch, key), state)
+    return TrainStep(step)
 
-    return train_step
+
+def _is_abstract_array(x: Any) -> bool:
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+class TrainStep:
+    """`train_step(state, batch, key) -> (new_state, metrics)`; `.lower(...)` for AOT compiles."""
+
+    def __init__(self, step: Callable[..., Any]):
+        self._step = step
+        # donate="all-except-first" donates every argument but the first; the batch and key
+        # travel in the first so only the state is donated.
+        self._jitted = eqx.filter_jit(step, donate="all-except-first")
+
+    def __call__(self, state: TrainState, batch: Batch, key: PRNGKeyArray) -> tuple[TrainState, Metrics]:
+        return self._jitted((batch, key), state)
+
+    def lower(self, state: Any, batch: Any, key: Any) -> Any:
+        """Lower the same step for ahead-of-time compilation.
+
+        Arguments may be `jax.ShapeDtypeStruct`s (with shardings): nothing is allocated.
+        """
+        arrays, static = eqx.partition(state, _is_abstract_array)
+
+        def fn(arrays, batch, key):
+            return self._step((batch, key), eqx.combine(arrays, static))
+
+        return jax.jit(fn, donate_argnums=0).lower(arrays, batch, key)
 
 
 def make_eval_step(loss_fn: LossFn) -> Callable[[eqx.Module, Batch], Metrics]:
@@ -149,3 +186,34 @@ def make_eval_step(loss_fn: LossFn) -> Callable[[eqx.Module, Batch], Metrics]:
         return dict(aux)
 
     return eval_step
+
+
+def init_sharded_train_state(
+    make_model: Callable[[PRNGKeyArray], eqx.Module],
+    optimizer: optax.GradientTransformation,
+    mesh: Mesh,
+    key: PRNGKeyArray,
+) -> tuple[TrainState, PyTree]:
+    """Build the train state directly in its sharded layout (no full copy on one device).
+
+    The state's shape is traced abstractly first (`eqx.filter_eval_shape`), its shardings come
+    from the partition rules, and the initialiser runs under jit with those output shardings.
+
+    Arguments:
+        make_model: `key -> model`.
+        optimizer: the optimizer.
+        mesh: the device mesh.
+        key: the init key.
+
+    Returns:
+        `(state, state_sharding)`; pass the sharding to `make_train_step`.
+    """
+    from equipax.core.partition import train_state_shardings
+
+    def make_state(k: PRNGKeyArray) -> TrainState:
+        return init_train_state(make_model(k), optimizer)
+
+    abstract = eqx.filter_eval_shape(make_state, key)
+    sharding = train_state_shardings(abstract, optimizer, mesh)
+    state = eqx.filter_jit(lambda k: eqx.filter_shard(make_state(k), sharding))(key)
+    return state, sharding

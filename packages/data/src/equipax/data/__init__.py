@@ -1,22 +1,45 @@
-"""equipax.data: inputs, tokenizers and sources."""
+"""equipax.data: inputs (Pax BaseInput semantics on grain), tokenizers and sources."""
 
 from equipax.data.base import Batch, BaseInput
+from equipax.data.documents import DocumentLMInput
+from equipax.data.eval import RollingEvalInput, make_eval_input
 from equipax.data.lm_input import TokenWindowInput, build_lm_texts_tokens, unigram_entropy
-from equipax.data.sources import SyntheticLMInput, clean_markdown, list_plays, load_plays, split_plays
+from equipax.data.sources import (
+    DataError,
+    SyntheticLMInput,
+    TextShards,
+    clean_markdown,
+    find_shards,
+    iter_text_documents,
+    list_plays,
+    load_plays,
+    split_plays,
+    write_shards,
+)
 from equipax.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, Tokenizer
+from equipax.data.wrappers import MappedInput
 
 __all__ = [
     "Batch",
     "BaseInput",
     "ByteTokenizer",
+    "DataError",
+    "DocumentLMInput",
+    "MappedInput",
+    "RollingEvalInput",
+    "TextShards",
     "SentencePieceTokenizer",
     "SyntheticLMInput",
     "TokenWindowInput",
     "Tokenizer",
     "build_lm_texts_tokens",
     "clean_markdown",
+    "find_shards",
+    "iter_text_documents",
+    "make_eval_input",
     "list_plays",
     "load_plays",
     "split_plays",
     "unigram_entropy",
+    "write_shards",
 ]

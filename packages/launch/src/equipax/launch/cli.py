@@ -11,6 +11,8 @@ from rich.table import Table
 
 from equipax.core.config import ConfigError, apply_overrides, format_knobs, to_dict
 from equipax.launch import registry
+from equipax.launch.bench import AttentionBenchConfig, bench_app, run_attention_bench
+from equipax.launch.data_cli import data_app
 from equipax.launch.experiment import ExperimentConfig
 
 DEFAULT_EXPERIMENT = "shakespeare_tiny"
@@ -22,10 +24,16 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(bench_app, name="bench")
+app.add_typer(data_app, name="data")
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 ExpOption = Annotated[str, typer.Option("--exp", "-e", help="Experiment: short name or dotted path.")]
+CpuDevicesOption = Annotated[
+    int | None,
+    typer.Option("--cpu-devices", help="Simulate N devices on this CPU host (e.g. 8 for a _smoke mesh)."),
+]
 SetOption = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override a knob: KNOB=VALUE (repeatable), e.g. model.transformer.num_layers=2."),
@@ -38,7 +46,7 @@ def fail(message: str, code: int = EXIT_USER_ERROR) -> None:
     raise typer.Exit(code)
 
 
-def resolve(exp: str, overrides: list[str] | None) -> tuple[ExperimentConfig, dict[str, str]]:
+def resolve(exp: str, overrides: list[str] | None) -> tuple[registry.Experiment, dict[str, str]]:
     """The experiment's config with overrides applied, or a clean exit on a user error."""
     try:
         return apply_overrides(registry.get_experiment(exp), overrides or [])
@@ -52,16 +60,26 @@ def list_cmd() -> None:
     """List registered experiments."""
     from equipax.launch.run import derived_numbers
 
+    def count(n: int | float) -> str:
+        for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+            if n >= size:
+                return f"{n / size:.1f}{unit}"
+        return str(int(n))
+
     table = Table(title="Registered experiments")
     for col in ("name", "params", "mesh", "data", "steps"):
         table.add_column(col, no_wrap=True)
-    table.add_column("description", ratio=1)
     for entry in registry.entries():
         cfg = entry.fn()
+        if isinstance(cfg, AttentionBenchConfig):
+            table.add_row(entry.name, "-", "1", "random q/k/v", "-")
+            continue
         n = derived_numbers(cfg)
-        table.add_row(entry.name, f"{n['params_total'] / 1e6:,.1f}M", f"{n['devices_required']} device(s)",
-                      f"{cfg.data.source}/{cfg.data.tokenizer}", str(cfg.train.num_steps), cfg.description)
+        mesh = "x".join(str(s) for s in cfg.mesh.shape) if cfg.mesh.num_devices > 1 else "1"
+        table.add_row(entry.name, count(n["params_total"]), mesh, cfg.data.source, count(cfg.train.num_steps))
     out.print(table)
+    out.print("mesh = data x fsdp x tensor devices; `launch show --exp NAME` for everything else.",
+              highlight=False)
 
 
 @app.command()
@@ -69,12 +87,16 @@ def show(
     exp: ExpOption = DEFAULT_EXPERIMENT,
     set_: SetOption = None,
     format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+    cpu_devices: CpuDevicesOption = None,
 ) -> None:
     """Print the resolved config and derived numbers without touching any device."""
     from equipax.launch.run import derived_numbers
 
     cfg, sources = resolve(exp, set_)
-    numbers = derived_numbers(cfg)
+    numbers = derived_numbers(cfg) if isinstance(cfg, ExperimentConfig) else {}
+    if isinstance(cfg, ExperimentConfig) and cpu_devices is not None and cpu_devices != cfg.mesh.num_devices:
+        err.print(f"note: the mesh needs {cfg.mesh.num_devices} devices; --cpu-devices {cpu_devices} "
+                  "would not run it.", highlight=False)
     if format == "json":
         print(json.dumps({"config": to_dict(cfg), "derived": numbers, "sources": sources}, indent=2))
     elif format == "text":
@@ -82,7 +104,8 @@ def show(
         out.print(format_knobs(cfg, sources), highlight=False, markup=False, end="")
         out.print("[bold]# derived[/]", highlight=False)
         for k, v in numbers.items():
-            out.print(f"{k} = {v:,}" if isinstance(v, int) else f"{k} = {v:.4g}", highlight=False)
+            text = f"{v:,}" if isinstance(v, int) else f"{v:.4g}" if isinstance(v, float) else str(v)
+            out.print(f"{k} = {text}", highlight=False)
     else:
         fail(f"--format must be 'text' or 'json'; got {format!r}.")
 
@@ -94,9 +117,19 @@ def run(
     job_log_dir: Annotated[
         Path | None, typer.Option("--job-log-dir", help="Job directory (default: runs/<exp>).")
     ] = None,
+    cpu_devices: CpuDevicesOption = None,
 ) -> None:
     """Train an experiment; rerun the same command to resume from its last checkpoint."""
+    from equipax.launch.devices import use_cpu_devices
+
+    try:
+        use_cpu_devices(cpu_devices)
+    except ConfigError as e:
+        fail(str(e))
     cfg, sources = resolve(exp, set_)
+    if isinstance(cfg, AttentionBenchConfig):
+        run_attention_bench(cfg, job_log_dir or Path("runs") / cfg.name, console=out)
+        return
     from equipax.launch.preemption import EXIT_PREEMPTED
     from equipax.launch.run import Preempted, run_experiment
 
@@ -107,6 +140,54 @@ def run(
         fail(str(e))
     except Preempted:
         raise typer.Exit(EXIT_PREEMPTED)
+
+
+EXIT_DOES_NOT_FIT = 3
+
+
+@app.command("compile")
+def compile_cmd(
+    exp: ExpOption = DEFAULT_EXPERIMENT,
+    set_: SetOption = None,
+    target: Annotated[str, typer.Option("--target", help="tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100 or h200.")] = "tpu-v4",
+    hbm_gib: Annotated[float | None, typer.Option("--hbm-gib", help="Memory budget per device (default: the target's HBM).")] = None,
+    assumed_mfu: Annotated[float, typer.Option("--assumed-mfu", help="MFU for the realistic step-time projection.")] = 0.5,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if the step does not fit the budget.")] = False,
+    job_log_dir: Annotated[
+        Path | None, typer.Option("--job-log-dir", help="Where compile.json goes (default: runs/<exp>).")
+    ] = None,
+) -> None:
+    """Compile the experiment's exact train step for its full mesh on this CPU host (AOT)."""
+    from equipax.launch.compile import TARGETS, check_compile_devices, compile_report, format_report
+    from equipax.launch.devices import use_cpu_devices
+
+    cfg, _ = resolve(exp, set_)
+    if not isinstance(cfg, ExperimentConfig):
+        fail(f"{cfg.name} is not a training experiment; there is no train step to compile.")
+        return
+    if target not in TARGETS:
+        fail(f"Unknown --target {target!r}; choose one of {', '.join(TARGETS)}.")
+    try:
+        # The mesh is simulated with CPU devices; this must happen before JAX starts.
+        use_cpu_devices(cfg.mesh.num_devices)
+        check_compile_devices(cfg)
+        report = compile_report(cfg, target=TARGETS[target], hbm_gib=hbm_gib, assumed_mfu=assumed_mfu,
+                                log=lambda m: err.print(m, highlight=False))
+    except ConfigError as e:
+        fail(str(e))
+        return
+    job_dir = job_log_dir or Path("runs") / cfg.name
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "compile.json").write_text(json.dumps(report, indent=2) + "\n")
+    out.print(format_report(report), highlight=False, markup=False)
+    out.print(f"Wrote {job_dir / 'compile.json'}", highlight=False)
+    if not report["memory_per_device"]["fits"]:
+        err.print(
+            f"warning: {cfg.name} needs {report['memory_per_device']['total_bytes'] / 2**30:.1f} GiB per "
+            f"device, over the {report['memory_per_device']['budget_gib']:.0f} GiB budget: use more "
+            "devices (a larger fsdp axis), full remat, or a smaller per-device batch.", highlight=False)
+        if strict:
+            raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 
 def main() -> None:

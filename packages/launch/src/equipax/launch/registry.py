@@ -1,4 +1,5 @@
-"""Experiment registry: `@register`ed functions returning an ExperimentConfig.
+"""Experiment registry: `@register`ed functions returning an ExperimentConfig (training)
+or an AttentionBenchConfig (a benchmark that `launch run` runs instead of training).
 
 Lookup by short name (`shakespeare_tiny`) or by any dotted suffix of the full path
 (`experiments.shakespeare.shakespeare_tiny`). Registering is pure: nothing runs until a
@@ -11,9 +12,11 @@ import pkgutil
 from collections.abc import Callable
 
 from equipax.core.config import ConfigError, suggest
+from equipax.launch.bench import AttentionBenchConfig
 from equipax.launch.experiment import ExperimentConfig
 
-ExperimentFn = Callable[[], ExperimentConfig]
+Experiment = ExperimentConfig | AttentionBenchConfig
+ExperimentFn = Callable[[], Experiment]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +29,7 @@ class Entry:
 _REGISTRY: dict[str, Entry] = {}
 
 
-def register(fn: ExperimentFn) -> ExperimentFn:
+def register[F: ExperimentFn](fn: F) -> F:
     """Register an experiment under its function name (decorator)."""
     name = fn.__name__
     path = f"{fn.__module__}.{name}"
@@ -76,7 +79,7 @@ def lookup(name: str) -> Entry:
     )
 
 
-def get_experiment(name: str) -> ExperimentConfig:
+def get_experiment(name: str) -> Experiment:
     """The resolved config of a registered experiment."""
     entry = lookup(name)
     cfg = entry.fn()

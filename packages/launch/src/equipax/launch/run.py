@@ -6,6 +6,7 @@ for the host. Evaluation, checkpoints and summaries happen every N steps.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -14,12 +15,15 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
 from rich.console import Console
 
 from equipax.core.config import ConfigError, flatten, format_knobs, from_json, to_json
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
 from equipax.core.optim import make_learner, make_schedule
-from equipax.core.step import TrainState, init_train_state, make_eval_step, make_train_step
+from equipax.core.mesh import build_mesh, check_device_count
+from equipax.core.partition import batch_sharding
+from equipax.core.step import TrainState, init_sharded_train_state, make_eval_step, make_train_step
 from equipax.data import BaseInput
 from equipax.launch.checkpoints import Checkpointer, tree_digest
 from equipax.launch.experiment import ExperimentConfig
@@ -30,7 +34,8 @@ from equipax.launch.progress import ProgressReporter
 from equipax.launch.summaries import MetricsWriter, read_metrics
 from equipax.models.lm import TransformerLM, generate, lm_loss
 
-MODEL_KEYS = ("ids", "labels", "weights")
+# Batch fields the model reads (segment_ids/positions only in packed batches).
+MODEL_KEYS = ("ids", "labels", "weights", "segment_ids", "positions")
 
 # bf16 dense peak per chip, TFLOP/s, by `device_kind` substring (for MFU).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v4": 275.0, "TPU v5 lite": 197.0,
@@ -76,17 +81,18 @@ def derived_numbers(cfg: ExperimentConfig) -> dict[str, Any]:
     flops = transformer_lm_flops_per_token(
         cfg.model.transformer, vocab_size=cfg.model.vocab_size, seq_len=cfg.data.seq_len
     )
-    tokens_per_step = cfg.data.batch_size * cfg.data.seq_len
+    tokens_per_step = cfg.global_batch_size * cfg.data.seq_len
     return {
         "params_total": params["total"],
         "params_embedding": params["embedding"],
         "params_per_layer": params["per_layer"],
-        "global_batch": cfg.data.batch_size,
+        "global_batch": cfg.global_batch_size,
         "tokens_per_step": tokens_per_step,
         "total_tokens": tokens_per_step * cfg.train.num_steps,
         "model_flops_per_token": flops["training"],
         "model_flops_per_step": flops["training"] * tokens_per_step,
-        "devices_required": 1,
+        "devices_required": cfg.mesh.num_devices,
+        "mesh_shape": list(cfg.mesh.shape),
     }
 
 
@@ -110,11 +116,26 @@ def _knob_changes(cfg: ExperimentConfig, job_dir: Path) -> str:
     return "\nKnobs that differ from the job's config.json:\n" + "\n".join(diffs) if diffs else ""
 
 
-def _to_device(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-    return {k: jax.device_put(batch[k]) for k in MODEL_KEYS}
+def _to_device(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+    """This host's rows -> global arrays split over (data, fsdp) across all hosts."""
+    return {k: jax.make_array_from_process_local_data(sharding, batch[k]) for k in MODEL_KEYS if k in batch}
 
 
-def evaluate(eval_step, model, eval_input: BaseInput, num_batches: int) -> dict[str, float]:
+def build_run_mesh(cfg: ExperimentConfig) -> Mesh:
+    """The experiment's mesh on this job's devices, or a ConfigError saying what to do instead."""
+    available = jax.device_count()
+    if cfg.mesh.num_devices != available:
+        check_device_count(
+            cfg.mesh, available,
+            hint=(f". To check this experiment without the hardware, run `launch compile --exp "
+                  f"{cfg.name}`; to run its code path on this machine, try `launch run --exp "
+                  f"{cfg.name}_smoke --cpu-devices 8` where a _smoke variant exists"),
+        )
+    return build_mesh(cfg.mesh)
+
+
+def evaluate(eval_step, model, eval_input: BaseInput, num_batches: int,
+             sharding: NamedSharding) -> dict[str, float]:
     """Weighted mean loss and accuracy over an eval pass (`num_batches`=0: the whole pass)."""
     eval_input.reset()
     totals: dict[str, float] = {}
@@ -124,7 +145,7 @@ def evaluate(eval_step, model, eval_input: BaseInput, num_batches: int) -> dict[
             batch = eval_input.get_next()
         except StopIteration:
             break
-        aux = jax.device_get(eval_step(model, _to_device(batch)))
+        aux = jax.device_get(eval_step(model, _to_device(batch, sharding)))
         for k in ("loss_sum", "weight_sum", "correct_sum"):
             totals[k] = totals.get(k, 0.0) + float(aux[k])
         count += 1
@@ -154,6 +175,7 @@ def run_experiment(
     """
     console = console or Console()
     job_dir = Path(job_dir)
+    mesh = build_run_mesh(cfg)  # fails in seconds when the devices are not there
     job_dir.mkdir(parents=True, exist_ok=True)
     numbers = derived_numbers(cfg)
     console.print(
@@ -163,14 +185,18 @@ def run_experiment(
     )
 
     tokenizer = build_tokenizer(cfg, job_dir, log=lambda m: console.print(m, highlight=False))
-    inputs = build_lm_inputs(cfg, tokenizer)
+    inputs = build_lm_inputs(cfg, tokenizer, num_infeed_hosts=jax.process_count(),
+                             infeed_host_index=jax.process_index())
 
     root = jax.random.key(cfg.train.seed)
     init_key, step_key, sample_key = jax.random.split(root, 3)
-    model = TransformerLM(cfg.model, key=init_key)
     optimizer = make_learner(cfg.learner)
     schedule = make_schedule(cfg.learner.schedule)
-    state: TrainState = init_train_state(model, optimizer)
+    state: TrainState
+    state, state_sharding = init_sharded_train_state(
+        lambda k: TransformerLM(cfg.model, key=k), optimizer, mesh, init_key
+    )
+    data_sharding = batch_sharding(mesh)
 
     checkpointer = Checkpointer(job_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
     writer = MetricsWriter(job_dir)
@@ -186,11 +212,13 @@ def run_experiment(
     start = start or 0
     _write_job_files(cfg, sources or {}, job_dir)
 
-    train_step = make_train_step(lm_loss, optimizer, schedule)
-    eval_step = make_eval_step(lm_loss)
+    loss_fn = functools.partial(lm_loss, mesh=mesh)
+    train_step = make_train_step(loss_fn, optimizer, schedule, state_sharding=state_sharding,
+                                 batch_sharding=data_sharding)
+    eval_step = make_eval_step(loss_fn)
     flops_per_step = numbers["model_flops_per_step"]
     peak = device_peak_tflops(cfg)
-    num_devices = 1
+    num_devices = mesh.size
     total = cfg.train.num_steps
     progress = ProgressReporter(console, total=total, start=start)
 
@@ -228,7 +256,7 @@ def run_experiment(
     step = start
     with StopRequest() as stop:
         for step in range(start + 1, total + 1):
-            batch = _to_device(inputs.train.get_next())
+            batch = _to_device(inputs.train.get_next(), data_sharding)
             state, metrics = train_step(state, batch, step_key)
             if step == start + 1:
                 jax.block_until_ready(metrics)  # the first step includes compilation
@@ -239,7 +267,8 @@ def run_experiment(
                 pending = (step, metrics)
             if step % cfg.train.eval_every == 0 or step == total:
                 flush_pending()
-                last_eval = evaluate(eval_step, state.model, inputs.eval, cfg.train.eval_batches)
+                last_eval = evaluate(eval_step, state.model, inputs.eval, cfg.train.eval_batches,
+                                     data_sharding)
                 writer.write(step, "eval", last_eval)
                 progress.message(
                     f"step {step}: eval loss {last_eval['loss']:.4f}, "

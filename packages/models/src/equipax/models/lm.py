@@ -2,16 +2,19 @@
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.nn import Embedding, LayerNorm, RMSNorm, TransformerConfig, TransformerStack
 from equipax.core.nn.transformer import make_norm
+from equipax.core.partition import constrain_batch
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -89,13 +92,21 @@ class TransformerLM(eqx.Module):
         self.final_norm = make_norm(cfg.transformer)
 
     def __call__(
-        self, ids: Int[Array, "batch seq"], *, key: PRNGKeyArray | None = None
+        self, ids: Int[Array, "batch seq"], *, key: PRNGKeyArray | None = None,
+        mesh: Mesh | None = None,
+        segment_ids: Int[Array, "batch seq"] | None = None,
+        positions: Int[Array, "batch seq"] | None = None,
     ) -> Float[Array, "batch seq vocab"]:
         """Next-token logits.
 
         Arguments:
             ids: token ids, at most `max_seq_len` per row.
             key: unused (no dropout); `None` means deterministic.
+            mesh: the device mesh, for `tensor_parallel="shard_map"` (see TransformerStack).
+            segment_ids: packed rows: token t attends only to earlier tokens of its own
+                segment (one document each); `None` = one sequence per row.
+            positions: each token's position within its segment (restarting at 0), indexing
+                the sinusoidal table; `None` = `0 .. seq-1`.
 
         Returns:
             Float32 logits; `logits[:, t]` predicts the token after `ids[:, t]`.
@@ -110,10 +121,11 @@ class TransformerLM(eqx.Module):
         dims = self.cfg.transformer.model_dims
         x = self.embedding(ids) * math.sqrt(dims)
         if self.cfg.position == "sinusoidal":
-            x = x + sinusoidal_positions(seq_len, dims)[None]
-        x = x.astype(_DTYPES[self.cfg.dtype])
-        x = self.final_norm(self.stack(x))
-        logits = self.embedding.attend(x).astype(jnp.float32)
+            table = sinusoidal_positions(seq_len, dims)
+            x = x + (table[None] if positions is None else jnp.take(table, positions, axis=0))
+        x = constrain_batch(x.astype(_DTYPES[self.cfg.dtype]), mesh)
+        x = self.final_norm(self.stack(x, mesh=mesh, segment_ids=segment_ids))
+        logits = constrain_batch(self.embedding.attend(x).astype(jnp.float32), mesh)
         cap = self.cfg.output_logit_cap
         if cap is not None:
             logits = cap * jnp.tanh(logits / cap)
@@ -121,21 +133,25 @@ class TransformerLM(eqx.Module):
 
 
 def lm_loss(
-    model: TransformerLM, batch: dict[str, Array], *, key: PRNGKeyArray | None = None
+    model: TransformerLM, batch: Mapping[str, Array], *, key: PRNGKeyArray | None = None,
+    mesh: Mesh | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
     """Weighted mean next-token cross-entropy.
 
     Arguments:
         model: the language model.
         batch: `ids` int32 `[batch seq]`, `labels` int32 `[batch seq]` (the token after
-            each id) and `weights` float32 `[batch seq]` (0 excludes a position).
+            each id) and `weights` float32 `[batch seq]` (0 excludes a position); packed
+            batches also carry `segment_ids` and `positions` int32 `[batch seq]`.
         key: forwarded to the model.
+        mesh: forwarded to the model (bind it with functools.partial for a train step).
 
     Returns:
         `(loss, aux)` with aux scalars `loss_sum`, `weight_sum`, `correct_sum` (weighted
         count of argmax == label) and `accuracy`.
     """
-    logits = model(batch["ids"], key=key)
+    logits = model(batch["ids"], key=key, mesh=mesh, segment_ids=batch.get("segment_ids"),
+                   positions=batch.get("positions"))
     labels, weights = batch["labels"], batch["weights"].astype(jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]

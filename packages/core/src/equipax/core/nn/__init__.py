@@ -3,10 +3,16 @@
 from equipax.core.nn.attention import (
     CausalSelfAttention,
     dot_product_attention,
+    jax_nn_attention,
     reference_attention,
 )
 from equipax.core.nn.embedding import Embedding
 from equipax.core.nn.linear import Linear
+from equipax.core.nn.linear_attention import (
+    elu_feature_map,
+    linear_attention,
+    reference_linear_attention,
+)
 from equipax.core.nn.mlp import Activation, FeedForward
 from equipax.core.nn.norm import LayerNorm, RMSNorm
 from equipax.core.nn.transformer import (
@@ -28,6 +34,10 @@ __all__ = [
     "TransformerConfig",
     "TransformerStack",
     "dot_product_attention",
+    "elu_feature_map",
+    "jax_nn_attention",
+    "linear_attention",
     "make_norm",
     "reference_attention",
+    "reference_linear_attention",
 ]

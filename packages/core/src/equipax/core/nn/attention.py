@@ -1,14 +1,16 @@
-"""Softmax attention kernels (reference and fast path) and causal self-attention."""
+"""Softmax attention kernels (reference and fast paths) and causal self-attention."""
 
 import math
+from typing import Literal
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.nn.linear import expand_to, fan_in_init
+from equipax.core.nn.linear_attention import linear_attention
 
 # Large finite negative: -inf would give NaN gradients through fully masked rows.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -25,6 +27,11 @@ def _causal_mask(q_len: int, k_len: int) -> Array:
     return (k_pos <= q_pos)[None, None]
 
 
+def _segment_mask(segment_ids: Int[Array, "batch seq"]) -> Array:
+    """Bool `[b 1 q k]`: a query sees only keys of its own segment (packed documents)."""
+    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+
+
 def reference_attention(
     q: Float[Array, "batch seq heads head_dim"],
     k: Float[Array, "batch seq heads head_dim"],
@@ -32,6 +39,7 @@ def reference_attention(
     *,
     causal: bool,
     logit_cap: float | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
 ) -> Float[Array, "batch seq heads head_dim"]:
     """Slow, obvious softmax attention; the fast path is tested against it.
 
@@ -39,6 +47,7 @@ def reference_attention(
         q, k, v: queries, keys and values.
         causal: mask keys after each query's position.
         logit_cap: if set, logits become `cap * tanh(logits / cap)` before masking.
+        segment_ids: packed sequences: positions attend only within their own segment.
 
     Returns:
         Attention outputs in `v.dtype`.
@@ -48,6 +57,8 @@ def reference_attention(
     logits = _cap(logits, logit_cap)
     if causal:
         logits = jnp.where(_causal_mask(q.shape[1], k.shape[1]), logits, _MASK_VALUE)
+    if segment_ids is not None:
+        logits = jnp.where(_segment_mask(segment_ids), logits, _MASK_VALUE)
     probs = jax.nn.softmax(logits, axis=-1)
     return jnp.einsum("bhqk,bkhd->bqhd", probs, vf).astype(v.dtype)
 
@@ -59,6 +70,7 @@ def dot_product_attention(
     *,
     causal: bool,
     logit_cap: float | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
 ) -> Float[Array, "batch seq heads head_dim"]:
     """Softmax attention, fast path: plain einsums (faster than jax.nn's on CPU).
 
@@ -70,6 +82,7 @@ def dot_product_attention(
         q, k, v: queries, keys and values.
         causal: mask keys after each query's position.
         logit_cap: if set, logits become `cap * tanh(logits / cap)` before masking.
+        segment_ids: packed sequences: positions attend only within their own segment.
 
     Returns:
         Attention outputs in `v.dtype`.
@@ -79,6 +92,8 @@ def dot_product_attention(
     logits = _cap(logits, logit_cap)
     if causal:
         logits = jnp.where(_causal_mask(q.shape[1], k.shape[1]), logits, _MASK_VALUE)
+    if segment_ids is not None:
+        logits = jnp.where(_segment_mask(segment_ids), logits, _MASK_VALUE)
     logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     unnorm = jnp.exp(logits)
     denom = jnp.sum(unnorm, axis=-1)  # [b h q]
@@ -87,6 +102,39 @@ def dot_product_attention(
     )
     out = out / jnp.transpose(denom, (0, 2, 1))[..., None]
     return out.astype(v.dtype)
+
+
+def jax_nn_attention(
+    q: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq heads head_dim"],
+    v: Float[Array, "batch seq heads head_dim"],
+    *,
+    causal: bool,
+    logit_cap: float | None = None,
+) -> Float[Array, "batch seq heads head_dim"]:
+    """Softmax attention through `jax.nn.dot_product_attention` (XLA or cuDNN as JAX picks).
+
+    Slower than `dot_product_attention` on CPU (PERF-NOTES); kept for benchmarks and
+    accelerators. It has no tanh logit cap.
+
+    Arguments:
+        q, k, v: queries, keys and values.
+        causal: mask keys after each query's position.
+        logit_cap: must be `None`.
+
+    Returns:
+        Attention outputs in `v.dtype`.
+
+    Raises:
+        ValueError: `logit_cap` is set.
+    """
+    if logit_cap is not None:
+        raise ValueError(
+            f"jax_nn_attention cannot apply a logit cap (got logit_cap={logit_cap}): "
+            "jax.nn.dot_product_attention has no tanh cap. Use dot_product_attention or "
+            "pass logit_cap=None."
+        )
+    return jax.nn.dot_product_attention(q, k, v, is_causal=causal).astype(v.dtype)
 
 
 class CausalSelfAttention(eqx.Module):
@@ -99,6 +147,7 @@ class CausalSelfAttention(eqx.Module):
     num_heads: int = eqx.field(static=True)
     head_dim: int = eqx.field(static=True)
     atten_logit_cap: float | None = eqx.field(static=True)
+    kernel: Literal["softmax", "linear"] = eqx.field(static=True)
 
     def __init__(
         self,
@@ -108,6 +157,7 @@ class CausalSelfAttention(eqx.Module):
         *,
         atten_logit_cap: float | None,
         use_bias: bool = False,
+        kernel: Literal["softmax", "linear"] = "softmax",
         key: PRNGKeyArray,
     ):
         """Arguments:
@@ -116,22 +166,28 @@ class CausalSelfAttention(eqx.Module):
         head_dim: width of each head.
         atten_logit_cap: soft cap on attention logits (`None` = no cap).
         use_bias: biases on the QKV and output projections.
+        kernel: "softmax" (`dot_product_attention`) or "linear" (`linear_attention`,
+            which has no logits to cap).
         key: PRNG key.
         """
         k_qkv, k_out = jr.split(key)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.atten_logit_cap = atten_logit_cap
+        self.kernel = kernel
         self.qkv = fan_in_init(k_qkv, (model_dims, 3, num_heads, head_dim), in_axes=(0,))
         self.out = fan_in_init(k_out, (num_heads, head_dim, model_dims), in_axes=(0, 1))
         self.qkv_bias = jnp.zeros((3, num_heads, head_dim)) if use_bias else None
         self.out_bias = jnp.zeros((model_dims,)) if use_bias else None
 
-    def __call__(self, x: Float[Array, "batch seq embed"]) -> Float[Array, "batch seq embed"]:
+    def __call__(
+        self, x: Float[Array, "batch seq embed"], segment_ids: Int[Array, "batch seq"] | None = None
+    ) -> Float[Array, "batch seq embed"]:
         """Attend over the sequence; computes in `x.dtype`.
 
         Arguments:
             x: inputs.
+            segment_ids: packed sequences: attend only within each segment (softmax kernel only).
 
         Returns:
             Outputs of the same shape.
@@ -140,7 +196,17 @@ class CausalSelfAttention(eqx.Module):
         if self.qkv_bias is not None:
             qkv = qkv + expand_to(self.qkv_bias.astype(x.dtype), qkv.ndim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        o = dot_product_attention(q, k, v, causal=True, logit_cap=self.atten_logit_cap)
+        if self.kernel == "linear":
+            if segment_ids is not None:
+                raise ValueError(
+                    "Linear attention has no segment mask: packed batches (segment_ids) need "
+                    "attention='softmax', or set data.packing=False."
+                )
+            o = linear_attention(q, k, v, causal=True)
+        else:
+            o = dot_product_attention(
+                q, k, v, causal=True, logit_cap=self.atten_logit_cap, segment_ids=segment_ids
+            )
         y = jnp.einsum("bshd,hde->bse", o, self.out.astype(x.dtype))
         if self.out_bias is not None:
             y = y + expand_to(self.out_bias.astype(x.dtype), y.ndim)

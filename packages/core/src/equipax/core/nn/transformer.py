@@ -7,15 +7,19 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.random as jr
-from jaxtyping import Array, Float, PRNGKeyArray
+from jax.sharding import Mesh
+from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.nn.attention import CausalSelfAttention
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.norm import LayerNorm, RMSNorm
+from equipax.core.nn.tensor_parallel import shard_map_block
+from equipax.core.partition import constrain_batch
 
 _ACTIVATIONS = ("gelu", "relu", "silu")
 _NORMS = ("layernorm", "rmsnorm")
 _REMATS = ("none", "full", "dots_saveable")
+_ATTENTIONS = ("softmax", "linear")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -34,6 +38,11 @@ class TransformerConfig:
     atten_logit_cap: float | None = 50.0
     scan_layers: bool = True
     remat: Literal["none", "full", "dots_saveable"] = "none"
+    # "linear": phi = elu + 1 linear attention (O(seq) cost; atten_logit_cap then unused).
+    attention: Literal["softmax", "linear"] = "softmax"
+    # How a sharded block computes: "gspmd" lets XLA place collectives from the parameter
+    # shardings; "shard_map" runs nn/tensor_parallel.py with the collectives written out.
+    tensor_parallel: Literal["gspmd", "shard_map"] = "gspmd"
 
     def __post_init__(self):
         for name in ("num_layers", "model_dims", "num_heads", "head_dim", "hidden_dims"):
@@ -47,6 +56,8 @@ class TransformerConfig:
             ("activation", _ACTIVATIONS),
             ("norm", _NORMS),
             ("remat", _REMATS),
+            ("attention", _ATTENTIONS),
+            ("tensor_parallel", ("gspmd", "shard_map")),
         ):
             value = getattr(self, name)
             if value not in allowed:
@@ -95,6 +106,7 @@ class TransformerBlock(eqx.Module):
             cfg.head_dim,
             atten_logit_cap=cfg.atten_logit_cap,
             use_bias=cfg.use_bias,
+            kernel=cfg.attention,
             key=k_att,
         )
         self.ffn_norm = make_norm(cfg)
@@ -107,26 +119,42 @@ class TransformerBlock(eqx.Module):
             key=k_ffn,
         )
 
-    def __call__(self, x: Float[Array, "batch seq embed"]) -> Float[Array, "batch seq embed"]:
+    def __call__(
+        self, x: Float[Array, "batch seq embed"], segment_ids: Int[Array, "batch seq"] | None = None
+    ) -> Float[Array, "batch seq embed"]:
         """Apply the block.
 
         Arguments:
             x: inputs.
+            segment_ids: packed sequences: attention stays within each segment.
 
         Returns:
             Outputs of the same shape and dtype.
         """
-        x = x + self.attention(self.atten_norm(x))
+        x = x + self.attention(self.atten_norm(x), segment_ids)
         return x + self.ffn(self.ffn_norm(x))
 
 
 def _block_apply(
-    remat: str, static: TransformerBlock
+    remat: str, static: TransformerBlock, mesh: Mesh | None = None,
+    segment_ids: Array | None = None, shard_map: bool = False,
 ) -> Callable[[TransformerBlock, Array], Array]:
-    """`(block params, x) -> block(x)`, wrapped in the remat policy."""
+    """`(block params, x) -> block(x)`, wrapped in the remat policy.
+
+    With a `mesh`, the output's batch dimension is pinned to (data, fsdp); with `shard_map`,
+    the block runs as `shard_map_block` (explicit collectives) on that mesh.
+    """
 
     def apply(params: TransformerBlock, x: Array) -> Array:
-        return eqx.combine(params, static)(x)
+        block = eqx.combine(params, static)
+        if shard_map and mesh is not None:
+            if segment_ids is not None:
+                raise ValueError(
+                    "tensor_parallel='shard_map' does not take packed batches (segment_ids) yet; "
+                    "use tensor_parallel='gspmd' or data.packing=False."
+                )
+            return shard_map_block(block, x, mesh)
+        return constrain_batch(block(x, segment_ids), mesh)
 
     if remat == "full":
         return jax.checkpoint(apply, policy=None)
@@ -160,18 +188,26 @@ class TransformerStack(eqx.Module):
         else:
             self.layers = tuple(TransformerBlock(cfg, key=k) for k in keys)
 
-    def __call__(self, x: Float[Array, "batch seq embed"]) -> Float[Array, "batch seq embed"]:
+    def __call__(
+        self, x: Float[Array, "batch seq embed"], *, mesh: Mesh | None = None,
+        segment_ids: Int[Array, "batch seq"] | None = None,
+    ) -> Float[Array, "batch seq embed"]:
         """Run all layers in order.
 
         Arguments:
             x: inputs.
+            mesh: the device mesh: activations are pinned to the batch axes on it, and
+                `tensor_parallel="shard_map"` runs on it. Without it, the same numbers on
+                one device.
+            segment_ids: packed sequences: attention stays within each segment.
 
         Returns:
             Outputs of the same shape and dtype.
         """
+        shard_map = self.cfg.tensor_parallel == "shard_map"
         if isinstance(self.layers, TransformerBlock):
             params, static = eqx.partition(self.layers, eqx.is_array)
-            apply = _block_apply(self.cfg.remat, static)
+            apply = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map)
 
             def body(h: Array, layer_params: TransformerBlock) -> tuple[Array, None]:
                 return apply(layer_params, h), None
@@ -180,5 +216,5 @@ class TransformerStack(eqx.Module):
             return x
         for block in self.layers:
             params, static = eqx.partition(block, eqx.is_array)
-            x = _block_apply(self.cfg.remat, static)(params, x)
+            x = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map)(params, x)
         return x

@@ -1,5 +1,7 @@
 """Small language models on the complete works of Shakespeare (the default experiment)."""
 
+import dataclasses
+
 from equipax.core.nn import TransformerConfig
 from equipax.core.optim import LearnerConfig, ScheduleConfig
 from equipax.launch.experiment import DataConfig, ExperimentConfig, TrainConfig
@@ -39,4 +41,19 @@ def shakespeare_tiny() -> ExperimentConfig:
         ),
         train=TrainConfig(num_steps=450, log_every=20, eval_every=150, eval_batches=16,
                           checkpoint_every=150),
+    )
+
+
+@register
+def shakespeare_tiny_linear() -> ExperimentConfig:
+    """The default experiment with linear (elu + 1) attention instead of softmax."""
+    base = shakespeare_tiny()
+    return dataclasses.replace(
+        base,
+        name="shakespeare_tiny_linear",
+        description="The default experiment with linear (elu + 1) attention.",
+        model=dataclasses.replace(
+            base.model,
+            transformer=dataclasses.replace(base.model.transformer, attention="linear"),
+        ),
     )

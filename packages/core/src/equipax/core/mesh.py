@@ -1,0 +1,130 @@
+"""Device meshes from Pax-style ICI x DCN shapes over the axes (data, fsdp, tensor).
+
+`ici_mesh_shape` is the mesh within a slice (fast interconnect), `dcn_mesh_shape` across slices
+or hosts (data-centre network); the device mesh is their elementwise product. Building the
+config is pure; only `build_mesh` looks at devices.
+"""
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh
+
+from equipax.core.config import ConfigError
+
+# Axis vocabulary (docs/sharding.md). Pax: replica -> data, data -> fsdp, mdl -> tensor.
+DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
+AXES = (DATA, FSDP, TENSOR)
+# Axes the batch is split over.
+BATCH_AXES = (DATA, FSDP)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+    """The device mesh of an experiment.
+
+    ici_mesh_shape: devices per slice along (data, fsdp, tensor).
+    dcn_mesh_shape: slices (or hosts, on GPU clusters) along the same axes.
+    """
+
+    ici_mesh_shape: tuple[int, ...] = (1, 1, 1)
+    dcn_mesh_shape: tuple[int, ...] = (1, 1, 1)
+    axis_names: tuple[str, ...] = AXES
+
+    def __post_init__(self):
+        n = len(self.axis_names)
+        for name in ("ici_mesh_shape", "dcn_mesh_shape"):
+            shape = getattr(self, name)
+            if len(shape) != n:
+                raise ValueError(
+                    f"mesh.{name}={shape} has {len(shape)} entries but mesh.axis_names="
+                    f"{self.axis_names} has {n}; give one size per axis."
+                )
+            if any(s < 1 for s in shape):
+                raise ValueError(f"mesh.{name}={shape}: every size must be >= 1.")
+        if len(set(self.axis_names)) != n:
+            raise ValueError(f"mesh.axis_names={self.axis_names} repeats a name.")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The device mesh shape (ICI x DCN, elementwise)."""
+        return tuple(i * d for i, d in zip(self.ici_mesh_shape, self.dcn_mesh_shape))
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def num_slices(self) -> int:
+        return math.prod(self.dcn_mesh_shape)
+
+    def axis_size(self, *names: str) -> int:
+        """Product of the sizes of the named axes (missing names count 1)."""
+        sizes = dict(zip(self.axis_names, self.shape))
+        return math.prod(sizes.get(n, 1) for n in names)
+
+    @property
+    def batch_parallelism(self) -> int:
+        """How many ways the global batch is split (data x fsdp)."""
+        return self.axis_size(*BATCH_AXES)
+
+
+def check_device_count(cfg: MeshConfig, num_devices: int, *, hint: str = "") -> None:
+    """Raise ConfigError unless the mesh uses exactly `num_devices` devices."""
+    if cfg.num_devices != num_devices:
+        raise ConfigError(
+            f"The mesh needs {cfg.num_devices} devices (ici_mesh_shape={cfg.ici_mesh_shape} x "
+            f"dcn_mesh_shape={cfg.dcn_mesh_shape} over {cfg.axis_names}) but {num_devices} "
+            f"are available. Change mesh.ici_mesh_shape / mesh.dcn_mesh_shape so their product is "
+            f"{num_devices}{hint}."
+        )
+
+
+def build_mesh(cfg: MeshConfig, devices: Sequence[Any] | None = None) -> Mesh:
+    """Build the device mesh.
+
+    Multi-slice TPUs (devices with `slice_index`) get a hybrid ICI x DCN mesh from
+    `mesh_utils.create_hybrid_device_mesh`; TPU/GPU single slices get a topology-aware
+    `create_device_mesh`; CPUs are reshaped in (process, id) order, so DCN axes run across
+    processes. Axis types are set explicitly to Auto (GSPMD propagation).
+
+    Arguments:
+        cfg: the mesh config.
+        devices: devices to use (default: all of `jax.devices()`).
+
+    Returns:
+        A `jax.sharding.Mesh` with `cfg.axis_names`.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    check_device_count(cfg, len(devices))
+    axis_types = (AxisType.Auto,) * len(cfg.axis_names)
+    platform = devices[0].platform
+    if platform == "cpu" or len(devices) == 1:
+        ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+        # DCN outermost: device index = dcn block * ici size + position in the block.
+        dev_array = _cpu_hybrid(np.array(ordered, dtype=object), cfg)
+    elif hasattr(devices[0], "slice_index") and cfg.num_slices > 1:
+        dev_array = mesh_utils.create_hybrid_device_mesh(
+            cfg.ici_mesh_shape, cfg.dcn_mesh_shape, devices, allow_split_physical_axes=True
+        )
+    elif cfg.num_slices > 1:
+        # GPU clusters: one DCN block per process group, processes in order.
+        ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+        dev_array = _cpu_hybrid(np.array(ordered, dtype=object), cfg)
+    else:
+        dev_array = mesh_utils.create_device_mesh(cfg.shape, devices, allow_split_physical_axes=True)
+    return Mesh(dev_array, cfg.axis_names, axis_types=axis_types)
+
+
+def _cpu_hybrid(flat: np.ndarray, cfg: MeshConfig) -> np.ndarray:
+    """Arrange devices so each DCN block holds consecutive devices (one host or slice)."""
+    n = len(cfg.axis_names)
+    # [dcn..., ici...] then interleave to [dcn0, ici0, dcn1, ici1, ...] and merge pairs.
+    arr = flat.reshape(*cfg.dcn_mesh_shape, *cfg.ici_mesh_shape)
+    order = [i for pair in zip(range(n), range(n, 2 * n)) for i in pair]
+    return arr.transpose(order).reshape(cfg.shape)

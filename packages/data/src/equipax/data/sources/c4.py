@@ -1,0 +1,323 @@
+"""C4-format shards: JSON lines with a "text" field (plain or gzipped) and ArrayRecord files.
+
+A shard directory holds files such as `c4-train.00000-of-01024.json.gz` (the layout of the
+public C4 release) or `c4-train.00000-of-00004.array_record` (written by `launch data prepare`).
+`TextShards` gives random access to their documents, which is what a grain `MapDataset` needs
+for a global seeded shuffle and per-host slicing.
+"""
+
+import gzip
+import json
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+log = logging.getLogger("equipax.data")
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
+ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
+SHARD_SUFFIXES = JSONL_SUFFIXES + ARRAY_RECORD_SUFFIXES
+
+
+class DataError(ValueError):
+    """A problem with data files or their contents; the message names the file and the fix."""
+
+
+def is_shard(path: Path) -> bool:
+    """True when `path`'s name ends in a shard suffix (`.jsonl`, `.json.gz`, `.array_record`, ...)."""
+    return path.name.endswith(SHARD_SUFFIXES)
+
+
+def find_shards(path: str | Path, pattern: str = "*") -> list[Path]:
+    """The shard files in directory `path` whose names match the glob `pattern`, sorted.
+
+    Raises DataError for a missing directory or when no shard file matches.
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        what = "is a file, not a directory" if root.exists() else "does not exist"
+        raise DataError(
+            f"data.path {str(root)!r} {what}. Point data.path at a directory of C4-format shards "
+            f"(JSON lines with a 'text' field, optionally .gz, or ArrayRecord), e.g. written by "
+            f"`launch data prepare --input TEXT_FILES --output DIR`."
+        )
+    files = sorted(p for p in root.glob(pattern) if p.is_file() and is_shard(p))
+    if not files:
+        present = sorted(p.name for p in root.iterdir())[:5]
+        raise DataError(
+            f"No shard files matching {pattern!r} with a suffix in {SHARD_SUFFIXES} in {str(root)!r} "
+            f"(it holds {present or 'nothing'}). Fix data.path or the file pattern knob "
+            f"(data.train_files / data.eval_files)."
+        )
+    return files
+
+
+def parse_record(raw: bytes | str, text_field: str = "text") -> str | None:
+    """The text of one JSON record, or None when it is malformed (not JSON, or no string field)."""
+    try:
+        record = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    text = record.get(text_field)
+    return text if isinstance(text, str) else None
+
+
+class _JsonLinesShard:
+    """One JSON-lines file held as bytes with the offsets of its well-formed lines."""
+
+    def __init__(self, path: Path, text_field: str):
+        data = path.read_bytes()
+        if path.name.endswith(".gz"):
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError) as e:
+                raise DataError(f"Shard {str(path)!r} is not a valid gzip file ({e}); re-copy it.") from None
+        self.data = data
+        starts, ends = [], []
+        self.lines = 0
+        self.malformed = 0
+        pos = 0
+        while pos < len(data):
+            end = data.find(b"\n", pos)
+            end = len(data) if end < 0 else end
+            if data[pos:end].strip():
+                self.lines += 1
+                if parse_record(data[pos:end], text_field) is None:
+                    self.malformed += 1
+                else:
+                    starts.append(pos)
+                    ends.append(end)
+            pos = end + 1
+        self.starts = np.asarray(starts, np.int64)
+        self.ends = np.asarray(ends, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def text(self, i: int, text_field: str) -> str:
+        text = parse_record(self.data[self.starts[i] : self.ends[i]], text_field)
+        assert text is not None  # checked when indexed
+        return text
+
+
+class TextShards(Sequence[str]):
+    """Random access to the documents of C4-format shard files: `len(shards)`, `shards[i] -> str`.
+
+    JSON-lines files (`.jsonl`, `.json`, optionally `.gz`) are read into memory and checked line
+    by line when opened: malformed lines (not JSON, or no string `text_field`) are skipped and
+    counted. ArrayRecord files are read lazily by random access (the format for C4-sized data);
+    their records are the same JSON objects, and a malformed record reads as an empty document.
+    Malformed records are logged once; above `max_malformed_fraction` of the records read,
+    DataError is raised. An empty shard is a DataError.
+
+    **Arguments:**
+
+    - `files`: shard paths, in order (e.g. from `find_shards`).
+    - `text_field`: the JSON field holding the document text.
+    - `max_malformed_fraction`: the largest tolerated fraction of malformed records.
+    """
+
+    def __init__(self, files: Sequence[str | Path], *, text_field: str = "text", max_malformed_fraction: float = 0.01):
+        if not files:
+            raise DataError("TextShards needs at least one shard file.")
+        if not 0.0 <= max_malformed_fraction <= 1.0:
+            raise DataError(f"max_malformed_fraction must be in [0, 1], got {max_malformed_fraction!r}.")
+        self.files = [Path(f) for f in files]
+        self.text_field = text_field
+        self.max_malformed_fraction = float(max_malformed_fraction)
+        self._lock = threading.Lock()
+        self._records_read = 0
+        self.malformed = 0
+        self._logged = False
+        self._lazy_reads = 0
+        self._lazy_malformed = 0
+        self._shards: list[_JsonLinesShard | object] = []
+        sizes = []
+        lines = 0
+        for path in self.files:
+            if not path.is_file():
+                raise DataError(f"Shard {str(path)!r} does not exist.")
+            if path.name.endswith(ARRAY_RECORD_SUFFIXES):
+                import grain
+
+                shard: Any = grain.sources.ArrayRecordDataSource([str(path)])
+                size = len(shard)
+                lines += size
+            else:
+                shard = _JsonLinesShard(path, text_field)
+                size = len(shard)
+                lines += shard.lines
+                self.malformed += shard.malformed
+                if shard.lines == 0:
+                    size = 0
+            if size == 0:
+                detail = (f"all {shard.lines} lines are malformed (no JSON object with a string "
+                          f"{text_field!r} field)" if isinstance(shard, _JsonLinesShard) and shard.lines else "it is empty")
+                raise DataError(
+                    f"Shard {str(path)!r} has no documents: {detail}. Remove it from the directory "
+                    f"or regenerate it (`launch data prepare`)."
+                )
+            self._shards.append(shard)
+            sizes.append(size)
+        self._records_read = lines
+        self._offsets = np.cumsum([0, *sizes])
+        if self.malformed:
+            self._report_malformed(f"while indexing {len(self.files)} JSON-lines shard(s)")
+
+    def _report_malformed(self, where: str) -> None:
+        fraction = self.malformed / max(self._records_read, 1)
+        if fraction > self.max_malformed_fraction:
+            raise DataError(
+                f"{self.malformed} of {self._records_read} records ({fraction:.1%}) in the shards under "
+                f"{str(self.files[0].parent)!r} are malformed (not a JSON object with a string "
+                f"{self.text_field!r} field), above the tolerated {self.max_malformed_fraction:.1%} "
+                f"(data.max_malformed_fraction). Fix the files or raise the knob."
+            )
+        if not self._logged:
+            self._logged = True
+            log.warning("Skipped %d malformed record(s) of %d %s (tolerated up to %.1f%%).",
+                        self.malformed, self._records_read, where, 100 * self.max_malformed_fraction)
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = int(index)
+        i = i + len(self) if i < 0 else i
+        if not 0 <= i < len(self):
+            raise IndexError(f"document {i} out of range [0, {len(self)}).")
+        s = int(np.searchsorted(self._offsets, i, side="right")) - 1
+        shard = self._shards[s]
+        j = i - int(self._offsets[s])
+        if isinstance(shard, _JsonLinesShard):
+            return shard.text(j, self.text_field)
+        text = parse_record(shard[j], self.text_field)  # type: ignore[index]
+        with self._lock:
+            self._lazy_reads += 1
+            if text is None:
+                self._lazy_malformed += 1
+                fraction = self._lazy_malformed / self._lazy_reads
+                if self._lazy_reads >= 100 and fraction > self.max_malformed_fraction:
+                    raise DataError(
+                        f"{self._lazy_malformed} of {self._lazy_reads} ArrayRecord records read from "
+                        f"{str(self.files[s])!r} and its siblings are malformed ({fraction:.1%}, above "
+                        f"data.max_malformed_fraction={self.max_malformed_fraction}). Fix the files."
+                    )
+                if not self._logged:
+                    self._logged = True
+                    log.warning("Malformed ArrayRecord record %d of %s read as an empty document.",
+                                j, self.files[s])
+        return "" if text is None else text
+
+
+def iter_text_documents(
+    paths: Iterable[str | Path], *, split: Literal["file", "blank-line"] = "file"
+) -> Iterator[str]:
+    """Documents from plain text files or directories of them (sorted, recursively).
+
+    Files with a shard suffix are read as C4-format shards, one document per record.
+
+    **Arguments:**
+
+    - `paths`: text files, shard files or directories.
+    - `split`: "file" (a file is one document) or "blank-line" (blocks separated by blank lines).
+    """
+    for p in paths:
+        path = Path(p).expanduser()
+        if path.is_dir():
+            files = sorted(f for f in path.rglob("*") if f.is_file() and not f.name.startswith("."))
+        elif path.is_file():
+            files = [path]
+        else:
+            raise DataError(f"Input {str(path)!r} does not exist; pass text files or directories.")
+        for f in files:
+            if is_shard(f):
+                yield from TextShards([f])
+                continue
+            try:
+                text = f.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"Input {str(f)!r} is not UTF-8 text.") from None
+            if split == "file":
+                if text.strip():
+                    yield text
+            else:
+                for block in text.replace("\r\n", "\n").split("\n\n"):
+                    if block.strip():
+                        yield block.strip("\n")
+
+
+def shard_names(prefix: str, num_shards: int, format: Literal["jsonl", "jsonl.gz", "arrayrecord"]) -> list[str]:
+    """File names `{prefix}.{i:05d}-of-{n:05d}.{ext}` for a set of shards (C4's naming)."""
+    ext = {"jsonl": "jsonl", "jsonl.gz": "jsonl.gz", "arrayrecord": "array_record"}[format]
+    return [f"{prefix}.{i:05d}-of-{num_shards:05d}.{ext}" for i in range(num_shards)]
+
+
+def write_shards(
+    documents: Sequence[str],
+    output: str | Path,
+    *,
+    prefix: str = "c4-train",
+    num_shards: int = 1,
+    format: Literal["jsonl", "jsonl.gz", "arrayrecord"] = "jsonl",
+    overwrite: bool = False,
+) -> list[Path]:
+    """Write documents as C4-format shards: consecutive runs of documents, one run per shard.
+
+    Reading the shards back in sorted order gives the documents in their original order.
+
+    **Arguments:**
+
+    - `documents`: the texts.
+    - `output`: the directory (created if needed).
+    - `prefix`: file-name prefix, e.g. "c4-train" or "c4-validation".
+    - `num_shards`: number of files; at most the number of documents.
+    - `format`: "jsonl", "jsonl.gz" or "arrayrecord".
+    - `overwrite`: replace existing shards with the same prefix (otherwise an error).
+
+    **Returns:** the paths written.
+    """
+    if format not in ("jsonl", "jsonl.gz", "arrayrecord"):
+        raise DataError(f"format must be 'jsonl', 'jsonl.gz' or 'arrayrecord', got {format!r}.")
+    if num_shards < 1 or num_shards > len(documents):
+        raise DataError(
+            f"num_shards={num_shards} must be between 1 and the number of documents ({len(documents)}); "
+            f"every shard must hold at least one document."
+        )
+    out = Path(output).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    existing = sorted(p.name for p in out.glob(f"{prefix}.*") if is_shard(p))
+    if existing and not overwrite:
+        raise DataError(
+            f"{str(out)!r} already holds {len(existing)} shard(s) named {prefix}.* (e.g. {existing[0]}); "
+            f"choose another --output or pass --overwrite."
+        )
+    for name in existing:
+        (out / name).unlink()
+    bounds = np.linspace(0, len(documents), num_shards + 1).round().astype(int)
+    paths = []
+    for name, lo, hi in zip(shard_names(prefix, num_shards, format), bounds[:-1], bounds[1:]):
+        path = out / name
+        records = [json.dumps({"text": doc}, ensure_ascii=False) for doc in documents[lo:hi]]
+        tmp = path.with_name("." + path.name + ".tmp")
+        if format == "arrayrecord":
+            from array_record.python.array_record_module import ArrayRecordWriter
+
+            writer = ArrayRecordWriter(str(tmp), "group_size:1")
+            for r in records:
+                writer.write(r.encode("utf-8"))
+            writer.close()
+        else:
+            data = ("\n".join(records) + "\n").encode("utf-8")
+            tmp.write_bytes(gzip.compress(data, mtime=0) if format == "jsonl.gz" else data)
+        tmp.replace(path)
+        paths.append(path)
+    return paths

@@ -1,0 +1,503 @@
+"""Pax's language-model experiments (paxml `tasks/lm/params/{lm_cloud,c4,c4_multislice}.py`).
+
+Each Pax experiment class is a `PaxLM` value: the UPPER_CASE knobs of the Pax class, lower-cased,
+with the defaults of Pax's `TransformerLmSpmdAdam` (c4.py, on top of model_params.py's
+`TransformerLmSpmdAdafactor`). Pax's class inheritance is `dataclasses.replace`; `build()` turns
+the knobs into an equipax `ExperimentConfig`. Pax's mesh axes `[replica, data, mdl]` are equipax's
+`(data, fsdp, tensor)`.
+
+Pax knobs no experiment here can express (same for all of them; each experiment lists its own):
+
+- `PACKED_INPUT=True` is `data.packing=True` for C4 (documents packed into rows with segment
+  ids); synthetic inputs have no documents to pack, so lm_cloud_* and the smokes leave it off.
+- Pax's C4 pipeline (seqio task `c4_lm_v301_gpt` from TFDS `c4/en:3.0.1` on GCS, the
+  SentencePiece model `c4_en_301_5Mexp2_spm.model`): equipax reads C4-format shards from the local
+  or mounted directory `data.path` (default `C4_PATH` below; `--set data.path=...`) and trains a
+  `model.vocab_size`-piece SentencePiece vocabulary unless `--set data.vocab_path=...` names one.
+- Per-layer details of praxis that equipax's `TransformerConfig` has no separate knob for:
+  attention `internal_enable_per_dim_scale=True` (a learned per-head-dim query scale; equipax
+  scales queries by 1/sqrt(head_dim)), `TransformerFeedForward.has_bias=True` and praxis
+  LayerNorm's bias (equipax's `use_bias` switches all biases together, so Pax's attention-only
+  `USE_BIAS=False` is expressed as no biases anywhere: 48 x (24576 + 2 x 6144) + 32768 ~ 1.8M
+  fewer parameters on the 22B, 0.008%), the tied softmax's output bias.
+- Initialisers (`softmax_tpl.params_init = Gaussian(1/sqrt(MODEL_DIMS))`, Xavier elsewhere):
+  equipax has its own initialisation, not a knob.
+- `ADAM_EPSILON_ROOT=0.0` (equipax's Adam has no inner epsilon: it is 0), `LR_LRED_MAX=1.0` (a
+  multiplier of LEARNING_RATE: peak_learning_rate = LEARNING_RATE x 1.0), Adam's
+  `sharded_adam`/`maybe_inf_to_nan`, `TRAINING_OPTIMIZED_SHARDING` (equipax's sharding rules are
+  fixed, see docs/sharding.md), `PROFILER_*`, `repeat_prefix_sep`, C4's seqio task names,
+  shuffle buffer, `eos_id` and input seeds (equipax takes `data.seed`).
+- `CHECKPOINT_POLICY`: SAVE_NOTHING -> `remat="full"`; Pax applies it only with repeated layers.
+  SAVE_DOT_FOR_MLPERF_200B (C4SpmdAdam's default, overridden by every subclass here) has no
+  equipax equivalent.
+"""
+
+import dataclasses
+from typing import Literal
+
+from equipax.core.mesh import MeshConfig
+from equipax.core.nn import TransformerConfig
+from equipax.core.optim import LearnerConfig, ScheduleConfig
+from equipax.launch.experiment import DataConfig, ExperimentConfig, TrainConfig
+from equipax.launch.registry import register
+from equipax.models.lm import LMConfig
+
+# Where the C4 experiments look for C4-format shards (`c4-train.*`, `c4-validation.*`): a local or
+# mounted directory, as nothing is downloaded at run time. Override with `--set data.path=DIR`.
+C4_PATH = "/data/c4/en"
+
+# Pax's task defaults (paxml tasks_lib.SingleTask.Train): num_train_steps=1e7,
+# save_interval_steps=5000, save_max_to_keep=10, summary_interval_steps=100,
+# eval_interval_steps=100.
+PAX_NUM_TRAIN_STEPS = 10_000_000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PaxLM:
+    """The knobs of a Pax decoder-only LM experiment (names lower-cased from Pax's).
+
+    Defaults are Pax's `TransformerLmSpmdAdam` (c4.py) over `TransformerLmSpmdAdafactor`
+    (model_params.py). `dims_per_head=None` means `model_dims // num_heads`, as in Pax.
+    """
+
+    # Architecture (TransformerLmSpmdAdam over TransformerLmSpmdAdafactor).
+    num_layers: int = 32
+    model_dims: int = 1024
+    hidden_dims: int = 1024 * 4
+    num_heads: int = 16
+    dims_per_head: int | None = None
+    vocab_size: int = 32000
+    activation: Literal["gelu", "relu", "silu"] = "relu"  # ACTIVATION_CLS = layers.ReLU
+    use_gated_activation: bool = False
+    use_bias: bool = False  # attention only in Pax
+    norm_policy: Literal["pre"] = "pre"  # pre-LayerNorm
+    atten_logit_cap: float | None = 50.0
+    softmax_cap_logits: float | None = 30.0
+    fprop_dtype: Literal["float32", "bfloat16"] = "float32"
+    use_repeated_layer: bool = False
+    checkpoint_policy: Literal["none", "full", "dots_saveable"] = "full"  # SAVE_NOTHING
+    # Data (PERCORE_BATCH_SIZE x devices = global batch; MAX_SEQ_LEN).
+    max_seq_len: int = 1024
+    percore_batch_size: int = 16
+    data_source: Literal["shakespeare", "synthetic", "c4"] = "synthetic"
+    data_path: str = ""  # c4: the shard directory
+    packed_input: bool = False  # PACKED_INPUT (c4 only: packing needs documents)
+    # Mesh [replica, data, mdl] -> (data, fsdp, tensor).
+    ici_mesh_shape: tuple[int, int, int] = (1, 1, 1)
+    dcn_mesh_shape: tuple[int, int, int] = (1, 1, 1)
+    # Optimizer: praxis optimizers.Adam with Pax's clipping and decoupled weight decay.
+    learning_rate: float = 1e-3
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    adam_epsilon: float = 1e-6
+    adam_clip_threshold: float | None = 1.0
+    weight_decay: float = 1e-3
+    clip_gradient_norm_to_value: float | None = 5.0
+    # Schedule: LinearRampupExponentialDecay (LR_LRED_*).
+    lr_lred_warmup: int = 4000
+    lr_lred_decay_start: int = 4001
+    lr_lred_decay_end: int = 300_000
+    lr_lred_min_ratio: float = 0.1
+    # Loop.
+    num_train_steps: int = PAX_NUM_TRAIN_STEPS
+    summary_interval_steps: int = 100
+    eval_interval_steps: int = 100
+    eval_loop_num_batches: int = 1  # 0: a full pass (Pax's reset_for_eval=True)
+    checkpoint_every_n_steps: int = 5000
+    checkpoint_max_to_keep: int = 10
+
+    @property
+    def head_dim(self) -> int:
+        return self.dims_per_head or self.model_dims // self.num_heads
+
+    def build(self, name: str, description: str) -> ExperimentConfig:
+        """The equipax config of these Pax knobs."""
+        if self.num_heads * self.head_dim != self.model_dims:
+            # Pax's TransformerLmSpmdAdafactor.task() asserts the same.
+            raise ValueError(
+                f"{name}: num_heads x dims_per_head = {self.num_heads} x {self.head_dim} "
+                f"!= model_dims {self.model_dims}."
+            )
+        return ExperimentConfig(
+            name=name,
+            description=description,
+            model=LMConfig(
+                vocab_size=self.vocab_size,
+                max_seq_len=self.max_seq_len,
+                transformer=TransformerConfig(
+                    num_layers=self.num_layers,
+                    model_dims=self.model_dims,
+                    num_heads=self.num_heads,
+                    head_dim=self.head_dim,
+                    hidden_dims=self.hidden_dims,
+                    activation=self.activation,
+                    gated=self.use_gated_activation,
+                    norm="layernorm",
+                    use_bias=self.use_bias,
+                    atten_logit_cap=self.atten_logit_cap,
+                    scan_layers=self.use_repeated_layer,
+                    # Pax applies CHECKPOINT_POLICY only to repeated (scanned) layers.
+                    remat=self.checkpoint_policy if self.use_repeated_layer else "none",
+                ),
+                output_logit_cap=self.softmax_cap_logits,
+                position="sinusoidal",
+                dtype=self.fprop_dtype,
+            ),
+            data=DataConfig(
+                source=self.data_source,
+                path=self.data_path,
+                packing=self.packed_input,
+                # Pax's C4 eval: reset_for_eval=True, one full pass of the validation split.
+                reset_for_eval=self.eval_loop_num_batches == 0,
+                seq_len=self.max_seq_len,
+                per_device_batch=self.percore_batch_size,
+            ),
+            learner=LearnerConfig(
+                kind="pax_adam",
+                b1=self.adam_beta1,
+                b2=self.adam_beta2,
+                eps=self.adam_epsilon,
+                weight_decay=self.weight_decay,
+                clip_gradient_norm=self.clip_gradient_norm_to_value,
+                clip_update_rms=self.adam_clip_threshold,
+                schedule=ScheduleConfig(
+                    kind="linear_rampup_exponential_decay",
+                    peak_learning_rate=self.learning_rate,
+                    warmup_steps=self.lr_lred_warmup,
+                    decay_start=self.lr_lred_decay_start,
+                    decay_steps=self.lr_lred_decay_end,
+                    final_fraction=self.lr_lred_min_ratio,
+                ),
+            ),
+            train=TrainConfig(
+                num_steps=self.num_train_steps,
+                log_every=self.summary_interval_steps,
+                eval_every=self.eval_interval_steps,
+                eval_batches=self.eval_loop_num_batches,
+                checkpoint_every=self.checkpoint_every_n_steps,
+                keep_checkpoints=self.checkpoint_max_to_keep,
+                sample_tokens=0,
+            ),
+            mesh=MeshConfig(ici_mesh_shape=self.ici_mesh_shape, dcn_mesh_shape=self.dcn_mesh_shape),
+        )
+
+
+def smoke(
+    knobs: PaxLM,
+    *,
+    ici_mesh_shape: tuple[int, int, int],
+    dcn_mesh_shape: tuple[int, int, int] = (1, 1, 1),
+    num_heads: int = 4,
+) -> PaxLM:
+    """The same experiment shrunk to seconds on 8 simulated CPU devices.
+
+    Keeps the code path (activation, caps, scanned layers, remat, Pax Adam and its LRED schedule)
+    and the mesh's pattern of axes > 1; shrinks layers, widths, vocabulary, sequence, batch and
+    steps, reads synthetic tokens, and computes in float32 (bf16 matmuls are slow on CPU; use
+    `--set model.dtype=bfloat16` to exercise the bf16 path).
+    """
+    d = 64
+    return dataclasses.replace(
+        knobs,
+        num_layers=2,
+        model_dims=d,
+        hidden_dims=4 * d,
+        num_heads=num_heads,
+        dims_per_head=d // num_heads,
+        vocab_size=384,
+        fprop_dtype="float32",
+        max_seq_len=32,
+        percore_batch_size=2,
+        data_source="synthetic",
+        data_path="",
+        packed_input=False,
+        ici_mesh_shape=ici_mesh_shape,
+        dcn_mesh_shape=dcn_mesh_shape,
+        lr_lred_warmup=2,
+        lr_lred_decay_start=3,
+        lr_lred_decay_end=20,
+        num_train_steps=4,
+        summary_interval_steps=1,
+        eval_interval_steps=4,
+        eval_loop_num_batches=1,
+        checkpoint_every_n_steps=4,
+        checkpoint_max_to_keep=2,
+    )
+
+
+def _smoke_description(parent: str) -> str:
+    return f"{parent} shrunk to seconds on 8 CPU devices (--cpu-devices 8): same code path and mesh axes."
+
+
+# ---------------------------------------------------------------------------------------------
+# Bases, as in Pax.
+
+# c4.py TransformerLmSpmdAdam: the defaults of PaxLM.
+TRANSFORMER_LM_SPMD_ADAM = PaxLM()
+
+# lm_cloud.py LmCloudSpmd(TransformerLmSpmdAdafactor, SyntheticDataset), whose task() calls
+# model_params.set_default_adam(LEARNING_RATE=2.5e-4, WEIGHT_DECAY=1e-3): Adam b1 0.9, b2 0.99,
+# clip_gradient_norm_to_value 5.0, praxis Adam defaults eps 1e-6 and clip_threshold 1.0, LRED
+# 4000 / 4001 / 300000 / 0.1 (set_default_adam's defaults; the Adafactor DECAY_END=100000 is
+# replaced). TransformerLmSpmdAdafactor: VOCAB_SIZE 32000, DIMS_PER_HEAD 128 (NUM_HEADS =
+# MODEL_DIMS / 128), FPROP_DTYPE bf16, SOFTMAX_CAP_LOGITS 30, ATTEN_LOGIT_CAP 50.
+# SyntheticDataset: PERCORE_BATCH_SIZE 16, MAX_SEQ_LEN 1024.
+LM_CLOUD_SPMD = dataclasses.replace(
+    TRANSFORMER_LM_SPMD_ADAM,
+    num_layers=10,
+    model_dims=2048,
+    hidden_dims=2048 * 4,
+    num_heads=2048 // 128,
+    dims_per_head=128,
+    activation="gelu",
+    fprop_dtype="bfloat16",
+    use_repeated_layer=True,
+    checkpoint_policy="full",
+    learning_rate=2.5e-4,
+)
+
+# model_params.py TransformerLmPmapAdam + lm_cloud.py LmCloudTransformerAdam: pmap, i.e. pure
+# data parallelism (params replicated). TransformerLmPmapAdam sets no softmax cap
+# (FullSoftmax.soft_cap_logits defaults to 0.0 = off), no fprop_dtype (float32), ReLU,
+# USE_REPEATED_LAYER False (so no remat), ATTEN_LOGIT_CAP 50, set_default_adam(1e-3, 1e-3,
+# decay_end=300000). No mesh knob: Pax pmaps over all local devices; the seed README runs it on a
+# TPU v4-8 (4 devices), here (4, 1, 1) over (data, fsdp, tensor).
+LM_CLOUD_TRANSFORMER_ADAM = dataclasses.replace(
+    TRANSFORMER_LM_SPMD_ADAM,
+    num_layers=32,
+    vocab_size=32000,
+    num_heads=16,
+    model_dims=1024,
+    hidden_dims=1024 * 4,
+    activation="relu",
+    softmax_cap_logits=None,
+    fprop_dtype="float32",
+    use_repeated_layer=False,
+    checkpoint_policy="none",
+    learning_rate=1e-3,
+    ici_mesh_shape=(4, 1, 1),
+)
+
+# c4.py C4SpmdAdam(TransformerLmSpmdAdam, C4UnsupervisedDataset): GELU, VOCAB_SIZE 32128,
+# CHECKPOINT_EVERY_N_STEPS 1000; C4 eval is one full pass (reset_for_eval=True).
+C4_SPMD_ADAM = dataclasses.replace(
+    TRANSFORMER_LM_SPMD_ADAM,
+    num_layers=24,
+    num_heads=32,
+    model_dims=2048,
+    hidden_dims=2048 * 4,
+    vocab_size=32128,
+    activation="gelu",
+    checkpoint_every_n_steps=1000,
+    data_source="c4",
+    data_path=C4_PATH,
+    packed_input=True,
+    max_seq_len=1024,
+    eval_loop_num_batches=0,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# lm_cloud_2b: lm_cloud.py LmCloudSpmd2BLimitSteps(LmCloudSpmd2B(LmCloudSpmd)).
+#   PERCORE_BATCH_SIZE 8, NUM_LAYERS 18, MODEL_DIMS 3072, HIDDEN_DIMS 4x, (NUM_HEADS 3072/128 =
+#   24 x DIMS_PER_HEAD 128), CHECKPOINT_POLICY SAVE_NOTHING, ICI_MESH_SHAPE [1, 4, 1],
+#   num_train_steps 300; synthetic data. Global batch 8 x 4 = 32 on a v4-8.
+#   Not expressed: see the module docstring.
+LM_CLOUD_SPMD_2B_LIMIT_STEPS = dataclasses.replace(
+    LM_CLOUD_SPMD,
+    percore_batch_size=8,
+    num_layers=18,
+    model_dims=3072,
+    hidden_dims=3072 * 4,
+    num_heads=3072 // 128,
+    dims_per_head=128,
+    checkpoint_policy="full",
+    ici_mesh_shape=(1, 4, 1),
+    num_train_steps=300,
+)
+
+
+@register
+def lm_cloud_2b() -> ExperimentConfig:
+    return LM_CLOUD_SPMD_2B_LIMIT_STEPS.build(
+        "lm_cloud_2b", "Pax LmCloudSpmd2BLimitSteps: 2B LM, FSDP over 4 devices, synthetic data, 300 steps."
+    )
+
+
+@register
+def lm_cloud_2b_smoke() -> ExperimentConfig:
+    return smoke(LM_CLOUD_SPMD_2B_LIMIT_STEPS, ici_mesh_shape=(1, 8, 1)).build(
+        "lm_cloud_2b_smoke", _smoke_description("lm_cloud_2b")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# lm_cloud_transformer: lm_cloud.py LmCloudTransformerAdamLimitSteps(LmCloudTransformerAdam).
+#   NUM_LAYERS 10 (LmCloudTransformerAdam: 32), VOCAB_SIZE 32000, NUM_HEADS 16, MODEL_DIMS 1024,
+#   HIDDEN_DIMS 4x, DROPOUT_PROB 0, LEARNING_RATE 1e-3, WEIGHT_DECAY 1e-3, ReLU, float32,
+#   num_train_steps 2000; SyntheticDataset PERCORE_BATCH_SIZE 16, MAX_SEQ_LEN 1024.
+#   Not expressed: Pax's pmap partitioner itself (equipax runs the same jitted step with the
+#   params replicated over `data`: numerically the same data parallelism); COMBINE_QKV is not set
+#   by TransformerLmPmapAdam (separate Q/K/V projections; equipax fuses them: same math and
+#   parameter count); INPUT_DROPOUT_PROB/DROPOUT_PROB 0 (equipax has no dropout in the LM);
+#   PACKED_INPUT (module docstring).
+LM_CLOUD_TRANSFORMER_ADAM_LIMIT_STEPS = dataclasses.replace(
+    LM_CLOUD_TRANSFORMER_ADAM, num_layers=10, num_train_steps=2000
+)
+
+
+@register
+def lm_cloud_transformer() -> ExperimentConfig:
+    return LM_CLOUD_TRANSFORMER_ADAM_LIMIT_STEPS.build(
+        "lm_cloud_transformer",
+        "Pax LmCloudTransformerAdamLimitSteps: pure data-parallel (pmap) 10-layer ReLU LM, fp32, 2000 steps.",
+    )
+
+
+@register
+def lm_cloud_transformer_smoke() -> ExperimentConfig:
+    return smoke(LM_CLOUD_TRANSFORMER_ADAM_LIMIT_STEPS, ici_mesh_shape=(8, 1, 1)).build(
+        "lm_cloud_transformer_smoke", _smoke_description("lm_cloud_transformer")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# c4_1b: c4.py C4Spmd1BAdam4Replicas(C4SpmdAdam).
+#   NUM_LAYERS 13, MODEL_DIMS 2560, HIDDEN_DIMS 4x, NUM_HEADS 20, DIMS_PER_HEAD 128,
+#   PERCORE_BATCH_SIZE 32, MAX_SEQ_LEN 1024, VOCAB_SIZE 32000 (one paxml revision comments it
+#   out, inheriting 32128; the released one sets 32000), FPROP_DTYPE bf16, USE_REPEATED_LAYER,
+#   SUMMARY_INTERVAL_STEPS 10, SAVE_NOTHING, ICI_MESH_SHAPE [1, 4, 1] (v4-8): global batch 128.
+#   No num_train_steps: Pax's default 1e7 (C4Spmd1BAdam4ReplicasLimitSteps stops at 15000).
+#   Not expressed: see the module docstring.
+C4_SPMD_1B_ADAM_4_REPLICAS = dataclasses.replace(
+    C4_SPMD_ADAM,
+    num_layers=13,
+    model_dims=2560,
+    hidden_dims=2560 * 4,
+    num_heads=20,
+    dims_per_head=128,
+    percore_batch_size=32,
+    max_seq_len=1024,
+    vocab_size=32000,
+    fprop_dtype="bfloat16",
+    use_repeated_layer=True,
+    summary_interval_steps=10,
+    checkpoint_policy="full",
+    ici_mesh_shape=(1, 4, 1),
+)
+
+
+@register
+def c4_1b() -> ExperimentConfig:
+    return C4_SPMD_1B_ADAM_4_REPLICAS.build(
+        "c4_1b", "Pax C4Spmd1BAdam4Replicas: 1B GPT on C4, FSDP over 4 devices (TPU v4-8), bf16."
+    )
+
+
+@register
+def c4_1b_smoke() -> ExperimentConfig:
+    return smoke(C4_SPMD_1B_ADAM_4_REPLICAS, ici_mesh_shape=(1, 8, 1)).build(
+        "c4_1b_smoke", _smoke_description("c4_1b")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# c4_16b: c4.py C4Spmd16BAdam32Replicas(C4SpmdAdam).
+#   NUM_LAYERS 36, MODEL_DIMS 6144, HIDDEN_DIMS 4x, NUM_HEADS 48, DIMS_PER_HEAD 128,
+#   PERCORE_BATCH_SIZE 16, MAX_SEQ_LEN 1024, VOCAB_SIZE 32000, bf16, USE_REPEATED_LAYER,
+#   SUMMARY_INTERVAL_STEPS 10, SAVE_NOTHING, ICI_MESH_SHAPE [1, 16, 2] (v4-64: 32 devices,
+#   16-way FSDP x 2-way tensor): global batch 512. num_train_steps: Pax's default 1e7.
+#   Not expressed: see the module docstring.
+C4_SPMD_16B_ADAM_32_REPLICAS = dataclasses.replace(
+    C4_SPMD_ADAM,
+    num_layers=36,
+    model_dims=6144,
+    hidden_dims=6144 * 4,
+    num_heads=48,
+    dims_per_head=128,
+    percore_batch_size=16,
+    max_seq_len=1024,
+    vocab_size=32000,
+    fprop_dtype="bfloat16",
+    use_repeated_layer=True,
+    summary_interval_steps=10,
+    checkpoint_policy="full",
+    ici_mesh_shape=(1, 16, 2),
+)
+
+
+@register
+def c4_16b() -> ExperimentConfig:
+    return C4_SPMD_16B_ADAM_32_REPLICAS.build(
+        "c4_16b", "Pax C4Spmd16BAdam32Replicas: 16B GPT on C4, 16-way FSDP x 2-way tensor (TPU v4-64), bf16."
+    )
+
+
+@register
+def c4_16b_smoke() -> ExperimentConfig:
+    return smoke(C4_SPMD_16B_ADAM_32_REPLICAS, ici_mesh_shape=(1, 4, 2)).build(
+        "c4_16b_smoke", _smoke_description("c4_16b")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# c4_22b_1x: c4_multislice.py C4Spmd22BAdam1xv4_128(C4Spmd22BAdamMaxText(C4SpmdAdam)).
+#   NUM_LAYERS 48, MODEL_DIMS 6144, HIDDEN_DIMS 4x = 24576, NUM_HEADS 24, DIMS_PER_HEAD 256,
+#   PERCORE_BATCH_SIZE 16, MAX_SEQ_LEN 1024, VOCAB_SIZE 32768, bf16, USE_REPEATED_LAYER,
+#   SUMMARY_INTERVAL_STEPS 10, SAVE_NOTHING, ICI_MESH_SHAPE [1, 64, 1] (one v4-128 slice):
+#   global batch 1024. num_train_steps: Pax's default 1e7 (the LimitSteps variant: 300).
+#   Optimizer (TransformerLmSpmdAdam): Adam lr 1e-3, b1 0.9, b2 0.99, eps 1e-6, weight decay 1e-3,
+#   global-norm clip 5.0, update clip_threshold 1.0; LRED warmup 4000, decay 4001 -> 300000 to 0.1.
+#   Not expressed: see the module docstring.
+C4_SPMD_22B_ADAM_1X_V4_128 = dataclasses.replace(
+    C4_SPMD_ADAM,
+    num_layers=48,
+    model_dims=6144,
+    hidden_dims=6144 * 4,
+    num_heads=24,
+    dims_per_head=256,
+    percore_batch_size=16,
+    max_seq_len=1024,
+    vocab_size=32768,
+    fprop_dtype="bfloat16",
+    use_repeated_layer=True,
+    summary_interval_steps=10,
+    checkpoint_policy="full",
+    ici_mesh_shape=(1, 64, 1),
+)
+
+
+@register
+def c4_22b_1x() -> ExperimentConfig:
+    return C4_SPMD_22B_ADAM_1X_V4_128.build(
+        "c4_22b_1x", "Pax C4Spmd22BAdam1xv4_128: 22B GPT on C4, 64-way FSDP on one v4-128 slice, bf16."
+    )
+
+
+@register
+def c4_22b_1x_smoke() -> ExperimentConfig:
+    return smoke(C4_SPMD_22B_ADAM_1X_V4_128, ici_mesh_shape=(1, 8, 1), num_heads=2).build(
+        "c4_22b_1x_smoke", _smoke_description("c4_22b_1x")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# c4_22b_2x: c4_multislice.py C4Spmd22BAdam2xv4_128(C4Spmd22BAdam1xv4_128).
+#   DCN_MESH_SHAPE [2, 1, 1]: two v4-128 slices, data parallel across slices (Pax replica ->
+#   equipax data), 64-way FSDP within each: 128 devices, global batch 2048, 2,097,152 tokens/step.
+#   Not expressed: Pax starts one command per slice; equipax one per host with jax.distributed.
+C4_SPMD_22B_ADAM_2X_V4_128 = dataclasses.replace(C4_SPMD_22B_ADAM_1X_V4_128, dcn_mesh_shape=(2, 1, 1))
+
+
+@register
+def c4_22b_2x() -> ExperimentConfig:
+    return C4_SPMD_22B_ADAM_2X_V4_128.build(
+        "c4_22b_2x", "Pax C4Spmd22BAdam2xv4_128: 22B GPT on C4, 2 slices x 64-way FSDP (2x v4-128), bf16."
+    )
+
+
+@register
+def c4_22b_2x_smoke() -> ExperimentConfig:
+    return smoke(
+        C4_SPMD_22B_ADAM_2X_V4_128, ici_mesh_shape=(1, 4, 1), dcn_mesh_shape=(2, 1, 1), num_heads=2
+    ).build("c4_22b_2x_smoke", _smoke_description("c4_22b_2x"))

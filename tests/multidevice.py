@@ -1,0 +1,27 @@
+"""Run code in a fresh process that sees N simulated CPU devices (set before JAX starts)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+
+def run_with_devices(code: str, devices: int = 8, timeout: float = 300) -> str:
+    """Execute `code` in a new Python process with `devices` CPU devices; return its stdout.
+
+    The child runs with the same runtime checks as the test suite (rank promotion raises,
+    warnings are errors). Fails the calling test with the child's output on a non-zero exit.
+    """
+    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
+    prelude = (
+        "import warnings; warnings.simplefilter('error')\n"
+        "import jax; jax.config.update('jax_numpy_rank_promotion', 'raise')\n"
+        f"assert jax.device_count() == {devices}, jax.devices()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"child failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc.stdout
