@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from toy import SMOKE_SHORT, TOY_SHORT, set_args
+from toy import CNN_SHORT, SMOKE_SHORT, TOY_SHORT, set_args
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -49,7 +49,7 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
             del args[i : i + 2]
         exp = args[args.index("--exp") + 1] if "--exp" in args else ""
         # _smoke experiments are already small (and their meshes fix the batch): only shorten.
-        toy = SMOKE_SHORT if exp.endswith("_smoke") else TOY_SHORT
+        toy = SMOKE_SHORT if exp.endswith("_smoke") else CNN_SHORT if exp.startswith("cnn_") else TOY_SHORT
         args += ["--job-log-dir", str(tmp_path / "job"), *set_args(toy)]
     if "--cpu-devices" in args or args[:1] == ["compile"]:
         # The device count is fixed when JAX starts: run in a fresh process, as a user would.

@@ -27,3 +27,17 @@ SMOKE_SHORT = ["train.num_steps=2", "train.log_every=1", "train.eval_every=2", "
 
 def set_args(overrides):
     return [arg for o in overrides for arg in ("--set", o)]
+
+
+# The image classifiers (cnn_*) shrunk to toy size: seconds on a CPU.
+CNN_TOY = [
+    "model.stem_channels=8",
+    "model.stage_channels=(16, 32)",
+    "model.blocks_per_stage=1",
+    "model.num_heads=2",
+    "model.hidden_dims=32",
+    "model.bn_momentum=0.9",
+]
+
+# Added after a documented cnn_* command's own overrides: one short epoch.
+CNN_SHORT = [*CNN_TOY, "train.num_epochs=1", "data.num_train=128", "data.num_test=32", "data.batch_size=32"]

@@ -3,6 +3,11 @@
 A loss function has the signature `loss_fn(model, batch, *, key) -> (loss, aux)`: `loss` is the
 scalar that is differentiated, `aux` a dict of scalar metrics. `key=None` means deterministic
 (no dropout); the eval step always passes None.
+
+A model with non-trained state (BatchNorm running statistics, an `eqx.nn.State` kept in
+`TrainState.model_state`) has a loss function that also takes and returns that state:
+`loss_fn(model, batch, *, key, model_state) -> (loss, aux, new_model_state)`. The steps call
+it this way exactly when `model_state` is not None; with `key=None` it must not change the state.
 """
 
 from collections.abc import Callable, Mapping
@@ -21,12 +26,14 @@ Batch = Mapping[str, Array | np.ndarray]
 Metrics = dict[str, Array]
 
 # Metric names the train step writes itself; a loss function's aux may not reuse them.
-RESERVED_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate")
+RESERVED_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate", "nonfinite")
 
 
 # `loss_fn(model, batch, *, key: PRNGKeyArray | None) -> (loss, aux)`; a plain Callable so the
 # runtime type checker can check it (a Protocol would need @runtime_checkable to be usable).
 LossFn = Callable[..., tuple[Scalar, Metrics]]
+# `loss_fn(model, batch, *, key, model_state: eqx.nn.State) -> (loss, aux, new_model_state)`.
+StatefulLossFn = Callable[..., tuple[Scalar, Metrics, eqx.nn.State]]
 
 
 class TrainState(eqx.Module):
@@ -36,8 +43,9 @@ class TrainState(eqx.Module):
         step: the number of updates applied so far (0 before the first step).
         model: the model (parameters and static structure).
         opt_state: the optimizer state for the model's inexact-array leaves.
-        model_state: non-trained state (BatchNorm statistics); not yet threaded through the
-            train step, which requires it to be None.
+        model_state: non-trained state (BatchNorm running statistics), or None for a
+            stateless model; the train step passes it to the loss function and stores the
+            state the loss function returns.
     """
 
     step: Int[Array, ""]
@@ -46,18 +54,25 @@ class TrainState(eqx.Module):
     model_state: eqx.nn.State | None = None
 
 
-def init_train_state(model: eqx.Module, optimizer: optax.GradientTransformation) -> TrainState:
+def init_train_state(
+    model: eqx.Module,
+    optimizer: optax.GradientTransformation,
+    *,
+    model_state: eqx.nn.State | None = None,
+) -> TrainState:
     """A train state at step 0 for `model`.
 
     Arguments:
         model: the initial model.
         optimizer: the optimizer that will update the model's inexact-array leaves.
+        model_state: the model's initial non-trained state (`eqx.nn.make_with_state`), if any.
 
     Returns:
         The state, with the optimizer state initialised from the model's parameters.
     """
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
-    return TrainState(step=jnp.zeros((), jnp.int32), model=model, opt_state=opt_state)
+    return TrainState(step=jnp.zeros((), jnp.int32), model=model, opt_state=opt_state,
+                      model_state=model_state)
 
 
 def _check_aux(aux: Metrics) -> None:
@@ -70,12 +85,13 @@ def _check_aux(aux: Metrics) -> None:
 
 
 def make_train_step(
-    loss_fn: LossFn,
+    loss_fn: LossFn | StatefulLossFn,
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
     *,
     state_sharding: PyTree | None = None,
     batch_sharding: PyTree | None = None,
+    skip_nonfinite: bool = False,
 ) -> "TrainStep":
     """Build the jitted train step.
 
@@ -83,12 +99,16 @@ def make_train_step(
     must not use it again. The batch and the key are not donated.
 
     Arguments:
-        loss_fn: `loss_fn(model, batch, *, key) -> (loss, aux)`.
+        loss_fn: `loss_fn(model, batch, *, key) -> (loss, aux)`; for a state with a
+            `model_state`, `loss_fn(model, batch, *, key, model_state) -> (loss, aux, new_state)`.
         optimizer: the optimizer the state was initialised with.
         schedule: the optimizer's learning-rate schedule (for the `learning_rate` metric).
         state_sharding: shardings of the state's arrays (`partition.train_state_shardings`);
             applied with `eqx.filter_shard` at the step's boundaries. None: leave it to XLA.
         batch_sharding: sharding (or pytree of shardings) of the batch, likewise.
+        skip_nonfinite: when the loss or the gradient norm is not finite, keep the old
+            parameters, optimizer state and model state (in-graph, no host sync); the step
+            counter still advances. Adds the metric `nonfinite` (1.0 for a skipped update).
 
     Returns:
         `train_step(state, batch, key) -> (new_state, metrics)`. The step's random key is
@@ -97,9 +117,12 @@ def make_train_step(
         parameters the loss was computed with) and `learning_rate` (for this update).
     """
 
-    def loss_and_aux(model, batch, key):
-        loss, aux = loss_fn(model, batch, key=key)
-        return loss, aux
+    def loss_and_aux(model, batch, key, model_state):
+        if model_state is None:
+            loss, aux = loss_fn(model, batch, key=key)
+            return loss, (aux, None)
+        loss, aux, new_model_state = loss_fn(model, batch, key=key, model_state=model_state)
+        return loss, (aux, new_model_state)
 
     # donate="all-except-first" donates every argument but the first; the batch and key
     # travel in the first so only the state is donated.
@@ -109,14 +132,9 @@ def make_train_step(
             state = eqx.filter_shard(state, state_sharding)
         if batch_sharding is not None:
             batch = eqx.filter_shard(batch, batch_sharding)
-        if state.model_state is not None:
-            raise ValueError(
-                "TrainState.model_state: expected None (the train step does not thread "
-                "BatchNorm-style state yet), found a State."
-            )
         step_key = jax.random.fold_in(key, state.step)
-        (loss, aux), grads = eqx.filter_value_and_grad(loss_and_aux, has_aux=True)(
-            state.model, batch, step_key
+        (loss, (aux, model_state)), grads = eqx.filter_value_and_grad(loss_and_aux, has_aux=True)(
+            state.model, batch, step_key, state.model_state
         )
         _check_aux(aux)
         params = eqx.filter(state.model, eqx.is_inexact_array)
@@ -130,13 +148,28 @@ def make_train_step(
             "learning_rate": jnp.asarray(schedule(state.step), jnp.float32),
         }
         new_state = TrainState(
-            step=state.step + 1, model=model, opt_state=opt_state, model_state=None
+            step=state.step + 1, model=model, opt_state=opt_state, model_state=model_state
         )
+        if skip_nonfinite:
+            # Pax's in-graph skip of invalid steps. The counter still advances, so step numbers,
+            # step keys and the schedule stay aligned with the batches consumed (and on resume).
+            finite = jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"])
+            kept = TrainState(step=state.step + 1, model=state.model, opt_state=state.opt_state,
+                              model_state=state.model_state)
+            new_state = _select(finite, new_state, kept)
+            metrics["nonfinite"] = jnp.where(finite, 0.0, 1.0).astype(jnp.float32)
         if state_sharding is not None:
             new_state = eqx.filter_shard(new_state, state_sharding)
         return new_state, metrics
 
     return TrainStep(step)
+
+
+def _select(pred: Array, on_true: TrainState, on_false: TrainState) -> TrainState:
+    """`on_true` where the scalar `pred` holds, else `on_false`, leaf by leaf (same structure)."""
+    a, static = eqx.partition(on_true, eqx.is_array)
+    b, _ = eqx.partition(on_false, eqx.is_array)
+    return eqx.combine(jax.tree.map(lambda x, y: jnp.where(pred, x, y), a, b), static)
 
 
 def _is_abstract_array(x: Any) -> bool:
@@ -168,21 +201,25 @@ class TrainStep:
         return jax.jit(fn, donate_argnums=0).lower(arrays, batch, key)
 
 
-def make_eval_step(loss_fn: LossFn) -> Callable[[eqx.Module, Batch], Metrics]:
+def make_eval_step(loss_fn: LossFn | StatefulLossFn) -> Callable[..., Metrics]:
     """Build the jitted eval step.
 
     Arguments:
         loss_fn: `loss_fn(model, batch, *, key) -> (loss, aux)`; called with `key=None`.
             Its aux entries should be sums (e.g. summed loss and example weight) so that results
-            over batches combine by addition.
+            over batches combine by addition. With a `model_state`, the stateful signature
+            (module docstring); the state it returns is discarded.
 
     Returns:
-        `eval_step(model, batch) -> aux`.
+        `eval_step(model, batch, model_state=None) -> aux`.
     """
 
     @eqx.filter_jit
-    def eval_step(model: eqx.Module, batch: Batch) -> Metrics:
-        _, aux = loss_fn(model, batch, key=None)
+    def eval_step(model: eqx.Module, batch: Batch, model_state: eqx.nn.State | None = None) -> Metrics:
+        if model_state is None:
+            _, aux = loss_fn(model, batch, key=None)
+        else:
+            _, aux, _ = loss_fn(model, batch, key=None, model_state=model_state)
         return dict(aux)
 
     return eval_step

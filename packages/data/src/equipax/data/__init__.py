@@ -6,14 +6,18 @@ from equipax.data.eval import RollingEvalInput, make_eval_input
 from equipax.data.lm_input import TokenWindowInput, build_lm_texts_tokens, unigram_entropy
 from equipax.data.sources import (
     DataError,
+    ImageClassificationInput,
     SyntheticLMInput,
     TextShards,
     clean_markdown,
     find_shards,
     iter_text_documents,
     list_plays,
+    load_digits,
     load_plays,
+    split_digits,
     split_plays,
+    synthetic_images,
     write_shards,
 )
 from equipax.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, Tokenizer
@@ -24,6 +28,7 @@ __all__ = [
     "BaseInput",
     "ByteTokenizer",
     "DataError",
+    "ImageClassificationInput",
     "DocumentLMInput",
     "MappedInput",
     "RollingEvalInput",
@@ -38,8 +43,11 @@ __all__ = [
     "iter_text_documents",
     "make_eval_input",
     "list_plays",
+    "load_digits",
     "load_plays",
+    "split_digits",
     "split_plays",
+    "synthetic_images",
     "unigram_entropy",
     "write_shards",
 ]

@@ -2,11 +2,17 @@
 
 The train state (an Equinox module) is saved as a flat `{path: array}` dict of its array
 leaves, so the checkpoint is readable without our classes and a shape mismatch can be
-reported by name before anything is restored. Saves are asynchronous; orbax finalises a
-step directory atomically, so a killed save never shows up as a restorable step.
+reported by name before anything is restored. Saves are asynchronous; orbax writes a step into
+`<step>.orbax-checkpoint-tmp-*` and renames it when complete, so a killed save never shows up as
+a restorable step (leftover temporary directories are removed when the next run starts). A step
+directory that still fails to restore (damaged files) is moved to `<job>/corrupt_checkpoints/` and
+the previous step is used instead (`restore_latest`).
 """
 
 import json
+import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +24,10 @@ import orbax.checkpoint as ocp
 from equipax.core.config import ConfigError
 
 PyTree = Any
+
+
+class CheckpointSaveError(Exception):
+    """Writing a checkpoint failed (disk full, permissions); the message says what is intact."""
 
 
 def _flat_arrays(tree: PyTree) -> dict[str, Any]:
@@ -46,10 +56,12 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                                 enable_async_checkpointing=True),
+                                                 enable_async_checkpointing=True,
+                                                 cleanup_tmp_directories=True),
             item_handlers={
                 "state": ocp.StandardCheckpointHandler(),
                 "data": ocp.JsonCheckpointHandler(),
+                "loop": ocp.JsonCheckpointHandler(),
             },
         )
 
@@ -60,20 +72,95 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
-    def save(self, step: int, state: PyTree, data_state: dict[str, Any]) -> None:
-        """Start an asynchronous save of `state` and `data_state` at `step`."""
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(_flat_arrays(state)),  # pyright: ignore[reportCallIssue]
-                data=ocp.args.JsonSave(data_state),  # pyright: ignore[reportCallIssue]
-            ),
-            force=True,
+    def save(self, step: int, state: PyTree, data_state: dict[str, Any],
+             loop_state: dict[str, Any] | None = None) -> None:
+        """Start an asynchronous save of `state`, `data_state` and `loop_state` at `step`.
+
+        Raises:
+            CheckpointSaveError: this save (or the previous, asynchronous one) could not be written.
+        """
+        try:
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(_flat_arrays(state)),  # pyright: ignore[reportCallIssue]
+                    data=ocp.args.JsonSave(data_state),  # pyright: ignore[reportCallIssue]
+                    loop=ocp.args.JsonSave(loop_state or {}),  # pyright: ignore[reportCallIssue]
+                ),
+                force=True,
+            )
+        except Exception as e:
+            raise self._save_error(step, e) from e
+
+    def _save_error(self, step: int | None, e: Exception) -> CheckpointSaveError:
+        try:
+            self._manager.reload()
+            intact = self._manager.latest_step()
+        except Exception:
+            intact = None
+        what = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
+        kept = (f"The newest complete checkpoint, step {intact}, is intact" if intact is not None
+                else "No complete checkpoint exists yet")
+        return CheckpointSaveError(
+            f"Could not write {what} to {self.directory}: {type(e).__name__}: {e}. {kept}. Free disk "
+            "space (or fix the directory's permissions) and run the same command again to resume."
         )
 
     def wait(self) -> None:
         """Block until every started save is complete on disk."""
-        self._manager.wait_until_finished()
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            raise self._save_error(None, e) from e
+
+    def restore_latest(
+        self, template: PyTree, *, log: Callable[[str], object] = print
+    ) -> tuple[int, PyTree, dict[str, Any], dict[str, Any]] | None:
+        """Restore the newest checkpoint that restores; None when there is none.
+
+        A step that fails to restore (damaged or missing files) is moved to
+        `<job>/corrupt_checkpoints/` (kept for inspection, never deleted) and the next older
+        step is tried, with a message. A shape mismatch is not damage: it raises ConfigError.
+
+        Returns:
+            (step, state, data_state, loop_state).
+        """
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                self.check_compatible(step, template)
+            except ConfigError:
+                raise
+            except Exception as e:
+                self._set_aside(step, e, log)
+                continue
+            try:
+                state, data_state = self.restore(step, template)
+                loop_state = self._restore_loop(step)
+            except ConfigError:
+                raise
+            except Exception as e:
+                self._set_aside(step, e, log)
+                continue
+            return step, state, data_state, loop_state
+        return None
+
+    def _restore_loop(self, step: int) -> dict[str, Any]:
+        if not (self.directory / str(step) / "loop").exists():
+            return {}  # written before the loop item existed
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))  # pyright: ignore[reportCallIssue]
+        return dict(restored["loop"] or {})
+
+    def _set_aside(self, step: int, e: Exception, log: Callable[[str], object]) -> None:
+        source = self.directory / str(step)
+        target = self.directory.parent / "corrupt_checkpoints" / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if jax.process_index() == 0 and source.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(source), str(target))
+        self._manager.reload()
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        log(f"warning: the checkpoint of step {step} does not restore ({type(e).__name__}: {first}); "
+            f"moved it to {target} and trying the previous one.")
 
     def check_compatible(self, step: int, template: PyTree) -> None:
         """Raise ConfigError naming every array whose shape/dtype differs from `template`."""
@@ -120,7 +207,7 @@ class Checkpointer:
         return state, dict(restored["data"])
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
+        self.wait()
         self._manager.close()
 
 
@@ -138,5 +225,10 @@ def tree_digest(tree: PyTree) -> str:
     h = hashlib.sha256()
     for k, v in sorted(_flat_arrays(tree).items()):
         h.update(k.encode())
+        if isinstance(v, jax.Array) and not v.is_fully_addressable:
+            # Sharded across processes: every process gathers the whole array (a collective).
+            from jax.experimental import multihost_utils
+
+            v = multihost_utils.process_allgather(v, tiled=True)
         h.update(np.asarray(v).tobytes())
     return h.hexdigest()[:16]

@@ -12,7 +12,9 @@ from rich.table import Table
 from equipax.core.config import ConfigError, apply_overrides, format_knobs, to_dict
 from equipax.launch import registry
 from equipax.launch.bench import AttentionBenchConfig, bench_app, run_attention_bench
+from equipax.launch.classify_experiment import ClassifierExperimentConfig
 from equipax.launch.data_cli import data_app
+from equipax.launch.errors import GuardedGroup, debug_option
 from equipax.launch.experiment import ExperimentConfig
 
 DEFAULT_EXPERIMENT = "shakespeare_tiny"
@@ -23,7 +25,18 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=GuardedGroup,  # exceptions -> one paragraph + exit code (docs/errors.md)
 )
+
+
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks of unexpected errors.")] = False,
+) -> None:
+    debug_option(ctx, debug)
+
+
 app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
 out = Console(soft_wrap=True)
@@ -74,6 +87,12 @@ def list_cmd() -> None:
         if isinstance(cfg, AttentionBenchConfig):
             table.add_row(entry.name, "-", "1", "random q/k/v", "-")
             continue
+        if isinstance(cfg, ClassifierExperimentConfig):
+            from equipax.launch.classify import classifier_numbers
+
+            table.add_row(entry.name, count(classifier_numbers(cfg)["params_total"]), "1",
+                          f"{cfg.data.source} images", count(cfg.num_steps))
+            continue
         n = derived_numbers(cfg)
         mesh = "x".join(str(s) for s in cfg.mesh.shape) if cfg.mesh.num_devices > 1 else "1"
         table.add_row(entry.name, count(n["params_total"]), mesh, cfg.data.source, count(cfg.train.num_steps))
@@ -94,6 +113,10 @@ def show(
 
     cfg, sources = resolve(exp, set_)
     numbers = derived_numbers(cfg) if isinstance(cfg, ExperimentConfig) else {}
+    if isinstance(cfg, ClassifierExperimentConfig):
+        from equipax.launch.classify import classifier_numbers
+
+        numbers = classifier_numbers(cfg)
     if isinstance(cfg, ExperimentConfig) and cpu_devices is not None and cpu_devices != cfg.mesh.num_devices:
         err.print(f"note: the mesh needs {cfg.mesh.num_devices} devices; --cpu-devices {cpu_devices} "
                   "would not run it.", highlight=False)
@@ -118,28 +141,76 @@ def run(
         Path | None, typer.Option("--job-log-dir", help="Job directory (default: runs/<exp>).")
     ] = None,
     cpu_devices: CpuDevicesOption = None,
+    coordinator: Annotated[
+        str | None, typer.Option("--coordinator", help="Multi-process: HOST:PORT of process 0.")
+    ] = None,
+    num_processes: Annotated[int | None, typer.Option("--num-processes", help="Multi-process: N.")] = None,
+    process_id: Annotated[int | None, typer.Option("--process-id", help="Multi-process: this process, 0..N-1.")] = None,
+    distributed_auto: Annotated[
+        bool, typer.Option("--distributed-auto", help="Join a multi-host job detected from the environment (Cloud TPU, SLURM, Open MPI).")
+    ] = False,
 ) -> None:
     """Train an experiment; rerun the same command to resume from its last checkpoint."""
     from equipax.launch.devices import use_cpu_devices
+    from equipax.launch.distributed import DistributedArgs, HostConsole, initialize
 
     try:
         use_cpu_devices(cpu_devices)
+        initialize(DistributedArgs(coordinator, num_processes, process_id, auto=distributed_auto))
     except ConfigError as e:
         fail(str(e))
+    console = HostConsole(soft_wrap=True)
     cfg, sources = resolve(exp, set_)
     if isinstance(cfg, AttentionBenchConfig):
         run_attention_bench(cfg, job_log_dir or Path("runs") / cfg.name, console=out)
         return
     from equipax.launch.preemption import EXIT_PREEMPTED
+
+    if isinstance(cfg, ClassifierExperimentConfig):
+        from equipax.launch.classify import run_classifier
+        from equipax.launch.run import Preempted
+
+        try:
+            run_classifier(cfg, job_dir=job_log_dir or Path("runs") / cfg.name, sources=sources, console=out)
+        except ConfigError as e:
+            fail(str(e))
+        except Preempted:
+            raise typer.Exit(EXIT_PREEMPTED)
+        return
     from equipax.launch.run import Preempted, run_experiment
 
     job_dir = job_log_dir or Path("runs") / cfg.name
     try:
-        run_experiment(cfg, job_dir=job_dir, sources=sources, console=out)
+        run_experiment(cfg, job_dir=job_dir, sources=sources, console=console)
     except ConfigError as e:
         fail(str(e))
     except Preempted:
         raise typer.Exit(EXIT_PREEMPTED)
+
+
+@app.command(
+    "local-cluster",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def local_cluster(
+    ctx: typer.Context,
+    processes: Annotated[int, typer.Option("--processes", "-n", help="How many processes (hosts).")] = 2,
+    cpu_devices: CpuDevicesOption = None,
+    grace_s: Annotated[float, typer.Option("--grace-s", help="Seconds stopped processes get before SIGKILL.")] = 20.0,
+) -> None:
+    """Run `launch run ...` as N processes on this machine: `launch local-cluster -n 2 -- run --exp X`."""
+    from equipax.launch.local_cluster import run_local_cluster
+
+    args = list(ctx.args)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if args[:1] != ["run"]:
+        fail("local-cluster runs a `run` command: launch local-cluster --processes 2 -- run --exp NAME ...")
+    if processes < 1:
+        fail(f"--processes must be >= 1; got {processes}.")
+    code = run_local_cluster(processes, args, cpu_devices=cpu_devices, grace_s=grace_s,
+                             write=lambda line: print(line, flush=True))
+    raise typer.Exit(code)
 
 
 EXIT_DOES_NOT_FIT = 3

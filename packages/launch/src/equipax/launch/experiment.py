@@ -80,7 +80,13 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    """The host loop around the jitted step."""
+    """The host loop around the jitted step.
+
+    on_nonfinite: a step whose loss or gradient norm is not finite never updates the state
+    (in-graph). "skip" carries on, and stops (exit 4) once more than
+    `max_consecutive_nonfinite` steps in a row were skipped; "abort" stops at the first one.
+    debug_nan_steps: FOR TESTS ONLY: these steps' batches get NaN weights (a poisoned batch).
+    """
 
     num_steps: int = 1000
     log_every: int = 20
@@ -93,8 +99,14 @@ class TrainConfig:
     sample_prompt: str = "ROMEO:"
     sample_temperature: float = 0.8
     peak_tflops_per_device: float | None = None
+    on_nonfinite: Literal["skip", "abort"] = "skip"
+    max_consecutive_nonfinite: int = 3
+    debug_nan_steps: tuple[int, ...] = ()
 
     def __post_init__(self):
+        if self.max_consecutive_nonfinite < 0:
+            raise ValueError(
+                f"train.max_consecutive_nonfinite must be >= 0; got {self.max_consecutive_nonfinite}.")
         for name in ("num_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"train.{name} must be positive; got {getattr(self, name)}.")

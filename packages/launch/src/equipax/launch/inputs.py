@@ -97,7 +97,13 @@ def build_tokenizer(cfg: ExperimentConfig, job_dir: Path, log: Callable[[str], o
         return tok
     path = Path(job_dir) / TOKENIZER_FILE
     if path.exists():
-        tok = SentencePieceTokenizer.load(path)
+        try:
+            tok = SentencePieceTokenizer.load(path)
+        except (OSError, RuntimeError) as e:
+            raise ConfigError(
+                f"The job's vocabulary {str(path)!r} does not load ({e}); its checkpoints were trained "
+                "with it. Restore the file from a copy, or start fresh with a new --job-log-dir."
+            ) from None
         if tok.vocab_size != cfg.model.vocab_size:
             raise ConfigError(
                 f"{path} has {tok.vocab_size} pieces but model.vocab_size={cfg.model.vocab_size}. "

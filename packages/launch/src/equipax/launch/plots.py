@@ -7,6 +7,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 
 
 def plot_loss(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
@@ -78,11 +79,50 @@ def plot_attention_bench(result: dict[str, Any], path: Path) -> Path:
     ax_r.axhline(1.0, color="grey", lw=0.8)
     if ok:
         ax_r.set_yscale("log")
+        ax_r.xaxis.set_minor_formatter(NullFormatter())  # crowded labels at 2x10^2, 3x10^2...
     ax_r.set_xlabel("sequence length")
     ax_r.set_ylabel(f"speed-up vs {result.get('baseline')}")
     ax_r.grid(alpha=0.3, which="both")
     if ax_r.get_legend_handles_labels()[0]:
         ax_r.legend()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_classifier_history(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
+    """The German tutorial's figure: training loss (left), train and test accuracy (right) by epoch.
+
+    Arguments:
+        records: metrics.jsonl records of split `epoch` (`epoch`, `train_loss`,
+            `train_accuracy`, `test_accuracy`).
+        path: the PNG to write (parent directories are created).
+        title: figure title.
+
+    Returns:
+        The path written.
+    """
+    rows = sorted((r for r in records if r.get("split") == "epoch"), key=lambda r: r["epoch"])
+    epochs = [r["epoch"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4), dpi=100)
+    ax1.plot(epochs, [r["train_loss"] for r in rows], "o-", label="Train Loss")
+    ax1.set_xlabel("Epoch")
+    ax1.set_ylabel("Loss")
+    ax1.set_title("Training Loss")
+    ax2.plot(epochs, [r["train_accuracy"] for r in rows], "o-", label="Train Accuracy")
+    ax2.plot(epochs, [r["test_accuracy"] for r in rows], "o-", label="Test Accuracy")
+    ax2.set_xlabel("Epoch")
+    ax2.set_ylabel("Accuracy")
+    ax2.set_title("Model Accuracy")
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+        if rows:  # a legend without artists warns
+            ax.legend()
+    if title:
+        fig.suptitle(title)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

@@ -1,5 +1,6 @@
-"""Experiment registry: `@register`ed functions returning an ExperimentConfig (training)
-or an AttentionBenchConfig (a benchmark that `launch run` runs instead of training).
+"""Experiment registry: `@register`ed functions returning an ExperimentConfig (LM training),
+a ClassifierExperimentConfig (image classification, an epoch loop) or an AttentionBenchConfig
+(a benchmark that `launch run` runs instead of training).
 
 Lookup by short name (`shakespeare_tiny`) or by any dotted suffix of the full path
 (`experiments.shakespeare.shakespeare_tiny`). Registering is pure: nothing runs until a
@@ -13,9 +14,10 @@ from collections.abc import Callable
 
 from equipax.core.config import ConfigError, suggest
 from equipax.launch.bench import AttentionBenchConfig
+from equipax.launch.classify_experiment import ClassifierExperimentConfig
 from equipax.launch.experiment import ExperimentConfig
 
-Experiment = ExperimentConfig | AttentionBenchConfig
+Experiment = ExperimentConfig | ClassifierExperimentConfig | AttentionBenchConfig
 ExperimentFn = Callable[[], Experiment]
 
 

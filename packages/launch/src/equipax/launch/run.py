@@ -26,6 +26,9 @@ from equipax.core.partition import batch_sharding
 from equipax.core.step import TrainState, init_sharded_train_state, make_eval_step, make_train_step
 from equipax.data import BaseInput
 from equipax.launch.checkpoints import Checkpointer, tree_digest
+from equipax.launch.jobdir import prepare_job_dir, write_text_atomic
+from equipax.launch.nonfinite import NonFiniteMonitor, poison_batch
+from equipax.launch.distributed import any_process, barrier, gather_host_states, host_state, is_primary, to_host
 from equipax.launch.experiment import ExperimentConfig
 from equipax.launch.inputs import build_lm_inputs, build_tokenizer
 from equipax.launch.plots import plot_loss
@@ -98,8 +101,8 @@ def derived_numbers(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def _write_job_files(cfg: ExperimentConfig, sources: dict[str, str], job_dir: Path) -> None:
     job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "config.json").write_text(to_json(cfg) + "\n")
-    (job_dir / "knobs.txt").write_text(format_knobs(cfg, sources))
+    write_text_atomic(job_dir / "config.json", to_json(cfg) + "\n")
+    write_text_atomic(job_dir / "knobs.txt", format_knobs(cfg, sources))
 
 
 def _knob_changes(cfg: ExperimentConfig, job_dir: Path) -> str:
@@ -145,7 +148,7 @@ def evaluate(eval_step, model, eval_input: BaseInput, num_batches: int,
             batch = eval_input.get_next()
         except StopIteration:
             break
-        aux = jax.device_get(eval_step(model, _to_device(batch, sharding)))
+        aux = to_host(eval_step(model, _to_device(batch, sharding)))
         for k in ("loss_sum", "weight_sum", "correct_sum"):
             totals[k] = totals.get(k, 0.0) + float(aux[k])
         count += 1
@@ -176,7 +179,7 @@ def run_experiment(
     console = console or Console()
     job_dir = Path(job_dir)
     mesh = build_run_mesh(cfg)  # fails in seconds when the devices are not there
-    job_dir.mkdir(parents=True, exist_ok=True)
+    prepare_job_dir(job_dir, cfg.name)  # writable, and not another experiment's
     numbers = derived_numbers(cfg)
     console.print(
         f"[bold]{cfg.name}[/]: {numbers['params_total'] / 1e6:.2f}M params, "
@@ -184,7 +187,12 @@ def run_experiment(
         highlight=False,
     )
 
-    tokenizer = build_tokenizer(cfg, job_dir, log=lambda m: console.print(m, highlight=False))
+    # Process 0 trains (or finds) the job's tokenizer; the others load it once it is written.
+    tokenizer = None
+    if is_primary():
+        tokenizer = build_tokenizer(cfg, job_dir, log=lambda m: console.print(m, highlight=False))
+    barrier("tokenizer")
+    tokenizer = tokenizer or build_tokenizer(cfg, job_dir)
     inputs = build_lm_inputs(cfg, tokenizer, num_infeed_hosts=jax.process_count(),
                              infeed_host_index=jax.process_index())
 
@@ -199,22 +207,32 @@ def run_experiment(
     data_sharding = batch_sharding(mesh)
 
     checkpointer = Checkpointer(job_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
-    writer = MetricsWriter(job_dir)
-    start = checkpointer.latest_step()
-    if start is not None:
-        try:
-            state, data_state = checkpointer.restore(start, state)
-        except ConfigError as e:
-            raise ConfigError(f"{e}{_knob_changes(cfg, job_dir)}") from None
-        inputs.train.set_state(data_state)
+    writer = MetricsWriter(job_dir, enabled=is_primary())
+    start, loop_state = None, None
+    try:  # the newest checkpoint that restores; damaged ones are set aside with a message
+        restored = checkpointer.restore_latest(state, log=lambda m: console.print(m, highlight=False))
+    except ConfigError as e:
+        raise ConfigError(f"{e}{_knob_changes(cfg, job_dir)}") from None
+    if restored is not None:
+        start, state, data_state, loop_state = restored
+        inputs.train.set_state(host_state(data_state))
         writer.truncate_after(start)
         console.print(f"Resumed from step {start} ({job_dir / 'checkpoints'}).", highlight=False)
     start = start or 0
-    _write_job_files(cfg, sources or {}, job_dir)
+    if restored is None:
+        writer.truncate_after(0)  # records of a run killed before its first checkpoint
+    nonfinite = NonFiniteMonitor(cfg.train.on_nonfinite, cfg.train.max_consecutive_nonfinite, loop_state)
+
+    def check_nonfinite(upto: int) -> None:
+        nonfinite.check(upto, where=str(job_dir / "checkpoints"),
+                        last_checkpoint=lambda: (checkpointer.wait(), checkpointer.latest_step())[1],
+                        log=lambda m: progress.message(m))
+    if is_primary():
+        _write_job_files(cfg, sources or {}, job_dir)
 
     loss_fn = functools.partial(lm_loss, mesh=mesh)
     train_step = make_train_step(loss_fn, optimizer, schedule, state_sharding=state_sharding,
-                                 batch_sharding=data_sharding)
+                                 batch_sharding=data_sharding, skip_nonfinite=True)
     eval_step = make_eval_step(loss_fn)
     flops_per_step = numbers["model_flops_per_step"]
     peak = device_peak_tflops(cfg)
@@ -233,7 +251,8 @@ def run_experiment(
             return
         s, device_metrics = pending
         pending = None
-        values = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+        check_nonfinite(s)
+        values = {k: float(v) for k, v in to_host(device_metrics).items()}
         now = time.monotonic()
         step_time = (now - t_last) / max(s - s_last, 1)
         t_last, s_last = now, s
@@ -246,6 +265,7 @@ def run_experiment(
             "step_time_s": step_time,
             "tokens_per_s": numbers["tokens_per_step"] / step_time,
             "tflops_per_s_per_device": flops_per_step / step_time / num_devices / 1e12,
+            "nonfinite_steps": nonfinite.total,  # skipped updates so far (train.on_nonfinite)
         }
         if peak is not None:
             record["mfu"] = record["tflops_per_s_per_device"] / peak
@@ -253,17 +273,26 @@ def run_experiment(
         writer.write(s, "train", record)
         progress.update(s, record)
 
-    step = start
+    step, stopping = start, False
     with StopRequest() as stop:
         for step in range(start + 1, total + 1):
-            batch = _to_device(inputs.train.get_next(), data_sharding)
+            host_batch = inputs.train.get_next()
+            if step == start + 1 and jax.process_count() > 1 and "example_id" in host_batch:
+                ids = host_batch["example_id"]
+                progress.message(f"host {jax.process_index()}/{jax.process_count()} reads examples "
+                                 f"{ids.tolist() if ids.size <= 16 else f'{ids[0]}..{ids[-1]}'}")
+            if step in cfg.train.debug_nan_steps:  # test knob: a poisoned batch
+                host_batch = poison_batch(host_batch)
+            batch = _to_device(host_batch, data_sharding)
             state, metrics = train_step(state, batch, step_key)
+            nonfinite.record(step, metrics)
             if step == start + 1:
                 jax.block_until_ready(metrics)  # the first step includes compilation
                 progress.message(f"Compiled and ran the first step in {time.monotonic() - t_last:.1f} s.")
                 t_last, s_last = time.monotonic(), step
             flush_pending()
-            if step % cfg.train.log_every == 0 or step == total or stop:
+            stopping = any_process(bool(stop))  # all processes stop at the same step
+            if step % cfg.train.log_every == 0 or step == total or stopping:
                 pending = (step, metrics)
             if step % cfg.train.eval_every == 0 or step == total:
                 flush_pending()
@@ -277,25 +306,32 @@ def run_experiment(
                 # Eval synchronised the device: restart the step timer here, keeping eval
                 # time out of the next step-time reading.
                 t_last, s_last = time.monotonic(), step
-            if step % cfg.train.checkpoint_every == 0 or step == total or stop:
-                checkpointer.save(step, state, inputs.train.get_state())
-            if stop:
+            if step % cfg.train.checkpoint_every == 0 or step == total or stopping:
+                check_nonfinite(step)  # never save past an unchecked step
+                checkpointer.save(step, state, gather_host_states(inputs.train.get_state()),
+                                  loop_state=nonfinite.state())
+            if stopping:
                 break
         flush_pending()
-    if stop:
+    if stopping:
         progress.close()
         checkpointer.close()
         writer.close()
         console.print(
-            f"Stopped by {stop.signal_name} after step {step}; checkpoint saved in "
+            f"Stopped by {stop.signal_name or 'a peer process'} after step {step}; checkpoint saved in "
             f"{job_dir / 'checkpoints'}. Run the same command again to resume.", highlight=False)
         raise Preempted(step)
     progress.close()
     checkpointer.close()
     writer.flush()
+    if start == total:
+        # Resumed from the final checkpoint (killed after it): report what the finished run did.
+        last_train = next((r for r in reversed(read_metrics(writer.path)) if r["split"] == "train"), {}) \
+            if writer.path.exists() else {}
+        last_eval = evaluate(eval_step, state.model, inputs.eval, cfg.train.eval_batches, data_sharding)
 
     sample = None
-    if cfg.train.sample_tokens > 0:
+    if cfg.train.sample_tokens > 0 and jax.process_count() == 1:
         prompt = np.asarray(tokenizer.encode(cfg.train.sample_prompt) or [tokenizer.bos_id], np.int32)
         assert isinstance(state.model, TransformerLM)
         out = generate(state.model, jax.numpy.asarray(prompt), cfg.train.sample_tokens,
@@ -306,15 +342,15 @@ def run_experiment(
         console.print(sample, highlight=False, markup=False)
     writer.close()
 
-    records = read_metrics(writer.path)
-    plot_loss(records, job_dir / "plots" / "loss.png", title=cfg.name)
     result = RunResult(
         job_dir=job_dir, start_step=start, final_step=total,
         final_train_loss=last_train.get("loss"), final_eval_loss=last_eval.get("loss"),
         unigram_entropy=inputs.unigram_entropy, state_digest=tree_digest(state), sample=sample,
     )
-    summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()}
-    (job_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if is_primary():
+        plot_loss(read_metrics(writer.path), job_dir / "plots" / "loss.png", title=cfg.name)
+        summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()}
+        (job_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
     if result.final_eval_loss is not None:
         line = f"Final eval loss {result.final_eval_loss:.4f} nats/token"
         if result.unigram_entropy is not None:

@@ -40,9 +40,16 @@ class MetricsWriter:
         """Drop records past `step` (a resumed run rewrites those steps)."""
         if not (self.enabled and self.path.exists()):
             return
-        kept = [ln for ln in self.path.read_text().splitlines()
-                if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        self.path.write_text("".join(ln + "\n" for ln in kept))
+        kept = []
+        for ln in self.path.read_text().splitlines():
+            try:
+                if ln.strip() and json.loads(ln).get("step", 0) <= step:
+                    kept.append(ln)
+            except ValueError:
+                pass  # a line cut short by a killed run: those steps are rewritten anyway
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(ln + "\n" for ln in kept))
+        tmp.replace(self.path)  # atomic: a kill here never loses the earlier records
 
     def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
         """Record `metrics` of `split` ("train" or "eval") at `step`."""

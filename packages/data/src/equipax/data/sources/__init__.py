@@ -1,4 +1,4 @@
-"""Data sources: Shakespeare's plays, C4-format shards and synthetic tokens."""
+"""Data sources: Shakespeare's plays, C4-format shards, synthetic tokens and images, digits."""
 
 from equipax.data.sources.c4 import (
     DataError,
@@ -7,18 +7,24 @@ from equipax.data.sources.c4 import (
     iter_text_documents,
     write_shards,
 )
+from equipax.data.sources.digits import load_digits, split_digits
+from equipax.data.sources.images import ImageClassificationInput, synthetic_images
 from equipax.data.sources.shakespeare import clean_markdown, list_plays, load_plays, split_plays
 from equipax.data.sources.synthetic import SyntheticLMInput
 
 __all__ = [
     "DataError",
+    "ImageClassificationInput",
     "SyntheticLMInput",
     "TextShards",
     "clean_markdown",
     "find_shards",
     "iter_text_documents",
     "list_plays",
+    "load_digits",
     "load_plays",
+    "split_digits",
     "split_plays",
+    "synthetic_images",
     "write_shards",
 ]

@@ -10,7 +10,7 @@ from equipax.data.lm_input import lm_batch
 
 
 class SyntheticLMInput(BaseInput):
-    """Uniformly random tokens; batch n on host h depends only on `(seed, h, n)`.
+    """Uniformly random tokens; example i depends only on `(seed, i)`, whatever the host count.
 
     State is `{"step": n}`. With `repeat=False` it yields `num_batches` batches then stops.
 
@@ -55,10 +55,14 @@ class SyntheticLMInput(BaseInput):
     def get_next(self) -> Batch:
         if not self.repeat and self._step >= (self.num_batches or 0):
             raise StopIteration
-        rng = np.random.default_rng([self.seed, self.infeed_host_index, self._step])
-        windows = rng.integers(0, self.vocab_size, (self.batch_size, self.seq_len + 1), dtype=np.int32)
         first = self._step * self.global_batch_size + self.infeed_host_index * self.batch_size
         example_ids = np.arange(first, first + self.batch_size, dtype=np.int64)
+        # Each example is drawn from its own (seed, example id) stream, so the global batch is
+        # the same whatever the number of hosts that share it.
+        windows = np.stack([
+            np.random.default_rng([self.seed, int(i)]).integers(0, self.vocab_size, self.seq_len + 1, dtype=np.int32)
+            for i in example_ids
+        ])
         self._step += 1
         return lm_batch(windows, example_ids, batch_size=self.batch_size, pad_id=0)
 

@@ -1,0 +1,207 @@
+"""Fault injection: kill a tiny `launch run` at random moments, resume, compare bit for bit.
+
+Each trial starts a fresh job directory and runs the same command repeatedly as a user would
+after a crash or a preemption: up to `--kills` times the process gets SIGKILL or SIGTERM at a
+seeded random moment (during start-up, tokenizer training, steps, evals, or an asynchronous
+checkpoint write), then a last run finishes. The final parameters digest and losses
+(result.json) must equal those of one uninterrupted run, and metrics.jsonl must hold each
+logged step once. Prints a table and writes JSON:
+
+    uv run python benchmarks/fault_injection.py --trials 12 --out benchmarks/results/fault_injection.json
+
+Figures: kills sent (by signal), SIGTERMs answered with exit 75, kills that left a partial
+(temporary) checkpoint directory behind, corrupt checkpoints found on resume (set aside to
+`corrupt_checkpoints/`), and mismatches against the uninterrupted run.
+"""
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from toy import TOY, set_args  # noqa: E402
+
+FIRST_STEP = "Compiled and ran the first step"
+EXIT_PREEMPTED = 75
+LOG_EVERY = 2
+
+
+def run_args(steps: int, tokenizer: str) -> list[str]:
+    """The tiny run every process of every trial repeats (checkpoints every 2 steps)."""
+    return set_args([*TOY, f"train.num_steps={steps}", f"train.log_every={LOG_EVERY}", "train.eval_every=8",
+                     "train.checkpoint_every=2", "train.keep_checkpoints=2", "train.sample_tokens=0",
+                     f"data.tokenizer={tokenizer}"])
+
+
+class Proc:
+    """One `launch run` process whose output is read on a thread (to time kills after step 1)."""
+
+    def __init__(self, job: Path, args: list[str], env: dict[str, str]):
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "equipax.launch.cli", "run", "--job-log-dir", str(job), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.started = time.monotonic()
+        self.lines: list[str] = []
+        self.first_step = threading.Event()
+        self.first_step_s: float | None = None  # seconds from start to the first step's line
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.lines.append(line)
+            if FIRST_STEP in line:
+                self.first_step_s = time.monotonic() - self.started
+                self.first_step.set()
+        self.first_step.set()  # ended before (or without) a first step
+
+    def wait(self, timeout: float) -> int:
+        code = self.popen.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def env_for(cache_dir: Path) -> dict[str, str]:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
+               # Compiled programs are reused across the many short processes (same executables).
+               JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    return env
+
+
+def partial_saves(job: Path) -> int:
+    d = job / "checkpoints"
+    return sum(1 for p in d.iterdir() if ".orbax-checkpoint-tmp" in p.name) if d.exists() else 0
+
+
+def outcome(job: Path) -> dict:
+    res = json.loads((job / "result.json").read_text())
+    records = [json.loads(ln) for ln in (job / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    keys = [(r["step"], r["split"]) for r in records]
+    # A SIGTERM also logs the step it stopped at; compare the records on the schedule (every 2).
+    on_schedule = [r for r in records if r["step"] % LOG_EVERY == 0]
+    return {"state_digest": res["state_digest"], "final_train_loss": res["final_train_loss"],
+            "final_eval_loss": res["final_eval_loss"], "duplicate_records": len(keys) - len(set(keys)),
+            "logged": [(r["step"], r["split"]) for r in on_schedule],
+            "losses": [r["loss"] for r in on_schedule]}
+
+
+def reference(work: Path, args: list[str], env: dict[str, str], timeout: float) -> tuple[dict, float, float]:
+    """The uninterrupted run: its outcome, seconds to the first step, seconds of training after it."""
+    job = work / "reference"
+    proc = Proc(job, args, env)
+    code = proc.wait(timeout)
+    if code != 0:
+        raise RuntimeError(f"the uninterrupted run failed ({code}):\n{proc.output}")
+    total = time.monotonic() - proc.started
+    first = proc.first_step_s or total
+    return outcome(job), first, total - first
+
+
+def trial(work: Path, index: int, rng: random.Random, args: list[str], env: dict[str, str], *,
+          kills: int, startup_s: float, train_s: float, timeout: float,
+          signals: list[str] | None = None) -> dict:
+    """One trial: `kills` interrupted runs, then one that finishes. Returns its record."""
+    job = work / f"trial{index}"
+    record = {"trial": index, "kills": [], "corrupt_found": 0, "partial_saves": 0}
+    for k in range(kills + 1):
+        proc = Proc(job, args, env)
+        if k < kills:
+            sig = signals[k] if signals else rng.choice(["SIGKILL", "SIGTERM"])
+            # A quarter of the kills land during start-up (imports, tokenizer, compile, restore);
+            # the rest during training proper: steps, evals, asynchronous checkpoint writes.
+            anchored = rng.random() < 0.75
+            delay = rng.uniform(0.0, train_s if anchored else startup_s)
+            if anchored:
+                proc.first_step.wait(timeout)
+            time.sleep(delay)
+            sent = proc.popen.poll() is None
+            if sent:
+                proc.popen.send_signal(getattr(signal, sig))
+            code = proc.wait(timeout)
+            left = partial_saves(job)
+            record["partial_saves"] += left
+            record["kills"].append({"signal": sig, "after_first_step": anchored, "delay_s": round(delay, 3),
+                                    "sent": sent, "exit": code, "partial_save_left": left})
+            if sig == "SIGTERM" and sent and code not in (EXIT_PREEMPTED, 0, -signal.SIGTERM):
+                raise RuntimeError(f"SIGTERM gave exit {code}:\n{proc.output}")
+        else:
+            code = proc.wait(timeout)
+            if code != 0:
+                raise RuntimeError(f"trial {index}: the final run failed ({code}):\n{proc.output}")
+        record["corrupt_found"] += proc.output.count("does not restore")
+    record["outcome"] = outcome(job)
+    return record
+
+
+def run_trials(trials: int, *, seed: int = 0, steps: int = 24, kills: int = 2, tokenizer: str = "sentencepiece",
+               work: Path | None = None, signals: list[str] | None = None, timeout: float = 300.0) -> dict:
+    """Run the reference and `trials` fault trials; return the figures (and every trial's record)."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = work or Path(tmp)
+        env = env_for(work / "jax-cache")
+        args = run_args(steps, tokenizer)
+        ref, startup_s, train_s = reference(work, args, env, timeout)
+        rng = random.Random(seed)
+        records = []
+        for i in range(trials):
+            rec = trial(work, i, rng, args, env, kills=kills, startup_s=startup_s, train_s=train_s,
+                        timeout=timeout, signals=signals)
+            rec["match"] = rec.pop("outcome") == ref
+            records.append(rec)
+            print(f"trial {i}: {[(k['signal'], k['exit']) for k in rec['kills']]} partial saves left "
+                  f"{rec['partial_saves']}, corrupt found {rec['corrupt_found']}, "
+                  f"{'match' if rec['match'] else 'MISMATCH'}", flush=True)
+    sent = [k for r in records for k in r["kills"] if k["sent"]]
+    return {
+        "trials": trials, "seed": seed, "steps": steps, "tokenizer": tokenizer,
+        "kills_sent": len(sent),
+        "sigkill": sum(k["signal"] == "SIGKILL" for k in sent),
+        "sigterm": sum(k["signal"] == "SIGTERM" for k in sent),
+        "sigterm_exit_75": sum(k["signal"] == "SIGTERM" and k["exit"] == EXIT_PREEMPTED for k in sent),
+        "kills_leaving_partial_save": sum(k["partial_save_left"] > 0 for k in sent),
+        "corrupt_checkpoints_found": sum(r["corrupt_found"] for r in records),
+        "mismatches": sum(not r["match"] for r in records),
+        "uninterrupted_run_s": round(startup_s + train_s, 1),
+        "uninterrupted_training_s": round(train_s, 1),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "records": records,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trials", type=int, default=12)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--kills", type=int, default=2, help="interrupted runs per trial before the last one")
+    p.add_argument("--tokenizer", choices=["sentencepiece", "byte"], default="sentencepiece")
+    p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    a = p.parse_args()
+    figures = run_trials(a.trials, seed=a.seed, steps=a.steps, kills=a.kills, tokenizer=a.tokenizer)
+    summary = {k: v for k, v in figures.items() if k != "records"}
+    for k, v in summary.items():
+        print(f"{k:28s} {v}")
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(figures, indent=2) + "\n")
+    sys.exit(1 if figures["mismatches"] else 0)
+
+
+if __name__ == "__main__":
+    main()

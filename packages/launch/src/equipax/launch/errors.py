@@ -1,0 +1,79 @@
+"""Exceptions -> one-paragraph messages and exit codes for the `launch` CLI (docs/errors.md).
+
+Every command runs inside `GuardedGroup.invoke`: an exception that escapes a command becomes
+one paragraph on stderr and a documented exit code, never a traceback from deep inside JAX.
+`launch --debug COMMAND ...` lets it through with the full traceback instead.
+
+Exit codes: 0 done; 1 unexpected error (a bug or an unsupported setup: rerun with --debug);
+2 bad input or environment (config, data, job directory, disk) - nothing saved was damaged,
+fix it and rerun; 3 `launch compile --strict` found the step does not fit; 4 stopped on
+non-finite steps (train.on_nonfinite); 75 stopped by SIGTERM/SIGINT after a checkpoint.
+"""
+
+import errno
+
+import typer
+from rich.console import Console
+from rich.text import Text
+from typer.core import TyperGroup
+from typer.exceptions import Abort, Exit, TyperException
+
+from equipax.core.config import ConfigError
+
+EXIT_UNEXPECTED = 1
+EXIT_USER_ERROR = 2
+DEBUG_KEY = "equipax.debug"
+
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def _first_line(exc: BaseException, limit: int = 300) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def describe(exc: BaseException) -> tuple[str, int]:
+    """The one-paragraph message and the exit code for an exception that ended a command."""
+    from equipax.data import DataError
+    from equipax.launch.checkpoints import CheckpointSaveError
+    from equipax.launch.nonfinite import EXIT_NONFINITE, NonFiniteError
+
+    if isinstance(exc, NonFiniteError):
+        return str(exc), EXIT_NONFINITE
+    if isinstance(exc, (ConfigError, CheckpointSaveError)):
+        return str(exc), EXIT_USER_ERROR
+    if isinstance(exc, DataError):
+        return f"data: {exc}", EXIT_USER_ERROR
+    if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
+        return (f"Out of disk space writing {exc.filename or 'a file'} ({exc.strerror}). Free space "
+                "and run the same command again: finished checkpoints are intact and it resumes "
+                "from the newest."), EXIT_USER_ERROR
+    if isinstance(exc, OSError) and exc.errno in _NO_PERMISSION:
+        return (f"No permission to write {exc.filename or 'a file'} ({exc.strerror}). Fix the "
+                "permissions or choose another --job-log-dir."), EXIT_USER_ERROR
+    return (f"Unexpected {type(exc).__name__}: {_first_line(exc)}. This is not a known user "
+            "mistake; it may be a bug in equipax or an unsupported setup. Rerun with "
+            "`launch --debug ...` to see the full traceback (and include it in a bug report)."
+            ), EXIT_UNEXPECTED
+
+
+class GuardedGroup(TyperGroup):
+    """The `launch` command group: maps exceptions escaping a command to a message + exit code."""
+
+    def invoke(self, ctx: typer.Context):  # pyright: ignore[reportIncompatibleMethodOverride]
+        try:
+            return super().invoke(ctx)
+        except (Exit, Abort, TyperException):
+            raise  # typer.Exit(code), usage errors: click reports these itself
+        except Exception as e:
+            if ctx.meta.get(DEBUG_KEY):
+                raise
+            message, code = describe(e)
+            Console(stderr=True, soft_wrap=True).print(Text.assemble(("error:", "bold red"), " ", message))
+            raise typer.Exit(code) from None
+
+
+def debug_option(ctx: typer.Context, debug: bool) -> None:
+    """Record `--debug` for `GuardedGroup` (the app callback calls this)."""
+    ctx.meta[DEBUG_KEY] = debug
