@@ -68,6 +68,8 @@ class Proc:
     def wait(self, timeout: float) -> int:
         code = self.popen.wait(timeout=timeout)
         self._reader.join(timeout=10)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
         return code
 
     @property
@@ -81,6 +83,11 @@ def env_for(cache_dir: Path) -> dict[str, str]:
                JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     return env
+
+
+def latest_complete(job: Path) -> int:
+    d = job / "checkpoints"
+    return max((int(p.name) for p in d.iterdir() if p.name.isdigit()), default=0) if d.exists() else 0
 
 
 def partial_saves(job: Path) -> int:
@@ -113,20 +120,24 @@ def reference(work: Path, args: list[str], env: dict[str, str], timeout: float) 
 
 
 def trial(work: Path, index: int, rng: random.Random, args: list[str], env: dict[str, str], *,
-          kills: int, startup_s: float, train_s: float, timeout: float,
-          signals: list[str] | None = None) -> dict:
+          kills: int, steps: int, startup_s: float, train_s: float, timeout: float,
+          signals: list[str] | None = None, anchored: bool | None = None,
+          first_delay_s: float | None = None) -> dict:
     """One trial: `kills` interrupted runs, then one that finishes. Returns its record."""
     job = work / f"trial{index}"
     record = {"trial": index, "kills": [], "corrupt_found": 0, "partial_saves": 0}
     for k in range(kills + 1):
+        remaining = (steps - latest_complete(job)) / steps  # a resumed run has less to do
         proc = Proc(job, args, env)
         if k < kills:
             sig = signals[k] if signals else rng.choice(["SIGKILL", "SIGTERM"])
             # A quarter of the kills land during start-up (imports, tokenizer, compile, restore);
             # the rest during training proper: steps, evals, asynchronous checkpoint writes.
-            anchored = rng.random() < 0.75
-            delay = rng.uniform(0.0, train_s if anchored else startup_s)
-            if anchored:
+            after_first = rng.random() < 0.75 if anchored is None else anchored
+            delay = rng.uniform(0.0, train_s * remaining if after_first else startup_s)
+            if k == 0 and first_delay_s is not None:
+                delay = first_delay_s
+            if after_first:
                 proc.first_step.wait(timeout)
             time.sleep(delay)
             sent = proc.popen.poll() is None
@@ -135,7 +146,7 @@ def trial(work: Path, index: int, rng: random.Random, args: list[str], env: dict
             code = proc.wait(timeout)
             left = partial_saves(job)
             record["partial_saves"] += left
-            record["kills"].append({"signal": sig, "after_first_step": anchored, "delay_s": round(delay, 3),
+            record["kills"].append({"signal": sig, "after_first_step": after_first, "delay_s": round(delay, 3),
                                     "sent": sent, "exit": code, "partial_save_left": left})
             if sig == "SIGTERM" and sent and code not in (EXIT_PREEMPTED, 0, -signal.SIGTERM):
                 raise RuntimeError(f"SIGTERM gave exit {code}:\n{proc.output}")
@@ -149,7 +160,8 @@ def trial(work: Path, index: int, rng: random.Random, args: list[str], env: dict
 
 
 def run_trials(trials: int, *, seed: int = 0, steps: int = 24, kills: int = 2, tokenizer: str = "sentencepiece",
-               work: Path | None = None, signals: list[str] | None = None, timeout: float = 300.0) -> dict:
+               work: Path | None = None, signals: list[str] | None = None, anchored: bool | None = None,
+               first_delay_s: float | None = None, timeout: float = 300.0) -> dict:
     """Run the reference and `trials` fault trials; return the figures (and every trial's record)."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,8 +172,8 @@ def run_trials(trials: int, *, seed: int = 0, steps: int = 24, kills: int = 2, t
         rng = random.Random(seed)
         records = []
         for i in range(trials):
-            rec = trial(work, i, rng, args, env, kills=kills, startup_s=startup_s, train_s=train_s,
-                        timeout=timeout, signals=signals)
+            rec = trial(work, i, rng, args, env, kills=kills, steps=steps, startup_s=startup_s, train_s=train_s,
+                        timeout=timeout, signals=signals, anchored=anchored, first_delay_s=first_delay_s)
             rec["match"] = rec.pop("outcome") == ref
             records.append(rec)
             print(f"trial {i}: {[(k['signal'], k['exit']) for k in rec['kills']]} partial saves left "

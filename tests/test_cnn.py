@@ -179,24 +179,26 @@ def test_checkpoint_round_trip_includes_bn_state(one_step, tmp_path, trees_close
     trees_close(jax.tree.leaves(restored.opt_state), jax.tree.leaves(state.opt_state), rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_short_cnn_digits_run_learns_and_writes_job_dir(tmp_path):
     job = tmp_path / "job"
     result = invoke("run", "--exp", "cnn_digits", "--job-log-dir", str(job),
-                    *set_args([*CNN_TOY, "train.num_epochs=3", "data.batch_size=32"]))
+                    *set_args([*CNN_TOY, "train.num_epochs=2", "data.batch_size=32"]))
     assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
-    assert "Epoch 3/3: Loss:" in result.output and "Test Acc:" in result.output
+    assert "Epoch 2/2: Loss:" in result.output and "Test Acc:" in result.output
     for name in ("config.json", "knobs.txt", "metrics.jsonl", "result.json", "plots/history.png"):
         assert (job / name).exists(), name
     for split in ("train", "eval", "epoch"):
         assert list((job / "summaries" / split).iterdir()), split
     records = [json.loads(ln) for ln in (job / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in records if r["split"] == "epoch"]
-    assert [r["epoch"] for r in epochs] == [1, 2, 3] and [r["step"] for r in epochs] == [44, 88, 132]
+    assert [r["epoch"] for r in epochs] == [1, 2] and [r["step"] for r in epochs] == [44, 88]
     res = json.loads((job / "result.json").read_text())
     assert res["final_test_accuracy"] > 0.8, res["history"]  # chance is 0.1
     assert res["history"]["test_accuracy"] == [r["test_accuracy"] for r in epochs]
 
 
+@pytest.mark.slow
 def test_resume_mid_epoch_equals_uninterrupted(tmp_path, monkeypatch):
     import equipax.launch.classify as classify
     from equipax.data import ImageClassificationInput

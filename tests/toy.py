@@ -37,6 +37,10 @@ CNN_TOY = [
     "model.num_heads=2",
     "model.hidden_dims=32",
     "model.bn_momentum=0.9",
+    "model.dropout_rate=0.1",
+    "learner.schedule.peak_learning_rate=1e-2",
+    "learner.schedule.warmup_steps=5",
+    "learner.schedule.decay_steps=90",
 ]
 
 # Added after a documented cnn_* command's own overrides: one short epoch.

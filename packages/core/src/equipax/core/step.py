@@ -11,7 +11,7 @@ it this way exactly when `model_state` is not None; with `key=None` it must not 
 """
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
@@ -52,6 +52,16 @@ class TrainState(eqx.Module):
     model: eqx.Module
     opt_state: PyTree
     model_state: eqx.nn.State | None = None
+
+
+def _call_loss(
+    loss_fn: LossFn | StatefulLossFn, model: Any, batch: Batch, key: Any, model_state: Any
+) -> tuple[Scalar, Metrics, Any]:
+    """Call a plain (`model_state` None) or stateful loss function; `(loss, aux, model_state)`."""
+    if model_state is None:
+        loss, aux = cast(LossFn, loss_fn)(model, batch, key=key)
+        return loss, aux, None
+    return cast(StatefulLossFn, loss_fn)(model, batch, key=key, model_state=model_state)
 
 
 def init_train_state(
@@ -118,10 +128,7 @@ def make_train_step(
     """
 
     def loss_and_aux(model, batch, key, model_state):
-        if model_state is None:
-            loss, aux = loss_fn(model, batch, key=key)
-            return loss, (aux, None)
-        loss, aux, new_model_state = loss_fn(model, batch, key=key, model_state=model_state)
+        loss, aux, new_model_state = _call_loss(loss_fn, model, batch, key, model_state)
         return loss, (aux, new_model_state)
 
     # donate="all-except-first" donates every argument but the first; the batch and key
@@ -216,10 +223,7 @@ def make_eval_step(loss_fn: LossFn | StatefulLossFn) -> Callable[..., Metrics]:
 
     @eqx.filter_jit
     def eval_step(model: eqx.Module, batch: Batch, model_state: eqx.nn.State | None = None) -> Metrics:
-        if model_state is None:
-            _, aux = loss_fn(model, batch, key=None)
-        else:
-            _, aux, _ = loss_fn(model, batch, key=None, model_state=model_state)
+        _, aux, _ = _call_loss(loss_fn, model, batch, None, model_state)
         return dict(aux)
 
     return eval_step

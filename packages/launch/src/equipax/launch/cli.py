@@ -14,7 +14,7 @@ from equipax.launch import registry
 from equipax.launch.bench import AttentionBenchConfig, bench_app, run_attention_bench
 from equipax.launch.classify_experiment import ClassifierExperimentConfig
 from equipax.launch.data_cli import data_app
-from equipax.launch.errors import GuardedGroup, debug_option
+from equipax.launch.errors import GuardedGroup
 from equipax.launch.experiment import ExperimentConfig
 
 DEFAULT_EXPERIMENT = "shakespeare_tiny"
@@ -31,10 +31,9 @@ app = typer.Typer(
 
 @app.callback()
 def _options(
-    ctx: typer.Context,
     debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks of unexpected errors.")] = False,
 ) -> None:
-    debug_option(ctx, debug)
+    """Read by GuardedGroup (errors.py) from the group's parsed parameters."""
 
 
 app.add_typer(bench_app, name="bench")

@@ -11,6 +11,7 @@ non-finite steps (train.on_nonfinite); 75 stopped by SIGTERM/SIGINT after a chec
 """
 
 import errno
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -22,7 +23,6 @@ from equipax.core.config import ConfigError
 
 EXIT_UNEXPECTED = 1
 EXIT_USER_ERROR = 2
-DEBUG_KEY = "equipax.debug"
 
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
@@ -61,19 +61,14 @@ def describe(exc: BaseException) -> tuple[str, int]:
 class GuardedGroup(TyperGroup):
     """The `launch` command group: maps exceptions escaping a command to a message + exit code."""
 
-    def invoke(self, ctx: typer.Context):  # pyright: ignore[reportIncompatibleMethodOverride]
+    def invoke(self, ctx: Any) -> Any:  # a click Context (typer's vendored click)
         try:
             return super().invoke(ctx)
         except (Exit, Abort, TyperException):
             raise  # typer.Exit(code), usage errors: click reports these itself
         except Exception as e:
-            if ctx.meta.get(DEBUG_KEY):
+            if ctx.params.get("debug"):  # `launch --debug ...` (the app callback's option)
                 raise
             message, code = describe(e)
             Console(stderr=True, soft_wrap=True).print(Text.assemble(("error:", "bold red"), " ", message))
             raise typer.Exit(code) from None
-
-
-def debug_option(ctx: typer.Context, debug: bool) -> None:
-    """Record `--debug` for `GuardedGroup` (the app callback calls this)."""
-    ctx.meta[DEBUG_KEY] = debug

@@ -100,8 +100,8 @@ class NonFiniteMonitor:
                  "No checkpoint was saved yet; rerunning starts from step 0")
         return NonFiniteError(
             f"Step {step}: {quantity}; {why}. The update was not applied and no checkpoint holds a "
-            f"non-finite state. {saved}. Lower learner.schedule.peak_learning_rate or learner.clip_gradient_norm, check the data "
-            "near that step, or use --set train.on_nonfinite=skip (and "
-            "train.max_consecutive_nonfinite) to step over rare bad batches.",
+            f"non-finite state. {saved}. Lower learner.schedule.peak_learning_rate or "
+            "learner.clip_gradient_norm, check the data near that step, or use --set "
+            "train.on_nonfinite=skip (and train.max_consecutive_nonfinite) to step over rare bad batches.",
             step=step, last_checkpoint=ckpt,
         )

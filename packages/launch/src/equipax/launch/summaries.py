@@ -5,6 +5,7 @@ Only process 0 writes (multi-host runs call this with `enabled=False` elsewhere)
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ class MetricsWriter:
         tmp.write_text("".join(ln + "\n" for ln in kept))
         tmp.replace(self.path)  # atomic: a kill here never loses the earlier records
 
-    def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
+    def write(self, step: int, split: str, metrics: Mapping[str, float | int]) -> None:
         """Record `metrics` of `split` ("train" or "eval") at `step`."""
         if not self.enabled:
             return
