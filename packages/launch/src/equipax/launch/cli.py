@@ -189,10 +189,10 @@ def run(
 
 @app.command(
     "local-cluster",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 def local_cluster(
-    ctx: typer.Context,
+    command: Annotated[list[str] | None, typer.Argument(help="The command to run: -- run --exp NAME ...")] = None,
     processes: Annotated[int, typer.Option("--processes", "-n", help="How many processes (hosts).")] = 2,
     cpu_devices: CpuDevicesOption = None,
     grace_s: Annotated[float, typer.Option("--grace-s", help="Seconds stopped processes get before SIGKILL.")] = 20.0,
@@ -200,7 +200,7 @@ def local_cluster(
     """Run `launch run ...` as N processes on this machine: `launch local-cluster -n 2 -- run --exp X`."""
     from equipax.launch.local_cluster import run_local_cluster
 
-    args = list(ctx.args)
+    args = list(command or [])
     if args[:1] == ["--"]:
         args = args[1:]
     if args[:1] != ["run"]:
