@@ -10,7 +10,7 @@ A model with non-trained state (BatchNorm running statistics, an `eqx.nn.State` 
 it this way exactly when `model_state` is not None; with `key=None` it must not change the state.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
 import equinox as eqx
@@ -258,3 +258,32 @@ def init_sharded_train_state(
     sharding = train_state_shardings(abstract, optimizer, mesh)
     state = eqx.filter_jit(lambda k: eqx.filter_shard(make_state(k), sharding))(key)
     return state, sharding
+
+
+# The per-batch sums an eval step's aux carries (see `make_eval_step`).
+EVAL_SUMS = ("loss_sum", "weight_sum", "correct_sum")
+
+
+def mean_eval_metrics(aux_batches: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Combine per-batch eval sums into weighted means over the whole pass.
+
+    Arguments:
+        aux_batches: host values of each batch's eval aux (`EVAL_SUMS`).
+
+    Returns:
+        `loss` and `accuracy` (weighted means; NaN when there were no batches), `weight` (the
+        total weight: tokens or examples counted) and `batches`.
+    """
+    totals = dict.fromkeys(EVAL_SUMS, 0.0)
+    count = 0
+    for aux in aux_batches:
+        for k in EVAL_SUMS:
+            totals[k] += float(aux[k])
+        count += 1
+    weight = max(totals["weight_sum"], 1e-9)
+    return {
+        "loss": totals["loss_sum"] / weight if count else float("nan"),
+        "accuracy": totals["correct_sum"] / weight if count else float("nan"),
+        "weight": totals["weight_sum"],
+        "batches": float(count),
+    }

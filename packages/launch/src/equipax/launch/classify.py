@@ -25,7 +25,9 @@ from rich.console import Console
 
 from equipax.core.config import ConfigError, format_knobs, to_json
 from equipax.core.optim import make_learner, make_schedule
-from equipax.core.step import Metrics, TrainState, init_train_state, make_eval_step, make_train_step
+from equipax.core.step import (
+    EVAL_SUMS, Metrics, TrainState, init_train_state, make_eval_step, make_train_step, mean_eval_metrics,
+)
 from equipax.data import ImageClassificationInput, split_digits, synthetic_images
 from equipax.launch.checkpoints import Checkpointer, tree_digest
 from equipax.launch.classify_experiment import ClassifierExperimentConfig
@@ -36,7 +38,6 @@ from equipax.launch.run import Preempted
 from equipax.launch.summaries import MetricsWriter, read_metrics
 from equipax.models import AdvancedCNN, classification_loss
 
-SUMS = ("loss_sum", "correct_sum", "weight_sum")
 
 
 @dataclasses.dataclass
@@ -88,14 +89,8 @@ def build_image_inputs(cfg: ClassifierExperimentConfig) -> tuple[ImageClassifica
 def evaluate_classifier(eval_step, state: TrainState, test: ImageClassificationInput) -> dict[str, float]:
     """Loss and accuracy over one full pass of `test` (padding rows carry weight 0)."""
     test.reset()
-    totals = dict.fromkeys(SUMS, 0.0)
-    for batch in test:
-        aux = jax.device_get(eval_step(state.model, batch, state.model_state))
-        for k in SUMS:
-            totals[k] += float(aux[k])
-    weight = max(totals["weight_sum"], 1e-9)
-    return {"loss": totals["loss_sum"] / weight, "accuracy": totals["correct_sum"] / weight,
-            "examples": totals["weight_sum"]}
+    m = mean_eval_metrics(jax.device_get(eval_step(state.model, batch, state.model_state)) for batch in test)
+    return {"loss": m["loss"], "accuracy": m["accuracy"], "examples": m["weight"]}
 
 
 def _sums_to_host(sums: Metrics) -> dict[str, float]:
@@ -141,12 +136,12 @@ def run_classifier(
 
     checkpointer = Checkpointer(job_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
     writer = MetricsWriter(job_dir)
-    epoch_sums = dict.fromkeys(SUMS, 0.0)
+    epoch_sums = dict.fromkeys(EVAL_SUMS, 0.0)
     start = checkpointer.latest_step()
     if start is not None:
         state, saved = checkpointer.restore(start, state)
         train_input.set_state(saved["input"])
-        epoch_sums = {k: float(saved["epoch_sums"][k]) for k in SUMS}
+        epoch_sums = {k: float(saved["epoch_sums"][k]) for k in EVAL_SUMS}
         writer.truncate_after(start)
         console.print(f"Resumed from step {start} (epoch {start // spe + 1}, "
                       f"{job_dir / 'checkpoints'}).", highlight=False)
@@ -181,7 +176,7 @@ def run_classifier(
     with StopRequest() as stop:
         for step in range(start + 1, total + 1):
             state, metrics = train_step(state, train_input.get_next(), step_key)
-            sums = {k: sums[k] + metrics[k] for k in SUMS}
+            sums = {k: sums[k] + metrics[k] for k in EVAL_SUMS}
             if step == start + 1:
                 jax.block_until_ready(metrics)  # the first step includes compilation
                 progress.message(f"Compiled and ran the first step in {time.monotonic() - t_last:.1f} s.")
@@ -194,7 +189,7 @@ def run_classifier(
                 flush_pending()
                 _end_epoch(cfg, epoch, step, _sums_to_host(sums), evaluate_classifier(eval_step, state, test_input),
                            writer, progress)
-                sums = {k: jnp.zeros((), jnp.float32) for k in SUMS}
+                sums = {k: jnp.zeros((), jnp.float32) for k in EVAL_SUMS}
                 t_last, s_last = time.monotonic(), step
             if (epoch_done == 0 and (epoch % cfg.train.checkpoint_every_epochs == 0 or step == total)) or stop:
                 checkpointer.save(step, state, {"input": train_input.get_state(),

@@ -10,6 +10,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
 
+
+def _save(fig: Any, path: Path) -> Path:
+    """Lay out, write `fig` as PNG to `path` (creating folders) and free it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
 def plot_loss(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
     """Train and eval loss against step, from metrics.jsonl records; writes a PNG.
 
@@ -33,12 +43,7 @@ def plot_loss(records: list[dict[str, Any]], path: Path, *, title: str = "") -> 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_attention_bench(result: dict[str, Any], path: Path) -> Path:
@@ -85,12 +90,7 @@ def plot_attention_bench(result: dict[str, Any], path: Path) -> Path:
     ax_r.grid(alpha=0.3, which="both")
     if ax_r.get_legend_handles_labels()[0]:
         ax_r.legend()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_classifier_history(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
@@ -123,9 +123,4 @@ def plot_classifier_history(records: list[dict[str, Any]], path: Path, *, title:
             ax.legend()
     if title:
         fig.suptitle(title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

@@ -23,7 +23,9 @@ from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
 from equipax.core.optim import make_learner, make_schedule
 from equipax.core.mesh import build_mesh, check_device_count
 from equipax.core.partition import batch_sharding
-from equipax.core.step import TrainState, init_sharded_train_state, make_eval_step, make_train_step
+from equipax.core.step import (
+    TrainState, init_sharded_train_state, make_eval_step, make_train_step, mean_eval_metrics,
+)
 from equipax.data import BaseInput
 from equipax.launch.checkpoints import Checkpointer, tree_digest
 from equipax.launch.jobdir import prepare_job_dir, write_text_atomic
@@ -141,21 +143,19 @@ def evaluate(eval_step, model, eval_input: BaseInput, num_batches: int,
              sharding: NamedSharding) -> dict[str, float]:
     """Weighted mean loss and accuracy over an eval pass (`num_batches`=0: the whole pass)."""
     eval_input.reset()
-    totals: dict[str, float] = {}
-    count = 0
-    while num_batches == 0 or count < num_batches:
-        try:
-            batch = eval_input.get_next()
-        except StopIteration:
-            break
-        aux = to_host(eval_step(model, _to_device(batch, sharding)))
-        for k in ("loss_sum", "weight_sum", "correct_sum"):
-            totals[k] = totals.get(k, 0.0) + float(aux[k])
-        count += 1
-    weight = max(totals.get("weight_sum", 0.0), 1e-9)
-    return {"loss": totals.get("loss_sum", math.nan) / weight,
-            "accuracy": totals.get("correct_sum", math.nan) / weight,
-            "tokens": totals.get("weight_sum", 0.0), "batches": float(count)}
+
+    def batches():
+        count = 0
+        while num_batches == 0 or count < num_batches:
+            try:
+                batch = eval_input.get_next()
+            except StopIteration:
+                return
+            yield to_host(eval_step(model, _to_device(batch, sharding)))
+            count += 1
+
+    m = mean_eval_metrics(batches())
+    return {"loss": m["loss"], "accuracy": m["accuracy"], "tokens": m["weight"], "batches": m["batches"]}
 
 
 def run_experiment(
