@@ -31,8 +31,8 @@ from typing import Any
 
 from equipax.core.config import apply_overrides
 from equipax.data import BaseInput, DocumentLMInput, TextShards, find_shards, iter_text_documents, write_shards
-from equipax.launch.inputs import build_lm_inputs, build_tokenizer
-from equipax.launch.registry import get_experiment
+from equipax.launch.training.lm_inputs import build_lm_inputs, build_tokenizer
+from equipax.launch.experiments.registry import get_experiment
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "input_pipeline.json"

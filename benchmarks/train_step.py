@@ -88,7 +88,7 @@ def _toy(
 def _default_preset() -> Preset:
     # Imported here: the registry pulls in the launch package (data, CLI), which the
     # toy presets don't need.
-    from equipax.launch.registry import get_experiment
+    from equipax.launch.experiments.registry import get_experiment
 
     exp = get_experiment("shakespeare_tiny")
     return Preset(

@@ -56,7 +56,7 @@ def test_run_attention_bench_experiment_skips_what_does_not_fit(tmp_path):
 
 
 def test_out_of_memory_is_reported_not_raised(tmp_path, monkeypatch):
-    from equipax.launch import bench
+    from equipax.launch.commands import bench
 
     real = bench._measure
 
@@ -81,7 +81,7 @@ def test_bench_user_errors_exit_2(tmp_path):
 
 
 def test_list_and_show_handle_the_benchmark_experiment():
-    from equipax.launch.registry import entries
+    from equipax.launch.experiments.registry import entries
 
     assert {"attention_bench", "shakespeare_tiny_linear"} <= {e.name for e in entries()}
     res = invoke("list")

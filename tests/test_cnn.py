@@ -164,7 +164,7 @@ def test_image_input_epochs_padding_and_resume():
 def test_checkpoint_round_trip_includes_bn_state(one_step, tmp_path, trees_close):
     import jax
 
-    from equipax.launch.checkpoints import Checkpointer
+    from equipax.launch.training.checkpoints import Checkpointer
 
     template, state, _, _, _ = one_step
     ckpt = Checkpointer(tmp_path / "checkpoints", keep=2)
@@ -200,9 +200,9 @@ def test_short_cnn_digits_run_learns_and_writes_job_dir(tmp_path):
 
 @pytest.mark.slow
 def test_resume_mid_epoch_equals_uninterrupted(tmp_path, monkeypatch):
-    import equipax.launch.classify as classify
+    import equipax.launch.training.classify_old as classify
     from equipax.data import ImageClassificationInput
-    from equipax.launch.preemption import EXIT_PREEMPTED, StopRequest
+    from equipax.launch.training.preemption import EXIT_PREEMPTED, StopRequest
 
     sets = set_args([*CNN_TOY, "train.num_epochs=2", "data.batch_size=128", "train.log_every=4"])
     full = invoke("run", "--exp", "cnn_digits", "--job-log-dir", str(tmp_path / "full"), *sets)

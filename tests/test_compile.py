@@ -49,7 +49,7 @@ def test_smoke_compile_reports_the_real_models_parameter_count(tmp_path):
     import jax
 
     from equipax.core.flops import count_params
-    from equipax.launch.registry import get_experiment
+    from equipax.launch.experiments.registry import get_experiment
     from equipax.models import TransformerLM
 
     cfg = get_experiment("lm_cloud_2b_smoke")
@@ -66,7 +66,7 @@ def test_unknown_target_is_a_user_error():
 
 
 def test_collective_counting():
-    from equipax.launch.compile import count_collectives
+    from equipax.launch.aot.report import count_collectives
 
     hlo = "%a = all-gather(x)\n%b = all-reduce-start(y)\n%c = all-reduce-done(%b)\n%d = all-to-all(z)"
     assert count_collectives(hlo) == {"all-gather": 1, "reduce-scatter": 0, "all-reduce": 1,

@@ -247,7 +247,7 @@ def test_too_many_consecutive_nonfinite_steps(tmp_path):
 
 
 def test_unexpected_error_one_paragraph_and_debug_traceback(tmp_path, monkeypatch):
-    import equipax.launch.run as run_module
+    import equipax.launch.training.loop as run_module
 
     def boom(*args, **kwargs):
         raise RuntimeError("something deep inside broke\nsecond line")

@@ -22,7 +22,7 @@ def invoke(*args):
 
 
 def test_registry_short_name_and_dotted_suffix():
-    from equipax.launch.registry import get_experiment, lookup
+    from equipax.launch.experiments.registry import get_experiment, lookup
 
     assert lookup("shakespeare_tiny").name == "shakespeare_tiny"
     assert lookup("shakespeare.shakespeare_tiny").name == "shakespeare_tiny"
@@ -31,7 +31,7 @@ def test_registry_short_name_and_dotted_suffix():
 
 def test_unknown_experiment_lists_close_names():
     from equipax.core.config import ConfigError
-    from equipax.launch.registry import lookup
+    from equipax.launch.experiments.registry import lookup
 
     with pytest.raises(ConfigError, match="Did you mean 'shakespeare_tiny'"):
         lookup("shakespear_tiny")
@@ -39,8 +39,8 @@ def test_unknown_experiment_lists_close_names():
 
 def test_experiment_config_is_pure_and_round_trips():
     from equipax.core.config import from_json, to_json
-    from equipax.launch.experiment import ExperimentConfig
-    from equipax.launch.registry import get_experiment
+    from equipax.launch.experiments.config import ExperimentConfig
+    from equipax.launch.experiments.registry import get_experiment
 
     cfg = get_experiment("shakespeare_tiny")
     assert from_json(ExperimentConfig, to_json(cfg)) == cfg
@@ -147,7 +147,7 @@ def test_progress_bar_on_a_terminal_and_plain_lines_otherwise():
 
     from rich.console import Console
 
-    from equipax.launch.progress import ProgressReporter
+    from equipax.launch.training.progress import ProgressReporter
 
     metrics = {"loss": 2.5, "learning_rate": 1e-3, "tokens_per_s": 1234.0}
     tty = io.StringIO()

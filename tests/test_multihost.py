@@ -96,7 +96,7 @@ def test_incomplete_distributed_flags_are_a_user_error():
 
 def test_host_states_round_trip_and_refuse_another_host_count():
     from equipax.core.config import ConfigError
-    from equipax.launch.distributed import gather_host_states, host_state
+    from equipax.launch.cluster.distributed import gather_host_states, host_state
 
     saved = gather_host_states({"epoch": 1, "position": 5})
     assert host_state(saved) == {"epoch": 1, "position": 5}

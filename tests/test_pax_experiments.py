@@ -13,13 +13,13 @@ PAX = ["lm_cloud_2b", "lm_cloud_transformer", "c4_1b", "c4_16b", "c4_22b_1x", "c
 
 
 def names():
-    from equipax.launch.registry import entries
+    from equipax.launch.experiments.registry import entries
 
     return [e.name for e in entries()]
 
 
 def get(name):
-    from equipax.launch.registry import get_experiment
+    from equipax.launch.experiments.registry import get_experiment
 
     return get_experiment(name)
 
@@ -168,7 +168,7 @@ def test_c4_22b_2x_smoke_trains_on_8_cpu_devices(tmp_path):
 def test_docs_list_every_registered_experiment():
     from pathlib import Path
 
-    from equipax.launch.registry import entries
+    from equipax.launch.experiments.registry import entries
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "experiments.md").read_text()
     missing = [e.name for e in entries() if e.path.startswith("equipax.launch.experiments.")

@@ -17,7 +17,7 @@ def _state(value: float):
 
 
 def test_latest_step_ignores_unfinished_saves_and_removes_them(tmp_path):
-    from equipax.launch.checkpoints import Checkpointer
+    from equipax.launch.training.checkpoints import Checkpointer
 
     ckpt = Checkpointer(tmp_path / "checkpoints", keep=3)
     ckpt.save(2, _state(1.0), {"batches": 2})
@@ -41,7 +41,7 @@ def test_latest_step_ignores_unfinished_saves_and_removes_them(tmp_path):
 
 @pytest.mark.parametrize("damage", ["garble", "delete-state", "delete-metadata"])
 def test_damaged_newest_checkpoint_is_set_aside(tmp_path, damage):
-    from equipax.launch.checkpoints import Checkpointer
+    from equipax.launch.training.checkpoints import Checkpointer
 
     ckpt = Checkpointer(tmp_path / "checkpoints", keep=3)
     ckpt.save(2, _state(1.0), {"batches": 2}, loop_state={"nonfinite_total": 1})
@@ -75,7 +75,7 @@ def test_damaged_newest_checkpoint_is_set_aside(tmp_path, damage):
 
 def test_shape_mismatch_is_not_treated_as_damage(tmp_path):
     from equipax.core.config import ConfigError
-    from equipax.launch.checkpoints import Checkpointer
+    from equipax.launch.training.checkpoints import Checkpointer
 
     ckpt = Checkpointer(tmp_path / "checkpoints", keep=3)
     ckpt.save(2, _state(1.0), {})

@@ -154,7 +154,7 @@ def test_cpu_mesh_puts_dcn_outermost():
 
 def test_batch_not_divisible_by_data_parallel_size_fails_at_config_time():
     from equipax.core.config import ConfigError, apply_overrides
-    from equipax.launch.registry import get_experiment
+    from equipax.launch.experiments.registry import get_experiment
 
     with pytest.raises(ConfigError, match="not divisible by the data-parallel size 8"):
         apply_overrides(get_experiment("shakespeare_tiny"), ["mesh.ici_mesh_shape=(2,4,1)", "data.batch_size=12"])

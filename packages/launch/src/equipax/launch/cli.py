@@ -10,12 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from equipax.core.config import ConfigError, apply_overrides, format_knobs, to_dict
-from equipax.launch import registry
-from equipax.launch.bench import AttentionBenchConfig, bench_app, run_attention_bench
-from equipax.launch.classify_experiment import ClassifierExperimentConfig
-from equipax.launch.data_cli import data_app
+from equipax.launch.experiments import registry
+from equipax.launch.commands.bench import AttentionBenchConfig, bench_app, run_attention_bench
+from equipax.launch.experiments.classify_config_old import ClassifierExperimentConfig
+from equipax.launch.commands.data import data_app
 from equipax.launch.errors import GuardedGroup
-from equipax.launch.experiment import ExperimentConfig
+from equipax.launch.experiments.config import ExperimentConfig
 
 DEFAULT_EXPERIMENT = "shakespeare_tiny"
 EXIT_USER_ERROR = 2
@@ -70,7 +70,7 @@ def resolve(exp: str, overrides: list[str] | None) -> tuple[registry.Experiment,
 @app.command("list")
 def list_cmd() -> None:
     """List registered experiments."""
-    from equipax.launch.run import derived_numbers
+    from equipax.launch.training.loop import derived_numbers
 
     def count(n: int | float) -> str:
         for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -87,7 +87,7 @@ def list_cmd() -> None:
             table.add_row(entry.name, "-", "1", "random q/k/v", "-")
             continue
         if isinstance(cfg, ClassifierExperimentConfig):
-            from equipax.launch.classify import classifier_numbers
+            from equipax.launch.training.classify_old import classifier_numbers
 
             table.add_row(entry.name, count(classifier_numbers(cfg)["params_total"]), "1",
                           f"{cfg.data.source} images", count(cfg.num_steps))
@@ -108,12 +108,12 @@ def show(
     cpu_devices: CpuDevicesOption = None,
 ) -> None:
     """Print the resolved config and derived numbers without touching any device."""
-    from equipax.launch.run import derived_numbers
+    from equipax.launch.training.loop import derived_numbers
 
     cfg, sources = resolve(exp, set_)
     numbers = derived_numbers(cfg) if isinstance(cfg, ExperimentConfig) else {}
     if isinstance(cfg, ClassifierExperimentConfig):
-        from equipax.launch.classify import classifier_numbers
+        from equipax.launch.training.classify_old import classifier_numbers
 
         numbers = classifier_numbers(cfg)
     if isinstance(cfg, ExperimentConfig) and cpu_devices is not None and cpu_devices != cfg.mesh.num_devices:
@@ -150,8 +150,8 @@ def run(
     ] = False,
 ) -> None:
     """Train an experiment; rerun the same command to resume from its last checkpoint."""
-    from equipax.launch.devices import use_cpu_devices
-    from equipax.launch.distributed import DistributedArgs, HostConsole, initialize
+    from equipax.launch.cluster.devices import use_cpu_devices
+    from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
 
     try:
         use_cpu_devices(cpu_devices)
@@ -163,11 +163,11 @@ def run(
     if isinstance(cfg, AttentionBenchConfig):
         run_attention_bench(cfg, job_log_dir or Path("runs") / cfg.name, console=out)
         return
-    from equipax.launch.preemption import EXIT_PREEMPTED
+    from equipax.launch.training.preemption import EXIT_PREEMPTED
 
     if isinstance(cfg, ClassifierExperimentConfig):
-        from equipax.launch.classify import run_classifier
-        from equipax.launch.run import Preempted
+        from equipax.launch.training.classify_old import run_classifier
+        from equipax.launch.training.loop import Preempted
 
         try:
             run_classifier(cfg, job_dir=job_log_dir or Path("runs") / cfg.name, sources=sources, console=out)
@@ -176,7 +176,7 @@ def run(
         except Preempted:
             raise typer.Exit(EXIT_PREEMPTED)
         return
-    from equipax.launch.run import Preempted, run_experiment
+    from equipax.launch.training.loop import Preempted, run_experiment
 
     job_dir = job_log_dir or Path("runs") / cfg.name
     try:
@@ -198,7 +198,7 @@ def local_cluster(
     grace_s: Annotated[float, typer.Option("--grace-s", help="Seconds stopped processes get before SIGKILL.")] = 20.0,
 ) -> None:
     """Run `launch run ...` as N processes on this machine: `launch local-cluster -n 2 -- run --exp X`."""
-    from equipax.launch.local_cluster import run_local_cluster
+    from equipax.launch.cluster.local_cluster import run_local_cluster
 
     args = list(command or [])
     if args[:1] == ["--"]:
@@ -228,8 +228,8 @@ def compile_cmd(
     ] = None,
 ) -> None:
     """Compile the experiment's exact train step for its full mesh on this CPU host (AOT)."""
-    from equipax.launch.compile import TARGETS, check_compile_devices, compile_report, format_report
-    from equipax.launch.devices import use_cpu_devices
+    from equipax.launch.aot.report import TARGETS, check_compile_devices, compile_report, format_report
+    from equipax.launch.cluster.devices import use_cpu_devices
 
     cfg, _ = resolve(exp, set_)
     if not isinstance(cfg, ExperimentConfig):

@@ -36,8 +36,8 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
 def describe(exc: BaseException) -> tuple[str, int]:
     """The one-paragraph message and the exit code for an exception that ended a command."""
     from equipax.data import DataError
-    from equipax.launch.checkpoints import CheckpointSaveError
-    from equipax.launch.nonfinite import EXIT_NONFINITE, NonFiniteError
+    from equipax.launch.training.checkpoints import CheckpointSaveError
+    from equipax.launch.training.nonfinite import EXIT_NONFINITE, NonFiniteError
 
     if isinstance(exc, NonFiniteError):
         return str(exc), EXIT_NONFINITE

@@ -1,7 +1,7 @@
 """Attention benchmarks registered as experiments (`launch run --exp attention_bench`)."""
 
-from equipax.launch.bench import AttentionBenchConfig
-from equipax.launch.registry import register
+from equipax.launch.commands.bench import AttentionBenchConfig
+from equipax.launch.experiments.registry import register
 
 
 @register

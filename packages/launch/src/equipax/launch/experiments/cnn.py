@@ -3,8 +3,8 @@
 import dataclasses
 
 from equipax.core.optim import LearnerConfig, ScheduleConfig
-from equipax.launch.classify_experiment import ClassifierExperimentConfig, EpochTrainConfig, ImageDataConfig
-from equipax.launch.registry import register
+from equipax.launch.experiments.classify_config_old import ClassifierExperimentConfig, EpochTrainConfig, ImageDataConfig
+from equipax.launch.experiments.registry import register
 from equipax.models.cnn import CNNConfig
 
 # The tutorial's learner: clip 1.0 -> AdamW (weight decay 1e-4); linear warmup over 50 steps to

@@ -4,8 +4,8 @@ import dataclasses
 
 from equipax.core.nn import TransformerConfig
 from equipax.core.optim import LearnerConfig, ScheduleConfig
-from equipax.launch.experiment import DataConfig, ExperimentConfig, TrainConfig
-from equipax.launch.registry import register
+from equipax.launch.experiments.config import DataConfig, ExperimentConfig, TrainConfig
+from equipax.launch.experiments.registry import register
 from equipax.models.lm import LMConfig
 
 

@@ -1,7 +1,7 @@
 """The config of an image-classification experiment: model + data + learner + epoch loop.
 
 Like `ExperimentConfig`, a pure value: building one never touches devices or files. `launch run`
-trains it with the epoch-based loop in `equipax.launch.classify`.
+trains it with the epoch-based loop in `equipax.launch.training.classify_old`.
 """
 
 import dataclasses

@@ -29,13 +29,13 @@ from equipax.core.step import (
     EVAL_SUMS, Metrics, TrainState, init_train_state, make_eval_step, make_train_step, mean_eval_metrics,
 )
 from equipax.data import ImageClassificationInput, split_digits, synthetic_images
-from equipax.launch.checkpoints import Checkpointer, tree_digest
-from equipax.launch.classify_experiment import ClassifierExperimentConfig
-from equipax.launch.plots import plot_classifier_history
-from equipax.launch.preemption import StopRequest
-from equipax.launch.progress import ProgressReporter
-from equipax.launch.run import Preempted
-from equipax.launch.summaries import MetricsWriter, read_metrics
+from equipax.launch.training.checkpoints import Checkpointer, tree_digest
+from equipax.launch.experiments.classify_config_old import ClassifierExperimentConfig
+from equipax.launch.training.plots import plot_classifier_history
+from equipax.launch.training.preemption import StopRequest
+from equipax.launch.training.progress import ProgressReporter
+from equipax.launch.training.loop import Preempted
+from equipax.launch.training.summaries import MetricsWriter, read_metrics
 from equipax.models import AdvancedCNN, classification_loss
 
 

@@ -143,9 +143,9 @@ def inspect(
 ) -> None:
     """Print the first batches host HOST of HOSTS would read: shapes, padding, weights, decoded text."""
     from equipax.core.config import apply_overrides
-    from equipax.launch import registry
-    from equipax.launch.experiment import ExperimentConfig
-    from equipax.launch.inputs import TOKENIZER_FILE, build_lm_inputs, build_tokenizer
+    from equipax.launch.experiments import registry
+    from equipax.launch.experiments.config import ExperimentConfig
+    from equipax.launch.training.lm_inputs import TOKENIZER_FILE, build_lm_inputs, build_tokenizer
 
     if split not in ("train", "eval"):
         _fail(f"--split must be 'train' or 'eval'; got {split!r}.")

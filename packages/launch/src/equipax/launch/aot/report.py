@@ -25,7 +25,7 @@ from equipax.core.mesh import build_mesh
 from equipax.core.optim import make_learner, make_schedule
 from equipax.core.partition import batch_sharding, train_state_shardings
 from equipax.core.step import init_train_state, make_train_step
-from equipax.launch.experiment import ExperimentConfig
+from equipax.launch.experiments.config import ExperimentConfig
 from equipax.models.lm import TransformerLM, lm_loss
 
 GIB = 2**30

@@ -11,7 +11,7 @@ from typing import Literal
 from equipax.core.mesh import MeshConfig
 from equipax.core.nn import TransformerConfig
 from equipax.core.optim import LearnerConfig, ScheduleConfig
-from equipax.launch.experiment import DataConfig, ExperimentConfig, TrainConfig
+from equipax.launch.experiments.config import DataConfig, ExperimentConfig, TrainConfig
 from equipax.models.lm import LMConfig
 
 # Where the C4 experiments look for C4-format shards (`c4-train.*`, `c4-validation.*`): a local or

@@ -194,7 +194,7 @@ def run_attention_bench(
     Returns:
         The JSON-ready results (also written to `out_dir / attention_bench.json`).
     """
-    from equipax.launch.plots import plot_attention_bench
+    from equipax.launch.training.plots import plot_attention_bench
 
     console = console or Console(soft_wrap=True)
     available = _available_bytes()

@@ -13,9 +13,9 @@ import pkgutil
 from collections.abc import Callable
 
 from equipax.core.config import ConfigError, suggest
-from equipax.launch.bench import AttentionBenchConfig
-from equipax.launch.classify_experiment import ClassifierExperimentConfig
-from equipax.launch.experiment import ExperimentConfig
+from equipax.launch.commands.bench import AttentionBenchConfig
+from equipax.launch.experiments.classify_config_old import ClassifierExperimentConfig
+from equipax.launch.experiments.config import ExperimentConfig
 
 Experiment = ExperimentConfig | ClassifierExperimentConfig | AttentionBenchConfig
 ExperimentFn = Callable[[], Experiment]

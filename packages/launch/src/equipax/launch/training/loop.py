@@ -27,16 +27,16 @@ from equipax.core.step import (
     TrainState, init_sharded_train_state, make_eval_step, make_train_step, mean_eval_metrics,
 )
 from equipax.data import BaseInput
-from equipax.launch.checkpoints import Checkpointer, tree_digest
-from equipax.launch.jobdir import prepare_job_dir, write_text_atomic
-from equipax.launch.nonfinite import NonFiniteMonitor, poison_batch
-from equipax.launch.distributed import any_process, barrier, gather_host_states, host_state, is_primary, to_host
-from equipax.launch.experiment import ExperimentConfig
-from equipax.launch.inputs import build_lm_inputs, build_tokenizer
-from equipax.launch.plots import plot_loss
-from equipax.launch.preemption import StopRequest
-from equipax.launch.progress import ProgressReporter
-from equipax.launch.summaries import MetricsWriter, read_metrics
+from equipax.launch.training.checkpoints import Checkpointer, tree_digest
+from equipax.launch.training.jobdir import prepare_job_dir, write_text_atomic
+from equipax.launch.training.nonfinite import NonFiniteMonitor, poison_batch
+from equipax.launch.cluster.distributed import any_process, barrier, gather_host_states, host_state, is_primary, to_host
+from equipax.launch.experiments.config import ExperimentConfig
+from equipax.launch.training.lm_inputs import build_lm_inputs, build_tokenizer
+from equipax.launch.training.plots import plot_loss
+from equipax.launch.training.preemption import StopRequest
+from equipax.launch.training.progress import ProgressReporter
+from equipax.launch.training.summaries import MetricsWriter, read_metrics
 from equipax.models.lm import TransformerLM, generate, lm_loss
 
 # Batch fields the model reads (segment_ids/positions only in packed batches).

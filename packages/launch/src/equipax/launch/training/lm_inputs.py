@@ -22,7 +22,7 @@ from equipax.data import (
     split_plays,
     unigram_entropy,
 )
-from equipax.launch.experiment import ExperimentConfig
+from equipax.launch.experiments.config import ExperimentConfig
 
 TOKENIZER_FILE = "tokenizer.model"
 
