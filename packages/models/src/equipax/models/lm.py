@@ -15,6 +15,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 from equipax.core.nn import Embedding, LayerNorm, RMSNorm, TransformerConfig, TransformerStack
 from equipax.core.nn.transformer import make_norm
 from equipax.core.partition import constrain_batch
+from equipax.models.llama import LlamaLM
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -132,8 +133,12 @@ class TransformerLM(eqx.Module):
         return logits
 
 
+# Every LM family: same call signature (ids, key, mesh, segment_ids, positions) -> logits.
+LanguageModel = TransformerLM | LlamaLM
+
+
 def lm_loss(
-    model: TransformerLM, batch: Mapping[str, Array], *, key: PRNGKeyArray | None = None,
+    model: LanguageModel, batch: Mapping[str, Array], *, key: PRNGKeyArray | None = None,
     mesh: Mesh | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
     """Weighted mean next-token cross-entropy.
@@ -171,7 +176,7 @@ def lm_loss(
 
 @eqx.filter_jit
 def _generate(
-    model: TransformerLM,
+    model: LanguageModel,
     prompt: Array,
     num_tokens: int,
     temperature: float,
@@ -201,7 +206,7 @@ def _generate(
 
 
 def generate(
-    model: TransformerLM,
+    model: LanguageModel,
     prompt: Int[Array, " seq"],
     num_tokens: int,
     *,

@@ -1,0 +1,90 @@
+"""Rotary position embeddings (RoPE, Su et al. 2021), as in Llama / GPT-NeoX.
+
+Each head vector is split into two halves `(x1, x2)`; pair `i` (`x1[i], x2[i]`) is rotated by
+the angle `position * theta**(-2i / head_dim)`. This is the "rotate half" layout of GPT-NeoX and
+Hugging Face Llama; Meta's original code rotates adjacent pairs instead, which is the same map up
+to a fixed permutation of each head's query/key columns.
+"""
+
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+
+def rotary_frequencies(head_dim: int, theta: float) -> Float[Array, " half"]:
+    """Inverse frequencies `theta**(-2i / head_dim)` for `i < head_dim / 2`.
+
+    Arguments:
+        head_dim: width of each head; must be even.
+        theta: the base frequency (`rope_theta`: 1e4 for Llama 2, 5e5 for Llama 3).
+
+    Returns:
+        Float32 inverse frequencies.
+    """
+    if head_dim % 2:
+        raise ValueError(f"rotary embeddings need an even head_dim, got {head_dim}.")
+    exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
+    return jnp.power(jnp.float32(theta), -exponents)
+
+
+def rotary_angles(
+    positions: Int[Array, "batch seq"], head_dim: int, theta: float
+) -> tuple[Float[Array, "batch seq half"], Float[Array, "batch seq half"]]:
+    """`(sin, cos)` of each position's rotation angles, computed once per forward pass.
+
+    Arguments:
+        positions: each token's position (its index in the sequence or document).
+        head_dim: width of each head; must be even.
+        theta: the base frequency.
+
+    Returns:
+        Float32 `sin` and `cos` of `positions * rotary_frequencies(head_dim, theta)`.
+    """
+    inv_freq = rotary_frequencies(head_dim, theta)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq[None, None, :]
+    return jnp.sin(angles), jnp.cos(angles)
+
+
+def apply_rotary(
+    x: Float[Array, "batch seq heads head_dim"],
+    sin: Float[Array, "batch seq half"],
+    cos: Float[Array, "batch seq half"],
+) -> Float[Array, "batch seq heads head_dim"]:
+    """Rotate each head vector of `x` by its position's angles (fast path).
+
+    Arguments:
+        x: queries or keys.
+        sin, cos: from `rotary_angles`.
+
+    Returns:
+        Rotated vectors in `x.dtype` (the rotation is computed in float32).
+    """
+    half = x.shape[-1] // 2
+    xf = x.astype(jnp.float32)
+    x1, x2 = xf[..., :half], xf[..., half:]
+    s, c = sin[:, :, None, :], cos[:, :, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
+
+
+def reference_rotary(
+    x: Float[Array, "batch seq heads head_dim"],
+    positions: Int[Array, "batch seq"],
+    theta: float,
+) -> Float[Array, "batch seq heads head_dim"]:
+    """Slow, obvious RoPE: each pair `(x1[i], x2[i])` as the complex number `x1 + i x2`,
+    multiplied by `exp(i * position * theta**(-2i / head_dim))`.
+
+    Arguments:
+        x: queries or keys.
+        positions: each token's position.
+        theta: the base frequency.
+
+    Returns:
+        Rotated vectors in `x.dtype`.
+    """
+    half = x.shape[-1] // 2
+    xf = x.astype(jnp.float32)
+    z = xf[..., :half] + 1j * xf[..., half:]
+    freqs = 1.0 / (theta ** (jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
+    angle = positions.astype(jnp.float32)[:, :, None, None] * freqs[None, None, None, :]
+    rotated = z * jnp.exp(1j * angle)
+    return jnp.concatenate([rotated.real, rotated.imag], axis=-1).astype(x.dtype)

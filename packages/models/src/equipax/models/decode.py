@@ -1,0 +1,368 @@
+"""KV-cache decoding for both LM families (`TransformerLM`, `LlamaLM`).
+
+The cache holds every layer's keys and values, preallocated to a maximum length; slot `j` of a
+row holds the token at position `j`. `prefill` runs the (right-padded) prompts through the model
+in one pass and fills the cache; `decode_step` feeds one new token per row, each at its own
+position, and attends over the slots up to it. `decode` runs prefill and the token loop
+(`jax.lax.while_loop`, stopping at EOS in every row or at `max_new_tokens`) inside one jitted
+function. The layers' weights are read here, from outside the layer modules, so the training
+forward passes stay as they are; `equipax.models.lm.generate` (no cache) is the reference that
+greedy decoding must reproduce token for token.
+"""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from equipax.core.nn.gqa_attention import cached_attention
+from equipax.core.nn.linear import expand_to
+from equipax.core.nn.rotary import rotary_angles
+from equipax.core.nn.transformer import TransformerBlock
+from equipax.models.lm import _DTYPES, LanguageModel, TransformerLM, sinusoidal_positions
+from equipax.models.llama import LlamaBlock, LlamaLM
+
+
+class KVCache(eqx.Module):
+    """Keys and values of every layer; slot `j` of a row holds its token at position `j`."""
+
+    keys: Float[Array, "layers batch seq kv_heads head_dim"]
+    values: Float[Array, "layers batch seq kv_heads head_dim"]
+
+    @property
+    def max_len(self) -> int:
+        """Number of slots per row."""
+        return self.keys.shape[2]
+
+
+def _layout(model: LanguageModel) -> tuple[int, int, int]:
+    """`(num_layers, kv_heads, head_dim)` of the model's attention layers."""
+    if isinstance(model, LlamaLM):
+        return model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim
+    cfg = model.cfg.transformer
+    return cfg.num_layers, cfg.num_heads, cfg.head_dim
+
+
+def init_cache(model: LanguageModel, batch_size: int, max_len: int) -> KVCache:
+    """An empty (zero) cache for `batch_size` rows of up to `max_len` tokens.
+
+    Arguments:
+        model: the language model (either family); the cache takes its compute dtype.
+        batch_size: number of rows.
+        max_len: slots per row: prompt plus generated tokens; at most `model.cfg.max_seq_len`.
+
+    Returns:
+        A zero `KVCache`; with grouped-query attention it holds `num_kv_heads` heads.
+    """
+    if max_len > model.cfg.max_seq_len:
+        raise ValueError(
+            f"a cache of {max_len} tokens exceeds the model's max_seq_len="
+            f"{model.cfg.max_seq_len}; shorten the prompt or max_new_tokens, or raise "
+            "max_seq_len."
+        )
+    layers, kv_heads, head_dim = _layout(model)
+    shape = (layers, batch_size, max_len, kv_heads, head_dim)
+    dtype = _DTYPES[model.cfg.dtype]
+    return KVCache(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype))
+
+
+def _lm_block(block: TransformerBlock, x: Array, attend) -> Array:
+    """`TransformerBlock.__call__` with the attention kernel replaced by `attend(q, k, v)`."""
+    attn = block.attention
+    h = block.atten_norm(x)
+    qkv = jnp.einsum("bse,ethd->bsthd", h, attn.qkv.astype(h.dtype))
+    if attn.qkv_bias is not None:
+        qkv = qkv + expand_to(attn.qkv_bias.astype(h.dtype), qkv.ndim)
+    o = attend(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], attn.atten_logit_cap)
+    y = jnp.einsum("bshd,hde->bse", o, attn.out.astype(h.dtype))
+    if attn.out_bias is not None:
+        y = y + expand_to(attn.out_bias.astype(y.dtype), y.ndim)
+    x = x + y
+    return x + block.ffn(block.ffn_norm(x))
+
+
+def _llama_block(block: LlamaBlock, x: Array, attend, sin: Array, cos: Array) -> Array:
+    """`LlamaBlock.__call__` with the attention kernel replaced by `attend(q, k, v)`."""
+    q, k, v = block.attention.project(block.atten_norm(x), sin, cos)
+    x = x + block.attention.output(attend(q, k, v, None))
+    return x + block.ffn(block.ffn_norm(x))
+
+
+def _forward(
+    model: LanguageModel, ids: Array, positions: Array, cache: KVCache
+) -> tuple[Array, KVCache]:
+    """Hidden states (after the final norm) of `ids` at `positions`, writing their keys and
+    values into the cache first so that each token attends to itself and earlier slots."""
+    if isinstance(model, TransformerLM) and model.cfg.transformer.attention != "softmax":
+        raise ValueError(
+            f"KV-cache decoding needs softmax attention; this model has attention="
+            f"{model.cfg.transformer.attention!r}. Use generate() for it."
+        )
+    rows = jnp.arange(ids.shape[0])[:, None]
+    dtype = _DTYPES[model.cfg.dtype]
+    if isinstance(model, LlamaLM):
+        layers = model.layers
+        sin, cos = rotary_angles(positions, model.cfg.head_dim, model.cfg.rope_theta)
+        x = model.embedding(ids).astype(dtype)
+
+        def block_fn(block, x, attend):
+            return _llama_block(block, x, attend, sin, cos)
+    else:
+        layers = model.stack.layers
+        dims = model.cfg.transformer.model_dims
+        x = model.embedding(ids) * math.sqrt(dims)
+        if model.cfg.position == "sinusoidal":
+            table = sinusoidal_positions(cache.max_len, dims)
+            x = x + jnp.take(table, positions, axis=0)
+        x = x.astype(dtype)
+        block_fn = _lm_block
+
+    def layer(block, x, i, keys, values):
+        def attend(q, k, v, logit_cap):
+            nonlocal keys, values
+            keys = keys.at[i, rows, positions].set(k.astype(keys.dtype))
+            values = values.at[i, rows, positions].set(v.astype(values.dtype))
+            return cached_attention(
+                q, keys[i], values[i], query_positions=positions, logit_cap=logit_cap
+            )
+
+        x = block_fn(block, x, attend)
+        return x, keys, values
+
+    keys, values = cache.keys, cache.values
+    if isinstance(layers, (TransformerBlock, LlamaBlock)):
+        params, static = eqx.partition(layers, eqx.is_array)
+
+        def body(carry, xs):
+            x, keys, values = carry
+            layer_params, i = xs
+            return layer(eqx.combine(layer_params, static), x, i, keys, values), None
+
+        num_layers = cache.keys.shape[0]
+        (x, keys, values), _ = jax.lax.scan(
+            body, (x, keys, values), (params, jnp.arange(num_layers))
+        )
+    else:
+        for i, block in enumerate(layers):
+            x, keys, values = layer(block, x, i, keys, values)
+    return model.final_norm(x), KVCache(keys=keys, values=values)
+
+
+def _logits(model: LanguageModel, h: Array) -> Array:
+    if isinstance(model, LlamaLM):
+        return model.unembed(h).astype(jnp.float32)
+    logits = model.embedding.attend(h).astype(jnp.float32)
+    cap = model.cfg.output_logit_cap
+    return logits if cap is None else cap * jnp.tanh(logits / cap)
+
+
+def prefill(
+    model: LanguageModel,
+    prompts: Int[Array, "batch seq"],
+    lengths: Int[Array, " batch"],
+    cache: KVCache,
+) -> tuple[Float[Array, "batch vocab"], KVCache]:
+    """Run the prompts through the model in one pass, filling slots `0 .. seq-1` of the cache.
+
+    Arguments:
+        prompts: token ids, right-padded: row `b` is `prompts[b, :lengths[b]]` (the padding is
+            written to the cache but masked, and overwritten as tokens are generated).
+        lengths: prompt length of each row, in `[1, seq]`.
+        cache: a cache of at least `seq` slots (`init_cache`).
+
+    Returns:
+        `(logits, cache)`: float32 next-token logits after each row's last prompt token, and
+        the filled cache.
+    """
+    batch, seq = prompts.shape
+    positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+    h, cache = _forward(model, prompts, positions, cache)
+    last = jnp.take_along_axis(h, (lengths - 1)[:, None, None].astype(jnp.int32), axis=1)
+    return _logits(model, last[:, 0]), cache
+
+
+def decode_step(
+    model: LanguageModel,
+    tokens: Int[Array, " batch"],
+    positions: Int[Array, " batch"],
+    cache: KVCache,
+) -> tuple[Float[Array, "batch vocab"], KVCache]:
+    """Feed one token per row at its own position; it attends to the row's slots up to it.
+
+    Arguments:
+        tokens: the newest token of each row.
+        positions: the position of each row's token (its prompt length plus the number of
+            tokens generated before it).
+        cache: the cache after prefill and the previous steps.
+
+    Returns:
+        `(logits, cache)`: float32 logits for the token after each row's, and the cache with
+        this token's keys and values written.
+    """
+    h, cache = _forward(model, tokens[:, None], positions[:, None].astype(jnp.int32), cache)
+    return _logits(model, h[:, 0]), cache
+
+
+def sample_logits(
+    logits: Float[Array, "batch vocab"],
+    key: PRNGKeyArray | None,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> Int[Array, " batch"]:
+    """Pick the next token of each row: greedy, or sampled with temperature, top-k and top-p.
+
+    Arguments:
+        logits: next-token logits.
+        key: PRNG key; unused (may be `None`) when `temperature == 0`.
+        temperature: 0 for greedy (argmax); > 0 samples from `softmax(logits / temperature)`.
+        top_k: sample only among the `top_k` most likely tokens (`None` = all).
+        top_p: nucleus sampling: only among the most likely tokens whose probabilities sum to
+            at least `top_p` (the smallest such set; `None` = all).
+
+    Returns:
+        int32 token ids.
+    """
+    if temperature == 0.0 or key is None:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    logits = logits.astype(jnp.float32) / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if top_p is not None and top_p < 1.0:
+        ordered = jnp.flip(jnp.sort(logits, axis=-1), axis=-1)
+        probs = jax.nn.softmax(ordered, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass of the more likely tokens
+        keep = jnp.sum(before < top_p, axis=-1, keepdims=True)  # >= 1: the first is kept
+        threshold = jnp.take_along_axis(ordered, keep - 1, axis=-1)
+        logits = jnp.where(logits < threshold, -jnp.inf, logits)
+    return jr.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+@eqx.filter_jit
+def _decode(
+    model: LanguageModel,
+    prompts: Array,
+    lengths: Array,
+    key: PRNGKeyArray | None,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    eos_id: int | None,
+    pad_id: int,
+) -> tuple[Array, Array]:
+    batch, seq = prompts.shape
+    lengths = lengths.astype(jnp.int32)
+    lengths = eqx.error_if(
+        lengths, (lengths < 1) | (lengths > seq),
+        f"decode: every prompt length must be in [1, {seq}] (the prompts' width).",
+    )
+    cache = init_cache(model, batch, seq + max_new_tokens)
+    logits, cache = prefill(model, prompts.astype(jnp.int32), lengths, cache)
+
+    def pick(logits: Array, key: PRNGKeyArray | None) -> tuple[Array, PRNGKeyArray | None]:
+        # The key schedule of `generate`: split once per token, sample with the second half.
+        if key is None:
+            return sample_logits(logits, None), None
+        key, sub = jr.split(key)
+        return sample_logits(
+            logits, sub, temperature=temperature, top_k=top_k, top_p=top_p
+        ), key
+
+    def stopped(tokens: Array) -> Array:
+        return jnp.zeros_like(tokens, bool) if eos_id is None else tokens == eos_id
+
+    token, key = pick(logits, key)
+    out = jnp.full((batch, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(token)
+    state = (jnp.int32(1), token, out, jnp.ones((batch,), jnp.int32), stopped(token), cache, key)
+
+    def cond(state):
+        step, _, _, _, done, _, _ = state
+        return (step < max_new_tokens) & ~jnp.all(done)
+
+    def body(state):
+        step, token, out, num, done, cache, key = state
+        logits, cache = decode_step(model, token, lengths + step - 1, cache)
+        token, key = pick(logits, key)
+        token = jnp.where(done, pad_id, token)
+        out = jax.lax.dynamic_update_slice(out, token[:, None], (0, step))
+        num = num + (~done).astype(jnp.int32)
+        return step + 1, token, out, num, done | stopped(token), cache, key
+
+    _, _, out, num, _, _, _ = jax.lax.while_loop(cond, body, state)
+    return out, num
+
+
+def decode(
+    model: LanguageModel,
+    prompts: Int[Array, "batch seq"],
+    lengths: Int[Array, " batch"],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    pad_id: int = 0,
+    key: PRNGKeyArray | None = None,
+) -> tuple[Int[Array, "batch new_tokens"], Int[Array, " batch"]]:
+    """Generate up to `max_new_tokens` tokens per prompt with a KV cache, in one jitted call.
+
+    Prefill fills the cache from the prompts in one pass; then one token per row per step
+    (`jax.lax.while_loop`) until every row has produced `eos_id` or `max_new_tokens` tokens.
+    Greedy decoding gives the tokens of `generate` (which recomputes the whole prefix).
+
+    Arguments:
+        model: the language model (`TransformerLM` with softmax attention, or `LlamaLM`).
+        prompts: right-padded prompts (pad with anything): row `b` is `prompts[b, :lengths[b]]`.
+        lengths: prompt length of each row, in `[1, seq]`.
+        max_new_tokens: the most tokens to generate per row (>= 1); `seq + max_new_tokens`
+            must not exceed the model's `max_seq_len`.
+        temperature: 0 for greedy, > 0 to sample from `softmax(logits / temperature)`.
+        top_k: when sampling, only among the `top_k` most likely tokens.
+        top_p: when sampling, only among the smallest set of most likely tokens whose
+            probability reaches `top_p` (nucleus sampling).
+        eos_id: a row stops after generating this token (it is kept in the output).
+        pad_id: fills each row after its last generated token.
+        key: PRNG key, required when `temperature > 0`; the same key gives the same samples.
+
+    Returns:
+        `(tokens, num_tokens)`: int32 generated tokens (prompts excluded) `[batch
+        max_new_tokens]`, padded with `pad_id` after each row's end, and how many tokens each
+        row generated (including its EOS).
+    """
+    vocab = model.cfg.vocab_size
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
+    if prompts.ndim != 2 or lengths.shape != (prompts.shape[0],):
+        raise ValueError(
+            f"decode takes prompts [batch seq] and lengths [batch]; got shapes "
+            f"{prompts.shape} and {lengths.shape}."
+        )
+    total = prompts.shape[1] + max_new_tokens
+    if total > model.cfg.max_seq_len:
+        raise ValueError(
+            f"prompts of {prompts.shape[1]} tokens + max_new_tokens={max_new_tokens} = {total} "
+            f"exceeds the model's max_seq_len={model.cfg.max_seq_len}; shorten the prompts or "
+            "lower max_new_tokens."
+        )
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}.")
+    if temperature > 0 and key is None:
+        raise ValueError("sampling with temperature > 0 needs a PRNG key: pass key=...")
+    if top_k is not None and not 1 <= top_k <= vocab:
+        raise ValueError(f"top_k must be in [1, vocab_size={vocab}] or None, got {top_k}.")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p}.")
+    for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
+        if value is not None and not 0 <= value < vocab:
+            raise ValueError(f"{name} must be a token id in [0, {vocab}), got {value}.")
+    return _decode(
+        model, prompts, lengths, key if temperature > 0 else None, int(max_new_tokens),
+        float(temperature), top_k, top_p, eos_id, int(pad_id),
+    )
