@@ -4,7 +4,9 @@ from equipax.data.sources.c4 import (
     DataError,
     TextShards,
     find_shards,
+    input_files,
     iter_text_documents,
+    shard_split,
     write_shards,
 )
 from equipax.data.sources.digits import load_digits, split_digits
@@ -19,11 +21,13 @@ __all__ = [
     "TextShards",
     "clean_markdown",
     "find_shards",
+    "input_files",
     "iter_text_documents",
     "list_plays",
     "load_digits",
     "load_plays",
     "split_digits",
+    "shard_split",
     "split_plays",
     "synthetic_images",
     "write_shards",

@@ -9,6 +9,8 @@ for a global seeded shuffle and per-host slicing.
 import gzip
 import json
 import logging
+import os
+import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -32,6 +34,28 @@ def is_shard(path: Path) -> bool:
     return path.name.endswith(SHARD_SUFFIXES)
 
 
+_C4_NAME = re.compile(r"c4-([^.]+)\.")
+
+
+def shard_split(path: Path) -> str | None:
+    """The split a C4-named shard holds (`c4-validation.00000-of-00008.json.gz` -> "validation"), else None."""
+    m = _C4_NAME.match(path.name)
+    return m.group(1) if m and is_shard(path) else None
+
+
+def check_not_dangling(path: Path, what: str = "Shard") -> None:
+    """Raise DataError when `path` is a symbolic link whose target does not exist.
+
+    A dangling link (an unmounted volume, a moved file) must not be skipped silently: the run
+    would read part of the data.
+    """
+    if path.is_symlink() and not path.exists():
+        raise DataError(
+            f"{what} {str(path)!r} is a broken symbolic link (to {os.readlink(path)!r}, which does not "
+            f"exist). Mount or restore the target, or remove the link if the file is not meant to be read."
+        )
+
+
 def find_shards(path: str | Path, pattern: str = "*") -> list[Path]:
     """The shard files in directory `path` whose names match the glob `pattern`, sorted.
 
@@ -45,7 +69,12 @@ def find_shards(path: str | Path, pattern: str = "*") -> list[Path]:
             f"(JSON lines with a 'text' field, optionally .gz, or ArrayRecord), e.g. written by "
             f"`launch data prepare --input TEXT_FILES --output DIR`."
         )
-    files = sorted(p for p in root.glob(pattern) if p.is_file() and is_shard(p))
+    files = []
+    for p in sorted(root.glob(pattern)):
+        if is_shard(p):
+            check_not_dangling(p)
+            if p.is_file():
+                files.append(p)
     if not files:
         present = sorted(p.name for p in root.iterdir())[:5]
         raise DataError(
@@ -121,9 +150,12 @@ class TextShards(Sequence[str]):
     - `files`: shard paths, in order (e.g. from `find_shards`).
     - `text_field`: the JSON field holding the document text.
     - `max_malformed_fraction`: the largest tolerated fraction of malformed records.
+    - `fraction_setting`: how the caller's user sets `max_malformed_fraction` (a knob or a
+      command-line option), named in the error message.
     """
 
-    def __init__(self, files: Sequence[str | Path], *, text_field: str = "text", max_malformed_fraction: float = 0.01):
+    def __init__(self, files: Sequence[str | Path], *, text_field: str = "text", max_malformed_fraction: float = 0.01,
+                 fraction_setting: str = "data.max_malformed_fraction"):
         if not files:
             raise DataError("TextShards needs at least one shard file.")
         if not 0.0 <= max_malformed_fraction <= 1.0:
@@ -131,6 +163,7 @@ class TextShards(Sequence[str]):
         self.files = [Path(f) for f in files]
         self.text_field = text_field
         self.max_malformed_fraction = float(max_malformed_fraction)
+        self.fraction_setting = fraction_setting
         self._lock = threading.Lock()
         self._records_read = 0
         self.malformed = 0
@@ -141,12 +174,11 @@ class TextShards(Sequence[str]):
         sizes = []
         lines = 0
         for path in self.files:
+            check_not_dangling(path)
             if not path.is_file():
                 raise DataError(f"Shard {str(path)!r} does not exist.")
             if path.name.endswith(ARRAY_RECORD_SUFFIXES):
-                import grain
-
-                shard: Any = grain.sources.ArrayRecordDataSource([str(path)])
+                shard: Any = _open_array_record(path)
                 size = len(shard)
                 lines += size
             else:
@@ -177,7 +209,7 @@ class TextShards(Sequence[str]):
                 f"{self.malformed} of {self._records_read} records ({fraction:.1%}) in the shards under "
                 f"{str(self.files[0].parent)!r} are malformed (not a JSON object with a string "
                 f"{self.text_field!r} field), above the tolerated {self.max_malformed_fraction:.1%} "
-                f"(data.max_malformed_fraction). Fix the files or raise the knob."
+                f"({self.fraction_setting}). Fix the files or raise {self.fraction_setting}."
             )
         if not self._logged:
             self._logged = True
@@ -199,7 +231,11 @@ class TextShards(Sequence[str]):
         j = i - int(self._offsets[s])
         if isinstance(shard, _JsonLinesShard):
             return shard.text(j, self.text_field)
-        text = parse_record(shard[j], self.text_field)  # type: ignore[index]
+        try:
+            raw = shard[j]  # type: ignore[index]
+        except (RuntimeError, OSError) as e:
+            raise _corrupt_array_record(self.files[s], e, f"record {j} does not read") from None
+        text = parse_record(raw, self.text_field)
         with self._lock:
             self._lazy_reads += 1
             if text is None:
@@ -209,7 +245,8 @@ class TextShards(Sequence[str]):
                     raise DataError(
                         f"{self._lazy_malformed} of {self._lazy_reads} ArrayRecord records read from "
                         f"{str(self.files[s])!r} and its siblings are malformed ({fraction:.1%}, above "
-                        f"data.max_malformed_fraction={self.max_malformed_fraction}). Fix the files."
+                        f"{self.fraction_setting}={self.max_malformed_fraction}). Fix the files or raise "
+                        f"{self.fraction_setting}."
                     )
                 if not self._logged:
                     self._logged = True
@@ -218,8 +255,63 @@ class TextShards(Sequence[str]):
         return "" if text is None else text
 
 
+def _corrupt_array_record(path: Path, e: BaseException, what: str) -> DataError:
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else f"{type(e).__name__} with no message"
+    return DataError(
+        f"Shard {str(path)!r} is not a readable ArrayRecord file: {what} ({reason}). It is truncated or "
+        f"damaged: re-copy it, or regenerate it (`launch data prepare --format arrayrecord`)."
+    )
+
+
+def _open_array_record(path: Path) -> Any:
+    import grain
+
+    try:
+        return grain.sources.ArrayRecordDataSource([str(path)])
+    except (RuntimeError, OSError, ValueError) as e:
+        raise _corrupt_array_record(path, e, "it does not open") from None
+
+
+def input_files(paths: Iterable[str | Path], *, c4_split: str | None = None) -> list[Path]:
+    """The files `iter_text_documents` reads: files as given, directories expanded (sorted, recursively).
+
+    Hidden files (names starting with ".") in directories are left out. A broken symbolic link or
+    a missing input is a DataError.
+
+    **Arguments:**
+
+    - `paths`: text files, shard files or directories.
+    - `c4_split`: when given, shards found in a directory whose C4 name says they hold another
+      split (`c4-validation.*` when `c4_split="train"`) are left out; files named explicitly are kept.
+    """
+    files: list[Path] = []
+    for p in paths:
+        path = Path(p).expanduser()
+        check_not_dangling(path, "Input")
+        if path.is_dir():
+            for f in sorted(path.rglob("*")):
+                if f.name.startswith("."):
+                    continue
+                check_not_dangling(f, "Input")
+                if not f.is_file():
+                    continue
+                found = shard_split(f)
+                if c4_split is None or found is None or found == c4_split:
+                    files.append(f)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise DataError(f"Input {str(path)!r} does not exist; pass text files or directories.")
+    return files
+
+
 def iter_text_documents(
-    paths: Iterable[str | Path], *, split: Literal["file", "blank-line"] = "file"
+    paths: Iterable[str | Path],
+    *,
+    split: Literal["file", "blank-line"] = "file",
+    c4_split: str | None = None,
+    max_malformed_fraction: float = 0.01,
+    fraction_setting: str = "max_malformed_fraction",
 ) -> Iterator[str]:
     """Documents from plain text files or directories of them (sorted, recursively).
 
@@ -227,32 +319,27 @@ def iter_text_documents(
 
     **Arguments:**
 
-    - `paths`: text files, shard files or directories.
+    - `paths`: text files, shard files or directories (expanded by `input_files`).
     - `split`: "file" (a file is one document) or "blank-line" (blocks separated by blank lines).
+    - `c4_split`: read only this split of the C4-named shards found in directories (`input_files`).
+    - `max_malformed_fraction`, `fraction_setting`: as for `TextShards`, per shard file.
     """
-    for p in paths:
-        path = Path(p).expanduser()
-        if path.is_dir():
-            files = sorted(f for f in path.rglob("*") if f.is_file() and not f.name.startswith("."))
-        elif path.is_file():
-            files = [path]
+    for f in input_files(paths, c4_split=c4_split):
+        if is_shard(f):
+            yield from TextShards([f], max_malformed_fraction=max_malformed_fraction,
+                                  fraction_setting=fraction_setting)
+            continue
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise DataError(f"Input {str(f)!r} is not UTF-8 text.") from None
+        if split == "file":
+            if text.strip():
+                yield text
         else:
-            raise DataError(f"Input {str(path)!r} does not exist; pass text files or directories.")
-        for f in files:
-            if is_shard(f):
-                yield from TextShards([f])
-                continue
-            try:
-                text = f.read_text(encoding="utf-8")
-            except UnicodeDecodeError:
-                raise DataError(f"Input {str(f)!r} is not UTF-8 text.") from None
-            if split == "file":
-                if text.strip():
-                    yield text
-            else:
-                for block in text.replace("\r\n", "\n").split("\n\n"):
-                    if block.strip():
-                        yield block.strip("\n")
+            for block in text.replace("\r\n", "\n").split("\n\n"):
+                if block.strip():
+                    yield block.strip("\n")
 
 
 def shard_names(prefix: str, num_shards: int, format: Literal["jsonl", "jsonl.gz", "arrayrecord"]) -> list[str]:

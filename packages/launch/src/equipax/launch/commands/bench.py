@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import jax
 import jax.random as jr
@@ -26,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from equipax.core.config import to_dict
+from equipax.core.config import ConfigError, to_dict
 from equipax.core.nn import (
     dot_product_attention,
     jax_nn_attention,
@@ -181,6 +181,22 @@ def _measure(name: str, cfg: AttentionBenchConfig, qkv: tuple[jax.Array, ...]) -
     }
 
 
+def _check_out_dir(out_dir: Path) -> None:
+    """Create `out_dir`, or raise ConfigError saying why it cannot hold the results."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".{RESULT_FILE}.probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        what = ("is a file" if out_dir.is_file() else
+                f"cannot be created or written ({e.strerror or type(e).__name__})")
+        raise ConfigError(
+            f"The output directory {str(out_dir)!r} {what}; the benchmark writes {RESULT_FILE} and "
+            f"{PLOT_FILE} into a directory. Pass --out (or --job-log-dir) naming a new or writable directory."
+        ) from None
+
+
 def run_attention_bench(
     cfg: AttentionBenchConfig, out_dir: Path, *, console: Console | None = None
 ) -> dict[str, Any]:
@@ -196,6 +212,8 @@ def run_attention_bench(
     """
     from equipax.launch.training.plots import plot_attention_bench
 
+    out_dir = Path(out_dir)
+    _check_out_dir(out_dir)  # before the work, which can take minutes
     console = console or Console(soft_wrap=True)
     available = _available_bytes()
     limit = int(cfg.memory_limit_gb * 2**30) if cfg.memory_limit_gb is not None else available
@@ -247,8 +265,6 @@ def run_attention_bench(
         "baseline": baseline,
         "results": rows,
     }
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
     plot_attention_bench(result, out_dir / PLOT_FILE)
     console.print(results_table(result))
@@ -291,6 +307,20 @@ def results_table(result: dict[str, Any]) -> Table:
     return table
 
 
+def _fail(message: str) -> NoReturn:
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _parse_lengths(seq: str) -> tuple[int, ...]:
+    parts = [s.strip() for s in seq.split(",") if s.strip()]
+    if not all(p.isdigit() for p in parts):
+        raise typer.BadParameter(
+            f"expected comma-separated whole numbers, e.g. 128,512,2048; got {seq!r}.", param_hint="'--seq'"
+        )
+    return tuple(int(p) for p in parts)
+
+
 bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 _DEFAULT = AttentionBenchConfig()
 
@@ -314,12 +344,14 @@ def attention_cmd(
     """Time softmax vs linear attention forward passes by sequence length."""
     try:
         cfg = AttentionBenchConfig(
-            seq_lens=tuple(int(s) for s in seq.split(",") if s.strip()),
+            seq_lens=_parse_lengths(seq),
             batch_size=batch, num_heads=heads, head_dim=head_dim, repeats=repeats, causal=causal,
             implementations=tuple(s.strip() for s in impl.split(",") if s.strip()),
             chunk_size=chunk_size,
         )
     except ValueError as e:
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {e}", highlight=False)
-        raise typer.Exit(2)
-    run_attention_bench(cfg, out, console=Console(soft_wrap=True))
+        _fail(str(e))
+    try:
+        run_attention_bench(cfg, out, console=Console(soft_wrap=True))
+    except ConfigError as e:
+        _fail(str(e))

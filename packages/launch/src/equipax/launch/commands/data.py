@@ -1,6 +1,7 @@
 """`launch data ...`: build C4-format shards and vocabularies, and look at an experiment's batches."""
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,6 +28,12 @@ InputOption = Annotated[
 SplitByOption = Annotated[
     str, typer.Option("--split-by", help="'file' (a file is one document) or 'blank-line' (blocks between blank lines).")
 ]
+MalformedOption = Annotated[
+    float,
+    typer.Option("--max-malformed-fraction",
+                 help="Shard inputs: malformed records (not JSON with a string 'text') are skipped up to "
+                      "this fraction of a file's records, then an error."),
+]
 
 
 def _fail(message: str) -> None:
@@ -34,19 +41,58 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _documents(inputs: list[Path], split_by: str) -> list[str]:
+def _documents(inputs: list[Path], split_by: str, max_malformed_fraction: float) -> list[str]:
     from equipax.data import iter_text_documents
 
     if split_by not in ("file", "blank-line"):
         _fail(f"--split-by must be 'file' or 'blank-line'; got {split_by!r}.")
+    if not 0.0 <= max_malformed_fraction <= 1.0:
+        _fail(f"--max-malformed-fraction must be in [0, 1]; got {max_malformed_fraction}.")
     try:
-        docs = list(iter_text_documents(inputs, split="file" if split_by == "file" else "blank-line"))
+        docs = list(iter_text_documents(inputs, split="file" if split_by == "file" else "blank-line",
+                                        max_malformed_fraction=max_malformed_fraction,
+                                        fraction_setting="--max-malformed-fraction"))
     except ValueError as e:
         _fail(str(e))
         raise AssertionError("unreachable")
     if not docs:
         _fail(f"No non-empty documents in {[str(p) for p in inputs]}.")
     return docs
+
+
+def _split_files(inputs: list[Path], split: str) -> list[Path]:
+    """The input files of split `split`: C4-named shards of other splits in directories are left out."""
+    from equipax.data import input_files, shard_split
+
+    try:
+        files = input_files(inputs, c4_split=split)
+        left_out = sorted(set(input_files(inputs)) - set(files))
+    except ValueError as e:
+        _fail(str(e))
+        raise AssertionError("unreachable")
+    if left_out:
+        splits = sorted({str(shard_split(f)) for f in left_out})
+        found = (f"{len(left_out)} C4 shard(s) of split(s) {', '.join(splits)} in the input directories "
+                 f"(e.g. {left_out[0].name})")
+        if not files:
+            _fail(f"No input for --split {split}: there are only {found}. Pass --split {splits[0]} "
+                  f"(one split per run), or name the files with --input.")
+        err.print(f"note: left out {found}, which are not --split {split}; convert them with "
+                  f"--split {splits[0]}.", highlight=False)
+    return files
+
+
+def _check_not_replacing_inputs(files: list[Path], output: Path, split: str) -> None:
+    """Refuse when an input is one of the shards that writing `c4-<split>.*` into `output` replaces."""
+    from equipax.data import shard_split
+
+    out_dirs = {Path(os.path.abspath(output.expanduser())), output.expanduser().resolve()}
+    for f in files:
+        for path in (Path(os.path.abspath(f)), f.resolve()):
+            if path.parent in out_dirs and shard_split(path) == split:
+                _fail(f"--input reads {str(f)!r}, which --output {str(output)!r} would replace (this command "
+                      f"writes the c4-{split}.* shards there). Write to another directory, e.g. "
+                      f"--output {str(output).rstrip('/')}-new, and move the shards over when it is done.")
 
 
 @data_app.command()
@@ -58,13 +104,20 @@ def prepare(
     split: Annotated[str, typer.Option("--split", help="Split name in the file names: c4-<split>.00000-of-0000N.")] = "train",
     split_by: SplitByOption = "file",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing shards of this split.")] = False,
+    max_malformed_fraction: MalformedOption = 0.01,
 ) -> None:
-    """Write C4-format shards (JSON lines with a "text" field, or ArrayRecord) from text files."""
+    """Write C4-format shards (JSON lines with a "text" field, or ArrayRecord) from text files.
+
+    C4-named shards found in input directories are read only when they are of --split
+    (`c4-train.*` for train), so a C4 directory converts one split per run.
+    """
     from equipax.data import write_shards
 
     if format not in ("jsonl", "jsonl.gz", "arrayrecord"):
         _fail(f"--format must be 'jsonl', 'jsonl.gz' or 'arrayrecord'; got {format!r}.")
-    docs = _documents(input, split_by)
+    files = _split_files(input, split)
+    _check_not_replacing_inputs(files, output, split)
+    docs = _documents(files, split_by, max_malformed_fraction)
     fmt: Literal["jsonl", "jsonl.gz", "arrayrecord"] = format  # type: ignore[assignment]
     try:
         paths = write_shards(docs, output, prefix=f"c4-{split}", num_shards=shards, format=fmt, overwrite=overwrite)
@@ -84,6 +137,7 @@ def vocab(
     model_type: Annotated[str, typer.Option("--model-type", help="bpe or unigram.")] = "bpe",
     max_sentences: Annotated[int, typer.Option("--max-sentences", help="Cap on training lines.")] = 1_000_000,
     split_by: SplitByOption = "file",
+    max_malformed_fraction: MalformedOption = 0.01,
 ) -> None:
     """Train a SentencePiece vocabulary; experiments use it with --set data.vocab_path=FILE.model."""
     from equipax.data import SentencePieceTokenizer
@@ -92,7 +146,7 @@ def vocab(
         _fail(f"--model-type must be 'bpe' or 'unigram'; got {model_type!r}.")
     if output.suffix != ".model":
         _fail(f"--output should end in .model (SentencePiece's file name convention); got {str(output)!r}.")
-    docs = _documents(input, split_by)
+    docs = _documents(input, split_by, max_malformed_fraction)
     try:
         tok = SentencePieceTokenizer.train(docs, vocab_size=vocab_size, model_path=output,
                                            model_type="bpe" if model_type == "bpe" else "unigram",
