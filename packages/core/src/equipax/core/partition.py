@@ -1,33 +1,58 @@
 """Sharding rules, all in one place: parameters, optimizer state and batches.
 
-Each parameter is matched by its path to *logical* axes (embed, vocab, heads, hidden, ...);
-`LOGICAL_TO_MESH` maps logical axes to mesh axes:
+Each layer declares the *logical* axes of its own weights (embed, vocab, heads, hidden, ...)
+in a `logical_axes` method next to the weights; `LOGICAL_TO_MESH` maps logical axes to mesh
+axes:
 
 - FSDP: every large weight is sharded over `fsdp` on its `embed` dimension (ZeRO-3 style;
   XLA all-gathers it for the matmul and reduce-scatters its gradient);
 - Megatron tensor parallelism over `tensor`: QKV and MLP up/gate projections are split by
   columns (heads / hidden), the attention output and MLP down projections by rows, so each
   device holds whole heads and a slice of the MLP;
-- everything else (norm scales, small biases) is replicated.
+- everything else (norm scales, the CNN's small weights) is replicated.
 
-A dimension whose size is not divisible by its mesh axis is replicated instead (tiny models on
-big meshes still run). Scanned stacks carry a leading layer axis, which is never sharded.
+The contract a layer follows::
+
+    class Linear(eqx.Module):
+        weight: Float[Array, "in out"]
+        bias: Float[Array, " out"] | None
+        axes: tuple[str | None, str | None] = eqx.field(static=True)
+
+        def logical_axes(self) -> dict[str, Axes]:
+            return {"weight": self.axes, "bias": self.axes[1:]}
+
+`logical_axes()` maps a field name to the logical axes of that field's array, one name per
+dimension (`None` = replicated). It must read only static fields: it is also called on
+filtered and abstract copies of the model. Mapping a field that holds a *module* gives a
+prefix prepended to every axis beneath it: a scanned `TransformerStack` declares
+`{"layers": ("layers",)}` for its one stacked block.
+
+An inexact parameter with two or more dimensions (besides such prefixes) and no declared axes
+is an error naming its path: nothing large is silently replicated. Undeclared vectors (and
+integer arrays) are replicated. A dimension whose size is not divisible by its mesh axis is
+replicated instead (tiny models on big meshes still run).
 """
 
-import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
+from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from equipax.core.mesh import BATCH_AXES, FSDP, TENSOR
 
 PyTree = Any
 
+Axes = tuple[str | None, ...]
+"""The logical axis of each dimension of an array, in order; `None` = replicated."""
+
 # Logical axis -> mesh axis (None = replicated).
 LOGICAL_TO_MESH: dict[str, str | None] = {
+    # Transformer weights.
     "embed": FSDP,
     "vocab": TENSOR,
     "heads": TENSOR,
@@ -35,38 +60,131 @@ LOGICAL_TO_MESH: dict[str, str | None] = {
     "head_dim": None,
     "qkv": None,
     "layers": None,
+    # Norm scales and biases: small, so replicated.
+    "norm": None,
+    # Convolutions and the CNN's dense head: small, so replicated (data parallel).
+    "kernel_height": None,
+    "kernel_width": None,
+    "in_channels": None,
+    "out_channels": None,
 }
 
-# Parameter path (jax keystr) pattern -> logical axes of its dimensions (unstacked).
-PARAM_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (r"\.embedding\.weight$", ("vocab", "embed")),
-    (r"\.attention\.qkv$", ("embed", "qkv", "heads", "head_dim")),
-    (r"\.attention\.qkv_bias$", ("qkv", "heads", "head_dim")),
-    (r"\.attention\.out$", ("heads", "head_dim", "embed")),
-    (r"\.(up|gate)\.weight$", ("embed", "hidden")),
-    (r"\.(up|gate)\.bias$", ("hidden",)),
-    (r"\.down\.weight$", ("hidden", "embed")),
-)
+
+def declared_axes(module: Any) -> Mapping[str, Axes]:
+    """The logical axes `module` declares for its own fields (empty if it declares none)."""
+    method: Callable[[], Mapping[str, Axes]] | None = getattr(module, "logical_axes", None)
+    if isinstance(module, eqx.Module) and method is not None:
+        return method()
+    return {}
 
 
-def logical_axes(path: str, ndim: int) -> tuple[str | None, ...]:
-    """The logical axes of the parameter at `path` (None entries are replicated)."""
-    for pattern, axes in PARAM_RULES:
-        if re.search(pattern, path):
-            if ndim == len(axes) + 1:  # stacked by scan over layers
-                return ("layers", *axes)
-            if ndim == len(axes):
-                return axes
-    return (None,) * ndim
+def _child(node: Any, key: Any) -> Any:
+    if isinstance(key, GetAttrKey):
+        return getattr(node, key.name)
+    if isinstance(key, SequenceKey):
+        return node[key.idx]
+    if isinstance(key, DictKey):
+        return node[key.key]
+    raise LookupError(key)
 
 
-def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh | AbstractMesh) -> P:
-    """The PartitionSpec of a parameter of `shape` at `path` on `mesh`."""
-    axes = logical_axes(path, len(shape))
+def _lookup(root: PyTree, path: Sequence[Any]) -> tuple[Axes, Axes | None, Any]:
+    """Follow `path` from `root`: (prefix from stacked modules, the leaf's axes or None, owner)."""
+    node, prefix = root, ()
+    for i, key in enumerate(path):
+        if isinstance(key, GetAttrKey):
+            axes = declared_axes(node).get(key.name)
+            if axes is not None:
+                if i == len(path) - 1:
+                    return prefix, tuple(axes), node
+                prefix += tuple(axes)
+        try:
+            parent, node = node, _child(node, key)
+        except (LookupError, AttributeError, TypeError):
+            return prefix, None, None
+        if i == len(path) - 1:
+            return prefix, None, parent
+    return prefix, None, None
+
+
+def _is_array(x: Any) -> bool:
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _is_param(x: Any) -> bool:
+    return _is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def leaf_axes(root: PyTree, path: Sequence[Any], leaf: Any) -> Axes:
+    """The logical axes of the array `leaf` found at `path` in `root`.
+
+    Arguments:
+        root: the model (or a filtered / abstract copy of it).
+        path: the leaf's key path, as `jax.tree_util.tree_map_with_path` gives it.
+        leaf: the array (or `jax.ShapeDtypeStruct`) at `path`.
+
+    Returns:
+        One logical axis name (or None) per dimension of `leaf`.
+
+    Raises:
+        ValueError: a parameter of two or more dimensions declares no axes, declares the
+            wrong number of them, or names an axis `LOGICAL_TO_MESH` does not know.
+    """
+    name, shape = jax.tree_util.keystr(tuple(path)), tuple(leaf.shape)
+    prefix, axes, owner = _lookup(root, path)
+    if axes is None:
+        own = len(shape) - len(prefix)
+        if own >= 2 and _is_param(leaf):
+            where = type(owner).__name__ if owner is not None else "the module that holds it"
+            field = path[-1].name if isinstance(path[-1], GetAttrKey) else "<field>"
+            how = (
+                f"add {field!r} to {where}.logical_axes() (a Linear takes them from its owner: "
+                f"Linear(..., axes=(in, out)))"
+                if callable(getattr(owner, "logical_axes", None))
+                else f"give {where} a method `def logical_axes(self): return {{{field!r}: (...)}}`"
+            )
+            raise ValueError(
+                f"Parameter {name} of shape {shape} has no logical axes, so it cannot be "
+                f"sharded. Declare its logical axes in the layer that owns it: {how}, with one "
+                f"name from {sorted(LOGICAL_TO_MESH)} (or None) per dimension "
+                f"(docs/sharding.md)."
+            )
+        axes = (None,) * own
+    axes = prefix + axes
+    if len(axes) != len(shape):
+        raise ValueError(
+            f"Parameter {name} of shape {shape} has {len(shape)} dimensions but its layers "
+            f"declare {len(axes)} logical axes {axes}; declare one per dimension (a stacked "
+            f"or vmapped sub-layer needs its owner to declare the leading axis, e.g. "
+            f"{{'layers': ('layers',)}})."
+        )
+    unknown = [a for a in axes if a is not None and a not in LOGICAL_TO_MESH]
+    if unknown:
+        raise ValueError(
+            f"Parameter {name} declares unknown logical axes {unknown}; use names from "
+            f"{sorted(LOGICAL_TO_MESH)} or add them to equipax.core.partition.LOGICAL_TO_MESH."
+        )
+    return axes
+
+
+def spec_for(axes: Axes, shape: tuple[int, ...], mesh: Mesh | AbstractMesh) -> P:
+    """The PartitionSpec of an array of `shape` with logical `axes` on `mesh`.
+
+    Each mesh axis shards at most one dimension; a dimension not divisible by its mesh axis
+    (or whose mesh axis is absent or of size 1) is replicated.
+
+    Arguments:
+        axes: one logical axis name (or None) per dimension.
+        shape: the array's shape.
+        mesh: the device mesh (an `AbstractMesh` needs no devices).
+
+    Returns:
+        One mesh axis (or None) per dimension.
+    """
     entries: list[str | None] = []
     used: set[str] = set()
-    for dim, logical in zip(shape, axes):
-        mesh_axis = LOGICAL_TO_MESH.get(logical) if logical else None
+    for dim, logical in zip(shape, axes, strict=True):
+        mesh_axis = LOGICAL_TO_MESH[logical] if logical is not None else None
         if mesh_axis is None or mesh_axis not in mesh.shape or mesh_axis in used:
             entries.append(None)
             continue
@@ -80,12 +198,25 @@ def spec_for(path: str, shape: tuple[int, ...], mesh: Mesh | AbstractMesh) -> P:
 
 
 def param_specs(params: PyTree, mesh: Mesh | AbstractMesh) -> PyTree:
-    """PartitionSpecs for every array leaf of `params` (same structure; None elsewhere)."""
+    """PartitionSpecs for every array leaf of `params` from its layers' logical axes.
+
+    Arguments:
+        params: a model or a filtered copy of it (`eqx.filter(model, eqx.is_array)`), with
+            concrete arrays or `jax.ShapeDtypeStruct` leaves (`eqx.filter_eval_shape`).
+        mesh: the device mesh.
+
+    Returns:
+        The same structure with a PartitionSpec per array leaf (None elsewhere).
+
+    Raises:
+        ValueError: a parameter of two or more dimensions has no logical axes (the message
+            names its path), or its declared axes do not fit it.
+    """
 
     def one(path, leaf):
-        if not eqx.is_array(leaf) and not isinstance(leaf, jax.ShapeDtypeStruct):
+        if not _is_array(leaf):
             return None
-        return spec_for(jax.tree_util.keystr(path), tuple(leaf.shape), mesh)
+        return spec_for(leaf_axes(params, path, leaf), tuple(leaf.shape), mesh)
 
     return jax.tree_util.tree_map_with_path(one, params)
 
@@ -95,18 +226,10 @@ def named(specs: PyTree, mesh: Mesh) -> PyTree:
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
-def _is_array(x: Any) -> bool:
-    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
-
-
-def _is_param(x: Any) -> bool:
-    return _is_array(x) and jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
-
-
 def train_state_shardings(state: PyTree, optimizer: optax.GradientTransformation, mesh: Mesh) -> PyTree:
     """NamedShardings for a TrainState, concrete or abstract (`eqx.filter_eval_shape`).
 
-    Parameters follow the rules; the optimizer state follows the parameters it belongs to
+    Parameters follow their layers' logical axes; the optimizer state follows the parameters it belongs to
     (optax `tree_map_params`); everything else (step, counts) is replicated.
 
     Arguments:

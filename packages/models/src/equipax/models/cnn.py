@@ -127,8 +127,9 @@ class SelfAttention(eqx.Module):
         """
         k1, k2 = jr.split(key)
         self.num_heads = num_heads
-        self.qkv = Linear(dim, 3 * dim, use_bias=True, key=k1)
-        self.out = Linear(dim, dim, use_bias=True, key=k2)
+        axes = ("in_channels", "out_channels")  # replicated: the CNN trains data parallel
+        self.qkv = Linear(dim, 3 * dim, use_bias=True, axes=axes, key=k1)
+        self.out = Linear(dim, dim, use_bias=True, axes=axes, key=k2)
 
     def __call__(self, x: Float[Array, "batch seq embed"]) -> Float[Array, "batch seq embed"]:
         b, s, d = x.shape
@@ -163,8 +164,10 @@ class AdvancedCNN(eqx.Module):
             stages.append(tuple(blocks))
         self.stages = tuple(stages)
         self.attention = SelfAttention(channels, cfg.num_heads, key=next(keys))
-        self.hidden = Linear(channels, cfg.hidden_dims, use_bias=True, key=next(keys))
-        self.head = Linear(cfg.hidden_dims, cfg.num_classes, use_bias=True, key=next(keys))
+        axes = ("in_channels", "out_channels")  # replicated: the CNN trains data parallel
+        self.hidden = Linear(channels, cfg.hidden_dims, use_bias=True, axes=axes, key=next(keys))
+        self.head = Linear(cfg.hidden_dims, cfg.num_classes, use_bias=True, axes=axes,
+                           key=next(keys))
         self.dropout_rate = cfg.dropout_rate
 
     def __call__(

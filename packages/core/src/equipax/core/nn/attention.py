@@ -11,6 +11,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.nn.linear import expand_to, fan_in_init
 from equipax.core.nn.linear_attention import linear_attention
+from equipax.core.partition import Axes
 
 # Large finite negative: -inf would give NaN gradients through fully masked rows.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -179,6 +180,15 @@ class CausalSelfAttention(eqx.Module):
         self.out = fan_in_init(k_out, (num_heads, head_dim, model_dims), in_axes=(0, 1))
         self.qkv_bias = jnp.zeros((3, num_heads, head_dim)) if use_bias else None
         self.out_bias = jnp.zeros((model_dims,)) if use_bias else None
+
+    def logical_axes(self) -> dict[str, Axes]:
+        """QKV is column-split by heads, the output projection row-split (Megatron)."""
+        return {
+            "qkv": ("embed", "qkv", "heads", "head_dim"),
+            "qkv_bias": ("qkv", "heads", "head_dim"),
+            "out": ("heads", "head_dim", "embed"),
+            "out_bias": ("embed",),
+        }
 
     def __call__(
         self, x: Float[Array, "batch seq embed"], segment_ids: Int[Array, "batch seq"] | None = None

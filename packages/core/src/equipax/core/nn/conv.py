@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from equipax.core.nn.linear import expand_to, fan_in_init
+from equipax.core.partition import Axes
 
 
 class Conv2d(eqx.Module):
@@ -47,6 +48,13 @@ class Conv2d(eqx.Module):
         shape = (*self.kernel_size, in_channels, out_channels)
         self.weight = fan_in_init(key, shape, in_axes=(0, 1, 2))
         self.bias = jnp.zeros((out_channels,), jnp.float32) if use_bias else None
+
+    def logical_axes(self) -> dict[str, Axes]:
+        """Kernel and bias (replicated by `LOGICAL_TO_MESH`: convolutions here are small)."""
+        return {
+            "weight": ("kernel_height", "kernel_width", "in_channels", "out_channels"),
+            "bias": ("out_channels",),
+        }
 
     def __call__(
         self, x: Float[Array, "batch height width cin"]
@@ -98,6 +106,10 @@ class BatchNorm(eqx.Module):
         self.running = eqx.nn.StateIndex(
             (jnp.zeros((channels,), jnp.float32), jnp.ones((channels,), jnp.float32))
         )
+
+    def logical_axes(self) -> dict[str, Axes]:
+        """Small vectors: replicated (the running statistics are model state, not parameters)."""
+        return {"scale": ("norm",), "bias": ("norm",)}
 
     def __call__(
         self,

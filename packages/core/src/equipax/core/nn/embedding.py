@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from equipax.core.partition import Axes
+
 
 class Embedding(eqx.Module):
     """Lookup table `[vocab embed]` that can also produce tied output logits."""
@@ -25,6 +27,10 @@ class Embedding(eqx.Module):
         self.model_dims = model_dims
         std = 1.0 / math.sqrt(model_dims)
         self.weight = std * jax.random.normal(key, (vocab_size, model_dims), jnp.float32)
+
+    def logical_axes(self) -> dict[str, Axes]:
+        """The table is split over the vocabulary (tensor) and the embedding (fsdp)."""
+        return {"weight": ("vocab", "embed")}
 
     def __call__(self, ids: Int[Array, "*batch"]) -> Float[Array, "*batch embed"]:
         """Look up embeddings.

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from equipax.core.partition import Axes
+
 
 def fan_in_init(
     key: PRNGKeyArray,
@@ -41,12 +43,17 @@ def expand_to(v: Array, ndim: int) -> Array:
 
 
 class Linear(eqx.Module):
-    """`y = x @ weight (+ bias)` over the last axis of `x`."""
+    """`y = x @ weight (+ bias)` over the last axis of `x`.
+
+    The owner names the logical axes of the kernel (`axes=("embed", "hidden")` for an MLP up
+    projection, `("hidden", "embed")` for the down projection); the bias takes the output axis.
+    """
 
     weight: Float[Array, "in out"]
     bias: Float[Array, " out"] | None
     in_features: int = eqx.field(static=True)
     out_features: int = eqx.field(static=True)
+    axes: tuple[str | None, str | None] | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -55,6 +62,7 @@ class Linear(eqx.Module):
         *,
         use_bias: bool = False,
         dtype: DTypeLike = jnp.float32,
+        axes: tuple[str | None, str | None] | None = None,
         key: PRNGKeyArray,
     ):
         """Arguments:
@@ -62,12 +70,21 @@ class Linear(eqx.Module):
         out_features: size of the output's last axis.
         use_bias: add a learned bias (initialised to zero).
         dtype: parameter dtype.
+        axes: logical axes `(in, out)` of the weight, for sharding (`equipax.core.partition`);
+            `None` leaves them undeclared, and sharding the layer then raises an error.
         key: PRNG key for the weight.
         """
         self.in_features = in_features
         self.out_features = out_features
+        self.axes = axes
         self.weight = fan_in_init(key, (in_features, out_features), in_axes=(0,), dtype=dtype)
         self.bias = jnp.zeros((out_features,), dtype) if use_bias else None
+
+    def logical_axes(self) -> dict[str, Axes]:
+        """Logical axes of `weight` and `bias` (none if the owner passed no `axes`)."""
+        if self.axes is None:
+            return {}
+        return {"weight": self.axes, "bias": self.axes[1:]}
 
     def __call__(self, x: Float[Array, "*batch in"]) -> Float[Array, "*batch out"]:
         """Apply the layer; computes in `x.dtype`.

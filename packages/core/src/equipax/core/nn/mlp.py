@@ -46,11 +46,15 @@ class FeedForward(eqx.Module):
             )
         k_up, k_gate, k_down = jr.split(key, 3)
         self.activation = activation
-        self.up = Linear(model_dims, hidden_dims, use_bias=use_bias, key=k_up)
+        # Up and gate are column-split over the hidden units, down is row-split (Megatron).
+        up_axes, down_axes = ("embed", "hidden"), ("hidden", "embed")
+        self.up = Linear(model_dims, hidden_dims, use_bias=use_bias, axes=up_axes, key=k_up)
         self.gate = (
-            Linear(model_dims, hidden_dims, use_bias=use_bias, key=k_gate) if gated else None
+            Linear(model_dims, hidden_dims, use_bias=use_bias, axes=up_axes, key=k_gate)
+            if gated
+            else None
         )
-        self.down = Linear(hidden_dims, model_dims, use_bias=use_bias, key=k_down)
+        self.down = Linear(hidden_dims, model_dims, use_bias=use_bias, axes=down_axes, key=k_down)
 
     def __call__(self, x: Float[Array, "*batch embed"]) -> Float[Array, "*batch embed"]:
         """Apply the block.

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from equipax.core.nn.linear import expand_to
+from equipax.core.partition import Axes
 
 
 class LayerNorm(eqx.Module):
@@ -26,6 +27,10 @@ class LayerNorm(eqx.Module):
         self.eps = eps
         self.scale = jnp.ones((dims,), jnp.float32)
         self.bias = jnp.zeros((dims,), jnp.float32) if use_bias else None
+
+    def logical_axes(self) -> dict[str, Axes]:
+        """Small vectors: replicated."""
+        return {"scale": ("norm",), "bias": ("norm",)}
 
     def __call__(self, x: Float[Array, "*batch embed"]) -> Float[Array, "*batch embed"]:
         """Normalise `x`; returns `x.dtype`.
@@ -65,6 +70,10 @@ class RMSNorm(eqx.Module):
         self.dims = dims
         self.eps = eps
         self.scale = jnp.ones((dims,), jnp.float32)
+
+    def logical_axes(self) -> dict[str, Axes]:
+        """A small vector: replicated."""
+        return {"scale": ("norm",)}
 
     def __call__(self, x: Float[Array, "*batch embed"]) -> Float[Array, "*batch embed"]:
         """Normalise `x`; returns `x.dtype`.

@@ -14,7 +14,7 @@ from equipax.core.nn.attention import CausalSelfAttention
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.norm import LayerNorm, RMSNorm
 from equipax.core.nn.tensor_parallel import shard_map_block
-from equipax.core.partition import constrain_batch
+from equipax.core.partition import Axes, constrain_batch
 
 _ACTIVATIONS = ("gelu", "relu", "silu")
 _NORMS = ("layernorm", "rmsnorm")
@@ -187,6 +187,10 @@ class TransformerStack(eqx.Module):
             self.layers = eqx.filter_vmap(lambda k: TransformerBlock(cfg, key=k))(keys)
         else:
             self.layers = tuple(TransformerBlock(cfg, key=k) for k in keys)
+
+    def logical_axes(self) -> dict[str, Axes]:
+        """Scanned: every array of the one stacked block has a leading `layers` axis."""
+        return {"layers": ("layers",)} if isinstance(self.layers, TransformerBlock) else {}
 
     def __call__(
         self, x: Float[Array, "batch seq embed"], *, mesh: Mesh | None = None,
