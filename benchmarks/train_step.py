@@ -1,7 +1,7 @@
 """Train-step benchmark: compile time, step time, tokens/s, model FLOP/s and MFU of the LM.
 
-Runs the real train step (`equipax.core.step.make_train_step` with `lm_loss` and the learner)
-on a fixed random batch, so the figures cover grad + optimizer update + metrics and nothing of
+Runs the real train step (`equipax.launch.training.build.build_training`: the step `launch run`
+executes, with the LM Task, the learner and the in-graph non-finite skip) on a fixed random batch, so the figures cover grad + optimizer update + metrics and nothing of
 the input pipeline. MFU is model FLOPs (analytic, `equipax.core.flops`, PaLM definition, no
 remat) per second over a peak: the rate of a jitted f32 `a @ b` measured in the same run, and a
 theoretical peak given on the command line (default: the 2-core Zen 3 figure in PERF-NOTES).
@@ -30,9 +30,12 @@ import numpy as np
 
 from equipax.core.flops import count_params, transformer_lm_flops_per_token
 from equipax.core.nn import TransformerConfig
-from equipax.core.optim import LearnerConfig, make_learner, make_schedule
-from equipax.core.step import Batch, init_train_state, make_train_step
-from equipax.models.lm import LMConfig, TransformerLM, lm_loss
+from equipax.core.mesh import build_mesh
+from equipax.core.optim import LearnerConfig
+from equipax.core.step import Batch
+from equipax.launch.experiments.config import DataConfig, ExperimentConfig
+from equipax.launch.training.build import Training, build_training
+from equipax.models.lm import LMConfig
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "train_step.json"
 # 2 cores x 32 f32 FLOP/cycle (2 AVX2 FMA units x 8 lanes x 2) x 2.445 GHz (PERF-NOTES.md).
@@ -203,6 +206,15 @@ def _random_batch(preset: Preset, key: jax.Array) -> Batch:
     }
 
 
+def preset_training(preset: Preset) -> Training:
+    """The preset as a one-device experiment, built by `build_training` (the step `launch run` runs)."""
+    cfg = ExperimentConfig(
+        name=preset.name, model=preset.model, learner=preset.learner,
+        data=DataConfig(source="synthetic", tokenizer="byte", seq_len=preset.seq_len, batch_size=preset.batch_size),
+    )
+    return build_training(cfg, build_mesh(cfg.mesh))
+
+
 def benchmark_preset(preset: Preset, *, steps: int, warmup: int) -> dict[str, Any]:
     """Time the train step of one preset.
 
@@ -217,12 +229,10 @@ def benchmark_preset(preset: Preset, *, steps: int, warmup: int) -> dict[str, An
     Returns:
         Config, parameter count, FLOPs per token and the step-time figures (no MFU; see `main`).
     """
-    init_key, data_key, step_key = jax.random.split(jax.random.key(0), 3)
-    model = TransformerLM(preset.model, key=init_key)
-    optimizer = make_learner(preset.learner)
-    train_step = make_train_step(lm_loss, optimizer, make_schedule(preset.learner.schedule))
-    state = init_train_state(model, optimizer)
-    batch = _random_batch(preset, data_key)
+    training = preset_training(preset)
+    train_step, step_key = training.train_step, training.keys.step
+    state = training.init_state()
+    batch = _random_batch(preset, jax.random.key(1))
     jax.block_until_ready((state, batch))
 
     with _CompileTimer() as compile_timer:

@@ -107,7 +107,7 @@ def one_step():
 
     model, model_state = tiny_cnn(jax.random.key(0))
     learner = LearnerConfig()
-    optimizer = make_learner(learner)
+    optimizer = make_learner(learner).optimizer
     fresh_model, fresh_state = tiny_cnn(jax.random.key(0))
     initial = init_train_state(fresh_model, optimizer, model_state=fresh_state)
     state = init_train_state(model, optimizer, model_state=model_state)
@@ -200,9 +200,10 @@ def test_short_cnn_digits_run_learns_and_writes_job_dir(tmp_path):
 
 @pytest.mark.slow
 def test_resume_mid_epoch_equals_uninterrupted(tmp_path, monkeypatch):
-    import equipax.launch.training.classify_old as classify
+    import equipax.launch.training.loop as classify
     from equipax.data import ImageClassificationInput
-    from equipax.launch.training.preemption import EXIT_PREEMPTED, StopRequest
+    from equipax.launch.errors import EXIT_PREEMPTED
+    from equipax.launch.training.preemption import StopRequest
 
     sets = set_args([*CNN_TOY, "train.num_epochs=2", "data.batch_size=128", "train.log_every=4"])
     full = invoke("run", "--exp", "cnn_digits", "--job-log-dir", str(tmp_path / "full"), *sets)

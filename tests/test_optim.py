@@ -133,7 +133,7 @@ def test_pax_adam_update_rms_clip_is_active(key):
         kind="pax_adam", clip_gradient_norm=None, clip_update_rms=0.1,
         schedule=ScheduleConfig(peak_learning_rate=lr),
     )
-    opt = make_learner(cfg)
+    opt = make_learner(cfg).optimizer
     params = _params(key)
     state = opt.init(params)
     grads = jax.tree.map(lambda p: 3.0 * p, params)
@@ -150,7 +150,7 @@ def test_pax_adam_matches_manual_adam_with_decay(key):
         kind="pax_adam", b1=b1, b2=b2, eps=eps, weight_decay=wd, clip_gradient_norm=None,
         schedule=ScheduleConfig(peak_learning_rate=lr),
     )
-    opt = make_learner(cfg)
+    opt = make_learner(cfg).optimizer
     params = _params(key)
     state = opt.init(params)
     ref = {k: np.asarray(v, np.float64) for k, v in params.items()}
@@ -180,7 +180,7 @@ def test_weight_decay_only_on_matrices(kind, key):
     cfg = LearnerConfig(
         kind=kind, weight_decay=wd, schedule=ScheduleConfig(peak_learning_rate=lr)
     )
-    opt = make_learner(cfg)
+    opt = make_learner(cfg).optimizer
     params = _params(key)
     zero_grads = jax.tree.map(jnp.zeros_like, params)
     updates, _ = opt.update(zero_grads, opt.init(params), params)
@@ -193,7 +193,7 @@ def test_weight_decay_only_on_matrices(kind, key):
 def test_global_norm_clip_reaches_adam_moments(kind, key):
     b2 = 0.999
     cfg = LearnerConfig(kind=kind, b2=b2, clip_gradient_norm=2.0)
-    opt = make_learner(cfg)
+    opt = make_learner(cfg).optimizer
     params = _params(key)
     grads = jax.tree.map(lambda p: 100.0 * p, params)
     _, state = opt.update(grads, opt.init(params), params)

@@ -100,7 +100,7 @@ def test_train_step_skips_nonfinite_updates_in_graph(key):
         return jnp.mean((pred - batch["y"]) ** 2), {}
 
     cfg = LearnerConfig()
-    opt, sched = make_learner(cfg), make_schedule(cfg.schedule)
+    opt, sched = make_learner(cfg)
     step = make_train_step(loss_fn, opt, sched, skip_nonfinite=True)
     good = {"x": jnp.ones((4, 3)), "y": jnp.zeros((4, 2))}
     bad = {"x": jnp.full((4, 3), jnp.nan), "y": jnp.zeros((4, 2))}

@@ -21,7 +21,7 @@ def train(mesh_cfg, tp):
         num_layers=2, model_dims=32, num_heads=4, head_dim=8, hidden_dims=64, tensor_parallel=tp))
     mesh = build_mesh(mesh_cfg, jax.devices()[: mesh_cfg.num_devices])
     learner = LearnerConfig()
-    opt, sched = make_learner(learner), make_schedule(learner.schedule)
+    opt, sched = make_learner(learner)
     state, shard = init_sharded_train_state(lambda k: TransformerLM(cfg, key=k), opt, mesh, jax.random.key(0))
     bs = batch_sharding(mesh)
     step = make_train_step(functools.partial(lm_loss, mesh=mesh), opt, sched, state_sharding=shard, batch_sharding=bs)
@@ -71,7 +71,7 @@ def test_shardings_follow_the_rules():
     cfg = LMConfig(vocab_size=64, max_seq_len=16, transformer=TransformerConfig(
         num_layers=2, model_dims=32, num_heads=4, head_dim=8, hidden_dims=64, scan_layers=True))
     mesh = build_mesh(MeshConfig(ici_mesh_shape=(1, 2, 2), dcn_mesh_shape=(2, 1, 1)))
-    opt = make_learner(LearnerConfig(kind="pax_adam", clip_update_rms=1.0))
+    opt = make_learner(LearnerConfig(kind="pax_adam", clip_update_rms=1.0)).optimizer
     state, _ = init_sharded_train_state(lambda k: TransformerLM(cfg, key=k), opt, mesh, jax.random.key(0))
     m = state.model
     layers = m.stack.layers

@@ -70,7 +70,7 @@ LEARNER = LearnerConfig(
 )
 
 
-_OPTIMIZER = make_learner(LEARNER)
+_OPTIMIZER = make_learner(LEARNER).optimizer
 _SCHEDULE = make_schedule(LEARNER.schedule)
 # One step function for the module, so it compiles once.
 _STEP = make_train_step(loss_fn, _OPTIMIZER, _SCHEDULE)
@@ -188,7 +188,7 @@ def test_reserved_aux_name_raises(key, batches):
         loss, _ = loss_fn(model, batch, key=key)
         return loss, {"grad_norm": loss}
 
-    optimizer = make_learner(LearnerConfig())
+    optimizer = make_learner(LearnerConfig()).optimizer
     state = init_train_state(MLP(key=key), optimizer)
     step_fn = make_train_step(bad_loss, optimizer, make_schedule(ScheduleConfig()))
     with pytest.raises(ValueError, match="grad_norm"):
@@ -196,7 +196,7 @@ def test_reserved_aux_name_raises(key, batches):
 
 
 def test_train_state_fields(key):
-    state = init_train_state(MLP(key=key), make_learner(LearnerConfig()))
+    state = init_train_state(MLP(key=key), make_learner(LearnerConfig()).optimizer)
     assert isinstance(state, TrainState)
     assert state.step.dtype == jnp.int32 and int(state.step) == 0
     assert state.model_state is None

@@ -127,6 +127,13 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        if isinstance(value, Mapping):
+            # A union of config classes (e.g. an experiment's model: LMConfig | CNNConfig): the
+            # one whose fields hold every key is meant, so its own error message is the one shown.
+            fits = [a for a in args if dataclasses.is_dataclass(a) and isinstance(a, type)
+                    and set(value) <= {f.name for f in dataclasses.fields(a)}]
+            if len(fits) == 1:
+                return coerce(value, fits[0], path)
         errors = []
         for arg in args:
             if arg is type(None):

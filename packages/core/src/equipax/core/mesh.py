@@ -28,7 +28,9 @@ BATCH_AXES = (DATA, FSDP)
 class MeshConfig:
     """The device mesh of an experiment.
 
-    ici_mesh_shape: devices per slice along (data, fsdp, tensor).
+    ici_mesh_shape: devices per slice along (data, fsdp, tensor). One entry may be -1 (as
+        MaxText's `ici_*_parallelism=-1`): that axis takes all devices the others leave, fixed
+        when the run starts (`fit`); until then it counts as 1.
     dcn_mesh_shape: slices (or hosts, on GPU clusters) along the same axes.
     """
 
@@ -45,15 +47,38 @@ class MeshConfig:
                     f"mesh.{name}={shape} has {len(shape)} entries but mesh.axis_names="
                     f"{self.axis_names} has {n}; give one size per axis."
                 )
-            if any(s < 1 for s in shape):
-                raise ValueError(f"mesh.{name}={shape}: every size must be >= 1.")
+            if any(s < 1 for s in shape) and (name == "dcn_mesh_shape" or any(s < -1 or s == 0 for s in shape)
+                                              or list(shape).count(-1) > 1):
+                raise ValueError(f"mesh.{name}={shape}: every size must be >= 1"
+                                 + (" (or one -1: all devices left)." if name == "ici_mesh_shape" else "."))
         if len(set(self.axis_names)) != n:
             raise ValueError(f"mesh.axis_names={self.axis_names} repeats a name.")
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """The device mesh shape (ICI x DCN, elementwise)."""
-        return tuple(i * d for i, d in zip(self.ici_mesh_shape, self.dcn_mesh_shape))
+        """The device mesh shape (ICI x DCN, elementwise; an unfitted -1 counts as 1)."""
+        return tuple(max(i, 1) * d for i, d in zip(self.ici_mesh_shape, self.dcn_mesh_shape))
+
+    @property
+    def flexible(self) -> bool:
+        """True while an ICI axis is -1 (sized by `fit` from the devices present)."""
+        return -1 in self.ici_mesh_shape
+
+    def fit(self, num_devices: int) -> "MeshConfig":
+        """This mesh with its -1 axis sized to use `num_devices` devices (unchanged if none is -1).
+
+        Raises:
+            ConfigError: the fixed axes do not divide `num_devices`.
+        """
+        if not self.flexible:
+            return self
+        fixed = math.prod(self.shape)
+        if num_devices % fixed:
+            raise ConfigError(
+                f"mesh.ici_mesh_shape={self.ici_mesh_shape} x dcn_mesh_shape={self.dcn_mesh_shape} needs a "
+                f"multiple of {fixed} devices for its -1 axis; {num_devices} are available.")
+        ici = tuple(num_devices // fixed if s == -1 else s for s in self.ici_mesh_shape)
+        return dataclasses.replace(self, ici_mesh_shape=ici)
 
     @property
     def num_devices(self) -> int:

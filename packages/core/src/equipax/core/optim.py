@@ -10,7 +10,7 @@ embeddings); biases and norm scales are not decayed.
 """
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -228,15 +228,24 @@ def clip_by_update_rms(max_rms: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def make_learner(cfg: LearnerConfig) -> optax.GradientTransformation:
-    """Build the optimizer described by `cfg`.
+class Learner(NamedTuple):
+    """An optimizer and the learning-rate schedule it follows (built together, one source)."""
+
+    optimizer: optax.GradientTransformation
+    schedule: optax.Schedule
+
+
+def make_learner(cfg: LearnerConfig) -> Learner:
+    """Build the optimizer described by `cfg`, with its schedule.
 
     Arguments:
         cfg: the learner config.
 
     Returns:
-        An optax transformation whose updates are added to the parameters
-        (`eqx.apply_updates`); pass it parameters filtered with `eqx.is_inexact_array`.
+        `Learner(optimizer, schedule)` (unpacks as a pair). The optimizer is an optax
+        transformation whose updates are added to the parameters (`eqx.apply_updates`); pass
+        it parameters filtered with `eqx.is_inexact_array`. The schedule is the one the
+        optimizer uses, for reporting the learning rate.
     """
     schedule = make_schedule(cfg.schedule)
     parts: list[optax.GradientTransformation] = []
@@ -260,4 +269,4 @@ def make_learner(cfg: LearnerConfig) -> optax.GradientTransformation:
         if cfg.weight_decay > 0:
             parts.append(optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask))
         parts.append(optax.scale_by_learning_rate(schedule))
-    return optax.chain(*parts)
+    return Learner(optax.chain(*parts), schedule)

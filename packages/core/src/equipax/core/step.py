@@ -21,9 +21,7 @@ import optax
 from jax.sharding import Mesh
 from jaxtyping import Array, Int, PRNGKeyArray, PyTree, Scalar
 
-# Host batches (numpy) are accepted as well as device arrays; jit transfers them.
-Batch = Mapping[str, Array | np.ndarray]
-Metrics = dict[str, Array]
+from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics
 
 # Metric names the train step writes itself; a loss function's aux may not reuse them.
 RESERVED_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate", "nonfinite")
@@ -55,9 +53,12 @@ class TrainState(eqx.Module):
 
 
 def _call_loss(
-    loss_fn: LossFn | StatefulLossFn, model: Any, batch: Batch, key: Any, model_state: Any
+    loss_fn: "LossFn | StatefulLossFn | AbstractTask", model: Any, batch: Batch, key: Any, model_state: Any
 ) -> tuple[Scalar, Metrics, Any]:
-    """Call a plain (`model_state` None) or stateful loss function; `(loss, aux, model_state)`."""
+    """Call a Task's loss, or a plain (`model_state` None) or stateful loss function;
+    `(loss, aux, model_state)`."""
+    if isinstance(loss_fn, AbstractTask):
+        return loss_fn.loss(model, batch, key=key, model_state=model_state)
     if model_state is None:
         loss, aux = cast(LossFn, loss_fn)(model, batch, key=key)
         return loss, aux, None
@@ -95,7 +96,7 @@ def _check_aux(aux: Metrics) -> None:
 
 
 def make_train_step(
-    loss_fn: LossFn | StatefulLossFn,
+    loss_fn: LossFn | StatefulLossFn | AbstractTask,
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
     *,
@@ -109,8 +110,9 @@ def make_train_step(
     must not use it again. The batch and the key are not donated.
 
     Arguments:
-        loss_fn: `loss_fn(model, batch, *, key) -> (loss, aux)`; for a state with a
-            `model_state`, `loss_fn(model, batch, *, key, model_state) -> (loss, aux, new_state)`.
+        loss_fn: a Task (`equipax.core.task.AbstractTask`, its `loss`), or
+            `loss_fn(model, batch, *, key) -> (loss, aux)`; for a state with a `model_state`,
+            `loss_fn(model, batch, *, key, model_state) -> (loss, aux, new_state)`.
         optimizer: the optimizer the state was initialised with.
         schedule: the optimizer's learning-rate schedule (for the `learning_rate` metric).
         state_sharding: shardings of the state's arrays (`partition.train_state_shardings`);
@@ -131,8 +133,6 @@ def make_train_step(
         loss, aux, new_model_state = _call_loss(loss_fn, model, batch, key, model_state)
         return loss, (aux, new_model_state)
 
-    # donate="all-except-first" donates every argument but the first; the batch and key
-    # travel in the first so only the state is donated.
     def step(inputs: tuple[Batch, PRNGKeyArray], state: TrainState):
         batch, key = inputs
         if state_sharding is not None:
@@ -140,6 +140,9 @@ def make_train_step(
         if batch_sharding is not None:
             batch = eqx.filter_shard(batch, batch_sharding)
         step_key = jax.random.fold_in(key, state.step)
+        # The skip path keeps the old model state; an eqx.nn.State may be used only once, so
+        # keep its leaves (a clone) before the loss consumes it.
+        old_model_state = jax.tree.flatten(state.model_state)
         (loss, (aux, model_state)), grads = eqx.filter_value_and_grad(loss_and_aux, has_aux=True)(
             state.model, batch, step_key, state.model_state
         )
@@ -162,7 +165,7 @@ def make_train_step(
             # step keys and the schedule stay aligned with the batches consumed (and on resume).
             finite = jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"])
             kept = TrainState(step=state.step + 1, model=state.model, opt_state=state.opt_state,
-                              model_state=state.model_state)
+                              model_state=jax.tree.unflatten(old_model_state[1], old_model_state[0]))
             new_state = _select(finite, new_state, kept)
             metrics["nonfinite"] = jnp.where(finite, 0.0, 1.0).astype(jnp.float32)
         if state_sharding is not None:
@@ -184,35 +187,53 @@ def _is_abstract_array(x: Any) -> bool:
 
 
 class TrainStep:
-    """`train_step(state, batch, key) -> (new_state, metrics)`; `.lower(...)` for AOT compiles."""
+    """`train_step(state, batch, key) -> (new_state, metrics)`; `.lower(...)` for AOT compiles.
+
+    Calls and AOT lowering go through the same `jax.jit` of the state's arrays (the static rest
+    of the state is bound once per structure), so `lower` on abstract arguments gives exactly
+    the program a call with concrete arguments runs, and a call flattens the state once rather
+    than running `eqx.filter_jit`'s per-call filtering.
+    """
 
     def __init__(self, step: Callable[..., Any]):
         self._step = step
-        # donate="all-except-first" donates every argument but the first; the batch and key
-        # travel in the first so only the state is donated.
-        self._jitted = eqx.filter_jit(step, donate="all-except-first")
+        self._jitted: dict[Any, Any] = {}
+
+    def _for(self, state: Any) -> tuple[Any, Any, Any]:
+        arrays, static = eqx.partition(state, _is_abstract_array)
+        leaves, treedef = jax.tree.flatten(static)
+        cache_key = (treedef, tuple(leaves))
+        fn = self._jitted.get(cache_key)
+        if fn is None:
+            def fn_(arrays, batch, key):
+                new_state, metrics = self._step((batch, key), eqx.combine(arrays, static))
+                # The new state's static part is the old one's: return only its arrays.
+                return eqx.filter(new_state, _is_abstract_array), metrics
+
+            # Only the state's arrays are donated: the batch and the key stay the caller's.
+            fn = self._jitted[cache_key] = jax.jit(fn_, donate_argnums=0)
+        return fn, arrays, static
 
     def __call__(self, state: TrainState, batch: Batch, key: PRNGKeyArray) -> tuple[TrainState, Metrics]:
-        return self._jitted((batch, key), state)
+        fn, arrays, static = self._for(state)
+        new_arrays, metrics = fn(arrays, batch, key)
+        return eqx.combine(new_arrays, static), metrics
 
     def lower(self, state: Any, batch: Any, key: Any) -> Any:
-        """Lower the same step for ahead-of-time compilation.
+        """Lower the step for ahead-of-time compilation (the same jit a call runs).
 
         Arguments may be `jax.ShapeDtypeStruct`s (with shardings): nothing is allocated.
         """
-        arrays, static = eqx.partition(state, _is_abstract_array)
-
-        def fn(arrays, batch, key):
-            return self._step((batch, key), eqx.combine(arrays, static))
-
-        return jax.jit(fn, donate_argnums=0).lower(arrays, batch, key)
+        fn, arrays, _ = self._for(state)
+        return fn.lower(arrays, batch, key)
 
 
-def make_eval_step(loss_fn: LossFn | StatefulLossFn) -> Callable[..., Metrics]:
+def make_eval_step(loss_fn: LossFn | StatefulLossFn | AbstractTask) -> Callable[..., Metrics]:
     """Build the jitted eval step.
 
     Arguments:
-        loss_fn: `loss_fn(model, batch, *, key) -> (loss, aux)`; called with `key=None`.
+        loss_fn: a Task (its `eval_sums`), or `loss_fn(model, batch, *, key) -> (loss, aux)`;
+            called with `key=None`.
             Its aux entries should be sums (e.g. summed loss and example weight) so that results
             over batches combine by addition. With a `model_state`, the stateful signature
             (module docstring); the state it returns is discarded.
@@ -223,6 +244,8 @@ def make_eval_step(loss_fn: LossFn | StatefulLossFn) -> Callable[..., Metrics]:
 
     @eqx.filter_jit
     def eval_step(model: eqx.Module, batch: Batch, model_state: eqx.nn.State | None = None) -> Metrics:
+        if isinstance(loss_fn, AbstractTask):
+            return loss_fn.eval_sums(model, batch, model_state=model_state)
         _, aux, _ = _call_loss(loss_fn, model, batch, None, model_state)
         return dict(aux)
 
@@ -258,10 +281,6 @@ def init_sharded_train_state(
     sharding = train_state_shardings(abstract, optimizer, mesh)
     state = eqx.filter_jit(lambda k: eqx.filter_shard(make_state(k), sharding))(key)
     return state, sharding
-
-
-# The per-batch sums an eval step's aux carries (see `make_eval_step`).
-EVAL_SUMS = ("loss_sum", "weight_sum", "correct_sum")
 
 
 def mean_eval_metrics(aux_batches: Iterable[Mapping[str, Any]]) -> dict[str, float]:

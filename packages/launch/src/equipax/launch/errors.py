@@ -4,9 +4,9 @@ Every command runs inside `GuardedGroup.invoke`: an exception that escapes a com
 one paragraph on stderr and a documented exit code, never a traceback from deep inside JAX.
 `launch --debug COMMAND ...` lets it through with the full traceback instead.
 
-Exit codes: 0 done; 1 unexpected error (a bug or an unsupported setup: rerun with --debug);
-2 bad input or environment (config, data, job directory, disk) - nothing saved was damaged,
-fix it and rerun; 3 `launch compile --strict` found the step does not fit; 4 stopped on
+Exit codes (all defined here): 0 done; 1 unexpected error (a bug or an unsupported setup: rerun
+with --debug); 2 bad input or environment (config, data, job directory, disk) - nothing saved was
+damaged, fix it and rerun; 3 `launch compile --strict` found the step does not fit; 4 stopped on
 non-finite steps (train.on_nonfinite); 75 stopped by SIGTERM/SIGINT after a checkpoint.
 """
 
@@ -23,6 +23,17 @@ from equipax.core.config import ConfigError
 
 EXIT_UNEXPECTED = 1
 EXIT_USER_ERROR = 2
+EXIT_DOES_NOT_FIT = 3
+EXIT_NONFINITE = 4
+EXIT_PREEMPTED = 75
+
+
+class Preempted(Exception):
+    """The run stopped on SIGTERM/SIGINT after checkpointing `step` (exit 75; already reported)."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped after step {step}")
+        self.step = step
 
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
@@ -35,13 +46,16 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
 
 def describe(exc: BaseException) -> tuple[str, int]:
     """The one-paragraph message and the exit code for an exception that ended a command."""
+    from equipax.core.task import BatchError
     from equipax.data import DataError
     from equipax.launch.training.checkpoints import CheckpointSaveError
-    from equipax.launch.training.nonfinite import EXIT_NONFINITE, NonFiniteError
+    from equipax.launch.training.nonfinite import NonFiniteError
 
+    if isinstance(exc, Preempted):
+        return "", EXIT_PREEMPTED  # the loop said where the checkpoint is
     if isinstance(exc, NonFiniteError):
         return str(exc), EXIT_NONFINITE
-    if isinstance(exc, (ConfigError, CheckpointSaveError)):
+    if isinstance(exc, (ConfigError, CheckpointSaveError, BatchError)):
         return str(exc), EXIT_USER_ERROR
     if isinstance(exc, DataError):
         return f"data: {exc}", EXIT_USER_ERROR
@@ -70,5 +84,6 @@ class GuardedGroup(TyperGroup):
             if ctx.params.get("debug"):  # `launch --debug ...` (the app callback's option)
                 raise
             message, code = describe(e)
-            Console(stderr=True, soft_wrap=True).print(Text.assemble(("error:", "bold red"), " ", message))
+            if message:
+                Console(stderr=True, soft_wrap=True).print(Text.assemble(("error:", "bold red"), " ", message))
             raise typer.Exit(code) from None

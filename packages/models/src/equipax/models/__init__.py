@@ -1,13 +1,16 @@
 """equipax.models: model definitions built from equipax.core layers."""
 
-from equipax.models.classifier import classification_loss, classification_metrics
+from equipax.models.classifier import ImageClassificationTask, classification_loss, classification_metrics
 from equipax.models.cnn import AdvancedCNN, CNNConfig, ResidualBlock, SelfAttention
 from equipax.models.lm import LMConfig, TransformerLM, generate, lm_loss
+from equipax.models.lm_task import LMTask
 
 __all__ = [
     "AdvancedCNN",
     "CNNConfig",
+    "ImageClassificationTask",
     "LMConfig",
+    "LMTask",
     "ResidualBlock",
     "SelfAttention",
     "TransformerLM",

@@ -11,10 +11,14 @@ stay unchanged) and dropout is off.
 from collections.abc import Callable, Mapping
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from jaxtyping import Array, Float, Int, PRNGKeyArray, Scalar
+
+from equipax.core.task import AbstractTask, Batch, Metrics
+from equipax.models.cnn import AdvancedCNN, CNNConfig
 
 # `model(images, state, *, key, inference) -> (logits, state)`, e.g. `AdvancedCNN`.
 ImageClassifier = Callable[..., tuple[Float[Array, "batch classes"], eqx.nn.State]]
@@ -72,3 +76,39 @@ def classification_loss(
     logits, new_state = model(images, model_state, key=key, inference=key is None)
     loss, aux = classification_metrics(logits, labels, weights)
     return loss, aux, new_state
+
+
+class ImageClassificationTask(AbstractTask):
+    """Train an `AdvancedCNN` on labelled images (Pax's ClassificationModel task).
+
+    Attributes:
+        config: the CNN's hyperparameters.
+        image_shape: `(height, width, channels)` of the images.
+    """
+
+    config: CNNConfig = eqx.field(static=True)
+    image_shape: tuple[int, int, int] = eqx.field(static=True)
+
+    def __check_init__(self) -> None:
+        if self.image_shape[-1] != self.config.in_channels:
+            raise ValueError(f"images have {self.image_shape[-1]} channels but the model reads "
+                             f"in_channels={self.config.in_channels}.")
+
+    def init(self, key: PRNGKeyArray) -> tuple[AdvancedCNN, eqx.nn.State]:
+        """The model and its BatchNorm state (`eqx.nn.make_with_state`)."""
+        return eqx.nn.make_with_state(AdvancedCNN)(self.config, key=key)
+
+    def loss(
+        self, model: AdvancedCNN, batch: Batch, *, key: PRNGKeyArray | None, model_state: eqx.nn.State | None
+    ) -> tuple[Scalar, Metrics, eqx.nn.State]:
+        """`classification_loss`; `key=None` evaluates with the running BatchNorm statistics."""
+        assert model_state is not None, "an AdvancedCNN needs its BatchNorm state"
+        return classification_loss(model, batch, key=key, model_state=model_state)
+
+    def abstract_batch(self, global_batch: int) -> dict[str, jax.ShapeDtypeStruct]:
+        """`images` float32 `[batch height width channels]`, `labels` int32 and `weights` float32 `[batch]`."""
+        return {
+            "images": jax.ShapeDtypeStruct((global_batch, *self.image_shape), jnp.float32),
+            "labels": jax.ShapeDtypeStruct((global_batch,), jnp.int32),
+            "weights": jax.ShapeDtypeStruct((global_batch,), jnp.float32),
+        }

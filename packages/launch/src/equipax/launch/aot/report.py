@@ -7,26 +7,24 @@ target accelerator, the collectives XLA inserted, and the compile's own cost.
 """
 
 import dataclasses
-import functools
+import hashlib
 import math
 import re
 import resource
 import time
+from collections.abc import Callable
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from equipax.core.config import ConfigError
-from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
+from equipax.core.flops import transformer_lm_flops_per_token
 from equipax.core.mesh import build_mesh
-from equipax.core.optim import make_learner, make_schedule
-from equipax.core.partition import batch_sharding, train_state_shardings
-from equipax.core.step import init_train_state, make_train_step
 from equipax.launch.experiments.config import ExperimentConfig
-from equipax.models.lm import TransformerLM, lm_loss
+from equipax.launch.tasks import family
+from equipax.launch.training.build import build_training
 
 GIB = 2**30
 
@@ -74,10 +72,9 @@ def _per_device_bytes(abstract: Any) -> int:
     return total
 
 
-def _abstract_with_shardings(tree: Any, shardings: Any) -> Any:
-    arrays, static = eqx.partition(tree, lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    placed = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), arrays, shardings)
-    return eqx.combine(placed, static)
+def stablehlo_fingerprint(lowered: Any) -> str:
+    """SHA-256 of a lowered program's StableHLO text (equal programs, equal fingerprints)."""
+    return hashlib.sha256(lowered.as_text().encode()).hexdigest()
 
 
 def compile_report(
@@ -87,9 +84,9 @@ def compile_report(
     hbm_gib: float | None = None,
     assumed_mfu: float = 0.5,
     mesh: Mesh | None = None,
-    log=print,
+    log: Callable[[str], object] = print,
 ) -> dict[str, Any]:
-    """Lower and compile `cfg`'s train step on `mesh` (default: built from the config).
+    """Lower and compile `cfg`'s train step (the one `launch run` executes) on `mesh`.
 
     Arguments:
         cfg: the experiment.
@@ -104,30 +101,11 @@ def compile_report(
     """
     host_rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     mesh = mesh or build_mesh(cfg.mesh)
-    optimizer = make_learner(cfg.learner)
-    schedule = make_schedule(cfg.learner.schedule)
-
-    def make_state(key):
-        return init_train_state(TransformerLM(cfg.model, key=key), optimizer)
-
     log(f"Tracing the train state of {cfg.name} abstractly (nothing is allocated)...")
-    abstract = eqx.filter_eval_shape(make_state, jax.random.key(0))
-    shardings = train_state_shardings(abstract, optimizer, mesh)
-    state = _abstract_with_shardings(abstract, shardings)
-    data_sharding = batch_sharding(mesh)
-    batch_shape = (cfg.global_batch_size, cfg.data.seq_len)
-    batch = {
-        "ids": jax.ShapeDtypeStruct(batch_shape, jnp.int32, sharding=data_sharding),
-        "labels": jax.ShapeDtypeStruct(batch_shape, jnp.int32, sharding=data_sharding),
-        "weights": jax.ShapeDtypeStruct(batch_shape, jnp.float32, sharding=data_sharding),
-    }
-    key = jax.eval_shape(lambda: jax.random.key(0))
-    step = make_train_step(functools.partial(lm_loss, mesh=mesh), optimizer, schedule,
-                           state_sharding=shardings, batch_sharding=data_sharding)
-
+    training = build_training(cfg, mesh)
     log(f"Lowering and compiling the train step for {mesh.size} devices {dict(mesh.shape)}...")
     t0 = time.monotonic()
-    lowered = step.lower(state, batch, key)
+    lowered = training.lower()
     t_lower = time.monotonic() - t0
     compiled = lowered.compile()
     t_compile = time.monotonic() - t0 - t_lower
@@ -145,49 +123,31 @@ def compile_report(
     memory["total_bytes"] = (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
                              + memory["temp_bytes"])
     budget = hbm_gib if hbm_gib is not None else target.hbm_gib
-    fits = memory["total_bytes"] <= budget * GIB
-
-    params = lm_param_counts(cfg.model.transformer, cfg.model.vocab_size)
-    flops = transformer_lm_flops_per_token(cfg.model.transformer, vocab_size=cfg.model.vocab_size,
-                                           seq_len=cfg.data.seq_len)
-    tokens_per_step = cfg.global_batch_size * cfg.data.seq_len
-    step_flops = flops["training"] * tokens_per_step
-    peak_step_s = step_flops / (mesh.size * target.peak_tflops * 1e12)
-    report = {
+    numbers = family(cfg).numbers(cfg)
+    state = training.abstract_state
+    report: dict[str, Any] = {
         "experiment": cfg.name,
         "devices": mesh.size,
         "mesh": dict(mesh.shape),
         "target": dataclasses.asdict(target),
         "params": {
-            "total": params["total"],
-            "embedding": params["embedding"],
-            "per_layer": params["per_layer"],
+            "total": numbers["params_total"],
+            "embedding": numbers.get("params_embedding"),
+            "per_layer": numbers.get("params_per_layer"),
             "per_device_param_bytes": _per_device_bytes(state.model),
             "per_device_optimizer_bytes": _per_device_bytes(state.opt_state),
         },
         "memory_per_device": {
             **memory,
             "budget_gib": budget,
-            "fits": fits,
+            "fits": memory["total_bytes"] <= budget * GIB,
             "note": ("XLA:CPU's temporaries are an upper bound for an accelerator (no HBM-aware "
                      "scheduling or fusion of the accelerator backend)."),
         },
-        "flops": {
-            "model_flops_per_token": flops["training"],
-            "six_n_per_token": 6.0 * params["total"],
-            "attention_flops_per_token": 3.0 * flops["attention"],
-            "remat_flops_per_token": flops["remat"],
-            "model_flops_per_step": step_flops,
-            "tokens_per_step": tokens_per_step,
-        },
-        "projection": {
-            "ideal_step_s": peak_step_s,
-            "ideal_tokens_per_s": tokens_per_step / peak_step_s,
-            "assumed_mfu": assumed_mfu,
-            "step_s_at_assumed_mfu": peak_step_s / assumed_mfu,
-            "tokens_per_s_at_assumed_mfu": tokens_per_step / peak_step_s * assumed_mfu,
-        },
+        "flops": None,
+        "projection": None,
         "collectives": count_collectives(compiled.as_text()),
+        "stablehlo_sha256": stablehlo_fingerprint(lowered),
         "compile": {
             "lower_s": t_lower,
             "compile_s": t_compile,
@@ -196,7 +156,32 @@ def compile_report(
             "backend": jax.devices()[0].platform,
         },
     }
+    if "model_flops_per_step" in numbers:
+        report["flops"], report["projection"] = _flops_and_projection(cfg, numbers, mesh.size, target, assumed_mfu)
     return report
+
+
+def _flops_and_projection(cfg: ExperimentConfig, numbers: dict[str, Any], devices: int, target: Target,
+                          assumed_mfu: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Model FLOPs (PaLM: no remat) and the step time they imply on `target`."""
+    flops = transformer_lm_flops_per_token(cfg.model.transformer, vocab_size=cfg.model.vocab_size,  # pyright: ignore
+                                           seq_len=cfg.data.seq_len)  # pyright: ignore[reportAttributeAccessIssue]
+    step_flops, tokens_per_step = numbers["model_flops_per_step"], numbers["tokens_per_step"]
+    peak_step_s = step_flops / (devices * target.peak_tflops * 1e12)
+    return {
+        "model_flops_per_token": flops["training"],
+        "six_n_per_token": 6.0 * numbers["params_total"],
+        "attention_flops_per_token": 3.0 * flops["attention"],
+        "remat_flops_per_token": flops["remat"],
+        "model_flops_per_step": step_flops,
+        "tokens_per_step": tokens_per_step,
+    }, {
+        "ideal_step_s": peak_step_s,
+        "ideal_tokens_per_s": tokens_per_step / peak_step_s,
+        "assumed_mfu": assumed_mfu,
+        "step_s_at_assumed_mfu": peak_step_s / assumed_mfu,
+        "tokens_per_s_at_assumed_mfu": tokens_per_step / peak_step_s * assumed_mfu,
+    }
 
 
 def check_compile_devices(cfg: ExperimentConfig) -> None:
@@ -213,11 +198,13 @@ def format_report(r: dict[str, Any]) -> str:
     """A readable multi-line summary of `compile_report`'s output."""
     p, m, f, pr, c = r["params"], r["memory_per_device"], r["flops"], r["projection"], r["compile"]
     t = r["target"]
+    params = f"  params        {p['total'] / 1e9:.3f}e9 total"
+    if p["embedding"] is not None:
+        params += f", {p['embedding'] / 1e6:.1f}M embedding, {p['per_layer'] / 1e6:.1f}M per layer"
     lines = [
         f"{r['experiment']} on {r['devices']} devices {r['mesh']} (target {t['name']}: "
         f"{t['peak_tflops']:.0f} TFLOP/s bf16, {t['hbm_gib']:.0f} GiB HBM per chip)",
-        f"  params        {p['total'] / 1e9:.3f}e9 total, {p['embedding'] / 1e6:.1f}M embedding, "
-        f"{p['per_layer'] / 1e6:.1f}M per layer",
+        params,
         f"  per device    params {p['per_device_param_bytes'] / GIB:.2f} GiB, optimizer state "
         f"{p['per_device_optimizer_bytes'] / GIB:.2f} GiB",
         f"  XLA memory    arguments {m['argument_bytes'] / GIB:.2f} GiB, outputs {m['output_bytes'] / GIB:.2f} "
@@ -225,14 +212,20 @@ def format_report(r: dict[str, Any]) -> str:
         f"                total {m['total_bytes'] / GIB:.2f} GiB of {m['budget_gib']:.0f} GiB: "
         + ("fits" if m["fits"] else "DOES NOT FIT"),
         f"                ({m['note']})",
-        f"  model FLOPs   {f['model_flops_per_token'] / 1e9:.2f} GFLOP/token (6N = "
-        f"{f['six_n_per_token'] / 1e9:.2f}, attention {f['attention_flops_per_token'] / 1e9:.2f}), "
-        f"{f['model_flops_per_step'] / 1e15:.2f} PFLOP/step; remat adds "
-        f"{f['remat_flops_per_token'] / 1e9:.2f} GFLOP/token (not in MFU)",
-        f"  at peak       {pr['ideal_step_s']:.3f} s/step, {pr['ideal_tokens_per_s']:,.0f} tokens/s",
-        f"  at {pr['assumed_mfu']:.0%} MFU    {pr['step_s_at_assumed_mfu']:.3f} s/step, "
-        f"{pr['tokens_per_s_at_assumed_mfu']:,.0f} tokens/s",
+    ]
+    if f is not None and pr is not None:
+        lines += [
+            f"  model FLOPs   {f['model_flops_per_token'] / 1e9:.2f} GFLOP/token (6N = "
+            f"{f['six_n_per_token'] / 1e9:.2f}, attention {f['attention_flops_per_token'] / 1e9:.2f}), "
+            f"{f['model_flops_per_step'] / 1e15:.2f} PFLOP/step; remat adds "
+            f"{f['remat_flops_per_token'] / 1e9:.2f} GFLOP/token (not in MFU)",
+            f"  at peak       {pr['ideal_step_s']:.3f} s/step, {pr['ideal_tokens_per_s']:,.0f} tokens/s",
+            f"  at {pr['assumed_mfu']:.0%} MFU    {pr['step_s_at_assumed_mfu']:.3f} s/step, "
+            f"{pr['tokens_per_s_at_assumed_mfu']:,.0f} tokens/s",
+        ]
+    lines += [
         "  collectives   " + ", ".join(f"{k} {v}" for k, v in r["collectives"].items()),
+        f"  program       StableHLO sha256 {r['stablehlo_sha256'][:16]}... (the step `launch run` executes)",
         f"  compile       lower {c['lower_s']:.1f} s + compile {c['compile_s']:.1f} s on {c['backend']}, "
         f"host peak RSS {c['host_peak_rss_gib']:.2f} GiB",
     ]

@@ -2,8 +2,9 @@
 
 import dataclasses
 
+from equipax.core.mesh import MeshConfig
 from equipax.core.optim import LearnerConfig, ScheduleConfig
-from equipax.launch.experiments.classify_config_old import ClassifierExperimentConfig, EpochTrainConfig, ImageDataConfig
+from equipax.launch.experiments.config import ExperimentConfig, ImageDataConfig, TrainConfig
 from equipax.launch.experiments.registry import register
 from equipax.models.cnn import CNNConfig
 
@@ -19,24 +20,26 @@ TUTORIAL_LEARNER = LearnerConfig(
 
 
 @register
-def cnn_tutorial() -> ClassifierExperimentConfig:
+def cnn_tutorial() -> ExperimentConfig:
     """The tutorial as written: 5 epochs of batch 32 on 1000 random 32x32x3 images (200 to test).
 
     The labels are random, so test accuracy stays at chance (~0.1) however long it trains.
     """
-    return ClassifierExperimentConfig(
+    return ExperimentConfig(
         name="cnn_tutorial",
         description="The German tutorial's AdvancedCNN on its synthetic images (random labels).",
         model=CNNConfig(num_classes=10, in_channels=3),
         data=ImageDataConfig(source="synthetic", batch_size=32, num_train=1000, num_test=200,
                              image_size=32, channels=3, num_classes=10, shuffle=False),
         learner=TUTORIAL_LEARNER,
-        train=EpochTrainConfig(num_epochs=5, log_every=10),
+        train=TrainConfig(num_epochs=5, log_every=10, eval_batches=0),
+        # Data parallel over every device present (`--cpu-devices 4`, a GPU host, ...).
+        mesh=MeshConfig(ici_mesh_shape=(-1, 1, 1)),
     )
 
 
 @register
-def cnn_digits() -> ClassifierExperimentConfig:
+def cnn_digits() -> ExperimentConfig:
     """The same model and learner on the 1797 handwritten digits (80/20 split): >= 95% test accuracy."""
     base = cnn_tutorial()
     return dataclasses.replace(
@@ -45,5 +48,5 @@ def cnn_digits() -> ClassifierExperimentConfig:
         description="The tutorial's AdvancedCNN on the 8x8 handwritten digits.",
         model=dataclasses.replace(base.model, in_channels=1),
         data=ImageDataConfig(source="digits", batch_size=32, test_fraction=0.2, shuffle=True),
-        train=EpochTrainConfig(num_epochs=10, log_every=10),
+        train=TrainConfig(num_epochs=10, log_every=10, eval_batches=0),
     )

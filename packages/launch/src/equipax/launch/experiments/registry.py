@@ -1,6 +1,6 @@
-"""Experiment registry: `@register`ed functions returning an ExperimentConfig (LM training),
-a ClassifierExperimentConfig (image classification, an epoch loop) or an AttentionBenchConfig
-(a benchmark that `launch run` runs instead of training).
+"""Experiment registry: `@register`ed functions returning an `ExperimentConfig` (a training
+experiment of any task family), and `@register_benchmark`ed ones returning a benchmark config
+(`AttentionBenchConfig`) that `launch run` runs instead of training.
 
 Lookup by short name (`shakespeare_tiny`) or by any dotted suffix of the full path
 (`experiments.shakespeare.shakespeare_tiny`). Registering is pure: nothing runs until a
@@ -11,34 +11,45 @@ import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable
+from typing import Any, Literal
 
 from equipax.core.config import ConfigError, suggest
-from equipax.launch.commands.bench import AttentionBenchConfig
-from equipax.launch.experiments.classify_config_old import ClassifierExperimentConfig
-from equipax.launch.experiments.config import ExperimentConfig
 
-Experiment = ExperimentConfig | ClassifierExperimentConfig | AttentionBenchConfig
+# An ExperimentConfig ("train" entries) or a benchmark config ("benchmark" entries).
+Experiment = Any
 ExperimentFn = Callable[[], Experiment]
 
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
+    """A registered experiment: its short name, dotted path, config function and kind."""
+
     name: str
     path: str
     fn: ExperimentFn
+    kind: Literal["train", "benchmark"] = "train"
 
 
 _REGISTRY: dict[str, Entry] = {}
 
 
 def register[F: ExperimentFn](fn: F) -> F:
-    """Register an experiment under its function name (decorator)."""
+    """Register a training experiment (returning an ExperimentConfig) under its function name."""
+    return _register(fn, "train")
+
+
+def register_benchmark[F: ExperimentFn](fn: F) -> F:
+    """Register a benchmark (`launch run --exp NAME` runs it instead of training)."""
+    return _register(fn, "benchmark")
+
+
+def _register[F: ExperimentFn](fn: F, kind: Literal["train", "benchmark"]) -> F:
     name = fn.__name__
     path = f"{fn.__module__}.{name}"
     existing = _REGISTRY.get(name)
     if existing is not None and existing.path != path:
         raise ValueError(f"Experiment {name!r} registered twice: {existing.path} and {path}.")
-    _REGISTRY[name] = Entry(name=name, path=path, fn=fn)
+    _REGISTRY[name] = Entry(name=name, path=path, fn=fn, kind=kind)
     return fn
 
 

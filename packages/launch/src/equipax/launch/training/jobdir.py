@@ -4,12 +4,17 @@
   typo'd or read-only `--job-log-dir` fails in a second with a message, not after compiling.
 - It must not belong to another experiment: resuming `B` from `A`'s checkpoints would be
   wrong even when the shapes happen to match.
+- It is owned by one live run at a time (`JobLock`).
 - Small files are replaced atomically (`write_text_atomic`), so a kill never leaves half a
   config.json, tokenizer or metrics file behind.
 """
 
+import fcntl
 import json
 import os
+import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from equipax.core.config import ConfigError
@@ -56,3 +61,63 @@ def prepare_job_dir(job_dir: Path, experiment: str) -> None:
             f"Point --job-log-dir at a new directory to start {experiment!r} fresh, or run "
             f"--exp {name} to resume that job."
         )
+
+
+class JobLock:
+    """One live run per job directory: an exclusive `flock` on `<job>/.lock` for the run's lifetime.
+
+    The lock file records the owner's host and pid. A second run while the owner lives gets a
+    ConfigError naming it; a lock file left by a dead process (the kernel dropped its flock) is
+    taken over with a warning. Only process 0 of a multi-host job locks: its processes are one run.
+
+    Arguments:
+        job_dir: the job directory (exists).
+        log: where the take-over warning goes.
+    """
+
+    def __init__(self, job_dir: Path, *, log: Callable[[str], object] = print):
+        self.path = Path(job_dir) / ".lock"
+        self.log = log
+        self._fd: int | None = None
+
+    def __enter__(self) -> "JobLock":
+        import jax
+
+        if jax.process_index() != 0:
+            return self
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = _owner(os.read(fd, 4096))
+            os.close(fd)
+            raise ConfigError(
+                f"The job directory {str(self.path.parent)!r} is in use by another run ({owner}); two "
+                "runs would overwrite each other's checkpoints. Wait for it to finish, stop it, or choose "
+                "another --job-log-dir."
+            ) from None
+        previous = os.read(fd, 4096)
+        if previous.strip():
+            self.log(f"warning: took over the job directory's lock left by {_owner(previous)}, which is "
+                     "no longer running.")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                  "started": time.strftime("%Y-%m-%d %H:%M:%S")}).encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is None:
+            return
+        os.ftruncate(self._fd, 0)  # a clean exit leaves no owner to warn about
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _owner(raw: bytes) -> str:
+    try:
+        info = json.loads(raw.decode() or "{}")
+        return f"pid {info['pid']} on host {info['host']}, started {info.get('started', '?')}"
+    except (ValueError, KeyError, TypeError):
+        return "a process that left no readable record"

@@ -15,8 +15,6 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-# Exit code of a run stopped by non-finite steps (documented in docs/errors.md).
-EXIT_NONFINITE = 4
 
 
 class NonFiniteError(Exception):

@@ -8,8 +8,6 @@ import signal
 import threading
 from types import FrameType
 
-# Exit code of a run stopped by SIGTERM/SIGINT after saving a checkpoint (documented in docs/).
-EXIT_PREEMPTED = 75
 
 
 class StopRequest:

@@ -1,0 +1,108 @@
+"""The Task: the contract between a model family and the training machinery.
+
+Pax's Task bundles a model with its loss and metrics; here a Task is a small frozen value
+(an `eqx.Module` with no arrays) that says, for one model family and one input shape:
+
+- `init(key) -> (model, model_state)`: build the model (and its non-trained state, e.g.
+  BatchNorm statistics in an `eqx.nn.State`; None for a stateless model);
+- `loss(model, batch, *, key, model_state) -> (loss, aux, model_state)`: the scalar that is
+  differentiated, a dict of scalar metrics, and the new non-trained state. `key=None` means
+  evaluation (no dropout, running statistics unchanged). `aux` carries the eval sums
+  (`EVAL_SUMS`) so that results over batches combine by addition;
+- `eval_sums(model, batch, *, model_state)`: those sums for one eval batch;
+- `abstract_batch(global_batch)`: the batch it consumes as `jax.ShapeDtypeStruct`s, for AOT
+  lowering without data and for checking what an input produces (`check_batch`).
+
+Everything else - the optimizer, sharding, the jitted steps, the loop, checkpoints - is
+model-agnostic and lives outside the Task (`equipax.core.step`, `equipax.launch`). Adding a
+model family means writing one Task (docs/extending.md).
+"""
+
+import abc
+from collections.abc import Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+from jaxtyping import Array, PRNGKeyArray, Scalar
+
+# The per-batch sums an eval step returns (combined by `equipax.core.step.mean_eval_metrics`).
+EVAL_SUMS = ("loss_sum", "weight_sum", "correct_sum")
+
+Metrics = dict[str, Array]
+# Host batches (numpy) are accepted as well as device arrays; jit transfers them.
+Batch = Mapping[str, Array | np.ndarray]
+
+
+class BatchError(ValueError):
+    """A batch does not match what the Task consumes; the message names the field and the fix."""
+
+
+class AbstractTask(eqx.Module):
+    """A model family's contract with the training machinery (module docstring)."""
+
+    @abc.abstractmethod
+    def init(self, key: PRNGKeyArray) -> tuple[Any, eqx.nn.State | None]:
+        """Build the model and its non-trained state (None when it has none).
+
+        Arguments:
+            key: the init key.
+
+        Returns:
+            `(model, model_state)`.
+        """
+
+    @abc.abstractmethod
+    def loss(
+        self, model: Any, batch: Batch, *, key: PRNGKeyArray | None, model_state: eqx.nn.State | None
+    ) -> tuple[Scalar, Metrics, eqx.nn.State | None]:
+        """The training loss on one batch.
+
+        Arguments:
+            model: the model `init` built (with current parameters).
+            batch: the batch (`abstract_batch` describes its fields).
+            key: randomness for training (dropout); None evaluates deterministically.
+            model_state: the non-trained state, or None.
+
+        Returns:
+            `(loss, aux, new_model_state)`; aux holds scalar metrics including `EVAL_SUMS`.
+        """
+
+    @abc.abstractmethod
+    def abstract_batch(self, global_batch: int) -> dict[str, jax.ShapeDtypeStruct]:
+        """The fields of a batch of `global_batch` examples, as shapes and dtypes.
+
+        Arguments:
+            global_batch: examples per step over all hosts.
+
+        Returns:
+            `{field: ShapeDtypeStruct}`; fields a batch may omit are not listed.
+        """
+
+    def eval_sums(self, model: Any, batch: Batch, *, model_state: eqx.nn.State | None) -> Metrics:
+        """Summed metrics of one eval batch (`EVAL_SUMS`): deterministic, state unchanged."""
+        _, aux, _ = self.loss(model, batch, key=None, model_state=model_state)
+        return {k: aux[k] for k in EVAL_SUMS}
+
+    def check_batch(self, batch: Mapping[str, Any], batch_size: int) -> None:
+        """Raise BatchError unless `batch` has the fields, shapes and dtype kinds expected.
+
+        Arguments:
+            batch: a (host) batch, e.g. the first an input produced.
+            batch_size: its leading dimension (the per-host batch).
+        """
+        expected = self.abstract_batch(batch_size)
+        missing = sorted(set(expected) - set(batch))
+        if missing:
+            raise BatchError(
+                f"The input's batches lack the field(s) {missing} that {type(self).__name__} reads "
+                f"(found {sorted(batch)}); make the input emit them.")
+        for name, want in expected.items():
+            got = batch[name]
+            shape, dtype = tuple(np.shape(got)), np.asarray(got).dtype if not hasattr(got, "dtype") else got.dtype
+            if shape != tuple(want.shape) or np.dtype(dtype).kind != np.dtype(want.dtype).kind:
+                raise BatchError(
+                    f"Batch field {name!r}: expected shape {tuple(want.shape)} of {np.dtype(want.dtype)}, "
+                    f"found {shape} of {np.dtype(dtype)}. The input and the model config disagree "
+                    "(check data.seq_len / data.batch_size / the image size against the model).")

@@ -1,0 +1,42 @@
+"""What every `launch` command shares: consoles, option types, resolving an experiment."""
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from equipax.core.config import ConfigError, apply_overrides
+from equipax.launch.errors import EXIT_USER_ERROR
+from equipax.launch.experiments import registry
+
+DEFAULT_EXPERIMENT = "shakespeare_tiny"
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+ExpOption = Annotated[str, typer.Option("--exp", "-e", help="Experiment: short name or dotted path.")]
+CpuDevicesOption = Annotated[
+    int | None,
+    typer.Option("--cpu-devices", help="Simulate N devices on this CPU host (e.g. 8 for a _smoke mesh)."),
+]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override a knob: KNOB=VALUE (repeatable), e.g. model.transformer.num_layers=2."),
+]
+
+
+def fail(message: str, code: int = EXIT_USER_ERROR) -> None:
+    """Print a one-paragraph error and exit with `code`."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def resolve(exp: str, overrides: list[str] | None) -> tuple[registry.Entry, Any, dict[str, str]]:
+    """The registry entry and its config with overrides applied, or a clean exit on a user error."""
+    try:
+        entry = registry.lookup(exp)
+        cfg, sources = apply_overrides(registry.get_experiment(exp), overrides or [])
+        return entry, cfg, sources
+    except ConfigError as e:
+        fail(str(e))
+        raise AssertionError("unreachable")

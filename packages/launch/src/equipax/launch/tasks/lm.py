@@ -1,0 +1,79 @@
+"""The language-model family: LMTask, token inputs (Shakespeare, synthetic, C4), the final sample."""
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from jax.sharding import Mesh
+
+from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
+from equipax.launch.experiments.config import ExperimentConfig
+from equipax.launch.tasks import Inputs
+from equipax.models.lm_task import LMTask
+
+UNIT = "tokens"
+
+
+def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Parameters, FLOPs and tokens, analytically (no devices, no tracing)."""
+    model, data = cfg.model, cfg.data
+    params = lm_param_counts(model.transformer, model.vocab_size)  # pyright: ignore[reportAttributeAccessIssue]
+    flops = transformer_lm_flops_per_token(
+        model.transformer, vocab_size=model.vocab_size, seq_len=data.seq_len  # pyright: ignore[reportAttributeAccessIssue]
+    )
+    tokens_per_step = cfg.global_batch_size * data.seq_len  # pyright: ignore[reportAttributeAccessIssue]
+    return {
+        "params_total": params["total"],
+        "params_embedding": params["embedding"],
+        "params_per_layer": params["per_layer"],
+        "global_batch": cfg.global_batch_size,
+        "tokens_per_step": tokens_per_step,
+        "total_tokens": tokens_per_step * cfg.num_steps,
+        "model_flops_per_token": flops["training"],
+        "model_flops_per_step": flops["training"] * tokens_per_step,
+        "devices_required": cfg.mesh.num_devices,
+        "mesh_shape": list(cfg.mesh.shape),
+    }
+
+
+def units_per_example(cfg: ExperimentConfig) -> int:
+    """Tokens per example (throughput is reported in tokens/s)."""
+    return cfg.data.seq_len  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def make_task(cfg: ExperimentConfig, mesh: Mesh | None) -> LMTask:
+    """The LMTask of `cfg` on `mesh`."""
+    return LMTask(cfg.model, cfg.data.seq_len, packed=cfg.data.packing, mesh=mesh)  # pyright: ignore
+
+
+def build_inputs(cfg: ExperimentConfig, job_dir: Path, *, log: Callable[[str], object]) -> Inputs:
+    """The job's tokenizer (process 0 trains or finds it; the others load it) and the inputs."""
+    import jax
+
+    from equipax.launch.cluster.distributed import barrier, is_primary
+    from equipax.launch.training.lm_inputs import build_lm_inputs, build_tokenizer
+
+    tokenizer = build_tokenizer(cfg, job_dir, log=log) if is_primary() else None
+    barrier("tokenizer")
+    tokenizer = tokenizer or build_tokenizer(cfg, job_dir)
+    lm = build_lm_inputs(cfg, tokenizer, num_infeed_hosts=jax.process_count(),
+                         infeed_host_index=jax.process_index())
+    return Inputs(lm.train, lm.eval, info={"unigram_entropy": lm.unigram_entropy},
+                  extra={"tokenizer": tokenizer})
+
+
+def finish(cfg: ExperimentConfig, model: Any, inputs: Inputs, *, key: Any,
+           log: Callable[[str], object]) -> dict[str, Any]:
+    """Generate `train.sample_tokens` tokens after `train.sample_prompt` (single process only)."""
+    import jax
+    import numpy as np
+
+    from equipax.models.lm import generate
+
+    if cfg.train.sample_tokens == 0 or jax.process_count() > 1:
+        return {"sample": None}
+    tokenizer = inputs.extra["tokenizer"]
+    prompt = np.asarray(tokenizer.encode(cfg.train.sample_prompt) or [tokenizer.bos_id], np.int32)
+    out = generate(model, jax.numpy.asarray(prompt), cfg.train.sample_tokens,
+                   temperature=cfg.train.sample_temperature, key=key)
+    return {"sample": tokenizer.decode(np.asarray(out).tolist())}

@@ -1,0 +1,116 @@
+"""`build_training`: the one place that turns an experiment into a train step, an eval step and a
+(sharded) train state. `launch run`, `launch compile` and `benchmarks/train_step.py` all call it,
+so the program compiled ahead of time is the program a run executes.
+"""
+
+import dataclasses
+from typing import Any
+
+import equinox as eqx
+import jax
+from jax.sharding import Mesh, NamedSharding
+from jaxtyping import PRNGKeyArray
+
+from equipax.core.optim import Learner, make_learner
+from equipax.core.partition import batch_sharding, train_state_shardings
+from equipax.core.step import TrainState, TrainStep, init_train_state, make_eval_step, make_train_step
+from equipax.core.task import AbstractTask
+from equipax.launch.experiments.config import ExperimentConfig
+from equipax.launch.tasks import family
+
+
+@dataclasses.dataclass(frozen=True)
+class Keys:
+    """The run's keys: separate splits of one root key (`train.seed`)."""
+
+    init: PRNGKeyArray
+    step: PRNGKeyArray
+    sample: PRNGKeyArray
+
+    @classmethod
+    def from_seed(cls, seed: int) -> "Keys":
+        init, step, sample = jax.random.split(jax.random.key(seed), 3)
+        return cls(init=init, step=step, sample=sample)
+
+
+@dataclasses.dataclass(frozen=True)
+class Training:
+    """Everything a training program needs, built from one experiment config.
+
+    Attributes:
+        cfg: the experiment.
+        mesh: the device mesh (real or abstract devices).
+        task: the model family's Task.
+        learner: the optimizer and its schedule.
+        keys: init, step and sample keys.
+        abstract_state: the train state's shapes, dtypes and shardings (`jax.ShapeDtypeStruct`s).
+        state_sharding: NamedShardings of the state's arrays.
+        batch_sharding: how a global batch is split over the mesh.
+        train_step: the jitted train step (`state, batch, key -> state, metrics`), non-finite
+            updates skipped in-graph.
+        eval_step: the jitted eval step (`model, batch, model_state -> eval sums`).
+    """
+
+    cfg: ExperimentConfig
+    mesh: Mesh
+    task: AbstractTask
+    learner: Learner
+    keys: Keys
+    abstract_state: TrainState
+    state_sharding: Any
+    batch_sharding: NamedSharding
+    train_step: TrainStep
+    eval_step: Any
+
+    def init_state(self) -> TrainState:
+        """The initial train state, built directly in its sharded layout (no full copy on one device)."""
+        def make(key: PRNGKeyArray) -> TrainState:
+            return eqx.filter_shard(_initial_state(self.task, self.learner.optimizer, key), self.state_sharding)
+
+        return eqx.filter_jit(make)(self.keys.init)
+
+    def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
+        """One global batch as sharded `ShapeDtypeStruct`s (for AOT lowering)."""
+        return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
+                for k, v in self.task.abstract_batch(self.cfg.global_batch_size).items()}
+
+    def lower(self) -> Any:
+        """Lower the train step on abstract arguments: nothing is allocated."""
+        key = jax.eval_shape(lambda: self.keys.step)
+        return self.train_step.lower(self.abstract_state, self.abstract_batch(), key)
+
+
+def _initial_state(task: AbstractTask, optimizer: Any, key: PRNGKeyArray) -> TrainState:
+    model, model_state = task.init(key)
+    return init_train_state(model, optimizer, model_state=model_state)
+
+
+def _with_shardings(tree: Any, shardings: Any) -> Any:
+    arrays, static = eqx.partition(tree, lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    placed = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), arrays, shardings)
+    return eqx.combine(placed, static)
+
+
+def build_training(cfg: ExperimentConfig, mesh: Mesh) -> Training:
+    """Build the task, learner, shardings and jitted steps of `cfg` on `mesh`.
+
+    Nothing is allocated: the state is traced abstractly (`Training.init_state()` builds it).
+
+    Arguments:
+        cfg: the resolved experiment.
+        mesh: the mesh to shard over (`equipax.core.mesh.build_mesh`).
+
+    Returns:
+        A `Training`.
+    """
+    task = family(cfg).make_task(cfg, mesh)
+    learner = make_learner(cfg.learner)
+    keys = Keys.from_seed(cfg.train.seed)
+    abstract = eqx.filter_eval_shape(_initial_state, task, learner.optimizer, keys.init)
+    state_sharding = train_state_shardings(abstract, learner.optimizer, mesh)
+    data_sharding = batch_sharding(mesh)
+    train_step = make_train_step(task, learner.optimizer, learner.schedule, state_sharding=state_sharding,
+                                 batch_sharding=data_sharding, skip_nonfinite=True)
+    return Training(cfg=cfg, mesh=mesh, task=task, learner=learner, keys=keys,
+                    abstract_state=_with_shardings(abstract, state_sharding), state_sharding=state_sharding,
+                    batch_sharding=data_sharding, train_step=train_step, eval_step=make_eval_step(task))

@@ -1,0 +1,151 @@
+"""One training program: `build_training` serves run and compile; one loop trains every family;
+the job directory belongs to one live run."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from toy import CNN_TOY, SMOKE_SHORT, set_args
+
+
+def invoke(*args):
+    from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def launch(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "equipax.launch.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_run_executes_the_program_compile_reports():
+    """The step `launch run` dispatches (concrete sharded state + a real batch) lowers to the same
+    StableHLO as the one `launch compile` reports (abstract arguments), on an 8-device mesh."""
+    script = textwrap.dedent("""
+        import hashlib, json, pathlib, tempfile
+        import jax
+        from equipax.launch.aot.report import TARGETS, compile_report
+        from equipax.launch.experiments.registry import get_experiment
+        from equipax.launch.tasks import family
+        from equipax.launch.training.build import build_training
+        from equipax.launch.training.loop import build_run_mesh
+
+        cfg = get_experiment("lm_cloud_2b_smoke")
+        mesh = build_run_mesh(cfg)
+        training = build_training(cfg, mesh)
+        state = training.init_state()
+        inputs = family(cfg).build_inputs(cfg, pathlib.Path(tempfile.mkdtemp()), log=print)
+        host = inputs.train.get_next()
+        batch = {k: jax.make_array_from_process_local_data(training.batch_sharding, host[k])
+                 for k in training.task.abstract_batch(1)}
+        dispatched = training.train_step.lower(state, batch, training.keys.step).as_text()
+        report = compile_report(cfg, target=TARGETS["tpu-v4"], mesh=mesh, log=lambda m: None)
+        print(json.dumps({"run": hashlib.sha256(dispatched.encode()).hexdigest(),
+                          "compile": report["stablehlo_sha256"]}))
+    """)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fingerprints = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert fingerprints["run"] == fingerprints["compile"]
+
+
+def test_every_family_builds_through_build_training():
+    import jax
+
+    from equipax.core.mesh import build_mesh
+    from equipax.core.step import TrainState
+    from equipax.launch.experiments.registry import entries
+    from equipax.launch.training.build import build_training
+
+    kinds = set()
+    for entry in entries():
+        cfg = entry.fn()
+        if entry.kind != "train" or cfg.mesh.num_devices != 1:
+            continue
+        training = build_training(cfg.for_devices(1), build_mesh(cfg.for_devices(1).mesh))
+        assert isinstance(training.abstract_state, TrainState)
+        batch = training.abstract_batch()
+        assert all(isinstance(v, jax.ShapeDtypeStruct) for v in batch.values())
+        kinds.add(cfg.kind)
+    assert kinds == {"lm", "image_classification"}
+
+
+def test_first_batch_is_checked_against_the_task():
+    import numpy as np
+
+    from equipax.core.task import BatchError
+    from equipax.models import CNNConfig, ImageClassificationTask
+
+    task = ImageClassificationTask(CNNConfig(in_channels=1), (8, 8, 1))
+    good = {"images": np.zeros((4, 8, 8, 1), np.float32), "labels": np.zeros(4, np.int32),
+            "weights": np.ones(4, np.float32)}
+    task.check_batch(good, 4)
+    with pytest.raises(BatchError, match="'images': expected shape \\(4, 8, 8, 1\\)"):
+        task.check_batch({**good, "images": np.zeros((4, 9, 9, 1), np.float32)}, 4)
+    with pytest.raises(BatchError, match="lack the field"):
+        task.check_batch({"images": good["images"]}, 4)
+
+
+@pytest.mark.slow
+def test_cnn_digits_data_parallel_on_4_devices_matches_1_device(tmp_path):
+    sets = set_args([*CNN_TOY, "train.num_epochs=1", "data.batch_size=128"])
+    one = launch("run", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "one", *sets)
+    assert one.returncode == 0, one.stdout + one.stderr
+    four = launch("run", "--exp", "cnn_digits", "--cpu-devices", 4, "--job-log-dir", tmp_path / "four", *sets)
+    assert four.returncode == 0, four.stdout + four.stderr
+    assert json.loads((tmp_path / "four" / "config.json").read_text())["mesh"]["ici_mesh_shape"] == [4, 1, 1]
+    a = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (tmp_path / "four" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["split"]) for r in a] == [(r["step"], r["split"]) for r in b]
+    for ra, rb in zip(a, b):
+        for k in ("loss", "test_loss", "train_loss"):
+            if k in ra:
+                assert rb[k] == pytest.approx(ra[k], rel=2e-3, abs=1e-4), (ra, rb)
+
+
+@pytest.mark.slow
+def test_cnn_nonfinite_policy_and_compile(tmp_path):
+    sets = set_args([*CNN_TOY, "train.num_epochs=1", "data.batch_size=128", "train.debug_nan_steps=(3,)",
+                     "train.on_nonfinite=abort"])
+    proc = launch("run", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "job", *sets)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "Step 3: the loss is nan" in proc.stderr
+    compiled = launch("compile", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "c")
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    report = json.loads((tmp_path / "c" / "compile.json").read_text())
+    assert report["params"]["total"] > 0 and report["flops"] is None
+
+
+def test_a_live_run_owns_its_job_directory(tmp_path):
+    """A second run on a job directory whose run is alive exits 2 naming it; a dead one's lock is taken over."""
+    job = tmp_path / "job"
+    job.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import pathlib, sys, time
+            from equipax.launch.training.jobdir import JobLock
+            with JobLock(pathlib.Path({str(job)!r})):
+                print("locked", flush=True)
+                time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        result = invoke("run", "--job-log-dir", job, *set_args(SMOKE_SHORT))
+        assert result.exit_code == 2, result.output
+        assert f"pid {holder.pid} on host" in result.output and "in use by another run" in result.output
+    finally:
+        holder.kill()
+        holder.wait()
+    from equipax.launch.training.jobdir import JobLock
+
+    messages = []
+    with JobLock(job, log=messages.append):
+        pass
+    assert messages and f"left by pid {holder.pid}" in messages[0] and "no longer running" in messages[0]
