@@ -253,9 +253,10 @@ def _decode(
     temperature: float,
     top_k: int | None,
     top_p: float | None,
-    eos_id: int | None,
-    pad_id: int,
+    eos_id: Array,
+    pad_id: Array,
 ) -> tuple[Array, Array]:
+    # eos_id (-1: none) and pad_id are traced: other values reuse the compiled program.
     batch, seq = prompts.shape
     lengths = lengths.astype(jnp.int32)
     lengths = eqx.error_if(
@@ -275,7 +276,7 @@ def _decode(
         ), key
 
     def stopped(tokens: Array) -> Array:
-        return jnp.zeros_like(tokens, bool) if eos_id is None else tokens == eos_id
+        return tokens == eos_id
 
     token, key = pick(logits, key)
     out = jnp.full((batch, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(token)
@@ -364,5 +365,6 @@ def decode(
             raise ValueError(f"{name} must be a token id in [0, {vocab}), got {value}.")
     return _decode(
         model, prompts, lengths, key if temperature > 0 else None, int(max_new_tokens),
-        float(temperature), top_k, top_p, eos_id, int(pad_id),
+        float(temperature), top_k, top_p, jnp.int32(-1 if eos_id is None else eos_id),
+        jnp.int32(pad_id),
     )
