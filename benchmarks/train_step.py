@@ -38,6 +38,7 @@ from equipax.launch.training.build import Training, build_training
 from equipax.models.lm import LMConfig
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "train_step.json"
+COMPARE_OUT = Path(__file__).resolve().parent / "results" / "train_step_compare.json"
 # 2 cores x 32 f32 FLOP/cycle (2 AVX2 FMA units x 8 lanes x 2) x 2.445 GHz (PERF-NOTES.md).
 THEORETICAL_PEAK_GFLOPS = 156.5
 
@@ -275,7 +276,7 @@ def benchmark_preset(preset: Preset, *, steps: int, warmup: int) -> dict[str, An
             "batch_size": preset.batch_size,
             "learner": preset.learner.kind,
         },
-        "params": count_params(model),
+        "params": count_params(state.model),
         "tokens_per_step": tokens_per_step,
         "model_flops_per_token": flops["training"],
         "hardware_flops_per_token": flops["training_with_remat"],
@@ -291,6 +292,158 @@ def benchmark_preset(preset: Preset, *, steps: int, warmup: int) -> dict[str, An
         "first_loss": first_loss,
         "last_loss": float(metrics["loss"]),
     }
+
+
+def _baseline_module() -> Any:
+    """`benchmarks/baseline_lm.py`, loaded by path (the benchmarks folder is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent / "baseline_lm.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_baseline_lm", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def baseline_for(preset: Preset) -> Any:
+    """The plain-JAX `BaselineConfig` of the same math as `preset` (caps, clip, decay included)."""
+    m, t, lr = preset.model, preset.model.transformer, preset.learner
+    unsupported = {
+        "norm": (t.norm, "layernorm"), "activation": (t.activation, "gelu"), "gated": (t.gated, False),
+        "use_bias": (t.use_bias, False), "scan_layers": (t.scan_layers, False), "remat": (t.remat, "none"),
+        "attention": (t.attention, "softmax"), "position": (m.position, "sinusoidal"),
+        "dtype": (m.dtype, "float32"), "learner.kind": (lr.kind, "adamw"),
+    }
+    bad = {k: found for k, (found, want) in unsupported.items() if found != want}
+    if bad:
+        raise SystemExit(
+            f"--compare: preset {preset.name!r} has {bad}; the plain-JAX baseline implements the "
+            "presets' unrolled pre-LN GELU LM with AdamW only. Drop --scan/--remat or pick another preset."
+        )
+    return _baseline_module().BaselineConfig(
+        vocab_size=m.vocab_size, num_layers=t.num_layers, model_dims=t.model_dims, num_heads=t.num_heads,
+        head_dim=t.head_dim, hidden_dims=t.hidden_dims, seq_len=preset.seq_len, batch_size=preset.batch_size,
+        atten_logit_cap=t.atten_logit_cap, output_logit_cap=m.output_logit_cap,
+        clip_gradient_norm=lr.clip_gradient_norm, weight_decay=lr.weight_decay, b1=lr.b1, b2=lr.b2, eps=lr.eps,
+    )
+
+
+def baseline_params(model: Any) -> dict[str, Any]:
+    """The equipax `TransformerLM`'s parameters in the baseline's dict layout (copies)."""
+    copy = lambda x: jnp.array(x, copy=True)  # noqa: E731 (both steps donate their inputs)
+    layers = [
+        {"ln1": copy(b.atten_norm.scale), "qkv": copy(b.attention.qkv), "out": copy(b.attention.out),
+         "ln2": copy(b.ffn_norm.scale), "up": copy(b.ffn.up.weight), "down": copy(b.ffn.down.weight)}
+        for b in model.stack.layers
+    ]
+    return {"embed": copy(model.embedding.weight), "layers": layers, "final_ln": copy(model.final_norm.scale)}
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    """`(result, host seconds until fn returned, wall seconds until the result was ready)`."""
+    t0 = time.perf_counter()
+    out = fn()
+    t1 = time.perf_counter()
+    jax.block_until_ready(out)
+    return out, t1 - t0, time.perf_counter() - t0
+
+
+def compare_preset(preset: Preset, *, steps: int, warmup: int) -> dict[str, Any]:
+    """Time the equipax step against the plain-JAX baseline, interleaved, on the same batch.
+
+    Both start from the same parameters (the baseline's are converted from the equipax model),
+    so their first losses agree; each timed round runs one step of each, alternating which
+    goes first. `ratio` is the median over rounds of baseline time / equipax time (> 1: equipax
+    faster); `dispatch_ms` is the host time until the call returned (before the device is done).
+
+    Arguments:
+        preset: the model and batch.
+        steps: timed rounds.
+        warmup: untimed rounds after the compiling calls.
+
+    Returns:
+        Per side (`equipax`, `baseline`): compile seconds, step and dispatch medians, tokens/s,
+        first and last loss; plus `ratio`, `ratio_iqr` and `max_first_loss_diff`.
+    """
+    bl = _baseline_module()
+    bcfg = baseline_for(preset)
+    training = preset_training(preset)
+    train_step, step_key = training.train_step, training.keys.step
+    state = training.init_state()
+    params = baseline_params(state.model)
+    optimizer = bl.make_optimizer(bcfg, training.learner.schedule)
+    opt_state = optimizer.init(params)
+    base_step = bl.make_step(bcfg, optimizer)
+    batch = _random_batch(preset, jax.random.key(1))
+    jax.block_until_ready((state, params, opt_state, batch))
+
+    def run_equipax():
+        nonlocal state
+        state, metrics = train_step(state, batch, step_key)
+        return metrics["loss"]
+
+    def run_baseline():
+        nonlocal params, opt_state
+        params, opt_state, loss = base_step(params, opt_state, batch)
+        return loss
+
+    sides = {"equipax": run_equipax, "baseline": run_baseline}
+    out: dict[str, dict[str, Any]] = {name: {} for name in sides}
+    for name, fn in sides.items():
+        with _CompileTimer() as timer:
+            loss, _, wall = _timed(fn)
+        out[name] |= {"compile_s": sum(timer.totals.values()), "first_step_s": wall, "first_loss": float(loss)}
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    dispatch: dict[str, list[float]] = {name: [] for name in sides}
+    for i in range(warmup + steps):
+        order = list(sides) if i % 2 == 0 else list(sides)[::-1]
+        for name in order:
+            loss, host_s, wall_s = _timed(sides[name])
+            if i >= warmup:
+                times[name].append(wall_s)
+                dispatch[name].append(host_s)
+            out[name]["last_loss"] = float(loss)
+    tokens = preset.batch_size * preset.seq_len
+    for name in sides:
+        med = statistics.median(times[name])
+        out[name] |= {"step_s": _summary(times[name]), "dispatch_ms": statistics.median(dispatch[name]) * 1e3,
+                      "tokens_per_s": tokens / med}
+    ratios = [b / e for b, e in zip(times["baseline"], times["equipax"])]
+    q1, q3 = np.percentile(ratios, [25, 75])
+    return {
+        "description": preset.description,
+        "params": count_params(state.model),
+        "tokens_per_step": tokens,
+        **out,
+        "ratio": statistics.median(ratios),
+        "ratio_iqr": float(q3 - q1),
+        "max_first_loss_diff": abs(out["equipax"]["first_loss"] - out["baseline"]["first_loss"]),
+        "steps": steps,
+        "warmup": warmup,
+    }
+
+
+def _compare_table(results: dict[str, Any]) -> str:
+    headers = ["preset", "params", "equipax ms", "plain ms", "equipax tok/s", "plain tok/s", "ratio (IQR)",
+               "compile s eqx/plain", "dispatch ms eqx/plain", "first loss eqx/plain"]
+    rows = []
+    for name, r in results["presets"].items():
+        e, b = r["equipax"], r["baseline"]
+        rows.append([
+            name, f"{r['params'] / 1e6:.2f}M", f"{e['step_s']['median_s'] * 1e3:.1f}",
+            f"{b['step_s']['median_s'] * 1e3:.1f}", f"{e['tokens_per_s']:,.0f}", f"{b['tokens_per_s']:,.0f}",
+            f"{r['ratio']:.3f} ({r['ratio_iqr']:.3f})", f"{e['compile_s']:.2f}/{b['compile_s']:.2f}",
+            f"{e['dispatch_ms']:.2f}/{b['dispatch_ms']:.2f}", f"{e['first_loss']:.4f}/{b['first_loss']:.4f}",
+        ])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+    lines = [fmt.format(*headers), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*row) for row in rows]
+    lines.append("ratio: median over interleaved rounds of plain-JAX step time / equipax step time "
+                 "(> 1: equipax faster)")
+    return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -323,7 +476,13 @@ def _parser() -> argparse.ArgumentParser:
         help="compile and run one step of the 'tiny' preset first, unreported, so the first "
         "preset's compile time does not carry the process's one-time XLA start-up (~1.5 s)",
     )
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results file")
+    p.add_argument(
+        "--compare", action="store_true",
+        help="time the equipax step against the plain-JAX baseline (benchmarks/baseline_lm.py), "
+        "interleaved in this process, and print the ratio per preset",
+    )
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"JSON results file (default: {DEFAULT_OUT}, or {COMPARE_OUT} with --compare)")
     return p
 
 
@@ -386,6 +545,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     theo = args.theoretical_peak_gflops or None
     if args.warm_process:
         benchmark_preset(PRESETS["tiny"](), steps=1, warmup=0)
+    if args.compare:
+        return _main_compare(args, names)
     per_preset: dict[str, Any] = {}
     for name in dict.fromkeys(names):
         preset = _with_overrides(PRESETS[name](), scan=args.scan, remat=args.remat)
@@ -426,9 +587,37 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "presets": per_preset,
     }
     print(_table(results))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.out}", file=sys.stderr)
+    return _write(results, args.out or DEFAULT_OUT)
+
+
+def _environment() -> dict[str, Any]:
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind,
+        "cpu_count": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
+        "python": platform.python_version(),
+    }
+
+
+def _main_compare(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    per_preset = {}
+    for name in dict.fromkeys(names):
+        preset = _with_overrides(PRESETS[name](), scan=args.scan, remat=args.remat)
+        print(f"[{name}] {preset.description}: equipax vs plain JAX ...", file=sys.stderr, flush=True)
+        per_preset[name] = compare_preset(preset, steps=args.steps, warmup=args.warmup)
+    results = {"benchmark": "train_step_compare", **_environment(),
+               "settings": {"steps": args.steps, "warmup": args.warmup}, "presets": per_preset}
+    print(_compare_table(results))
+    return _write(results, args.out or COMPARE_OUT)
+
+
+def _write(results: dict[str, Any], out: Path) -> dict[str, Any]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
     return results
 
 

@@ -1,0 +1,127 @@
+"""A plain-JAX reference LM train step: what a user would write by hand, no Equinox, no equipax.
+
+The same math as equipax's `TransformerLM` + `lm_loss` + AdamW learner (pre-LN, fused QKV,
+GELU MLP, tied embedding scaled by sqrt(d), sinusoidal positions, optional tanh logit caps,
+global-norm clipping, decoupled weight decay on matrices), written the obvious way: parameters in
+a dict of arrays, one `jax.jit` with the parameters and optimizer state donated, and the loss as
+the only metric. `benchmarks/train_step.py --compare` times it against the equipax step, in one
+process, interleaved, on the same batch.
+
+This module imports only jax, numpy and optax, so the comparison cannot borrow anything from
+equipax by accident.
+"""
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+Params = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BaselineConfig:
+    """The model, the optimizer and the batch of one reference step."""
+
+    vocab_size: int
+    num_layers: int
+    model_dims: int
+    num_heads: int
+    head_dim: int
+    hidden_dims: int
+    seq_len: int
+    batch_size: int
+    atten_logit_cap: float | None = None
+    output_logit_cap: float | None = None
+    clip_gradient_norm: float | None = None
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    layernorm_eps: float = 1e-6
+
+
+def init_params(cfg: BaselineConfig, key: jax.Array) -> Params:
+    """Random parameters: `embed [vocab d]`, per layer `ln1, qkv [d 3 h hd], out [h hd d], ln2,
+    up [d ff], down [ff d]`, and `final_ln`."""
+    d, h, hd, ff = cfg.model_dims, cfg.num_heads, cfg.head_dim, cfg.hidden_dims
+    keys = iter(jax.random.split(key, 1 + 4 * cfg.num_layers))
+
+    def dense(shape: tuple[int, ...], fan_in: int) -> jax.Array:
+        return jax.random.normal(next(keys), shape, jnp.float32) / math.sqrt(fan_in)
+
+    layers = [
+        {
+            "ln1": jnp.ones((d,)), "qkv": dense((d, 3, h, hd), d), "out": dense((h, hd, d), h * hd),
+            "ln2": jnp.ones((d,)), "up": dense((d, ff), d), "down": dense((ff, d), ff),
+        }
+        for _ in range(cfg.num_layers)
+    ]
+    return {"embed": dense((cfg.vocab_size, d), d), "layers": layers, "final_ln": jnp.ones((d,))}
+
+
+def _layernorm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x), axis=-1, keepdims=True) - jnp.square(mean)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * scale
+
+
+def _cap(x: jax.Array, cap: float | None) -> jax.Array:
+    return x if cap is None else cap * jnp.tanh(x / cap)
+
+
+def _positions(seq_len: int, dims: int) -> jax.Array:
+    half = dims // 2
+    inv = jnp.exp(jnp.arange(half, dtype=jnp.float32) * -(math.log(1.0e4) / max(half - 1, 1)))
+    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv[None, :]
+    return jnp.pad(jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], 1), ((0, 0), (0, dims % 2)))
+
+
+def forward(cfg: BaselineConfig, params: Params, ids: jax.Array) -> jax.Array:
+    """Logits `[batch seq vocab]` of the token ids `[batch seq]`."""
+    seq = ids.shape[1]
+    x = params["embed"][ids] * math.sqrt(cfg.model_dims) + _positions(seq, cfg.model_dims)[None]
+    causal = jnp.tril(jnp.ones((seq, seq), bool))
+    for layer in params["layers"]:
+        h = _layernorm(x, layer["ln1"], cfg.layernorm_eps)
+        qkv = jnp.einsum("bsd,dthk->bsthk", h, layer["qkv"])
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        logits = jnp.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(cfg.head_dim)
+        logits = jnp.where(causal, _cap(logits, cfg.atten_logit_cap), -1e30)
+        attn = jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(logits, axis=-1), v)
+        x = x + jnp.einsum("bqhk,hkd->bqd", attn, layer["out"])
+        h = _layernorm(x, layer["ln2"], cfg.layernorm_eps)
+        x = x + jax.nn.gelu(h @ layer["up"]) @ layer["down"]
+    x = _layernorm(x, params["final_ln"], cfg.layernorm_eps)
+    return _cap(x @ params["embed"].T, cfg.output_logit_cap)
+
+
+def loss_fn(cfg: BaselineConfig, params: Params, batch: dict[str, jax.Array]) -> jax.Array:
+    """Weighted mean next-token cross-entropy."""
+    log_probs = jax.nn.log_softmax(forward(cfg, params, batch["ids"]), axis=-1)
+    nll = -jnp.take_along_axis(log_probs, batch["labels"][..., None], axis=-1)[..., 0]
+    return jnp.sum(nll * batch["weights"]) / jnp.maximum(jnp.sum(batch["weights"]), 1e-8)
+
+
+def make_optimizer(cfg: BaselineConfig, learning_rate: float | Callable[[Any], Any]) -> optax.GradientTransformation:
+    """Global-norm clip (if set), then AdamW with decay on parameters of two or more dims."""
+    adamw = optax.adamw(learning_rate, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                        mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
+    if cfg.clip_gradient_norm is None:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(cfg.clip_gradient_norm), adamw)
+
+
+def make_step(cfg: BaselineConfig, optimizer: optax.GradientTransformation) -> Callable[..., Any]:
+    """`step(params, opt_state, batch) -> (params, opt_state, loss)`, jitted, params and state donated."""
+
+    def step(params: Params, opt_state: Any, batch: dict[str, jax.Array]):
+        loss, grads = jax.value_and_grad(lambda p: loss_fn(cfg, p, batch))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(step, donate_argnums=(0, 1))
