@@ -10,6 +10,7 @@ embeddings); biases and norm scales are not decayed.
 """
 
 import dataclasses
+import math
 from typing import Any, Literal, NamedTuple
 
 import jax
@@ -58,8 +59,8 @@ class ScheduleConfig:
     def __post_init__(self):
         if self.kind not in _SCHEDULE_KINDS:
             raise _bad("schedule.kind", f"one of {_SCHEDULE_KINDS}", self.kind)
-        if not self.peak_learning_rate > 0:
-            raise _bad("schedule.peak_learning_rate", "a number > 0", self.peak_learning_rate)
+        if not 0 < self.peak_learning_rate < math.inf:  # refuses nan and inf alike
+            raise _bad("schedule.peak_learning_rate", "a finite number > 0", self.peak_learning_rate)
         for name in ("warmup_steps", "decay_steps", "decay_start"):
             value = getattr(self, name)
             if value < 0:
@@ -171,10 +172,10 @@ class LearnerConfig:
             value = getattr(self, name)
             if not 0 <= value < 1:
                 raise _bad(f"learner.{name}", "a number in [0, 1)", value)
-        if not self.eps >= 0:
-            raise _bad("learner.eps", "a number >= 0", self.eps)
-        if not self.weight_decay >= 0:
-            raise _bad("learner.weight_decay", "a number >= 0", self.weight_decay)
+        if not 0 <= self.eps < math.inf:
+            raise _bad("learner.eps", "a finite number >= 0", self.eps)
+        if not 0 <= self.weight_decay < math.inf:
+            raise _bad("learner.weight_decay", "a finite number >= 0", self.weight_decay)
         if self.clip_gradient_norm is not None and not self.clip_gradient_norm > 0:
             raise _bad(
                 "learner.clip_gradient_norm", "a number > 0, or None for no clip",

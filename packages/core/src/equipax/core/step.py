@@ -24,7 +24,7 @@ from jaxtyping import Array, Int, PRNGKeyArray, PyTree, Scalar
 from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics
 
 # Metric names the train step writes itself; a loss function's aux may not reuse them.
-RESERVED_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate", "nonfinite")
+RESERVED_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate", "nonfinite", "update_norm")
 
 
 # `loss_fn(model, batch, *, key: PRNGKeyArray | None) -> (loss, aux)`; a plain Callable so the
@@ -118,9 +118,10 @@ def make_train_step(
         state_sharding: shardings of the state's arrays (`partition.train_state_shardings`);
             applied with `eqx.filter_shard` at the step's boundaries. None: leave it to XLA.
         batch_sharding: sharding (or pytree of shardings) of the batch, likewise.
-        skip_nonfinite: when the loss or the gradient norm is not finite, keep the old
-            parameters, optimizer state and model state (in-graph, no host sync); the step
-            counter still advances. Adds the metric `nonfinite` (1.0 for a skipped update).
+        skip_nonfinite: when the loss, the gradient norm, the update's norm or the updated
+            parameters' norm is not finite, keep the old parameters, optimizer state and model
+            state (in-graph, no host sync); the step counter still advances. Adds the metrics
+            `nonfinite` (1.0 for a skipped update) and `update_norm`.
 
     Returns:
         `train_step(state, batch, key) -> (new_state, metrics)`. The step's random key is
@@ -163,7 +164,12 @@ def make_train_step(
         if skip_nonfinite:
             # Pax's in-graph skip of invalid steps. The counter still advances, so step numbers,
             # step keys and the schedule stay aligned with the batches consumed (and on resume).
-            finite = jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"])
+            # The update and the parameters it gives are checked too: a huge learning rate makes
+            # a finite gradient's update overflow (its norm is inf long before an element is).
+            metrics["update_norm"] = optax.tree.norm(updates)
+            new_param_norm = optax.tree.norm(eqx.filter(model, eqx.is_inexact_array))
+            finite = (jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"])
+                      & jnp.isfinite(metrics["update_norm"]) & jnp.isfinite(new_param_norm))
             kept = TrainState(step=state.step + 1, model=state.model, opt_state=state.opt_state,
                               model_state=jax.tree.unflatten(old_model_state[1], old_model_state[0]))
             new_state = _select(finite, new_state, kept)

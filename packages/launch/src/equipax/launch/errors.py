@@ -66,10 +66,52 @@ def describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, OSError) and exc.errno in _NO_PERMISSION:
         return (f"No permission to write {exc.filename or 'a file'} ({exc.strerror}). Fix the "
                 "permissions or choose another --job-log-dir."), EXIT_USER_ERROR
-    return (f"Unexpected {type(exc).__name__}: {_first_line(exc)}. This is not a known user "
-            "mistake; it may be a bug in equipax or an unsupported setup. Rerun with "
+    if isinstance(exc, MemoryError) or _is_out_of_memory(exc):
+        return (f"Out of memory ({type(exc).__name__}: {_first_line(exc).rstrip('.')}). Reduce what one "
+                "step holds: data.batch_size (or data.per_device_batch), data.seq_len, the model's size "
+                "(e.g. model.transformer.num_layers), or model.transformer.remat='full'; `launch compile "
+                "--exp NAME` reports the step's memory without running it."), EXIT_USER_ERROR
+    backend = _backend_error(exc)
+    if backend:
+        return backend, EXIT_USER_ERROR
+    text = _first_line(exc).rstrip(".")
+    return (f"Unexpected {type(exc).__name__}{': ' + text if text else ' (no message)'}. This is not a "
+            "known user mistake; it may be a bug in equipax or an unsupported setup. Rerun with "
             "`launch --debug ...` to see the full traceback (and include it in a bug report)."
             ), EXIT_UNEXPECTED
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    """XLA's allocation failures (host or device): `RESOURCE_EXHAUSTED: Out of memory ...`."""
+    text = str(exc)
+    return type(exc).__name__ in ("XlaRuntimeError", "JaxRuntimeError", "RuntimeError") and (
+        "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text)
+
+
+def _backend_error(exc: BaseException) -> str:
+    """A message for a JAX platform that cannot start (e.g. JAX_PLATFORMS=cuda on a CPU host), or ""."""
+    import os
+
+    text = str(exc)
+    requested = os.environ.get("JAX_PLATFORMS", "")
+    if "Unable to initialize backend" in text or "Unknown backend" in text or (
+            requested and requested != "cpu" and isinstance(exc, (AssertionError, RuntimeError))
+            and _platform_missing(requested)):
+        return (f"JAX could not start the platform(s) JAX_PLATFORMS={requested or '(unset)'!r} on this "
+                f"machine ({type(exc).__name__}{': ' + _first_line(exc).rstrip('.') if str(exc).strip() else ''}). "
+                "Unset JAX_PLATFORMS (JAX picks what is present), set it to 'cpu', or install the "
+                "jax plugin for the accelerator (e.g. jax[cuda12]).")
+    return ""
+
+
+def _platform_missing(requested: str) -> bool:
+    try:
+        import jax
+
+        jax.devices()
+    except Exception:
+        return True
+    return False
 
 
 class GuardedGroup(TyperGroup):

@@ -8,6 +8,7 @@ JAX operation; the `launch` command is a fresh process, and every command that a
 import jax
 
 from equipax.core.config import ConfigError
+from equipax.core.mesh import MeshConfig
 
 
 def use_cpu_devices(n: int | None) -> None:
@@ -31,3 +32,30 @@ def use_cpu_devices(n: int | None) -> None:
             f"--cpu-devices {n}: JAX already started in this process with {len(devices)} "
             f"{devices[0].platform} device(s). Run the `launch` command in a fresh process."
         ) from None
+
+
+def check_cpu_devices(n: int | None, mesh: MeshConfig, *, num_processes: int = 1) -> None:
+    """Refuse `--cpu-devices n` at once when the experiment's mesh cannot use that many devices.
+
+    Creating thousands of simulated devices takes a minute; the mesh's need is known before.
+
+    Raises:
+        ConfigError: `n` < 1, or the mesh cannot use `n` x `num_processes` devices.
+    """
+    if n is None:
+        return
+    if n < 1:
+        raise ConfigError(f"--cpu-devices must be >= 1; got {n}.")
+    total = n * num_processes
+    # A -1 axis takes any multiple of the fixed axes (`num_devices` counts it as 1).
+    if total == mesh.num_devices or (mesh.flexible and total % mesh.num_devices == 0):
+        return
+    processes = f" x {num_processes} processes" if num_processes > 1 else ""
+    need = f"a multiple of {mesh.num_devices}" if mesh.flexible else str(mesh.num_devices)
+    fix = ("" if mesh.flexible or mesh.num_devices % num_processes else
+           f"use --cpu-devices {mesh.num_devices // num_processes}, or ")
+    raise ConfigError(
+        f"--cpu-devices {n}{processes} gives {total} devices, but the experiment's mesh (ici_mesh_shape="
+        f"{mesh.ici_mesh_shape} x dcn_mesh_shape={mesh.dcn_mesh_shape}) needs {need}: {fix}change the mesh "
+        "(`launch show --exp NAME` prints it)."
+    )

@@ -205,7 +205,9 @@ def inspect(
         _fail(f"--split must be 'train' or 'eval'; got {split!r}.")
     if format not in ("text", "json"):
         _fail(f"--format must be 'text' or 'json'; got {format!r}.")
-    if hosts < 1 or not 0 <= host < hosts:
+    if hosts < 1:
+        _fail(f"--hosts must be >= 1 (the number of infeed hosts to simulate); got {hosts}.")
+    if not 0 <= host < hosts:
         _fail(f"--host must be in [0, --hosts={hosts}); got {host}.")
     if batches < 1 or rows < 0:
         _fail(f"--batches must be >= 1 and --rows >= 0; got {batches} and {rows}.")

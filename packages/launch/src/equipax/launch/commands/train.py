@@ -83,17 +83,24 @@ def run(
     distributed_auto: Annotated[
         bool, typer.Option("--distributed-auto", help="Join a multi-host job detected from the environment (Cloud TPU, SLURM, Open MPI).")
     ] = False,
+    coordinator_timeout: Annotated[
+        float, typer.Option("--coordinator-timeout", min=1,
+                            help="Multi-process: seconds to wait for the coordinator and the other processes.")
+    ] = 300.0,
 ) -> None:
     """Train an experiment; rerun the same command to resume from its last checkpoint."""
-    from equipax.launch.cluster.devices import use_cpu_devices
+    from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
     from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
 
+    entry, cfg, sources = resolve(exp, set_)  # a pure value: no device touched yet
     try:
+        if entry.kind == "train":  # refuse a device count the mesh cannot use before creating them
+            check_cpu_devices(cpu_devices, cfg.mesh, num_processes=num_processes or 1)
         use_cpu_devices(cpu_devices)
-        initialize(DistributedArgs(coordinator, num_processes, process_id, auto=distributed_auto))
+        initialize(DistributedArgs(coordinator, num_processes, process_id, auto=distributed_auto,
+                                   coordinator_timeout_s=coordinator_timeout))
     except ConfigError as e:
         fail(str(e))
-    entry, cfg, sources = resolve(exp, set_)
     job_dir = job_log_dir or Path("runs") / cfg.name
     if entry.kind == "benchmark":
         from equipax.launch.commands.bench import run_attention_bench

@@ -117,6 +117,8 @@ def build_tokenizer(cfg: ExperimentConfig, job_dir: Path, log: Callable[[str], o
             _tokenizer_texts(cfg), vocab_size=cfg.model.vocab_size, model_path=path,
             max_sentences=cfg.data.tokenizer_max_sentences,
         )
+    except ConfigError:
+        raise  # the training texts are unusable (missing data.path...): that message, not "raise vocab_size"
     except ValueError as e:
         raise ConfigError(
             f"Could not train a {cfg.model.vocab_size}-piece tokenizer: {e} "

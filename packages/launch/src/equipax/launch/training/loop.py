@@ -47,13 +47,24 @@ def device_peak_tflops(cfg: ExperimentConfig) -> float | None:
 def build_run_mesh(cfg: ExperimentConfig) -> jax.sharding.Mesh:
     """The experiment's mesh on this job's devices, or a ConfigError saying what to do instead."""
     if cfg.mesh.num_devices != jax.device_count():
-        check_device_count(
-            cfg.mesh, jax.device_count(),
-            hint=(f". To check this experiment without the hardware, run `launch compile --exp "
-                  f"{cfg.name}`; to run its code path on this machine, try `launch run --exp "
-                  f"{cfg.name}_smoke --cpu-devices 8` where a _smoke variant exists"),
-        )
+        check_device_count(cfg.mesh, jax.device_count(), hint=_mesh_hint(cfg))
     return build_mesh(cfg.mesh)
+
+
+def _mesh_hint(cfg: ExperimentConfig) -> str:
+    """What to run instead, naming only experiments that exist."""
+    from equipax.launch.experiments import registry
+
+    names = {e.name for e in registry.entries()}
+    base = cfg.name.removesuffix("_smoke")
+    hint = f". To check this experiment without the hardware, run `launch compile --exp {cfg.name}`"
+    smoke = f"{base}_smoke"
+    if cfg.name.endswith("_smoke") or smoke not in names:
+        return hint + (f"; to simulate its {cfg.mesh.num_devices} devices on this CPU, add `--cpu-devices "
+                       f"{cfg.mesh.num_devices}`" if cfg.mesh.num_devices <= 64 else "")
+    devices = registry.get_experiment(smoke).mesh.num_devices  # pyright: ignore[reportAttributeAccessIssue]
+    return hint + (f"; to run its code path on this CPU, try `launch run --exp {smoke} --cpu-devices "
+                   f"{devices}`")
 
 
 def _knob_changes(cfg: ExperimentConfig, job_dir: Path) -> str:
