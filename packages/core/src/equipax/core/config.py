@@ -10,6 +10,7 @@ import ast
 import dataclasses
 import difflib
 import json
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -97,6 +98,13 @@ def parse_literal(text: str) -> Any:
     try:
         return ast.literal_eval(stripped)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
+        if re.fullmatch(r"[+-]?[0-9][0-9_]*", stripped):
+            # Python refuses to parse integers of more than 4300 digits: say so, not "got a str".
+            digits = sum(c.isdigit() for c in stripped)
+            raise ConfigError(
+                f"The value {stripped[:20]}... is an integer of {digits} digits, too large for any "
+                "knob; give a number of at most a few digits (e.g. 1e30 for a float knob)."
+            ) from None
         return stripped
 
 
@@ -271,7 +279,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     path = path.strip()
     if not path:
         raise ConfigError(f"Override {text!r} has no knob name before '='.")
-    return path, parse_literal(raw)
+    try:
+        return path, parse_literal(raw)
+    except ConfigError as e:
+        raise ConfigError(f"Knob {path!r}: {e}") from None
 
 
 def apply_overrides(cfg: C, overrides: Sequence[str]) -> tuple[C, dict[str, str]]:
