@@ -105,8 +105,9 @@ def check_device_count(cfg: MeshConfig, num_devices: int, *, hint: str = "") -> 
         raise ConfigError(
             f"The mesh needs {cfg.num_devices} devices (ici_mesh_shape={cfg.ici_mesh_shape} x "
             f"dcn_mesh_shape={cfg.dcn_mesh_shape} over {cfg.axis_names}) but {num_devices} "
-            f"are available. Change mesh.ici_mesh_shape / mesh.dcn_mesh_shape so their product is "
-            f"{num_devices}{hint}."
+            f"are available. Either give this job {cfg.num_devices} devices, or change the mesh to "
+            f"use {num_devices}: the product of all entries of mesh.ici_mesh_shape and "
+            f"mesh.dcn_mesh_shape is the device count (one -1 entry takes whatever is present){hint}."
         )
 
 
