@@ -1,5 +1,9 @@
 """Device meshes from Pax-style ICI x DCN shapes over the axes (data, fsdp, tensor).
 
+Pipelined experiments add a leading `stage` axis: (stage, data, fsdp, tensor), Pax's pipeline
+order (stage, replica, data, mdl); each `stage` slice of the mesh holds one pipeline stage's
+layers (docs/pipeline.md).
+
 `ici_mesh_shape` is the mesh within a slice (fast interconnect), `dcn_mesh_shape` across slices
 or hosts (data-centre network); the device mesh is their elementwise product. Building the
 config is pure; only `build_mesh` looks at devices.
@@ -20,18 +24,25 @@ from equipax.core.config import ConfigError
 # Axis vocabulary (docs/sharding.md). Pax: replica -> data, data -> fsdp, mdl -> tensor.
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 AXES = (DATA, FSDP, TENSOR)
-# Axes the batch is split over.
-BATCH_AXES = (DATA, FSDP)
+# Pipeline parallelism (Pax's `stage`): layers split into consecutive stages along this axis.
+STAGE = "stage"
+PIPELINE_AXES = (STAGE, DATA, FSDP, TENSOR)
+# Axes the batch is split over. As in Pax, a pipelined mesh also splits the batch over `stage`
+# outside the pipeline (embedding, logits); `stage` comes last so that each microbatch keeps an
+# even share on every (data, fsdp) device (equipax.core.nn.pipeline). Absent axes count 1.
+BATCH_AXES = (DATA, FSDP, STAGE)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshConfig:
     """The device mesh of an experiment.
 
-    ici_mesh_shape: devices per slice along (data, fsdp, tensor). One entry may be -1 (as
+    ici_mesh_shape: devices per slice along `axis_names`. One entry may be -1 (as
         MaxText's `ici_*_parallelism=-1`): that axis takes all devices the others leave, fixed
         when the run starts (`fit`); until then it counts as 1.
     dcn_mesh_shape: slices (or hosts, on GPU clusters) along the same axes.
+    axis_names: (data, fsdp, tensor), or `PIPELINE_AXES` (stage, data, fsdp, tensor) for a
+        pipelined model (`model.transformer.pipeline_stages` > 1).
     """
 
     ici_mesh_shape: tuple[int, ...] = (1, 1, 1)
@@ -95,8 +106,13 @@ class MeshConfig:
 
     @property
     def batch_parallelism(self) -> int:
-        """How many ways the global batch is split (data x fsdp)."""
+        """How many ways the global batch is split (data x fsdp, x stage when pipelined)."""
         return self.axis_size(*BATCH_AXES)
+
+    @property
+    def num_stages(self) -> int:
+        """Size of the `stage` axis (1 when the mesh has none)."""
+        return self.axis_size(STAGE)
 
 
 def check_device_count(cfg: MeshConfig, num_devices: int, *, hint: str = "") -> None:

@@ -9,6 +9,9 @@ axes:
 - Megatron tensor parallelism over `tensor`: QKV and MLP up/gate projections are split by
   columns (heads / hidden), the attention output and MLP down projections by rows, so each
   device holds whole heads and a slice of the MLP;
+- pipeline parallelism: a pipelined stack's weights carry a leading `stage` axis, split over
+  the `stage` mesh axis, so each stage's devices hold only their own layers
+  (equipax.core.nn.pipeline);
 - everything else (norm scales, the CNN's small weights) is replicated.
 
 The contract a layer follows::
@@ -43,7 +46,7 @@ import optax
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
-from equipax.core.mesh import BATCH_AXES, FSDP, TENSOR
+from equipax.core.mesh import BATCH_AXES, FSDP, STAGE, TENSOR
 
 PyTree = Any
 
@@ -60,6 +63,8 @@ LOGICAL_TO_MESH: dict[str, str | None] = {
     "head_dim": None,
     "qkv": None,
     "layers": None,
+    # A pipelined stack's stage index (PipelinedStack: stage, repeat, layer within the stage).
+    "stage": STAGE,
     # Norm scales and biases: small, so replicated.
     "norm": None,
     # Convolutions and the CNN's dense head: small, so replicated (data parallel).
@@ -267,14 +272,27 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def constrain_batch(x: jax.Array, mesh: Mesh | None) -> jax.Array:
-    """Pin an activation's leading (batch) dimension to (data, fsdp); others replicated.
+    """Pin an activation's leading (batch) dimension to the batch axes; others replicated.
 
     Without this, GSPMD may follow the FSDP weights and split activations on `embed`
     instead, replicating the batch on every device (orders of magnitude more memory).
-    A no-op without a mesh.
+    A no-op without a mesh. Inside a `shard_map` that is manual over some axes (a pipeline
+    stage is manual over `stage`), only the remaining automatic batch axes are pinned.
     """
     if mesh is None or mesh.size == 1:
         return x
-    axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
+    manual = _manual_axes()
+    axes = tuple(a for a in BATCH_AXES if a in mesh.shape and a not in manual)
     spec = P(axes, *([None] * (x.ndim - 1)))
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+    # In a manual region the sharding refers to the context mesh (its axis types differ).
+    return jax.lax.with_sharding_constraint(x, spec if manual else NamedSharding(mesh, spec))
+
+
+def _manual_axes() -> frozenset[str]:
+    """Mesh axes the code being traced is manual over (inside `jax.shard_map`)."""
+    from jax.sharding import AxisType
+
+    abstract = jax.sharding.get_abstract_mesh()
+    if abstract.empty:
+        return frozenset()
+    return frozenset(n for n, t in zip(abstract.axis_names, abstract.axis_types) if t == AxisType.Manual)

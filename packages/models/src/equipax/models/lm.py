@@ -12,7 +12,9 @@ import jax.random as jr
 from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from equipax.core.mesh import MeshConfig
 from equipax.core.nn import Embedding, LayerNorm, RMSNorm, TransformerConfig, TransformerStack
+from equipax.core.nn.pipeline import PipelinedStack, check_pipeline, make_stack
 from equipax.core.nn.transformer import make_norm
 from equipax.core.partition import constrain_batch
 from equipax.models.llama import LlamaLM
@@ -54,6 +56,10 @@ class LMConfig:
                 "use 'float32' on CPU."
             )
 
+    def check_mesh(self, mesh: MeshConfig, global_batch: int) -> None:
+        """Raise ConfigError unless the pipeline knobs fit `mesh` and `global_batch`."""
+        check_pipeline(self.transformer, mesh, global_batch)
+
 
 def sinusoidal_positions(seq_len: int, dims: int) -> Float[Array, "seq embed"]:
     """Pax sinusoidal position embeddings `[sin | cos]`, timescales 1 to 1e4.
@@ -77,7 +83,7 @@ class TransformerLM(eqx.Module):
     """Embedding (x sqrt(model_dims)) + positions -> transformer stack -> norm -> tied logits."""
 
     embedding: Embedding
-    stack: TransformerStack
+    stack: TransformerStack | PipelinedStack
     final_norm: LayerNorm | RMSNorm
     cfg: LMConfig = eqx.field(static=True)
 
@@ -89,7 +95,7 @@ class TransformerLM(eqx.Module):
         k_emb, k_stack = jr.split(key)
         self.cfg = cfg
         self.embedding = Embedding(cfg.vocab_size, cfg.transformer.model_dims, key=k_emb)
-        self.stack = TransformerStack(cfg.transformer, key=k_stack)
+        self.stack = make_stack(cfg.transformer, key=k_stack)  # pipelined if pipeline_stages > 1
         self.final_norm = make_norm(cfg.transformer)
 
     def __call__(

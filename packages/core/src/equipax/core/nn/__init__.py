@@ -15,6 +15,7 @@ from equipax.core.nn.linear_attention import (
 )
 from equipax.core.nn.mlp import Activation, FeedForward
 from equipax.core.nn.norm import LayerNorm, RMSNorm
+from equipax.core.nn.pipeline import PipelinedStack, bubble_fraction, make_stack, num_microbatches
 from equipax.core.nn.transformer import (
     TransformerBlock,
     TransformerConfig,
@@ -28,16 +29,20 @@ __all__ = [
     "Embedding",
     "FeedForward",
     "LayerNorm",
+    "PipelinedStack",
     "Linear",
     "RMSNorm",
     "TransformerBlock",
     "TransformerConfig",
     "TransformerStack",
+    "bubble_fraction",
     "dot_product_attention",
     "elu_feature_map",
     "jax_nn_attention",
     "linear_attention",
     "make_norm",
+    "make_stack",
+    "num_microbatches",
     "reference_attention",
     "reference_linear_attention",
 ]

@@ -1,4 +1,8 @@
-"""Pre-LN transformer block and layer stack (scanned or unrolled, with remat policies)."""
+"""Pre-LN transformer block and layer stack (scanned or unrolled, with remat policies).
+
+A stack with `pipeline_stages > 1` is built as `equipax.core.nn.pipeline.PipelinedStack`
+(`make_stack`); its knobs are validated here with the rest of the config.
+"""
 
 import dataclasses
 from collections.abc import Callable
@@ -20,6 +24,7 @@ _ACTIVATIONS = ("gelu", "relu", "silu")
 _NORMS = ("layernorm", "rmsnorm")
 _REMATS = ("none", "full", "dots_saveable")
 _ATTENTIONS = ("softmax", "linear")
+_SCHEDULES = ("gpipe", "circular")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,9 +48,22 @@ class TransformerConfig:
     # How a sharded block computes: "gspmd" lets XLA place collectives from the parameter
     # shardings; "shard_map" runs nn/tensor_parallel.py with the collectives written out.
     tensor_parallel: Literal["gspmd", "shard_map"] = "gspmd"
+    # Pipeline parallelism (docs/pipeline.md; Pax's PipelinedTransformer knobs in brackets).
+    # pipeline_stages [NUM_STAGES]: consecutive groups of layers, one per `stage` mesh slice
+    # (1 = no pipeline). The batch is split into pipeline_microbatches [NUM_MICROBATCHES] or
+    # microbatches of pipeline_microbatch_size [MICROBATCH_SIZE] examples (set at most one;
+    # neither = one microbatch per stage). pipeline_schedule "gpipe" runs each microbatch
+    # through the stages once; "circular" [CIRCULAR_REPEAT > 1] splits each device's layers
+    # into pipeline_repeats virtual stages visited round-robin (a smaller bubble).
+    pipeline_stages: int = 1
+    pipeline_microbatches: int | None = None
+    pipeline_microbatch_size: int | None = None
+    pipeline_schedule: Literal["gpipe", "circular"] = "gpipe"
+    pipeline_repeats: int = 1
 
     def __post_init__(self):
-        for name in ("num_layers", "model_dims", "num_heads", "head_dim", "hidden_dims"):
+        for name in ("num_layers", "model_dims", "num_heads", "head_dim", "hidden_dims",
+                     "pipeline_stages", "pipeline_repeats"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(
@@ -58,6 +76,7 @@ class TransformerConfig:
             ("remat", _REMATS),
             ("attention", _ATTENTIONS),
             ("tensor_parallel", ("gspmd", "shard_map")),
+            ("pipeline_schedule", _SCHEDULES),
         ):
             value = getattr(self, name)
             if value not in allowed:
@@ -69,6 +88,9 @@ class TransformerConfig:
             raise ValueError(
                 f"TransformerConfig.atten_logit_cap must be > 0 or None (no cap), got {cap!r}."
             )
+        from equipax.core.nn.pipeline import check_pipeline_knobs
+
+        check_pipeline_knobs(self)
 
 
 def make_norm(cfg: TransformerConfig) -> LayerNorm | RMSNorm:
@@ -165,6 +187,34 @@ def _block_apply(
     return apply
 
 
+def run_stacked_layers(
+    params: TransformerBlock, static: TransformerBlock, x: Array, *, remat: str,
+    scan: bool, mesh: Mesh | None = None, segment_ids: Array | None = None,
+    shard_map: bool = False,
+) -> Array:
+    """Apply blocks whose parameters are stacked on a leading layer axis, in order.
+
+    Arguments:
+        params: the array part of the stacked block (`eqx.partition(..., eqx.is_array)`).
+        static: the rest of the block.
+        x: the activations entering the first layer.
+        remat: the remat policy applied to each layer.
+        scan: `jax.lax.scan` over the layers (one compiled body) or an unrolled loop.
+        mesh, segment_ids, shard_map: as for `TransformerStack.__call__`.
+
+    Returns:
+        The activations leaving the last layer.
+    """
+    apply = _block_apply(remat, static, mesh, segment_ids, shard_map)
+    if scan:
+        x, _ = jax.lax.scan(lambda h, p: (apply(p, h), None), x, params)
+        return x
+    num_layers = jax.tree.leaves(params)[0].shape[0]
+    for i in range(num_layers):
+        x = apply(jax.tree.map(lambda w: w[i], params), x)
+    return x
+
+
 class TransformerStack(eqx.Module):
     """`num_layers` transformer blocks, scanned over stacked params or run in a loop.
 
@@ -211,13 +261,8 @@ class TransformerStack(eqx.Module):
         shard_map = self.cfg.tensor_parallel == "shard_map"
         if isinstance(self.layers, TransformerBlock):
             params, static = eqx.partition(self.layers, eqx.is_array)
-            apply = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map)
-
-            def body(h: Array, layer_params: TransformerBlock) -> tuple[Array, None]:
-                return apply(layer_params, h), None
-
-            x, _ = jax.lax.scan(body, x, params)
-            return x
+            return run_stacked_layers(params, static, x, remat=self.cfg.remat, scan=True, mesh=mesh,
+                                      segment_ids=segment_ids, shard_map=shard_map)
         for block in self.layers:
             params, static = eqx.partition(block, eqx.is_array)
             x = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map)(params, x)

@@ -121,6 +121,9 @@ class ExperimentConfig:
                 f"size {split} (mesh axes data x fsdp of {self.mesh.shape}); change data.batch_size "
                 f"(or data.per_device_batch) to a multiple of {split}, or change the mesh."
             )
+        check_mesh = getattr(self.model, "check_mesh", None)
+        if check_mesh is not None:  # the model's own constraints on the mesh (pipeline stages)
+            check_mesh(self.mesh, self.global_batch_size)
         if self.train.num_epochs is not None:
             if self.steps_per_epoch is None:
                 raise ValueError(

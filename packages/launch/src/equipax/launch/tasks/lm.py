@@ -7,6 +7,8 @@ from typing import Any
 from jax.sharding import Mesh
 
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
+from equipax.core.mesh import FSDP, TENSOR
+from equipax.core.nn.pipeline import bubble_fraction, num_microbatches
 from equipax.launch.experiments.config import ExperimentConfig
 from equipax.launch.tasks import Inputs
 from equipax.models.lm_task import LMTask
@@ -22,7 +24,7 @@ def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
         model.transformer, vocab_size=model.vocab_size, seq_len=data.seq_len  # pyright: ignore[reportAttributeAccessIssue]
     )
     tokens_per_step = cfg.global_batch_size * data.seq_len  # pyright: ignore[reportAttributeAccessIssue]
-    return {
+    out = {
         "params_total": params["total"],
         "params_embedding": params["embedding"],
         "params_per_layer": params["per_layer"],
@@ -33,6 +35,32 @@ def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
         "model_flops_per_step": flops["training"] * tokens_per_step,
         "devices_required": cfg.mesh.num_devices,
         "mesh_shape": list(cfg.mesh.shape),
+    }
+    return out | _pipeline_numbers(cfg, params)
+
+
+def _pipeline_numbers(cfg: ExperimentConfig, params: dict[str, int]) -> dict[str, Any]:
+    """Stages, microbatches, the bubble and one stage's share of the state (pipelined models only).
+
+    `stage_state_bytes_per_device` is analytic: the stage's layers plus the (tied) embedding, in
+    float32 parameters and two Adam moments (12 bytes each), split over fsdp x tensor.
+    """
+    tcfg = cfg.model.transformer  # pyright: ignore[reportAttributeAccessIssue]
+    stages = tcfg.pipeline_stages
+    if stages == 1:
+        return {}
+    micro = num_microbatches(tcfg, cfg.global_batch_size)
+    stage_params = params["per_layer"] * tcfg.num_layers // stages
+    shards = cfg.mesh.axis_size(FSDP, TENSOR)
+    return {
+        "pipeline_stages": stages,
+        "pipeline_schedule": tcfg.pipeline_schedule,
+        "pipeline_repeats": tcfg.pipeline_repeats,
+        "pipeline_microbatches": micro,
+        "pipeline_microbatch_size": cfg.global_batch_size // micro,
+        "pipeline_bubble_fraction": round(bubble_fraction(stages, micro, tcfg.pipeline_repeats), 4),
+        "params_per_stage": stage_params,
+        "stage_state_bytes_per_device": 12 * (stage_params + params["embedding"]) // shards,
     }
 
 
@@ -76,4 +104,7 @@ def finish(cfg: ExperimentConfig, model: Any, inputs: Inputs, *, key: Any,
     prompt = np.asarray(tokenizer.encode(cfg.train.sample_prompt) or [tokenizer.bos_id], np.int32)
     out = generate(model, jax.numpy.asarray(prompt), cfg.train.sample_tokens,
                    temperature=cfg.train.sample_temperature, key=key)
-    return {"sample": tokenizer.decode(np.asarray(out).tolist())}
+    # model.vocab_size may exceed the tokenizer's vocabulary (docs/data.md): ids past it were never
+    # a training target, but sampling can still pick one, and no text decodes from it.
+    ids = [i for i in np.asarray(out).tolist() if i < tokenizer.vocab_size]
+    return {"sample": tokenizer.decode(ids)}

@@ -1,0 +1,314 @@
+"""Pipeline parallelism: a transformer stack split into stages over the `stage` mesh axis.
+
+The `num_layers` blocks are split into `pipeline_stages` (S) groups of consecutive layers; the
+devices of mesh slice `stage=s` hold and run group `s` only. The global batch is split into M
+microbatches. In every *iteration* each stage runs its layers on one microbatch, then hands
+its output to the next stage with one `jax.lax.ppermute` over `stage` (a neighbour exchange on
+the interconnect): stage s works on microbatch t - s in iteration t.
+
+GPipe (`pipeline_schedule="gpipe"`), S = 2 stages, M = 4 microbatches (`.` = idle, the bubble)::
+
+    iteration   0    1    2    3    4
+    stage 0     m0   m1   m2   m3   .
+    stage 1     .    m0   m1   m2   m3      -> outputs of m0..m3 leave stage 1
+
+That is the whole forward pass (M + S - 1 iterations). The backward pass is the automatic
+derivative of this loop, so it runs the same schedule in reverse, all forward then all backward
+as in GPipe: the transpose of "send to stage s + 1" is "send the gradient to stage s - 1".
+
+Circular (`pipeline_schedule="circular"`, Pax's CIRCULAR_REPEAT, MaxText's
+`num_pipeline_repeats`) gives each device R = `pipeline_repeats` non-adjacent groups of layers
+(virtual stages): layer group v = r x S + s lives on stage s, and a microbatch goes round the
+ring of stages R times (the last stage sends back to stage 0). S = 2, R = 2, M = 2::
+
+    iteration   0      1      2      3      4
+    stage 0     r0m0   r0m1   r1m0   r1m1   .
+    stage 1     .      r0m0   r0m1   r1m0   r1m1
+
+Each iteration is 1/R of a stage's layers, so the same fill and drain of S - 1 iterations costs
+R times less time. Stage 0 needs microbatch m's first-round output back before its second round:
+M >= S is required, and with M > S stage 0 keeps arriving outputs in a buffer until their turn.
+
+The *bubble* is the share of a stage's time spent idle: (S - 1) / (R x M + S - 1)
+(`bubble_fraction`). More microbatches shrink it, at the cost of smaller matmuls per iteration
+(docs/pipeline.md says how to choose).
+
+Composition with the other axes: the pipeline is a `jax.shard_map` that is manual over `stage`
+only; `data`, `fsdp` and `tensor` stay automatic (GSPMD) inside each stage, so a stage's layers
+are FSDP- and tensor-sharded exactly as an unpipelined stack's (their leading `stage` logical
+axis is the only difference) and each microbatch is split over (data, fsdp). Outside the
+pipeline, the embedding and logits split the batch over (data, fsdp, stage), as Pax does.
+
+Parameters are stored `[stage, repeat, layer, ...]` (`PipelinedStack.stages`);
+`PipelinedStack.in_layer_order()` gives them in model order. Without a mesh that has a `stage`
+axis the stack runs its layers one after another on the local devices (same numbers): that is
+how it is checked against the unpipelined stack and how `generate` runs it.
+"""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from jax.sharding import Mesh, PartitionSpec as P
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from equipax.core.config import ConfigError
+from equipax.core.mesh import BATCH_AXES, STAGE, MeshConfig
+from equipax.core.nn.transformer import (
+    TransformerBlock,
+    TransformerConfig,
+    TransformerStack,
+    run_stacked_layers,
+)
+from equipax.core.partition import Axes
+
+_KNOB = "model.transformer"
+
+
+def bubble_fraction(num_stages: int, num_microbatches: int, num_repeats: int = 1) -> float:
+    """The idle share of each stage's time: (S - 1) / (R x M + S - 1); 0 without a pipeline.
+
+    Arguments:
+        num_stages: S, pipeline stages.
+        num_microbatches: M, microbatches per step.
+        num_repeats: R, virtual stages per device (circular schedule; 1 for GPipe).
+
+    Returns:
+        A fraction in [0, 1).
+    """
+    idle = num_stages - 1
+    return idle / (num_repeats * num_microbatches + idle)
+
+
+def check_pipeline_knobs(cfg: TransformerConfig) -> None:
+    """Raise ValueError for pipeline knobs that contradict each other (no mesh, no batch needed)."""
+    s, r = cfg.pipeline_stages, cfg.pipeline_repeats
+    if cfg.pipeline_schedule == "gpipe" and r != 1:
+        raise ValueError(
+            f"{_KNOB}.pipeline_repeats={r} needs pipeline_schedule='circular' (GPipe visits each "
+            "stage once); set pipeline_schedule='circular' or pipeline_repeats=1.")
+    if cfg.pipeline_schedule == "circular" and r < 2:
+        raise ValueError(
+            f"{_KNOB}.pipeline_schedule='circular' needs pipeline_repeats >= 2 (virtual stages per "
+            f"device), got {r}; set pipeline_repeats=2 (or more) or pipeline_schedule='gpipe'.")
+    if cfg.num_layers % (s * r):
+        raise ValueError(
+            f"{_KNOB}.num_layers={cfg.num_layers} is not divisible by pipeline_stages x "
+            f"pipeline_repeats = {s} x {r} = {s * r}: every (virtual) stage needs the same number "
+            f"of layers. Use num_layers a multiple of {s * r}, or change pipeline_stages / "
+            "pipeline_repeats.")
+    if cfg.pipeline_microbatches is not None and cfg.pipeline_microbatch_size is not None:
+        raise ValueError(
+            f"{_KNOB}.pipeline_microbatches={cfg.pipeline_microbatches} and pipeline_microbatch_size="
+            f"{cfg.pipeline_microbatch_size} are both set; set one of them (the other = None).")
+    for name in ("pipeline_microbatches", "pipeline_microbatch_size"):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{_KNOB}.{name} must be >= 1 or None, got {value}.")
+    if s > 1 and cfg.tensor_parallel == "shard_map":
+        raise ValueError(
+            f"{_KNOB}.pipeline_stages={s} runs its stages inside a shard_map over `stage`; "
+            "tensor_parallel='shard_map' cannot nest in it. Use tensor_parallel='gspmd'.")
+
+
+def num_microbatches(cfg: TransformerConfig, global_batch: int) -> int:
+    """Microbatches per step: `pipeline_microbatches`, or the batch / `pipeline_microbatch_size`,
+    or (neither set) one per stage."""
+    if cfg.pipeline_microbatches is not None:
+        return cfg.pipeline_microbatches
+    if cfg.pipeline_microbatch_size is not None:
+        return max(global_batch // cfg.pipeline_microbatch_size, 1)
+    return cfg.pipeline_stages
+
+
+def check_pipeline(cfg: TransformerConfig, mesh: MeshConfig, global_batch: int) -> None:
+    """Raise ConfigError unless the pipeline knobs fit the mesh and the global batch.
+
+    Arguments:
+        cfg: the transformer config.
+        mesh: the experiment's mesh (a `stage` ICI axis of -1 is checked once fitted).
+        global_batch: examples per step.
+    """
+    stages, axis = cfg.pipeline_stages, mesh.num_stages
+    names = mesh.axis_names
+    stage_unfitted = STAGE in names and mesh.ici_mesh_shape[names.index(STAGE)] == -1
+    if stages != axis and not stage_unfitted:
+        if STAGE not in names:
+            fix = (f"use mesh.axis_names={('stage',) + tuple(names)} with the stage axis first, sized "
+                   f"{stages} (ici x dcn)")
+        else:
+            fix = f"make the `stage` axis of mesh.ici_mesh_shape x mesh.dcn_mesh_shape {stages}"
+        if stages == 1:
+            fix = f"set {_KNOB}.pipeline_stages={axis}, or drop the `stage` axis from the mesh"
+        raise ConfigError(
+            f"{_KNOB}.pipeline_stages={stages} but the mesh's `stage` axis has size {axis} "
+            f"(axes {names}, shape {mesh.shape}); {fix}.")
+    if stages == 1 or mesh.flexible:
+        return  # a -1 axis: the global batch is known once the mesh is fitted to the devices
+    m = num_microbatches(cfg, global_batch)
+    if cfg.pipeline_microbatch_size is not None and global_batch % cfg.pipeline_microbatch_size:
+        raise ConfigError(
+            f"The global batch {global_batch} is not divisible into microbatches of "
+            f"{_KNOB}.pipeline_microbatch_size={cfg.pipeline_microbatch_size}; use a divisor of "
+            f"{global_batch}, or change data.batch_size / data.per_device_batch.")
+    if global_batch % m:
+        raise ConfigError(
+            f"The global batch {global_batch} is not divisible into {m} microbatches "
+            f"({_KNOB}.pipeline_microbatches); use a divisor of {global_batch}.")
+    dp = mesh.axis_size(*(a for a in BATCH_AXES if a != STAGE))
+    if (global_batch // m) % dp:
+        raise ConfigError(
+            f"A microbatch of {global_batch // m} examples (global batch {global_batch} / {m} "
+            f"microbatches) does not split evenly over the {dp} data x fsdp devices of a stage; "
+            f"use fewer {_KNOB}.pipeline_microbatches (or a microbatch size that is a multiple of {dp}).")
+    if cfg.pipeline_schedule == "circular" and m < stages:
+        raise ConfigError(
+            f"The circular schedule needs at least as many microbatches as stages (a microbatch's "
+            f"next round starts on stage 0 after it left the last stage): {m} microbatches < "
+            f"{_KNOB}.pipeline_stages={stages}. Raise {_KNOB}.pipeline_microbatches.")
+
+
+class PipelinedStack(eqx.Module):
+    """`num_layers` transformer blocks in `pipeline_stages` stages (module docstring).
+
+    `stages` is ONE `TransformerBlock` whose arrays carry leading `[stage, repeat, layer]`
+    axes: layer `(r x S + s) x L + j` of the model (L = layers per virtual stage) is at
+    `[s, r, j]`. Built from the same key, it holds the same numbers as a `TransformerStack`.
+    """
+
+    stages: TransformerBlock
+    cfg: TransformerConfig = eqx.field(static=True)
+
+    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray):
+        """Arguments:
+        cfg: transformer config (`pipeline_stages` > 1 or not).
+        key: PRNG key.
+        """
+        self.cfg = cfg
+        layers = eqx.filter_vmap(lambda k: TransformerBlock(cfg, key=k))(jr.split(key, cfg.num_layers))
+        s, r = cfg.pipeline_stages, cfg.pipeline_repeats
+        per = cfg.num_layers // (s * r)
+        # [layer] -> [repeat, stage, layer in stage] -> [stage, repeat, layer in stage].
+        self.stages = jax.tree.map(
+            lambda w: jnp.swapaxes(w.reshape(r, s, per, *w.shape[1:]), 0, 1), layers)
+
+    def logical_axes(self) -> dict[str, Axes]:
+        """Every stacked array: `stage` (split over the `stage` mesh axis), repeat, layer."""
+        return {"stages": ("stage", "layers", "layers")}
+
+    def in_layer_order(self) -> TransformerBlock:
+        """The blocks stacked `[num_layers, ...]` in the order the model applies them."""
+        return jax.tree.map(
+            lambda w: jnp.swapaxes(w, 0, 1).reshape(-1, *w.shape[3:]) if eqx.is_array(w) else w,
+            self.stages)
+
+    def __call__(
+        self, x: Float[Array, "batch seq embed"], *, mesh: Mesh | None = None,
+        segment_ids: Int[Array, "batch seq"] | None = None,
+    ) -> Float[Array, "batch seq embed"]:
+        """Run all layers: pipelined over `mesh`'s `stage` axis, else one after another.
+
+        Arguments:
+            x: inputs.
+            mesh: the device mesh; with a `stage` axis, it must have `pipeline_stages` slices.
+            segment_ids: packed sequences: attention stays within each segment.
+
+        Returns:
+            Outputs of the same shape and dtype.
+        """
+        cfg = self.cfg
+        if mesh is None or STAGE not in mesh.shape:
+            params, static = eqx.partition(self.in_layer_order(), eqx.is_array)
+            return run_stacked_layers(params, static, x, remat=cfg.remat, scan=cfg.scan_layers,
+                                      mesh=mesh, segment_ids=segment_ids)
+        if mesh.shape[STAGE] != cfg.pipeline_stages:
+            raise ValueError(
+                f"The mesh's `stage` axis has {mesh.shape[STAGE]} devices but {_KNOB}.pipeline_stages="
+                f"{cfg.pipeline_stages}; make them equal.")
+        params, static = eqx.partition(self.stages, eqx.is_array)
+        return _pipeline(params, static, x, segment_ids, cfg=cfg, mesh=mesh)
+
+
+def make_stack(cfg: TransformerConfig, *, key: PRNGKeyArray) -> TransformerStack | PipelinedStack:
+    """The transformer stack `cfg` asks for: pipelined when `pipeline_stages` > 1."""
+    return PipelinedStack(cfg, key=key) if cfg.pipeline_stages > 1 else TransformerStack(cfg, key=key)
+
+
+def _data_parallel(mesh: Mesh) -> int:
+    """Devices a microbatch is split over inside a stage (data x fsdp)."""
+    return math.prod(mesh.shape[a] for a in BATCH_AXES if a != STAGE and a in mesh.shape)
+
+
+def _to_microbatches(x: Array, m: int, dp: int) -> Array:
+    """[batch, ...] -> [m, batch / m, ...], each microbatch taking an equal share of every
+    data-parallel device's rows (the batch is split over (data, fsdp, stage), stage fastest:
+    viewed as [dp, m, rows], this needs no communication when S divides m)."""
+    b = x.shape[0]
+    x = x.reshape(dp, m, b // (dp * m), *x.shape[1:])
+    return jnp.swapaxes(x, 0, 1).reshape(m, b // m, *x.shape[3:])
+
+
+def _from_microbatches(x: Array, dp: int) -> Array:
+    """The inverse of `_to_microbatches`."""
+    m, mb = x.shape[:2]
+    x = jnp.swapaxes(x.reshape(m, dp, mb // dp, *x.shape[2:]), 0, 1)
+    return x.reshape(m * mb, *x.shape[3:])
+
+
+def _pipeline(params: TransformerBlock, static: TransformerBlock, x: Array, segment_ids: Array | None,
+              *, cfg: TransformerConfig, mesh: Mesh) -> Array:
+    """The schedule of the module docstring, as a shard_map manual over `stage` only."""
+    s_count, repeats = cfg.pipeline_stages, cfg.pipeline_repeats
+    m_count = num_microbatches(cfg, x.shape[0])
+    dp = _data_parallel(mesh)
+    if x.shape[0] % (m_count * dp):
+        raise ValueError(
+            f"A batch of {x.shape[0]} does not split into {m_count} microbatches over {dp} data x fsdp "
+            f"devices; set {_KNOB}.pipeline_microbatches (or _size) to fit the batch.")
+    xs = _to_microbatches(x, m_count, dp)
+    segs = None if segment_ids is None else _to_microbatches(segment_ids, m_count, dp)
+    # Forward to stage s + 1; circular also closes the ring (last stage -> stage 0).
+    ring = [(i, (i + 1) % s_count) for i in range(s_count if repeats > 1 else s_count - 1)]
+    # Item k of a stage = round k // M of microbatch k % M; stage s works on item t - s.
+    num_items = m_count * repeats
+    num_iterations = num_items + s_count - 1
+
+    def one_stage(params: TransformerBlock, xs: Array, segs: Array | None) -> Array:
+        params = jax.tree.map(lambda w: w[0], params)  # this stage's [repeat, layer, ...]
+        stage = jax.lax.axis_index(STAGE)
+
+        def iteration(carry: tuple[Array, Array | None], t: Array) -> tuple[tuple[Array, Array | None], Array]:
+            received, returned = carry
+            item = t - stage
+            micro, rnd = item % m_count, jnp.clip(item // m_count, 0, repeats - 1)
+            # Stage 0 reads a new microbatch in round 0 and a returned one after; the others
+            # continue what the previous stage sent.
+            first = xs[micro] if returned is None else jnp.where(rnd == 0, xs[micro], returned[micro])
+            h = jnp.where(stage == 0, first, received)
+            layers = jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, rnd, 0, keepdims=False), params)
+            y = run_stacked_layers(layers, static, h, remat=cfg.remat, scan=cfg.scan_layers, mesh=mesh,
+                                   segment_ids=None if segs is None else segs[micro])
+            sent = jax.lax.ppermute(y, STAGE, ring)
+            if returned is not None:
+                # What stage 0 just received is the last stage's item t - (S - 1): keep it for
+                # that microbatch's next round (outputs of the final round are not needed).
+                back = t - (s_count - 1)
+                keep = (stage == 0) & (back >= 0) & (back < num_items - m_count)
+                slot = back % m_count
+                returned = returned.at[slot].set(jnp.where(keep, sent, returned[slot]))
+            return (sent, returned), y
+
+        zeros = jax.lax.pcast(jnp.zeros_like(xs[0]), (STAGE,), to="varying")
+        returned = None if repeats == 1 else jax.lax.pcast(jnp.zeros_like(xs), (STAGE,), to="varying")
+        # The last stage finishes microbatch i's final round in iteration T - M + i: run the
+        # first T - M iterations, then the last M keeping their outputs.
+        carry, _ = jax.lax.scan(iteration, (zeros, returned), jnp.arange(num_iterations - m_count))
+        _, ys = jax.lax.scan(iteration, carry, jnp.arange(num_iterations - m_count, num_iterations))
+        # Only the last stage's outputs are real; the sum over stages hands them to every stage.
+        return jax.lax.psum(jnp.where(stage == s_count - 1, ys, jnp.zeros_like(ys)), STAGE)
+
+    out = jax.shard_map(one_stage, mesh=mesh, in_specs=(P(STAGE), P(), P()), out_specs=P(),
+                        axis_names={STAGE})(params, xs, segs)
+    return _from_microbatches(out, dp)
