@@ -11,7 +11,6 @@ Lengths whose estimate exceeds the memory limit are skipped, and XLA resource-ex
 errors are caught: both are reported, not crashed on.
 """
 
-import dataclasses
 import functools
 import json
 import statistics
@@ -20,70 +19,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-import jax
-import jax.random as jr
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from equipax.core.config import ConfigError, to_dict
-from equipax.core.nn import (
-    dot_product_attention,
-    jax_nn_attention,
-    linear_attention,
-    reference_attention,
-    reference_linear_attention,
-)
+# The config lives with the registered experiment, in a module without JAX, so that `launch list`
+# and `launch --help` don't import JAX through this command.
+from equipax.launch.experiments.attention import IMPLEMENTATIONS, AttentionBenchConfig
 
-# name -> (family, number of [batch heads N N] float32 intermediates the estimate assumes).
-IMPLEMENTATIONS: dict[str, tuple[str, int]] = {
-    "softmax_reference": ("softmax", 2),
-    "softmax": ("softmax", 2),
-    "softmax_jax_nn": ("softmax", 2),
-    "linear": ("linear", 0),
-    "linear_reference": ("linear", 2),
-}
+__all__ = ["IMPLEMENTATIONS", "AttentionBenchConfig", "bench_app", "estimate_bytes", "results_table",
+           "run_attention_bench"]
+
 BASELINE = "softmax"
 RESULT_FILE = "attention_bench.json"
 PLOT_FILE = "attention_bench.png"
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AttentionBenchConfig:
-    """The attention benchmark: what `launch bench attention` and `--exp attention_bench` run."""
+def _kernel(name: str, cfg: AttentionBenchConfig) -> Callable[..., Any]:
+    from equipax.core.nn import (
+        dot_product_attention, jax_nn_attention, linear_attention, reference_attention,
+        reference_linear_attention,
+    )
 
-    name: str = "attention_bench"
-    description: str = "Forward time and memory of softmax vs linear attention by sequence length."
-    seq_lens: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096, 6000)
-    batch_size: int = 32
-    num_heads: int = 1
-    head_dim: int = 64
-    repeats: int = 100
-    causal: bool = False
-    implementations: tuple[str, ...] = ("softmax_reference", "softmax", "softmax_jax_nn", "linear")
-    chunk_size: int = 64
-    # None: the machine's available memory (MemAvailable) when the benchmark starts.
-    memory_limit_gb: float | None = None
-    seed: int = 0
-
-    def __post_init__(self):
-        if not self.seq_lens or any(n < 1 for n in self.seq_lens):
-            raise ValueError(f"seq_lens must be positive lengths, e.g. (128, 512); got {self.seq_lens!r}.")
-        for name in ("batch_size", "num_heads", "head_dim", "repeats", "chunk_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)!r}.")
-        unknown = [i for i in self.implementations if i not in IMPLEMENTATIONS]
-        if unknown or not self.implementations:
-            raise ValueError(
-                f"Unknown attention implementation(s) {unknown or self.implementations!r}; "
-                f"choose from {', '.join(IMPLEMENTATIONS)}."
-            )
-        if self.memory_limit_gb is not None and not self.memory_limit_gb > 0:
-            raise ValueError(f"memory_limit_gb must be > 0 or None; got {self.memory_limit_gb!r}.")
-
-
-def _kernel(name: str, cfg: AttentionBenchConfig) -> Callable[..., jax.Array]:
-    fns: dict[str, Callable[..., jax.Array]] = {
+    fns: dict[str, Callable[..., Any]] = {
         "softmax_reference": reference_attention,
         "softmax": dot_product_attention,
         "softmax_jax_nn": jax_nn_attention,
@@ -156,7 +115,9 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or "RESOURCE_EXHAUSTED" in str(e) or "Out of memory" in str(e)
 
 
-def _measure(name: str, cfg: AttentionBenchConfig, qkv: tuple[jax.Array, ...]) -> dict[str, Any]:
+def _measure(name: str, cfg: AttentionBenchConfig, qkv: tuple[Any, ...]) -> dict[str, Any]:
+    import jax
+
     t0 = time.perf_counter()
     compiled = jax.jit(_kernel(name, cfg)).lower(*qkv).compile()
     compile_s = time.perf_counter() - t0
@@ -210,6 +171,9 @@ def run_attention_bench(
     Returns:
         The JSON-ready results (also written to `out_dir / attention_bench.json`).
     """
+    import jax
+    import jax.random as jr
+
     from equipax.launch.training.plots import plot_attention_bench
 
     out_dir = Path(out_dir)

@@ -17,9 +17,14 @@ family registers any object with those functions (and `UNIT`, `units_per_example
 import dataclasses
 import importlib
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from equipax.data import BaseInput
+if TYPE_CHECKING:
+    from equipax.data import BaseInput
+else:
+    # Not imported at run time: equipax.data pulls in grain and orbax (seconds), which `launch list`
+    # and `launch show` (derived_numbers) never use; `build_inputs` imports it when it runs.
+    BaseInput = Any
 
 # cfg.kind -> a module of this package (imported on first use), or a registered object.
 FAMILIES: dict[str, Any] = {"lm": "lm", "image_classification": "image"}
