@@ -141,8 +141,8 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
 
 def test_cache_holds_kv_heads():
     cache = init_cache(MODELS["llama"], 3, 10)
-    assert cache.keys.shape == (2, 3, 10, 2, 8) and cache.max_len == 10
-    assert init_cache(MODELS["lm"], 3, 10).values.shape == (2, 3, 10, 2, 16)
+    assert cache.keys.shape == (2, 3, 2, 10, 8) and cache.max_len == 10
+    assert init_cache(MODELS["lm"], 3, 10).values.shape == (2, 3, 2, 10, 16)
 
 
 def test_sample_logits_top_k_and_top_p_restrict_support():
@@ -168,3 +168,27 @@ def test_sample_logits_top_k_and_top_p_restrict_support():
     freq = np.bincount(np.asarray(many), minlength=4) / 8192
     np.testing.assert_allclose(freq, probs[0], atol=0.03)
 
+
+
+def test_decode_benchmark_smoke(tmp_path):
+    """benchmarks/decode.py runs and writes sane JSON (timings themselves are not tested)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "decode.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_decode", script)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "decode.json"
+    results = bench.main([
+        "--families", "llama", "--tiny", "--prompt-len", "4", "--new-tokens", "4",
+        "--repeats", "1", "--uncached-repeats", "1", "--out", str(out),
+    ])
+    assert json.loads(out.read_text()) == results
+    row = results["families"]["llama"]
+    assert row["greedy_tokens_match"] is True
+    for key in ("prefill_s", "cached_total_s", "uncached_total_s", "speedup",
+                "cached_tokens_per_s", "decode_per_token_s"):
+        assert row[key] >= 0, key

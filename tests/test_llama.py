@@ -114,7 +114,7 @@ def test_cached_attention_is_causal_attention_over_slots(key):
     want = reference_gqa_attention(q, k, v, causal=True)
     # Slots past the written ones hold junk: masked.
     junk = jnp.full((2, 3, 2, 8), 1e3)
-    keys, values = jnp.concatenate([k, junk], 1), jnp.concatenate([v, junk], 1)
+    keys, values = (jnp.swapaxes(jnp.concatenate([t, junk], 1), 1, 2) for t in (k, v))
     got = cached_attention(q, keys, values, query_positions=_positions(2, 5))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # One query per row at different positions (per-row lengths).
@@ -198,6 +198,30 @@ def test_param_counts_exact():
                 LLAMA2_7B):
         abstract = eqx.filter_eval_shape(LlamaLM, cfg, key=jr.key(0))
         assert count_params(abstract) == llama_param_counts(cfg)["total"], cfg
+
+
+def test_abstract_params_get_sharding_specs():
+    from jax.sharding import AbstractMesh, PartitionSpec as P
+
+    from equipax.core.partition import param_specs
+
+    mesh = AbstractMesh((2, 4, 2), ("data", "fsdp", "tensor"))
+    for cfg in (LLAMA3_8B, dataclasses.replace(CFG, scan_layers=False, num_kv_heads=1)):
+        abstract = eqx.filter_eval_shape(LlamaLM, cfg, key=jr.key(0))
+        specs = param_specs(abstract, mesh)  # raises, naming the weight, if one is undeclared
+        assert specs.embedding.weight == P("tensor", "fsdp")
+        assert specs.unembed.weight == P("fsdp", "tensor")
+    layers = param_specs(eqx.filter_eval_shape(LlamaLM, LLAMA3_8B, key=jr.key(0)), mesh).layers
+    assert layers.attention.q == P(None, "fsdp", "tensor", None)
+    assert layers.attention.kv == P(None, "fsdp", None, "tensor", None)
+    assert layers.attention.out == P(None, "tensor", None, "fsdp")
+    assert layers.ffn.gate.weight == P(None, "fsdp", "tensor")
+    assert layers.ffn.down.weight == P(None, "tensor", "fsdp")
+    assert layers.atten_norm.scale == P(None, None)
+    # MQA: the single key/value head cannot be split over tensor, so it is replicated.
+    unrolled = specs.layers[0]  # pyright: ignore[reportIndexIssue]
+    assert unrolled.attention.kv == P("fsdp", None, None, None)
+    assert unrolled.attention.q == P("fsdp", "tensor", None)
 
 
 def test_config_errors_name_the_knob():

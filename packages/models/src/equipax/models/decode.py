@@ -27,15 +27,19 @@ from equipax.models.llama import LlamaBlock, LlamaLM
 
 
 class KVCache(eqx.Module):
-    """Keys and values of every layer; slot `j` of a row holds its token at position `j`."""
+    """Keys and values of every layer; slot `j` of a row holds its token at position `j`.
 
-    keys: Float[Array, "layers batch seq kv_heads head_dim"]
-    values: Float[Array, "layers batch seq kv_heads head_dim"]
+    Head-major (`[..., kv_heads, seq, head_dim]`): attention over the cache is then two plain
+    batched matmuls that read the keys and values in place.
+    """
+
+    keys: Float[Array, "layers batch kv_heads seq head_dim"]
+    values: Float[Array, "layers batch kv_heads seq head_dim"]
 
     @property
     def max_len(self) -> int:
         """Number of slots per row."""
-        return self.keys.shape[2]
+        return self.keys.shape[3]
 
 
 def _layout(model: LanguageModel) -> tuple[int, int, int]:
@@ -64,7 +68,7 @@ def init_cache(model: LanguageModel, batch_size: int, max_len: int) -> KVCache:
             "max_seq_len."
         )
     layers, kv_heads, head_dim = _layout(model)
-    shape = (layers, batch_size, max_len, kv_heads, head_dim)
+    shape = (layers, batch_size, kv_heads, max_len, head_dim)
     dtype = _DTYPES[model.cfg.dtype]
     return KVCache(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype))
 
@@ -111,7 +115,9 @@ def _forward(
         def block_fn(block, x, attend):
             return _llama_block(block, x, attend, sin, cos)
     else:
-        layers = model.stack.layers
+        # A pipelined stack (`pipeline_stages > 1`) decodes its blocks in model order, unpipelined.
+        stack = model.stack
+        layers = stack.in_layer_order() if hasattr(stack, "in_layer_order") else stack.layers
         dims = model.cfg.transformer.model_dims
         x = model.embedding(ids) * math.sqrt(dims)
         if model.cfg.position == "sinusoidal":
@@ -123,8 +129,9 @@ def _forward(
     def layer(block, x, i, keys, values):
         def attend(q, k, v, logit_cap):
             nonlocal keys, values
-            keys = keys.at[i, rows, positions].set(k.astype(keys.dtype))
-            values = values.at[i, rows, positions].set(v.astype(values.dtype))
+            # Advanced indices around a slice: the indexed shape is [b s kv_heads d], as k's.
+            keys = keys.at[i, rows, :, positions].set(k.astype(keys.dtype))
+            values = values.at[i, rows, :, positions].set(v.astype(values.dtype))
             return cached_attention(
                 q, keys[i], values[i], query_positions=positions, logit_cap=logit_cap
             )

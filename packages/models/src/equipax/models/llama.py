@@ -23,7 +23,7 @@ from equipax.core.nn.linear import Linear
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.norm import RMSNorm
 from equipax.core.nn.rotary import rotary_angles
-from equipax.core.partition import constrain_batch
+from equipax.core.partition import Axes, constrain_batch
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _REMATS = ("none", "full", "dots_saveable")
@@ -188,7 +188,13 @@ class LlamaLM(eqx.Module):
         else:
             self.layers = tuple(LlamaBlock(cfg, key=k) for k in keys)
         self.final_norm = RMSNorm(cfg.model_dims, eps=cfg.norm_eps)
-        self.unembed = Linear(cfg.model_dims, cfg.vocab_size, key=k_out)
+        self.unembed = Linear(
+            cfg.model_dims, cfg.vocab_size, axes=("embed", "vocab"), key=k_out
+        )
+
+    def logical_axes(self) -> dict[str, Axes]:
+        """Scanned: every array of the one stacked block has a leading `layers` axis."""
+        return {"layers": ("layers",)} if isinstance(self.layers, LlamaBlock) else {}
 
     def _run_layers(
         self, x: Array, sin: Array, cos: Array, mesh: Mesh | None, segment_ids: Array | None

@@ -16,13 +16,14 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from equipax.core.nn.attention import reference_attention
 from equipax.core.nn.linear import fan_in_init
 from equipax.core.nn.rotary import apply_rotary
+from equipax.core.partition import Axes
 
 # Large finite negative, as in attention.py: -inf would give NaN gradients on masked rows.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def _check_groups(q: Array, k: Array) -> int:
-    heads, kv_heads = q.shape[2], k.shape[2]
+def _check_groups(q: Array, k: Array, kv_axis: int = 2) -> int:
+    heads, kv_heads = q.shape[2], k.shape[kv_axis]
     if heads % kv_heads:
         raise ValueError(
             f"{heads} query heads cannot be grouped over {kv_heads} key/value heads: "
@@ -60,12 +61,17 @@ def reference_gqa_attention(
 def _grouped_attention(
     q: Array, k: Array, v: Array, mask: Array | None, logit_cap: float | None
 ) -> Array:
-    """Softmax attention with queries grouped per key/value head; `mask` is bool `[b q k]`."""
+    """Softmax attention with queries grouped per key/value head.
+
+    `q` is `[b q heads d]`; `k`, `v` are head-major `[b kv_heads k d]` (the KV cache layout:
+    both products are then plain batched matmuls, with no copy of the keys); `mask` is bool
+    `[b q k]`.
+    """
     b, s, heads, d = q.shape
-    kv_heads = k.shape[2]
+    kv_heads = k.shape[1]
     q = q * jnp.asarray(1.0 / math.sqrt(d), q.dtype)
     qg = q.reshape(b, s, kv_heads, heads // kv_heads, d)
-    logits = jnp.einsum("bqngd,bknd->bngqk", qg, k, preferred_element_type=jnp.float32)
+    logits = jnp.einsum("bqngd,bnkd->bngqk", qg, k, preferred_element_type=jnp.float32)
     if logit_cap is not None:
         logits = logit_cap * jnp.tanh(logits / logit_cap)
     if mask is not None:
@@ -74,7 +80,7 @@ def _grouped_attention(
     unnorm = jnp.exp(logits)
     denom = jnp.sum(unnorm, axis=-1)  # [b n g q]
     out = jnp.einsum(
-        "bngqk,bknd->bqngd", unnorm.astype(v.dtype), v, preferred_element_type=jnp.float32
+        "bngqk,bnkd->bqngd", unnorm.astype(v.dtype), v, preferred_element_type=jnp.float32
     )
     out = out / jnp.transpose(denom, (0, 3, 1, 2))[..., None]
     return out.reshape(b, s, heads, d).astype(v.dtype)
@@ -110,13 +116,16 @@ def gqa_attention(
     if segment_ids is not None:
         same = segment_ids[:, :, None] == segment_ids[:, None, :]
         mask = same if mask is None else mask & same
-    return _grouped_attention(q, k, v, mask, logit_cap)
+    head_major = (0, 2, 1, 3)
+    return _grouped_attention(
+        q, jnp.transpose(k, head_major), jnp.transpose(v, head_major), mask, logit_cap
+    )
 
 
 def cached_attention(
     q: Float[Array, "batch seq heads head_dim"],
-    keys: Float[Array, "batch cache kv_heads head_dim"],
-    values: Float[Array, "batch cache kv_heads head_dim"],
+    keys: Float[Array, "batch kv_heads cache head_dim"],
+    values: Float[Array, "batch kv_heads cache head_dim"],
     *,
     query_positions: Int[Array, "batch seq"],
     logit_cap: float | None = None,
@@ -128,15 +137,16 @@ def cached_attention(
 
     Arguments:
         q: queries of the new tokens.
-        keys, values: the cache of one layer (`kv_heads` may be fewer than `heads`).
+        keys, values: the cache of one layer, head-major (`kv_heads` may be fewer than
+            `heads`).
         query_positions: the position of each query in its row.
         logit_cap: if set, logits become `cap * tanh(logits / cap)` before masking.
 
     Returns:
         Attention outputs in `values.dtype`.
     """
-    _check_groups(q, keys)
-    slots = jnp.arange(keys.shape[1])
+    _check_groups(q, keys, kv_axis=1)
+    slots = jnp.arange(keys.shape[2])
     mask: Bool[Array, "batch seq cache"] = slots[None, None, :] <= query_positions[:, :, None]
     return _grouped_attention(q, keys, values, mask, logit_cap)
 
@@ -174,6 +184,19 @@ class GroupedQueryAttention(eqx.Module):
         self.q = fan_in_init(k_q, (model_dims, num_heads, head_dim), in_axes=(0,))
         self.kv = fan_in_init(k_kv, (model_dims, 2, num_kv_heads, head_dim), in_axes=(0,))
         self.out = fan_in_init(k_out, (num_heads, head_dim, model_dims), in_axes=(0, 1))
+
+    def logical_axes(self) -> dict[str, Axes]:
+        """Queries and key/value heads column-split by heads, the output row-split (Megatron).
+
+        Query head `h` reads key/value head `h // group`, so splitting both head axes the same
+        number of ways keeps each group on one device; key/value heads too few to split are
+        replicated (`partition.spec_for`).
+        """
+        return {
+            "q": ("embed", "heads", "head_dim"),
+            "kv": ("embed", "qkv", "heads", "head_dim"),
+            "out": ("heads", "head_dim", "embed"),
+        }
 
     def project(
         self,
