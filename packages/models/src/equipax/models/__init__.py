@@ -1,8 +1,13 @@
-"""equipax.models: model definitions built from equipax.core layers."""
+"""equipax.models: model definitions built from equipax.core layers.
+
+KV-cache decoding lives in `equipax.models.decode` (imported from there: its `decode` function
+would otherwise shadow the module).
+"""
 
 from equipax.models.classifier import ImageClassificationTask, classification_loss, classification_metrics
 from equipax.models.cnn import AdvancedCNN, CNNConfig, ResidualBlock, SelfAttention
-from equipax.models.lm import LMConfig, TransformerLM, generate, lm_loss
+from equipax.models.lm import LanguageModel, LMConfig, TransformerLM, generate, lm_loss
+from equipax.models.llama import LlamaConfig, LlamaLM, llama_param_counts
 from equipax.models.lm_task import LMTask
 
 __all__ = [
@@ -11,11 +16,15 @@ __all__ = [
     "ImageClassificationTask",
     "LMConfig",
     "LMTask",
+    "LanguageModel",
+    "LlamaConfig",
+    "LlamaLM",
     "ResidualBlock",
     "SelfAttention",
     "TransformerLM",
     "classification_loss",
     "classification_metrics",
     "generate",
+    "llama_param_counts",
     "lm_loss",
 ]

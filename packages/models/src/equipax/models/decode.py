@@ -21,7 +21,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 from equipax.core.nn.gqa_attention import cached_attention
 from equipax.core.nn.linear import expand_to
 from equipax.core.nn.rotary import rotary_angles
-from equipax.core.nn.transformer import TransformerBlock
+from equipax.core.nn.transformer import TransformerBlock, TransformerStack
 from equipax.models.lm import _DTYPES, LanguageModel, TransformerLM, sinusoidal_positions
 from equipax.models.llama import LlamaBlock, LlamaLM
 
@@ -117,7 +117,7 @@ def _forward(
     else:
         # A pipelined stack (`pipeline_stages > 1`) decodes its blocks in model order, unpipelined.
         stack = model.stack
-        layers = stack.in_layer_order() if hasattr(stack, "in_layer_order") else stack.layers
+        layers = stack.layers if isinstance(stack, TransformerStack) else stack.in_layer_order()
         dims = model.cfg.transformer.model_dims
         x = model.embedding(ids) * math.sqrt(dims)
         if model.cfg.position == "sinusoidal":
