@@ -13,7 +13,8 @@ import optax
 import pytest
 from jaxtyping import TypeCheckError
 
-from equipax.core.flops import count_params
+from equipax.core.flops import count_params, transformer_lm_flops_per_token
+from equipax.core.nn import TransformerConfig
 from equipax.core.nn import dot_product_attention, reference_attention
 from equipax.core.nn.gqa_attention import (
     GroupedQueryAttention,
@@ -23,7 +24,12 @@ from equipax.core.nn.gqa_attention import (
 )
 from equipax.core.nn.rotary import apply_rotary, reference_rotary, rotary_angles
 from equipax.models import lm_loss
-from equipax.models.llama import LlamaConfig, LlamaLM, llama_param_counts
+from equipax.models.llama import (
+    LlamaConfig,
+    LlamaLM,
+    llama_flops_per_token,
+    llama_param_counts,
+)
 
 VOCAB = 64
 CFG = LlamaConfig(
@@ -198,6 +204,23 @@ def test_param_counts_exact():
                 LLAMA2_7B):
         abstract = eqx.filter_eval_shape(LlamaLM, cfg, key=jr.key(0))
         assert count_params(abstract) == llama_param_counts(cfg)["total"], cfg
+
+
+def test_flops_match_the_gpt_accounting_when_heads_are_not_grouped():
+    for remat in ("none", "full", "dots_saveable"):
+        mha = dataclasses.replace(LLAMA2_7B, remat=remat)
+        gpt = TransformerConfig(
+            num_layers=32, model_dims=4096, num_heads=32, head_dim=128, hidden_dims=11008,
+            gated=True, activation="silu", remat=remat,
+        )
+        want = transformer_lm_flops_per_token(gpt, vocab_size=32000, seq_len=4096)
+        assert llama_flops_per_token(mha, seq_len=4096) == want
+    # GQA only shrinks the key/value projections; 6N + attention stays the training rule.
+    got = llama_flops_per_token(LLAMA3_8B, seq_len=8192)
+    assert got["qkv_projection"] == 32 * 2 * 4096 * (32 + 16) * 128
+    # Matmul weights: all but the input table and the 65 norm scales (the lookup is free).
+    matmul_params = llama_param_counts(LLAMA3_8B)["total"] - 128256 * 4096 - 65 * 4096
+    assert got["training"] == 6 * matmul_params + 3 * got["attention"]
 
 
 def test_abstract_params_get_sharding_specs():

@@ -108,6 +108,45 @@ def llama_param_counts(cfg: LlamaConfig) -> dict[str, int]:
     return counts
 
 
+def llama_flops_per_token(cfg: LlamaConfig, *, seq_len: int) -> dict[str, float]:
+    """FLOPs per token of `LlamaLM`, with the accounting of
+    `equipax.core.flops.transformer_lm_flops_per_token` (a matmul `[m k] @ [k n]` counts
+    `2 m k n`; causal attention half of `QK^T` and `PV`; training 3x forward).
+
+    Grouped-query attention projects `num_heads + 2 num_kv_heads` heads; the attention
+    products themselves run over all `num_heads` query heads.
+
+    Arguments:
+        cfg: model config.
+        seq_len: sequence length (for the attention term).
+
+    Returns:
+        Per-token FLOPs, all layers summed: `qkv_projection`, `output_projection`, `mlp`,
+        `attention`, `unembedding`, `forward`, `training` (the model FLOPs), `remat` (extra
+        forward work recomputed under `cfg.remat`) and `training_with_remat`.
+    """
+    d, h, hd, n = cfg.model_dims, cfg.num_heads, cfg.head_dim, cfg.num_layers
+    qkv = 2.0 * d * (h + 2 * cfg.num_kv_heads) * hd
+    out_proj = 2.0 * h * hd * d
+    mlp = 2.0 * d * cfg.hidden_dims * 3
+    attention = 2.0 * 2.0 * seq_len * h * hd / 2.0
+    unembedding = 2.0 * d * cfg.vocab_size
+    layers_forward = n * (qkv + out_proj + mlp + attention)
+    forward = layers_forward + unembedding
+    remat = {"full": layers_forward, "dots_saveable": n * attention}.get(cfg.remat, 0.0)
+    return {
+        "qkv_projection": n * qkv,
+        "output_projection": n * out_proj,
+        "mlp": n * mlp,
+        "attention": n * attention,
+        "unembedding": unembedding,
+        "forward": forward,
+        "training": 3.0 * forward,
+        "remat": remat,
+        "training_with_remat": 3.0 * forward + remat,
+    }
+
+
 class LlamaBlock(eqx.Module):
     """Pre-norm block: `x + attn(rmsnorm(x))`, then `x + swiglu(rmsnorm(x))`."""
 
