@@ -95,7 +95,7 @@ def test_first_batch_is_checked_against_the_task():
 
 @pytest.mark.slow
 def test_cnn_digits_data_parallel_on_4_devices_matches_1_device(tmp_path):
-    sets = set_args([*CNN_TOY, "train.num_epochs=1", "data.batch_size=128"])
+    sets = set_args([*CNN_TOY, "train.num_epochs=1", "data.batch_size=128", "train.log_every=1"])
     one = launch("run", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "one", *sets)
     assert one.returncode == 0, one.stdout + one.stderr
     four = launch("run", "--exp", "cnn_digits", "--cpu-devices", 4, "--job-log-dir", tmp_path / "four", *sets)
@@ -104,10 +104,16 @@ def test_cnn_digits_data_parallel_on_4_devices_matches_1_device(tmp_path):
     a = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (tmp_path / "four" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["split"]) for r in a] == [(r["step"], r["split"]) for r in b]
+    # Training is the same computation: losses and gradient norms agree to float rounding. (Eval
+    # is not compared: the conv biases in front of BatchNorm get ~0 true gradient, which Adam
+    # scales up to full steps whose sign follows rounding noise; they move the BatchNorm running
+    # means, so eval-mode outputs of two equally correct runs drift apart.)
     for ra, rb in zip(a, b):
-        for k in ("loss", "test_loss", "train_loss"):
-            if k in ra:
-                assert rb[k] == pytest.approx(ra[k], rel=2e-3, abs=1e-4), (ra, rb)
+        if ra["split"] == "train":
+            assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5), (ra, rb)
+            assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-4), (ra, rb)
+        if ra["split"] == "epoch":
+            assert rb["train_loss"] == pytest.approx(ra["train_loss"], rel=1e-5), (ra, rb)
 
 
 @pytest.mark.slow
