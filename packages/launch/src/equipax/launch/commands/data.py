@@ -198,7 +198,6 @@ def inspect(
     """Print the first batches host HOST of HOSTS would read: shapes, padding, weights, decoded text."""
     from equipax.core.config import apply_overrides
     from equipax.launch.experiments import registry
-    from equipax.launch.experiments.config import ExperimentConfig
     from equipax.launch.training.lm_inputs import TOKENIZER_FILE, build_lm_inputs, build_tokenizer
 
     if split not in ("train", "eval"):
@@ -213,8 +212,9 @@ def inspect(
         _fail(f"--batches must be >= 1 and --rows >= 0; got {batches} and {rows}.")
     try:
         cfg, _ = apply_overrides(registry.get_experiment(exp), set_ or [])
-        if not isinstance(cfg, ExperimentConfig):
-            raise ConfigError(f"Experiment {exp!r} reads no data (it is a {type(cfg).__name__}).")
+        if registry.lookup(exp).kind != "train" or cfg.kind != "lm":
+            raise ConfigError(f"`launch data inspect` shows the token batches of language-model "
+                              f"experiments; {exp!r} is not one.")
         job_dir = job_log_dir or Path("runs") / cfg.name
         with tempfile.TemporaryDirectory() as tmp:
             # Reuse a job's vocabulary when there is one; never write into a job directory.
