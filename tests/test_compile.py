@@ -34,7 +34,7 @@ def test_budget_is_flagged_and_strict_exits_non_zero(tmp_path):
     args = ("compile", "--exp", "c4_22b_2x_smoke", "--hbm-gib", "0.0001", "--job-log-dir", str(tmp_path))
     proc = launch(*args)
     assert proc.returncode == 0, proc.stderr
-    assert "DOES NOT FIT" in proc.stdout and "over the 0 GiB budget" in proc.stderr
+    assert "DOES NOT FIT" in proc.stdout and "over the 0.0001 GiB budget" in proc.stderr
     strict = launch(*args, "--strict")
     assert strict.returncode == 3, strict.stdout + strict.stderr
 
@@ -65,9 +65,41 @@ def test_unknown_target_is_a_user_error():
     assert result.exit_code == 2 and "Unknown --target 'tpu-v9'" in result.output
 
 
+@pytest.mark.parametrize("option, value, expected", [
+    ("--hbm-gib", "0", "--hbm-gib must be a number of GiB > 0"),
+    ("--hbm-gib", "-1", "--hbm-gib must be a number of GiB > 0"),
+    ("--hbm-gib", "nan", "--hbm-gib must be a number of GiB > 0"),
+    ("--hbm-gib", "inf", "--hbm-gib must be a number of GiB > 0"),
+    ("--assumed-mfu", "0", "--assumed-mfu must be in (0, 1]"),
+    ("--assumed-mfu", "-0.5", "--assumed-mfu must be in (0, 1]"),
+    ("--assumed-mfu", "1.5", "--assumed-mfu must be in (0, 1]"),
+    ("--assumed-mfu", "nan", "--assumed-mfu must be in (0, 1]"),
+    ("--slices", "0", "--slices must be >= 1"),
+])
+def test_bad_numbers_are_usage_errors_before_compiling(option, value, expected):
+    from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
+
+    result = CliRunner().invoke(app, ["compile", "--exp", "c4_22b_2x", "--topology", "v4-128", option, value])
+    assert result.exit_code == 2, result.output
+    assert expected in " ".join(result.output.split())
+
+
+def test_budget_and_mfu_at_their_limits_are_accepted():
+    from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
+
+    # Valid numbers pass the option checks and reach the experiment lookup (a misspelled name here).
+    result = CliRunner().invoke(app, ["compile", "--exp", "no_such_exp", "--hbm-gib", "0.5", "--assumed-mfu", "1"])
+    assert result.exit_code == 2 and "must be" not in result.output and "no_such_exp" in result.output
+
+
 def test_collective_counting():
     from equipax.launch.aot.report import count_collectives
 
-    hlo = "%a = all-gather(x)\n%b = all-reduce-start(y)\n%c = all-reduce-done(%b)\n%d = all-to-all(z)"
+    hlo = ("%a = all-gather(x)\n%b = all-reduce-start(y)\n%c = all-reduce-done(%b)\n%d = all-to-all(z)\n"
+           "%e = send(w), channel_id=1\n%f = send-done(%e)\n%g = recv(t)\n%h = recv-done(%g)")
     assert count_collectives(hlo) == {"all-gather": 1, "reduce-scatter": 0, "all-reduce": 1,
-                                      "collective-permute": 0, "all-to-all": 1}
+                                      "collective-permute": 0, "all-to-all": 1, "send": 1, "recv": 1}

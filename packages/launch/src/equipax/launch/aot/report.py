@@ -1,9 +1,10 @@
 """Ahead-of-time compile of an experiment's exact train step, for hardware you don't have.
 
-`launch compile` simulates the experiment's full mesh with fake CPU devices (set before JAX
-starts), builds the train state abstractly (no array is allocated), lowers and compiles the
-real step, and reports parameters, per-device memory, model FLOPs, ideal step times on a
-target accelerator, the collectives XLA inserted, and the compile's own cost.
+`launch compile` builds the experiment's full mesh, either of a real TPU topology's devices
+(`--topology`, compiled by XLA:TPU from libtpu; `equipax.launch.aot.tpu`) or of fake CPU devices
+(set before JAX starts), builds the train state abstractly (no array is allocated), lowers and
+compiles the real step, and reports parameters, per-device memory, model FLOPs, ideal step times
+on a target accelerator, the collectives XLA inserted, and the compile's own cost.
 """
 
 import dataclasses
@@ -50,7 +51,8 @@ TARGETS = {
     )
 }
 
-COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "collective-permute", "all-to-all")
+# send/recv: XLA:TPU moves data between slices (over DCN) with them.
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "collective-permute", "all-to-all", "send", "recv")
 
 
 def count_collectives(hlo_text: str) -> dict[str, int]:
@@ -72,6 +74,37 @@ def _per_device_bytes(abstract: Any) -> int:
     return total
 
 
+MEMORY_NOTES = {
+    "cpu": ("XLA:CPU's temporaries are an upper bound for an accelerator (no HBM-aware "
+            "scheduling or fusion of the accelerator backend)."),
+    "tpu": ("XLA:TPU's buffer assignment for one chip; total = arguments + outputs - aliased + "
+            "temporaries + generated code; peak = XLA:TPU's simulated heap peak (without code)."),
+}
+
+
+def memory_figures(mem: Any) -> dict[str, int]:
+    """Per-device bytes from a compiled program's `memory_analysis()` (missing fields count 0).
+
+    `total_bytes` counts donated state once (its outputs alias the arguments) and adds the
+    program's code, which also lives in device memory. `peak_bytes` is the backend's own heap
+    peak where it reports one (XLA:TPU does; 0 otherwise).
+    """
+    def get(name: str) -> int:
+        return int(getattr(mem, name, 0) or 0)
+
+    memory = {
+        "argument_bytes": get("argument_size_in_bytes"),
+        "output_bytes": get("output_size_in_bytes"),
+        "alias_bytes": get("alias_size_in_bytes"),
+        "temp_bytes": get("temp_size_in_bytes"),
+        "generated_code_bytes": get("generated_code_size_in_bytes"),
+        "peak_bytes": get("peak_memory_in_bytes"),
+    }
+    memory["total_bytes"] = (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
+                             + memory["temp_bytes"] + memory["generated_code_bytes"])
+    return memory
+
+
 def stablehlo_fingerprint(lowered: Any) -> str:
     """SHA-256 of a lowered program's StableHLO text (equal programs, equal fingerprints)."""
     return hashlib.sha256(lowered.as_text().encode()).hexdigest()
@@ -84,6 +117,7 @@ def compile_report(
     hbm_gib: float | None = None,
     assumed_mfu: float = 0.5,
     mesh: Mesh | None = None,
+    topology: dict[str, Any] | None = None,
     log: Callable[[str], object] = print,
 ) -> dict[str, Any]:
     """Lower and compile `cfg`'s train step (the one `launch run` executes) on `mesh`.
@@ -94,6 +128,7 @@ def compile_report(
         hbm_gib: memory budget per device (default: the target's HBM).
         assumed_mfu: model FLOPs utilisation for the "realistic" step time.
         mesh: the mesh to compile for (default: `build_mesh(cfg.mesh)` on this process's devices).
+        topology: what the mesh's devices are, when they are a real TPU topology (reported as is).
         log: progress messages.
 
     Returns:
@@ -107,22 +142,15 @@ def compile_report(
     t0 = time.monotonic()
     lowered = training.lower()
     t_lower = time.monotonic() - t0
+    cpu0 = time.process_time()
     compiled = lowered.compile()
     t_compile = time.monotonic() - t0 - t_lower
+    cpu_compile = time.process_time() - cpu0
     host_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
-    mem = compiled.memory_analysis()
-    memory = {
-        "argument_bytes": int(getattr(mem, "argument_size_in_bytes", 0)),
-        "output_bytes": int(getattr(mem, "output_size_in_bytes", 0)),
-        "alias_bytes": int(getattr(mem, "alias_size_in_bytes", 0)),
-        "temp_bytes": int(getattr(mem, "temp_size_in_bytes", 0)),
-        "generated_code_bytes": int(getattr(mem, "generated_code_size_in_bytes", 0)),
-    }
-    # Donated state aliases its outputs: count those bytes once.
-    memory["total_bytes"] = (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
-                             + memory["temp_bytes"])
+    memory = memory_figures(compiled.memory_analysis())
     budget = hbm_gib if hbm_gib is not None else target.hbm_gib
+    device = mesh.devices.flat[0]
     numbers = family(cfg).numbers(cfg)
     state = training.abstract_state
     report: dict[str, Any] = {
@@ -141,8 +169,7 @@ def compile_report(
             **memory,
             "budget_gib": budget,
             "fits": memory["total_bytes"] <= budget * GIB,
-            "note": ("XLA:CPU's temporaries are an upper bound for an accelerator (no HBM-aware "
-                     "scheduling or fusion of the accelerator backend)."),
+            "note": MEMORY_NOTES.get(device.platform, MEMORY_NOTES["cpu"]),
         },
         "flops": None,
         "projection": None,
@@ -151,10 +178,13 @@ def compile_report(
         "compile": {
             "lower_s": t_lower,
             "compile_s": t_compile,
+            "compile_cpu_s": cpu_compile,
             "host_peak_rss_gib": host_rss * 1024 / GIB,
             "host_rss_growth_gib": (host_rss - host_rss0) * 1024 / GIB,
-            "backend": jax.devices()[0].platform,
+            "backend": device.platform,
+            "device_kind": device.device_kind,
         },
+        "topology": topology,
     }
     if "model_flops_per_step" in numbers:
         report["flops"], report["projection"] = _flops_and_projection(cfg, numbers, mesh.size, target, assumed_mfu)
@@ -201,16 +231,22 @@ def format_report(r: dict[str, Any]) -> str:
     params = f"  params        {p['total'] / 1e9:.3f}e9 total"
     if p["embedding"] is not None:
         params += f", {p['embedding'] / 1e6:.1f}M embedding, {p['per_layer'] / 1e6:.1f}M per layer"
+    topo = r.get("topology")
+    where = (f"{topo['num_slices']} x {topo['slice']} ({topo['topology']}, {c['device_kind']})"
+             if topo else f"simulated {c['backend']} devices")
+    peak = (f"; {c['backend'].upper()} heap peak {m['peak_bytes'] / GIB:.2f} GiB + code"
+            if m.get("peak_bytes") else "")
     lines = [
-        f"{r['experiment']} on {r['devices']} devices {r['mesh']} (target {t['name']}: "
-        f"{t['peak_tflops']:.0f} TFLOP/s bf16, {t['hbm_gib']:.0f} GiB HBM per chip)",
+        f"{r['experiment']} on {r['devices']} devices {r['mesh']}: {where}",
+        f"  target        {t['name']}: {t['peak_tflops']:.0f} TFLOP/s bf16, {t['hbm_gib']:.0f} GiB HBM per chip",
         params,
         f"  per device    params {p['per_device_param_bytes'] / GIB:.2f} GiB, optimizer state "
         f"{p['per_device_optimizer_bytes'] / GIB:.2f} GiB",
         f"  XLA memory    arguments {m['argument_bytes'] / GIB:.2f} GiB, outputs {m['output_bytes'] / GIB:.2f} "
-        f"GiB (aliased {m['alias_bytes'] / GIB:.2f}), temporaries {m['temp_bytes'] / GIB:.2f} GiB",
-        f"                total {m['total_bytes'] / GIB:.2f} GiB of {m['budget_gib']:.0f} GiB: "
-        + ("fits" if m["fits"] else "DOES NOT FIT"),
+        f"GiB (aliased {m['alias_bytes'] / GIB:.2f}), temporaries {m['temp_bytes'] / GIB:.2f} GiB, "
+        f"code {m.get('generated_code_bytes', 0) / GIB:.2f} GiB",
+        f"                total {m['total_bytes'] / GIB:.2f} GiB of {m['budget_gib']:g} GiB: "
+        + ("fits" if m["fits"] else "DOES NOT FIT") + peak,
         f"                ({m['note']})",
     ]
     if f is not None and pr is not None:
@@ -226,7 +262,8 @@ def format_report(r: dict[str, Any]) -> str:
     lines += [
         "  collectives   " + ", ".join(f"{k} {v}" for k, v in r["collectives"].items()),
         f"  program       StableHLO sha256 {r['stablehlo_sha256'][:16]}... (the step `launch run` executes)",
-        f"  compile       lower {c['lower_s']:.1f} s + compile {c['compile_s']:.1f} s on {c['backend']}, "
+        f"  compile       lower {c['lower_s']:.1f} s + compile {c['compile_s']:.1f} s "
+        f"({c.get('compile_cpu_s', 0):.0f} s CPU) by XLA:{c['backend'].upper()}, "
         f"host peak RSS {c['host_peak_rss_gib']:.2f} GiB",
     ]
     return "\n".join(lines)

@@ -1,0 +1,103 @@
+"""`launch compile --topology`: the exact train step compiled by XLA:TPU (libtpu) for a real TPU slice.
+
+libtpu is in the default environment (the `aot` dependency group), so these run in the normal
+suite on any Linux x86_64 host; no TPU is needed.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+
+def launch(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "equipax.launch.cli", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def invoke(*args):
+    from equipax.launch.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_small_experiment_compiles_for_a_v4_slice_with_xla_tpu(tmp_path):
+    proc = launch("compile", "--exp", "c4_1b_smoke", "--topology", "v4-16", "--job-log-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "compile.json").read_text())
+    assert report["compile"]["backend"] == "tpu" and report["compile"]["device_kind"] == "TPU v4"
+    assert report["topology"] == {"slice": "v4-16", "topology": "v4:2x2x2", "chip_config": "megacore",
+                                  "num_slices": 1, "chips_per_slice": 8}
+    assert report["target"]["name"] == "tpu-v4" and report["memory_per_device"]["budget_gib"] == 32
+    m = report["memory_per_device"]
+    # The state is FSDP-sharded over 8 chips and donated: arguments alias outputs.
+    assert m["argument_bytes"] >= report["params"]["per_device_param_bytes"] > 0
+    assert 0 < m["alias_bytes"] <= m["argument_bytes"]
+    assert m["generated_code_bytes"] > 0 and m["peak_bytes"] > 0
+    assert m["total_bytes"] == (m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
+                                + m["generated_code_bytes"])
+    assert m["fits"] and "XLA:TPU" in m["note"]
+    assert report["collectives"]["all-gather"] > 0  # FSDP gathers the weights
+    assert "2 x v4-16" not in proc.stdout and "1 x v4-16 (v4:2x2x2, TPU v4)" in proc.stdout
+    assert "all-gather" in proc.stdout and "TPU heap peak" in proc.stdout
+    # libtpu's warnings about missing TPU VM metadata are silenced.
+    assert "TPU_ACCELERATOR_TYPE" not in proc.stderr and "TPU_WORKER_HOSTNAMES" not in proc.stderr
+
+
+def test_multislice_mesh_spans_the_slices(tmp_path):
+    # c4_22b_2x_smoke: data 2 across slices (DCN) x fsdp 4 within a v4-8 slice; --slices defaults to 2.
+    result = invoke("compile", "--exp", "c4_22b_2x_smoke", "--topology", "v4-8", "--job-log-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "compile.json").read_text())
+    assert report["devices"] == 8 and report["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert report["topology"]["num_slices"] == 2 and report["compile"]["backend"] == "tpu"
+    # Gradients are summed over the data axis, which runs across the two slices.
+    assert report["collectives"]["all-reduce"] > 0
+    assert "2 x v4-8 (v4:2x2x1, TPU v4)" in result.output
+
+
+def test_misspelled_topology_lists_the_valid_ones():
+    result = invoke("compile", "--exp", "c4_1b", "--topology", "v4-129")
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "Unknown --topology 'v4-129'" in text
+    for name in ("v4-8", "v4-128", "v5e-16", "v5p-64", "v6e-256"):
+        assert name in text
+
+
+def test_topology_of_the_wrong_size_is_a_user_error():
+    # c4_1b_smoke's mesh is 8 devices; a v4-8 slice has 4 chips.
+    result = invoke("compile", "--exp", "c4_1b_smoke", "--topology", "v4-8")
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "needs 8 devices" in text and "1 x v4-8 has 4" in text
+
+
+def test_target_must_match_the_topology():
+    result = invoke("compile", "--exp", "c4_1b_smoke", "--topology", "v4-16", "--target", "tpu-v5e")
+    assert result.exit_code == 2 and "does not match --topology v4-16" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("name, topology, chip_config, chips, target", [
+    ("v4-8", "v4:2x2x1", "megacore", 4, "tpu-v4"),
+    ("v4-128", "v4:4x4x4", "megacore", 64, "tpu-v4"),
+    ("v5p-256", "v5p:4x4x8", "megacore", 128, "tpu-v5p"),
+    ("v5e-16", "v5e:4x4", "default", 16, "tpu-v5e"),
+    ("v5litepod-256", "v5e:16x16", "default", 256, "tpu-v5e"),
+    ("v6e-8", "v6e:2x4", "default", 8, "tpu-v6e"),
+])
+def test_slice_names_map_to_libtpu_topologies(name, topology, chip_config, chips, target):
+    from equipax.launch.aot.tpu import lookup_slice
+
+    s = lookup_slice(name)
+    assert (s.topology, s.chip_config, s.chips, s.target_name) == (topology, chip_config, chips, target)
+
+
+def test_every_generation_gives_its_devices():
+    from equipax.launch.aot.tpu import TPU_SLICES, topology_devices
+
+    for name, kind in (("v5e-4", "TPU v5 lite"), ("v6e-4", "TPU v6 lite"), ("v5p-8", "TPU v5")):
+        devices = topology_devices(TPU_SLICES[name])
+        assert len(devices) == TPU_SLICES[name].chips and devices[0].device_kind == kind
