@@ -7,7 +7,7 @@ files. Derived numbers (parameters, tokens per step) come from `equipax.launch.t
 """
 
 import dataclasses
-from typing import Literal
+from typing import Literal, Protocol, cast, runtime_checkable
 
 from equipax.core.mesh import MeshConfig
 from equipax.core.optim import LearnerConfig
@@ -15,7 +15,8 @@ from equipax.launch.experiments.data_config import BYTE_VOCAB_SIZE, DataConfig, 
 from equipax.models.cnn import CNNConfig
 from equipax.models.lm import LMConfig
 
-__all__ = ["BYTE_VOCAB_SIZE", "DataConfig", "ExperimentConfig", "ImageDataConfig", "TrainConfig"]
+__all__ = ["BYTE_VOCAB_SIZE", "DataConfig", "ExperimentConfig", "ImageDataConfig", "LMExperiment", "TrainConfig",
+           "as_lm"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,3 +135,30 @@ class ExperimentConfig:
                 raise ValueError(
                     f"The global batch {self.global_batch_size} exceeds the {self.data.train_examples} "
                     "training examples: an epoch would have no full batch. Lower data.batch_size.")
+
+
+@runtime_checkable
+class LMExperiment(Protocol):
+    """An ExperimentConfig whose task part is a language model: what `as_lm` returns (typed view)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> LMConfig: ...
+    @property
+    def data(self) -> DataConfig: ...
+    @property
+    def train(self) -> TrainConfig: ...
+    @property
+    def mesh(self) -> MeshConfig: ...
+    @property
+    def global_batch_size(self) -> int: ...
+    @property
+    def num_steps(self) -> int: ...
+
+
+def as_lm(cfg: ExperimentConfig) -> LMExperiment:
+    """`cfg` typed as a language-model experiment (TypeError if its model is not an LMConfig)."""
+    if cfg.kind != "lm":
+        raise TypeError(f"{cfg.name} is a {cfg.kind} experiment, not a language model.")
+    return cast(LMExperiment, cfg)

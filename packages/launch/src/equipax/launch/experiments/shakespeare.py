@@ -4,7 +4,7 @@ import dataclasses
 
 from equipax.core.nn import TransformerConfig
 from equipax.core.optim import LearnerConfig, ScheduleConfig
-from equipax.launch.experiments.config import DataConfig, ExperimentConfig, TrainConfig
+from equipax.launch.experiments.config import DataConfig, ExperimentConfig, TrainConfig, as_lm
 from equipax.launch.experiments.registry import register
 from equipax.models.lm import LMConfig
 
@@ -47,9 +47,9 @@ def shakespeare_tiny() -> ExperimentConfig:
 @register
 def shakespeare_tiny_linear() -> ExperimentConfig:
     """The default experiment with linear (elu + 1) attention instead of softmax."""
-    base = shakespeare_tiny()
+    base = as_lm(shakespeare_tiny())
     return dataclasses.replace(
-        base,
+        shakespeare_tiny(),
         name="shakespeare_tiny_linear",
         description="The default experiment with linear (elu + 1) attention.",
         model=dataclasses.replace(

@@ -55,11 +55,12 @@ def build_inputs(cfg: ExperimentConfig, job_dir: Path, *, log: Callable[[str], o
         shape = dict(image_size=d.image_size, channels=d.channels, num_classes=d.num_classes)
         train_x, train_y = synthetic_images(d.num_train, seed=d.seed, **shape)
         test_x, test_y = synthetic_images(d.num_test, seed=d.seed + 1, **shape)
-    hosts = dict(num_infeed_hosts=jax.process_count(), infeed_host_index=jax.process_index())
-    per_host = cfg.global_batch_size // jax.process_count()
-    train = ImageClassificationInput(train_x, train_y, batch_size=per_host, seed=d.seed,
-                                     shuffle=d.shuffle, **hosts)
-    test = ImageClassificationInput(test_x, test_y, batch_size=per_host, repeat=False, shuffle=False, **hosts)
+    n, i = jax.process_count(), jax.process_index()
+    per_host = cfg.global_batch_size // n
+    train = ImageClassificationInput(train_x, train_y, batch_size=per_host, seed=d.seed, shuffle=d.shuffle,
+                                     num_infeed_hosts=n, infeed_host_index=i)
+    test = ImageClassificationInput(test_x, test_y, batch_size=per_host, repeat=False, shuffle=False,
+                                    num_infeed_hosts=n, infeed_host_index=i)
     return Inputs(train, test, info={"train_images": len(train_x), "test_images": len(test_x)})
 
 

@@ -9,7 +9,7 @@ from jax.sharding import Mesh
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
 from equipax.core.mesh import FSDP, TENSOR
 from equipax.core.nn.pipeline import bubble_fraction, num_microbatches
-from equipax.launch.experiments.config import ExperimentConfig
+from equipax.launch.experiments.config import ExperimentConfig, as_lm
 from equipax.launch.tasks import Inputs
 from equipax.models.lm_task import LMTask
 
@@ -18,12 +18,10 @@ UNIT = "tokens"
 
 def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
     """Parameters, FLOPs and tokens, analytically (no devices, no tracing)."""
-    model, data = cfg.model, cfg.data
-    params = lm_param_counts(model.transformer, model.vocab_size)  # pyright: ignore[reportAttributeAccessIssue]
-    flops = transformer_lm_flops_per_token(
-        model.transformer, vocab_size=model.vocab_size, seq_len=data.seq_len  # pyright: ignore[reportAttributeAccessIssue]
-    )
-    tokens_per_step = cfg.global_batch_size * data.seq_len  # pyright: ignore[reportAttributeAccessIssue]
+    model, data = as_lm(cfg).model, as_lm(cfg).data
+    params = lm_param_counts(model.transformer, model.vocab_size)
+    flops = transformer_lm_flops_per_token(model.transformer, vocab_size=model.vocab_size, seq_len=data.seq_len)
+    tokens_per_step = cfg.global_batch_size * data.seq_len
     out = {
         "params_total": params["total"],
         "params_embedding": params["embedding"],
@@ -66,12 +64,13 @@ def _pipeline_numbers(cfg: ExperimentConfig, params: dict[str, int]) -> dict[str
 
 def units_per_example(cfg: ExperimentConfig) -> int:
     """Tokens per example (throughput is reported in tokens/s)."""
-    return cfg.data.seq_len  # pyright: ignore[reportAttributeAccessIssue]
+    return as_lm(cfg).data.seq_len
 
 
 def make_task(cfg: ExperimentConfig, mesh: Mesh | None) -> LMTask:
     """The LMTask of `cfg` on `mesh`."""
-    return LMTask(cfg.model, cfg.data.seq_len, packed=cfg.data.packing, mesh=mesh)  # pyright: ignore
+    lm = as_lm(cfg)
+    return LMTask(lm.model, lm.data.seq_len, packed=lm.data.packing, mesh=mesh)
 
 
 def build_inputs(cfg: ExperimentConfig, job_dir: Path, *, log: Callable[[str], object]) -> Inputs:
@@ -81,10 +80,10 @@ def build_inputs(cfg: ExperimentConfig, job_dir: Path, *, log: Callable[[str], o
     from equipax.launch.cluster.distributed import barrier, is_primary
     from equipax.launch.training.lm_inputs import build_lm_inputs, build_tokenizer
 
-    tokenizer = build_tokenizer(cfg, job_dir, log=log) if is_primary() else None
+    tokenizer = build_tokenizer(as_lm(cfg), job_dir, log=log) if is_primary() else None
     barrier("tokenizer")
-    tokenizer = tokenizer or build_tokenizer(cfg, job_dir)
-    lm = build_lm_inputs(cfg, tokenizer, num_infeed_hosts=jax.process_count(),
+    tokenizer = tokenizer or build_tokenizer(as_lm(cfg), job_dir)
+    lm = build_lm_inputs(as_lm(cfg), tokenizer, num_infeed_hosts=jax.process_count(),
                          infeed_host_index=jax.process_index())
     return Inputs(lm.train, lm.eval, info={"unigram_entropy": lm.unigram_entropy},
                   extra={"tokenizer": tokenizer})

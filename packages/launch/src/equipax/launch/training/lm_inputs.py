@@ -22,7 +22,7 @@ from equipax.data import (
     split_plays,
     unigram_entropy,
 )
-from equipax.launch.experiments.config import ExperimentConfig
+from equipax.launch.experiments.config import LMExperiment
 
 TOKENIZER_FILE = "tokenizer.model"
 
@@ -43,14 +43,14 @@ class LMInputs:
     unigram_entropy: float | None  # nats/token of the training tokens; None for synthetic and c4
 
 
-def _shakespeare_split(cfg: ExperimentConfig) -> tuple[dict[str, str], dict[str, str]]:
+def _shakespeare_split(cfg: LMExperiment) -> tuple[dict[str, str], dict[str, str]]:
     try:
         return split_plays(cfg.data.validation_plays)
     except ValueError as e:
         raise ConfigError(f"data.validation_plays: {e}") from None
 
 
-def open_c4_split(cfg: ExperimentConfig, split: str) -> TextShards:
+def open_c4_split(cfg: LMExperiment, split: str) -> TextShards:
     """The shards of `split` ("train" or "eval") under `data.path`, checked; ConfigError if unusable."""
     d = cfg.data
     pattern = d.train_files if split == "train" else d.eval_files
@@ -61,7 +61,7 @@ def open_c4_split(cfg: ExperimentConfig, split: str) -> TextShards:
         raise ConfigError(f"{knob}={pattern!r} under data.path={d.path!r}: {e}") from None
 
 
-def _tokenizer_texts(cfg: ExperimentConfig) -> Iterator[str]:
+def _tokenizer_texts(cfg: LMExperiment) -> Iterator[str]:
     """Training texts for the vocabulary: about `tokenizer_max_sentences` lines, from the start."""
     if cfg.data.source != "c4":
         yield from _shakespeare_split(cfg)[0].values()
@@ -74,7 +74,7 @@ def _tokenizer_texts(cfg: ExperimentConfig) -> Iterator[str]:
             return
 
 
-def build_tokenizer(cfg: ExperimentConfig, job_dir: Path, log: Callable[[str], object] = print) -> Tokenizer:
+def build_tokenizer(cfg: LMExperiment, job_dir: Path, log: Callable[[str], object] = print) -> Tokenizer:
     """The byte tokenizer, `data.vocab_path`, or the job's SentencePiece model (trained on first use).
 
     Arguments:
@@ -127,7 +127,7 @@ def build_tokenizer(cfg: ExperimentConfig, job_dir: Path, log: Callable[[str], o
         ) from None
 
 
-def per_host_batch_size(cfg: ExperimentConfig, num_infeed_hosts: int) -> int:
+def per_host_batch_size(cfg: LMExperiment, num_infeed_hosts: int) -> int:
     """The global batch split over the hosts; ConfigError when it does not divide."""
     global_batch = cfg.global_batch_size
     if global_batch % num_infeed_hosts:
@@ -139,7 +139,7 @@ def per_host_batch_size(cfg: ExperimentConfig, num_infeed_hosts: int) -> int:
 
 
 def build_lm_inputs(
-    cfg: ExperimentConfig, tokenizer: Tokenizer, *, num_infeed_hosts: int = 1, infeed_host_index: int = 0
+    cfg: LMExperiment, tokenizer: Tokenizer, *, num_infeed_hosts: int = 1, infeed_host_index: int = 0
 ) -> LMInputs:
     """Training (repeating, shuffled) and evaluation inputs for host `infeed_host_index`.
 
