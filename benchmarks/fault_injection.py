@@ -9,9 +9,17 @@ logged step once. Prints a table and writes JSON:
 
     uv run python benchmarks/fault_injection.py --trials 12 --out benchmarks/results/fault_injection.json
 
+Bit flips (`--bitflips`, on by default): before one resume of each trial, one random bit of one
+random file of the newest complete checkpoint is flipped, as bit rot would. That resume must set
+the checkpoint aside (its checksums or its files do not read back) and fall back to the previous
+one, or, where the bit was not part of the saved state (a timestamp in orbax's metadata),
+restore the same values; either way the final run must match.
+
 Figures: kills sent (by signal), SIGTERMs answered with exit 75, kills that left a partial
-(temporary) checkpoint directory behind, corrupt checkpoints found on resume (set aside to
-`corrupt_checkpoints/`), and mismatches against the uninterrupted run.
+(temporary) checkpoint directory behind, corrupt checkpoints found on resume without a bit flip
+(set aside to `corrupt_checkpoints/`; must be 0), bit flips made and detected, corrupt restores
+(a flipped checkpoint restored in a trial that then mismatched; must be 0), and mismatches
+against the uninterrupted run (must be 0).
 """
 
 import argparse
@@ -95,6 +103,20 @@ def partial_saves(job: Path) -> int:
     return sum(1 for p in d.iterdir() if ".orbax-checkpoint-tmp" in p.name) if d.exists() else 0
 
 
+def flip_a_bit(job: Path, rng: random.Random) -> dict | None:
+    """Flip one random bit of one random file of the newest complete checkpoint (None if none)."""
+    step = latest_complete(job)
+    if step == 0:
+        return None
+    files = sorted(p for p in (job / "checkpoints" / str(step)).rglob("*") if p.is_file() and p.stat().st_size)
+    target = rng.choice(files)
+    data = bytearray(target.read_bytes())
+    offset, bit = rng.randrange(len(data)), rng.randrange(8)
+    data[offset] ^= 1 << bit
+    target.write_bytes(bytes(data))
+    return {"step": step, "file": str(target.relative_to(job)), "offset": offset, "bit": bit}
+
+
 def outcome(job: Path) -> dict:
     res = json.loads((job / "result.json").read_text())
     records = [json.loads(ln) for ln in (job / "metrics.jsonl").read_text().splitlines() if ln.strip()]
@@ -122,12 +144,15 @@ def reference(work: Path, args: list[str], env: dict[str, str], timeout: float) 
 def trial(work: Path, index: int, rng: random.Random, args: list[str], env: dict[str, str], *,
           kills: int, steps: int, startup_s: float, train_s: float, timeout: float,
           signals: list[str] | None = None, anchored: bool | None = None,
-          first_delay_s: float | None = None) -> dict:
+          first_delay_s: float | None = None, bitflip: bool = False) -> dict:
     """One trial: `kills` interrupted runs, then one that finishes. Returns its record."""
     job = work / f"trial{index}"
-    record = {"trial": index, "kills": [], "corrupt_found": 0, "partial_saves": 0}
+    record = {"trial": index, "kills": [], "corrupt_found": 0, "partial_saves": 0, "bitflip": None}
+    flip_before = rng.randrange(1, kills + 1) if bitflip else -1  # a resume: there may be a checkpoint
     for k in range(kills + 1):
         remaining = (steps - latest_complete(job)) / steps  # a resumed run has less to do
+        if k == flip_before:
+            record["bitflip"] = flip_a_bit(job, rng)
         proc = Proc(job, args, env)
         if k < kills:
             sig = signals[k] if signals else rng.choice(["SIGKILL", "SIGTERM"])
@@ -154,14 +179,22 @@ def trial(work: Path, index: int, rng: random.Random, args: list[str], env: dict
             code = proc.wait(timeout)
             if code != 0:
                 raise RuntimeError(f"trial {index}: the final run failed ({code}):\n{proc.output}")
-        record["corrupt_found"] += proc.output.count("does not restore")
+        found = proc.output.count("does not restore")
+        flipped = record["bitflip"]
+        # The flipped checkpoint is read by the first run after the flip that gets to restore.
+        if flipped is not None and not flipped.get("detected"):
+            line = next((ln.strip() for ln in proc.output.splitlines()
+                         if f"the checkpoint of step {flipped['step']} does not restore" in ln), "")
+            flipped["detected"], flipped["message"] = bool(line), line
+            found -= int(bool(line))
+        record["corrupt_found"] += found
     record["outcome"] = outcome(job)
     return record
 
 
 def run_trials(trials: int, *, seed: int = 0, steps: int = 24, kills: int = 2, tokenizer: str = "sentencepiece",
                work: Path | None = None, signals: list[str] | None = None, anchored: bool | None = None,
-               first_delay_s: float | None = None, timeout: float = 300.0) -> dict:
+               first_delay_s: float | None = None, timeout: float = 300.0, bitflips: bool = False) -> dict:
     """Run the reference and `trials` fault trials; return the figures (and every trial's record)."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,13 +206,18 @@ def run_trials(trials: int, *, seed: int = 0, steps: int = 24, kills: int = 2, t
         records = []
         for i in range(trials):
             rec = trial(work, i, rng, args, env, kills=kills, steps=steps, startup_s=startup_s, train_s=train_s,
-                        timeout=timeout, signals=signals, anchored=anchored, first_delay_s=first_delay_s)
+                        timeout=timeout, signals=signals, anchored=anchored, first_delay_s=first_delay_s,
+                        bitflip=bitflips)
             rec["match"] = rec.pop("outcome") == ref
             records.append(rec)
+            flip = rec["bitflip"]
+            flip_text = (f", bit flip in {flip['file']} {'detected' if flip['detected'] else 'not detected'}"
+                         if flip else "")
             print(f"trial {i}: {[(k['signal'], k['exit']) for k in rec['kills']]} partial saves left "
-                  f"{rec['partial_saves']}, corrupt found {rec['corrupt_found']}, "
+                  f"{rec['partial_saves']}, corrupt found {rec['corrupt_found']}{flip_text}, "
                   f"{'match' if rec['match'] else 'MISMATCH'}", flush=True)
     sent = [k for r in records for k in r["kills"] if k["sent"]]
+    flips = [r for r in records if r["bitflip"] is not None]
     return {
         "trials": trials, "seed": seed, "steps": steps, "tokenizer": tokenizer,
         "kills_sent": len(sent),
@@ -188,12 +226,22 @@ def run_trials(trials: int, *, seed: int = 0, steps: int = 24, kills: int = 2, t
         "sigterm_exit_75": sum(k["signal"] == "SIGTERM" and k["exit"] == EXIT_PREEMPTED for k in sent),
         "kills_leaving_partial_save": sum(k["partial_save_left"] > 0 for k in sent),
         "corrupt_checkpoints_found": sum(r["corrupt_found"] for r in records),
+        "bitflips": len(flips),
+        "bitflips_detected": sum(r["bitflip"]["detected"] for r in flips),
+        "bitflips_in_array_files_detected": f"{sum(r['bitflip']['detected'] for r in flips if _array_file(r))}"
+                                            f"/{sum(1 for r in flips if _array_file(r))}",
+        "corrupt_restores": sum(not r["bitflip"]["detected"] and not r["match"] for r in flips),
         "mismatches": sum(not r["match"] for r in records),
         "uninterrupted_run_s": round(startup_s + train_s, 1),
         "uninterrupted_training_s": round(train_s, 1),
         "wall_s": round(time.monotonic() - t0, 1),
         "records": records,
     }
+
+
+def _array_file(record: dict) -> bool:
+    """The flipped file holds array data (orbax's OCDBT data files)."""
+    return "/state/" in record["bitflip"]["file"] and "/d/" in record["bitflip"]["file"]
 
 
 def main() -> None:
@@ -203,16 +251,19 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--kills", type=int, default=2, help="interrupted runs per trial before the last one")
     p.add_argument("--tokenizer", choices=["sentencepiece", "byte"], default="sentencepiece")
+    p.add_argument("--bitflips", action=argparse.BooleanOptionalAction, default=True,
+                   help="flip one bit of the newest checkpoint before one resume of each trial")
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     a = p.parse_args()
-    figures = run_trials(a.trials, seed=a.seed, steps=a.steps, kills=a.kills, tokenizer=a.tokenizer)
+    figures = run_trials(a.trials, seed=a.seed, steps=a.steps, kills=a.kills, tokenizer=a.tokenizer,
+                         bitflips=a.bitflips)
     summary = {k: v for k, v in figures.items() if k != "records"}
     for k, v in summary.items():
         print(f"{k:28s} {v}")
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(figures, indent=2) + "\n")
-    sys.exit(1 if figures["mismatches"] else 0)
+    sys.exit(1 if figures["mismatches"] or figures["corrupt_restores"] else 0)
 
 
 if __name__ == "__main__":

@@ -242,8 +242,11 @@ def test_too_many_consecutive_nonfinite_steps(tmp_path):
     code, out = run(job, "train.num_steps=8", "train.debug_nan_steps=(3, 4, 5)", "train.max_consecutive_nonfinite=2")
     assert code == 4, out
     assert "step 3: the loss is nan; the update was skipped" in out and "step 4:" in out
+    # Checkpoint 4 was saved inside the streak (3, 4, 5): the last good one is from before it.
     assert_one_paragraph(out, "Step 5: the loss is nan", "3 consecutive steps", "max_consecutive_nonfinite=2",
-                         "The last good checkpoint is step 4")
+                         "The run became unstable at step 3", "likely a bad batch", "The last good checkpoint is step 2")
+    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["2"]
+    assert [p.name.split("-")[0] for p in (job / "unstable_checkpoints").iterdir()] == ["4"]
 
 
 def test_unexpected_error_one_paragraph_and_debug_traceback(tmp_path, monkeypatch):

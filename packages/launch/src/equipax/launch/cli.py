@@ -1,16 +1,27 @@
 """The `launch` command line. Each command group lives in `equipax.launch.commands`."""
 
 import sys
-from typing import Annotated
+from pathlib import Path
 
-import typer
+from equipax.launch.training.preemption import EarlyInterrupts, Interrupted
 
-from equipax.launch.commands.bench import bench_app
-from equipax.launch.commands.cluster import local_cluster
-from equipax.launch.commands.compile import compile_cmd
-from equipax.launch.commands.data import data_app
-from equipax.launch.commands.train import list_cmd, run, show
-from equipax.launch.errors import GuardedGroup
+# The entry point's signal handlers go in before the heavy imports below, so a Ctrl-C or SIGTERM
+# during them ends the command cleanly (exit 75) instead of with a traceback. Not when this module
+# is imported by something else (tests, a notebook): their signals stay theirs.
+INTERRUPTS = EarlyInterrupts()
+if __name__ == "__main__" or Path(sys.argv[0]).name == "launch":
+    INTERRUPTS.install()
+
+from typing import Annotated  # noqa: E402
+
+import typer  # noqa: E402
+
+from equipax.launch.commands.bench import bench_app  # noqa: E402
+from equipax.launch.commands.cluster import local_cluster  # noqa: E402
+from equipax.launch.commands.compile import compile_cmd  # noqa: E402
+from equipax.launch.commands.data import data_app  # noqa: E402
+from equipax.launch.commands.train import list_cmd, run, show  # noqa: E402
+from equipax.launch.errors import EXIT_PREEMPTED, GuardedGroup, describe  # noqa: E402
 
 app = typer.Typer(
     help="Configure and run ML experiments on JAX (equipax).",
@@ -40,7 +51,12 @@ app.add_typer(data_app, name="data")
 
 def main() -> None:
     """Console-script entry point."""
-    app(prog_name="launch")
+    try:
+        INTERRUPTS.arm()  # a signal received during the imports ends the command here
+        app(prog_name="launch")
+    except Interrupted as e:  # outside a command (GuardedGroup maps those)
+        print(f"error: {describe(e)[0]}", file=sys.stderr)
+        sys.exit(EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":

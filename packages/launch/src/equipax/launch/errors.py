@@ -7,7 +7,7 @@ one paragraph on stderr and a documented exit code, never a traceback from deep 
 Exit codes (all defined here): 0 done; 1 unexpected error (a bug or an unsupported setup: rerun
 with --debug); 2 bad input or environment (config, data, job directory, disk) - nothing saved was
 damaged, fix it and rerun; 3 `launch compile --strict` found the step does not fit; 4 stopped on
-non-finite steps (train.on_nonfinite); 75 stopped by SIGTERM/SIGINT after a checkpoint.
+non-finite steps (train.on_nonfinite); 75 stopped by SIGTERM/SIGINT (in the loop: after a checkpoint).
 """
 
 import errno
@@ -20,6 +20,7 @@ from typer.core import TyperGroup
 from typer.exceptions import Abort, Exit, TyperException
 
 from equipax.core.config import ConfigError
+from equipax.launch.training.preemption import Interrupted
 
 EXIT_UNEXPECTED = 1
 EXIT_USER_ERROR = 2
@@ -53,6 +54,10 @@ def describe(exc: BaseException) -> tuple[str, int]:
 
     if isinstance(exc, Preempted):
         return "", EXIT_PREEMPTED  # the loop said where the checkpoint is
+    if isinstance(exc, Interrupted):
+        return (f"Stopped by {exc.signal_name} outside the training steps (while starting up, or after "
+                "the last step); nothing was half-written. Run the same command again: it resumes from the "
+                "newest checkpoint, or starts the job if there is none."), EXIT_PREEMPTED
     if isinstance(exc, NonFiniteError):
         return str(exc), EXIT_NONFINITE
     if isinstance(exc, (ConfigError, CheckpointSaveError, BatchError)):

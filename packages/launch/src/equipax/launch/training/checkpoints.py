@@ -6,11 +6,16 @@ reported by name before anything is restored. Saves are asynchronous; orbax writ
 `<step>.orbax-checkpoint-tmp-*` and renames it when complete, so a killed save never shows up as
 a restorable step (leftover temporary directories are removed when the next run starts). A step
 directory that still fails to restore (damaged files) is moved to `<job>/corrupt_checkpoints/` and
-the previous step is used instead (`restore_latest`).
+the previous step is used instead (`restore_latest`). Each checkpoint also records the checksum
+of every array and JSON item it holds (`checksums.py`) and what the saved state means (`meta`:
+experiment, tokenizer, data, batch; `resume.py` compares it); a restore whose checksums do not
+match what was saved is treated like damaged files.
 """
 
 import json
+import logging
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,12 +27,39 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from equipax.core.config import ConfigError
+from equipax.launch.cluster.distributed import barrier as barrier_all
+from equipax.launch.training.checksums import ALGORITHM, array_checksums, differences, json_checksum
 
 PyTree = Any
 
 
 class CheckpointSaveError(Exception):
     """Writing a checkpoint failed (disk full, permissions); the message says what is intact."""
+
+
+class ChecksumMismatch(Exception):
+    """What was read back is not what was saved (the files changed after the save)."""
+
+
+def _unraisable_hook(previous: Callable[[Any], object]) -> Callable[[Any], object]:
+    """`sys.unraisablehook` without "Event loop is closed": after a failed save, tensorstore's
+    completion callbacks can land on orbax's already closed event loop (harmless; a traceback each)."""
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook.quiets_closed_loops = True  # type: ignore[attr-defined]
+    return hook
+
+
+class _QuietOrbaxErrors(logging.Filter):
+    """Drop orbax's logged tracebacks of a failed save (hundreds of lines from its threads): the
+    failure reaches `save`/`wait` as an exception and is reported there in one paragraph."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and record.exc_info is not None)
 
 
 def _flat_arrays(tree: PyTree) -> dict[str, Any]:
@@ -49,10 +81,18 @@ class Checkpointer:
     Arguments:
         directory: the job's `checkpoints/` folder.
         keep: how many recent checkpoints to keep.
+        meta: JSON-ready description of what the saved state means (saved with every checkpoint
+            and handed to `restore_latest`'s `check_meta`).
     """
 
-    def __init__(self, directory: Path, *, keep: int):
+    def __init__(self, directory: Path, *, keep: int, meta: dict[str, Any] | None = None):
         self.directory = Path(directory).absolute()
+        self.meta = dict(meta or {})
+        self._in_flight: int | None = None  # the step of the asynchronous save not yet waited for
+        self._quiet = _QuietOrbaxErrors()
+        logging.getLogger("absl").addFilter(self._quiet)
+        if not getattr(sys.unraisablehook, "quiets_closed_loops", False):
+            sys.unraisablehook = _unraisable_hook(sys.unraisablehook)  # for the process: callbacks outlive us
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
@@ -62,6 +102,8 @@ class Checkpointer:
                 "state": ocp.StandardCheckpointHandler(),
                 "data": ocp.JsonCheckpointHandler(),
                 "loop": ocp.JsonCheckpointHandler(),
+                "meta": ocp.JsonCheckpointHandler(),
+                "digests": ocp.JsonCheckpointHandler(),
             },
         )
 
@@ -79,18 +121,26 @@ class Checkpointer:
         Raises:
             CheckpointSaveError: this save (or the previous, asynchronous one) could not be written.
         """
+        self.wait()  # a failure of the previous asynchronous save is reported with its own step
+        flat = _flat_arrays(state)
+        loop_state = loop_state or {}
+        digests = {"algorithm": ALGORITHM, "arrays": array_checksums(flat), "data": json_checksum(data_state),
+                   "loop": json_checksum(loop_state), "meta": json_checksum(self.meta)}
         try:
             self._manager.save(
                 step,
                 args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(_flat_arrays(state)),  # pyright: ignore[reportCallIssue]
+                    state=ocp.args.StandardSave(flat),  # pyright: ignore[reportCallIssue]
                     data=ocp.args.JsonSave(data_state),  # pyright: ignore[reportCallIssue]
-                    loop=ocp.args.JsonSave(loop_state or {}),  # pyright: ignore[reportCallIssue]
+                    loop=ocp.args.JsonSave(loop_state),  # pyright: ignore[reportCallIssue]
+                    meta=ocp.args.JsonSave(self.meta),  # pyright: ignore[reportCallIssue]
+                    digests=ocp.args.JsonSave(digests),  # pyright: ignore[reportCallIssue]
                 ),
                 force=True,
             )
         except Exception as e:
             raise self._save_error(step, e) from e
+        self._in_flight = step
 
     def _save_error(self, step: int | None, e: Exception) -> CheckpointSaveError:
         try:
@@ -101,41 +151,52 @@ class Checkpointer:
         what = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
         kept = (f"The newest complete checkpoint, step {intact}, is intact" if intact is not None
                 else "No complete checkpoint exists yet")
+        reason = (str(e).strip().splitlines() or [""])[0].rstrip(".")
+        reason = reason if len(reason) <= 400 else reason[:400] + " (...)"
         return CheckpointSaveError(
-            f"Could not write {what} to {self.directory}: {type(e).__name__}: {e}. {kept}. Free disk "
-            "space (or fix the directory's permissions) and run the same command again to resume."
+            f"Could not write {what} to {self.directory}: {type(e).__name__}: {reason}. {kept}. "
+            "Free disk space (or fix the directory's permissions) and run the same command again to resume."
         )
 
     def wait(self) -> None:
-        """Block until every started save is complete on disk."""
+        """Block until every started save is complete on disk.
+
+        Raises:
+            CheckpointSaveError: the asynchronous save in flight failed (the message names its step).
+        """
+        step, self._in_flight = self._in_flight, None
         try:
             self._manager.wait_until_finished()
         except Exception as e:
-            raise self._save_error(None, e) from e
+            raise self._save_error(step, e) from e
 
     def restore_latest(
-        self, template: PyTree, *, log: Callable[[str], object] = print
+        self, template: PyTree, *, log: Callable[[str], object] = print,
+        check_meta: Callable[[dict[str, Any], int], None] | None = None,
     ) -> tuple[int, PyTree, dict[str, Any], dict[str, Any]] | None:
-        """Restore the newest checkpoint that restores; None when there is none.
+        """Restore the newest checkpoint that restores and verifies; None when there is none.
 
-        A step that fails to restore (damaged or missing files) is moved to
-        `<job>/corrupt_checkpoints/` (kept for inspection, never deleted) and the next older
-        step is tried, with a message. A shape mismatch is not damage: it raises ConfigError.
+        A step that fails to restore (damaged or missing files) or whose content does not match
+        the checksums recorded when it was saved is moved to `<job>/corrupt_checkpoints/` (kept
+        for inspection, never deleted) and the next older step is tried, with a message. A shape
+        mismatch is not damage: it raises ConfigError, as does `check_meta`.
+
+        Arguments:
+            template: a state of the structure, shapes and shardings to restore into.
+            log: warnings go here.
+            check_meta: called with the checkpoint's saved `meta` (when it has one) and its step
+                before anything is restored; raises ConfigError when this run may not resume it.
 
         Returns:
             (step, state, data_state, loop_state).
         """
         for step in sorted(self._manager.all_steps(), reverse=True):
             try:
+                meta = self._read_meta(step)
+                if check_meta is not None and meta is not None:
+                    check_meta(meta, step)
                 self.check_compatible(step, template)
-            except ConfigError:
-                raise
-            except Exception as e:
-                self._set_aside(step, e, log)
-                continue
-            try:
-                state, data_state = self.restore(step, template)
-                loop_state = self._restore_loop(step)
+                state, data_state, loop_state = self._restore_verified(step, template)
             except ConfigError:
                 raise
             except Exception as e:
@@ -144,12 +205,22 @@ class Checkpointer:
             return step, state, data_state, loop_state
         return None
 
-    def _restore_loop(self, step: int) -> dict[str, Any]:
-        if not (self.directory / str(step) / "loop").exists():
-            return {}  # written before the loop item existed
+    def _has(self, step: int, item: str) -> bool:
+        return (self.directory / str(step) / item).exists()
+
+    def _read_json(self, step: int, item: str) -> dict[str, Any] | None:
+        if not self._has(step, item):
+            return None  # written before checkpoints had this item
         restored = self._manager.restore(
-            step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))  # pyright: ignore[reportCallIssue]
-        return dict(restored["loop"] or {})
+            step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()}))  # pyright: ignore[reportCallIssue]
+        return dict(restored[item] or {})
+
+    def _read_meta(self, step: int) -> dict[str, Any] | None:
+        meta = self._read_json(step, "meta")
+        digests = self._read_json(step, "digests")
+        if meta is not None and digests is not None and digests.get("meta") not in (None, json_checksum(meta)):
+            raise ChecksumMismatch("its meta item does not match the checksum recorded when it was saved")
+        return meta
 
     def _set_aside(self, step: int, e: Exception, log: Callable[[str], object]) -> None:
         source = self.directory / str(step)
@@ -161,6 +232,25 @@ class Checkpointer:
         first = (str(e).strip().splitlines() or [""])[0][:200]
         log(f"warning: the checkpoint of step {step} does not restore ({type(e).__name__}: {first}); "
             f"moved it to {target} and trying the previous one.")
+
+    def set_aside_from(self, step: int) -> tuple[int | None, list[int], str]:
+        """Move the checkpoints of `step` and later to `<job>/unstable_checkpoints/` (kept, never
+        deleted), so the newest one left is where a rerun resumes.
+
+        Returns:
+            (the newest checkpoint left or None, the steps moved, the folder they went to).
+        """
+        self.wait()
+        target = self.directory.parent / "unstable_checkpoints"
+        moved = [s for s in self.all_steps() if s >= step]
+        if jax.process_index() == 0:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            for s in moved:
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(self.directory / str(s)), str(target / f"{s}-{stamp}"))
+        barrier_all("set_aside_unstable")
+        self._manager.reload()
+        return self._manager.latest_step(), moved, str(target)
 
     def check_compatible(self, step: int, template: PyTree) -> None:
         """Raise ConfigError naming every array whose shape/dtype differs from `template`."""
@@ -185,30 +275,55 @@ class Checkpointer:
             )
 
     def restore(self, step: int, template: PyTree) -> tuple[PyTree, dict[str, Any]]:
-        """Restore the checkpoint at `step` into the structure and shardings of `template`.
+        """Restore and verify the checkpoint at `step` into the structure and shardings of `template`.
 
         Returns:
             (state, data_state).
+
+        Raises:
+            ChecksumMismatch: what was read back differs from what was saved.
         """
+        state, data_state, _ = self._restore_verified(step, template)
+        return state, data_state
+
+    def _restore_verified(self, step: int, template: PyTree) -> tuple[PyTree, dict[str, Any], dict[str, Any]]:
         self.check_compatible(step, template)
-        flat_template = _flat_arrays(template)
         abstract = {
             k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
-            for k, v in flat_template.items()
+            for k, v in _flat_arrays(template).items()
         }
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract),  # pyright: ignore[reportCallIssue]
-                data=ocp.args.JsonRestore(),  # pyright: ignore[reportCallIssue]
-            ),
-        )
-        state = _unflatten_into(template, dict(restored["state"]))
-        return state, dict(restored["data"])
+        items: dict[str, Any] = {"state": ocp.args.StandardRestore(abstract),  # pyright: ignore[reportCallIssue]
+                                 "data": ocp.args.JsonRestore()}  # pyright: ignore[reportCallIssue]
+        for name in ("loop", "digests"):  # absent from checkpoints written before they existed
+            if self._has(step, name):
+                items[name] = ocp.args.JsonRestore()  # pyright: ignore[reportCallIssue]
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        flat, data_state = dict(restored["state"]), dict(restored["data"])
+        loop_state = dict(restored["loop"] or {}) if "loop" in items else {}
+        if "digests" in items:
+            _verify(dict(restored["digests"] or {}), flat, data_state, loop_state)
+        return _unflatten_into(template, flat), data_state, loop_state
 
     def close(self) -> None:
-        self.wait()
-        self._manager.close()
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
+            logging.getLogger("absl").removeFilter(self._quiet)
+
+
+def _verify(digests: dict[str, Any], flat: dict[str, Any], data_state: dict[str, Any],
+            loop_state: dict[str, Any]) -> None:
+    """Raise ChecksumMismatch unless what was restored has the checksums recorded at save time."""
+    if digests.get("algorithm") != ALGORITHM:
+        return  # recorded by another version: nothing to compare with
+    bad = differences(digests.get("arrays", {}), array_checksums(flat))
+    bad += [name for name, value in (("data", data_state), ("loop", loop_state))
+            if digests.get(name) not in (None, json_checksum(value))]
+    if bad:
+        raise ChecksumMismatch(
+            f"{len(bad)} saved item(s) do not match the checksums recorded when it was saved "
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): its files changed after the save")
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

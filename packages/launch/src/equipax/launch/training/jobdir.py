@@ -48,6 +48,12 @@ def prepare_job_dir(job_dir: Path, experiment: str) -> None:
         ) from None
     recorded = job_dir / "config.json"
     checkpoints = job_dir / "checkpoints"
+    for name in ("checkpoints", "corrupt_checkpoints", "unstable_checkpoints", "summaries", "plots"):
+        if (job_dir / name).exists() and not (job_dir / name).is_dir():
+            raise ConfigError(
+                f"{job_dir / name} is a file, but the run keeps a directory there. Move or delete the file, "
+                "or choose another --job-log-dir."
+            )
     if not (recorded.exists() and checkpoints.is_dir() and any(checkpoints.iterdir())):
         return
     try:

@@ -7,6 +7,7 @@ are read back only after the next step was dispatched, so the device never waits
 
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from equipax.launch.training.nonfinite import NonFiniteMonitor, poison_batch
 from equipax.launch.training.plots import plot_loss
 from equipax.launch.training.preemption import StopRequest
 from equipax.launch.training.progress import ProgressReporter
+from equipax.launch.training.resume import check_resume, resume_meta
 from equipax.launch.training.summaries import MetricsWriter, read_metrics
 
 # bf16 dense peak per chip, TFLOP/s, by `device_kind` substring (for MFU).
@@ -122,12 +124,8 @@ class Run:
 
     def check_nonfinite(self, upto: int) -> None:
         """Apply `train.on_nonfinite` to the steps up to `upto` (raises NonFiniteError to stop)."""
-        def last_checkpoint() -> int | None:
-            self.checkpointer.wait()
-            return self.checkpointer.latest_step()
-
-        self.nonfinite.check(upto, where=str(self.job_dir / "checkpoints"), last_checkpoint=last_checkpoint,
-                             log=self.progress.message)
+        self.nonfinite.check(upto, where=str(self.job_dir / "checkpoints"),
+                             rollback=self.checkpointer.set_aside_from, log=self.progress.message)
 
 
 @dataclasses.dataclass
@@ -167,9 +165,15 @@ def run_experiment(cfg: ExperimentConfig, *, job_dir: Path, sources: dict[str, s
     except ValueError as e:
         raise ConfigError(str(e)) from None
     mesh = build_run_mesh(cfg)  # fails in seconds when the devices are not there
+    created = not job_dir.exists()
     prepare_job_dir(job_dir, cfg.name)  # writable, and not another experiment's
-    with JobLock(job_dir, log=lambda m: console.print(m, highlight=False)):
-        return _train(cfg, job_dir, mesh, sources or {}, console)
+    try:
+        with JobLock(job_dir, log=lambda m: console.print(m, highlight=False)):
+            return _train(cfg, job_dir, mesh, sources or {}, console)
+    except BaseException:
+        if created and is_primary() and not any(p.name != ".lock" for p in job_dir.iterdir()):
+            shutil.rmtree(job_dir, ignore_errors=True)  # stopped before writing anything: leave no trace
+        raise
 
 
 def _train(cfg: ExperimentConfig, job_dir: Path, mesh: jax.sharding.Mesh, sources: dict[str, str],
@@ -182,15 +186,30 @@ def _train(cfg: ExperimentConfig, job_dir: Path, mesh: jax.sharding.Mesh, source
     inputs = fam.build_inputs(cfg, job_dir, log=log)
     training = build_training(cfg, mesh)
     state = training.init_state()
-    checkpointer = Checkpointer(job_dir / "checkpoints", keep=cfg.train.keep_checkpoints)
-    writer = MetricsWriter(job_dir, enabled=is_primary())
-    try:  # the newest checkpoint that restores; damaged ones are set aside with a message
-        restored = checkpointer.restore_latest(state, log=log)
+    meta = resume_meta(cfg, job_dir, hosts=jax.process_count())
+    checkpointer = Checkpointer(job_dir / "checkpoints", keep=cfg.train.keep_checkpoints, meta=meta)
+    writer = MetricsWriter(job_dir, enabled=is_primary(), log=log)
+
+    def check_meta(saved: dict[str, Any], step: int) -> None:
+        for note in check_resume(saved, meta, step=step, where=job_dir / "checkpoints"):
+            log(f"note: {note}")
+
+    try:  # the newest checkpoint that restores and verifies; damaged ones are set aside with a message
+        restored = checkpointer.restore_latest(state, log=log, check_meta=check_meta)
     except ConfigError as e:
+        checkpointer.close()
         raise ConfigError(f"{e}{_knob_changes(cfg, job_dir)}") from None
     start, loop_state = 0, {}
     if restored is not None:
         start, state, data_state, loop_state = restored
+        if start > cfg.num_steps:  # before anything (result.json, config.json) is rewritten
+            checkpointer.close()
+            raise ConfigError(
+                f"The job in {job_dir} already trained to step {start} (its newest checkpoint), past "
+                f"train.num_steps={cfg.num_steps}; its result.json is kept as it is. Raise train.num_steps "
+                f"to at least {start} to continue it, or point --job-log-dir at a new directory for a "
+                "shorter run."
+            )
         inputs.train.set_state(host_state(data_state))
         log(f"Resumed from step {start} ({job_dir / 'checkpoints'}).")
     writer.truncate_after(start)  # records written after the checkpoint resumed from
@@ -267,7 +286,7 @@ def _finish(run: Run, hooks: list[Hook], state: Any, fam: Any, log: Any) -> RunR
         # Resumed from the final checkpoint (killed after it): report what the finished run did.
         from equipax.launch.training.hooks import evaluate
 
-        run.last_train = next((r for r in reversed(read_metrics(run.writer.path)) if r["split"] == "train"),
+        run.last_train = next((r for r in reversed(read_metrics(run.writer.path)) if r.get("split") == "train"),
                               {}) if run.writer.path.exists() else {}
         run.last_eval = evaluate(run, state)
     extra = dict(run.inputs.info)

@@ -2,19 +2,30 @@
 
 The train step (built with `skip_nonfinite=True`) never applies an update whose loss or
 gradient norm is not finite and reports `nonfinite` = 1.0 for it, so the state stays finite and
-every checkpoint restores to usable parameters. The loop hands each step's metrics to a
+every checkpoint restores to usable parameters. The step also skips an update whose own norm
+or the updated parameters' norm is not finite (a learning rate so large the update overflows).
+The loop hands each step's metrics to a
 `NonFiniteMonitor` (device arrays, no sync) and calls `check` where it reads the device anyway:
 when logged metrics are read back and before every checkpoint. `check` raises `NonFiniteError`
 when `train.on_nonfinite="abort"` saw one such step, or "skip" saw more than
-`train.max_consecutive_nonfinite` in a row.
+`train.max_consecutive_nonfinite` in a row. Its message names where the run became unstable
+(the first skipped step, or an update or gradient blow-up just before it), the likely cause,
+and the newest checkpoint saved before that; checkpoints saved since are set aside, so
+rerunning (with a fix) resumes from a state training can continue from.
 """
 
+import statistics
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
 import numpy as np
 
+# Per-step values the monitor keeps (device arrays until `check` reads them).
+_RECORDED = ("nonfinite", "loss", "grad_norm", "update_norm", "param_norm", "learning_rate")
+# A step whose gradient norm exceeds this many times the median of the steps before it blew up.
+GRAD_BLOWUP_FACTOR = 10.0
 
 
 class NonFiniteError(Exception):
@@ -32,6 +43,10 @@ def poison_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             for k, v in batch.items()}
 
 
+# `rollback(unstable_from) -> (newest checkpoint before that step or None, steps set aside, where to)`.
+Rollback = Callable[[int], tuple[int | None, list[int], str]]
+
+
 class NonFiniteMonitor:
     """Counts skipped (non-finite) steps and enforces `train.on_nonfinite`.
 
@@ -47,23 +62,26 @@ class NonFiniteMonitor:
         self.max_consecutive = max_consecutive
         self.total = int((state or {}).get("nonfinite_total", 0))
         self.consecutive = int((state or {}).get("nonfinite_consecutive", 0))
+        self.streak_start = (state or {}).get("nonfinite_streak_start")  # first skipped step in a row
         self._pending: list[tuple[int, Any]] = []
+        self._history: deque[tuple[int, dict[str, float]]] = deque(maxlen=256)  # read steps, host floats
 
-    def state(self) -> dict[str, int]:
+    def state(self) -> dict[str, Any]:
         """The counts, JSON-ready, for the checkpoint."""
-        return {"nonfinite_total": self.total, "nonfinite_consecutive": self.consecutive}
+        return {"nonfinite_total": self.total, "nonfinite_consecutive": self.consecutive,
+                "nonfinite_streak_start": self.streak_start}
 
     def record(self, step: int, metrics: dict[str, Any]) -> None:
         """Keep step `step`'s device metrics until the next `check` (no device sync)."""
-        self._pending.append((step, {k: metrics[k] for k in ("nonfinite", "loss", "grad_norm")}))
+        self._pending.append((step, {k: metrics[k] for k in _RECORDED if k in metrics}))
 
-    def check(self, upto: int, *, last_checkpoint: Callable[[], int | None], where: str,
-              log: Callable[[str], object]) -> None:
+    def check(self, upto: int, *, rollback: Rollback, where: str, log: Callable[[str], object]) -> None:
         """Read the flags of steps <= `upto`, update the counts, log skips; raise to stop.
 
         Arguments:
             upto: the newest step whose metrics may be read now.
-            last_checkpoint: returns the newest complete checkpoint's step (all saves finished).
+            rollback: given the step the run became unstable at, sets aside the checkpoints saved
+                from then on and returns the newest one left (all saves finished) and those moved.
             where: the checkpoint directory, for the message.
             log: progress messages (one per skipped step).
         """
@@ -72,34 +90,90 @@ class NonFiniteMonitor:
             return
         self._pending = [(s, m) for s, m in self._pending if s > upto]
         values = jax.device_get([m for _, m in ready])
-        for (s, _), v in zip(ready, values):
-            if float(v["nonfinite"]) == 0.0:
-                self.consecutive = 0
+        for (s, _), raw in zip(ready, values):
+            v = {k: float(x) for k, x in raw.items()}
+            self._history.append((s, v))
+            if v["nonfinite"] == 0.0:
+                self.consecutive, self.streak_start = 0, None
                 continue
             self.total += 1
             self.consecutive += 1
-            loss, grad_norm = float(v["loss"]), float(v["grad_norm"])
-            quantity = (f"the loss is {loss}" if not np.isfinite(loss)
-                        else f"the gradient norm is {grad_norm} (loss {loss:.4g})")
+            if self.streak_start is None:
+                self.streak_start = s
+            quantity = _quantity(v)
             if self.mode == "abort" or self.consecutive > self.max_consecutive:
                 self._pending.clear()
-                raise self._error(s, quantity, last_checkpoint(), where)
+                raise self._error(s, quantity, rollback, where)
             log(f"step {s}: {quantity}; the update was skipped ({self.consecutive} in a row, "
                 f"{self.total} in all; train.max_consecutive_nonfinite={self.max_consecutive}).")
 
-    def _error(self, step: int, quantity: str, ckpt: int | None, where: str) -> NonFiniteError:
+    def _unstable_from(self) -> tuple[int, str]:
+        """The step the run became unstable at, and what likely caused it."""
+        start = int(self.streak_start or 0)
+        seen = dict(self._history)
+        # A blow-up just before the first skipped step (finite, but it wrecked the parameters
+        # that the next steps could no longer use) is where the trouble began.
+        while start - 1 in seen and _blew_up(start - 1, seen):
+            start -= 1
+        first = seen.get(start, {})
+        lr = first.get("learning_rate", float("nan"))
+        update, params = first.get("update_norm", float("nan")), first.get("param_norm", float("nan"))
+        before = _median_grad_norm(start, seen)
+        if not np.isfinite(update) or (np.isfinite(params) and update > params):
+            cause = (f"the updates outgrew the parameters (update norm {update:.3g} against parameter norm "
+                     f"{params:.3g} at learning rate {lr:.3g}): the learning rate is likely too high")
+        elif before is not None and not first.get("grad_norm", 0.0) <= GRAD_BLOWUP_FACTOR * before:
+            cause = (f"the gradient norm blew up ({first.get('grad_norm'):.3g} against a median of "
+                     f"{before:.3g} before): lower the learning rate or clip the gradients")
+        else:
+            cause = ("a non-finite loss or gradient with no growth before it: likely a bad batch near "
+                     "that step, or an overflow inside the model")
+        return start, cause
+
+    def _error(self, step: int, quantity: str, rollback: Rollback, where: str) -> NonFiniteError:
         if self.mode == "abort":
             why = "train.on_nonfinite='abort' stops at the first non-finite step"
         else:
             why = (f"{self.consecutive} consecutive steps were non-finite, more than "
                    f"train.max_consecutive_nonfinite={self.max_consecutive}")
-        saved = (f"The last good checkpoint is step {ckpt} in {where}; rerunning the same command "
-                 "resumes from it" if ckpt is not None else
-                 "No checkpoint was saved yet; rerunning starts from step 0")
+        start, cause = self._unstable_from()
+        good, moved, moved_to = rollback(start)
+        unstable = f"The run became unstable at step {start}; likely cause: {cause}."
+        if moved:
+            unstable += (f" The checkpoint(s) saved since (step {', '.join(map(str, moved))}) were moved to "
+                         f"{moved_to} (kept, not resumed from).")
+        saved = (f"The last good checkpoint is step {good} in {where}; rerunning the same command resumes "
+                 "from it" if good is not None else
+                 "No checkpoint from before that step remains; rerunning starts from step 0")
         return NonFiniteError(
-            f"Step {step}: {quantity}; {why}. The update was not applied and no checkpoint holds a "
-            f"non-finite state. {saved}. Lower learner.schedule.peak_learning_rate or "
+            f"Step {step}: {quantity}; {why}. No non-finite update was applied and no checkpoint holds a "
+            f"non-finite state. {unstable} {saved}. Lower learner.schedule.peak_learning_rate or "
             "learner.clip_gradient_norm, check the data near that step, or use --set "
             "train.on_nonfinite=skip (and train.max_consecutive_nonfinite) to step over rare bad batches.",
-            step=step, last_checkpoint=ckpt,
+            step=step, last_checkpoint=good,
         )
+
+
+def _quantity(v: dict[str, float]) -> str:
+    loss, grad_norm = v["loss"], v["grad_norm"]
+    if not np.isfinite(loss):
+        return f"the loss is {loss}"
+    if not np.isfinite(grad_norm):
+        return f"the gradient norm is {grad_norm} (loss {loss:.4g})"
+    return (f"the update is not finite (update norm {v.get('update_norm', float('nan'))}, learning rate "
+            f"{v.get('learning_rate', float('nan')):.3g}; loss {loss:.4g}, gradient norm {grad_norm:.4g})")
+
+
+def _median_grad_norm(step: int, seen: dict[int, dict[str, float]]) -> float | None:
+    """The median gradient norm of up to 20 applied steps before `step` (None with fewer than 3)."""
+    norms = [v["grad_norm"] for s, v in sorted(seen.items()) if s < step and v["nonfinite"] == 0.0][-20:]
+    return statistics.median(norms) if len(norms) >= 3 else None
+
+
+def _blew_up(step: int, seen: dict[int, dict[str, float]]) -> bool:
+    """An applied step whose update outgrew the parameters, or whose gradient norm jumped."""
+    v = seen[step]
+    if v.get("update_norm", 0.0) > v.get("param_norm", np.inf):
+        return True
+    before = _median_grad_norm(step, seen)
+    return before is not None and v["grad_norm"] > GRAD_BLOWUP_FACTOR * before

@@ -2,11 +2,54 @@
 
 The handler only sets a flag that the loop checks between steps, so a signal can never land
 between a donated state's dispatch and its replacement. A second SIGINT aborts at once.
+
+Outside the loop (`EarlyInterrupts`, installed first thing by the `launch` entry point): a signal
+during the imports is remembered and ends the command as soon as it starts; one during start-up
+(JAX, data, restore, compilation) or after the loop raises `Interrupted` at once. Either way the
+command exits 75 with one line, never a traceback, and nothing is half-written.
 """
 
 import signal
 import threading
 from types import FrameType
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM outside the training loop (exit 75: run the same command again)."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+class EarlyInterrupts:
+    """SIGINT/SIGTERM handlers for the whole command outside the loop's `StopRequest`.
+
+    Until `arm()` a signal is only recorded (raising inside an import would print a traceback);
+    `arm()` raises for a recorded one, and from then on a signal raises `Interrupted` at once.
+    """
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.armed = False
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if not self.armed:
+            self.received = self.received or name
+            return
+        raise Interrupted(name)
+
+    def arm(self) -> None:
+        """From now on a signal raises `Interrupted`; one received before raises now."""
+        self.armed = True
+        if self.received is not None:
+            raise Interrupted(self.received)
 
 
 

@@ -5,7 +5,7 @@ Only process 0 writes (multi-host runs call this with `enabled=False` elsewhere)
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,12 @@ class MetricsWriter:
     Arguments:
         job_dir: the job's directory.
         enabled: False on processes other than 0 (writes nothing).
+        log: where a warning about unreadable lines dropped on resume goes.
     """
 
-    def __init__(self, job_dir: Path, *, enabled: bool = True):
+    def __init__(self, job_dir: Path, *, enabled: bool = True, log: Callable[[str], object] = print):
         self.enabled = enabled
+        self.log = log
         self.path = Path(job_dir) / "metrics.jsonl"
         self._tb: dict[str, SummaryWriter] = {}
         self._job_dir = Path(job_dir)
@@ -41,13 +43,19 @@ class MetricsWriter:
         """Drop records past `step` (a resumed run rewrites those steps)."""
         if not (self.enabled and self.path.exists()):
             return
-        kept = []
-        for ln in self.path.read_text().splitlines():
-            try:
-                if ln.strip() and json.loads(ln).get("step", 0) <= step:
-                    kept.append(ln)
-            except ValueError:
-                pass  # a line cut short by a killed run: those steps are rewritten anyway
+        kept, dropped = [], []
+        for number, raw in enumerate(self.path.read_bytes().splitlines(), 1):
+            record = _parse(raw)
+            if record is None:
+                if raw.strip():
+                    dropped.append(number)  # cut short by a killed run, or damaged: not a record
+            elif record.get("step", 0) <= step:
+                kept.append(raw.decode("utf-8"))
+        if dropped:
+            self.log(f"warning: dropped {len(dropped)} unreadable line(s) of {self.path} (line "
+                     f"{', '.join(map(str, dropped[:5]))}{', ...' if len(dropped) > 5 else ''}): not a JSON "
+                     "object in UTF-8 (cut short by a killed run, or damaged). The steps they held are logged "
+                     "again where this run trains them.")
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text("".join(ln + "\n" for ln in kept))
         tmp.replace(self.path)  # atomic: a kill here never loses the earlier records
@@ -78,6 +86,15 @@ class MetricsWriter:
         self._tb.clear()
 
 
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    """One metrics.jsonl line as a record, or None when it is not a JSON object in UTF-8."""
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("step", 0), int) else None
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records of a metrics.jsonl file."""
-    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
+    """The records of a metrics.jsonl file (lines that are not JSON objects are skipped)."""
+    return [r for r in map(_parse, Path(path).read_bytes().splitlines()) if r is not None]

@@ -1,0 +1,98 @@
+"""What checkpoint checksums cost: save and restore of a preset's train state, with and without them.
+
+Every checkpoint records a checksum of each saved array (`equipax.launch.training.checksums`,
+computed on the device) and verifies it on restore. This measures, on a `benchmarks/train_step.py`
+preset (default: 20m, the ~20M-parameter LM with its Adam state), the time of:
+  - computing the checksums of the whole state (warm: the small device program is compiled once),
+  - a checkpoint save, from the call until the asynchronous write is on disk (with checksums),
+  - a restore with verification, and the same restore with verification switched off.
+Prints a table and writes JSON:
+
+    uv run python benchmarks/checkpoint_checksums.py --preset 20m --repeats 5 --out benchmarks/results/checkpoint_checksums.json
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _median_s(fn: Any, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(preset_name: str, *, repeats: int) -> dict[str, Any]:
+    """Median seconds of each operation on `preset_name`'s initial train state."""
+    import equipax.launch.training.checkpoints as ckpt_module
+    from equipax.launch.training.checkpoints import Checkpointer, _flat_arrays
+    from equipax.launch.training.checksums import array_checksums
+    from train_step import PRESETS, preset_training
+
+    training = preset_training(PRESETS[preset_name]())
+    state = training.init_state()
+    flat = _flat_arrays(state)
+    nbytes = sum(x.nbytes for x in flat.values())
+    array_checksums(flat)  # compile
+    checksum_s = _median_s(lambda: array_checksums(flat), repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Checkpointer(Path(tmp) / "checkpoints", keep=2)
+        step = iter(range(1, 10_000))
+
+        def save() -> None:
+            ckpt.save(next(step), state, {"position": 0})
+            ckpt.wait()
+
+        save()  # warm
+        save_s = _median_s(save, repeats)
+        latest = ckpt.latest_step()
+        assert latest is not None
+        ckpt.restore(latest, state)  # warm
+        restore_s = _median_s(lambda: jax.block_until_ready(ckpt.restore(latest, state)), repeats)
+        verify = ckpt_module._verify
+        ckpt_module._verify = lambda *args: None
+        try:
+            unverified_s = _median_s(lambda: jax.block_until_ready(ckpt.restore(latest, state)), repeats)
+        finally:
+            ckpt_module._verify = verify
+        ckpt.close()
+    return {
+        "preset": preset_name, "device": jax.devices()[0].device_kind, "arrays": len(flat),
+        "state_mb": round(nbytes / 1e6, 1), "repeats": repeats,
+        "checksums_s": round(checksum_s, 4), "checksums_gb_per_s": round(nbytes / checksum_s / 1e9, 2),
+        "save_with_checksums_s": round(save_s, 4),
+        "checksums_share_of_save": round(checksum_s / save_s, 3),
+        "restore_verified_s": round(restore_s, 4), "restore_unverified_s": round(unverified_s, 4),
+        "verify_share_of_restore": round((restore_s - unverified_s) / restore_s, 3),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="20m")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    a = p.parse_args()
+    figures = measure(a.preset, repeats=a.repeats)
+    for k, v in figures.items():
+        print(f"{k:28s} {v}")
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
