@@ -278,6 +278,10 @@ def _pipeline(params: TransformerBlock, static: TransformerBlock, x: Array, segm
     def one_stage(params: TransformerBlock, xs: Array, segs: Array | None) -> Array:
         params = jax.tree.map(lambda w: w[0], params)  # this stage's [repeat, layer, ...]
         stage = jax.lax.axis_index(STAGE)
+        # The two sums over `stage` (the outputs below, and the inputs' gradient: the transpose
+        # of this cast to "varying") run in float32: XLA:CPU fails to compile a bf16 all-reduce
+        # inside a partly manual shard_map ("Invalid binary instruction opcode copy").
+        xs = jax.lax.pcast(xs.astype(jnp.float32), (STAGE,), to="varying").astype(x.dtype)
 
         def iteration(carry: tuple[Array, Array | None], t: Array) -> tuple[tuple[Array, Array | None], Array]:
             received, returned = carry
@@ -300,14 +304,15 @@ def _pipeline(params: TransformerBlock, static: TransformerBlock, x: Array, segm
                 returned = returned.at[slot].set(jnp.where(keep, sent, returned[slot]))
             return (sent, returned), y
 
-        zeros = jax.lax.pcast(jnp.zeros_like(xs[0]), (STAGE,), to="varying")
-        returned = None if repeats == 1 else jax.lax.pcast(jnp.zeros_like(xs), (STAGE,), to="varying")
-        # The last stage finishes microbatch i's final round in iteration T - M + i: run the
-        # first T - M iterations, then the last M keeping their outputs.
-        carry, _ = jax.lax.scan(iteration, (zeros, returned), jnp.arange(num_iterations - m_count))
-        _, ys = jax.lax.scan(iteration, carry, jnp.arange(num_iterations - m_count, num_iterations))
-        # Only the last stage's outputs are real; the sum over stages hands them to every stage.
-        return jax.lax.psum(jnp.where(stage == s_count - 1, ys, jnp.zeros_like(ys)), STAGE)
+        zeros = jnp.zeros_like(xs[0])
+        returned = None if repeats == 1 else jnp.zeros_like(xs)
+        _, ys = jax.lax.scan(iteration, (zeros, returned), jnp.arange(num_iterations))
+        # The last stage finishes microbatch i's final round in iteration T - M + i, so the
+        # last M iterations of the last stage are the outputs; the sum over stages (zeros
+        # elsewhere) hands them to every stage.
+        ys = ys[num_iterations - m_count:]
+        ys = jnp.where(stage == s_count - 1, ys, jnp.zeros_like(ys)).astype(jnp.float32)
+        return jax.lax.psum(ys, STAGE).astype(x.dtype)
 
     out = jax.shard_map(one_stage, mesh=mesh, in_specs=(P(STAGE), P(), P()), out_specs=P(),
                         axis_names={STAGE})(params, xs, segs)
