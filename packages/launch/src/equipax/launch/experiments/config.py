@@ -1,7 +1,7 @@
 """The experiment config: task (model + data) + learner + training loop + mesh, fully resolved.
 
-One shape for every experiment: `model` and `data` are the task part (an `LMConfig` with token
-`DataConfig`, or a `CNNConfig` with an `ImageDataConfig`); the learner, the loop and the mesh
+One shape for every experiment: `model` and `data` are the task part (an `LMConfig` or a
+`LlamaConfig` with token `DataConfig`, or a `CNNConfig` with an `ImageDataConfig`); the learner, the loop and the mesh
 are the same knobs for all. An experiment is a pure value: building it never touches devices or
 files. Derived numbers (parameters, tokens per step) come from `equipax.launch.tasks`.
 """
@@ -14,6 +14,7 @@ from equipax.core.optim import LearnerConfig
 from equipax.launch.experiments.data_config import BYTE_VOCAB_SIZE, DataConfig, ImageDataConfig
 from equipax.models.cnn import CNNConfig
 from equipax.models.lm import LMConfig
+from equipax.models.llama import LlamaConfig
 
 __all__ = ["BYTE_VOCAB_SIZE", "DataConfig", "ExperimentConfig", "ImageDataConfig", "LMExperiment", "TrainConfig",
            "as_lm"]
@@ -74,7 +75,7 @@ class ExperimentConfig:
 
     name: str
     description: str = ""
-    model: LMConfig | CNNConfig = dataclasses.field(default_factory=LMConfig)
+    model: LMConfig | LlamaConfig | CNNConfig = dataclasses.field(default_factory=LMConfig)
     data: DataConfig | ImageDataConfig = dataclasses.field(default_factory=DataConfig)
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
@@ -144,7 +145,7 @@ class LMExperiment(Protocol):
     @property
     def name(self) -> str: ...
     @property
-    def model(self) -> LMConfig: ...
+    def model(self) -> LMConfig | LlamaConfig: ...
     @property
     def data(self) -> DataConfig: ...
     @property
@@ -158,7 +159,7 @@ class LMExperiment(Protocol):
 
 
 def as_lm(cfg: ExperimentConfig) -> LMExperiment:
-    """`cfg` typed as a language-model experiment (TypeError if its model is not an LMConfig)."""
+    """`cfg` typed as a language-model experiment (TypeError if its data is not token data)."""
     if cfg.kind != "lm":
         raise TypeError(f"{cfg.name} is a {cfg.kind} experiment, not a language model.")
     return cast(LMExperiment, cfg)

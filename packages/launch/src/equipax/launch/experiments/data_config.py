@@ -10,6 +10,7 @@ from typing import ClassVar, Literal
 
 from equipax.models.cnn import CNNConfig
 from equipax.models.lm import LMConfig
+from equipax.models.llama import LlamaConfig
 
 # Byte tokenizer ids: 256 bytes + pad/bos/eos (equipax.data.ByteTokenizer).
 BYTE_VOCAB_SIZE = 259
@@ -74,11 +75,11 @@ class DataConfig:
             )
 
     def check_model(self, model: object) -> None:
-        """Raise ValueError unless `model` is an LM config that can read this data."""
-        if not isinstance(model, LMConfig):
+        """Raise ValueError unless `model` is an LM config (either family) that can read this data."""
+        if not isinstance(model, (LMConfig, LlamaConfig)):
             raise ValueError(
                 f"The experiment's data is token data (data.source={self.source!r}) but its model is "
-                f"a {type(model).__name__}; language-model data needs an LMConfig model.")
+                f"a {type(model).__name__}; language-model data needs an LMConfig or LlamaConfig model.")
         if self.seq_len > model.max_seq_len:
             raise ValueError(
                 f"data.seq_len={self.seq_len} exceeds model.max_seq_len={model.max_seq_len}; "

@@ -11,6 +11,7 @@ from equipax.core.mesh import FSDP, TENSOR
 from equipax.core.nn.pipeline import bubble_fraction, num_microbatches
 from equipax.launch.experiments.config import ExperimentConfig, as_lm
 from equipax.launch.tasks import Inputs
+from equipax.models.llama import LlamaConfig, llama_flops_per_token, llama_param_counts
 from equipax.models.lm_task import LMTask
 
 UNIT = "tokens"
@@ -19,8 +20,13 @@ UNIT = "tokens"
 def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
     """Parameters, FLOPs and tokens, analytically (no devices, no tracing)."""
     model, data = as_lm(cfg).model, as_lm(cfg).data
-    params = lm_param_counts(model.transformer, model.vocab_size)
-    flops = transformer_lm_flops_per_token(model.transformer, vocab_size=model.vocab_size, seq_len=data.seq_len)
+    if isinstance(model, LlamaConfig):
+        params = llama_param_counts(model)
+        params["embedding"] += params["unembedding"]  # untied: both tables count as embedding
+        flops = llama_flops_per_token(model, seq_len=data.seq_len)
+    else:
+        params = lm_param_counts(model.transformer, model.vocab_size)
+        flops = transformer_lm_flops_per_token(model.transformer, vocab_size=model.vocab_size, seq_len=data.seq_len)
     tokens_per_step = cfg.global_batch_size * data.seq_len
     out = {
         "params_total": params["total"],
@@ -34,7 +40,7 @@ def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
         "devices_required": cfg.mesh.num_devices,
         "mesh_shape": list(cfg.mesh.shape),
     }
-    return out | _pipeline_numbers(cfg, params)
+    return out if isinstance(model, LlamaConfig) else out | _pipeline_numbers(cfg, params)
 
 
 def _pipeline_numbers(cfg: ExperimentConfig, params: dict[str, int]) -> dict[str, Any]:
