@@ -19,7 +19,9 @@ import typer  # noqa: E402
 from equipax.launch.commands.bench import bench_app  # noqa: E402
 from equipax.launch.commands.cluster import local_cluster  # noqa: E402
 from equipax.launch.commands.compile import compile_cmd  # noqa: E402
+from equipax.launch.commands.convert import convert_app  # noqa: E402
 from equipax.launch.commands.data import data_app  # noqa: E402
+from equipax.launch.commands.pgle import pgle_app  # noqa: E402
 from equipax.launch.commands.train import list_cmd, run, show  # noqa: E402
 from equipax.launch.errors import EXIT_PREEMPTED, GuardedGroup, describe  # noqa: E402
 
@@ -47,6 +49,8 @@ app.command("local-cluster", context_settings={"ignore_unknown_options": True,
                                                "allow_interspersed_args": False})(local_cluster)
 app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
+app.add_typer(pgle_app, name="pgle")
+app.add_typer(convert_app, name="convert")
 
 
 def main() -> None:

@@ -67,6 +67,10 @@ def compile_cmd(
     entry, cfg, _ = resolve(exp, set_)
     if entry.kind != "train":
         fail(f"{cfg.name} is a benchmark, not a training experiment; there is no train step to compile.")
+    if cfg.train.pgle == "auto":  # JAX recompiles an auto-PGLE step after profiling it: no AOT
+        from equipax.launch.training.profiling import PGLE_AUTO_AOT
+
+        fail(PGLE_AUTO_AOT)
     try:
         if topology is None:
             report = _compile_simulated(cfg, target or "tpu-v4", hbm_gib, assumed_mfu)

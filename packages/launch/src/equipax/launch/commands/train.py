@@ -44,7 +44,7 @@ def list_cmd() -> None:
 def show(
     exp: ExpOption = DEFAULT_EXPERIMENT,
     set_: SetOption = None,
-    format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+    format: Annotated[str, typer.Option("--format", help="text, json, or maxtext (a MaxText config).")] = "text",
     cpu_devices: CpuDevicesOption = None,
 ) -> None:
     """Print the resolved config and derived numbers without touching any device."""
@@ -64,8 +64,21 @@ def show(
         for k, v in numbers.items():
             text = f"{v:,}" if isinstance(v, int) else f"{v:.4g}" if isinstance(v, float) else str(v)
             out.print(f"{k} = {text}", highlight=False)
+    elif format == "maxtext":
+        from equipax.launch.commands.convert import print_maxtext
+
+        print_maxtext(cfg)
     else:
-        fail(f"--format must be 'text' or 'json'; got {format!r}.")
+        fail(f"--format must be 'text', 'json' or 'maxtext'; got {format!r}.")
+
+
+def profile_overrides(text: str) -> list[str]:
+    """`--profile START:COUNT` as the knobs it sets (train.profile_start_step, train.profile_steps)."""
+    start, sep, count = text.partition(":")
+    if not sep or not count.strip().isdigit() or not (start.strip().isdigit() or not start.strip()):
+        fail(f"--profile takes START:COUNT (e.g. 5:3 traces steps 5, 6 and 7; :3 starts at the run's second "
+             f"step); got {text!r}.")
+    return [f"train.profile_start_step={start.strip() or None}", f"train.profile_steps={count.strip()}"]
 
 
 def run(
@@ -87,15 +100,23 @@ def run(
         float, typer.Option("--coordinator-timeout", min=1,
                             help="Multi-process: seconds to wait for the coordinator and the other processes.")
     ] = 300.0,
+    profile: Annotated[
+        str | None, typer.Option("--profile", help="START:COUNT: trace COUNT steps from step START into "
+                                                   "<job>/profile (':COUNT' = from the second step).")
+    ] = None,
 ) -> None:
     """Train an experiment; rerun the same command to resume from its last checkpoint."""
     from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
     from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
+    from equipax.launch.training.profiling import set_xla_flags
 
+    if profile is not None:
+        set_ = [*(set_ or []), *profile_overrides(profile)]
     entry, cfg, sources = resolve(exp, set_)  # a pure value: no device touched yet
     try:
         if entry.kind == "train":  # refuse a device count the mesh cannot use before creating them
             check_cpu_devices(cpu_devices, cfg.mesh, num_processes=num_processes or 1)
+            set_xla_flags(cfg.train)  # PGLE: XLA reads XLA_FLAGS when the backend starts
         use_cpu_devices(cpu_devices)
         initialize(DistributedArgs(coordinator, num_processes, process_id, auto=distributed_auto,
                                    coordinator_timeout_s=coordinator_timeout))

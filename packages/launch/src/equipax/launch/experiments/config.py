@@ -36,6 +36,15 @@ class TrainConfig:
     (in-graph). "skip" carries on, and stops (exit 4) once more than
     `max_consecutive_nonfinite` steps in a row were skipped; "abort" stops at the first one.
     debug_nan_steps: FOR TESTS ONLY: these steps' batches get NaN weights (a poisoned batch).
+
+    profile_steps: trace this many steps with `jax.profiler` into `<job>/profile/` (0 = off;
+    `launch run --profile START:COUNT`); profile_start_step: the first traced step (None = the
+    run's second step, so the window never holds the compiling first step unless asked for);
+    profile_all_processes: trace every process, not only process 0 (docs/pgle.md).
+    pgle: XLA's profile-guided latency estimator (GPU): "auto" is JAX's automatic PGLE
+    (`pgle_profiling_runs` profiled runs, then a recompile; profiles aggregated at
+    `pgle_aggregation_percentile`); "manual" compiles with the profile at `pgle_profile_path`
+    (written by `launch pgle collect`).
     """
 
     num_steps: int = 1000
@@ -53,8 +62,16 @@ class TrainConfig:
     on_nonfinite: Literal["skip", "abort"] = "skip"
     max_consecutive_nonfinite: int = 3
     debug_nan_steps: tuple[int, ...] = ()
+    profile_steps: int = 0
+    profile_start_step: int | None = None
+    profile_all_processes: bool = False
+    pgle: Literal["off", "auto", "manual"] = "off"
+    pgle_profiling_runs: int = 3
+    pgle_aggregation_percentile: int = 90
+    pgle_profile_path: str = ""
 
     def __post_init__(self):
+        self._check_profiling()
         if self.max_consecutive_nonfinite < 0:
             raise ValueError(
                 f"train.max_consecutive_nonfinite must be >= 0; got {self.max_consecutive_nonfinite}.")
@@ -67,6 +84,23 @@ class TrainConfig:
             raise ValueError("train.eval_batches and train.sample_tokens must be >= 0.")
         if self.sample_temperature < 0:
             raise ValueError(f"train.sample_temperature must be >= 0; got {self.sample_temperature}.")
+
+    def _check_profiling(self) -> None:
+        if self.profile_steps < 0:
+            raise ValueError(f"train.profile_steps must be >= 0 (0 = no profile); got {self.profile_steps}.")
+        if self.profile_start_step is not None and self.profile_start_step < 1:
+            raise ValueError(f"train.profile_start_step must be a step >= 1, or None for the run's second "
+                             f"step; got {self.profile_start_step}.")
+        if self.pgle not in ("off", "auto", "manual"):
+            raise ValueError(f"train.pgle must be 'off', 'auto' or 'manual'; got {self.pgle!r}.")
+        if self.pgle_profiling_runs < 1:
+            raise ValueError(f"train.pgle_profiling_runs must be >= 1; got {self.pgle_profiling_runs}.")
+        if not 0 <= self.pgle_aggregation_percentile <= 100:
+            raise ValueError("train.pgle_aggregation_percentile must be in [0, 100]; got "
+                             f"{self.pgle_aggregation_percentile}.")
+        if self.pgle == "manual" and not self.pgle_profile_path:
+            raise ValueError("train.pgle='manual' needs train.pgle_profile_path: the profile.pb written by "
+                             "`launch pgle collect --exp NAME` (docs/pgle.md).")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

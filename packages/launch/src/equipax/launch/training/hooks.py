@@ -1,7 +1,7 @@
 """The loop's hooks: logging, evaluation, epoch summaries and checkpoints.
 
-The loop (`loop.py`) dispatches one step at a time and then calls each hook's `after_step`
-in order. Hooks read device values only where the loop syncs anyway (logged steps, eval,
+The loop (`loop.py`) calls each hook's `before_step`, dispatches one step, and then calls each
+hook's `after_step` in order. Hooks read device values only where the loop syncs anyway (logged steps, eval,
 checkpoints), so the device never waits for the host. A hook with state that must survive a
 restart (running epoch sums) returns it from `state()` and gets it back through `load()`; the
 checkpoint hook saves it with the train state.
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 class Hook:
     """A step hook; every method is optional."""
+
+    def before_step(self, run: "Run", step: int) -> None:
+        """Called just before step `step` is dispatched (its batch is fetched)."""
 
     def after_step(self, run: "Run", step: int, state: Any, metrics: dict[str, Any]) -> None:
         """Called after step `step` was dispatched (its metrics are still on the device)."""

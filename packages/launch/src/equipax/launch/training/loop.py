@@ -30,6 +30,7 @@ from equipax.launch.training.nonfinite import NonFiniteMonitor, poison_batch
 from equipax.launch.training.plots import plot_loss
 from equipax.launch.training.preemption import StopRequest
 from equipax.launch.training.progress import ProgressReporter
+from equipax.launch.training.profiling import profiling_hooks
 from equipax.launch.training.resume import check_resume, resume_meta
 from equipax.launch.training.summaries import MetricsWriter, read_metrics
 
@@ -232,6 +233,7 @@ def _train(cfg: ExperimentConfig, job_dir: Path, mesh: jax.sharding.Mesh, source
     for hook in hooks:
         hook.load(loop_state)
 
+    hooks[:0] = profiling_hooks(run)  # first: they bracket the step's dispatch (profile window, PGLE)
     state, step = _loop(run, hooks, state)
     for hook in hooks:
         hook.close(run)
@@ -257,6 +259,8 @@ def _loop(run: Run, hooks: list[Hook], state: Any) -> tuple[Any, int]:
                 _log_host_examples(run, host_batch)
             if step in cfg.train.debug_nan_steps:  # test knob: a poisoned batch
                 host_batch = poison_batch(host_batch)
+            for hook in hooks:
+                hook.before_step(run, step)
             state, metrics = training.train_step(state, run.to_device(host_batch), training.keys.step)
             run.nonfinite.record(step, metrics)
             if step == run.start + 1:
