@@ -21,6 +21,8 @@ from equipax.launch.commands.cluster import local_cluster  # noqa: E402
 from equipax.launch.commands.compile import compile_cmd  # noqa: E402
 from equipax.launch.commands.convert import convert_app  # noqa: E402
 from equipax.launch.commands.data import data_app  # noqa: E402
+from equipax.launch.commands.decode import decode_cmd  # noqa: E402
+from equipax.launch.commands.eval import eval_cmd  # noqa: E402
 from equipax.launch.commands.pgle import pgle_app  # noqa: E402
 from equipax.launch.commands.train import list_cmd, run, show  # noqa: E402
 from equipax.launch.errors import EXIT_PREEMPTED, GuardedGroup, describe  # noqa: E402
@@ -45,6 +47,8 @@ app.command("list")(list_cmd)
 app.command()(show)
 app.command()(run)
 app.command("compile")(compile_cmd)
+app.command("decode")(decode_cmd)
+app.command("eval")(eval_cmd)
 app.command("local-cluster", context_settings={"ignore_unknown_options": True,
                                                "allow_interspersed_args": False})(local_cluster)
 app.add_typer(bench_app, name="bench")
@@ -56,7 +60,7 @@ app.add_typer(convert_app, name="convert")
 def main() -> None:
     """Console-script entry point."""
     try:
-        INTERRUPTS.arm()  # a signal received during the imports ends the command here
+        INTERRUPTS.arm()  # from here a signal raises Interrupted (reported, exit 75)
         app(prog_name="launch")
     except Interrupted as e:  # outside a command (GuardedGroup maps those)
         print(f"error: {describe(e)[0]}", file=sys.stderr)

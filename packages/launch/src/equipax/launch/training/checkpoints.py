@@ -152,7 +152,8 @@ class Checkpointer:
         kept = (f"The newest complete checkpoint, step {intact}, is intact" if intact is not None
                 else "No complete checkpoint exists yet")
         reason = (str(e).strip().splitlines() or [""])[0].rstrip(".")
-        reason = reason if len(reason) <= 400 else reason[:400] + " (...)"
+        if len(reason) > 400:  # orbax's text names every path; the OS error is at its end
+            reason = f"{reason[:150]} (...) {reason[-250:]}"
         return CheckpointSaveError(
             f"Could not write {what} to {self.directory}: {type(e).__name__}: {reason}. {kept}. "
             "Free disk space (or fix the directory's permissions) and run the same command again to resume."

@@ -4,12 +4,14 @@ The handler only sets a flag that the loop checks between steps, so a signal can
 between a donated state's dispatch and its replacement. A second SIGINT aborts at once.
 
 Outside the loop (`EarlyInterrupts`, installed first thing by the `launch` entry point): a signal
-during the imports is remembered and ends the command as soon as it starts; one during start-up
-(JAX, data, restore, compilation) or after the loop raises `Interrupted` at once. Either way the
-command exits 75 with one line, never a traceback, and nothing is half-written.
+during the imports ends the process at once; one during start-up (JAX, data, restore,
+compilation) or after the loop raises `Interrupted`. Either way the command exits 75 with one
+line, never a traceback, and nothing is half-written.
 """
 
+import os
 import signal
+import sys
 import threading
 from types import FrameType
 
@@ -25,12 +27,14 @@ class Interrupted(Exception):
 class EarlyInterrupts:
     """SIGINT/SIGTERM handlers for the whole command outside the loop's `StopRequest`.
 
-    Until `arm()` a signal is only recorded (raising inside an import would print a traceback);
-    `arm()` raises for a recorded one, and from then on a signal raises `Interrupted` at once.
+    Until `arm()` (the imports: nothing is written yet, and raising inside an import would print a
+    traceback) a signal ends the process at once with `message` and exit 75; from then on a signal
+    raises `Interrupted`, which the command reports the same way.
     """
 
-    def __init__(self) -> None:
-        self.received: str | None = None
+    def __init__(self, message: str = "error: Stopped by {signal} while starting up; nothing was written. "
+                                      "Run the same command again."):
+        self.message = message
         self.armed = False
 
     def install(self) -> None:
@@ -41,15 +45,14 @@ class EarlyInterrupts:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if not self.armed:
-            self.received = self.received or name
-            return
+            sys.stderr.write(self.message.format(signal=name) + "\n")
+            sys.stderr.flush()
+            os._exit(75)  # EXIT_PREEMPTED (errors.py imports too much to be imported this early)
         raise Interrupted(name)
 
     def arm(self) -> None:
-        """From now on a signal raises `Interrupted`; one received before raises now."""
+        """From now on a signal raises `Interrupted` (the command is running)."""
         self.armed = True
-        if self.received is not None:
-            raise Interrupted(self.received)
 
 
 
