@@ -189,9 +189,9 @@ class PGLEHook(Hook):
         self.listening = False
         self.first_step = run.start + 1
 
-    def _on_event(self, event: str, duration: float, **kwargs: Any) -> None:
+    def _on_event(self, event: str, duration_secs: float, **kwargs: Any) -> None:
         if event == _COMPILE_EVENT and self.dispatching:
-            self.compiles.append(duration)
+            self.compiles.append(duration_secs)
 
     def before_step(self, run: "Run", step: int) -> None:
         if self.active and run.cfg.train.pgle == "auto" and not self.listening:
