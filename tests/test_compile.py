@@ -103,3 +103,15 @@ def test_collective_counting():
            "%e = send(w), channel_id=1\n%f = send-done(%e)\n%g = recv(t)\n%h = recv-done(%g)")
     assert count_collectives(hlo) == {"all-gather": 1, "reduce-scatter": 0, "all-reduce": 1,
                                       "collective-permute": 0, "all-to-all": 1, "send": 1, "recv": 1}
+
+
+def test_compiler_out_of_memory_is_a_does_not_fit_figure():
+    from equipax.launch.aot.report import out_of_memory_figures
+
+    msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+           "(34.65G) exceeds available HBM (30.75G). HLO module: jit_fn.")
+    m = out_of_memory_figures(msg, state_bytes=6 * 2**30, batch_bytes=2**20)
+    assert m is not None and m["compiler_refused"] == msg
+    assert m["temp_bytes"] == int(34.65 * 2**30) and m["available_bytes"] == int(30.75 * 2**30)
+    assert m["total_bytes"] == 6 * 2**30 + 2**20 + int(34.65 * 2**30)
+    assert out_of_memory_figures("INVALID_ARGUMENT: bad sharding", 1, 1) is None

@@ -58,6 +58,19 @@ def test_multislice_mesh_spans_the_slices(tmp_path):
     assert "2 x v4-8 (v4:2x2x1, TPU v4)" in result.output
 
 
+def test_xla_tpu_refusing_the_program_is_does_not_fit(tmp_path):
+    # Twice c4_16b's per-device batch: XLA:TPU refuses the program (temporaries > 30.75 GiB of HBM)
+    # within seconds, before the full compile; that refusal is the report's answer, and --strict exits 3.
+    args = ("compile", "--exp", "c4_16b", "--topology", "v4-64", "--set", "data.per_device_batch=32",
+            "--job-log-dir", str(tmp_path), "--strict")
+    proc = launch(*args)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    m = json.loads((tmp_path / "compile.json").read_text())["memory_per_device"]
+    assert not m["fits"] and "RESOURCE_EXHAUSTED" in m["compiler_refused"]
+    assert m["temp_bytes"] > m["available_bytes"] > 30 * 2**30
+    assert "DOES NOT FIT" in proc.stdout and "the compiler refused the program" in proc.stdout
+
+
 def test_misspelled_topology_lists_the_valid_ones():
     result = invoke("compile", "--exp", "c4_1b", "--topology", "v4-129")
     assert result.exit_code == 2

@@ -105,6 +105,39 @@ def memory_figures(mem: Any) -> dict[str, int]:
     return memory
 
 
+_OOM = re.compile(r"RESOURCE_EXHAUSTED.*(out of memory|exceeds available)", re.IGNORECASE | re.DOTALL)
+_OOM_SIZES = re.compile(r"HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def out_of_memory_figures(message: str, state_bytes: int, batch_bytes: int) -> dict[str, Any] | None:
+    """The memory figures of a compile that XLA refused for lack of device memory (None: another error).
+
+    Arguments:
+        message: the compiler's error.
+        state_bytes: per-device bytes of the train state (the step's donated arguments).
+        batch_bytes: per-device bytes of one batch.
+    """
+    if not _OOM.search(message):
+        return None
+    first = message.strip().splitlines()[0]
+    sizes = _OOM_SIZES.search(message)
+    temp = int(float(sizes.group(1)) * _UNITS[sizes.group(2)]) if sizes else 0
+    memory: dict[str, Any] = {
+        "argument_bytes": state_bytes + batch_bytes,
+        "output_bytes": state_bytes,
+        "alias_bytes": state_bytes,
+        "temp_bytes": temp,
+        "generated_code_bytes": 0,
+        "peak_bytes": 0,
+        "compiler_refused": first,
+    }
+    if sizes:
+        memory["available_bytes"] = int(float(sizes.group(3)) * _UNITS[sizes.group(4)])
+    memory["total_bytes"] = state_bytes + batch_bytes + temp
+    return memory
+
+
 def stablehlo_fingerprint(lowered: Any) -> str:
     """SHA-256 of a lowered program's StableHLO text (equal programs, equal fingerprints)."""
     return hashlib.sha256(lowered.as_text().encode()).hexdigest()
@@ -143,16 +176,23 @@ def compile_report(
     lowered = training.lower()
     t_lower = time.monotonic() - t0
     cpu0 = time.process_time()
-    compiled = lowered.compile()
+    state = training.abstract_state
+    try:
+        compiled = lowered.compile()
+        memory = memory_figures(compiled.memory_analysis())
+    except jax.errors.JaxRuntimeError as e:
+        # XLA:TPU refuses a program whose buffers exceed the chip's HBM: that is the answer.
+        memory = out_of_memory_figures(str(e), _per_device_bytes(state), _per_device_bytes(training.abstract_batch()))
+        if memory is None:
+            raise
+        compiled = None
     t_compile = time.monotonic() - t0 - t_lower
     cpu_compile = time.process_time() - cpu0
     host_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
-    memory = memory_figures(compiled.memory_analysis())
     budget = hbm_gib if hbm_gib is not None else target.hbm_gib
     device = mesh.devices.flat[0]
     numbers = family(cfg).numbers(cfg)
-    state = training.abstract_state
     report: dict[str, Any] = {
         "experiment": cfg.name,
         "devices": mesh.size,
@@ -168,12 +208,12 @@ def compile_report(
         "memory_per_device": {
             **memory,
             "budget_gib": budget,
-            "fits": memory["total_bytes"] <= budget * GIB,
+            "fits": memory["total_bytes"] <= budget * GIB and "compiler_refused" not in memory,
             "note": MEMORY_NOTES.get(device.platform, MEMORY_NOTES["cpu"]),
         },
         "flops": None,
         "projection": None,
-        "collectives": count_collectives(compiled.as_text()),
+        "collectives": count_collectives(compiled.as_text()) if compiled is not None else None,
         "stablehlo_sha256": stablehlo_fingerprint(lowered),
         "compile": {
             "lower_s": t_lower,
@@ -249,6 +289,8 @@ def format_report(r: dict[str, Any]) -> str:
         + ("fits" if m["fits"] else "DOES NOT FIT") + peak,
         f"                ({m['note']})",
     ]
+    if "compiler_refused" in m:
+        lines.insert(-1, f"                the compiler refused the program: {m['compiler_refused']}")
     if f is not None and pr is not None:
         lines += [
             f"  model FLOPs   {f['model_flops_per_token'] / 1e9:.2f} GFLOP/token (6N = "
@@ -259,8 +301,10 @@ def format_report(r: dict[str, Any]) -> str:
             f"  at {pr['assumed_mfu']:.0%} MFU    {pr['step_s_at_assumed_mfu']:.3f} s/step, "
             f"{pr['tokens_per_s_at_assumed_mfu']:,.0f} tokens/s",
         ]
+    collectives = r["collectives"]
     lines += [
-        "  collectives   " + ", ".join(f"{k} {v}" for k, v in r["collectives"].items()),
+        "  collectives   " + (", ".join(f"{k} {v}" for k, v in collectives.items()) if collectives is not None
+                              else "(none: the program was not compiled)"),
         f"  program       StableHLO sha256 {r['stablehlo_sha256'][:16]}... (the step `launch run` executes)",
         f"  compile       lower {c['lower_s']:.1f} s + compile {c['compile_s']:.1f} s "
         f"({c.get('compile_cpu_s', 0):.0f} s CPU) by XLA:{c['backend'].upper()}, "
