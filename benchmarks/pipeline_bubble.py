@@ -91,7 +91,7 @@ def time_step(stages: int, microbatches: int, args: argparse.Namespace) -> dict[
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--stages", default="2,4", help="comma-separated stage counts (2, 4)")
     parser.add_argument("--microbatches", default="2,4,8")
     parser.add_argument("--model-dims", type=int, default=128)
