@@ -31,6 +31,9 @@ class TrainConfig:
     eval_batches: batches per eval run; 0 = one whole pass of the eval input.
     sample_tokens, sample_prompt, sample_temperature: language models only: the sample generated
     after training.
+    decode_every: language models only: every this many steps (0 = never), continue each of
+    `decode_prompts` by `decode_tokens` tokens with the KV cache (greedy at decode_temperature 0),
+    written to metrics.jsonl (split "decode") and TensorBoard text (Pax's decode during training).
 
     on_nonfinite: a step whose loss or gradient norm is not finite never updates the state
     (in-graph). "skip" carries on, and stops (exit 4) once more than
@@ -58,6 +61,10 @@ class TrainConfig:
     sample_tokens: int = 200
     sample_prompt: str = "ROMEO:"
     sample_temperature: float = 0.8
+    decode_every: int = 0
+    decode_prompts: tuple[str, ...] = ("ROMEO:",)
+    decode_tokens: int = 32
+    decode_temperature: float = 0.0
     peak_tflops_per_device: float | None = None
     on_nonfinite: Literal["skip", "abort"] = "skip"
     max_consecutive_nonfinite: int = 3
@@ -84,6 +91,13 @@ class TrainConfig:
             raise ValueError("train.eval_batches and train.sample_tokens must be >= 0.")
         if self.sample_temperature < 0:
             raise ValueError(f"train.sample_temperature must be >= 0; got {self.sample_temperature}.")
+        if self.decode_every < 0 or self.decode_tokens < 1 or self.decode_temperature < 0:
+            raise ValueError(
+                f"train.decode_every must be >= 0 (0 = off), train.decode_tokens >= 1 and train.decode_temperature "
+                f">= 0; got {self.decode_every}, {self.decode_tokens}, {self.decode_temperature}.")
+        if self.decode_every and not self.decode_prompts:
+            raise ValueError("train.decode_every > 0 needs at least one train.decode_prompts, e.g. "
+                             "--set \"train.decode_prompts=('ROMEO:',)\".")
 
     def _check_profiling(self) -> None:
         if self.profile_steps < 0:
@@ -149,6 +163,9 @@ class ExperimentConfig:
 
     def __post_init__(self):
         self.data.check_model(self.model)
+        if self.train.decode_every and self.kind != "lm":
+            raise ValueError(f"train.decode_every={self.train.decode_every} samples text from a language model; "
+                             f"this is a {self.kind} experiment. Set train.decode_every=0.")
         self.data.check_eval_batches(self.train.eval_batches)
         split = self.mesh.batch_parallelism
         if self.global_batch_size % split:

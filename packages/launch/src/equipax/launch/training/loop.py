@@ -24,6 +24,7 @@ from equipax.launch.experiments.config import ExperimentConfig
 from equipax.launch.tasks import Inputs, family
 from equipax.launch.training.build import Training, build_training
 from equipax.launch.training.checkpoints import Checkpointer, tree_digest
+from equipax.launch.training.decode_hook import DecodeHook
 from equipax.launch.training.hooks import CheckpointHook, EpochHook, EvalHook, Hook, LogHook, StepTimer
 from equipax.launch.training.jobdir import JobLock, prepare_job_dir, write_text_atomic
 from equipax.launch.training.nonfinite import NonFiniteMonitor, poison_batch
@@ -226,7 +227,7 @@ def _train(cfg: ExperimentConfig, job_dir: Path, mesh: jax.sharding.Mesh, source
               flops_per_step=numbers.get("model_flops_per_step"), peak_tflops=device_peak_tflops(cfg),
               primary=is_primary())
     log_hook = LogHook()
-    hooks: list[Hook] = [log_hook, EvalHook(log_hook)]
+    hooks: list[Hook] = [log_hook, EvalHook(log_hook), DecodeHook(run, log_hook)]
     if cfg.train.num_epochs is not None:
         hooks.append(EpochHook())
     hooks.append(CheckpointHook(hooks[:]))

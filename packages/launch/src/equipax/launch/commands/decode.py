@@ -1,0 +1,121 @@
+"""`launch decode`: sample from a training job's checkpoint with the KV cache (Pax's decode mode)."""
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from equipax.launch.commands.common import CpuDevicesOption, err, fail, out
+
+JobDirOption = Annotated[Path, typer.Option("--job-log-dir", help="The training job's directory (`launch run`'s).")]
+
+
+def decode_cmd(
+    job_log_dir: JobDirOption,
+    prompt: Annotated[str | None, typer.Option("--prompt", help="Text to continue.")] = None,
+    prompts: Annotated[
+        Path | None, typer.Option("--prompts", help="A file of prompts, one per line (blank lines skipped).")
+    ] = None,
+    step: Annotated[int | None, typer.Option("--step", help="The checkpoint's step (default: the newest).")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate per prompt, >= 1.")] = 64,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")] = 0.0,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="Sample among the K most likely tokens.")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling: the smallest set of tokens "
+                                                                "whose probability reaches P, in (0, 1].")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed (the same seed gives the same samples).")] = 0,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts decoded together, >= 1.")] = 16,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write JSON lines (prompt, text, tokens, seconds_per_token) "
+                                                         "to this file; '-' for stdout.")
+    ] = None,
+    cpu_devices: CpuDevicesOption = None,
+) -> None:
+    """Continue prompts with a trained language model's checkpoint (KV cache; model only, no optimizer state)."""
+    texts = _read_prompts(prompt, prompts)
+    if max_new_tokens < 1 or batch_size < 1:
+        fail(f"--max-new-tokens and --batch-size must be >= 1; got {max_new_tokens} and {batch_size}.")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        fail(f"--temperature must be >= 0 (0 = greedy); got {temperature}.")
+    if top_p is not None and not 0 < top_p <= 1:
+        fail(f"--top-p must be in (0, 1]; got {top_p}.")
+    if top_k is not None and top_k < 1:
+        fail(f"--top-k must be >= 1; got {top_k}.")
+
+    from equipax.launch.cluster.devices import use_cpu_devices
+    from equipax.launch.training.trained_job import load_config
+
+    cfg = load_config(job_log_dir)  # ConfigError -> exit 2 with what to do (errors.py)
+    if cfg.kind != "lm":
+        fail(f"{job_log_dir} holds a {cfg.kind} job ({cfg.name}): there is no text to decode. `launch decode` "
+             "samples from language-model jobs; evaluate this one with `launch eval --job-log-dir "
+             f"{job_log_dir}`.")
+    use_cpu_devices(cpu_devices)
+    samples = _decode(cfg, job_log_dir, texts, step=step, max_new_tokens=max_new_tokens, temperature=temperature,
+                      top_k=top_k, top_p=top_p, seed=seed, batch_size=batch_size)
+    if output is None:
+        for s in samples:
+            out.print(f"[bold]{s.prompt}[/]", end="", highlight=False)
+            out.print(s.text, highlight=False, markup=False)
+            out.print("")
+        return
+    lines = "".join(json.dumps(s.record()) + "\n" for s in samples)
+    if str(output) == "-":
+        print(lines, end="")
+    else:
+        output.write_text(lines)
+        err.print(f"Wrote {len(samples)} samples to {output}.", highlight=False)
+
+
+def _read_prompts(prompt: str | None, prompts: Path | None) -> list[str]:
+    if (prompt is None) == (prompts is None):
+        fail("Give the text to continue: either --prompt TEXT or --prompts FILE (one prompt per line).")
+    if prompt is not None:
+        if not prompt.strip():
+            fail("--prompt is empty: give some text to continue (e.g. --prompt 'ROMEO:').")
+        return [prompt]
+    assert prompts is not None
+    if not prompts.is_file():
+        fail(f"--prompts {prompts} is not a file; give a text file with one prompt per line.")
+    texts = [line for line in prompts.read_text().splitlines() if line.strip()]
+    if not texts:
+        fail(f"--prompts {prompts} holds no prompt (every line is blank); put one prompt per line.")
+    return texts
+
+
+def _decode(cfg, job_dir: Path, texts: list[str], *, step: int | None, max_new_tokens: int, temperature: float,
+            top_k: int | None, top_p: float | None, seed: int, batch_size: int) -> list:
+    import jax
+
+    from equipax.launch.experiments.config import as_lm
+    from equipax.launch.training.build import build_training
+    from equipax.launch.training.decode_hook import decode_texts, encode_prompts
+    from equipax.launch.training.lm_inputs import build_tokenizer
+    from equipax.launch.training.trained_job import check_tokenizer, local_mesh, pick_step, restore_model
+
+    step = pick_step(job_dir, step)
+    check_tokenizer(cfg, job_dir)
+    lm = as_lm(cfg)
+    tokenizer = build_tokenizer(lm, job_dir, log=lambda m: None)
+    ids, _ = encode_prompts(tokenizer, texts, lm.model.max_seq_len)  # empty or too long: exit 2 before restoring
+    if ids.shape[1] + max_new_tokens > lm.model.max_seq_len:
+        err.print(f"note: the model reads at most max_seq_len={lm.model.max_seq_len} tokens: prompts of "
+                  f"{ids.shape[1]} tokens get at most {lm.model.max_seq_len - ids.shape[1]} new tokens.",
+                  highlight=False)
+    cfg, mesh, note = local_mesh(cfg)
+    if note:
+        err.print(note, highlight=False)
+    training = build_training(cfg, mesh)
+    model, _ = restore_model(job_dir, step, training.abstract_state)
+    err.print(f"{cfg.name}: step {step} of {job_dir} on {mesh.size} device(s).", highlight=False)
+    key = jax.random.key(seed)
+    samples = []
+    for i in range(0, len(texts), batch_size):
+        try:
+            samples += decode_texts(model, tokenizer, texts[i: i + batch_size], max_new_tokens=max_new_tokens,
+                                    temperature=temperature, top_k=top_k, top_p=top_p,
+                                    key=jax.random.fold_in(key, i))
+        except ValueError as e:  # a sampling knob the model refuses (e.g. --top-k above its vocabulary)
+            fail(str(e))
+    return samples
