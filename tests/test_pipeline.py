@@ -149,6 +149,11 @@ def test_pipeline_knob_errors():
     with pytest.raises(ConfigError, match=r"microbatch of 2 examples .* does not split evenly over the 4"):
         check_pipeline(cfg, MeshConfig(ici_mesh_shape=(2, 2, 2, 1), dcn_mesh_shape=(1, 1, 1, 1),
                                        axis_names=PIPELINE_AXES), 8)
+    # A -1 (flexible) axis: the batch is checked once the mesh is fitted to the devices.
+    flexible = MeshConfig(ici_mesh_shape=(2, 1, -1, 2), dcn_mesh_shape=(1, 1, 1, 1), axis_names=PIPELINE_AXES)
+    check_pipeline(cfg, flexible, 2)
+    with pytest.raises(ConfigError, match=r"microbatch of 4 examples .* over the 8 data x fsdp"):
+        check_pipeline(cfg, flexible.fit(32), 16)
     circular = dataclasses.replace(base, num_layers=8, pipeline_stages=4, pipeline_schedule="circular",
                                    pipeline_repeats=2, pipeline_microbatches=2)
     with pytest.raises(ConfigError, match=r"circular schedule needs at least as many microbatches as stages"):
