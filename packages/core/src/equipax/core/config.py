@@ -16,6 +16,26 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
+__all__ = [
+    "apply_overrides",
+    "coerce",
+    "ConfigError",
+    "EXPERIMENT",
+    "flatten",
+    "format_knobs",
+    "from_dict",
+    "from_json",
+    "is_config",
+    "OVERRIDE",
+    "parse_literal",
+    "parse_override",
+    "set_knob",
+    "set_knobs",
+    "suggest",
+    "to_dict",
+    "to_json",
+]
+
 C = TypeVar("C")
 
 EXPERIMENT = "experiment"

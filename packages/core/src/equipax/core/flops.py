@@ -14,6 +14,8 @@ from jaxtyping import PyTree
 from equipax.core.nn.linear_attention import DEFAULT_CHUNK_SIZE
 from equipax.core.nn.transformer import TransformerConfig
 
+__all__ = ["count_params", "lm_param_counts", "transformer_lm_flops_per_token"]
+
 
 def transformer_lm_flops_per_token(
     cfg: TransformerConfig, *, vocab_size: int, seq_len: int

@@ -21,6 +21,19 @@ from jax.sharding import AxisType, Mesh
 
 from equipax.core.config import ConfigError
 
+__all__ = [
+    "AXES",
+    "DATA",
+    "FSDP",
+    "TENSOR",
+    "BATCH_AXES",
+    "build_mesh",
+    "check_device_count",
+    "MeshConfig",
+    "PIPELINE_AXES",
+    "STAGE",
+]
+
 # Axis vocabulary (docs/sharding.md). Pax: replica -> data, data -> fsdp, mdl -> tensor.
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
 AXES = (DATA, FSDP, TENSOR)

@@ -18,6 +18,18 @@ import jax.numpy as jnp
 import optax
 from equipax.core.config import ConfigError
 
+__all__ = [
+    "clip_by_update_rms",
+    "decay_mask",
+    "Learner",
+    "LearnerConfig",
+    "LearnerKind",
+    "make_learner",
+    "make_schedule",
+    "ScheduleConfig",
+    "ScheduleKind",
+]
+
 ScheduleKind = Literal["constant", "warmup_cosine", "linear_rampup_exponential_decay"]
 LearnerKind = Literal["adamw", "pax_adam"]
 

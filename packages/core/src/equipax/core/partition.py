@@ -48,6 +48,19 @@ from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from equipax.core.mesh import BATCH_AXES, FSDP, STAGE, TENSOR
 
+__all__ = [
+    "Axes",
+    "batch_sharding",
+    "constrain_batch",
+    "declared_axes",
+    "leaf_axes",
+    "LOGICAL_TO_MESH",
+    "named",
+    "param_specs",
+    "spec_for",
+    "train_state_shardings",
+]
+
 PyTree = Any
 
 Axes = tuple[str | None, ...]

@@ -20,12 +20,14 @@ model family means writing one Task (docs/extending.md).
 
 import abc
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import equinox as eqx
 import jax
 import numpy as np
 from jaxtyping import Array, PRNGKeyArray, Scalar
+
+__all__ = ["AbstractTask", "Batch", "BatchError", "EVAL_SUMS", "Metrics", "ModelT"]
 
 # The per-batch sums an eval step returns (combined by `equipax.core.step.mean_eval_metrics`).
 EVAL_SUMS = ("loss_sum", "weight_sum", "correct_sum")
@@ -39,11 +41,15 @@ class BatchError(ValueError):
     """A batch does not match what the Task consumes; the message names the field and the fix."""
 
 
-class AbstractTask(eqx.Module):
-    """A model family's contract with the training machinery (module docstring)."""
+ModelT = TypeVar("ModelT")
+
+
+class AbstractTask(eqx.Module, Generic[ModelT]):
+    """A model family's contract with the training machinery (module docstring), generic over
+    the type of the model it builds (`AbstractTask[TransformerLM]`)."""
 
     @abc.abstractmethod
-    def init(self, key: PRNGKeyArray) -> tuple[Any, eqx.nn.State | None]:
+    def init(self, key: PRNGKeyArray) -> tuple[ModelT, eqx.nn.State | None]:
         """Build the model and its non-trained state (None when it has none).
 
         Arguments:
@@ -55,7 +61,7 @@ class AbstractTask(eqx.Module):
 
     @abc.abstractmethod
     def loss(
-        self, model: Any, batch: Batch, *, key: PRNGKeyArray | None, model_state: eqx.nn.State | None
+        self, model: ModelT, batch: Batch, *, key: PRNGKeyArray | None, model_state: eqx.nn.State | None
     ) -> tuple[Scalar, Metrics, eqx.nn.State | None]:
         """The training loss on one batch.
 
@@ -80,7 +86,7 @@ class AbstractTask(eqx.Module):
             `{field: ShapeDtypeStruct}`; fields a batch may omit are not listed.
         """
 
-    def eval_sums(self, model: Any, batch: Batch, *, model_state: eqx.nn.State | None) -> Metrics:
+    def eval_sums(self, model: ModelT, batch: Batch, *, model_state: eqx.nn.State | None) -> Metrics:
         """Summed metrics of one eval batch (`EVAL_SUMS`): deterministic, state unchanged."""
         _, aux, _ = self.loss(model, batch, key=None, model_state=model_state)
         return {k: aux[k] for k in EVAL_SUMS}

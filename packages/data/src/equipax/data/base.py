@@ -6,9 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from equipax.core.task import Batch
 from equipax.data.tokenizers import Tokenizer
 
-Batch = dict[str, np.ndarray]
+__all__ = ["BaseInput", "Batch", "check_positive", "check_state_keys"]
 
 
 def check_positive(name: str, value: int) -> None:

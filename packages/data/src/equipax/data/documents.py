@@ -10,6 +10,8 @@ from grain.experimental import ConcatThenSplitIterDataset
 from equipax.data.base import Batch, BaseInput, check_positive
 from equipax.data.tokenizers import Tokenizer
 
+__all__ = ["DocumentLMInput"]
+
 
 def _tuples(tree: Any) -> Any:
     """JSON turns tuples into lists; grain's packing state compares slices with tuples."""

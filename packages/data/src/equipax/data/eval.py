@@ -5,6 +5,8 @@ from typing import Any
 
 from equipax.data.base import Batch, BaseInput, check_positive
 
+__all__ = ["make_eval_input", "RollingEvalInput"]
+
 
 class RollingEvalInput(BaseInput):
     """Pax `reset_for_eval=False`: each eval run reads the next `num_batches` batches of a repeating input.

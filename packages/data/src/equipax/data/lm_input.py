@@ -9,6 +9,8 @@ from jaxtyping import Int, Integer
 from equipax.data.base import Batch, BaseInput, check_positive, check_state_keys
 from equipax.data.tokenizers import Tokenizer
 
+__all__ = ["build_lm_texts_tokens", "lm_batch", "TokenWindowInput", "unigram_entropy"]
+
 
 def lm_batch(
     windows: Integer[np.ndarray, "n seq_plus_one"],

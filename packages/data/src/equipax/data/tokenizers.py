@@ -10,6 +10,8 @@ from typing import Literal
 import numpy as np
 import sentencepiece as spm
 
+__all__ = ["ByteTokenizer", "SentencePieceTokenizer", "Tokenizer"]
+
 
 class Tokenizer(abc.ABC):
     """Maps text to token ids and back. `decode` drops pad/bos/eos ids."""

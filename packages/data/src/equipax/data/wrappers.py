@@ -5,6 +5,8 @@ from typing import Any
 
 from equipax.data.base import Batch, BaseInput
 
+__all__ = ["MappedInput"]
+
 
 class MappedInput(BaseInput):
     """Apply `fn` to every batch of `source` (the Pax "override `get_next`" pattern, by wrapping).

@@ -20,6 +20,13 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, Scalar
 from equipax.core.task import AbstractTask, Batch, Metrics
 from equipax.models.cnn import AdvancedCNN, CNNConfig
 
+__all__ = [
+    "classification_loss",
+    "classification_metrics",
+    "ImageClassificationTask",
+    "ImageClassifier",
+]
+
 # `model(images, state, *, key, inference) -> (logits, state)`, e.g. `AdvancedCNN`.
 ImageClassifier = Callable[..., tuple[Float[Array, "batch classes"], eqx.nn.State]]
 
@@ -78,7 +85,7 @@ def classification_loss(
     return loss, aux, new_state
 
 
-class ImageClassificationTask(AbstractTask):
+class ImageClassificationTask(AbstractTask[AdvancedCNN]):
     """Train an `AdvancedCNN` on labelled images (Pax's ClassificationModel task).
 
     Attributes:

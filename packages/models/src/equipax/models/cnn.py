@@ -23,6 +23,8 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from equipax.core.nn import Linear, dot_product_attention
 from equipax.core.nn.conv import BatchNorm, Conv2d, max_pool
 
+__all__ = ["AdvancedCNN", "CNNConfig", "ResidualBlock", "SelfAttention"]
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CNNConfig:

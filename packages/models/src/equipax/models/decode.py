@@ -25,6 +25,8 @@ from equipax.core.nn.transformer import TransformerBlock, TransformerStack
 from equipax.models.lm import _DTYPES, LanguageModel, TransformerLM, sinusoidal_positions
 from equipax.models.llama import LlamaBlock, LlamaLM
 
+__all__ = ["decode", "decode_step", "init_cache", "KVCache", "prefill", "sample_logits"]
+
 
 class KVCache(eqx.Module):
     """Keys and values of every layer; slot `j` of a row holds its token at position `j`.

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 from jax.sharding import Mesh
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from equipax.core.nn.embedding import Embedding
 from equipax.core.nn.gqa_attention import GroupedQueryAttention
@@ -25,8 +25,40 @@ from equipax.core.nn.norm import RMSNorm
 from equipax.core.nn.rotary import rotary_angles
 from equipax.core.partition import Axes, constrain_batch
 
+__all__ = [
+    "LlamaBlock",
+    "LlamaConfig",
+    "LlamaLM",
+    "llama_flops_per_token",
+    "llama_param_counts",
+    "token_ids",
+]
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _REMATS = ("none", "full", "dots_saveable")
+
+
+def token_ids(
+    ids: ArrayLike, segment_ids: ArrayLike | None = None, positions: ArrayLike | None = None
+) -> tuple[Int[Array, "batch seq"], Int[Array, "batch seq"] | None, Int[Array, "batch seq"] | None]:
+    """`ids` (and the optional packing fields) as int arrays of rank 2, e.g. from numpy.
+
+    Arguments:
+        ids: token ids `[batch seq]`.
+        segment_ids, positions: optional, the same shape as `ids`.
+
+    Returns:
+        The three as jax arrays (None stays None).
+
+    Raises:
+        ValueError: `ids` is not of rank 2 (one sequence is `ids[None]`).
+    """
+    arr = jnp.asarray(ids)
+    if arr.ndim != 2:
+        raise ValueError(f"a language model takes token ids of shape [batch seq]; got shape {arr.shape}. "
+                         "For one sequence pass `ids[None]`.")
+    return (arr, None if segment_ids is None else jnp.asarray(segment_ids),
+            None if positions is None else jnp.asarray(positions))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -256,10 +288,10 @@ class LlamaLM(eqx.Module):
         return x
 
     def __call__(
-        self, ids: Int[Array, "batch seq"], *, key: PRNGKeyArray | None = None,
+        self, ids: Int[ArrayLike, "batch seq"], *, key: PRNGKeyArray | None = None,
         mesh: Mesh | None = None,
-        segment_ids: Int[Array, "batch seq"] | None = None,
-        positions: Int[Array, "batch seq"] | None = None,
+        segment_ids: Int[ArrayLike, "batch seq"] | None = None,
+        positions: Int[ArrayLike, "batch seq"] | None = None,
     ) -> Float[Array, "batch seq vocab"]:
         """Next-token logits (the same call signature as `TransformerLM`, so `lm_loss` and
         `generate` take either family).
@@ -277,6 +309,7 @@ class LlamaLM(eqx.Module):
             Float32 logits; `logits[:, t]` predicts the token after `ids[:, t]`.
         """
         del key
+        ids, segment_ids, positions = token_ids(ids, segment_ids, positions)
         batch, seq_len = ids.shape
         if seq_len > self.cfg.max_seq_len:
             raise ValueError(

@@ -2,7 +2,6 @@
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from typing import Literal
 
 import equinox as eqx
@@ -10,14 +9,24 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 from jax.sharding import Mesh
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from equipax.core.mesh import MeshConfig
 from equipax.core.nn import Embedding, LayerNorm, RMSNorm, TransformerConfig, TransformerStack
 from equipax.core.nn.pipeline import PipelinedStack, check_pipeline, make_stack
 from equipax.core.nn.transformer import make_norm
 from equipax.core.partition import constrain_batch
-from equipax.models.llama import LlamaLM
+from equipax.core.task import Batch
+from equipax.models.llama import LlamaLM, token_ids
+
+__all__ = [
+    "generate",
+    "LanguageModel",
+    "lm_loss",
+    "LMConfig",
+    "sinusoidal_positions",
+    "TransformerLM",
+]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -99,10 +108,10 @@ class TransformerLM(eqx.Module):
         self.final_norm = make_norm(cfg.transformer)
 
     def __call__(
-        self, ids: Int[Array, "batch seq"], *, key: PRNGKeyArray | None = None,
+        self, ids: Int[ArrayLike, "batch seq"], *, key: PRNGKeyArray | None = None,
         mesh: Mesh | None = None,
-        segment_ids: Int[Array, "batch seq"] | None = None,
-        positions: Int[Array, "batch seq"] | None = None,
+        segment_ids: Int[ArrayLike, "batch seq"] | None = None,
+        positions: Int[ArrayLike, "batch seq"] | None = None,
     ) -> Float[Array, "batch seq vocab"]:
         """Next-token logits.
 
@@ -119,6 +128,7 @@ class TransformerLM(eqx.Module):
             Float32 logits; `logits[:, t]` predicts the token after `ids[:, t]`.
         """
         del key
+        ids, segment_ids, positions = token_ids(ids, segment_ids, positions)
         seq_len = ids.shape[1]
         if seq_len > self.cfg.max_seq_len:
             raise ValueError(
@@ -144,7 +154,7 @@ LanguageModel = TransformerLM | LlamaLM
 
 
 def lm_loss(
-    model: LanguageModel, batch: Mapping[str, Array], *, key: PRNGKeyArray | None = None,
+    model: LanguageModel, batch: Batch, *, key: PRNGKeyArray | None = None,
     mesh: Mesh | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
     """Weighted mean next-token cross-entropy.
@@ -163,7 +173,7 @@ def lm_loss(
     """
     logits = model(batch["ids"], key=key, mesh=mesh, segment_ids=batch.get("segment_ids"),
                    positions=batch.get("positions"))
-    labels, weights = batch["labels"], batch["weights"].astype(jnp.float32)
+    labels, weights = jnp.asarray(batch["labels"]), jnp.asarray(batch["weights"], jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
     loss_sum = jnp.sum(nll * weights)
@@ -213,7 +223,7 @@ def _generate(
 
 def generate(
     model: LanguageModel,
-    prompt: Int[Array, " seq"],
+    prompt: Int[ArrayLike, " seq"],
     num_tokens: int,
     *,
     temperature: float = 0.0,
@@ -234,6 +244,10 @@ def generate(
     Returns:
         int32 ids `[prompt, generated]` of length `len(prompt) + num_tokens`.
     """
+    prompt = jnp.asarray(prompt)
+    if prompt.ndim != 1:
+        raise ValueError(f"generate takes one prompt of shape [seq]; got shape {prompt.shape}. "
+                         "Generate for each row of a batch separately.")
     if prompt.shape[0] < 1:
         raise ValueError("generate needs a prompt of at least one token.")
     if num_tokens < 0:

@@ -11,8 +11,10 @@ from equipax.core.task import AbstractTask, Batch, Metrics
 from equipax.models.llama import LlamaConfig, LlamaLM
 from equipax.models.lm import LanguageModel, LMConfig, TransformerLM, lm_loss
 
+__all__ = ["LMTask"]
 
-class LMTask(AbstractTask):
+
+class LMTask(AbstractTask[LanguageModel]):
     """Train a decoder LM on `[batch seq]` token windows (Pax's LanguageModel task).
 
     Attributes:
@@ -42,7 +44,7 @@ class LMTask(AbstractTask):
         self, model: LanguageModel, batch: Batch, *, key: PRNGKeyArray | None, model_state: None
     ) -> tuple[Scalar, Metrics, None]:
         """`lm_loss` (weighted mean next-token cross-entropy) with the model's state passed through."""
-        loss, aux = lm_loss(model, batch, key=key, mesh=self.mesh)  # pyright: ignore[reportArgumentType]
+        loss, aux = lm_loss(model, batch, key=key, mesh=self.mesh)
         return loss, aux, model_state
 
     def abstract_batch(self, global_batch: int) -> dict[str, jax.ShapeDtypeStruct]:

@@ -13,6 +13,13 @@ from equipax.core.nn.linear import expand_to, fan_in_init
 from equipax.core.nn.linear_attention import linear_attention
 from equipax.core.partition import Axes
 
+__all__ = [
+    "CausalSelfAttention",
+    "dot_product_attention",
+    "jax_nn_attention",
+    "reference_attention",
+]
+
 # Large finite negative: -inf would give NaN gradients through fully masked rows.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 

@@ -16,6 +16,8 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from equipax.core.nn.linear import expand_to, fan_in_init
 from equipax.core.partition import Axes
 
+__all__ = ["BatchNorm", "Conv2d", "max_pool"]
+
 
 class Conv2d(eqx.Module):
     """A 2-D convolution, stride 1, `SAME` padding (Flax `nn.Conv(features, (kh, kw))`)."""

@@ -9,6 +9,8 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.partition import Axes
 
+__all__ = ["Embedding"]
+
 
 class Embedding(eqx.Module):
     """Lookup table `[vocab embed]` that can also produce tied output logits."""

@@ -18,6 +18,8 @@ from equipax.core.nn.linear import fan_in_init
 from equipax.core.nn.rotary import apply_rotary
 from equipax.core.partition import Axes
 
+__all__ = ["cached_attention", "gqa_attention", "GroupedQueryAttention", "reference_gqa_attention"]
+
 # Large finite negative, as in attention.py: -inf would give NaN gradients on masked rows.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 

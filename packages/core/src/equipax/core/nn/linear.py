@@ -10,6 +10,8 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from equipax.core.partition import Axes
 
+__all__ = ["expand_to", "fan_in_init", "Linear"]
+
 
 def fan_in_init(
     key: PRNGKeyArray,

@@ -17,6 +17,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_EPS",
+    "elu_feature_map",
+    "linear_attention",
+    "reference_linear_attention",
+]
+
 # Default positions per chunk in causal linear attention (also used by equipax.core.flops).
 DEFAULT_CHUNK_SIZE = 64
 DEFAULT_EPS = 1e-6

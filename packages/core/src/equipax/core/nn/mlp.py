@@ -9,6 +9,8 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from equipax.core.nn.linear import Linear
 
+__all__ = ["Activation", "FeedForward"]
+
 Activation = Literal["gelu", "relu", "silu"]
 
 _ACTIVATIONS = {"gelu": jax.nn.gelu, "relu": jax.nn.relu, "silu": jax.nn.silu}

@@ -8,6 +8,8 @@ from jaxtyping import Array, Float
 from equipax.core.nn.linear import expand_to
 from equipax.core.partition import Axes
 
+__all__ = ["LayerNorm", "RMSNorm"]
+
 
 class LayerNorm(eqx.Module):
     """LayerNorm over the last axis with a learned scale (init 1) and optional bias."""

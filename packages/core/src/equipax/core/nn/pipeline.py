@@ -64,6 +64,15 @@ from equipax.core.nn.transformer import (
 )
 from equipax.core.partition import Axes
 
+__all__ = [
+    "bubble_fraction",
+    "check_pipeline",
+    "check_pipeline_knobs",
+    "make_stack",
+    "num_microbatches",
+    "PipelinedStack",
+]
+
 _KNOB = "model.transformer"
 
 

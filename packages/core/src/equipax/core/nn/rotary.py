@@ -9,6 +9,8 @@ to a fixed permutation of each head's query/key columns.
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+__all__ = ["apply_rotary", "reference_rotary", "rotary_angles", "rotary_frequencies"]
+
 
 def rotary_frequencies(head_dim: int, theta: float) -> Float[Array, " half"]:
     """Inverse frequencies `theta**(-2i / head_dim)` for `i < head_dim / 2`.

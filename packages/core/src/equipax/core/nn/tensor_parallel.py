@@ -25,6 +25,8 @@ from jaxtyping import Array, Float
 
 from equipax.core.mesh import BATCH_AXES, FSDP, TENSOR
 
+__all__ = ["shard_map_block"]
+
 
 def _gather_fsdp(params: Any, specs: Any) -> Any:
     """All-gather every weight dimension sharded over `fsdp` (FSDP's just-in-time gather)."""

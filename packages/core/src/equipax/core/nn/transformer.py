@@ -20,6 +20,14 @@ from equipax.core.nn.norm import LayerNorm, RMSNorm
 from equipax.core.nn.tensor_parallel import shard_map_block
 from equipax.core.partition import Axes, constrain_batch
 
+__all__ = [
+    "make_norm",
+    "run_stacked_layers",
+    "TransformerBlock",
+    "TransformerConfig",
+    "TransformerStack",
+]
+
 _ACTIVATIONS = ("gelu", "relu", "silu")
 _NORMS = ("layernorm", "rmsnorm")
 _REMATS = ("none", "full", "dots_saveable")

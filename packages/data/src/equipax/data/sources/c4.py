@@ -18,6 +18,23 @@ from typing import Any, Literal
 
 import numpy as np
 
+__all__ = [
+    "ARRAY_RECORD_SUFFIXES",
+    "check_not_dangling",
+    "DataError",
+    "find_shards",
+    "input_files",
+    "is_shard",
+    "iter_text_documents",
+    "JSONL_SUFFIXES",
+    "parse_record",
+    "shard_names",
+    "shard_split",
+    "SHARD_SUFFIXES",
+    "TextShards",
+    "write_shards",
+]
+
 log = logging.getLogger("equipax.data")
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")

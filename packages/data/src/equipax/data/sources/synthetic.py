@@ -8,6 +8,8 @@ import numpy as np
 from equipax.data.base import Batch, BaseInput, check_positive, check_state_keys
 from equipax.data.lm_input import lm_batch
 
+__all__ = ["SyntheticLMInput"]
+
 
 class SyntheticLMInput(BaseInput):
     """Uniformly random tokens; example i depends only on `(seed, i)`, whatever the host count.

@@ -3,6 +3,7 @@
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -160,7 +161,7 @@ def vocab(
               f"{ratio:.2f} bytes per token on the first document.", highlight=False)
 
 
-def batch_report(inp: Any, batch: dict[str, np.ndarray], index: int, rows: int) -> dict[str, Any]:
+def batch_report(inp: Any, batch: Mapping[str, Any], index: int, rows: int) -> dict[str, Any]:
     """Shapes, dtypes, padding/weight statistics and decoded rows of one batch."""
     weights = batch.get("weights")
     report: dict[str, Any] = {
