@@ -11,7 +11,8 @@ it this way exactly when `model_state` is not None; with `key=None` it must not 
 """
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+import inspect
+from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 import equinox as eqx
 import jax
@@ -19,23 +20,74 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh
-from jaxtyping import Array, Int, PRNGKeyArray, PyTree, Scalar
+from jaxtyping import Array, Int, PRNGKeyArray, Scalar
 
-from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics
+from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics, ModelT
+
+__all__ = [
+    "LOSS_CONTRACT",
+    "LossContractError",
+    "LossFn",
+    "RESERVED_METRICS",
+    "StatefulLossFn",
+    "TrainState",
+    "TrainStep",
+    "init_sharded_train_state",
+    "init_train_state",
+    "make_eval_step",
+    "make_train_step",
+    "mean_eval_metrics",
+]
 
 # Metric names the train step writes itself; a loss function's aux may not reuse them.
 RESERVED_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate", "nonfinite", "update_norm")
 
+LOSS_CONTRACT = (
+    "The loss contract (equipax.core.step.LossFn): `loss_fn(model, batch, *, key) -> (loss, aux)` "
+    "with `loss` a scalar array, `aux` a dict of scalar metrics whose names are not "
+    f"{', '.join(RESERVED_METRICS)}, and `key` a PRNG key or None (deterministic evaluation); a model "
+    "with non-trained state uses `loss_fn(model, batch, *, key, model_state) -> (loss, aux, "
+    "new_model_state)` (StatefulLossFn); a Task's `loss` is always the stateful form."
+)
 
-# `loss_fn(model, batch, *, key: PRNGKeyArray | None) -> (loss, aux)`; a plain Callable so the
-# runtime type checker can check it (a Protocol would need @runtime_checkable to be usable).
-LossFn = Callable[..., tuple[Scalar, Metrics]]
-# `loss_fn(model, batch, *, key, model_state: eqx.nn.State) -> (loss, aux, new_model_state)`.
-StatefulLossFn = Callable[..., tuple[Scalar, Metrics, eqx.nn.State]]
+_ModelT_contra = TypeVar("_ModelT_contra", contravariant=True)
 
 
-class TrainState(eqx.Module):
-    """Everything a training step reads and writes.
+class LossContractError(TypeError, ValueError):
+    """A loss function (or Task) broke the loss contract; the message says what was found, the
+    contract (`LOSS_CONTRACT`) and the fix."""
+
+
+def _contract_error(found: str, fix: str) -> LossContractError:
+    return LossContractError(f"{found} {fix}\n{LOSS_CONTRACT}")
+
+
+@runtime_checkable
+class LossFn(Protocol[_ModelT_contra]):
+    """`loss_fn(model, batch, *, key) -> (loss, aux)`: `loss` the scalar that is differentiated,
+    `aux` a dict of scalar metrics; `key=None` means deterministic (evaluation)."""
+
+    def __call__(
+        self, model: _ModelT_contra, batch: Batch, /, *, key: PRNGKeyArray | None
+    ) -> tuple[Scalar, Mapping[str, Array]]:
+        """The loss and its metrics on one batch."""
+        ...
+
+
+@runtime_checkable
+class StatefulLossFn(Protocol[_ModelT_contra]):
+    """`loss_fn(model, batch, *, key, model_state) -> (loss, aux, new_model_state)`: the loss of a
+    model with non-trained state (BatchNorm statistics in an `eqx.nn.State`)."""
+
+    def __call__(
+        self, model: _ModelT_contra, batch: Batch, /, *, key: PRNGKeyArray | None, model_state: eqx.nn.State
+    ) -> tuple[Scalar, Mapping[str, Array], eqx.nn.State]:
+        """The loss, its metrics and the new non-trained state on one batch."""
+        ...
+
+
+class TrainState(eqx.Module, Generic[ModelT]):
+    """Everything a training step reads and writes (generic over the model's type).
 
     Attributes:
         step: the number of updates applied so far (0 before the first step).
@@ -47,67 +99,125 @@ class TrainState(eqx.Module):
     """
 
     step: Int[Array, ""]
-    model: eqx.Module
-    opt_state: PyTree
+    model: ModelT
+    opt_state: Any  # a pytree (optax's state)
     model_state: eqx.nn.State | None = None
 
 
-def _call_loss(
-    loss_fn: "LossFn | StatefulLossFn | AbstractTask", model: Any, batch: Batch, key: Any, model_state: Any
-) -> tuple[Scalar, Metrics, Any]:
-    """Call a Task's loss, or a plain (`model_state` None) or stateful loss function;
-    `(loss, aux, model_state)`."""
+def _check_signature(loss_fn: Any) -> None:
+    """Refuse, before anything is traced, a loss function that cannot take `key=` by keyword."""
     if isinstance(loss_fn, AbstractTask):
-        return loss_fn.loss(model, batch, key=key, model_state=model_state)
-    if model_state is None:
-        loss, aux = cast(LossFn, loss_fn)(model, batch, key=key)
-        return loss, aux, None
-    return cast(StatefulLossFn, loss_fn)(model, batch, key=key, model_state=model_state)
+        return
+    if not callable(loss_fn):
+        raise _contract_error(f"The loss function is a {type(loss_fn).__name__}, not a callable.",
+                              "Pass a function (or a Task).")
+    try:
+        params = inspect.signature(loss_fn).parameters.values()
+    except (TypeError, ValueError):  # no introspectable signature (a builtin): checked when called
+        return
+    kinds = {p.name: p.kind for p in params}
+    if inspect.Parameter.VAR_KEYWORD in kinds.values():
+        return
+    if kinds.get("key") not in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        raise _contract_error(
+            f"The loss function {getattr(loss_fn, '__qualname__', loss_fn)!r} takes no `key` keyword "
+            f"(its parameters: {', '.join(kinds) or 'none'}).",
+            "Add `*, key: PRNGKeyArray | None = None` (and ignore it if the model is deterministic).")
+
+
+def _call_loss(
+    loss_fn: "LossFn[Any] | StatefulLossFn[Any] | AbstractTask[Any]", model: Any, batch: Batch, key: Any,
+    model_state: Any,
+) -> tuple[Scalar, Metrics, Any]:
+    """Call a Task's loss, or a plain (`model_state` None) or stateful loss function, and check
+    what it returns against the contract; `(loss, aux, model_state)`."""
+    stateful = isinstance(loss_fn, AbstractTask) or model_state is not None
+    if isinstance(loss_fn, AbstractTask):
+        out: Any = loss_fn.loss(model, batch, key=key, model_state=model_state)
+    elif model_state is None:
+        out = cast(LossFn[Any], loss_fn)(model, batch, key=key)
+    else:
+        out = cast(StatefulLossFn[Any], loss_fn)(model, batch, key=key, model_state=model_state)
+    want = 3 if stateful else 2
+    if not isinstance(out, tuple) or len(cast(tuple[Any, ...], out)) != want:
+        shape = f"a tuple of {len(cast(tuple[Any, ...], out))}" if isinstance(out, tuple) else type(out).__name__
+        raise _contract_error(
+            f"The loss function returned {shape}; expected a tuple of {want} "
+            f"({'(loss, aux, new_model_state)' if stateful else '(loss, aux)'}).",
+            "Return `loss, {}` when there are no metrics." if not stateful else
+            "Return the state the model's layers gave back as the third element.")
+    loss, aux = out[0], out[1]
+    if not isinstance(aux, Mapping):
+        raise _contract_error(f"The loss function's aux is a {type(aux).__name__}, not a dict.",
+                              "Return a dict of scalar metrics (`{}` for none).")
+    if jnp.shape(loss) != ():
+        raise _contract_error(
+            f"The loss function's loss has shape {jnp.shape(loss)}; expected a scalar.",
+            "Reduce it to one number (e.g. `jnp.mean`).")
+    return loss, dict(cast(Mapping[str, Array], aux)), out[2] if stateful else None
 
 
 def init_train_state(
-    model: eqx.Module,
+    model: ModelT,
     optimizer: optax.GradientTransformation,
     *,
     model_state: eqx.nn.State | None = None,
-) -> TrainState:
-    """A train state at step 0 for `model`.
+) -> TrainState[ModelT]:
+    """A train state at step 0 for `model`, owning its own buffers.
+
+    The train step donates the state it is given, so the state must not share buffers with
+    anything the caller still holds: the model's (and model state's) arrays are copied. Under
+    `jit` (as in `init_sharded_train_state`) the copy costs nothing.
 
     Arguments:
-        model: the initial model.
+        model: the initial model; it stays usable after training starts.
         optimizer: the optimizer that will update the model's inexact-array leaves.
         model_state: the model's initial non-trained state (`eqx.nn.make_with_state`), if any.
 
     Returns:
         The state, with the optimizer state initialised from the model's parameters.
     """
+    model = _copy_arrays(model)
+    model_state = _copy_arrays(model_state)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
     return TrainState(step=jnp.zeros((), jnp.int32), model=model, opt_state=opt_state,
                       model_state=model_state)
 
 
+_T = TypeVar("_T")
+
+
+def _copy_arrays(tree: _T) -> _T:
+    return jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, tree)
+
+
 def _check_aux(aux: Metrics) -> None:
     clash = sorted(set(aux) & set(RESERVED_METRICS))
     if clash:
-        raise ValueError(
-            f"loss_fn aux: expected metric names other than {RESERVED_METRICS}, found {clash}. "
-            "Rename these aux entries; the train step writes them itself."
-        )
+        raise _contract_error(
+            f"The loss function's aux uses the metric name(s) {clash}, which the train step writes itself.",
+            "Rename these aux entries.")
 
 
 def make_train_step(
-    loss_fn: LossFn | StatefulLossFn | AbstractTask,
+    loss_fn: LossFn[ModelT] | StatefulLossFn[ModelT] | AbstractTask[ModelT],
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
     *,
-    state_sharding: PyTree | None = None,
-    batch_sharding: PyTree | None = None,
+    state_sharding: Any | None = None,
+    batch_sharding: Any | None = None,
     skip_nonfinite: bool = False,
-) -> "TrainStep":
+) -> "TrainStep[ModelT]":
     """Build the jitted train step.
 
     The state passed in is donated: its buffers are reused for the new state, so the caller
-    must not use it again. The batch and the key are not donated.
+    must not use that state again (keep the returned one). A state from `init_train_state` owns
+    its buffers, so the model it was built from stays usable. The batch and the key are not
+    donated.
+
+    A loss function that breaks the contract (`LOSS_CONTRACT`: no `key` keyword, a wrong number
+    of return values, a non-scalar loss, aux names the step writes itself) raises
+    `LossContractError`, here or when the step is first traced; so does a call with `key=None`.
 
     Arguments:
         loss_fn: a Task (`equipax.core.task.AbstractTask`, its `loss`), or
@@ -130,12 +240,19 @@ def make_train_step(
         parameters the loss was computed with) and `learning_rate` (for this update).
     """
 
-    def loss_and_aux(model, batch, key, model_state):
+    _check_signature(loss_fn)
+
+    def loss_and_aux(model: Any, batch: Batch, key: PRNGKeyArray, model_state: Any) -> Any:
         loss, aux, new_model_state = _call_loss(loss_fn, model, batch, key, model_state)
         return loss, (aux, new_model_state)
 
-    def step(inputs: tuple[Batch, PRNGKeyArray], state: TrainState):
+    def step(inputs: tuple[Batch, PRNGKeyArray | None], state: TrainState[Any]) -> Any:
         batch, key = inputs
+        if key is None:
+            raise _contract_error(
+                "The train step was called with key=None; training needs a PRNG key (its loss gets "
+                "`fold_in(key, step)`).",
+                "Pass `jax.random.key(seed)`; for deterministic evaluation use `make_eval_step`.")
         if state_sharding is not None:
             state = eqx.filter_shard(state, state_sharding)
         if batch_sharding is not None:
@@ -192,7 +309,7 @@ def _is_abstract_array(x: Any) -> bool:
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
-class TrainStep:
+class TrainStep(Generic[ModelT]):
     """`train_step(state, batch, key) -> (new_state, metrics)`; `.lower(...)` for AOT compiles.
 
     Calls and AOT lowering go through the same `jax.jit` of the state's arrays (the static rest
@@ -220,7 +337,9 @@ class TrainStep:
             fn = self._jitted[cache_key] = jax.jit(fn_, donate_argnums=0)
         return fn, arrays, static
 
-    def __call__(self, state: TrainState, batch: Batch, key: PRNGKeyArray) -> tuple[TrainState, Metrics]:
+    def __call__(
+        self, state: TrainState[ModelT], batch: Batch, key: PRNGKeyArray
+    ) -> tuple[TrainState[ModelT], Metrics]:
         fn, arrays, static = self._for(state)
         new_arrays, metrics = fn(arrays, batch, key)
         return eqx.combine(new_arrays, static), metrics
@@ -234,7 +353,9 @@ class TrainStep:
         return fn.lower(arrays, batch, key)
 
 
-def make_eval_step(loss_fn: LossFn | StatefulLossFn | AbstractTask) -> Callable[..., Metrics]:
+def make_eval_step(
+    loss_fn: LossFn[ModelT] | StatefulLossFn[ModelT] | AbstractTask[ModelT],
+) -> Callable[..., Metrics]:
     """Build the jitted eval step.
 
     Arguments:
@@ -247,9 +368,10 @@ def make_eval_step(loss_fn: LossFn | StatefulLossFn | AbstractTask) -> Callable[
     Returns:
         `eval_step(model, batch, model_state=None) -> aux`.
     """
+    _check_signature(loss_fn)
 
     @eqx.filter_jit
-    def eval_step(model: eqx.Module, batch: Batch, model_state: eqx.nn.State | None = None) -> Metrics:
+    def eval_step(model: ModelT, batch: Batch, model_state: eqx.nn.State | None = None) -> Metrics:
         if isinstance(loss_fn, AbstractTask):
             return loss_fn.eval_sums(model, batch, model_state=model_state)
         _, aux, _ = _call_loss(loss_fn, model, batch, None, model_state)
@@ -259,11 +381,11 @@ def make_eval_step(loss_fn: LossFn | StatefulLossFn | AbstractTask) -> Callable[
 
 
 def init_sharded_train_state(
-    make_model: Callable[[PRNGKeyArray], eqx.Module],
+    make_model: Callable[[PRNGKeyArray], ModelT],
     optimizer: optax.GradientTransformation,
     mesh: Mesh,
     key: PRNGKeyArray,
-) -> tuple[TrainState, PyTree]:
+) -> tuple[TrainState[ModelT], Any]:
     """Build the train state directly in its sharded layout (no full copy on one device).
 
     The state's shape is traced abstractly first (`eqx.filter_eval_shape`), its shardings come
@@ -280,7 +402,7 @@ def init_sharded_train_state(
     """
     from equipax.core.partition import train_state_shardings
 
-    def make_state(k: PRNGKeyArray) -> TrainState:
+    def make_state(k: PRNGKeyArray) -> TrainState[ModelT]:
         return init_train_state(make_model(k), optimizer)
 
     abstract = eqx.filter_eval_shape(make_state, key)
