@@ -51,6 +51,8 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
         # _smoke experiments are already small (and their meshes fix the batch): only shorten.
         toy = SMOKE_SHORT if exp.endswith("_smoke") else CNN_SHORT if exp.startswith("cnn_") else TOY_SHORT
         args += ["--job-log-dir", str(tmp_path / "job"), *set_args(toy)]
+    if args[:1] in (["decode"], ["eval"]) and "--job-log-dir" in args:
+        args[args.index("--job-log-dir") + 1] = str(tmp_path / "job")  # the job the block's `launch run` wrote
     if "--cpu-devices" in args or args[:1] == ["compile"]:
         # The device count is fixed when JAX starts: run in a fresh process, as a user would.
         proc = subprocess.run([sys.executable, "-m", "equipax.launch.cli", *args],

@@ -65,7 +65,7 @@ class EvalJob:
         self.cfg, self.job_dir = cfg, Path(job_dir)
         self.path = self.job_dir / EVAL_DIR / "metrics.jsonl"
         self.done = {r["step"] for r in read_metrics(self.path)} if self.path.exists() else set()
-        self.program: Any = None  # (training, eval input, unit), built at the first checkpoint
+        self.program: tuple[Any, Any, str] | None = None  # (training, eval input, unit), at the first checkpoint
         self.tb: Any = None
 
     def run(self, *, follow: bool, poll_seconds: float, idle_timeout: float) -> None:
@@ -141,6 +141,7 @@ class EvalJob:
 
         if self.program is None:
             self._build()
+        assert self.program is not None
         training, eval_input, unit = self.program
         start = time.monotonic()
         try:

@@ -47,13 +47,11 @@ def shakespeare_tiny() -> ExperimentConfig:
 @register
 def shakespeare_tiny_linear() -> ExperimentConfig:
     """The default experiment with linear (elu + 1) attention instead of softmax."""
-    base = as_lm(shakespeare_tiny())
+    model = as_lm(shakespeare_tiny()).model
+    assert isinstance(model, LMConfig)
     return dataclasses.replace(
         shakespeare_tiny(),
         name="shakespeare_tiny_linear",
         description="The default experiment with linear (elu + 1) attention.",
-        model=dataclasses.replace(
-            base.model,
-            transformer=dataclasses.replace(base.model.transformer, attention="linear"),
-        ),
+        model=dataclasses.replace(model, transformer=dataclasses.replace(model.transformer, attention="linear")),
     )

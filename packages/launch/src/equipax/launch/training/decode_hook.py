@@ -56,9 +56,9 @@ class _CompileSeconds:
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
         return self
 
-    def _on_event(self, event: str, duration: float, **kwargs: Any) -> None:
+    def _on_event(self, event: str, duration_secs: float, **kwargs: str | int) -> None:
         if event in _COMPILE_EVENTS:
-            self.seconds += duration
+            self.seconds += duration_secs
 
     def __exit__(self, *exc: object) -> None:
         jax.monitoring.unregister_event_duration_listener(self._on_event)
