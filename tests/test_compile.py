@@ -106,7 +106,7 @@ def test_collective_counting():
 
 
 def test_compiler_out_of_memory_is_a_does_not_fit_figure():
-    from equipax.launch.aot.report import out_of_memory_figures
+    from equipax.launch.aot.memory import out_of_memory_figures
 
     msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
            "(34.65G) exceeds available HBM (30.75G). HLO module: jit_fn.")
