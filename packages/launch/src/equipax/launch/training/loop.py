@@ -9,6 +9,7 @@ import dataclasses
 import json
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,7 @@ class Run:
         """True after the last step of an epoch of a `train.num_epochs` run."""
         return self.cfg.train.num_epochs is not None and step % self.steps_per_epoch == 0
 
-    def to_device(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    def to_device(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
         """This host's rows of the fields the task reads -> global arrays split over the mesh."""
         sharding = self.training.batch_sharding
         return {k: jax.make_array_from_process_local_data(sharding, batch[k])
@@ -277,7 +278,7 @@ def _loop(run: Run, hooks: list[Hook], state: Any) -> tuple[Any, int]:
     return state, step
 
 
-def _log_host_examples(run: Run, batch: dict[str, np.ndarray]) -> None:
+def _log_host_examples(run: Run, batch: Mapping[str, Any]) -> None:
     """Multi-host: say which examples this host reads first (disjoint across hosts)."""
     if jax.process_count() > 1 and "example_id" in batch:
         ids = batch["example_id"]

@@ -16,7 +16,7 @@ rerunning (with a fix) resumes from a state training can continue from.
 
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import jax
@@ -37,7 +37,7 @@ class NonFiniteError(Exception):
         self.last_checkpoint = last_checkpoint
 
 
-def poison_batch(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def poison_batch(batch: Mapping[str, Any]) -> dict[str, Any]:
     """FOR TESTS (`train.debug_nan_steps`): the batch with every floating array set to NaN."""
     return {k: np.full_like(v, np.nan) if np.issubdtype(v.dtype, np.floating) else v
             for k, v in batch.items()}
@@ -119,10 +119,11 @@ class NonFiniteMonitor:
         lr = first.get("learning_rate", float("nan"))
         update, params = first.get("update_norm", float("nan")), first.get("param_norm", float("nan"))
         before = _median_grad_norm(start, seen)
-        if not np.isfinite(update) or (np.isfinite(params) and update > params):
+        loss, grad_norm = first.get("loss", float("nan")), first.get("grad_norm", float("nan"))
+        if np.isfinite(loss) and np.isfinite(grad_norm) and (not np.isfinite(update) or update > params):
             cause = (f"the updates outgrew the parameters (update norm {update:.3g} against parameter norm "
                      f"{params:.3g} at learning rate {lr:.3g}): the learning rate is likely too high")
-        elif before is not None and not first.get("grad_norm", 0.0) <= GRAD_BLOWUP_FACTOR * before:
+        elif np.isfinite(loss) and before is not None and not grad_norm <= GRAD_BLOWUP_FACTOR * before:
             cause = (f"the gradient norm blew up ({first.get('grad_norm'):.3g} against a median of "
                      f"{before:.3g} before): lower the learning rate or clip the gradients")
         else:
