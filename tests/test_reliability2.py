@@ -160,6 +160,38 @@ def flip_a_bit(step_dir: Path) -> Path:
     return target
 
 
+def reference_checksum(x) -> str:
+    """The obvious host version of `checksums.array_checksums`: flat index, numpy uint32 arithmetic."""
+    import numpy as np
+
+    w = np.asarray(x)
+    w = w.astype(np.uint8) if w.dtype == np.bool_ else w
+    w = w.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[w.dtype.itemsize]).astype(np.uint32).ravel()
+    h = (np.arange(w.size, dtype=np.uint32) * np.uint32(0x9E3779B1) + np.uint32(0x7F4A7C15)) | np.uint32(1)
+    p = w * h
+    return f"{int(p.sum(dtype=np.uint32)):08x}{int((p * h).sum(dtype=np.uint32)):08x}"
+
+
+def test_checksums_match_the_reference_and_see_every_flipped_bit():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from equipax.launch.training.checksums import array_checksums
+
+    arrays = {"f32": jax.random.normal(jax.random.key(0), (33, 7, 5)), "bf16": jnp.full((9, 4), 3, jnp.bfloat16),
+              "i32": jnp.arange(100, dtype=jnp.int32), "bool": jnp.array([True, False, True]),
+              "u8": jnp.arange(7, dtype=jnp.uint8), "scalar": jnp.asarray(2.5)}
+    sums = array_checksums(arrays)
+    assert sums == {k: reference_checksum(v) for k, v in arrays.items()}
+    bits = np.asarray(arrays["f32"]).reshape(-1).view(np.uint32)
+    for i in range(0, bits.size, 37):  # a flip of any bit of any element changes the checksum
+        for bit in (0, 13, 31):
+            flipped = bits.copy()
+            flipped[i] ^= np.uint32(1 << bit)
+            assert array_checksums({"f32": flipped.view(np.float32).reshape(33, 7, 5)})["f32"] != sums["f32"]
+
+
 def test_bit_flip_and_unreadable_metrics_lines_on_resume(job_copy):
     """4: a flipped bit in the newest checkpoint is found by its checksums; 10: metrics.jsonl lines
     that are not JSON objects in UTF-8 are dropped with a warning naming the file."""
