@@ -66,7 +66,7 @@ def train(cfg, mesh, steps=2):
 def test_pipelined_equals_unpipelined_gpipe_and_circular():
     """2 and 4 stages, GPipe and circular, composed with data/fsdp/tensor axes inside the stages:
     2 Adam steps give the unpipelined losses (rel 1e-5) and gradients (max abs diff 1e-5; the
-    largest gradient entries are ~1, measured differences ~1e-7)."""
+    largest gradient entries are ~0.09; measured: loss rel <= 2.3e-7, gradients <= 2e-7)."""
     out = run_with_devices(_MODEL + textwrap.dedent("""
     ref_losses, ref_grads, _ = train(BASE, None)
     results = {}
