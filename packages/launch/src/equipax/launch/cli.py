@@ -5,6 +5,8 @@ from pathlib import Path
 
 from equipax.launch.training.preemption import EarlyInterrupts, Interrupted
 
+__all__ = ["app", "main"]
+
 # The entry point's signal handlers go in before the heavy imports below, so a Ctrl-C or SIGTERM
 # during them ends the command cleanly (exit 75) instead of with a traceback. Not when this module
 # is imported by something else (tests, a notebook): their signals stay theirs.

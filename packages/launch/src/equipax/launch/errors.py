@@ -22,6 +22,17 @@ from typer.exceptions import Abort, Exit, TyperException
 from equipax.core.config import ConfigError
 from equipax.launch.training.preemption import Interrupted
 
+__all__ = [
+    "describe",
+    "EXIT_DOES_NOT_FIT",
+    "EXIT_NONFINITE",
+    "EXIT_PREEMPTED",
+    "EXIT_UNEXPECTED",
+    "EXIT_USER_ERROR",
+    "GuardedGroup",
+    "Preempted",
+]
+
 EXIT_UNEXPECTED = 1
 EXIT_USER_ERROR = 2
 EXIT_DOES_NOT_FIT = 3

@@ -3,6 +3,8 @@
 import re
 from typing import Any
 
+__all__ = ["memory_figures", "MEMORY_NOTES", "out_of_memory_figures"]
+
 MEMORY_NOTES = {
     "cpu": ("XLA:CPU's temporaries are an upper bound for an accelerator (no HBM-aware "
             "scheduling or fusion of the accelerator backend)."),

@@ -28,6 +28,18 @@ from equipax.launch.experiments.config import ExperimentConfig
 from equipax.launch.tasks import family
 from equipax.launch.training.build import build_training
 
+__all__ = [
+    "check_compile_devices",
+    "COLLECTIVES",
+    "compile_report",
+    "count_collectives",
+    "format_report",
+    "GIB",
+    "stablehlo_fingerprint",
+    "Target",
+    "TARGETS",
+]
+
 GIB = 2**30
 
 

@@ -16,6 +16,16 @@ from typing import Any
 
 from equipax.core.config import ConfigError
 
+__all__ = [
+    "libtpu_available",
+    "lookup_slice",
+    "prepare_libtpu",
+    "topology_devices",
+    "TPU_SLICES",
+    "TpuSlice",
+    "valid_slices_text",
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class TpuSlice:

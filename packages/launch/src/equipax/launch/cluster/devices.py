@@ -10,6 +10,8 @@ import jax
 from equipax.core.config import ConfigError
 from equipax.core.mesh import MeshConfig
 
+__all__ = ["check_cpu_devices", "use_cpu_devices"]
+
 
 def use_cpu_devices(n: int | None) -> None:
     """Run on `n` simulated CPU devices (no-op for None).

@@ -23,6 +23,20 @@ from rich.console import Console
 from equipax.core.config import ConfigError
 from equipax.launch.errors import EXIT_USER_ERROR
 
+__all__ = [
+    "any_process",
+    "barrier",
+    "DistributedArgs",
+    "gather_host_states",
+    "host_state",
+    "HostConsole",
+    "initialize",
+    "is_primary",
+    "parse_coordinator",
+    "to_host",
+    "WAIT_LOG_EVERY_S",
+]
+
 
 @dataclasses.dataclass(frozen=True)
 class DistributedArgs:

@@ -17,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+__all__ = ["describe_exit", "free_port", "run_local_cluster"]
+
 
 def free_port() -> int:
     """A TCP port on localhost that is free right now."""

@@ -6,6 +6,8 @@ import typer
 
 from equipax.launch.commands.common import CpuDevicesOption, fail
 
+__all__ = ["local_cluster"]
+
 
 def local_cluster(
     command: Annotated[list[str] | None, typer.Argument(help="The command to run: -- run --exp NAME ...")] = None,

@@ -9,6 +9,17 @@ from equipax.core.config import ConfigError, apply_overrides
 from equipax.launch.errors import EXIT_USER_ERROR
 from equipax.launch.experiments import registry
 
+__all__ = [
+    "CpuDevicesOption",
+    "DEFAULT_EXPERIMENT",
+    "err",
+    "ExpOption",
+    "fail",
+    "out",
+    "resolve",
+    "SetOption",
+]
+
 DEFAULT_EXPERIMENT = "shakespeare_tiny"
 
 out = Console(soft_wrap=True)

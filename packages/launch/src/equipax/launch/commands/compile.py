@@ -11,6 +11,8 @@ from equipax.core.config import ConfigError
 from equipax.launch.commands.common import DEFAULT_EXPERIMENT, ExpOption, SetOption, err, fail, out, resolve
 from equipax.launch.errors import EXIT_DOES_NOT_FIT
 
+__all__ = ["compile_cmd"]
+
 
 def compile_cmd(
     exp: ExpOption = DEFAULT_EXPERIMENT,

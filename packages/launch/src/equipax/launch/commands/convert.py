@@ -14,6 +14,8 @@ from equipax.core.config import ConfigError, flatten, parse_literal
 from equipax.launch.commands.common import err, fail, resolve
 from equipax.launch.experiments.maxtext import SCALE_RULES, to_equipax, to_maxtext
 
+__all__ = ["convert_app", "convert_maxtext", "DEFAULT_BASE", "print_maxtext", "read_maxtext"]
+
 convert_app = typer.Typer(help="Translate other frameworks' configs into equipax knobs.", no_args_is_help=True)
 
 DEFAULT_BASE = "c4_1b"

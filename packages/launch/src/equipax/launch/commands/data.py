@@ -13,6 +13,17 @@ from rich.console import Console
 
 from equipax.core.config import ConfigError
 
+__all__ = [
+    "batch_report",
+    "data_app",
+    "InputOption",
+    "inspect",
+    "MalformedOption",
+    "prepare",
+    "SplitByOption",
+    "vocab",
+]
+
 data_app = typer.Typer(
     help="Prepare C4-format shards and SentencePiece vocabularies; inspect an experiment's batches.",
     no_args_is_help=True,

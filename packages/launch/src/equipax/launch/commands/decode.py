@@ -9,6 +9,8 @@ import typer
 
 from equipax.launch.commands.common import CpuDevicesOption, err, fail, out
 
+__all__ = ["decode_cmd", "JobDirOption"]
+
 JobDirOption = Annotated[Path, typer.Option("--job-log-dir", help="The training job's directory (`launch run`'s).")]
 
 

@@ -18,6 +18,8 @@ import typer
 from equipax.launch.commands.common import CpuDevicesOption, err, fail, out
 from equipax.launch.commands.decode import JobDirOption
 
+__all__ = ["eval_cmd", "EVAL_DIR", "EvalJob"]
+
 EVAL_DIR = "eval_job"
 
 

@@ -14,6 +14,8 @@ from equipax.core.config import ConfigError
 from equipax.launch.commands.common import DEFAULT_EXPERIMENT, CpuDevicesOption, ExpOption, SetOption, fail, out, resolve
 from equipax.launch.errors import EXIT_USER_ERROR
 
+__all__ = ["collect", "pgle_app", "PROFILE_FILE"]
+
 pgle_app = typer.Typer(help="Profile-guided latency estimation (XLA:GPU): collect a profile for manual PGLE.",
                        no_args_is_help=True)
 

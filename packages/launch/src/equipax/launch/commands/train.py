@@ -13,6 +13,8 @@ from equipax.launch.commands.common import (
 )
 from equipax.launch.experiments import registry
 
+__all__ = ["list_cmd", "profile_overrides", "run", "show"]
+
 
 def _count(n: int | float) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):

@@ -1,1 +1,3 @@
 """Built-in experiments; every module here is imported by the registry."""
+
+__all__: list[str] = []

@@ -5,6 +5,8 @@ import dataclasses
 
 from equipax.launch.experiments.registry import register_benchmark
 
+__all__ = ["attention_bench", "AttentionBenchConfig", "IMPLEMENTATIONS"]
+
 # name -> (family, number of [batch heads N N] float32 intermediates the estimate assumes).
 IMPLEMENTATIONS: dict[str, tuple[str, int]] = {
     "softmax_reference": ("softmax", 2),

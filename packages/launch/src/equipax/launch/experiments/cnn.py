@@ -8,6 +8,8 @@ from equipax.launch.experiments.config import ExperimentConfig, ImageDataConfig,
 from equipax.launch.experiments.registry import register
 from equipax.models.cnn import CNNConfig
 
+__all__ = ["cnn_digits", "cnn_tutorial", "TUTORIAL_LEARNER"]
+
 # The tutorial's learner: clip 1.0 -> AdamW (weight decay 1e-4); linear warmup over 50 steps to
 # 1e-3, then cosine decay over 500 steps to 0.1 x 1e-3.
 TUTORIAL_LEARNER = LearnerConfig(

@@ -12,6 +12,16 @@ from equipax.models.cnn import CNNConfig
 from equipax.models.lm import LMConfig
 from equipax.models.llama import LlamaConfig
 
+__all__ = [
+    "BYTE_VOCAB_SIZE",
+    "DataConfig",
+    "DIGITS_CHANNELS",
+    "DIGITS_CLASSES",
+    "DIGITS_COUNT",
+    "DIGITS_IMAGE_SIZE",
+    "ImageDataConfig",
+]
+
 # Byte tokenizer ids: 256 bytes + pad/bos/eos (equipax.data.ByteTokenizer).
 BYTE_VOCAB_SIZE = 259
 

@@ -21,6 +21,17 @@ from equipax.launch.experiments.registry import register
 from equipax.launch.experiments.shakespeare import shakespeare_tiny
 from equipax.models.llama import LlamaConfig
 
+__all__ = [
+    "LLAMA2_7B",
+    "llama2_7b",
+    "llama2_7b_smoke",
+    "LLAMA3_8B",
+    "llama3_8b",
+    "llama3_8b_smoke",
+    "LLAMA_LEARNER",
+    "shakespeare_llama_tiny",
+]
+
 # Meta's Llama recipe (Llama 2 paper, section 2.2): AdamW b1 0.9, b2 0.95, eps 1e-5, weight decay
 # 0.1, 2000 warmup steps, cosine decay to 10% of the peak, gradient clipping at 1.0.
 LLAMA_LEARNER = LearnerConfig(

@@ -7,6 +7,23 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+__all__ = [
+    "ACTIVATIONS",
+    "DATASETS",
+    "DTYPES",
+    "MAXTEXT_DEFAULTS",
+    "MESH_AXES",
+    "NOT_TRANSLATED",
+    "OPTIMIZERS",
+    "OTHER_AXES",
+    "REMATS",
+    "Rule",
+    "RULES",
+    "SCALE_RULES",
+    "Skip",
+    "Values",
+]
+
 # base.yml values a derived knob needs when a config leaves them out.
 MAXTEXT_DEFAULTS: dict[str, Any] = {
     "global_parameter_scale": 1, "base_num_decoder_layers": 16, "base_emb_dim": 2048, "base_mlp_dim": 7168,

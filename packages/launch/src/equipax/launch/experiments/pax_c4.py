@@ -10,6 +10,21 @@ from equipax.launch.experiments.pax_knobs import smoke, smoke_description
 from equipax.launch.experiments.pax_lm import C4_SPMD_ADAM
 from equipax.launch.experiments.registry import register
 
+__all__ = [
+    "c4_16b",
+    "c4_16b_smoke",
+    "c4_1b",
+    "c4_1b_smoke",
+    "c4_22b_1x",
+    "c4_22b_1x_smoke",
+    "c4_22b_2x",
+    "c4_22b_2x_smoke",
+    "C4_SPMD_16B_ADAM_32_REPLICAS",
+    "C4_SPMD_1B_ADAM_4_REPLICAS",
+    "C4_SPMD_22B_ADAM_1X_V4_128",
+    "C4_SPMD_22B_ADAM_2X_V4_128",
+]
+
 # ---------------------------------------------------------------------------------------------
 # c4_1b: c4.py C4Spmd1BAdam4Replicas(C4SpmdAdam).
 #   NUM_LAYERS 13, MODEL_DIMS 2560, HIDDEN_DIMS 4x, NUM_HEADS 20, DIMS_PER_HEAD 128,

@@ -14,6 +14,8 @@ from equipax.core.optim import LearnerConfig, ScheduleConfig
 from equipax.launch.experiments.config import DataConfig, ExperimentConfig, TrainConfig
 from equipax.models.lm import LMConfig
 
+__all__ = ["C4_PATH", "PAX_NUM_TRAIN_STEPS", "PaxLM", "smoke", "smoke_description"]
+
 # Where the C4 experiments look for C4-format shards (`c4-train.*`, `c4-validation.*`): a local or
 # mounted directory, as nothing is downloaded at run time. Override with `--set data.path=DIR`.
 C4_PATH = "/data/c4/en"

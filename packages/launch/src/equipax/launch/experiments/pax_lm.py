@@ -38,6 +38,19 @@ from equipax.launch.experiments.config import ExperimentConfig
 from equipax.launch.experiments.pax_knobs import PaxLM, smoke, smoke_description, C4_PATH
 from equipax.launch.experiments.registry import register
 
+__all__ = [
+    "C4_SPMD_ADAM",
+    "lm_cloud_2b",
+    "lm_cloud_2b_smoke",
+    "LM_CLOUD_SPMD",
+    "LM_CLOUD_SPMD_2B_LIMIT_STEPS",
+    "lm_cloud_transformer",
+    "LM_CLOUD_TRANSFORMER_ADAM",
+    "LM_CLOUD_TRANSFORMER_ADAM_LIMIT_STEPS",
+    "lm_cloud_transformer_smoke",
+    "TRANSFORMER_LM_SPMD_ADAM",
+]
+
 
 # ---------------------------------------------------------------------------------------------
 # Bases, as in Pax.

@@ -68,6 +68,14 @@ from equipax.launch.experiments.config import ExperimentConfig
 from equipax.launch.experiments.pax_knobs import C4_PATH, PaxLM, smoke, smoke_description
 from equipax.launch.experiments.registry import register
 
+__all__ = [
+    "c4_gpt3_xl_pipeline",
+    "c4_gpt3_xl_pipeline_smoke",
+    "C4_SPMD_PIPELINE_GPT3_SMALL_ADAM",
+    "GPT3_XL_PIPELINE_64",
+    "PaxPipeline",
+]
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PaxPipeline:

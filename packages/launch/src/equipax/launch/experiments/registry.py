@@ -15,6 +15,17 @@ from typing import Any, Literal
 
 from equipax.core.config import ConfigError, suggest
 
+__all__ = [
+    "entries",
+    "Entry",
+    "Experiment",
+    "ExperimentFn",
+    "get_experiment",
+    "lookup",
+    "register",
+    "register_benchmark",
+]
+
 # An ExperimentConfig ("train" entries) or a benchmark config ("benchmark" entries).
 Experiment = Any
 ExperimentFn = Callable[[], Experiment]

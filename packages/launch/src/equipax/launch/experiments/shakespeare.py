@@ -8,6 +8,8 @@ from equipax.launch.experiments.config import DataConfig, ExperimentConfig, Trai
 from equipax.launch.experiments.registry import register
 from equipax.models.lm import LMConfig
 
+__all__ = ["shakespeare_tiny", "shakespeare_tiny_linear"]
+
 
 @register
 def shakespeare_tiny() -> ExperimentConfig:

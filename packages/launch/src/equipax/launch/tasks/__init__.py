@@ -26,6 +26,8 @@ else:
     # and `launch show` (derived_numbers) never use; `build_inputs` imports it when it runs.
     BaseInput = Any
 
+__all__ = ["derived_numbers", "FAMILIES", "family", "Inputs", "register_family"]
+
 # cfg.kind -> a module of this package (imported on first use), or a registered object.
 FAMILIES: dict[str, Any] = {"lm": "lm", "image_classification": "image"}
 

@@ -10,6 +10,8 @@ from equipax.launch.experiments.config import ExperimentConfig
 from equipax.launch.tasks import Inputs
 from equipax.models.classifier import ImageClassificationTask
 
+__all__ = ["build_inputs", "finish", "make_task", "numbers", "UNIT", "units_per_example"]
+
 UNIT = "examples"
 
 

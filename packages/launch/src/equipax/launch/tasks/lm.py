@@ -14,6 +14,8 @@ from equipax.launch.tasks import Inputs
 from equipax.models.llama import LlamaConfig, llama_flops_per_token, llama_param_counts
 from equipax.models.lm_task import LMTask
 
+__all__ = ["build_inputs", "finish", "make_task", "numbers", "UNIT", "units_per_example"]
+
 UNIT = "tokens"
 
 

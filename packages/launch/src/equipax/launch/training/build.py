@@ -18,6 +18,8 @@ from equipax.core.task import AbstractTask
 from equipax.launch.experiments.config import ExperimentConfig
 from equipax.launch.tasks import family
 
+__all__ = ["build_training", "Keys", "Training"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Keys:

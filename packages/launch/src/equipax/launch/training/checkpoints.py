@@ -30,6 +30,8 @@ from equipax.core.config import ConfigError
 from equipax.launch.cluster.distributed import barrier as barrier_all
 from equipax.launch.training.checksums import ALGORITHM, array_checksums, differences, json_checksum
 
+__all__ = ["Checkpointer", "CheckpointSaveError", "ChecksumMismatch", "read_json", "tree_digest"]
+
 PyTree = Any
 
 

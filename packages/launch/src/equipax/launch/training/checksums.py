@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+__all__ = ["ALGORITHM", "array_checksums", "differences", "json_checksum"]
+
 ALGORITHM = "sum32x2-v2"
 
 

@@ -21,6 +21,8 @@ from equipax.launch.training.hooks import Hook
 if TYPE_CHECKING:
     from equipax.launch.training.loop import Run
 
+__all__ = ["decode_texts", "DecodeHook", "encode_prompts", "Sample"]
+
 # What JAX reports while tracing and compiling (jax._src.dispatch): kept out of the timing.
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                    "/jax/core/compile/backend_compile_duration")

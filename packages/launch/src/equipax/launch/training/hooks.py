@@ -23,6 +23,8 @@ from equipax.launch.training.summaries import read_metrics
 if TYPE_CHECKING:
     from equipax.launch.training.loop import Run
 
+__all__ = ["CheckpointHook", "EpochHook", "EvalHook", "evaluate", "Hook", "LogHook", "StepTimer"]
+
 
 class Hook:
     """A step hook; every method is optional."""

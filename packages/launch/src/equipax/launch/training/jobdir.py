@@ -19,6 +19,8 @@ from pathlib import Path
 
 from equipax.core.config import ConfigError
 
+__all__ = ["JobLock", "prepare_job_dir", "write_text_atomic"]
+
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file and a rename (never half a file)."""

@@ -24,6 +24,15 @@ from equipax.data import (
 )
 from equipax.launch.experiments.config import LMExperiment
 
+__all__ = [
+    "build_lm_inputs",
+    "build_tokenizer",
+    "LMInputs",
+    "open_c4_split",
+    "per_host_batch_size",
+    "TOKENIZER_FILE",
+]
+
 TOKENIZER_FILE = "tokenizer.model"
 
 

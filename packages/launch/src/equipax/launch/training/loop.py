@@ -36,6 +36,15 @@ from equipax.launch.training.profiling import profiling_hooks
 from equipax.launch.training.resume import check_resume, resume_meta
 from equipax.launch.training.summaries import MetricsWriter, read_metrics
 
+__all__ = [
+    "build_run_mesh",
+    "device_peak_tflops",
+    "PEAK_TFLOPS",
+    "Run",
+    "run_experiment",
+    "RunResult",
+]
+
 # bf16 dense peak per chip, TFLOP/s, by `device_kind` substring (for MFU).
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "TPU v4": 275.0, "TPU v5 lite": 197.0,
                "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v5": 459.0, "TPU v6": 918.0}

@@ -22,6 +22,8 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
+__all__ = ["GRAD_BLOWUP_FACTOR", "NonFiniteError", "NonFiniteMonitor", "poison_batch", "Rollback"]
+
 # Per-step values the monitor keeps (device arrays until `check` reads them).
 _RECORDED = ("nonfinite", "loss", "grad_norm", "update_norm", "param_norm", "learning_rate")
 # A step whose gradient norm exceeds this many times the median of the steps before it blew up.

@@ -5,6 +5,8 @@ from typing import Any
 
 import matplotlib
 
+__all__ = ["plot_attention_bench", "plot_classifier_history", "plot_loss"]
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402

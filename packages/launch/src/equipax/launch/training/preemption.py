@@ -15,6 +15,8 @@ import sys
 import threading
 from types import FrameType
 
+__all__ = ["EarlyInterrupts", "Interrupted", "StopRequest"]
+
 
 class Interrupted(Exception):
     """SIGINT or SIGTERM outside the training loop (exit 75: run the same command again)."""

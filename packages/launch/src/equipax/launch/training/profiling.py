@@ -28,6 +28,24 @@ from equipax.launch.training.jobdir import write_text_atomic
 if TYPE_CHECKING:
     from equipax.launch.training.loop import Run
 
+__all__ = [
+    "device_platform",
+    "latest_trace",
+    "PGLE_AUTO_AOT",
+    "pgle_settings",
+    "PGLEHook",
+    "PGLESettings",
+    "PROFILE_DIR",
+    "profile_log_dir",
+    "PROFILE_PATH_FLAG",
+    "profile_window",
+    "ProfileHook",
+    "profiling_hooks",
+    "SCHEDULER_FLAG",
+    "set_xla_flags",
+    "XLA_FLAGS_FILE",
+]
+
 PROFILE_DIR = "profile"
 XLA_FLAGS_FILE = "xla_flags.json"
 SCHEDULER_FLAG = "--xla_gpu_enable_latency_hiding_scheduler=true"

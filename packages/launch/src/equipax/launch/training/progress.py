@@ -6,6 +6,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+__all__ = ["ProgressReporter"]
+
 
 class ProgressReporter:
     """Show training progress from `start` to `total` steps.

@@ -17,6 +17,8 @@ from typing import Any
 from equipax.core.config import ConfigError
 from equipax.launch.experiments.config import ExperimentConfig
 
+__all__ = ["check_resume", "resume_meta", "SAFE_DATA_KNOBS"]
+
 # Data knobs a resumed run may change: they touch evaluation, or only the training of a
 # vocabulary the job already has. Every other `data.*` knob is part of the saved state's meaning.
 SAFE_DATA_KNOBS = frozenset({"eval_files", "reset_for_eval", "max_malformed_fraction",

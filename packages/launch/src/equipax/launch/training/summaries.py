@@ -11,6 +11,8 @@ from typing import Any
 
 from tensorboardX import SummaryWriter
 
+__all__ = ["MetricsWriter", "read_metrics"]
+
 
 def _jsonable(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):

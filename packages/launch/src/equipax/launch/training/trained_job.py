@@ -24,6 +24,16 @@ from equipax.core.mesh import MeshConfig, build_mesh
 from equipax.launch.experiments.config import ExperimentConfig
 from equipax.launch.training.checksums import ALGORITHM, array_checksums, differences
 
+__all__ = [
+    "check_tokenizer",
+    "checkpoint_steps",
+    "load_config",
+    "local_mesh",
+    "MODEL_PARTS",
+    "pick_step",
+    "restore_model",
+]
+
 # The parts of the train state a trained model is: the optimizer state is never read.
 MODEL_PARTS = (".model.", ".model_state.")
 
