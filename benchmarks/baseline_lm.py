@@ -65,9 +65,13 @@ def init_params(cfg: BaselineConfig, key: jax.Array) -> Params:
 
 
 def _layernorm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    # square(x) before mean(x): the other order (or a centred two-pass variance) makes XLA:CPU
+    # duplicate the backward fusions across deep stacks (PERF-NOTES.md); a baseline slowed by that
+    # trap would flatter equipax.
+    mean_sq = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
     mean = jnp.mean(x, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(x), axis=-1, keepdims=True) - jnp.square(mean)
-    return (x - mean) * jax.lax.rsqrt(var + eps) * scale
+    var = mean_sq - jnp.square(mean)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * scale[None, None]
 
 
 def _cap(x: jax.Array, cap: float | None) -> jax.Array:
@@ -85,7 +89,7 @@ def forward(cfg: BaselineConfig, params: Params, ids: jax.Array) -> jax.Array:
     """Logits `[batch seq vocab]` of the token ids `[batch seq]`."""
     seq = ids.shape[1]
     x = params["embed"][ids] * math.sqrt(cfg.model_dims) + _positions(seq, cfg.model_dims)[None]
-    causal = jnp.tril(jnp.ones((seq, seq), bool))
+    causal = jnp.tril(jnp.ones((seq, seq), bool))[None, None]
     for layer in params["layers"]:
         h = _layernorm(x, layer["ln1"], cfg.layernorm_eps)
         qkv = jnp.einsum("bsd,dthk->bsthk", h, layer["qkv"])

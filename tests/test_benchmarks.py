@@ -37,3 +37,21 @@ def test_train_step_benchmark_tiny(tmp_path):
     assert tiny["step_s"]["median_s"] > 0 and tiny["step_s"]["iqr_s"] >= 0
     assert 0 < tiny["compile_s"] <= tiny["first_step_s"]
     assert math.isfinite(tiny["last_loss"])
+
+
+def test_compare_mode_runs_both_steps_on_the_same_numbers(tmp_path):
+    bench = _load_script()
+    out = tmp_path / "compare.json"
+    results = bench.main([
+        "--compare", "--presets", "tiny", "--steps", "2", "--warmup", "0", "--no-warm-process",
+        "--out", str(out),
+    ])
+
+    assert json.loads(out.read_text()) == results
+    tiny = results["presets"]["tiny"]
+    # The plain-JAX step starts from the equipax model's parameters: the same math gives the same loss.
+    assert tiny["max_first_loss_diff"] < 1e-5, (tiny["equipax"]["first_loss"], tiny["baseline"]["first_loss"])
+    for side in ("equipax", "baseline"):
+        assert tiny[side]["tokens_per_s"] > 0 and tiny[side]["compile_s"] > 0
+        assert math.isfinite(tiny[side]["last_loss"])
+    assert tiny["ratio"] > 0
