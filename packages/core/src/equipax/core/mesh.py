@@ -62,7 +62,7 @@ class MeshConfig:
     dcn_mesh_shape: tuple[int, ...] = (1, 1, 1)
     axis_names: tuple[str, ...] = AXES
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         n = len(self.axis_names)
         for name in ("ici_mesh_shape", "dcn_mesh_shape"):
             shape = getattr(self, name)

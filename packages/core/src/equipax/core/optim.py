@@ -68,7 +68,7 @@ class ScheduleConfig:
     final_fraction: float = 0.1
     decay_start: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in _SCHEDULE_KINDS:
             raise _bad("schedule.kind", f"one of {_SCHEDULE_KINDS}", self.kind)
         if not 0 < self.peak_learning_rate < math.inf:  # refuses nan and inf alike
@@ -177,7 +177,7 @@ class LearnerConfig:
     clip_gradient_norm: float | None = 1.0
     clip_update_rms: float | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in _LEARNER_KINDS:
             raise _bad("learner.kind", f"one of {_LEARNER_KINDS}", self.kind)
         for name in ("b1", "b2"):

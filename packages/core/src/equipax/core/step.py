@@ -330,7 +330,7 @@ class TrainStep(Generic[_ModelT_contra]):
     per-call filtering (PERF-NOTES: ~0.7 ms more per call; several ms on a loaded machine).
     """
 
-    def __init__(self, step: Callable[..., Any]):
+    def __init__(self, step: Callable[..., Any]) -> None:
         self._step = step
         self._jitted: dict[Any, Any] = {}
 

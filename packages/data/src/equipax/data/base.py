@@ -46,7 +46,7 @@ class BaseInput(abc.ABC):
         seed: int = 0,
         repeat: bool = True,
         tokenizer: Tokenizer | None = None,
-    ):
+    ) -> None:
         check_positive("batch_size", batch_size)
         check_positive("num_infeed_hosts", num_infeed_hosts)
         if (

@@ -75,7 +75,7 @@ class DocumentLMInput(BaseInput):
         repeat: bool = True,
         packing: bool = True,
         read_threads: int = 1,
-    ):
+    ) -> None:
         super().__init__(batch_size=batch_size, num_infeed_hosts=num_infeed_hosts,
                          infeed_host_index=infeed_host_index, seed=seed, repeat=repeat, tokenizer=tokenizer)
         check_positive("seq_len", seq_len)

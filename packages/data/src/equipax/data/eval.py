@@ -22,7 +22,7 @@ class RollingEvalInput(BaseInput):
     - `num_batches`: batches per eval run (Pax `eval_loop_num_batches`).
     """
 
-    def __init__(self, source: BaseInput, num_batches: int):
+    def __init__(self, source: BaseInput, num_batches: int) -> None:
         if not source.repeat:
             raise ValueError(
                 f"Rolling eval (reset_for_eval=False) needs a repeating input; {type(source).__name__} "

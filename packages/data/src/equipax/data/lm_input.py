@@ -73,7 +73,7 @@ class TokenWindowInput(BaseInput):
         seed: int = 0,
         repeat: bool = True,
         tokenizer: Tokenizer | None = None,
-    ):
+    ) -> None:
         super().__init__(
             batch_size=batch_size,
             num_infeed_hosts=num_infeed_hosts,

@@ -86,7 +86,7 @@ class SentencePieceTokenizer(Tokenizer):
     Trained models use the identity normalizer and keep whitespace, so any text round-trips.
     """
 
-    def __init__(self, processor: spm.SentencePieceProcessor, model_path: Path | None = None):
+    def __init__(self, processor: spm.SentencePieceProcessor, model_path: Path | None = None) -> None:
         self._sp = processor
         self.model_path = model_path
 

@@ -22,7 +22,7 @@ class MappedInput(BaseInput):
     - `fn`: `batch -> batch`.
     """
 
-    def __init__(self, source: BaseInput, fn: Callable[[Batch], Batch]):
+    def __init__(self, source: BaseInput, fn: Callable[[Batch], Batch]) -> None:
         super().__init__(batch_size=source.batch_size, num_infeed_hosts=source.num_infeed_hosts,
                          infeed_host_index=source.infeed_host_index, seed=source.seed, repeat=source.repeat,
                          tokenizer=source.tokenizer)

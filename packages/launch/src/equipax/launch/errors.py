@@ -43,7 +43,7 @@ EXIT_PREEMPTED = 75
 class Preempted(Exception):
     """The run stopped on SIGTERM/SIGINT after checkpointing `step` (exit 75; already reported)."""
 
-    def __init__(self, step: int):
+    def __init__(self, step: int) -> None:
         super().__init__(f"stopped after step {step}")
         self.step = step
 

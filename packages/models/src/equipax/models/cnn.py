@@ -52,7 +52,7 @@ class CNNConfig:
     dropout_rate: float = 0.5
     bn_momentum: float = 0.99
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("num_classes", "in_channels", "stem_channels", "blocks_per_stage", "num_heads",
                      "hidden_dims"):
             value = getattr(self, name)
@@ -83,7 +83,7 @@ class ResidualBlock(eqx.Module):
     shortcut: Conv2d | None
 
     def __init__(self, in_channels: int, channels: int, *, bn_momentum: float = 0.99,
-                 key: PRNGKeyArray):
+                 key: PRNGKeyArray) -> None:
         """Arguments:
         in_channels: channels of the input.
         channels: channels of the output (the tutorial's `features`).
@@ -121,7 +121,7 @@ class SelfAttention(eqx.Module):
     out: Linear
     num_heads: int = eqx.field(static=True)
 
-    def __init__(self, dim: int, num_heads: int, *, key: PRNGKeyArray):
+    def __init__(self, dim: int, num_heads: int, *, key: PRNGKeyArray) -> None:
         """Arguments:
         dim: model width (split over the heads).
         num_heads: attention heads.
@@ -150,7 +150,7 @@ class AdvancedCNN(eqx.Module):
     head: Linear
     dropout_rate: float = eqx.field(static=True)
 
-    def __init__(self, cfg: CNNConfig, *, key: PRNGKeyArray):
+    def __init__(self, cfg: CNNConfig, *, key: PRNGKeyArray) -> None:
         """Arguments:
         cfg: the hyperparameters.
         key: PRNG key.

@@ -81,7 +81,7 @@ class LlamaConfig:
     remat: Literal["none", "full", "dots_saveable"] = "none"
     dtype: Literal["float32", "bfloat16"] = "float32"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name, low in (
             ("vocab_size", 2), ("max_seq_len", 1), ("num_layers", 1), ("model_dims", 1),
             ("num_heads", 1), ("num_kv_heads", 1), ("head_dim", 2), ("hidden_dims", 1),
@@ -187,7 +187,7 @@ class LlamaBlock(eqx.Module):
     ffn_norm: RMSNorm
     ffn: FeedForward
 
-    def __init__(self, cfg: LlamaConfig, *, key: PRNGKeyArray):
+    def __init__(self, cfg: LlamaConfig, *, key: PRNGKeyArray) -> None:
         """Arguments:
         cfg: model config.
         key: PRNG key.
@@ -245,7 +245,7 @@ class LlamaLM(eqx.Module):
     unembed: Linear
     cfg: LlamaConfig = eqx.field(static=True)
 
-    def __init__(self, cfg: LlamaConfig, *, key: PRNGKeyArray):
+    def __init__(self, cfg: LlamaConfig, *, key: PRNGKeyArray) -> None:
         """Arguments:
         cfg: model config.
         key: PRNG key.

@@ -42,7 +42,7 @@ class LMConfig:
     position: Literal["sinusoidal", "none"] = "sinusoidal"
     dtype: Literal["float32", "bfloat16"] = "float32"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name, low in (("vocab_size", 2), ("max_seq_len", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -96,7 +96,7 @@ class TransformerLM(eqx.Module):
     final_norm: LayerNorm | RMSNorm
     cfg: LMConfig = eqx.field(static=True)
 
-    def __init__(self, cfg: LMConfig, *, key: PRNGKeyArray):
+    def __init__(self, cfg: LMConfig, *, key: PRNGKeyArray) -> None:
         """Arguments:
         cfg: model config.
         key: PRNG key.

@@ -167,7 +167,7 @@ class CausalSelfAttention(eqx.Module):
         use_bias: bool = False,
         kernel: Literal["softmax", "linear"] = "softmax",
         key: PRNGKeyArray,
-    ):
+    ) -> None:
         """Arguments:
         model_dims: input and output width.
         num_heads: number of attention heads.

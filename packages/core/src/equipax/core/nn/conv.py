@@ -36,7 +36,7 @@ class Conv2d(eqx.Module):
         *,
         use_bias: bool = True,
         key: PRNGKeyArray,
-    ):
+    ) -> None:
         """Arguments:
         in_channels: channels of the input.
         out_channels: channels of the output.
@@ -92,7 +92,7 @@ class BatchNorm(eqx.Module):
     momentum: float = eqx.field(static=True)
     eps: float = eqx.field(static=True)
 
-    def __init__(self, channels: int, *, momentum: float = 0.99, eps: float = 1e-5):
+    def __init__(self, channels: int, *, momentum: float = 0.99, eps: float = 1e-5) -> None:
         """Arguments:
         channels: size of the last axis.
         momentum: weight of the old running statistics in each update.

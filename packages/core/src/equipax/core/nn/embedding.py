@@ -19,7 +19,7 @@ class Embedding(eqx.Module):
     vocab_size: int = eqx.field(static=True)
     model_dims: int = eqx.field(static=True)
 
-    def __init__(self, vocab_size: int, model_dims: int, *, key: PRNGKeyArray):
+    def __init__(self, vocab_size: int, model_dims: int, *, key: PRNGKeyArray) -> None:
         """Arguments:
         vocab_size: number of token ids.
         model_dims: embedding width.

@@ -166,7 +166,7 @@ class GroupedQueryAttention(eqx.Module):
     def __init__(
         self, model_dims: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
         key: PRNGKeyArray,
-    ):
+    ) -> None:
         """Arguments:
         model_dims: input and output width.
         num_heads: number of query heads.

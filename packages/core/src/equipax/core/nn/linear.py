@@ -66,7 +66,7 @@ class Linear(eqx.Module):
         dtype: DTypeLike = jnp.float32,
         axes: tuple[str | None, str | None] | None = None,
         key: PRNGKeyArray,
-    ):
+    ) -> None:
         """Arguments:
         in_features: size of the input's last axis.
         out_features: size of the output's last axis.

@@ -33,7 +33,7 @@ class FeedForward(eqx.Module):
         gated: bool,
         use_bias: bool = False,
         key: PRNGKeyArray,
-    ):
+    ) -> None:
         """Arguments:
         model_dims: input and output width.
         hidden_dims: hidden width.

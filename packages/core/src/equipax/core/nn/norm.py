@@ -19,7 +19,7 @@ class LayerNorm(eqx.Module):
     dims: int = eqx.field(static=True)
     eps: float = eqx.field(static=True)
 
-    def __init__(self, dims: int, *, use_bias: bool = False, eps: float = 1e-6):
+    def __init__(self, dims: int, *, use_bias: bool = False, eps: float = 1e-6) -> None:
         """Arguments:
         dims: size of the normalised (last) axis.
         use_bias: add a learned bias (init 0).
@@ -64,7 +64,7 @@ class RMSNorm(eqx.Module):
     dims: int = eqx.field(static=True)
     eps: float = eqx.field(static=True)
 
-    def __init__(self, dims: int, *, eps: float = 1e-6):
+    def __init__(self, dims: int, *, eps: float = 1e-6) -> None:
         """Arguments:
         dims: size of the normalised (last) axis.
         eps: added to the mean square.

@@ -190,7 +190,7 @@ class PipelinedStack(eqx.Module):
     stages: TransformerBlock
     cfg: TransformerConfig = eqx.field(static=True)
 
-    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray):
+    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray) -> None:
         """Arguments:
         cfg: transformer config (`pipeline_stages` > 1 or not).
         key: PRNG key.

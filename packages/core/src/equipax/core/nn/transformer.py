@@ -69,7 +69,7 @@ class TransformerConfig:
     pipeline_schedule: Literal["gpipe", "circular"] = "gpipe"
     pipeline_repeats: int = 1
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("num_layers", "model_dims", "num_heads", "head_dim", "hidden_dims",
                      "pipeline_stages", "pipeline_repeats"):
             value = getattr(self, name)
@@ -123,7 +123,7 @@ class TransformerBlock(eqx.Module):
     ffn_norm: LayerNorm | RMSNorm
     ffn: FeedForward
 
-    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray):
+    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray) -> None:
         """Arguments:
         cfg: transformer config.
         key: PRNG key.
@@ -234,7 +234,7 @@ class TransformerStack(eqx.Module):
     layers: TransformerBlock | tuple[TransformerBlock, ...]
     cfg: TransformerConfig = eqx.field(static=True)
 
-    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray):
+    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray) -> None:
         """Arguments:
         cfg: transformer config.
         key: PRNG key.

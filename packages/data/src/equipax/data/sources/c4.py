@@ -117,7 +117,7 @@ def parse_record(raw: bytes | str, text_field: str = "text") -> str | None:
 class _JsonLinesShard:
     """One JSON-lines file held as bytes with the offsets of its well-formed lines."""
 
-    def __init__(self, path: Path, text_field: str):
+    def __init__(self, path: Path, text_field: str) -> None:
         data = path.read_bytes()
         if path.name.endswith(".gz"):
             try:
@@ -172,7 +172,7 @@ class TextShards(Sequence[str]):
     """
 
     def __init__(self, files: Sequence[str | Path], *, text_field: str = "text", max_malformed_fraction: float = 0.01,
-                 fraction_setting: str = "data.max_malformed_fraction"):
+                 fraction_setting: str = "data.max_malformed_fraction") -> None:
         if not files:
             raise DataError("TextShards needs at least one shard file.")
         if not 0.0 <= max_malformed_fraction <= 1.0:

@@ -67,7 +67,7 @@ class ImageClassificationInput(BaseInput):
         seed: int = 0,
         repeat: bool = True,
         shuffle: bool = True,
-    ):
+    ) -> None:
         super().__init__(batch_size=batch_size, num_infeed_hosts=num_infeed_hosts,
                          infeed_host_index=infeed_host_index, seed=seed, repeat=repeat)
         if len(images) != len(labels):

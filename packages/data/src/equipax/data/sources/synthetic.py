@@ -35,7 +35,7 @@ class SyntheticLMInput(BaseInput):
         seed: int = 0,
         repeat: bool = True,
         num_batches: int | None = None,
-    ):
+    ) -> None:
         super().__init__(
             batch_size=batch_size,
             num_infeed_hosts=num_infeed_hosts,

@@ -225,7 +225,7 @@ def host_state(saved: dict[str, Any]) -> dict[str, Any]:
 class HostConsole(Console):
     """A console whose lines start with `[pI]` when the job has several processes."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._prefix = f"[p{jax.process_index()}] " if jax.process_count() > 1 else ""
 

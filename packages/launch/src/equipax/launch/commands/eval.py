@@ -61,7 +61,7 @@ def eval_cmd(
 class EvalJob:
     """The eval job of one training job: what it evaluated, and the program that evaluates."""
 
-    def __init__(self, cfg: Any, job_dir: Path):
+    def __init__(self, cfg: Any, job_dir: Path) -> None:
         from equipax.launch.training.summaries import read_metrics
 
         self.cfg, self.job_dir = cfg, Path(job_dir)

@@ -35,7 +35,7 @@ class AttentionBenchConfig:
     memory_limit_gb: float | None = None
     seed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.seq_lens or any(n < 1 for n in self.seq_lens):
             raise ValueError(f"seq_lens must be positive lengths, e.g. (128, 512); got {self.seq_lens!r}.")
         for name in ("batch_size", "num_heads", "head_dim", "repeats", "chunk_size"):

@@ -77,7 +77,7 @@ class TrainConfig:
     pgle_aggregation_percentile: int = 90
     pgle_profile_path: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._check_profiling()
         if self.max_consecutive_nonfinite < 0:
             raise ValueError(
@@ -161,7 +161,7 @@ class ExperimentConfig:
             return self.train.num_epochs * spe
         return self.train.num_steps
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.data.check_model(self.model)
         if self.train.decode_every and self.kind != "lm":
             raise ValueError(f"train.decode_every={self.train.decode_every} samples text from a language model; "

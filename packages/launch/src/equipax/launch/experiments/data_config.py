@@ -108,7 +108,7 @@ class DataConfig:
                 f"{BYTE_VOCAB_SIZE + 4}; got {model.vocab_size}."
             )
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.seq_len <= 0:
             raise ValueError(f"data.seq_len must be positive; got {self.seq_len}.")
         if self.batch_size <= 0:
@@ -194,7 +194,7 @@ class ImageDataConfig:
         size = DIGITS_IMAGE_SIZE if self.source == "digits" else self.image_size
         return (size, size, self.input_channels)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.per_device_batch is not None and self.per_device_batch <= 0:
             raise ValueError(f"data.per_device_batch must be positive or None; got {self.per_device_batch}.")
         if self.source not in ("synthetic", "digits"):

@@ -87,7 +87,7 @@ class Checkpointer:
             and handed to `restore_latest`'s `check_meta`).
     """
 
-    def __init__(self, directory: Path, *, keep: int, meta: dict[str, Any] | None = None):
+    def __init__(self, directory: Path, *, keep: int, meta: dict[str, Any] | None = None) -> None:
         self.directory = Path(directory).absolute()
         self.meta = dict(meta or {})
         self._in_flight: int | None = None  # the step of the asynchronous save not yet waited for

@@ -139,7 +139,7 @@ class DecodeHook(Hook):
     """Every `train.decode_every` steps: continue `train.decode_prompts` by `train.decode_tokens`
     tokens with the KV cache; written to metrics.jsonl (split "decode") and as TensorBoard text."""
 
-    def __init__(self, run: "Run", log: Any):
+    def __init__(self, run: "Run", log: Any) -> None:
         self.log = log  # the LogHook: its pending record is written before the decode's time counts
         train = run.cfg.train
         self.every = train.decode_every

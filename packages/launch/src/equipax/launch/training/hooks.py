@@ -107,7 +107,7 @@ class LogHook(Hook):
 class EvalHook(Hook):
     """Evaluates every `train.eval_every` steps, at the end, and at each epoch's end."""
 
-    def __init__(self, log: LogHook):
+    def __init__(self, log: LogHook) -> None:
         self.log = log
 
     def after_step(self, run: "Run", step: int, state: Any, metrics: dict[str, Any]) -> None:
@@ -167,7 +167,7 @@ class EpochHook(Hook):
 class CheckpointHook(Hook):
     """Saves every `train.checkpoint_every` steps, at each epoch's end, at the end and on a stop."""
 
-    def __init__(self, hooks: list[Hook]):
+    def __init__(self, hooks: list[Hook]) -> None:
         self.hooks = hooks
 
     def after_step(self, run: "Run", step: int, state: Any, metrics: dict[str, Any]) -> None:
@@ -185,7 +185,7 @@ class CheckpointHook(Hook):
 class StepTimer:
     """Seconds per step between two reads (eval and compilation kept out)."""
 
-    def __init__(self, step: int):
+    def __init__(self, step: int) -> None:
         self.restart(step)
 
     def restart(self, step: int) -> None:

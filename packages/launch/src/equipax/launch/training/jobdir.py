@@ -83,7 +83,7 @@ class JobLock:
         log: where the take-over warning goes.
     """
 
-    def __init__(self, job_dir: Path, *, log: Callable[[str], object] = print):
+    def __init__(self, job_dir: Path, *, log: Callable[[str], object] = print) -> None:
         self.path = Path(job_dir) / ".lock"
         self.log = log
         self._fd: int | None = None

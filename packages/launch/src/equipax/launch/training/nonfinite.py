@@ -33,7 +33,7 @@ GRAD_BLOWUP_FACTOR = 10.0
 class NonFiniteError(Exception):
     """The run stopped on non-finite steps; the message names the step, the quantity, the checkpoint."""
 
-    def __init__(self, message: str, *, step: int, last_checkpoint: int | None):
+    def __init__(self, message: str, *, step: int, last_checkpoint: int | None) -> None:
         super().__init__(message)
         self.step = step
         self.last_checkpoint = last_checkpoint
@@ -59,7 +59,7 @@ class NonFiniteMonitor:
     """
 
     def __init__(self, mode: Literal["skip", "abort"], max_consecutive: int,
-                 state: dict[str, Any] | None = None):
+                 state: dict[str, Any] | None = None) -> None:
         self.mode = mode
         self.max_consecutive = max_consecutive
         self.total = int((state or {}).get("nonfinite_total", 0))

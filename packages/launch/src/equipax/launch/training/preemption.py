@@ -21,7 +21,7 @@ __all__ = ["EarlyInterrupts", "Interrupted", "StopRequest"]
 class Interrupted(Exception):
     """SIGINT or SIGTERM outside the training loop (exit 75: run the same command again)."""
 
-    def __init__(self, signal_name: str):
+    def __init__(self, signal_name: str) -> None:
         super().__init__(signal_name)
         self.signal_name = signal_name
 
@@ -35,7 +35,7 @@ class EarlyInterrupts:
     """
 
     def __init__(self, message: str = "error: Stopped by {signal} while starting up; nothing was written. "
-                                      "Run the same command again."):
+                                      "Run the same command again.") -> None:
         self.message = message
         self.armed = False
 

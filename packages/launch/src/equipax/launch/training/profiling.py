@@ -135,7 +135,7 @@ def latest_trace(log_dir: Path) -> Path | None:
 class ProfileHook(Hook):
     """Traces steps `first..last` with `jax.profiler`, a `train` step annotation per step."""
 
-    def __init__(self, first: int, last: int, *, log_dir: Path):
+    def __init__(self, first: int, last: int, *, log_dir: Path) -> None:
         self.first, self.last, self.log_dir = first, last, log_dir
         self.tracing = False
         self.annotation: Any = None
@@ -185,7 +185,7 @@ class PGLEHook(Hook):
     """Records the run's XLA flags; with `train.pgle=auto` on GPU, JAX's automatic PGLE is on for
     the run and the recompile with the collected profile is reported."""
 
-    def __init__(self, run: "Run"):
+    def __init__(self, run: "Run") -> None:
         train = run.cfg.train
         self.settings = pgle_settings(train)
         platform = device_platform()

@@ -18,7 +18,7 @@ class ProgressReporter:
         start: the first step of this run (non-zero when resuming).
     """
 
-    def __init__(self, console: Console, *, total: int, start: int):
+    def __init__(self, console: Console, *, total: int, start: int) -> None:
         self.console = console
         self.total = total
         self._bar: Progress | None = None

@@ -29,7 +29,7 @@ class MetricsWriter:
         log: where a warning about unreadable lines dropped on resume goes.
     """
 
-    def __init__(self, job_dir: Path, *, enabled: bool = True, log: Callable[[str], object] = print):
+    def __init__(self, job_dir: Path, *, enabled: bool = True, log: Callable[[str], object] = print) -> None:
         self.enabled = enabled
         self.log = log
         self.path = Path(job_dir) / "metrics.jsonl"
