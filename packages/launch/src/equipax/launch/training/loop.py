@@ -5,8 +5,8 @@ The host loop stays small: fetch a batch, dispatch the jitted step, and let the 
 are read back only after the next step was dispatched, so the device never waits for the host.
 """
 
+import contextlib
 import dataclasses
-import json
 import shutil
 import time
 from collections.abc import Mapping
@@ -24,17 +24,17 @@ from equipax.launch.errors import Preempted
 from equipax.launch.experiments.config import ExperimentConfig
 from equipax.launch.tasks import Inputs, family
 from equipax.launch.training.build import Training, build_training
-from equipax.launch.training.checkpoints import Checkpointer, tree_digest
+from equipax.launch.training.checkpoints import Checkpointer
 from equipax.launch.training.decode_hook import DecodeHook
+from equipax.launch.training.finish import RunResult, finish
 from equipax.launch.training.hooks import CheckpointHook, EpochHook, EvalHook, Hook, LogHook, StepTimer
 from equipax.launch.training.jobdir import JobLock, prepare_job_dir, write_text_atomic
 from equipax.launch.training.nonfinite import NonFiniteMonitor, poison_batch
-from equipax.launch.training.plots import plot_loss
 from equipax.launch.training.preemption import StopRequest
 from equipax.launch.training.progress import ProgressReporter
 from equipax.launch.training.profiling import profiling_hooks
 from equipax.launch.training.resume import check_resume, resume_meta
-from equipax.launch.training.summaries import MetricsWriter, read_metrics
+from equipax.launch.training.summaries import MetricsWriter
 
 __all__ = [
     "build_run_mesh",
@@ -140,20 +140,6 @@ class Run:
                              rollback=self.checkpointer.set_aside_from, log=self.progress.message)
 
 
-@dataclasses.dataclass
-class RunResult:
-    """What a finished run reports (also written to result.json)."""
-
-    job_dir: Path
-    start_step: int
-    final_step: int
-    final_train_loss: float | None
-    final_eval_loss: float | None
-    final_eval_accuracy: float | None
-    state_digest: str
-    extra: dict[str, Any]  # the family's (unigram_entropy, sample) and the epoch history
-
-
 def run_experiment(cfg: ExperimentConfig, *, job_dir: Path, sources: dict[str, str] | None = None,
                    console: Console | None = None) -> RunResult:
     """Train `cfg`, writing everything to `job_dir`; resume if it holds a checkpoint.
@@ -245,7 +231,13 @@ def _train(cfg: ExperimentConfig, job_dir: Path, mesh: jax.sharding.Mesh, source
         hook.load(loop_state)
 
     hooks[:0] = profiling_hooks(run)  # first: they bracket the step's dispatch (profile window, PGLE)
-    state, step = _loop(run, hooks, state)
+    try:
+        state, step = _loop(run, hooks, state)
+    except BaseException:
+        for hook in hooks:  # stop a profile trace, restore settings; the original error is the one raised
+            with contextlib.suppress(Exception):
+                hook.close(run)
+        raise
     for hook in hooks:
         hook.close(run)
     run.progress.close()
@@ -255,7 +247,7 @@ def _train(cfg: ExperimentConfig, job_dir: Path, mesh: jax.sharding.Mesh, source
         log(f"Stopped by {run.stopped_by} after step {step}; checkpoint saved in {job_dir / 'checkpoints'}. "
             "Run the same command again to resume.")
         raise Preempted(step)
-    return _finish(run, hooks, state, fam, log)
+    return finish(run, hooks, state, fam, log)
 
 
 def _loop(run: Run, hooks: list[Hook], state: Any) -> tuple[Any, int]:
@@ -293,38 +285,3 @@ def _log_host_examples(run: Run, batch: Mapping[str, Any]) -> None:
         ids = batch["example_id"]
         run.progress.message(f"host {jax.process_index()}/{jax.process_count()} reads examples "
                              f"{ids.tolist() if ids.size <= 16 else f'{ids[0]}..{ids[-1]}'}")
-
-
-def _finish(run: Run, hooks: list[Hook], state: Any, fam: Any, log: Any) -> RunResult:
-    """After the last step: final eval numbers, the family's extras, result.json and plots."""
-    if run.start == run.total:
-        # Resumed from the final checkpoint (killed after it): report what the finished run did.
-        from equipax.launch.training.hooks import evaluate
-
-        run.last_train = next((r for r in reversed(read_metrics(run.writer.path)) if r.get("split") == "train"),
-                              {}) if run.writer.path.exists() else {}
-        run.last_eval = evaluate(run, state)
-    extra = dict(run.inputs.info)
-    extra |= fam.finish(run.cfg, state.model, run.inputs, key=run.training.keys.sample, log=log)
-    if extra.get("sample") is not None:
-        run.writer.add_text("eval", "sample", extra["sample"], run.total)
-        log("[bold]Sample:[/]")
-        run.progress.console.print(extra["sample"], highlight=False, markup=False)
-    for hook in hooks:
-        extra |= hook.result(run)
-    run.writer.close()
-    result = RunResult(job_dir=run.job_dir, start_step=run.start, final_step=run.total,
-                       final_train_loss=run.last_train.get("loss"), final_eval_loss=run.last_eval.get("loss"),
-                       final_eval_accuracy=run.last_eval.get("accuracy"), state_digest=tree_digest(state),
-                       extra=extra)
-    if run.primary:
-        plot_loss(read_metrics(run.writer.path), run.job_dir / "plots" / "loss.png", title=run.cfg.name)
-        summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()
-                   if k != "extra"} | extra
-        write_text_atomic(run.job_dir / "result.json", json.dumps(summary, indent=2) + "\n")
-    if result.final_eval_loss is not None:
-        line = (f"Final eval loss {result.final_eval_loss:.4f}, accuracy {result.final_eval_accuracy:.4f}")
-        if extra.get("unigram_entropy") is not None:
-            line += f" (nats/token; unigram entropy of the training tokens: {extra['unigram_entropy']:.4f})"
-        log(line)
-    return result
