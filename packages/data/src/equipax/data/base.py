@@ -60,11 +60,11 @@ class BaseInput(abc.ABC):
             )
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
-        self.batch_size = int(batch_size)
-        self.num_infeed_hosts = int(num_infeed_hosts)
-        self.infeed_host_index = int(infeed_host_index)
-        self.seed = int(seed)
-        self.repeat = bool(repeat)
+        self.batch_size: int = int(batch_size)
+        self.num_infeed_hosts: int = int(num_infeed_hosts)
+        self.infeed_host_index: int = int(infeed_host_index)
+        self.seed: int = int(seed)
+        self.repeat: bool = bool(repeat)
         self.tokenizer = tokenizer
 
     @property

@@ -86,9 +86,9 @@ class DocumentLMInput(BaseInput):
         if read_threads < 0:
             raise ValueError(f"read_threads must be >= 0, got {read_threads}.")
         self.documents = documents
-        self.seq_len = int(seq_len)
-        self.packing = bool(packing)
-        self.read_threads = int(read_threads)
+        self.seq_len: int = int(seq_len)
+        self.packing: bool = bool(packing)
+        self.read_threads: int = int(read_threads)
         self._tok = tokenizer
         self._rows_per_host: list[int] | None = None
         self._iter = self._make_iter()

@@ -33,7 +33,7 @@ class RollingEvalInput(BaseInput):
                          infeed_host_index=source.infeed_host_index, seed=source.seed, repeat=False,
                          tokenizer=source.tokenizer)
         self.source = source
-        self.num_batches = int(num_batches)
+        self.num_batches: int = int(num_batches)
         self._taken = 0
 
     def get_next(self) -> Batch:

@@ -86,8 +86,8 @@ class TokenWindowInput(BaseInput):
         stream = np.asarray(tokens)
         if stream.ndim != 1:
             raise ValueError(f"tokens must be a 1-D token stream, got shape {stream.shape}.")
-        self.seq_len = int(seq_len)
-        self.num_windows = stream.shape[0] // (self.seq_len + 1)
+        self.seq_len: int = int(seq_len)
+        self.num_windows: Any = stream.shape[0] // (self.seq_len + 1)
         if self.num_windows == 0:
             raise ValueError(
                 f"tokens has {stream.shape[0]} tokens, fewer than one window of seq_len + 1 = "

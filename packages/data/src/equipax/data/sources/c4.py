@@ -177,9 +177,9 @@ class TextShards(Sequence[str]):
             raise DataError("TextShards needs at least one shard file.")
         if not 0.0 <= max_malformed_fraction <= 1.0:
             raise DataError(f"max_malformed_fraction must be in [0, 1], got {max_malformed_fraction!r}.")
-        self.files = [Path(f) for f in files]
+        self.files: list[Path] = [Path(f) for f in files]
         self.text_field = text_field
-        self.max_malformed_fraction = float(max_malformed_fraction)
+        self.max_malformed_fraction: float = float(max_malformed_fraction)
         self.fraction_setting = fraction_setting
         self._lock = threading.Lock()
         self._records_read = 0

@@ -76,9 +76,9 @@ class ImageClassificationInput(BaseInput):
             raise ValueError(
                 f"A training input needs at least one full global batch: {len(images)} images, "
                 f"global batch {self.global_batch_size}. Lower the batch size or add images.")
-        self.images = np.asarray(images, np.float32)
-        self.labels = np.asarray(labels, np.int32)
-        self.shuffle = bool(shuffle)
+        self.images: np.ndarray = np.asarray(images, np.float32)
+        self.labels: np.ndarray = np.asarray(labels, np.int32)
+        self.shuffle: bool = bool(shuffle)
         self._step = 0
 
     @property

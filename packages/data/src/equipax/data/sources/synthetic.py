@@ -49,9 +49,9 @@ class SyntheticLMInput(BaseInput):
             if num_batches is None:
                 raise ValueError("SyntheticLMInput(repeat=False) needs num_batches, the length of one pass.")
             check_positive("num_batches", num_batches)
-        self.vocab_size = int(vocab_size)
-        self.seq_len = int(seq_len)
-        self.num_batches = None if num_batches is None else int(num_batches)
+        self.vocab_size: int = int(vocab_size)
+        self.seq_len: int = int(seq_len)
+        self.num_batches: int | None = None if num_batches is None else int(num_batches)
         self._step = 0
 
     def get_next(self) -> Batch:

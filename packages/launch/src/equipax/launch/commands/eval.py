@@ -65,7 +65,7 @@ class EvalJob:
         from equipax.launch.training.summaries import read_metrics
 
         self.cfg, self.job_dir = cfg, Path(job_dir)
-        self.path = self.job_dir / EVAL_DIR / "metrics.jsonl"
+        self.path: Path = self.job_dir / EVAL_DIR / "metrics.jsonl"
         self.done = {r["step"] for r in read_metrics(self.path)} if self.path.exists() else set()
         self.program: tuple[Any, Any, str] | None = None  # (training, eval input, unit), at the first checkpoint
         self.tb: Any = None

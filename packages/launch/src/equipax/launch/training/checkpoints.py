@@ -88,8 +88,8 @@ class Checkpointer:
     """
 
     def __init__(self, directory: Path, *, keep: int, meta: dict[str, Any] | None = None) -> None:
-        self.directory = Path(directory).absolute()
-        self.meta = dict(meta or {})
+        self.directory: Path = Path(directory).absolute()
+        self.meta: dict[str, Any] = dict(meta or {})
         self._in_flight: int | None = None  # the step of the asynchronous save not yet waited for
         self._quiet = _QuietOrbaxErrors()
         logging.getLogger("absl").addFilter(self._quiet)

@@ -142,8 +142,8 @@ class DecodeHook(Hook):
     def __init__(self, run: "Run", log: Any) -> None:
         self.log = log  # the LogHook: its pending record is written before the decode's time counts
         train = run.cfg.train
-        self.every = train.decode_every
-        self.tokenizer = run.inputs.extra.get("tokenizer")
+        self.every: int = train.decode_every
+        self.tokenizer: Any | None = run.inputs.extra.get("tokenizer")
         if self.every and self.tokenizer is not None:
             max_seq_len = run.cfg.model.max_seq_len  # pyright: ignore[reportAttributeAccessIssue]
             encode_prompts(self.tokenizer, train.decode_prompts, max_seq_len)  # bad prompts: exit 2 before training

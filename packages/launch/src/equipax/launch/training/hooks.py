@@ -127,7 +127,7 @@ class EpochHook(Hook):
     step) and the eval at its end become an `epoch` record, printed as the tutorial does."""
 
     def __init__(self) -> None:
-        self.sums = {k: jnp.zeros((), jnp.float32) for k in EVAL_SUMS}
+        self.sums: dict[str, Any] = {k: jnp.zeros((), jnp.float32) for k in EVAL_SUMS}
 
     def after_step(self, run: "Run", step: int, state: Any, metrics: dict[str, Any]) -> None:
         self.sums = {k: self.sums[k] + metrics[k] for k in EVAL_SUMS}

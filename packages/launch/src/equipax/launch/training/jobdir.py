@@ -84,7 +84,7 @@ class JobLock:
     """
 
     def __init__(self, job_dir: Path, *, log: Callable[[str], object] = print) -> None:
-        self.path = Path(job_dir) / ".lock"
+        self.path: Path = Path(job_dir) / ".lock"
         self.log = log
         self._fd: int | None = None
 

@@ -64,7 +64,7 @@ class NonFiniteMonitor:
         self.max_consecutive = max_consecutive
         self.total = int((state or {}).get("nonfinite_total", 0))
         self.consecutive = int((state or {}).get("nonfinite_consecutive", 0))
-        self.streak_start = (state or {}).get("nonfinite_streak_start")  # first skipped step in a row
+        self.streak_start: int | None = (state or {}).get("nonfinite_streak_start")  # first skipped step in a row
         self._pending: list[tuple[int, Any]] = []
         self._history: deque[tuple[int, dict[str, float]]] = deque(maxlen=256)  # read steps, host floats
 

@@ -54,7 +54,7 @@ class EarlyInterrupts:
 
     def arm(self) -> None:
         """From now on a signal raises `Interrupted` (the command is running)."""
-        self.armed = True
+        self.armed: bool = True
 
 
 

@@ -163,7 +163,7 @@ class ProfileHook(Hook):
 
     def stop(self, run: "Run", step: int) -> None:
         jax.profiler.stop_trace()
-        self.tracing = False
+        self.tracing: bool = False
         self.trace_dir = latest_trace(self.log_dir)
         run.progress.message(
             f"Profiled steps {self.first}-{step} -> {self.trace_dir}. Open it with `xprof --logdir "
@@ -187,9 +187,9 @@ class PGLEHook(Hook):
 
     def __init__(self, run: "Run") -> None:
         train = run.cfg.train
-        self.settings = pgle_settings(train)
+        self.settings: PGLESettings = pgle_settings(train)
         platform = device_platform()
-        self.active = train.pgle != "off" and platform == "gpu"
+        self.active: bool = train.pgle != "off" and platform == "gpu"
         self.saved = {k: jax.config.values[k] for k in self.settings.jax_config} if self.active else {}
         for k, v in self.settings.jax_config.items() if self.active else ():
             jax.config.update(k, v)
@@ -205,7 +205,7 @@ class PGLEHook(Hook):
         self.compiles: list[float] = []
         self.dispatching = False
         self.listening = False
-        self.first_step = run.start + 1
+        self.first_step: int = run.start + 1
 
     def _on_event(self, event: str, duration_secs: float, **kwargs: Any) -> None:
         if event == _COMPILE_EVENT and self.dispatching:
@@ -219,7 +219,7 @@ class PGLEHook(Hook):
         self.dispatching = True
 
     def after_step(self, run: "Run", step: int, state: Any, metrics: dict[str, Any]) -> None:
-        self.dispatching = False
+        self.dispatching: bool = False
         if self.compiles and step > self.first_step:
             run.progress.message(f"step {step}: the train step was recompiled with its PGLE profile "
                                  f"({sum(self.compiles):.1f} s) after {run.cfg.train.pgle_profiling_runs} "
@@ -228,7 +228,7 @@ class PGLEHook(Hook):
     def close(self, run: "Run") -> None:
         if self.listening:
             jax.monitoring.unregister_event_duration_listener(self._on_event)
-            self.listening = False
+            self.listening: bool = False
         for k, v in self.saved.items():
             jax.config.update(k, v)
 

@@ -32,7 +32,7 @@ class MetricsWriter:
     def __init__(self, job_dir: Path, *, enabled: bool = True, log: Callable[[str], object] = print) -> None:
         self.enabled = enabled
         self.log = log
-        self.path = Path(job_dir) / "metrics.jsonl"
+        self.path: Path = Path(job_dir) / "metrics.jsonl"
         self._tb: dict[str, SummaryWriter] = {}
         self._job_dir = Path(job_dir)
 
