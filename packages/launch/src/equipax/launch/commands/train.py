@@ -108,13 +108,13 @@ def run(
     ] = None,
 ) -> None:
     """Train an experiment; rerun the same command to resume from its last checkpoint."""
-    from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
-    from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
-    from equipax.launch.training.profiling import set_xla_flags
-
     if profile is not None:
         set_ = [*(set_ or []), *profile_overrides(profile)]
     entry, cfg, sources = resolve(exp, set_)  # a pure value: no device touched yet
+    # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
+    from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
+    from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
+    from equipax.launch.training.profiling import set_xla_flags
     try:
         if entry.kind == "train":  # refuse a device count the mesh cannot use before creating them
             check_cpu_devices(cpu_devices, cfg.mesh, num_processes=num_processes or 1)
