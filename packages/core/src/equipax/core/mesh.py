@@ -35,7 +35,9 @@ __all__ = [
 ]
 
 # Axis vocabulary (docs/sharding.md). Pax: replica -> data, data -> fsdp, mdl -> tensor.
-DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
+DATA = "data"
+FSDP = "fsdp"
+TENSOR = "tensor"
 AXES = (DATA, FSDP, TENSOR)
 # Pipeline parallelism (Pax's `stage`): layers split into consecutive stages along this axis.
 STAGE = "stage"

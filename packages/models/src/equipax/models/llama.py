@@ -63,7 +63,21 @@ def token_ids(
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LlamaConfig:
-    """Hyperparameters of the Llama-style decoder (defaults: a tiny CPU model)."""
+    """Hyperparameters of the Llama-style decoder (defaults: a tiny CPU model).
+
+    Attributes:
+        vocab_size: token ids are in `[0, vocab_size)` (embedding and unembedding rows).
+        max_seq_len: the longest sequence the model takes.
+        num_layers: decoder blocks.
+        model_dims: width of the residual stream (`embed`).
+        num_heads: query heads per block.
+        head_dim: dimensions per head.
+        rope_theta: base of the rotary position frequencies.
+        norm_eps: epsilon of the RMS norms.
+        scan_layers: run the blocks as one `jax.lax.scan` over stacked weights.
+        remat: recompute each block in the backward pass: "none", "full" or "dots_saveable".
+        dtype: the activations' dtype; parameters and logits stay float32.
+    """
 
     vocab_size: int = 2048
     max_seq_len: int = 128

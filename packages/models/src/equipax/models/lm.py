@@ -33,7 +33,18 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LMConfig:
-    """Hyperparameters of the transformer language model."""
+    """Hyperparameters of the transformer language model.
+
+    Attributes:
+        vocab_size: token ids are in `[0, vocab_size)`: the embedding table's rows (and the
+            size the SentencePiece tokenizer is trained to).
+        max_seq_len: the longest sequence the model takes (the sinusoidal table's length).
+        transformer: the block stack's hyperparameters.
+        output_logit_cap: soft cap on the output logits, `cap * tanh(logits / cap)` (Pax's
+            soft-capped logits); None = off.
+        position: "sinusoidal" position embeddings added to the token embeddings, or "none".
+        dtype: the activations' dtype; parameters and logits stay float32.
+    """
 
     vocab_size: int = 2048
     max_seq_len: int = 128

@@ -37,7 +37,24 @@ _SCHEDULES = ("gpipe", "circular")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
-    """Hyperparameters of a decoder-only transformer stack."""
+    """Hyperparameters of a decoder-only transformer stack.
+
+    Attributes:
+        num_layers: transformer blocks in the stack.
+        model_dims: width of the residual stream (`embed`).
+        num_heads: attention heads per block.
+        head_dim: dimensions per head (`num_heads * head_dim` need not equal `model_dims`).
+        hidden_dims: width of the feed-forward layer's hidden activations.
+        activation: the feed-forward nonlinearity.
+        gated: a gated feed-forward (GLU: `act(x W1) * (x W2)`, then the output projection).
+        norm: the normalisation before attention and before the feed-forward (pre-norm).
+        use_bias: biases in the attention and feed-forward projections.
+        atten_logit_cap: soft cap on the attention logits, `cap * tanh(logits / cap)`; None = off.
+        scan_layers: run the blocks as one `jax.lax.scan` over stacked weights (compile time
+            independent of depth) instead of a Python loop.
+        remat: recompute each block in the backward pass: "none", "full" (save only the block's
+            input) or "dots_saveable" (save matrix-multiply outputs).
+    """
 
     num_layers: int = 4
     model_dims: int = 256

@@ -29,6 +29,11 @@ class TrainConfig:
     and at each epoch's end the loop evaluates on the whole eval set, writes an `epoch` record
     (train loss/accuracy of the epoch, test loss/accuracy) and saves a checkpoint.
     eval_batches: batches per eval run; 0 = one whole pass of the eval input.
+    log_every, eval_every, checkpoint_every: steps between metric lines (stdout, metrics.jsonl,
+    TensorBoard), between evaluations, and between checkpoints. keep_checkpoints: how many of the
+    newest checkpoints are kept. seed: the root seed of the init and step keys (the data has
+    its own `data.seed`). peak_tflops_per_device: the device's peak TFLOP/s for the MFU figure;
+    None = looked up from the device kind.
     sample_tokens, sample_prompt, sample_temperature: language models only: the sample generated
     after training.
     decode_every: language models only: every this many steps (0 = never), continue each of
@@ -119,7 +124,12 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ExperimentConfig:
-    """A registered experiment, resolved: everything a run needs."""
+    """A registered experiment, resolved: everything a run needs.
+
+    Attributes:
+        name: the registered name (`launch run --exp NAME`).
+        description: one line shown by `launch list` and `launch show`.
+    """
 
     name: str
     description: str = ""

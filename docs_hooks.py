@@ -1,0 +1,156 @@
+"""mkdocs hooks (mkdocs.yml `hooks:`): pages generated from the code at build time, so they
+cannot drift from it.
+
+- `<!-- knobs -->` in docs/knobs.md becomes one table per config dataclass reachable from
+  `ExperimentConfig`: every knob's dotted name, type, default and meaning. The meaning is read
+  from the dataclass itself: the comment lines right above the field and the entries of its
+  docstring that name it (`name: ...`, or a sentence mentioning `name`).
+- `<!-- api: PACKAGE -->` in docs/api/*.md becomes a mkdocstrings `::: module` block for every
+  public module of that package.
+"""
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import pkgutil
+import re
+import textwrap
+import types
+import typing
+from typing import Any
+
+__all__ = ["api_modules", "knob_rows", "knobs_markdown", "on_page_markdown"]
+
+ROOT_CLASS = ("equipax.launch.experiments.config", "ExperimentConfig")
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """Comment lines directly above each field in the class body; a field without its own takes
+    the nearest block above that names it (one comment describing a group of fields)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    lines = source.splitlines()
+    out: dict[str, str] = {}
+    last_block = ""
+    for node in ast.parse(source).body[0].body:  # type: ignore[attr-defined]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            comments: list[str] = []
+            i = node.lineno - 2
+            while i >= 0 and lines[i].strip().startswith("#"):
+                comments.insert(0, lines[i].strip().lstrip("#").strip())
+                i -= 1
+            if comments:
+                out[node.target.id] = last_block = " ".join(comments)
+            elif re.search(rf"(?<![\w.]){re.escape(node.target.id)}(?!\w)", last_block):
+                out[node.target.id] = last_block
+    return out
+
+
+_ENTRY = re.compile(r"(?:(?<=^)|(?<=\n)|(?<=\. )|(?<=; ))\s*`?([a-z_][a-z0-9_]*(?:`?,\s*`?[a-z_][a-z0-9_]*)*)`?:\s")
+
+
+def _docstring_entries(cls: type) -> list[tuple[list[str], str]]:
+    """`(names, text)` for each `name[, name]: text` entry of the class docstring (prose or an
+    Arguments/Attributes section)."""
+    doc = inspect.getdoc(cls) or ""
+    doc = re.sub(r"^\s*(Arguments|Attributes|\*\*Arguments:\*\*):\s*$", "", doc, flags=re.M)
+    text = re.sub(r"\s*\n\s*", " ", doc.strip())
+    text = "\n".join(part for part in re.split(r"(?<=\.)\s+(?=`?[a-z_][a-z0-9_]*`?(?:,\s*`?[a-z_]\w*`?)*:\s)", text))
+    entries: list[tuple[list[str], str]] = []
+    for chunk in text.split("\n"):
+        m = re.match(r"`?([a-z_][a-z0-9_]*(?:`?,\s*`?[a-z_][a-z0-9_]*)*)`?:\s(.*)", chunk)
+        if m:
+            names = [n.strip(" `") for n in m.group(1).split(",")]
+            entries.append((names, chunk))
+        else:
+            entries.append(([], chunk))
+    return entries
+
+
+def field_meanings(cls: type) -> dict[str, str]:
+    """The meaning of each field of the dataclass `cls` (empty string: undocumented)."""
+    comments = _field_comments(cls)
+    entries = _docstring_entries(cls)
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        parts = [comments[f.name]] if f.name in comments else []
+        named = [text for names, text in entries if f.name in names]
+        mentioned = [text for names, text in entries if f.name not in names
+                     and re.search(rf"(?<![\w.]){re.escape(f.name)}(?![\w])", text)]
+        parts += named or mentioned
+        out[f.name] = " ".join(dict.fromkeys(parts))
+    return out
+
+
+def _dataclass_types(annotation: Any) -> list[type]:
+    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or \
+        typing.get_origin(annotation) is typing.Union else (annotation,)
+    return [a for a in args if isinstance(a, type) and dataclasses.is_dataclass(a)]
+
+
+def _type_name(annotation: Any) -> str:
+    name = annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    return name.replace("typing.", "")
+
+
+def knob_rows(cls: type, prefix: str = "") -> list[tuple[str, list[tuple[str, str, str, str]]]]:
+    """`(section title, rows)` per dataclass reachable from `cls`; a row is
+    `(knob, type, default, meaning)`."""
+    hints = typing.get_type_hints(cls)
+    meanings = field_meanings(cls)
+    rows: list[tuple[str, str, str, str]] = []
+    nested: list[tuple[str, list[tuple[str, str, str, str]]]] = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        sub = _dataclass_types(hints[f.name])
+        if sub:
+            for sub_cls in sub:
+                nested += knob_rows(sub_cls, f"{prefix}{f.name}.")
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = repr(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = repr(f.default_factory())
+        else:
+            default = "(required)"
+        rows.append((f"{prefix}{f.name}", _type_name(hints[f.name]), default, meanings[f.name]))
+    return [(f"`{prefix or '(top level)'}` — `{cls.__module__}.{cls.__qualname__}`", rows), *nested]
+
+
+def knobs_markdown() -> str:
+    module, name = ROOT_CLASS
+    cls = getattr(importlib.import_module(module), name)
+    out: list[str] = []
+    for title, rows in knob_rows(cls):
+        if not rows:
+            continue
+        out += [f"### {title}", "", "| knob | type | default | meaning |", "| --- | --- | --- | --- |"]
+        for knob, typ, default, meaning in rows:
+            cells = [f"`{knob}`", f"`{typ}`", f"`{default}`", meaning or "(undocumented)"]
+            out.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def api_modules(package: str) -> list[str]:
+    """Every public module of `equipax.<package>` (no `_private` part), sorted."""
+    pkg = importlib.import_module(f"equipax.{package}")
+    names = [pkg.__name__]
+    names += [m.name for m in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}.")
+              if not any(part.startswith("_") for part in m.name.split("."))]
+    return sorted(names)
+
+
+def on_page_markdown(markdown: str, **kwargs: Any) -> str:
+    """mkdocs hook: expand the `<!-- knobs -->` and `<!-- api: PACKAGE -->` markers."""
+    if "<!-- knobs -->" in markdown:
+        markdown = markdown.replace("<!-- knobs -->", knobs_markdown())
+
+    def api(m: re.Match[str]) -> str:
+        return "\n\n".join(f"## `{name}`\n\n::: {name}" for name in api_modules(m.group(1)))
+
+    return re.sub(r"<!-- api: (\w+) -->", api, markdown)
