@@ -91,7 +91,7 @@ class SentencePieceTokenizer(Tokenizer):
         self.model_path = model_path
 
     @classmethod
-    def load(cls, model_path: str | os.PathLike) -> "SentencePieceTokenizer":
+    def load(cls, model_path: str | os.PathLike[str]) -> "SentencePieceTokenizer":
         """Load a `.model` file written by `train` (or any SentencePiece model)."""
         path = Path(model_path)
         if not path.is_file():
@@ -108,7 +108,7 @@ class SentencePieceTokenizer(Tokenizer):
         texts: Iterable[str],
         *,
         vocab_size: int,
-        model_path: str | os.PathLike,
+        model_path: str | os.PathLike[str],
         model_type: Literal["bpe", "unigram", "char", "word"] = "bpe",
         max_sentences: int = 1_000_000,
         num_threads: int = 1,

@@ -35,7 +35,7 @@ __all__ = [
     "write_shards",
 ]
 
-log = logging.getLogger("equipax.data")
+log: logging.Logger = logging.getLogger("equipax.data")
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
 ARRAY_RECORD_SUFFIXES = (".array_record", ".arrayrecord")
@@ -127,7 +127,7 @@ class _JsonLinesShard:
         self.data = data
         starts, ends = [], []
         self.lines = 0
-        self.malformed = 0
+        self.malformed: int = 0
         pos = 0
         while pos < len(data):
             end = data.find(b"\n", pos)
@@ -183,7 +183,7 @@ class TextShards(Sequence[str]):
         self.fraction_setting = fraction_setting
         self._lock = threading.Lock()
         self._records_read = 0
-        self.malformed = 0
+        self.malformed: int = 0
         self._logged = False
         self._lazy_reads = 0
         self._lazy_malformed = 0
@@ -236,7 +236,7 @@ class TextShards(Sequence[str]):
     def __len__(self) -> int:
         return int(self._offsets[-1])
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index: int | slice) -> Any:  # type: ignore[override]
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         i = int(index)
