@@ -29,7 +29,7 @@ from equipax.launch.commands.pgle import pgle_app  # noqa: E402
 from equipax.launch.commands.train import list_cmd, run, show  # noqa: E402
 from equipax.launch.errors import EXIT_PREEMPTED, GuardedGroup, describe  # noqa: E402
 
-app = typer.Typer(
+app: typer.Typer = typer.Typer(
     help="Configure and run ML experiments on JAX (equipax).",
     no_args_is_help=True,
     add_completion=False,

@@ -285,7 +285,7 @@ def _parse_lengths(seq: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-bench_app = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+bench_app: typer.Typer = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 _DEFAULT = AttentionBenchConfig()
 
 

@@ -22,8 +22,8 @@ __all__ = [
 
 DEFAULT_EXPERIMENT = "shakespeare_tiny"
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out: Console = Console(soft_wrap=True)
+err: Console = Console(stderr=True, soft_wrap=True)
 
 ExpOption = Annotated[str, typer.Option("--exp", "-e", help="Experiment: short name or dotted path.")]
 CpuDevicesOption = Annotated[

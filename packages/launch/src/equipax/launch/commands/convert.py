@@ -16,7 +16,7 @@ from equipax.launch.experiments.maxtext import SCALE_RULES, to_equipax, to_maxte
 
 __all__ = ["convert_app", "convert_maxtext", "DEFAULT_BASE", "print_maxtext", "read_maxtext"]
 
-convert_app = typer.Typer(help="Translate other frameworks' configs into equipax knobs.", no_args_is_help=True)
+convert_app: typer.Typer = typer.Typer(help="Translate other frameworks' configs into equipax knobs.", no_args_is_help=True)
 
 DEFAULT_BASE = "c4_1b"
 

@@ -24,14 +24,14 @@ __all__ = [
     "vocab",
 ]
 
-data_app = typer.Typer(
+data_app: typer.Typer = typer.Typer(
     help="Prepare C4-format shards and SentencePiece vocabularies; inspect an experiment's batches.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out: Console = Console(soft_wrap=True)
+err: Console = Console(stderr=True, soft_wrap=True)
 
 InputOption = Annotated[
     list[Path],

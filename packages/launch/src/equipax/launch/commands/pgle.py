@@ -16,7 +16,7 @@ from equipax.launch.errors import EXIT_USER_ERROR
 
 __all__ = ["collect", "pgle_app", "PROFILE_FILE"]
 
-pgle_app = typer.Typer(help="Profile-guided latency estimation (XLA:GPU): collect a profile for manual PGLE.",
+pgle_app: typer.Typer = typer.Typer(help="Profile-guided latency estimation (XLA:GPU): collect a profile for manual PGLE.",
                        no_args_is_help=True)
 
 PROFILE_FILE = "profile.pb"
