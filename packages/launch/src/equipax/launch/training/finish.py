@@ -14,6 +14,8 @@ from equipax.launch.training.summaries import read_metrics
 if TYPE_CHECKING:
     from equipax.launch.training.loop import Run
 
+__all__ = ["finish", "RunResult"]
+
 
 @dataclasses.dataclass
 class RunResult:
