@@ -38,13 +38,13 @@ def _median_s(fn: Any, repeats: int) -> float:
 def measure(preset_name: str, *, repeats: int) -> dict[str, Any]:
     """Median seconds of each operation on `preset_name`'s initial train state."""
     import equipax.launch.training.checkpoints as ckpt_module
-    from equipax.launch.training.checkpoints import Checkpointer, _flat_arrays
+    from equipax.launch.training.checkpoints import Checkpointer, flat_arrays
     from equipax.launch.training.checksums import array_checksums
     from train_step import PRESETS, preset_training
 
     training = preset_training(PRESETS[preset_name]())
     state = training.init_state()
-    flat = _flat_arrays(state)
+    flat = flat_arrays(state)
     nbytes = sum(x.nbytes for x in flat.values())
     array_checksums(flat)  # compile
     checksum_s = _median_s(lambda: array_checksums(flat), repeats)
@@ -62,12 +62,12 @@ def measure(preset_name: str, *, repeats: int) -> dict[str, Any]:
         assert latest is not None
         ckpt.restore(latest, state)  # warm
         restore_s = _median_s(lambda: jax.block_until_ready(ckpt.restore(latest, state)), repeats)
-        verify = ckpt_module._verify
-        ckpt_module._verify = lambda *args: None
+        verify = ckpt_module.verify
+        ckpt_module.verify = lambda *args: None
         try:
             unverified_s = _median_s(lambda: jax.block_until_ready(ckpt.restore(latest, state)), repeats)
         finally:
-            ckpt_module._verify = verify
+            ckpt_module.verify = verify
         ckpt.close()
     return {
         "preset": preset_name, "device": jax.devices()[0].device_kind, "arrays": len(flat),

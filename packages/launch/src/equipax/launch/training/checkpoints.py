@@ -28,9 +28,10 @@ import orbax.checkpoint as ocp
 
 from equipax.core.config import ConfigError
 from equipax.launch.cluster.distributed import barrier as barrier_all
-from equipax.launch.training.checksums import ALGORITHM, array_checksums, differences, json_checksum
+from equipax.launch.training.checksums import ALGORITHM, ChecksumMismatch, array_checksums, json_checksum, verify
+from equipax.launch.training.orbax_quiet import QuietOrbaxErrors, quiet_closed_loops
 
-__all__ = ["Checkpointer", "CheckpointSaveError", "ChecksumMismatch", "read_json", "tree_digest"]
+__all__ = ["Checkpointer", "CheckpointSaveError", "ChecksumMismatch", "flat_arrays", "read_json"]
 
 PyTree = Any
 
@@ -39,32 +40,8 @@ class CheckpointSaveError(Exception):
     """Writing a checkpoint failed (disk full, permissions); the message says what is intact."""
 
 
-class ChecksumMismatch(Exception):
-    """What was read back is not what was saved (the files changed after the save)."""
-
-
-def _unraisable_hook(previous: Callable[[Any], object]) -> Callable[[Any], object]:
-    """`sys.unraisablehook` without "Event loop is closed": after a failed save, tensorstore's
-    completion callbacks can land on orbax's already closed event loop (harmless; a traceback each)."""
-
-    def hook(unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
-            return
-        previous(unraisable)
-
-    hook.quiets_closed_loops = True  # type: ignore[attr-defined]
-    return hook
-
-
-class _QuietOrbaxErrors(logging.Filter):
-    """Drop orbax's logged tracebacks of a failed save (hundreds of lines from its threads): the
-    failure reaches `save`/`wait` as an exception and is reported there in one paragraph."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and record.exc_info is not None)
-
-
-def _flat_arrays(tree: PyTree) -> dict[str, Any]:
+    """The array leaves of `tree` as `{keystr(path): array}` (what a checkpoint stores)."""
+def flat_arrays(tree: PyTree) -> dict[str, Any]:
     arrays = eqx.filter(tree, eqx.is_array)
     flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
     return {jax.tree_util.keystr(path): leaf for path, leaf in flat}
@@ -91,10 +68,10 @@ class Checkpointer:
         self.directory: Path = Path(directory).absolute()
         self.meta: dict[str, Any] = dict(meta or {})
         self._in_flight: int | None = None  # the step of the asynchronous save not yet waited for
-        self._quiet = _QuietOrbaxErrors()
+        self._quiet = QuietOrbaxErrors()
         logging.getLogger("absl").addFilter(self._quiet)
         if not getattr(sys.unraisablehook, "quiets_closed_loops", False):
-            sys.unraisablehook = _unraisable_hook(sys.unraisablehook)  # for the process: callbacks outlive us
+            sys.unraisablehook = quiet_closed_loops(sys.unraisablehook)  # for the process: callbacks outlive us
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
@@ -124,7 +101,7 @@ class Checkpointer:
             CheckpointSaveError: this save (or the previous, asynchronous one) could not be written.
         """
         self.wait()  # a failure of the previous asynchronous save is reported with its own step
-        flat = _flat_arrays(state)
+        flat = flat_arrays(state)
         loop_state = loop_state or {}
         digests = {"algorithm": ALGORITHM, "arrays": array_checksums(flat), "data": json_checksum(data_state),
                    "loop": json_checksum(loop_state), "meta": json_checksum(self.meta)}
@@ -261,7 +238,7 @@ class Checkpointer:
         saved = meta["state"] if meta is not None else None
         if saved is None:
             return
-        expected = {k: (tuple(v.shape), str(v.dtype)) for k, v in _flat_arrays(template).items()}
+        expected = {k: (tuple(v.shape), str(v.dtype)) for k, v in flat_arrays(template).items()}
         found = {k: (tuple(v.shape), str(v.dtype)) for k, v in dict(saved).items()}
         diffs = []
         for k in sorted(set(expected) | set(found)):
@@ -293,7 +270,7 @@ class Checkpointer:
         self.check_compatible(step, template)
         abstract = {
             k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
-            for k, v in _flat_arrays(template).items()
+            for k, v in flat_arrays(template).items()
         }
         items: dict[str, Any] = {"state": ocp.args.StandardRestore(abstract),  # pyright: ignore[reportCallIssue]
                                  "data": ocp.args.JsonRestore()}  # pyright: ignore[reportCallIssue]
@@ -304,7 +281,7 @@ class Checkpointer:
         flat, data_state = dict(restored["state"]), dict(restored["data"])
         loop_state = dict(restored["loop"] or {}) if "loop" in items else {}
         if "digests" in items:
-            _verify(dict(restored["digests"] or {}), flat, data_state, loop_state)
+            verify(dict(restored["digests"] or {}), flat, data_state, loop_state)
         return _unflatten_into(template, flat), data_state, loop_state
 
     def close(self) -> None:
@@ -315,38 +292,8 @@ class Checkpointer:
             logging.getLogger("absl").removeFilter(self._quiet)
 
 
-def _verify(digests: dict[str, Any], flat: dict[str, Any], data_state: dict[str, Any],
-            loop_state: dict[str, Any]) -> None:
-    """Raise ChecksumMismatch unless what was restored has the checksums recorded at save time."""
-    if digests.get("algorithm") != ALGORITHM:
-        return  # recorded by another version: nothing to compare with
-    bad = differences(digests.get("arrays", {}), array_checksums(flat))
-    bad += [name for name, value in (("data", data_state), ("loop", loop_state))
-            if digests.get(name) not in (None, json_checksum(value))]
-    if bad:
-        raise ChecksumMismatch(
-            f"{len(bad)} saved item(s) do not match the checksums recorded when it was saved "
-            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): its files changed after the save")
-
-
 def read_json(path: Path) -> dict[str, Any] | None:
     """A JSON file's content, or None if it does not exist."""
     if not path.exists():
         return None
     return json.loads(path.read_text())
-
-
-def tree_digest(tree: PyTree) -> str:
-    """A short hash of all array leaves (to compare runs bit for bit in logs/tests)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for k, v in sorted(_flat_arrays(tree).items()):
-        h.update(k.encode())
-        if isinstance(v, jax.Array) and not v.is_fully_addressable:
-            # Sharded across processes: every process gathers the whole array (a collective).
-            from jax.experimental import multihost_utils
-
-            v = multihost_utils.process_allgather(v, tiled=True)
-        h.update(np.asarray(v).tobytes())
-    return h.hexdigest()[:16]

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ALGORITHM", "array_checksums", "differences", "json_checksum"]
+__all__ = ["ALGORITHM", "ChecksumMismatch", "array_checksums", "differences", "json_checksum", "tree_digest", "verify"]
 
 ALGORITHM = "sum32x2-v2"
 
@@ -77,3 +77,37 @@ def json_checksum(obj: Any) -> str:
 def differences(expected: dict[str, Any], found: dict[str, Any]) -> list[str]:
     """The names whose recorded and recomputed checksums differ (missing on either side included)."""
     return [k for k in sorted(set(expected) | set(found)) if expected.get(k) != found.get(k)]
+
+
+class ChecksumMismatch(Exception):
+    """What was read back is not what was saved (the files changed after the save)."""
+
+
+def verify(digests: dict[str, Any], flat: dict[str, Any], data_state: dict[str, Any],
+            loop_state: dict[str, Any]) -> None:
+    """Raise ChecksumMismatch unless what was restored has the checksums recorded at save time."""
+    if digests.get("algorithm") != ALGORITHM:
+        return  # recorded by another version: nothing to compare with
+    bad = differences(digests.get("arrays", {}), array_checksums(flat))
+    bad += [name for name, value in (("data", data_state), ("loop", loop_state))
+            if digests.get(name) not in (None, json_checksum(value))]
+    if bad:
+        raise ChecksumMismatch(
+            f"{len(bad)} saved item(s) do not match the checksums recorded when it was saved "
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): its files changed after the save")
+
+
+def tree_digest(tree: Any) -> str:
+    """A short hash of all array leaves (to compare runs bit for bit in logs/tests)."""
+    from equipax.launch.training.checkpoints import flat_arrays
+
+    h = hashlib.sha256()
+    for k, v in sorted(flat_arrays(tree).items()):
+        h.update(k.encode())
+        if isinstance(v, jax.Array) and not v.is_fully_addressable:
+            # Sharded across processes: every process gathers the whole array (a collective).
+            from jax.experimental import multihost_utils
+
+            v = multihost_utils.process_allgather(v, tiled=True)
+        h.update(np.asarray(v).tobytes())
+    return h.hexdigest()[:16]

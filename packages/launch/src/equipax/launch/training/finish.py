@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from equipax.launch.training.checkpoints import tree_digest
+from equipax.launch.training.checksums import tree_digest
 from equipax.launch.training.hooks import Hook, evaluate
 from equipax.launch.training.jobdir import write_text_atomic
 from equipax.launch.training.plots import plot_loss
