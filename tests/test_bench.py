@@ -56,7 +56,7 @@ def test_run_attention_bench_experiment_skips_what_does_not_fit(tmp_path):
 
 
 def test_out_of_memory_is_reported_not_raised(tmp_path, monkeypatch):
-    from equipax.launch.commands import bench
+    from equipax.launch.bench import attention as bench
 
     real = bench._measure
 

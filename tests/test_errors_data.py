@@ -173,7 +173,7 @@ def test_corrupt_arrayrecord_record_is_named_when_read(tmp_path):
 
 
 def test_bench_attention_out_is_a_file(tmp_path, monkeypatch):
-    from equipax.launch.commands import bench
+    from equipax.launch.bench import attention as bench
 
     def measure(*args, **kwargs):
         raise AssertionError("benchmarked before checking --out")

@@ -126,7 +126,7 @@ def run(
         fail(str(e))
     job_dir = job_log_dir or Path("runs") / cfg.name
     if entry.kind == "benchmark":
-        from equipax.launch.commands.bench import run_attention_bench
+        from equipax.launch.bench.attention import run_attention_bench
 
         run_attention_bench(cfg, job_dir, console=out)
         return

@@ -52,7 +52,7 @@ def plot_attention_bench(result: dict[str, Any], path: Path) -> Path:
     """Log-log forward time vs sequence length per implementation; speed-ups below.
 
     Arguments:
-        result: what `equipax.launch.commands.bench.run_attention_bench` returns (`results` rows
+        result: what `equipax.launch.bench.attention.run_attention_bench` returns (`results` rows
             with `seq_len`, `implementation`, `status`, `time_ms`, `speedup_vs_baseline`).
         path: the PNG to write (parent directories are created).
 

@@ -1,0 +1,1 @@
+"""Benchmarks the launcher runs: `launch bench attention` (`attention.py`)."""
