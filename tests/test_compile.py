@@ -115,3 +115,11 @@ def test_compiler_out_of_memory_is_a_does_not_fit_figure():
     assert m["temp_bytes"] == int(34.65 * 2**30) and m["available_bytes"] == int(30.75 * 2**30)
     assert m["total_bytes"] == 6 * 2**30 + 2**20 + int(34.65 * 2**30)
     assert out_of_memory_figures("INVALID_ARGUMENT: bad sharding", 1, 1) is None
+
+
+@pytest.mark.slow
+def test_llama_smoke_compiles_with_model_flops(tmp_path):
+    proc = launch("compile", "--exp", "llama3_8b_smoke", "--job-log-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "compile.json").read_text())
+    assert report["flops"]["model_flops_per_token"] > 0 and report["projection"]["ideal_step_s"] > 0

@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from equipax.core.config import ConfigError
-from equipax.core.flops import transformer_lm_flops_per_token
 from equipax.core.mesh import build_mesh
 from equipax.launch.aot.memory import MEMORY_NOTES, memory_figures, out_of_memory_figures
 from equipax.launch.experiments.config import ExperimentConfig
@@ -183,8 +182,9 @@ def compile_report(
 def _flops_and_projection(cfg: ExperimentConfig, numbers: dict[str, Any], devices: int, target: Target,
                           assumed_mfu: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """Model FLOPs (PaLM: no remat) and the step time they imply on `target`."""
-    flops = transformer_lm_flops_per_token(cfg.model.transformer, vocab_size=cfg.model.vocab_size,  # pyright: ignore
-                                           seq_len=cfg.data.seq_len)  # pyright: ignore[reportAttributeAccessIssue]
+    from equipax.launch.tasks.lm import flops_per_token  # the families with model FLOPs are LMs
+
+    flops = flops_per_token(cfg)
     step_flops, tokens_per_step = numbers["model_flops_per_step"], numbers["tokens_per_step"]
     peak_step_s = step_flops / (devices * target.peak_tflops * 1e12)
     return {

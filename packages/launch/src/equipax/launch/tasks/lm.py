@@ -14,9 +14,17 @@ from equipax.launch.tasks import Inputs
 from equipax.models.llama import LlamaConfig, llama_flops_per_token, llama_param_counts
 from equipax.models.lm_task import LMTask
 
-__all__ = ["build_inputs", "finish", "make_task", "numbers", "UNIT", "units_per_example"]
+__all__ = ["build_inputs", "finish", "flops_per_token", "make_task", "numbers", "UNIT", "units_per_example"]
 
 UNIT = "tokens"
+
+
+def flops_per_token(cfg: ExperimentConfig) -> dict[str, float]:
+    """Model FLOPs per token of either LM family (`training`, `attention`, `remat`, ...)."""
+    model, data = as_lm(cfg).model, as_lm(cfg).data
+    if isinstance(model, LlamaConfig):
+        return llama_flops_per_token(model, seq_len=data.seq_len)
+    return transformer_lm_flops_per_token(model.transformer, vocab_size=model.vocab_size, seq_len=data.seq_len)
 
 
 def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -25,10 +33,9 @@ def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
     if isinstance(model, LlamaConfig):
         params = llama_param_counts(model)
         params["embedding"] += params["unembedding"]  # untied: both tables count as embedding
-        flops = llama_flops_per_token(model, seq_len=data.seq_len)
     else:
         params = lm_param_counts(model.transformer, model.vocab_size)
-        flops = transformer_lm_flops_per_token(model.transformer, vocab_size=model.vocab_size, seq_len=data.seq_len)
+    flops = flops_per_token(cfg)
     tokens_per_step = cfg.global_batch_size * data.seq_len
     out = {
         "params_total": params["total"],
