@@ -134,11 +134,8 @@ class EvalJob:
 
     def evaluate(self, step: int, *, vanished_ok: bool) -> None:
         """Restore checkpoint `step` (model only), evaluate it, record it."""
-        import jax
-
         from equipax.core.config import ConfigError
-        from equipax.core.step import mean_eval_metrics
-        from equipax.launch.cluster.distributed import to_host
+        from equipax.launch.training.hooks import eval_pass
         from equipax.launch.training.trained_job import restore_model
 
         if self.program is None:
@@ -155,22 +152,7 @@ class EvalJob:
                 self.done.add(step)
                 return
             raise
-        limit = self.cfg.train.eval_batches
-        eval_input.reset()
-
-        def sums():
-            count = 0
-            while limit == 0 or count < limit:
-                try:
-                    batch = eval_input.get_next()
-                except StopIteration:
-                    return
-                placed = {k: jax.make_array_from_process_local_data(training.batch_sharding, batch[k])
-                          for k in training.task.abstract_batch(1) if k in batch}
-                yield to_host(training.eval_step(model, placed, model_state))
-                count += 1
-
-        m = mean_eval_metrics(sums())
+        m = eval_pass(training, eval_input, model, model_state, limit=self.cfg.train.eval_batches)
         record = {"loss": m["loss"], "accuracy": m["accuracy"], unit: m["weight"], "batches": m["batches"],
                   "seconds": time.monotonic() - start}
         with self.path.open("a") as f:

@@ -4,6 +4,7 @@ so the program compiled ahead of time is the program a run executes.
 """
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import equinox as eqx
@@ -70,6 +71,11 @@ class Training:
             return eqx.filter_shard(_initial_state(self.task, self.learner.optimizer, key), self.state_sharding)
 
         return eqx.filter_jit(make)(self.keys.init)
+
+    def place(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
+        """This host's rows of the fields the task reads -> global arrays split over the mesh."""
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, batch[k])
+                for k in self.task.abstract_batch(1) if k in batch}
 
     def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
         """One global batch as sharded `ShapeDtypeStruct`s (for AOT lowering)."""

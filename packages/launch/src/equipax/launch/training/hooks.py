@@ -15,12 +15,14 @@ import jax
 import jax.numpy as jnp
 
 from equipax.core.step import mean_eval_metrics
+from equipax.data import BaseInput
 from equipax.core.task import EVAL_SUMS
 from equipax.launch.cluster.distributed import gather_host_states, to_host
 from equipax.launch.training.plots import plot_classifier_history
 from equipax.launch.training.summaries import read_metrics
 
 if TYPE_CHECKING:
+    from equipax.launch.training.build import Training
     from equipax.launch.training.loop import Run
 
 __all__ = ["CheckpointHook", "EpochHook", "EvalHook", "evaluate", "Hook", "LogHook", "StepTimer"]
@@ -50,9 +52,10 @@ class Hook:
         return {}
 
 
-def evaluate(run: "Run", state: Any) -> dict[str, float]:
-    """Weighted mean loss and accuracy over an eval run (`train.eval_batches`; 0 = a whole pass)."""
-    eval_input, limit = run.inputs.eval, run.cfg.train.eval_batches
+def eval_pass(training: "Training", eval_input: BaseInput, model: Any, model_state: Any, *,
+              limit: int) -> dict[str, float]:
+    """Weighted mean loss and accuracy of `model` over an eval run of `eval_input` (reset first):
+    `limit` batches, or the whole pass when 0. Also `weight` (tokens or examples) and `batches`."""
     eval_input.reset()
 
     def sums():
@@ -62,10 +65,15 @@ def evaluate(run: "Run", state: Any) -> dict[str, float]:
                 batch = eval_input.get_next()
             except StopIteration:
                 return
-            yield to_host(run.training.eval_step(state.model, run.to_device(batch), state.model_state))
+            yield to_host(training.eval_step(model, training.place(batch), model_state))
             count += 1
 
-    m = mean_eval_metrics(sums())
+    return mean_eval_metrics(sums())
+
+
+def evaluate(run: "Run", state: Any) -> dict[str, float]:
+    """The run's eval (`train.eval_batches`; 0 = a whole pass): loss, accuracy, tokens/examples, batches."""
+    m = eval_pass(run.training, run.inputs.eval, state.model, state.model_state, limit=run.cfg.train.eval_batches)
     return {"loss": m["loss"], "accuracy": m["accuracy"], run.unit: m["weight"], "batches": m["batches"]}
 
 

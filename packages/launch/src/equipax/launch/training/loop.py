@@ -130,9 +130,7 @@ class Run:
 
     def to_device(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
         """This host's rows of the fields the task reads -> global arrays split over the mesh."""
-        sharding = self.training.batch_sharding
-        return {k: jax.make_array_from_process_local_data(sharding, batch[k])
-                for k in self.training.task.abstract_batch(1) if k in batch}
+        return self.training.place(batch)
 
     def check_nonfinite(self, upto: int) -> None:
         """Apply `train.on_nonfinite` to the steps up to `upto` (raises NonFiniteError to stop)."""
