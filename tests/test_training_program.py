@@ -149,6 +149,8 @@ def test_a_live_run_owns_its_job_directory(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
     from equipax.launch.training.jobdir import JobLock
 
     messages = []
