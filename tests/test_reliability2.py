@@ -236,8 +236,10 @@ def test_file_size_limit_while_saving_names_the_step_without_tracebacks(tmp_path
                           file_size_limit=60_000)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, out
-    assert_one_paragraph(out, "Could not write the checkpoint of step 2", "File too large",
-                         "No complete checkpoint exists yet")
+    assert_one_paragraph(out, "Could not write the checkpoint of step 2", "No complete checkpoint exists yet")
+    # The OS error reaches the message as EFBIG's text or, when tensorstore's write fails first while
+    # opening an array, as its OUT_OF_RANGE status: which one wins depends on thread timing.
+    assert "File too large" in out or "OUT_OF_RANGE" in out, out
     assert len(out.splitlines()) < 12, out  # no orbax tracebacks
 
 
