@@ -15,7 +15,6 @@ match what was saved is treated like damaged files.
 import json
 import logging
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,7 @@ import orbax.checkpoint as ocp
 from equipax.core.config import ConfigError
 from equipax.launch.cluster.distributed import barrier as barrier_all
 from equipax.launch.training.checksums import ALGORITHM, ChecksumMismatch, array_checksums, json_checksum, verify
-from equipax.launch.training.orbax_quiet import QuietOrbaxErrors, quiet_closed_loops
+from equipax.launch.training.orbax_quiet import QuietOrbaxErrors, quiet_process
 
 __all__ = ["Checkpointer", "CheckpointSaveError", "ChecksumMismatch", "flat_arrays", "read_json"]
 
@@ -70,8 +69,7 @@ class Checkpointer:
         self._in_flight: int | None = None  # the step of the asynchronous save not yet waited for
         self._quiet = QuietOrbaxErrors()
         logging.getLogger("absl").addFilter(self._quiet)
-        if not getattr(sys.unraisablehook, "quiets_closed_loops", False):
-            sys.unraisablehook = quiet_closed_loops(sys.unraisablehook)  # for the process: callbacks outlive us
+        quiet_process()  # for the process: orbax's callbacks and futures outlive this checkpointer
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,

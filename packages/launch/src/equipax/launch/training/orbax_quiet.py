@@ -2,10 +2,11 @@
 `wait` as an exception and is reported there in one paragraph."""
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["QuietOrbaxErrors", "quiet_closed_loops"]
+__all__ = ["QuietOrbaxErrors", "QuietOrbaxFutures", "quiet_closed_loops", "quiet_process"]
 
 
 def quiet_closed_loops(previous: Callable[[Any], object]) -> Callable[[Any], object]:
@@ -27,3 +28,31 @@ class QuietOrbaxErrors(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno >= logging.ERROR and record.exc_info is not None)
+
+
+class QuietOrbaxFutures(logging.Filter):
+    """Drop asyncio's "exception was never retrieved" reports of orbax's write tasks after a failed
+    save (one traceback per array, logged whenever the futures are collected, even after the
+    run ended); the save's failure itself is reported once, by `Checkpointer`."""
+
+    quiets_orbax_futures = True
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info is None or "never retrieved" not in record.getMessage():
+            return True
+        tb = record.exc_info[2]
+        while tb is not None:
+            if "/orbax/" in tb.tb_frame.f_code.co_filename:
+                return False
+            tb = tb.tb_next
+        return True
+
+
+def quiet_process() -> None:
+    """Install, once per process, the filters for what outlives a checkpointer: tensorstore callbacks
+    on a closed event loop (`sys.unraisablehook`) and orbax's never-retrieved write futures (asyncio)."""
+    if not getattr(sys.unraisablehook, "quiets_closed_loops", False):
+        sys.unraisablehook = quiet_closed_loops(sys.unraisablehook)
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(getattr(f, "quiets_orbax_futures", False) for f in asyncio_log.filters):
+        asyncio_log.addFilter(QuietOrbaxFutures())
