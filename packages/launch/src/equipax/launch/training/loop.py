@@ -128,10 +128,6 @@ class Run:
         """True after the last step of an epoch of a `train.num_epochs` run."""
         return self.cfg.train.num_epochs is not None and step % self.steps_per_epoch == 0
 
-    def to_device(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
-        """This host's rows of the fields the task reads -> global arrays split over the mesh."""
-        return self.training.place(batch)
-
     def check_nonfinite(self, upto: int) -> None:
         """Apply `train.on_nonfinite` to the steps up to `upto` (raises NonFiniteError to stop)."""
         self.nonfinite.check(upto, where=str(self.job_dir / "checkpoints"),
@@ -262,7 +258,7 @@ def _loop(run: Run, hooks: list[Hook], state: Any) -> tuple[Any, int]:
                 host_batch = poison_batch(host_batch)
             for hook in hooks:
                 hook.before_step(run, step)
-            state, metrics = training.train_step(state, run.to_device(host_batch), training.keys.step)
+            state, metrics = training.train_step(state, training.place(host_batch), training.keys.step)
             run.nonfinite.record(step, metrics)
             if step == run.start + 1:
                 jax.block_until_ready(metrics)  # the first step includes compilation
