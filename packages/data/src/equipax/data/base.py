@@ -2,14 +2,29 @@
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from equipax.core.task import Batch
 from equipax.data.tokenizers import Tokenizer
 
-__all__ = ["BaseInput", "Batch", "check_positive", "check_state_keys"]
+__all__ = ["BaseInput", "Batch", "Documents", "check_positive", "check_state_keys"]
+
+
+@runtime_checkable
+class Documents(Protocol):
+    """A random-access collection of texts: a `list[str]`, or `TextShards` over files on disk.
+
+    A protocol rather than `Sequence[str]` on purpose: a runtime type checker (beartype, on in
+    the test suite) samples one *random item* of a `Sequence[str]` argument, which for
+    `TextShards` is a disk read, and a corrupt record then surfaced as a type-check error instead
+    of the `DataError` naming the file. Checking this protocol never reads a document.
+    """
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> str: ...
 
 
 def check_positive(name: str, value: int) -> None:

@@ -1,13 +1,13 @@
 """Language-model inputs over a collection of documents, on grain (shuffle, host slices, packing)."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import grain
 import numpy as np
 from grain.experimental import ConcatThenSplitIterDataset
 
-from equipax.data.base import Batch, BaseInput, check_positive
+from equipax.data.base import Batch, BaseInput, Documents, check_positive
 from equipax.data.tokenizers import Tokenizer
 
 __all__ = ["DocumentLMInput"]
@@ -64,7 +64,7 @@ class DocumentLMInput(BaseInput):
 
     def __init__(
         self,
-        documents: Sequence[str],
+        documents: Documents,
         *,
         tokenizer: Tokenizer,
         seq_len: int,
