@@ -240,3 +240,18 @@ def test_classifier_config_errors_exit_2():
     assert result.exit_code == 2 and "set model.in_channels=1" in result.output, result.output
     result = invoke("show", "--exp", "cnn_tutorial", "--set", "model.num_heads=3")
     assert result.exit_code == 2 and "must divide" in result.output, result.output
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(in_channels=1, stem_channels=8, stage_channels=(8, 16, 32),
+                                                blocks_per_stage=1, num_heads=2, hidden_dims=20, num_classes=3)])
+def test_analytic_param_count_equals_the_traced_model(overrides):
+    """`launch show` counts the CNN's parameters from the config (no JAX); it must match the model."""
+    import equinox as eqx
+    import jax
+
+    from equipax.core.flops import count_params
+    from equipax.models import AdvancedCNN, CNNConfig, cnn_param_count
+
+    cfg = CNNConfig(**overrides)
+    model, _ = eqx.filter_eval_shape(lambda k: eqx.nn.make_with_state(AdvancedCNN)(cfg, key=k), jax.random.key(0))
+    assert cnn_param_count(cfg) == count_params(model)

@@ -142,6 +142,22 @@ def test_models_and_data_do_not_import_launch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["list"], ["show", "--exp", "shakespeare_tiny"],
+                                  ["show", "--exp", "c4_gpt3_xl_pipeline"], ["show", "--exp", "cnn_digits"],
+                                  ["show", "--exp", "shakespeare_tiny", "--set", "model.transformer.num_layer=3"]])
+def test_commands_that_do_not_train_do_not_import_jax(argv):
+    """benchmarks/README.md, CLI latency: `--help`, `list`, `show` and knob errors answer without
+    JAX, grain or orbax (seconds each): the config classes live in JAX-free `configs` modules."""
+    code = (
+        "import sys; from equipax.launch.cli import main; sys.argv = ['launch', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'grain', 'orbax', 'optax', 'equinox'})\n"
+        "assert not heavy, heavy"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
 def test_progress_bar_on_a_terminal_and_plain_lines_otherwise():
     import io
 

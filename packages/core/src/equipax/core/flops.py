@@ -5,14 +5,9 @@ from the config instead.
 """
 
 import math
+from typing import Any
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
-from jaxtyping import PyTree
-
-from equipax.core.nn.linear_attention import DEFAULT_CHUNK_SIZE
-from equipax.core.nn.transformer import TransformerConfig
+from equipax.core.configs import LINEAR_ATTENTION_CHUNK_SIZE as DEFAULT_CHUNK_SIZE, TransformerConfig
 
 __all__ = ["count_params", "lm_param_counts", "transformer_lm_flops_per_token"]
 
@@ -82,13 +77,7 @@ def transformer_lm_flops_per_token(
     }
 
 
-def _is_inexact(x: object) -> bool:
-    if isinstance(x, jax.ShapeDtypeStruct):
-        return bool(jnp.issubdtype(x.dtype, jnp.inexact))
-    return eqx.is_inexact_array(x)
-
-
-def count_params(tree: PyTree) -> int:
+def count_params(tree: Any) -> int:
     """Number of parameters: total size of the inexact (float/complex) array leaves.
 
     Arguments:
@@ -98,7 +87,17 @@ def count_params(tree: PyTree) -> int:
     Returns:
         The parameter count.
     """
-    leaves = [x for x in jax.tree.leaves(tree) if _is_inexact(x)]
+    # Imported here: the analytic counts below serve `launch show`, which does not load JAX.
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    def is_inexact(x: object) -> bool:
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return bool(jnp.issubdtype(x.dtype, jnp.inexact))
+        return eqx.is_inexact_array(x)
+
+    leaves = [x for x in jax.tree.leaves(tree) if is_inexact(x)]
     return sum(math.prod(x.shape) for x in leaves)
 
 

@@ -2,13 +2,51 @@
 
 KV-cache decoding lives in `equipax.models.decode` (imported from there: its `decode` function
 would otherwise shadow the module).
+
+The names below are imported on first access, not with the package: `equipax.models.configs`
+(the config classes) has no JAX, and building or printing an experiment should not pay for
+importing it (benchmarks/README.md, "CLI latency").
 """
 
-from equipax.models.classifier import ImageClassificationTask, classification_loss, classification_metrics
-from equipax.models.cnn import AdvancedCNN, CNNConfig, ResidualBlock, SelfAttention
-from equipax.models.lm import LanguageModel, LMConfig, TransformerLM, generate, lm_loss
-from equipax.models.llama import LlamaConfig, LlamaLM, llama_flops_per_token, llama_param_counts
-from equipax.models.lm_task import LMTask
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from equipax.models.classifier import ImageClassificationTask, classification_loss, classification_metrics
+    from equipax.models.cnn import AdvancedCNN, ResidualBlock, SelfAttention
+    from equipax.models.configs import (
+        CNNConfig,
+        LlamaConfig,
+        LMConfig,
+        cnn_param_count,
+        llama_flops_per_token,
+        llama_param_counts,
+    )
+    from equipax.models.llama import LlamaLM
+    from equipax.models.lm import LanguageModel, TransformerLM, generate, lm_loss
+    from equipax.models.lm_task import LMTask
+
+# Where each public name is defined.
+_HOMES = {
+    "AdvancedCNN": "cnn",
+    "CNNConfig": "configs",
+    "ImageClassificationTask": "classifier",
+    "LMConfig": "configs",
+    "LMTask": "lm_task",
+    "LanguageModel": "lm",
+    "LlamaConfig": "configs",
+    "LlamaLM": "llama",
+    "ResidualBlock": "cnn",
+    "SelfAttention": "cnn",
+    "TransformerLM": "lm",
+    "classification_loss": "classifier",
+    "classification_metrics": "classifier",
+    "cnn_param_count": "configs",
+    "generate": "lm",
+    "llama_flops_per_token": "configs",
+    "llama_param_counts": "configs",
+    "lm_loss": "lm",
+}
 
 __all__ = [
     "AdvancedCNN",
@@ -24,8 +62,19 @@ __all__ = [
     "TransformerLM",
     "classification_loss",
     "classification_metrics",
+    "cnn_param_count",
     "generate",
     "llama_flops_per_token",
     "llama_param_counts",
     "lm_loss",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -12,8 +12,6 @@ sequence. On a length-1 sequence every query sees one key, so the softmax is 1 a
 `out(v(x))`: two learned linear maps, as in the tutorial up to that mix-up.
 """
 
-import dataclasses
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -22,55 +20,9 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from equipax.core.nn import Linear, dot_product_attention
 from equipax.core.nn.conv import BatchNorm, Conv2d, max_pool
+from equipax.models.configs import CNNConfig
 
 __all__ = ["AdvancedCNN", "CNNConfig", "ResidualBlock", "SelfAttention"]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CNNConfig:
-    """Hyperparameters of `AdvancedCNN` (defaults: the tutorial's).
-
-    Arguments:
-        num_classes: output classes.
-        in_channels: channels of the input images (3 for RGB, 1 for grey).
-        stem_channels: channels of the first 3x3 convolution.
-        stage_channels: channels of the residual stages; a 2x2 max-pool separates stages.
-        blocks_per_stage: residual blocks in each stage.
-        num_heads: self-attention heads (the attention width is the last stage's channels).
-        hidden_dims: width of the dense layer before dropout.
-        dropout_rate: dropout probability in training.
-        bn_momentum: BatchNorm running-average momentum.
-    """
-
-    num_classes: int = 10
-    in_channels: int = 3
-    stem_channels: int = 32
-    stage_channels: tuple[int, ...] = (64, 128)
-    blocks_per_stage: int = 2
-    num_heads: int = 4
-    hidden_dims: int = 256
-    dropout_rate: float = 0.5
-    bn_momentum: float = 0.99
-
-    def __post_init__(self) -> None:
-        for name in ("num_classes", "in_channels", "stem_channels", "blocks_per_stage", "num_heads",
-                     "hidden_dims"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"model.{name} must be a positive int; got {value!r}.")
-        if self.num_classes < 2:
-            raise ValueError(f"model.num_classes must be >= 2; got {self.num_classes}.")
-        if not self.stage_channels or any(c < 1 for c in self.stage_channels):
-            raise ValueError(f"model.stage_channels must be positive channel counts, e.g. (64, 128); "
-                             f"got {self.stage_channels!r}.")
-        if self.stage_channels[-1] % self.num_heads:
-            raise ValueError(
-                f"model.num_heads={self.num_heads} must divide the attention width "
-                f"model.stage_channels[-1]={self.stage_channels[-1]}; change either.")
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ValueError(f"model.dropout_rate must be in [0, 1); got {self.dropout_rate}.")
-        if not 0.0 <= self.bn_momentum < 1.0:
-            raise ValueError(f"model.bn_momentum must be in [0, 1); got {self.bn_momentum}.")
 
 
 class ResidualBlock(eqx.Module):

@@ -6,9 +6,7 @@ embedding scaling and no output logit cap. The layer stack is scanned over stack
 or run as a Python loop (`scan_layers`), with the same remat policies as `TransformerStack`.
 """
 
-import dataclasses
 from collections.abc import Callable
-from typing import Literal
 
 import equinox as eqx
 import jax
@@ -24,6 +22,7 @@ from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.norm import RMSNorm
 from equipax.core.nn.rotary import rotary_angles
 from equipax.core.partition import Axes, constrain_batch
+from equipax.models.configs import LlamaConfig, llama_flops_per_token, llama_param_counts
 
 __all__ = [
     "LlamaBlock",
@@ -35,7 +34,6 @@ __all__ = [
 ]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-_REMATS = ("none", "full", "dots_saveable")
 
 
 def token_ids(
@@ -59,138 +57,6 @@ def token_ids(
                          "For one sequence pass `ids[None]`.")
     return (arr, None if segment_ids is None else jnp.asarray(segment_ids),
             None if positions is None else jnp.asarray(positions))
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LlamaConfig:
-    """Hyperparameters of the Llama-style decoder (defaults: a tiny CPU model).
-
-    Attributes:
-        vocab_size: token ids are in `[0, vocab_size)` (embedding and unembedding rows).
-        max_seq_len: the longest sequence the model takes.
-        num_layers: decoder blocks.
-        model_dims: width of the residual stream (`embed`).
-        num_heads: query heads per block.
-        head_dim: dimensions per head.
-        rope_theta: base of the rotary position frequencies.
-        norm_eps: epsilon of the RMS norms.
-        scan_layers: run the blocks as one `jax.lax.scan` over stacked weights.
-        remat: recompute each block in the backward pass: "none", "full" or "dots_saveable".
-        dtype: the activations' dtype; parameters and logits stay float32.
-    """
-
-    vocab_size: int = 2048
-    max_seq_len: int = 128
-    num_layers: int = 4
-    model_dims: int = 256
-    num_heads: int = 4
-    # Key/value heads shared by groups of query heads: num_heads = MHA, 1 = MQA.
-    num_kv_heads: int = 2
-    head_dim: int = 64
-    # SwiGLU width (each of gate, up and down has model_dims x hidden_dims weights).
-    hidden_dims: int = 688
-    rope_theta: float = 10_000.0
-    norm_eps: float = 1e-5
-    scan_layers: bool = True
-    remat: Literal["none", "full", "dots_saveable"] = "none"
-    dtype: Literal["float32", "bfloat16"] = "float32"
-
-    def __post_init__(self) -> None:
-        for name, low in (
-            ("vocab_size", 2), ("max_seq_len", 1), ("num_layers", 1), ("model_dims", 1),
-            ("num_heads", 1), ("num_kv_heads", 1), ("head_dim", 2), ("hidden_dims", 1),
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(
-                    f"LlamaConfig.{name} must be an int >= {low}, got {value!r}; "
-                    f"set {name}=<int >= {low}>."
-                )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"LlamaConfig.num_heads={self.num_heads} must be a multiple of "
-                f"num_kv_heads={self.num_kv_heads} (each key/value head serves a group of "
-                "query heads); pick num_kv_heads among the divisors of num_heads."
-            )
-        if self.head_dim % 2:
-            raise ValueError(
-                f"LlamaConfig.head_dim must be even for rotary embeddings, got {self.head_dim}."
-            )
-        for name in ("rope_theta", "norm_eps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"LlamaConfig.{name} must be a number > 0, got {value!r}.")
-        if self.remat not in _REMATS:
-            raise ValueError(f"LlamaConfig.remat must be one of {_REMATS}, got {self.remat!r}.")
-        if self.dtype not in _DTYPES:
-            raise ValueError(
-                f"LlamaConfig.dtype must be one of {tuple(_DTYPES)}, got {self.dtype!r}; "
-                "use 'float32' on CPU."
-            )
-
-
-def llama_param_counts(cfg: LlamaConfig) -> dict[str, int]:
-    """Analytic parameter counts of `LlamaLM`.
-
-    Arguments:
-        cfg: model config.
-
-    Returns:
-        `embedding` (input table), `unembedding` (output projection), `per_layer` (one
-        block: two norms, attention, SwiGLU), `final_norm` and `total`.
-    """
-    d, hd, f = cfg.model_dims, cfg.head_dim, cfg.hidden_dims
-    attention = d * cfg.num_heads * hd * 2 + d * 2 * cfg.num_kv_heads * hd
-    per_layer = 2 * d + attention + 3 * d * f
-    counts = {
-        "embedding": cfg.vocab_size * d,
-        "unembedding": d * cfg.vocab_size,
-        "per_layer": per_layer,
-        "final_norm": d,
-    }
-    counts["total"] = (
-        counts["embedding"] + counts["unembedding"] + cfg.num_layers * per_layer + d
-    )
-    return counts
-
-
-def llama_flops_per_token(cfg: LlamaConfig, *, seq_len: int) -> dict[str, float]:
-    """FLOPs per token of `LlamaLM`, with the accounting of
-    `equipax.core.flops.transformer_lm_flops_per_token` (a matmul `[m k] @ [k n]` counts
-    `2 m k n`; causal attention half of `QK^T` and `PV`; training 3x forward).
-
-    Grouped-query attention projects `num_heads + 2 num_kv_heads` heads; the attention
-    products themselves run over all `num_heads` query heads.
-
-    Arguments:
-        cfg: model config.
-        seq_len: sequence length (for the attention term).
-
-    Returns:
-        Per-token FLOPs, all layers summed: `qkv_projection`, `output_projection`, `mlp`,
-        `attention`, `unembedding`, `forward`, `training` (the model FLOPs), `remat` (extra
-        forward work recomputed under `cfg.remat`) and `training_with_remat`.
-    """
-    d, h, hd, n = cfg.model_dims, cfg.num_heads, cfg.head_dim, cfg.num_layers
-    qkv = 2.0 * d * (h + 2 * cfg.num_kv_heads) * hd
-    out_proj = 2.0 * h * hd * d
-    mlp = 2.0 * d * cfg.hidden_dims * 3
-    attention = 2.0 * 2.0 * seq_len * h * hd / 2.0
-    unembedding = 2.0 * d * cfg.vocab_size
-    layers_forward = n * (qkv + out_proj + mlp + attention)
-    forward = layers_forward + unembedding
-    remat = {"full": layers_forward, "dots_saveable": n * attention}.get(cfg.remat, 0.0)
-    return {
-        "qkv_projection": n * qkv,
-        "output_projection": n * out_proj,
-        "mlp": n * mlp,
-        "attention": n * attention,
-        "unembedding": unembedding,
-        "forward": forward,
-        "training": 3.0 * forward,
-        "remat": remat,
-        "training_with_remat": 3.0 * forward + remat,
-    }
 
 
 class LlamaBlock(eqx.Module):

@@ -1,8 +1,6 @@
 """Decoder-only transformer language model (Pax `TransformerLm`): model, loss, sampling."""
 
-import dataclasses
 import math
-from typing import Literal
 
 import equinox as eqx
 import jax
@@ -11,12 +9,12 @@ import jax.random as jr
 from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
-from equipax.core.mesh import MeshConfig
-from equipax.core.nn import Embedding, LayerNorm, RMSNorm, TransformerConfig, TransformerStack
-from equipax.core.nn.pipeline import PipelinedStack, check_pipeline, make_stack
+from equipax.core.nn import Embedding, LayerNorm, RMSNorm, TransformerStack
+from equipax.core.nn.pipeline import PipelinedStack, make_stack
 from equipax.core.nn.transformer import make_norm
 from equipax.core.partition import constrain_batch
 from equipax.core.task import Batch
+from equipax.models.configs import LMConfig
 from equipax.models.llama import LlamaLM, token_ids
 
 __all__ = [
@@ -29,56 +27,6 @@ __all__ = [
 ]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LMConfig:
-    """Hyperparameters of the transformer language model.
-
-    Attributes:
-        vocab_size: token ids are in `[0, vocab_size)`: the embedding table's rows (and the
-            size the SentencePiece tokenizer is trained to).
-        max_seq_len: the longest sequence the model takes (the sinusoidal table's length).
-        transformer: the block stack's hyperparameters.
-        output_logit_cap: soft cap on the output logits, `cap * tanh(logits / cap)` (Pax's
-            soft-capped logits); None = off.
-        position: "sinusoidal" position embeddings added to the token embeddings, or "none".
-        dtype: the activations' dtype; parameters and logits stay float32.
-    """
-
-    vocab_size: int = 2048
-    max_seq_len: int = 128
-    transformer: TransformerConfig = dataclasses.field(default_factory=TransformerConfig)
-    output_logit_cap: float | None = 30.0
-    position: Literal["sinusoidal", "none"] = "sinusoidal"
-    dtype: Literal["float32", "bfloat16"] = "float32"
-
-    def __post_init__(self) -> None:
-        for name, low in (("vocab_size", 2), ("max_seq_len", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"LMConfig.{name} must be an int >= {low}, got {value!r}.")
-        if not isinstance(self.transformer, TransformerConfig):
-            raise ValueError(
-                f"LMConfig.transformer must be a TransformerConfig, "
-                f"got {type(self.transformer).__name__}."
-            )
-        cap = self.output_logit_cap
-        if cap is not None and not cap > 0:
-            raise ValueError(f"LMConfig.output_logit_cap must be > 0 or None, got {cap!r}.")
-        if self.position not in ("sinusoidal", "none"):
-            raise ValueError(
-                f"LMConfig.position must be 'sinusoidal' or 'none', got {self.position!r}."
-            )
-        if self.dtype not in _DTYPES:
-            raise ValueError(
-                f"LMConfig.dtype must be one of {tuple(_DTYPES)}, got {self.dtype!r}; "
-                "use 'float32' on CPU."
-            )
-
-    def check_mesh(self, mesh: MeshConfig, global_batch: int) -> None:
-        """Raise ConfigError unless the pipeline knobs fit `mesh` and `global_batch`."""
-        check_pipeline(self.transformer, mesh, global_batch)
 
 
 def sinusoidal_positions(seq_len: int, dims: int) -> Float[Array, "seq embed"]:

@@ -15,6 +15,8 @@ O(N d + chunk^2 + d^2). All kernels share the softmax kernels' interface:
 
 import jax
 import jax.numpy as jnp
+
+from equipax.core.configs import LINEAR_ATTENTION_CHUNK_SIZE
 from jaxtyping import Array, Float
 
 __all__ = [
@@ -26,7 +28,7 @@ __all__ = [
 ]
 
 # Default positions per chunk in causal linear attention (also used by equipax.core.flops).
-DEFAULT_CHUNK_SIZE = 64
+DEFAULT_CHUNK_SIZE = LINEAR_ATTENTION_CHUNK_SIZE
 DEFAULT_EPS = 1e-6
 
 

@@ -54,8 +54,8 @@ import jax.random as jr
 from jax.sharding import Mesh, PartitionSpec as P
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from equipax.core.config import ConfigError
-from equipax.core.mesh import BATCH_AXES, STAGE, MeshConfig
+from equipax.core.configs import bubble_fraction, check_pipeline, check_pipeline_knobs, num_microbatches
+from equipax.core.mesh import BATCH_AXES, STAGE
 from equipax.core.nn.transformer import (
     TransformerBlock,
     TransformerConfig,
@@ -74,109 +74,6 @@ __all__ = [
 ]
 
 _KNOB = "model.transformer"
-
-
-def bubble_fraction(num_stages: int, num_microbatches: int, num_repeats: int = 1) -> float:
-    """The idle share of each stage's time: (S - 1) / (R x M + S - 1); 0 without a pipeline.
-
-    Arguments:
-        num_stages: S, pipeline stages.
-        num_microbatches: M, microbatches per step.
-        num_repeats: R, virtual stages per device (circular schedule; 1 for GPipe).
-
-    Returns:
-        A fraction in [0, 1).
-    """
-    idle = num_stages - 1
-    return idle / (num_repeats * num_microbatches + idle)
-
-
-def check_pipeline_knobs(cfg: TransformerConfig) -> None:
-    """Raise ValueError for pipeline knobs that contradict each other (no mesh, no batch needed)."""
-    s, r = cfg.pipeline_stages, cfg.pipeline_repeats
-    if cfg.pipeline_schedule == "gpipe" and r != 1:
-        raise ValueError(
-            f"{_KNOB}.pipeline_repeats={r} needs pipeline_schedule='circular' (GPipe visits each "
-            "stage once); set pipeline_schedule='circular' or pipeline_repeats=1.")
-    if cfg.pipeline_schedule == "circular" and r < 2:
-        raise ValueError(
-            f"{_KNOB}.pipeline_schedule='circular' needs pipeline_repeats >= 2 (virtual stages per "
-            f"device), got {r}; set pipeline_repeats=2 (or more) or pipeline_schedule='gpipe'.")
-    if cfg.num_layers % (s * r):
-        raise ValueError(
-            f"{_KNOB}.num_layers={cfg.num_layers} is not divisible by pipeline_stages x "
-            f"pipeline_repeats = {s} x {r} = {s * r}: every (virtual) stage needs the same number "
-            f"of layers. Use num_layers a multiple of {s * r}, or change pipeline_stages / "
-            "pipeline_repeats.")
-    if cfg.pipeline_microbatches is not None and cfg.pipeline_microbatch_size is not None:
-        raise ValueError(
-            f"{_KNOB}.pipeline_microbatches={cfg.pipeline_microbatches} and pipeline_microbatch_size="
-            f"{cfg.pipeline_microbatch_size} are both set; set one of them (the other = None).")
-    for name in ("pipeline_microbatches", "pipeline_microbatch_size"):
-        value = getattr(cfg, name)
-        if value is not None and value < 1:
-            raise ValueError(f"{_KNOB}.{name} must be >= 1 or None, got {value}.")
-    if s > 1 and cfg.tensor_parallel == "shard_map":
-        raise ValueError(
-            f"{_KNOB}.pipeline_stages={s} runs its stages inside a shard_map over `stage`; "
-            "tensor_parallel='shard_map' cannot nest in it. Use tensor_parallel='gspmd'.")
-
-
-def num_microbatches(cfg: TransformerConfig, global_batch: int) -> int:
-    """Microbatches per step: `pipeline_microbatches`, or the batch / `pipeline_microbatch_size`,
-    or (neither set) one per stage."""
-    if cfg.pipeline_microbatches is not None:
-        return cfg.pipeline_microbatches
-    if cfg.pipeline_microbatch_size is not None:
-        return max(global_batch // cfg.pipeline_microbatch_size, 1)
-    return cfg.pipeline_stages
-
-
-def check_pipeline(cfg: TransformerConfig, mesh: MeshConfig, global_batch: int) -> None:
-    """Raise ConfigError unless the pipeline knobs fit the mesh and the global batch.
-
-    Arguments:
-        cfg: the transformer config.
-        mesh: the experiment's mesh (a `stage` ICI axis of -1 is checked once fitted).
-        global_batch: examples per step.
-    """
-    stages, axis = cfg.pipeline_stages, mesh.num_stages
-    names = mesh.axis_names
-    stage_unfitted = STAGE in names and mesh.ici_mesh_shape[names.index(STAGE)] == -1
-    if stages != axis and not stage_unfitted:
-        if STAGE not in names:
-            fix = (f"use mesh.axis_names={('stage',) + tuple(names)} with the stage axis first, sized "
-                   f"{stages} (ici x dcn)")
-        else:
-            fix = f"make the `stage` axis of mesh.ici_mesh_shape x mesh.dcn_mesh_shape {stages}"
-        if stages == 1:
-            fix = f"set {_KNOB}.pipeline_stages={axis}, or drop the `stage` axis from the mesh"
-        raise ConfigError(
-            f"{_KNOB}.pipeline_stages={stages} but the mesh's `stage` axis has size {axis} "
-            f"(axes {names}, shape {mesh.shape}); {fix}.")
-    if stages == 1 or mesh.flexible:
-        return  # a -1 axis: the global batch is known once the mesh is fitted to the devices
-    m = num_microbatches(cfg, global_batch)
-    if cfg.pipeline_microbatch_size is not None and global_batch % cfg.pipeline_microbatch_size:
-        raise ConfigError(
-            f"The global batch {global_batch} is not divisible into microbatches of "
-            f"{_KNOB}.pipeline_microbatch_size={cfg.pipeline_microbatch_size}; use a divisor of "
-            f"{global_batch}, or change data.batch_size / data.per_device_batch.")
-    if global_batch % m:
-        raise ConfigError(
-            f"The global batch {global_batch} is not divisible into {m} microbatches "
-            f"({_KNOB}.pipeline_microbatches); use a divisor of {global_batch}.")
-    dp = mesh.axis_size(*(a for a in BATCH_AXES if a != STAGE))
-    if (global_batch // m) % dp:
-        raise ConfigError(
-            f"A microbatch of {global_batch // m} examples (global batch {global_batch} / {m} "
-            f"microbatches) does not split evenly over the {dp} data x fsdp devices of a stage; "
-            f"use fewer {_KNOB}.pipeline_microbatches (or a microbatch size that is a multiple of {dp}).")
-    if cfg.pipeline_schedule == "circular" and m < stages:
-        raise ConfigError(
-            f"The circular schedule needs at least as many microbatches as stages (a microbatch's "
-            f"next round starts on stage 0 after it left the last stage): {m} microbatches < "
-            f"{_KNOB}.pipeline_stages={stages}. Raise {_KNOB}.pipeline_microbatches.")
 
 
 class PipelinedStack(eqx.Module):

@@ -4,9 +4,7 @@ A stack with `pipeline_stages > 1` is built as `equipax.core.nn.pipeline.Pipelin
 (`make_stack`); its knobs are validated here with the rest of the config.
 """
 
-import dataclasses
 from collections.abc import Callable
-from typing import Literal
 
 import equinox as eqx
 import jax
@@ -14,6 +12,7 @@ import jax.random as jr
 from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from equipax.core.configs import TransformerConfig
 from equipax.core.nn.attention import CausalSelfAttention
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.norm import LayerNorm, RMSNorm
@@ -27,96 +26,6 @@ __all__ = [
     "TransformerConfig",
     "TransformerStack",
 ]
-
-_ACTIVATIONS = ("gelu", "relu", "silu")
-_NORMS = ("layernorm", "rmsnorm")
-_REMATS = ("none", "full", "dots_saveable")
-_ATTENTIONS = ("softmax", "linear")
-_SCHEDULES = ("gpipe", "circular")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TransformerConfig:
-    """Hyperparameters of a decoder-only transformer stack.
-
-    Attributes:
-        num_layers: transformer blocks in the stack.
-        model_dims: width of the residual stream (`embed`).
-        num_heads: attention heads per block.
-        head_dim: dimensions per head (`num_heads * head_dim` need not equal `model_dims`).
-        hidden_dims: width of the feed-forward layer's hidden activations.
-        activation: the feed-forward nonlinearity.
-        gated: a gated feed-forward (GLU: `act(x W1) * (x W2)`, then the output projection).
-        norm: the normalisation before attention and before the feed-forward (pre-norm).
-        use_bias: biases in the attention and feed-forward projections.
-        atten_logit_cap: soft cap on the attention logits, `cap * tanh(logits / cap)`; None = off.
-        scan_layers: run the blocks as one `jax.lax.scan` over stacked weights (compile time
-            independent of depth) instead of a Python loop.
-        remat: recompute each block in the backward pass: "none", "full" (save only the block's
-            input) or "dots_saveable" (save matrix-multiply outputs).
-    """
-
-    num_layers: int = 4
-    model_dims: int = 256
-    num_heads: int = 4
-    head_dim: int = 64
-    hidden_dims: int = 1024
-    activation: Literal["gelu", "relu", "silu"] = "gelu"
-    gated: bool = False
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    use_bias: bool = False
-    atten_logit_cap: float | None = 50.0
-    scan_layers: bool = True
-    remat: Literal["none", "full", "dots_saveable"] = "none"
-    # "linear": phi = elu + 1 linear attention (O(seq) cost; atten_logit_cap then unused).
-    attention: Literal["softmax", "linear"] = "softmax"
-    # How a sharded block computes: "gspmd" lets XLA place collectives from the parameter
-    # shardings; "shard_map" runs nn/tensor_parallel.py with the collectives written out.
-    tensor_parallel: Literal["gspmd", "shard_map"] = "gspmd"
-    # Pipeline parallelism (docs/pipeline.md; Pax's PipelinedTransformer knobs in brackets).
-    # pipeline_stages [NUM_STAGES]: consecutive groups of layers, one per `stage` mesh slice
-    # (1 = no pipeline). The batch is split into pipeline_microbatches [NUM_MICROBATCHES] or
-    # microbatches of pipeline_microbatch_size [MICROBATCH_SIZE] examples (set at most one;
-    # neither = one microbatch per stage). pipeline_schedule "gpipe" runs each microbatch
-    # through the stages once; "circular" [CIRCULAR_REPEAT > 1] splits each device's layers
-    # into pipeline_repeats virtual stages visited round-robin (a smaller bubble).
-    pipeline_stages: int = 1
-    pipeline_microbatches: int | None = None
-    pipeline_microbatch_size: int | None = None
-    pipeline_schedule: Literal["gpipe", "circular"] = "gpipe"
-    pipeline_repeats: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("num_layers", "model_dims", "num_heads", "head_dim", "hidden_dims",
-                     "pipeline_stages", "pipeline_repeats"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"TransformerConfig.{name} must be a positive int, got {value!r}; "
-                    f"set {name}=<int >= 1>."
-                )
-        for name, allowed in (
-            ("activation", _ACTIVATIONS),
-            ("norm", _NORMS),
-            ("remat", _REMATS),
-            ("attention", _ATTENTIONS),
-            ("tensor_parallel", ("gspmd", "shard_map")),
-            ("pipeline_schedule", _SCHEDULES),
-        ):
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(
-                    f"TransformerConfig.{name} must be one of {allowed}, got {value!r}."
-                )
-        cap = self.atten_logit_cap
-        if cap is not None and not cap > 0:
-            raise ValueError(
-                f"TransformerConfig.atten_logit_cap must be > 0 or None (no cap), got {cap!r}."
-            )
-        from equipax.core.nn.pipeline import check_pipeline_knobs
-
-        check_pipeline_knobs(self)
-
 
 def make_norm(cfg: TransformerConfig) -> LayerNorm | RMSNorm:
     """The normalisation layer `cfg.norm` of width `cfg.model_dims`.

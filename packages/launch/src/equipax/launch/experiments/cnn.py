@@ -2,11 +2,10 @@
 
 import dataclasses
 
-from equipax.core.mesh import MeshConfig
-from equipax.core.optim import LearnerConfig, ScheduleConfig
+from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
 from equipax.launch.experiments.config import ExperimentConfig, ImageDataConfig, TrainConfig
 from equipax.launch.experiments.registry import register
-from equipax.models.cnn import CNNConfig
+from equipax.models.configs import CNNConfig
 
 __all__ = ["cnn_digits", "cnn_tutorial", "TUTORIAL_LEARNER"]
 

@@ -9,12 +9,9 @@ files. Derived numbers (parameters, tokens per step) come from `equipax.launch.t
 import dataclasses
 from typing import Literal, Protocol, cast, runtime_checkable
 
-from equipax.core.mesh import MeshConfig
-from equipax.core.optim import LearnerConfig
+from equipax.core.configs import LearnerConfig, MeshConfig
 from equipax.launch.experiments.data_config import BYTE_VOCAB_SIZE, DataConfig, ImageDataConfig
-from equipax.models.cnn import CNNConfig
-from equipax.models.lm import LMConfig
-from equipax.models.llama import LlamaConfig
+from equipax.models.configs import CNNConfig, LMConfig, LlamaConfig
 
 __all__ = ["BYTE_VOCAB_SIZE", "DataConfig", "ExperimentConfig", "ImageDataConfig", "LMExperiment", "TrainConfig",
            "as_lm"]

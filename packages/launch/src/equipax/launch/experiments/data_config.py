@@ -8,9 +8,7 @@ experiment's model can read it (`check_model`). Pure values: nothing here touche
 import dataclasses
 from typing import ClassVar, Literal
 
-from equipax.models.cnn import CNNConfig
-from equipax.models.lm import LMConfig
-from equipax.models.llama import LlamaConfig
+from equipax.models.configs import CNNConfig, LMConfig, LlamaConfig
 
 __all__ = [
     "BYTE_VOCAB_SIZE",

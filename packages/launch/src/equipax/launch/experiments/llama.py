@@ -13,13 +13,12 @@ point it at a 128,256-piece SentencePiece model, or leave it empty to train one 
 
 import dataclasses
 
-from equipax.core.mesh import MeshConfig
-from equipax.core.optim import LearnerConfig, ScheduleConfig
+from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
 from equipax.launch.experiments.config import DataConfig, ExperimentConfig, TrainConfig
 from equipax.launch.experiments.pax_knobs import C4_PATH
 from equipax.launch.experiments.registry import register
 from equipax.launch.experiments.shakespeare import shakespeare_tiny
-from equipax.models.llama import LlamaConfig
+from equipax.models.configs import LlamaConfig
 
 __all__ = [
     "LLAMA2_7B",

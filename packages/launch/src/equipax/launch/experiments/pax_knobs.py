@@ -8,11 +8,9 @@
 import dataclasses
 from typing import Literal
 
-from equipax.core.mesh import MeshConfig
-from equipax.core.nn import TransformerConfig
-from equipax.core.optim import LearnerConfig, ScheduleConfig
+from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig, TransformerConfig
 from equipax.launch.experiments.config import DataConfig, ExperimentConfig, TrainConfig
-from equipax.models.lm import LMConfig
+from equipax.models.configs import LMConfig
 
 __all__ = ["C4_PATH", "PAX_NUM_TRAIN_STEPS", "PaxLM", "smoke", "smoke_description"]
 

@@ -62,8 +62,7 @@ Not expressed:
 
 import dataclasses
 
-from equipax.core.mesh import PIPELINE_AXES, MeshConfig
-from equipax.core.optim import ScheduleConfig
+from equipax.core.configs import PIPELINE_AXES, MeshConfig, ScheduleConfig
 from equipax.launch.experiments.config import ExperimentConfig
 from equipax.launch.experiments.pax_knobs import C4_PATH, PaxLM, smoke, smoke_description
 from equipax.launch.experiments.registry import register

@@ -2,11 +2,10 @@
 
 import dataclasses
 
-from equipax.core.nn import TransformerConfig
-from equipax.core.optim import LearnerConfig, ScheduleConfig
+from equipax.core.configs import LearnerConfig, ScheduleConfig, TransformerConfig
 from equipax.launch.experiments.config import DataConfig, ExperimentConfig, TrainConfig, as_lm
 from equipax.launch.experiments.registry import register
-from equipax.models.lm import LMConfig
+from equipax.models.configs import LMConfig
 
 __all__ = ["shakespeare_tiny", "shakespeare_tiny_linear"]
 

@@ -1,14 +1,19 @@
 """The image-classification family: ImageClassificationTask on in-memory labelled images."""
 
+from __future__ import annotations  # Mesh and the Task class are imported only for type checking
+
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from jax.sharding import Mesh
+from typing import TYPE_CHECKING, Any
 
 from equipax.launch.experiments.config import ExperimentConfig
 from equipax.launch.tasks import Inputs
-from equipax.models.classifier import ImageClassificationTask
+from equipax.models.configs import cnn_param_count
+
+if TYPE_CHECKING:  # JAX and the models load when a run builds its Task, not for `launch show`
+    from jax.sharding import Mesh
+
+    from equipax.models.classifier import ImageClassificationTask
 
 __all__ = ["build_inputs", "finish", "make_task", "numbers", "UNIT", "units_per_example"]
 
@@ -16,14 +21,9 @@ UNIT = "examples"
 
 
 def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
-    """Parameters (traced abstractly: no arrays, no devices), images and steps."""
-    import equinox as eqx
-    import jax
-
-    model, _ = eqx.filter_eval_shape(make_task(cfg, None).init, jax.random.key(0))
-    params = sum(x.size for x in jax.tree.leaves(model) if isinstance(x, jax.ShapeDtypeStruct))
+    """Parameters (counted from the config: no JAX), images and steps."""
     return {
-        "params_total": int(params),
+        "params_total": cnn_param_count(cfg.model),  # pyright: ignore[reportArgumentType]
         "train_images": cfg.data.train_examples,
         "steps_per_epoch": cfg.steps_per_epoch,
         "total_steps": cfg.num_steps,
@@ -40,6 +40,8 @@ def units_per_example(cfg: ExperimentConfig) -> int:
 
 def make_task(cfg: ExperimentConfig, mesh: Mesh | None) -> ImageClassificationTask:
     """The ImageClassificationTask of `cfg` (the mesh is not needed: GSPMD places activations)."""
+    from equipax.models.classifier import ImageClassificationTask
+
     return ImageClassificationTask(cfg.model, cfg.data.image_shape)  # pyright: ignore[reportArgumentType, reportAttributeAccessIssue]
 
 

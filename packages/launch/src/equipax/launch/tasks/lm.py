@@ -1,18 +1,21 @@
 """The language-model family: LMTask, token inputs (Shakespeare, synthetic, C4), the final sample."""
 
+from __future__ import annotations  # Mesh and the Task class are imported only for type checking
+
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jax.sharding import Mesh
-
+from equipax.core.configs import FSDP, TENSOR, bubble_fraction, num_microbatches
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
-from equipax.core.mesh import FSDP, TENSOR
-from equipax.core.nn.pipeline import bubble_fraction, num_microbatches
 from equipax.launch.experiments.config import ExperimentConfig, as_lm
 from equipax.launch.tasks import Inputs
-from equipax.models.llama import LlamaConfig, llama_flops_per_token, llama_param_counts
-from equipax.models.lm_task import LMTask
+from equipax.models.configs import LlamaConfig, llama_flops_per_token, llama_param_counts
+
+if TYPE_CHECKING:  # JAX and the models load when a run builds its Task, not for `launch show`
+    from jax.sharding import Mesh
+
+    from equipax.models.lm_task import LMTask
 
 __all__ = ["build_inputs", "finish", "flops_per_token", "make_task", "numbers", "UNIT", "units_per_example"]
 
@@ -84,6 +87,8 @@ def units_per_example(cfg: ExperimentConfig) -> int:
 
 def make_task(cfg: ExperimentConfig, mesh: Mesh | None) -> LMTask:
     """The LMTask of `cfg` on `mesh`."""
+    from equipax.models.lm_task import LMTask
+
     lm = as_lm(cfg)
     return LMTask(lm.model, lm.data.seq_len, packed=lm.data.packing, mesh=mesh)
 

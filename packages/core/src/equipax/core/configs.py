@@ -1,0 +1,465 @@
+"""The config classes of `equipax.core`: frozen dataclasses, validated when built, and no JAX.
+
+`MeshConfig`, `ScheduleConfig`, `LearnerConfig` and `TransformerConfig` are defined here and
+re-exported where they are used (`equipax.core.mesh`, `equipax.core.optim`,
+`equipax.core.nn`): a module that only builds or prints configs (the CLI's `list`, `show` and
+knob errors) imports this one and does not pay for importing JAX (benchmarks/README.md,
+"CLI latency"). Keep it that way: nothing here may import jax, numpy-heavy code or equinox.
+(`equipax.core.config` is the machinery that applies `--set` overrides to any of them.)
+"""
+
+import dataclasses
+import math
+from typing import Any, Literal
+
+from equipax.core.config import ConfigError
+
+__all__ = [
+    "AXES",
+    "LINEAR_ATTENTION_CHUNK_SIZE",
+    "BATCH_AXES",
+    "DATA",
+    "FSDP",
+    "LearnerConfig",
+    "LearnerKind",
+    "MeshConfig",
+    "PIPELINE_AXES",
+    "ScheduleConfig",
+    "ScheduleKind",
+    "STAGE",
+    "TENSOR",
+    "TransformerConfig",
+    "bubble_fraction",
+    "check_pipeline",
+    "check_pipeline_knobs",
+    "num_microbatches",
+]
+
+# Positions per chunk of the chunked causal linear attention (`attention="linear"`;
+# `equipax.core.nn.linear_attention.DEFAULT_CHUNK_SIZE`, and the FLOP count of `equipax.core.flops`).
+LINEAR_ATTENTION_CHUNK_SIZE = 64
+
+# Axis vocabulary (docs/sharding.md). Pax: replica -> data, data -> fsdp, mdl -> tensor.
+DATA = "data"
+FSDP = "fsdp"
+TENSOR = "tensor"
+AXES = (DATA, FSDP, TENSOR)
+# Pipeline parallelism (Pax's `stage`): layers split into consecutive stages along this axis.
+STAGE = "stage"
+PIPELINE_AXES = (STAGE, DATA, FSDP, TENSOR)
+# Axes the batch is split over. As in Pax, a pipelined mesh also splits the batch over `stage`
+# outside the pipeline (embedding, logits); `stage` comes last so that each microbatch keeps an
+# even share on every (data, fsdp) device (equipax.core.nn.pipeline). Absent axes count 1.
+BATCH_AXES = (DATA, FSDP, STAGE)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+    """The device mesh of an experiment.
+
+    ici_mesh_shape: devices per slice along `axis_names`. One entry may be -1 (as
+        MaxText's `ici_*_parallelism=-1`): that axis takes all devices the others leave, fixed
+        when the run starts (`fit`); until then it counts as 1.
+    dcn_mesh_shape: slices (or hosts, on GPU clusters) along the same axes.
+    axis_names: (data, fsdp, tensor), or `PIPELINE_AXES` (stage, data, fsdp, tensor) for a
+        pipelined model (`model.transformer.pipeline_stages` > 1).
+    """
+
+    ici_mesh_shape: tuple[int, ...] = (1, 1, 1)
+    dcn_mesh_shape: tuple[int, ...] = (1, 1, 1)
+    axis_names: tuple[str, ...] = AXES
+
+    def __post_init__(self) -> None:
+        n = len(self.axis_names)
+        for name in ("ici_mesh_shape", "dcn_mesh_shape"):
+            shape = getattr(self, name)
+            if len(shape) != n:
+                raise ValueError(
+                    f"mesh.{name}={shape} has {len(shape)} entries but mesh.axis_names="
+                    f"{self.axis_names} has {n}; give one size per axis."
+                )
+            if any(s < 1 for s in shape) and (name == "dcn_mesh_shape" or any(s < -1 or s == 0 for s in shape)
+                                              or list(shape).count(-1) > 1):
+                raise ValueError(f"mesh.{name}={shape}: every size must be >= 1"
+                                 + (" (or one -1: all devices left)." if name == "ici_mesh_shape" else "."))
+        if len(set(self.axis_names)) != n:
+            raise ValueError(f"mesh.axis_names={self.axis_names} repeats a name.")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The device mesh shape (ICI x DCN, elementwise; an unfitted -1 counts as 1)."""
+        return tuple(max(i, 1) * d for i, d in zip(self.ici_mesh_shape, self.dcn_mesh_shape))
+
+    @property
+    def flexible(self) -> bool:
+        """True while an ICI axis is -1 (sized by `fit` from the devices present)."""
+        return -1 in self.ici_mesh_shape
+
+    def fit(self, num_devices: int) -> "MeshConfig":
+        """This mesh with its -1 axis sized to use `num_devices` devices (unchanged if none is -1).
+
+        Raises:
+            ConfigError: the fixed axes do not divide `num_devices`.
+        """
+        if not self.flexible:
+            return self
+        fixed = math.prod(self.shape)
+        if num_devices % fixed:
+            raise ConfigError(
+                f"mesh.ici_mesh_shape={self.ici_mesh_shape} x dcn_mesh_shape={self.dcn_mesh_shape} needs a "
+                f"multiple of {fixed} devices for its -1 axis; {num_devices} are available.")
+        ici = tuple(num_devices // fixed if s == -1 else s for s in self.ici_mesh_shape)
+        return dataclasses.replace(self, ici_mesh_shape=ici)
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def num_slices(self) -> int:
+        return math.prod(self.dcn_mesh_shape)
+
+    def axis_size(self, *names: str) -> int:
+        """Product of the sizes of the named axes (missing names count 1)."""
+        sizes = dict(zip(self.axis_names, self.shape))
+        return math.prod(sizes.get(n, 1) for n in names)
+
+    @property
+    def batch_parallelism(self) -> int:
+        """How many ways the global batch is split (data x fsdp, x stage when pipelined)."""
+        return self.axis_size(*BATCH_AXES)
+
+    @property
+    def num_stages(self) -> int:
+        """Size of the `stage` axis (1 when the mesh has none)."""
+        return self.axis_size(STAGE)
+
+
+ScheduleKind = Literal["constant", "warmup_cosine", "linear_rampup_exponential_decay"]
+LearnerKind = Literal["adamw", "pax_adam"]
+
+_SCHEDULE_KINDS = ("constant", "warmup_cosine", "linear_rampup_exponential_decay")
+_LEARNER_KINDS = ("adamw", "pax_adam")
+
+
+def _bad(field: str, expected: str, found: Any, fix: str = "") -> ConfigError:
+    msg = f"{field}: expected {expected}, found {found!r}."
+    return ConfigError(f"{msg} {fix}".strip())
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """A learning-rate schedule.
+
+    Arguments:
+        kind: `constant` (always `peak_learning_rate`); `warmup_cosine` (linear 0 -> peak over
+            `warmup_steps`, then cosine decay over `decay_steps` to `final_fraction * peak`);
+            `linear_rampup_exponential_decay` (Pax's LinearRampupExponentialDecay: linear
+            0 -> peak over `warmup_steps`, constant until `decay_start`, exponential decay to
+            `final_fraction * peak` at step `decay_steps`, constant after).
+        peak_learning_rate: the largest learning rate.
+        warmup_steps: length of the linear warmup from 0.
+        decay_steps: `warmup_cosine`: steps of the cosine after warmup; exponential decay: the
+            step at which the decay ends (Pax's `decay_end`).
+        final_fraction: the floor as a fraction of the peak (cosine `alpha`, Pax's `min_ratio`).
+        decay_start: exponential decay only: the step at which the decay starts (Pax's
+            `decay_start`); 0 means "at the end of warmup".
+    """
+
+    kind: ScheduleKind = "constant"
+    peak_learning_rate: float = 1e-3
+    warmup_steps: int = 0
+    decay_steps: int = 0
+    final_fraction: float = 0.1
+    decay_start: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in _SCHEDULE_KINDS:
+            raise _bad("schedule.kind", f"one of {_SCHEDULE_KINDS}", self.kind)
+        if not 0 < self.peak_learning_rate < math.inf:  # refuses nan and inf alike
+            raise _bad("schedule.peak_learning_rate", "a finite number > 0", self.peak_learning_rate)
+        for name in ("warmup_steps", "decay_steps", "decay_start"):
+            value = getattr(self, name)
+            if value < 0:
+                raise _bad(f"schedule.{name}", "an integer >= 0", value)
+        if self.kind == "warmup_cosine":
+            if self.decay_steps <= 0:
+                raise _bad(
+                    "schedule.decay_steps",
+                    "> 0 for kind='warmup_cosine' (the length of the cosine after warmup)",
+                    self.decay_steps,
+                )
+            if not 0 <= self.final_fraction <= 1:
+                raise _bad("schedule.final_fraction", "a number in [0, 1]", self.final_fraction)
+        if self.kind == "linear_rampup_exponential_decay":
+            if not 0 < self.final_fraction <= 1:
+                raise _bad(
+                    "schedule.final_fraction",
+                    "a number in (0, 1] for an exponential decay",
+                    self.final_fraction,
+                )
+            if self.decay_start and self.decay_start < self.warmup_steps:
+                raise _bad(
+                    "schedule.decay_start",
+                    f"0 or >= warmup_steps ({self.warmup_steps})",
+                    self.decay_start,
+                )
+            if self.decay_steps <= self.effective_decay_start:
+                raise _bad(
+                    "schedule.decay_steps",
+                    f"the step the decay ends, > decay start ({self.effective_decay_start})",
+                    self.decay_steps,
+                )
+
+    @property
+    def effective_decay_start(self) -> int:
+        """The step where the exponential decay begins (`decay_start`, or the warmup's end)."""
+        return self.decay_start or self.warmup_steps
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LearnerConfig:
+    """An optimizer: schedule, Adam hyperparameters, clipping and weight decay.
+
+    Arguments:
+        kind: `adamw` (optax AdamW after a global-norm clip) or `pax_adam` (Pax's Adam: global-norm
+            clip, Adam, per-tensor update-RMS clip, decoupled weight decay, learning rate).
+        schedule: the learning-rate schedule.
+        b1, b2, eps: Adam's moment decays and denominator epsilon.
+        weight_decay: decoupled weight decay (multiplied by the learning rate), on `ndim >= 2`
+            parameters only.
+        clip_gradient_norm: clip the global gradient norm to this value; None for no clip.
+        clip_update_rms: `pax_adam` only: scale each tensor's Adam update so its RMS is at most
+            this value; None for no clip.
+    """
+
+    kind: LearnerKind = "adamw"
+    schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_gradient_norm: float | None = 1.0
+    clip_update_rms: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _LEARNER_KINDS:
+            raise _bad("learner.kind", f"one of {_LEARNER_KINDS}", self.kind)
+        for name in ("b1", "b2"):
+            value = getattr(self, name)
+            if not 0 <= value < 1:
+                raise _bad(f"learner.{name}", "a number in [0, 1)", value)
+        if not 0 <= self.eps < math.inf:
+            raise _bad("learner.eps", "a finite number >= 0", self.eps)
+        if not 0 <= self.weight_decay < math.inf:
+            raise _bad("learner.weight_decay", "a finite number >= 0", self.weight_decay)
+        if self.clip_gradient_norm is not None and not self.clip_gradient_norm > 0:
+            raise _bad(
+                "learner.clip_gradient_norm", "a number > 0, or None for no clip",
+                self.clip_gradient_norm,
+            )
+        if self.clip_update_rms is not None:
+            if not self.clip_update_rms > 0:
+                raise _bad(
+                    "learner.clip_update_rms", "a number > 0, or None for no clip",
+                    self.clip_update_rms,
+                )
+            if self.kind != "pax_adam":
+                raise _bad(
+                    "learner.clip_update_rms",
+                    "None unless kind='pax_adam'",
+                    self.clip_update_rms,
+                    "Set learner.kind='pax_adam' or learner.clip_update_rms=None.",
+                )
+
+
+_KNOB = "model.transformer"
+_ACTIVATIONS = ("gelu", "relu", "silu")
+_NORMS = ("layernorm", "rmsnorm")
+_REMATS = ("none", "full", "dots_saveable")
+_ATTENTIONS = ("softmax", "linear")
+_SCHEDULES = ("gpipe", "circular")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransformerConfig:
+    """Hyperparameters of a decoder-only transformer stack.
+
+    Attributes:
+        num_layers: transformer blocks in the stack.
+        model_dims: width of the residual stream (`embed`).
+        num_heads: attention heads per block.
+        head_dim: dimensions per head (`num_heads * head_dim` need not equal `model_dims`).
+        hidden_dims: width of the feed-forward layer's hidden activations.
+        activation: the feed-forward nonlinearity.
+        gated: a gated feed-forward (GLU: `act(x W1) * (x W2)`, then the output projection).
+        norm: the normalisation before attention and before the feed-forward (pre-norm).
+        use_bias: biases in the attention and feed-forward projections.
+        atten_logit_cap: soft cap on the attention logits, `cap * tanh(logits / cap)`; None = off.
+        scan_layers: run the blocks as one `jax.lax.scan` over stacked weights (compile time
+            independent of depth) instead of a Python loop.
+        remat: recompute each block in the backward pass: "none", "full" (save only the block's
+            input) or "dots_saveable" (save matrix-multiply outputs).
+    """
+
+    num_layers: int = 4
+    model_dims: int = 256
+    num_heads: int = 4
+    head_dim: int = 64
+    hidden_dims: int = 1024
+    activation: Literal["gelu", "relu", "silu"] = "gelu"
+    gated: bool = False
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    use_bias: bool = False
+    atten_logit_cap: float | None = 50.0
+    scan_layers: bool = True
+    remat: Literal["none", "full", "dots_saveable"] = "none"
+    # "linear": phi = elu + 1 linear attention (O(seq) cost; atten_logit_cap then unused).
+    attention: Literal["softmax", "linear"] = "softmax"
+    # How a sharded block computes: "gspmd" lets XLA place collectives from the parameter
+    # shardings; "shard_map" runs nn/tensor_parallel.py with the collectives written out.
+    tensor_parallel: Literal["gspmd", "shard_map"] = "gspmd"
+    # Pipeline parallelism (docs/pipeline.md; Pax's PipelinedTransformer knobs in brackets).
+    # pipeline_stages [NUM_STAGES]: consecutive groups of layers, one per `stage` mesh slice
+    # (1 = no pipeline). The batch is split into pipeline_microbatches [NUM_MICROBATCHES] or
+    # microbatches of pipeline_microbatch_size [MICROBATCH_SIZE] examples (set at most one;
+    # neither = one microbatch per stage). pipeline_schedule "gpipe" runs each microbatch
+    # through the stages once; "circular" [CIRCULAR_REPEAT > 1] splits each device's layers
+    # into pipeline_repeats virtual stages visited round-robin (a smaller bubble).
+    pipeline_stages: int = 1
+    pipeline_microbatches: int | None = None
+    pipeline_microbatch_size: int | None = None
+    pipeline_schedule: Literal["gpipe", "circular"] = "gpipe"
+    pipeline_repeats: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "model_dims", "num_heads", "head_dim", "hidden_dims",
+                     "pipeline_stages", "pipeline_repeats"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"TransformerConfig.{name} must be a positive int, got {value!r}; "
+                    f"set {name}=<int >= 1>."
+                )
+        for name, allowed in (
+            ("activation", _ACTIVATIONS),
+            ("norm", _NORMS),
+            ("remat", _REMATS),
+            ("attention", _ATTENTIONS),
+            ("tensor_parallel", ("gspmd", "shard_map")),
+            ("pipeline_schedule", _SCHEDULES),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(
+                    f"TransformerConfig.{name} must be one of {allowed}, got {value!r}."
+                )
+        cap = self.atten_logit_cap
+        if cap is not None and not cap > 0:
+            raise ValueError(
+                f"TransformerConfig.atten_logit_cap must be > 0 or None (no cap), got {cap!r}."
+            )
+        check_pipeline_knobs(self)
+
+
+def check_pipeline_knobs(cfg: TransformerConfig) -> None:
+    """Raise ValueError for pipeline knobs that contradict each other (no mesh, no batch needed)."""
+    s, r = cfg.pipeline_stages, cfg.pipeline_repeats
+    if cfg.pipeline_schedule == "gpipe" and r != 1:
+        raise ValueError(
+            f"{_KNOB}.pipeline_repeats={r} needs pipeline_schedule='circular' (GPipe visits each "
+            "stage once); set pipeline_schedule='circular' or pipeline_repeats=1.")
+    if cfg.pipeline_schedule == "circular" and r < 2:
+        raise ValueError(
+            f"{_KNOB}.pipeline_schedule='circular' needs pipeline_repeats >= 2 (virtual stages per "
+            f"device), got {r}; set pipeline_repeats=2 (or more) or pipeline_schedule='gpipe'.")
+    if cfg.num_layers % (s * r):
+        raise ValueError(
+            f"{_KNOB}.num_layers={cfg.num_layers} is not divisible by pipeline_stages x "
+            f"pipeline_repeats = {s} x {r} = {s * r}: every (virtual) stage needs the same number "
+            f"of layers. Use num_layers a multiple of {s * r}, or change pipeline_stages / "
+            "pipeline_repeats.")
+    if cfg.pipeline_microbatches is not None and cfg.pipeline_microbatch_size is not None:
+        raise ValueError(
+            f"{_KNOB}.pipeline_microbatches={cfg.pipeline_microbatches} and pipeline_microbatch_size="
+            f"{cfg.pipeline_microbatch_size} are both set; set one of them (the other = None).")
+    for name in ("pipeline_microbatches", "pipeline_microbatch_size"):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{_KNOB}.{name} must be >= 1 or None, got {value}.")
+    if s > 1 and cfg.tensor_parallel == "shard_map":
+        raise ValueError(
+            f"{_KNOB}.pipeline_stages={s} runs its stages inside a shard_map over `stage`; "
+            "tensor_parallel='shard_map' cannot nest in it. Use tensor_parallel='gspmd'.")
+
+
+def bubble_fraction(num_stages: int, num_microbatches: int, num_repeats: int = 1) -> float:
+    """The idle share of each stage's time: (S - 1) / (R x M + S - 1); 0 without a pipeline.
+
+    Arguments:
+        num_stages: S, pipeline stages.
+        num_microbatches: M, microbatches per step.
+        num_repeats: R, virtual stages per device (circular schedule; 1 for GPipe).
+
+    Returns:
+        A fraction in [0, 1).
+    """
+    idle = num_stages - 1
+    return idle / (num_repeats * num_microbatches + idle)
+
+
+def num_microbatches(cfg: TransformerConfig, global_batch: int) -> int:
+    """Microbatches per step: `pipeline_microbatches`, or the batch / `pipeline_microbatch_size`,
+    or (neither set) one per stage."""
+    if cfg.pipeline_microbatches is not None:
+        return cfg.pipeline_microbatches
+    if cfg.pipeline_microbatch_size is not None:
+        return max(global_batch // cfg.pipeline_microbatch_size, 1)
+    return cfg.pipeline_stages
+
+
+def check_pipeline(cfg: TransformerConfig, mesh: MeshConfig, global_batch: int) -> None:
+    """Raise ConfigError unless the pipeline knobs fit the mesh and the global batch.
+
+    Arguments:
+        cfg: the transformer config.
+        mesh: the experiment's mesh (a `stage` ICI axis of -1 is checked once fitted).
+        global_batch: examples per step.
+    """
+    stages, axis = cfg.pipeline_stages, mesh.num_stages
+    names = mesh.axis_names
+    stage_unfitted = STAGE in names and mesh.ici_mesh_shape[names.index(STAGE)] == -1
+    if stages != axis and not stage_unfitted:
+        if STAGE not in names:
+            fix = (f"use mesh.axis_names={('stage',) + tuple(names)} with the stage axis first, sized "
+                   f"{stages} (ici x dcn)")
+        else:
+            fix = f"make the `stage` axis of mesh.ici_mesh_shape x mesh.dcn_mesh_shape {stages}"
+        if stages == 1:
+            fix = f"set {_KNOB}.pipeline_stages={axis}, or drop the `stage` axis from the mesh"
+        raise ConfigError(
+            f"{_KNOB}.pipeline_stages={stages} but the mesh's `stage` axis has size {axis} "
+            f"(axes {names}, shape {mesh.shape}); {fix}.")
+    if stages == 1 or mesh.flexible:
+        return  # a -1 axis: the global batch is known once the mesh is fitted to the devices
+    m = num_microbatches(cfg, global_batch)
+    if cfg.pipeline_microbatch_size is not None and global_batch % cfg.pipeline_microbatch_size:
+        raise ConfigError(
+            f"The global batch {global_batch} is not divisible into microbatches of "
+            f"{_KNOB}.pipeline_microbatch_size={cfg.pipeline_microbatch_size}; use a divisor of "
+            f"{global_batch}, or change data.batch_size / data.per_device_batch.")
+    if global_batch % m:
+        raise ConfigError(
+            f"The global batch {global_batch} is not divisible into {m} microbatches "
+            f"({_KNOB}.pipeline_microbatches); use a divisor of {global_batch}.")
+    dp = mesh.axis_size(*(a for a in BATCH_AXES if a != STAGE))
+    if (global_batch // m) % dp:
+        raise ConfigError(
+            f"A microbatch of {global_batch // m} examples (global batch {global_batch} / {m} "
+            f"microbatches) does not split evenly over the {dp} data x fsdp devices of a stage; "
+            f"use fewer {_KNOB}.pipeline_microbatches (or a microbatch size that is a multiple of {dp}).")
+    if cfg.pipeline_schedule == "circular" and m < stages:
+        raise ConfigError(
+            f"The circular schedule needs at least as many microbatches as stages (a microbatch's "
+            f"next round starts on stage 0 after it left the last stage): {m} microbatches < "
+            f"{_KNOB}.pipeline_stages={stages}. Raise {_KNOB}.pipeline_microbatches.")
