@@ -278,6 +278,7 @@ _ACTIVATIONS = ("gelu", "relu", "silu")
 _NORMS = ("layernorm", "rmsnorm")
 _REMATS = ("none", "full", "dots_saveable")
 _ATTENTIONS = ("softmax", "linear")
+_ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
 _SCHEDULES = ("gpipe", "circular")
 
 
@@ -316,6 +317,11 @@ class TransformerConfig:
     remat: Literal["none", "full", "dots_saveable"] = "none"
     # "linear": phi = elu + 1 linear attention (O(seq) cost; atten_logit_cap then unused).
     attention: Literal["softmax", "linear"] = "softmax"
+    # The softmax kernel (docs/attention.md; MaxText's `attention`): "xla" = plain einsums on
+    # every platform; "cudnn" = cuDNN flash attention (CUDA GPU, model.dtype='bfloat16', no
+    # atten_logit_cap); "splash" = Pallas splash attention (TPU; seq a multiple of 128);
+    # "auto" = splash on TPU, cudnn on GPU where they can run the shapes, else xla.
+    attention_impl: Literal["xla", "cudnn", "splash", "auto"] = "xla"
     # How a sharded block computes: "gspmd" lets XLA place collectives from the parameter
     # shardings; "shard_map" runs nn/tensor_parallel.py with the collectives written out.
     tensor_parallel: Literal["gspmd", "shard_map"] = "gspmd"
@@ -346,6 +352,7 @@ class TransformerConfig:
             ("norm", _NORMS),
             ("remat", _REMATS),
             ("attention", _ATTENTIONS),
+            ("attention_impl", _ATTENTION_IMPLS),
             ("tensor_parallel", ("gspmd", "shard_map")),
             ("pipeline_schedule", _SCHEDULES),
         ):
@@ -360,6 +367,25 @@ class TransformerConfig:
                 f"TransformerConfig.atten_logit_cap must be > 0 or None (no cap), got {cap!r}."
             )
         check_pipeline_knobs(self)
+        _check_attention_impl(self)
+
+
+def _check_attention_impl(cfg: "TransformerConfig") -> None:
+    """Raise ValueError for an attention kernel the other knobs rule out (no platform needed)."""
+    impl = cfg.attention_impl
+    if impl in ("xla", "auto"):
+        return
+    fix = f"set {_KNOB}.attention_impl='xla' (or 'auto')"
+    if cfg.attention != "softmax":
+        raise ValueError(f"{_KNOB}.attention_impl={impl!r} is a softmax kernel but {_KNOB}.attention="
+                         f"{cfg.attention!r}; {fix}, or attention='softmax'.")
+    if impl == "cudnn" and cfg.atten_logit_cap is not None:
+        raise ValueError(f"{_KNOB}.attention_impl='cudnn' has no tanh logit cap ({_KNOB}.atten_logit_cap="
+                         f"{cfg.atten_logit_cap}); set {_KNOB}.atten_logit_cap=None, or {fix}.")
+    if impl == "splash" and (cfg.pipeline_stages > 1 or cfg.tensor_parallel != "gspmd"):
+        raise ValueError(f"{_KNOB}.attention_impl='splash' runs in its own shard_map and cannot nest in a "
+                         f"pipeline stage or tensor_parallel='shard_map' (pipeline_stages={cfg.pipeline_stages}, "
+                         f"tensor_parallel={cfg.tensor_parallel!r}); {fix}.")
 
 
 def check_pipeline_knobs(cfg: TransformerConfig) -> None:

@@ -101,7 +101,11 @@ class TransformerLM(eqx.Module):
             x = x + (table[None] if positions is None else jnp.take(table, positions, axis=0))
         x = constrain_batch(x.astype(_DTYPES[self.cfg.dtype]), mesh)
         x = self.final_norm(self.stack(x, mesh=mesh, segment_ids=segment_ids))
-        logits = constrain_batch(self.embedding.attend(x).astype(jnp.float32), mesh)
+        # Mixed precision (docs/knobs.md): the logits matmul takes `dtype` inputs but accumulates
+        # and returns float32, so the softmax and the loss never see bfloat16 logits.
+        weight = self.embedding.weight.astype(x.dtype)
+        logits = jnp.einsum("bse,ve->bsv", x, weight, preferred_element_type=jnp.float32)
+        logits = constrain_batch(logits, mesh)
         cap = self.cfg.output_logit_cap
         if cap is not None:
             logits = cap * jnp.tanh(logits / cap)

@@ -7,8 +7,12 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from equipax.core.nn.fused_attention import (
+    AttentionImpl, cudnn_attention, mesh_platform, resolve_attention_impl, splash_attention,
+)
 from equipax.core.nn.linear import expand_to, fan_in_init
 from equipax.core.nn.linear_attention import linear_attention
 from equipax.core.partition import Axes
@@ -18,6 +22,7 @@ __all__ = [
     "dot_product_attention",
     "jax_nn_attention",
     "reference_attention",
+    "softmax_attention",
 ]
 
 # Large finite negative: -inf would give NaN gradients through fully masked rows.
@@ -145,6 +150,44 @@ def jax_nn_attention(
     return jax.nn.dot_product_attention(q, k, v, is_causal=causal).astype(v.dtype)
 
 
+def softmax_attention(
+    q: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq heads head_dim"],
+    v: Float[Array, "batch seq heads head_dim"],
+    *,
+    causal: bool,
+    logit_cap: float | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+    impl: AttentionImpl = "xla",
+    mesh: Mesh | None = None,
+) -> Float[Array, "batch seq heads head_dim"]:
+    """Softmax attention with the kernel `impl` (`model.transformer.attention_impl`) picks.
+
+    Arguments:
+        q, k, v: queries, keys and values.
+        causal: mask keys after each query's position.
+        logit_cap: if set, logits become `cap * tanh(logits / cap)` before masking.
+        segment_ids: packed sequences: positions attend only within their own segment.
+        impl: "xla" (`dot_product_attention`), "cudnn" (GPU), "splash" (TPU) or "auto"
+            (equipax.core.nn.fused_attention).
+        mesh: the device mesh: its platform decides "auto", and splash runs per device on it.
+
+    Returns:
+        Attention outputs in `v.dtype`.
+
+    Raises:
+        ConfigError: `impl` cannot run on the mesh's platform, dtype or sequence length.
+    """
+    chosen = resolve_attention_impl(impl, mesh_platform(mesh), seq_len=q.shape[1], dtype=q.dtype,
+                                    logit_cap=logit_cap)
+    if chosen == "cudnn":
+        return cudnn_attention(q, k, v, causal=causal, segment_ids=segment_ids)
+    if chosen == "splash":
+        return splash_attention(q, k, v, causal=causal, logit_cap=logit_cap, segment_ids=segment_ids,
+                                mesh=mesh)
+    return dot_product_attention(q, k, v, causal=causal, logit_cap=logit_cap, segment_ids=segment_ids)
+
+
 class CausalSelfAttention(eqx.Module):
     """Multi-head causal self-attention with a fused QKV projection."""
 
@@ -156,6 +199,7 @@ class CausalSelfAttention(eqx.Module):
     head_dim: int = eqx.field(static=True)
     atten_logit_cap: float | None = eqx.field(static=True)
     kernel: Literal["softmax", "linear"] = eqx.field(static=True)
+    impl: AttentionImpl = eqx.field(static=True)
 
     def __init__(
         self,
@@ -166,6 +210,7 @@ class CausalSelfAttention(eqx.Module):
         atten_logit_cap: float | None,
         use_bias: bool = False,
         kernel: Literal["softmax", "linear"] = "softmax",
+        impl: AttentionImpl = "xla",
         key: PRNGKeyArray,
     ) -> None:
         """Arguments:
@@ -176,6 +221,7 @@ class CausalSelfAttention(eqx.Module):
         use_bias: biases on the QKV and output projections.
         kernel: "softmax" (`dot_product_attention`) or "linear" (`linear_attention`,
             which has no logits to cap).
+        impl: the softmax kernel (`softmax_attention`): "xla", "cudnn", "splash" or "auto".
         key: PRNG key.
         """
         k_qkv, k_out = jr.split(key)
@@ -183,6 +229,7 @@ class CausalSelfAttention(eqx.Module):
         self.head_dim = head_dim
         self.atten_logit_cap = atten_logit_cap
         self.kernel = kernel
+        self.impl = impl
         self.qkv = fan_in_init(k_qkv, (model_dims, 3, num_heads, head_dim), in_axes=(0,))
         self.out = fan_in_init(k_out, (num_heads, head_dim, model_dims), in_axes=(0, 1))
         self.qkv_bias = jnp.zeros((3, num_heads, head_dim)) if use_bias else None
@@ -198,13 +245,15 @@ class CausalSelfAttention(eqx.Module):
         }
 
     def __call__(
-        self, x: Float[Array, "batch seq embed"], segment_ids: Int[Array, "batch seq"] | None = None
+        self, x: Float[Array, "batch seq embed"], segment_ids: Int[Array, "batch seq"] | None = None,
+        *, mesh: Mesh | None = None,
     ) -> Float[Array, "batch seq embed"]:
         """Attend over the sequence; computes in `x.dtype`.
 
         Arguments:
             x: inputs.
             segment_ids: packed sequences: attend only within each segment (softmax kernel only).
+            mesh: the device mesh (for `impl`: see `softmax_attention`); None = JAX's default backend.
 
         Returns:
             Outputs of the same shape.
@@ -221,9 +270,8 @@ class CausalSelfAttention(eqx.Module):
                 )
             o = linear_attention(q, k, v, causal=True)
         else:
-            o = dot_product_attention(
-                q, k, v, causal=True, logit_cap=self.atten_logit_cap, segment_ids=segment_ids
-            )
+            o = softmax_attention(q, k, v, causal=True, logit_cap=self.atten_logit_cap,
+                                  segment_ids=segment_ids, impl=self.impl, mesh=mesh)
         y = jnp.einsum("bshd,hde->bse", o, self.out.astype(x.dtype))
         if self.out_bias is not None:
             y = y + expand_to(self.out_bias.astype(x.dtype), y.ndim)

@@ -14,6 +14,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.configs import TransformerConfig
 from equipax.core.nn.attention import CausalSelfAttention
+from equipax.core.nn.fused_attention import AttentionImpl
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.norm import LayerNorm, RMSNorm
 from equipax.core.nn.tensor_parallel import shard_map_block
@@ -41,6 +42,13 @@ def make_norm(cfg: TransformerConfig) -> LayerNorm | RMSNorm:
     return RMSNorm(cfg.model_dims)
 
 
+def _attention_impl(cfg: TransformerConfig) -> AttentionImpl:
+    """`cfg.attention_impl`, except that "auto" means "xla" inside a pipeline stage or a
+    `tensor_parallel="shard_map"` block (splash runs in its own shard_map, which cannot nest there)."""
+    nested = cfg.pipeline_stages > 1 or cfg.tensor_parallel != "gspmd"
+    return "xla" if cfg.attention_impl == "auto" and nested else cfg.attention_impl
+
+
 class TransformerBlock(eqx.Module):
     """Pre-LN block: `x + attn(norm(x))`, then `x + ffn(norm(x))`."""
 
@@ -63,6 +71,7 @@ class TransformerBlock(eqx.Module):
             atten_logit_cap=cfg.atten_logit_cap,
             use_bias=cfg.use_bias,
             kernel=cfg.attention,
+            impl=_attention_impl(cfg),
             key=k_att,
         )
         self.ffn_norm = make_norm(cfg)
@@ -76,18 +85,20 @@ class TransformerBlock(eqx.Module):
         )
 
     def __call__(
-        self, x: Float[Array, "batch seq embed"], segment_ids: Int[Array, "batch seq"] | None = None
+        self, x: Float[Array, "batch seq embed"], segment_ids: Int[Array, "batch seq"] | None = None,
+        *, mesh: Mesh | None = None,
     ) -> Float[Array, "batch seq embed"]:
         """Apply the block.
 
         Arguments:
             x: inputs.
             segment_ids: packed sequences: attention stays within each segment.
+            mesh: the device mesh, for the attention kernel (`attention_impl`).
 
         Returns:
             Outputs of the same shape and dtype.
         """
-        x = x + self.attention(self.atten_norm(x), segment_ids)
+        x = x + self.attention(self.atten_norm(x), segment_ids, mesh=mesh)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -110,7 +121,7 @@ def _block_apply(
                     "use tensor_parallel='gspmd' or data.packing=False."
                 )
             return shard_map_block(block, x, mesh)
-        return constrain_batch(block(x, segment_ids), mesh)
+        return constrain_batch(block(x, segment_ids, mesh=mesh), mesh)
 
     if remat == "full":
         return jax.checkpoint(apply, policy=None)

@@ -32,6 +32,7 @@ __all__ = [
     "COLLECTIVES",
     "compile_report",
     "count_collectives",
+    "count_custom_calls",
     "format_report",
     "GIB",
     "stablehlo_fingerprint",
@@ -74,6 +75,15 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
         # `all-gather(`, or the async pair `all-gather-start(` ... `all-gather-done(`.
         counts[op] = len(re.findall(rf"\b{op}(?:-start)?\(", hlo_text))
     return counts
+
+
+def count_custom_calls(stablehlo_text: str) -> dict[str, int]:
+    """Custom calls in a lowered program by target: fused kernels (`tpu_custom_call` = a Pallas/Mosaic
+    kernel such as splash attention; `__cudnn$fmha...` = cuDNN attention) and XLA helpers."""
+    counts: dict[str, int] = {}
+    for name in re.findall(r"custom_call @([\w$.-]+)", stablehlo_text):
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _per_device_bytes(abstract: Any) -> int:
@@ -162,6 +172,7 @@ def compile_report(
         "flops": None,
         "projection": None,
         "collectives": count_collectives(compiled.as_text()) if compiled is not None else None,
+        "custom_calls": count_custom_calls(lowered.as_text()),
         "stablehlo_sha256": stablehlo_fingerprint(lowered),
         "compile": {
             "lower_s": t_lower,
@@ -254,6 +265,7 @@ def format_report(r: dict[str, Any]) -> str:
     lines += [
         "  collectives   " + (", ".join(f"{k} {v}" for k, v in collectives.items()) if collectives is not None
                               else "(none: the program was not compiled)"),
+        "  custom calls  " + (", ".join(f"{k} {v}" for k, v in r.get("custom_calls", {}).items()) or "none"),
         f"  program       StableHLO sha256 {r['stablehlo_sha256'][:16]}... (the step `launch run` executes)",
         f"  compile       lower {c['lower_s']:.1f} s + compile {c['compile_s']:.1f} s "
         f"({c.get('compile_cpu_s', 0):.0f} s CPU) by XLA:{c['backend'].upper()}, "

@@ -1,0 +1,212 @@
+"""Fused softmax attention kernels behind `model.transformer.attention_impl` (docs/attention.md).
+
+- "xla": `equipax.core.nn.attention.dot_product_attention`, plain einsums (every platform);
+- "cudnn": cuDNN flash attention through `jax.nn.dot_product_attention(implementation="cudnn")`
+  (CUDA GPUs, bfloat16/float16 inputs, no tanh logit cap);
+- "splash": Pallas splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`, the kernel
+  MaxText uses on TPU), run per device under `jax.shard_map` (a Pallas call has no GSPMD rule);
+- "auto": the best of these the platform has, else "xla".
+
+The platform is the one the program is lowered for: the mesh's devices (an ahead-of-time compile
+for a TPU topology lowers for TPU on a CPU host), else JAX's default backend. All kernels take
+the same arguments as `reference_attention` and agree with it (tests/test_attention_impl.py).
+"""
+
+import math
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+from jaxtyping import Array, Float, Int
+
+from equipax.core.config import ConfigError
+from equipax.core.configs import BATCH_AXES, TENSOR
+
+__all__ = [
+    "AttentionImpl",
+    "cudnn_attention",
+    "mesh_platform",
+    "resolve_attention_impl",
+    "splash_attention",
+    "splash_block_size",
+]
+
+AttentionImpl = Literal["xla", "cudnn", "splash", "auto"]
+_KNOB = "model.transformer.attention_impl"
+
+
+def mesh_platform(mesh: Mesh | None) -> str:
+    """The platform a program on `mesh` is lowered for: "cpu", "gpu" or "tpu".
+
+    Arguments:
+        mesh: the device mesh (its devices may be compile-only TPU topology devices), or None for
+            JAX's default backend.
+    """
+    if mesh is not None and mesh.devices.size:
+        platform = str(mesh.devices.flat[0].platform)
+    else:
+        platform = jax.default_backend()
+    return "gpu" if platform in ("cuda", "rocm") else platform
+
+
+def splash_block_size(seq_len: int) -> int | None:
+    """The splash kernel's query/key block for `seq_len` positions, or None if it has none.
+
+    A block is a multiple of 128 (the TPU's lane width; the interpreter checks it too) that
+    divides the sequence: the largest of 512, 256, 128, as MaxText's `sa_block_*` defaults.
+    """
+    for block in (512, 256, 128):
+        if seq_len % block == 0:
+            return block
+    return None
+
+
+def resolve_attention_impl(
+    impl: str, platform: str, *, seq_len: int, dtype: Any, logit_cap: float | None,
+) -> Literal["xla", "cudnn", "splash"]:
+    """The kernel `impl` runs as on `platform`, or a ConfigError saying why it cannot run there.
+
+    Arguments:
+        impl: the knob's value: "xla", "cudnn", "splash" or "auto".
+        platform: "cpu", "gpu" or "tpu" (`mesh_platform`).
+        seq_len: positions per sequence.
+        dtype: the dtype of the queries, keys and values.
+        logit_cap: the tanh logit cap, or None.
+
+    Returns:
+        "xla", "cudnn" or "splash". "auto" picks splash on TPU and cuDNN on GPU where they can
+        run this shape and dtype, else xla.
+    """
+    low_precision = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    if impl == "auto":
+        if platform == "tpu" and splash_block_size(seq_len) is not None:
+            return "splash"
+        if platform == "gpu" and logit_cap is None and low_precision:
+            return "cudnn"
+        return "xla"
+    if impl == "cudnn":
+        if platform != "gpu":
+            raise ConfigError(
+                f"{_KNOB}='cudnn' needs a CUDA GPU, but this program runs on {platform}. Set "
+                f"{_KNOB}='auto' (picks the best kernel this platform has) or 'xla'.")
+        if not low_precision:
+            raise ConfigError(
+                f"{_KNOB}='cudnn' takes bfloat16 or float16 inputs, found {jnp.dtype(dtype).name}; set "
+                f"model.dtype='bfloat16', or {_KNOB}='auto' / 'xla'.")
+        if logit_cap is not None:
+            raise ConfigError(
+                f"{_KNOB}='cudnn' has no tanh logit cap (model.transformer.atten_logit_cap={logit_cap}); "
+                f"set model.transformer.atten_logit_cap=None, or {_KNOB}='auto' / 'xla'.")
+        return "cudnn"
+    if impl == "splash":
+        if platform != "tpu":
+            raise ConfigError(
+                f"{_KNOB}='splash' is a TPU kernel, but this program runs on {platform}. Set "
+                f"{_KNOB}='auto' (picks the best kernel this platform has) or 'xla'; "
+                "`launch compile --topology v5p-8` lowers it for a TPU on any host.")
+        if splash_block_size(seq_len) is None:
+            raise ConfigError(
+                f"{_KNOB}='splash' needs a sequence length divisible by 128 (its block size), found "
+                f"{seq_len}; change data.seq_len, or set {_KNOB}='auto' / 'xla'.")
+        return "splash"
+    return "xla"
+
+
+def _segment_mask(segment_ids: Array) -> Array:
+    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+
+
+def cudnn_attention(
+    q: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq heads head_dim"],
+    v: Float[Array, "batch seq heads head_dim"],
+    *,
+    causal: bool,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+    implementation: Literal["cudnn", "xla"] = "cudnn",
+) -> Float[Array, "batch seq heads head_dim"]:
+    """Softmax attention through `jax.nn.dot_product_attention` (cuDNN flash attention on GPU).
+
+    Packed segments become a boolean mask (cuDNN then reads a dense `[q k]` mask).
+
+    Arguments:
+        q, k, v: queries, keys and values (bfloat16 or float16 for cuDNN).
+        causal: mask keys after each query's position.
+        segment_ids: packed sequences: positions attend only within their own segment.
+        implementation: "cudnn", or "xla" to run the same call on any platform (tests).
+
+    Returns:
+        Attention outputs in `v.dtype`.
+    """
+    mask = None if segment_ids is None else _segment_mask(segment_ids)
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation=implementation)
+    return out.astype(v.dtype)
+
+
+def _splash_kernel(heads: int, seq_len: int, *, causal: bool, logit_cap: float | None, interpret: bool) -> Any:
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    block = splash_block_size(seq_len)
+    if block is None:
+        raise ConfigError(f"{_KNOB}='splash' needs a sequence length divisible by 128, found {seq_len}.")
+    shape = (seq_len, seq_len)
+    one = sa.CausalMask(shape) if causal else sa.FullMask(shape)
+    sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                          block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+    return sa.make_splash_mha(sa.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1,
+                              q_seq_shards=1, attn_logits_soft_cap=logit_cap, interpret=interpret)
+
+
+def splash_attention(
+    q: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq heads head_dim"],
+    v: Float[Array, "batch seq heads head_dim"],
+    *,
+    causal: bool,
+    logit_cap: float | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+    mesh: Mesh | None = None,
+    interpret: bool = False,
+) -> Float[Array, "batch seq heads head_dim"]:
+    """Softmax attention with the Pallas TPU splash kernel (flash attention with block sparsity).
+
+    With a mesh of more than one device, each device runs the kernel on its own rows (batch over
+    the batch axes) and heads (over `tensor` when it divides them) inside `jax.shard_map`.
+
+    Arguments:
+        q, k, v: queries, keys and values.
+        causal: mask keys after each query's position (the kernel skips fully masked blocks).
+        logit_cap: if set, logits become `cap * tanh(logits / cap)` before masking.
+        segment_ids: packed sequences: positions attend only within their own segment.
+        mesh: the device mesh the inputs are sharded over, or None (one device).
+        interpret: run the kernel in the Pallas interpreter (any platform; slow: for tests).
+
+    Returns:
+        Attention outputs in `v.dtype`.
+    """
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+    seg = jnp.zeros(q.shape[:2], jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+
+    def local(q: Array, k: Array, v: Array, seg: Array) -> Array:
+        kernel = _splash_kernel(q.shape[2], q.shape[1], causal=causal, logit_cap=logit_cap, interpret=interpret)
+        heads_first = lambda t: jnp.swapaxes(t, 1, 2)  # noqa: E731  [b s h d] <-> [b h s d]
+        out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v),
+                               segment_ids=sa.SegmentIds(q=seg, kv=seg))
+        return heads_first(out).astype(v.dtype)
+
+    if mesh is None or mesh.size == 1:
+        return local(q, k, v, seg)
+    batch = tuple(a for a in BATCH_AXES if a in mesh.shape and mesh.shape[a] > 1)
+    batch_size = int(np.prod([mesh.shape[a] for a in batch])) if batch else 1
+    if q.shape[0] % batch_size:
+        batch = ()
+    tp = mesh.shape.get(TENSOR, 1)
+    heads = TENSOR if tp > 1 and q.shape[2] % tp == 0 else None
+    qkv_spec = P(batch or None, None, heads, None)
+    seg_spec = P(batch or None, None)
+    return jax.shard_map(local, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, seg_spec),
+                         out_specs=qkv_spec, check_vma=False)(q, k, v, seg)
