@@ -234,9 +234,11 @@ def make_train_step(
             applied with `eqx.filter_shard` at the step's boundaries. None: leave it to XLA.
         batch_sharding: sharding (or pytree of shardings) of the batch, likewise.
         skip_nonfinite: when the loss, the gradient norm, the update's norm or the updated
-            parameters' norm is not finite, keep the old parameters, optimizer state and model
-            state (in-graph, no host sync); the step counter still advances. Adds the metrics
-            `nonfinite` (1.0 for a skipped update) and `update_norm`.
+            parameters' norm is not finite, keep the old parameters and model state (in-graph,
+            no host sync); the step counter still advances. The optimizer state is kept too
+            unless the loss and gradients were finite and only the update overflowed (a huge
+            learning rate): its moments then advance, as they depend on the gradients alone.
+            Adds the metrics `nonfinite` (1.0 for a skipped update) and `update_norm`.
 
     Returns:
         `train_step(state, batch, key) -> (new_state, metrics)`. The step's random key is
@@ -292,16 +294,25 @@ def make_train_step(
         if skip_nonfinite:
             # Pax's in-graph skip of invalid steps. The counter still advances, so step numbers,
             # step keys and the schedule stay aligned with the batches consumed (and on resume).
-            # The update and the parameters it gives are checked too: a huge learning rate makes
-            # a finite gradient's update overflow (its norm is inf long before an element is).
+            # Two predicates, so that XLA can fuse the optimizer state's select into the update:
+            # - `grads_ok` (loss and gradient norm finite) is known before the update: it guards
+            #   everything (moments are computed from the gradients alone);
+            # - `ok` adds the update and the updated parameters (a huge learning rate makes a
+            #   finite gradient's update overflow; its norm is inf long before an element is). It
+            #   needs the update, so it guards only what the update writes: the parameters and the
+            #   model state. An overflowing update thus still advances the moments, which are valid.
+            grads_ok = jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"])
             metrics["update_norm"] = optax.tree.norm(updates)
             new_param_norm = optax.tree.norm(eqx.filter(model, eqx.is_inexact_array))
-            finite = (jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"])
-                      & jnp.isfinite(metrics["update_norm"]) & jnp.isfinite(new_param_norm))
-            kept = TrainState(step=state.step + 1, model=state.model, opt_state=state.opt_state,
-                              model_state=jax.tree.unflatten(old_model_state[1], old_model_state[0]))
-            new_state = _select(finite, new_state, kept)
-            metrics["nonfinite"] = jnp.where(finite, 0.0, 1.0).astype(jnp.float32)
+            ok = grads_ok & jnp.isfinite(metrics["update_norm"]) & jnp.isfinite(new_param_norm)
+            old_model_state_tree = jax.tree.unflatten(old_model_state[1], old_model_state[0])
+            new_state = TrainState(
+                step=state.step + 1,
+                model=_select(ok, model, state.model),
+                opt_state=_select(grads_ok, opt_state, state.opt_state),
+                model_state=_select(ok, model_state, old_model_state_tree),
+            )
+            metrics["nonfinite"] = jnp.where(ok, 0.0, 1.0).astype(jnp.float32)
         if state_sharding is not None:
             new_state = eqx.filter_shard(new_state, state_sharding)
         return new_state, metrics
@@ -309,7 +320,7 @@ def make_train_step(
     return TrainStep(step)
 
 
-def _select(pred: Array, on_true: TrainState, on_false: TrainState) -> TrainState:
+def _select(pred: Array, on_true: _T, on_false: _T) -> _T:
     """`on_true` where the scalar `pred` holds, else `on_false`, leaf by leaf (same structure)."""
     a, static = eqx.partition(on_true, eqx.is_array)
     b, _ = eqx.partition(on_false, eqx.is_array)
