@@ -36,7 +36,7 @@ OTHER_AXES = ("fsdp_transpose", "sequence", "context", "autoregressive", "expert
 SCALE_RULES = ("linear", "doubling")
 T = "model.transformer."
 REMATS = {"none": "none", "full": "full", "minimal": "dots_saveable"}
-ACTIVATIONS = {("relu",): ("relu", False), ("gelu",): ("gelu", False), ("silu",): ("silu", False),
+ACTIVATIONS: dict[tuple[str, ...], tuple[str, bool]] = {("relu",): ("relu", False), ("gelu",): ("gelu", False), ("silu",): ("silu", False),
                ("silu", "linear"): ("silu", True), ("gelu", "linear"): ("gelu", True),
                ("relu", "linear"): ("relu", True)}
 

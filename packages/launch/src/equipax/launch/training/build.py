@@ -56,18 +56,18 @@ class Training:
 
     cfg: ExperimentConfig
     mesh: Mesh
-    task: AbstractTask
+    task: AbstractTask[Any]
     learner: Learner
     keys: Keys
-    abstract_state: TrainState
+    abstract_state: TrainState[Any]
     state_sharding: Any
     batch_sharding: NamedSharding
-    train_step: TrainStep
+    train_step: TrainStep[Any]
     eval_step: Any
 
-    def init_state(self) -> TrainState:
+    def init_state(self) -> TrainState[Any]:
         """The initial train state, built directly in its sharded layout (no full copy on one device)."""
-        def make(key: PRNGKeyArray) -> TrainState:
+        def make(key: PRNGKeyArray) -> TrainState[Any]:
             return eqx.filter_shard(_initial_state(self.task, self.learner.optimizer, key), self.state_sharding)
 
         return eqx.filter_jit(make)(self.keys.init)
@@ -88,7 +88,7 @@ class Training:
         return self.train_step.lower(self.abstract_state, self.abstract_batch(), key)
 
 
-def _initial_state(task: AbstractTask, optimizer: Any, key: PRNGKeyArray) -> TrainState:
+def _initial_state(task: AbstractTask[Any], optimizer: Any, key: PRNGKeyArray) -> TrainState[Any]:
     model, model_state = task.init(key)
     return init_train_state(model, optimizer, model_state=model_state)
 

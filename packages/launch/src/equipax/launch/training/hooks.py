@@ -197,7 +197,8 @@ class StepTimer:
         self.restart(step)
 
     def restart(self, step: int) -> None:
-        self.t, self.step = time.monotonic(), step
+        self.t: float = time.monotonic()
+        self.step: int = step
 
     def lap(self, step: int) -> float:
         now = time.monotonic()

@@ -62,8 +62,8 @@ class NonFiniteMonitor:
                  state: dict[str, Any] | None = None) -> None:
         self.mode = mode
         self.max_consecutive = max_consecutive
-        self.total = int((state or {}).get("nonfinite_total", 0))
-        self.consecutive = int((state or {}).get("nonfinite_consecutive", 0))
+        self.total: int = int((state or {}).get("nonfinite_total", 0))
+        self.consecutive: int = int((state or {}).get("nonfinite_consecutive", 0))
         self.streak_start: int | None = (state or {}).get("nonfinite_streak_start")  # first skipped step in a row
         self._pending: list[tuple[int, Any]] = []
         self._history: deque[tuple[int, dict[str, float]]] = deque(maxlen=256)  # read steps, host floats

@@ -136,7 +136,9 @@ class ProfileHook(Hook):
     """Traces steps `first..last` with `jax.profiler`, a `train` step annotation per step."""
 
     def __init__(self, first: int, last: int, *, log_dir: Path) -> None:
-        self.first, self.last, self.log_dir = first, last, log_dir
+        self.first: int = first
+        self.last: int = last
+        self.log_dir: Path = log_dir
         self.tracing = False
         self.annotation: Any = None
         self.trace_dir: Path | None = None
@@ -190,7 +192,7 @@ class PGLEHook(Hook):
         self.settings: PGLESettings = pgle_settings(train)
         platform = device_platform()
         self.active: bool = train.pgle != "off" and platform == "gpu"
-        self.saved = {k: jax.config.values[k] for k in self.settings.jax_config} if self.active else {}
+        self.saved: dict[str, Any] = {k: jax.config.values[k] for k in self.settings.jax_config} if self.active else {}
         for k, v in self.settings.jax_config.items() if self.active else ():
             jax.config.update(k, v)
         if train.pgle != "off" and not self.active:
