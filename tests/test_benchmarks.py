@@ -55,3 +55,16 @@ def test_compare_mode_runs_both_steps_on_the_same_numbers(tmp_path):
         assert tiny[side]["tokens_per_s"] > 0 and tiny[side]["compile_s"] > 0
         assert math.isfinite(tiny[side]["last_loss"])
     assert tiny["ratio"] > 0
+
+
+def test_cli_latency_benchmark_runs_and_reports_no_heavy_imports(tmp_path):
+    spec = importlib.util.spec_from_file_location("benchmarks_cli_latency", SCRIPT.parent / "cli_latency.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "cli.json"
+    results = bench.main(["--repeats", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    for name, r in results["commands"].items():
+        assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"], name
+        assert r["heavy_imports"] == "", (name, r["heavy_imports"])
