@@ -256,7 +256,19 @@ def test_config_errors_name_the_knob():
         (dict(remat="some"), "remat"),
         (dict(vocab_size=1), "vocab_size"),
         (dict(dtype="float16"), "dtype"),
+        (dict(embedding_init_std=0.0), "embedding_init_std"),
     ):
         # Literal knobs are caught earlier by the test suite's runtime type checker.
         with pytest.raises((ValueError, TypeCheckError), match=knob):
             LlamaConfig(**kw)
+
+
+def test_embedding_init_std_sets_the_residual_streams_initial_scale():
+    """The input embedding starts N(0, embedding_init_std^2) (default 1: unit-RMS residual
+    stream, as torchtitan's Llama); nothing else in the model depends on the knob."""
+    default = LlamaLM(CFG, key=jr.key(0))
+    small = LlamaLM(dataclasses.replace(CFG, embedding_init_std=0.02), key=jr.key(0))
+    assert float(jnp.std(default.embedding.weight)) == pytest.approx(1.0, rel=0.05)
+    np.testing.assert_allclose(small.embedding.weight, 0.02 * default.embedding.weight, rtol=1e-5, atol=1e-7)
+    rest = lambda m: jax.tree.leaves(eqx.filter((m.layers, m.final_norm, m.unembed), eqx.is_array))  # noqa: E731
+    assert all(bool(jnp.array_equal(a, b)) for a, b in zip(rest(default), rest(small), strict=True))

@@ -32,9 +32,10 @@ def abstract_model(cfg):
 
     from equipax.models import LMConfig, TransformerLM
     from equipax.models.cnn import AdvancedCNN, CNNConfig
+    from equipax.models.llama import LlamaConfig, LlamaLM
 
     def find(x, depth=0):  # the model config, wherever the experiment config keeps it
-        if isinstance(x, (LMConfig, CNNConfig)):
+        if isinstance(x, (LMConfig, LlamaConfig, CNNConfig)):
             return x
         if depth < 3 and dataclasses.is_dataclass(x) and not isinstance(x, type):
             for f in dataclasses.fields(x):
@@ -47,6 +48,8 @@ def abstract_model(cfg):
     key = jax.random.key(0)
     if isinstance(model_cfg, LMConfig):
         return "lm", eqx.filter_eval_shape(lambda k: TransformerLM(model_cfg, key=k), key)
+    if isinstance(model_cfg, LlamaConfig):
+        return "llama", eqx.filter_eval_shape(lambda k: LlamaLM(model_cfg, key=k), key)
     if isinstance(model_cfg, CNNConfig):
         build = eqx.nn.make_with_state(AdvancedCNN)
         return "cnn", eqx.filter_eval_shape(lambda k: build(model_cfg, key=k), key)[0]
@@ -69,7 +72,7 @@ def test_every_registered_experiment_declares_the_axes_of_its_weights():
 
     from equipax.launch.experiments.registry import entries
 
-    kinds = {"lm": [], "cnn": []}
+    kinds = {"lm": [], "llama": [], "cnn": []}
     for entry in entries():
         if getattr(entry, "kind", "train") != "train":
             continue
@@ -80,10 +83,14 @@ def test_every_registered_experiment_declares_the_axes_of_its_weights():
             specs = flat_specs(model, m)  # raises, naming the weight, if one is undeclared
             assert specs, entry.name
         kinds[kind].append(entry.name)
-        if kind == "lm":  # the big weights really are sharded, not replicated
+        if kind in ("lm", "llama"):  # the big weights really are sharded, not replicated
             specs = flat_specs(model, mesh())
             assert specs[".embedding.weight"] == P("tensor", "fsdp"), entry.name
+        if kind == "llama":
+            assert specs[".unembed.weight"] == P("fsdp", "tensor"), entry.name
     assert kinds["lm"] and kinds["cnn"], kinds
+    assert {"shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama2_7b_smoke",
+            "llama3_8b_smoke"} <= set(kinds["llama"]), kinds
 
 
 def test_pax_lm_specs_match_the_megatron_fsdp_layout():
@@ -99,6 +106,54 @@ def test_pax_lm_specs_match_the_megatron_fsdp_layout():
     assert specs[".stack.layers.ffn.up.bias"] == P(None, "tensor")
     assert specs[".stack.layers.ffn.down.weight"] == P(None, "tensor", "fsdp")
     assert specs[".stack.layers.atten_norm.scale"] == P(None, None)
+    assert specs[".final_norm.scale"] == P(None)
+
+
+def declared_axes(model):
+    """`{path: logical axes}` of every array leaf, each axis named by the layer that owns it."""
+    import jax
+
+    from equipax.core.partition import leaf_axes
+
+    return {jax.tree_util.keystr(p): leaf_axes(model, p, leaf)
+            for p, leaf in jax.tree_util.tree_flatten_with_path(model)[0]}
+
+
+@pytest.mark.parametrize("name", ["shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama3_8b_smoke"])
+def test_every_llama_weight_declares_logical_axes_the_rules_map(name):
+    """No LlamaLM array falls back to "undeclared, replicated": every dimension of every weight
+    (norm scales included) names a logical axis that `LOGICAL_TO_MESH` maps."""
+    from equipax.core.partition import LOGICAL_TO_MESH
+    from equipax.launch.experiments.registry import get_experiment
+
+    kind, model = abstract_model(get_experiment(name))
+    assert kind == "llama"
+    axes = declared_axes(model)
+    # embedding, final norm, unembedding + 8 arrays per block (one stacked block when scanned)
+    blocks = 1 if model.cfg.scan_layers else model.cfg.num_layers
+    assert len(axes) == 3 + 8 * blocks, sorted(axes)
+    for path, names in axes.items():
+        assert None not in names and set(names) <= set(LOGICAL_TO_MESH), (path, names)
+
+
+def test_llama_specs_match_the_megatron_fsdp_layout():
+    """Scanned Llama weights (as in llama3_8b): FSDP on `embed`, Megatron on heads / hidden,
+    key/value heads split like the query heads, the untied output split over the vocabulary."""
+    from jax.sharding import PartitionSpec as P
+
+    from equipax.launch.experiments.registry import get_experiment
+
+    _, model = abstract_model(get_experiment("llama3_8b"))
+    specs = flat_specs(model, mesh(1, 8, 8))
+    assert specs[".embedding.weight"] == P("tensor", "fsdp")
+    assert specs[".unembed.weight"] == P("fsdp", "tensor")
+    assert specs[".layers.attention.q"] == P(None, "fsdp", "tensor", None)
+    assert specs[".layers.attention.kv"] == P(None, "fsdp", None, "tensor", None)
+    assert specs[".layers.attention.out"] == P(None, "tensor", None, "fsdp")
+    assert specs[".layers.ffn.gate.weight"] == P(None, "fsdp", "tensor")
+    assert specs[".layers.ffn.up.weight"] == P(None, "fsdp", "tensor")
+    assert specs[".layers.ffn.down.weight"] == P(None, "tensor", "fsdp")
+    assert specs[".layers.atten_norm.scale"] == P(None, None)
     assert specs[".final_norm.scale"] == P(None)
 
 

@@ -81,6 +81,13 @@ class LlamaConfig:
         head_dim: dimensions per head.
         rope_theta: base of the rotary position frequencies.
         norm_eps: epsilon of the RMS norms.
+        embedding_init_std: standard deviation of the input embedding's initial entries. 1.0
+            (torchtitan's Llama init) starts the residual stream at unit RMS, the scale of
+            what each block adds to it (projections are initialised with variance 1/fan_in)
+            and the scale of the GPT's `embedding x sqrt(model_dims)`; 1/sqrt(model_dims)
+            lets the blocks drown the token identity at first and learns worse (measured in
+            equipax.launch.experiments.llama). Initialisation only: the weights' shapes and
+            the forward pass are the same whatever its value.
         scan_layers: run the blocks as one `jax.lax.scan` over stacked weights.
         remat: recompute each block in the backward pass: "none", "full" or "dots_saveable".
         dtype: the activations' dtype; parameters and logits stay float32.
@@ -98,6 +105,7 @@ class LlamaConfig:
     hidden_dims: int = 688
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-5
+    embedding_init_std: float = 1.0
     scan_layers: bool = True
     remat: Literal["none", "full", "dots_saveable"] = "none"
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -123,7 +131,7 @@ class LlamaConfig:
             raise ValueError(
                 f"LlamaConfig.head_dim must be even for rotary embeddings, got {self.head_dim}."
             )
-        for name in ("rope_theta", "norm_eps"):
+        for name in ("rope_theta", "norm_eps", "embedding_init_std"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"LlamaConfig.{name} must be a number > 0, got {value!r}.")

@@ -2,10 +2,13 @@
 
 The 2023-24 decoder recipe shared by Llama 2/3, Mistral and Qwen, built from equipax.core
 layers. No biases anywhere, no position table (rotary angles in every attention layer), no
-embedding scaling and no output logit cap. The layer stack is scanned over stacked parameters
+embedding multiplier and no output logit cap. The input embedding is initialised N(0, 1)
+(`LlamaConfig.embedding_init_std`, as torchtitan's Llama), every projection with variance
+1/fan_in. The layer stack is scanned over stacked parameters
 or run as a Python loop (`scan_layers`), with the same remat policies as `TransformerStack`.
 """
 
+import math
 from collections.abc import Callable
 
 import equinox as eqx
@@ -132,7 +135,11 @@ class LlamaLM(eqx.Module):
         """
         k_emb, k_layers, k_out = jr.split(key, 3)
         self.cfg = cfg
-        self.embedding = Embedding(cfg.vocab_size, cfg.model_dims, key=k_emb)
+        # Embedding draws N(0, 1/model_dims); rescaled to N(0, embedding_init_std^2) (see LlamaConfig).
+        table = Embedding(cfg.vocab_size, cfg.model_dims, key=k_emb)
+        self.embedding = eqx.tree_at(
+            lambda e: e.weight, table, table.weight * (cfg.embedding_init_std * math.sqrt(cfg.model_dims))
+        )
         keys = jr.split(k_layers, cfg.num_layers)
         if cfg.scan_layers:
             self.layers = eqx.filter_vmap(lambda k: LlamaBlock(cfg, key=k))(keys)
