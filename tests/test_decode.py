@@ -192,3 +192,20 @@ def test_decode_benchmark_smoke(tmp_path):
     for key in ("prefill_s", "cached_total_s", "uncached_total_s", "speedup",
                 "cached_tokens_per_s", "decode_per_token_s"):
         assert row[key] >= 0, key
+
+
+def test_end_of_run_sample_is_the_cached_decode_of_generate():
+    """`launch run`'s final sample (tasks.lm.continue_ids, KV cache): greedy, it is `generate`'s
+    output while the sample fits the model's max_seq_len; longer samples continue in rounds to the
+    requested length; sampling is reproducible by key."""
+    from equipax.launch.tasks.lm import continue_ids
+
+    model = MODELS["llama"]
+    prompt = [5, 6, 7]
+    fits = LLAMA_CFG.max_seq_len - len(prompt)
+    out = continue_ids(model, prompt, fits, temperature=0.0, key=jr.key(0))
+    np.testing.assert_array_equal(out, np.asarray(generate(model, jnp.array(prompt, jnp.int32), fits)))
+    long = continue_ids(model, prompt, 3 * LLAMA_CFG.max_seq_len, temperature=0.0, key=None)
+    assert len(long) == len(prompt) + 3 * LLAMA_CFG.max_seq_len and long[: len(out)] == out
+    hot = [continue_ids(model, prompt, 20, temperature=1.0, key=jr.key(k)) for k in (3, 3, 4)]
+    assert hot[0] == hot[1] != hot[2] and len(hot[0]) == len(prompt) + 20

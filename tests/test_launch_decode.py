@@ -82,6 +82,68 @@ def test_decode_bad_inputs_exit_2(job, args, message):
     assert "Traceback" not in result.output
 
 
+def test_decode_split_eval_writes_each_example_to_the_job_directory(job):
+    """Pax's decode dataset: `--split eval` continues the first examples of the job's eval input,
+    each prompted with its first --prompt-tokens tokens; the reference is the example's next tokens."""
+    import numpy as np
+
+    from equipax.data import ByteTokenizer, build_lm_texts_tokens, split_plays
+
+    result = invoke("decode", "--job-log-dir", job, "--split", "eval", "--max-examples", 6, "--prompt-tokens", 8,
+                    "--max-new-tokens", 4, "--step", 2)
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    folder = job / "decoder_out" / "2"
+    assert "decoded 6 eval examples in 2 batches" in " ".join(result.output.split())
+    rows = [json.loads(line) for line in (folder / "outputs.jsonl").read_text().splitlines()]
+    assert [r["example_id"] for r in rows] == list(range(6))  # 6 of the 2 batches' 8, padding none
+    # The eval input's windows (data.seq_len + 1 = 33 tokens each, in order, on one host).
+    stream = build_lm_texts_tokens(split_plays(("hamlet", "the-tempest"))[1].values(), ByteTokenizer())
+    for r in rows:
+        window = stream[33 * r["example_id"]: 33 * (r["example_id"] + 1)].tolist()
+        assert r["prompt_tokens"] + r["reference_tokens"] == window[:12]
+        assert r["prompt"] == ByteTokenizer().decode(window[:8]) and len(r["reference_tokens"]) == 4
+        assert 1 <= len(r["tokens"]) <= 4 and isinstance(r["text"], str)
+        assert 0 <= r["matching_tokens"] <= r["compared_tokens"] == min(4, len(r["tokens"]))
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["examples"] == 6 and summary["prompt_tokens"] == 8 and summary["max_new_tokens"] == 4
+    assert summary["reference_token_match"] == pytest.approx(
+        sum(r["matching_tokens"] for r in rows) / sum(r["compared_tokens"] for r in rows))
+    assert not (job / "decoder_out" / "4").exists()
+
+
+def test_decode_split_drops_padding_rows():
+    """A padded eval batch (rows of weight 0, so every host runs the same number of batches):
+    the padding rows decode along (same program) but write no output."""
+    import numpy as np
+
+    from equipax.data import ByteTokenizer
+    from equipax.launch.training.decode_dataset import _records, prompt_rows
+
+    ids = np.arange(2 * 6, dtype=np.int32).reshape(2, 6) + 40
+    batch = {"ids": ids, "labels": ids + 1, "weights": np.array([[1.0] * 6, [0.0] * 6], np.float32),
+             "example_id": np.array([7, -1])}
+    prompts, lengths, real = prompt_rows(batch, 3)
+    assert prompts.shape == (2, 3) and lengths.tolist() == [3, 1] and real.tolist() == [True, False]
+    rows = dict(prompts=prompts, lengths=lengths, real=real, labels=batch["labels"], weights=batch["weights"],
+                example_id=batch["example_id"])
+    records = _records(rows, np.array([[44, 1], [0, 0]]), np.array([2, 2]), ByteTokenizer(), 2)
+    assert [r["example_id"] for r in records] == [7]
+    assert records[0]["reference_tokens"] == [43, 44] and records[0]["matching_tokens"] == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--split", "train"], "use --split eval"),
+    (["--split", "eval", "--prompt", "A"], "leave out --prompt"),
+    (["--split", "eval", "--prompt-tokens", 32], "--prompt-tokens 32 must be in [1, 31]"),
+    (["--split", "eval", "--max-examples", -1], "--max-examples"),
+])
+def test_decode_split_bad_inputs_exit_2(job, args, message):
+    result = invoke("decode", "--job-log-dir", job, *args)
+    assert result.exit_code == 2, f"{result.output}\n{result.exception!r}"
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
 def test_decode_and_eval_refuse_jobs_they_cannot_read(job, tmp_path):
     from equipax.core.config import to_json
     from equipax.launch.experiments.registry import get_experiment

@@ -1,4 +1,6 @@
-"""`launch decode`: sample from a training job's checkpoint with the KV cache (Pax's decode mode)."""
+"""`launch decode`: sample from a training job's checkpoint with the KV cache (Pax's decode mode):
+given prompts (`--prompt`, `--prompts`), or every example of the job's eval split (`--split eval`,
+Pax's decode dataset: outputs in `<job>/decoder_out/<step>/`)."""
 
 import json
 import math
@@ -32,10 +34,32 @@ def decode_cmd(
         Path | None, typer.Option("--output", "-o", help="Write JSON lines (prompt, text, tokens, seconds_per_token) "
                                                          "to this file; '-' for stdout.")
     ] = None,
+    split: Annotated[
+        str | None, typer.Option("--split", help="Decode the job's eval split instead of prompts ('eval'): each "
+                                                 "example's first --prompt-tokens tokens continued, one JSON line "
+                                                 "per example in <job>/decoder_out/<step>/outputs.jsonl.")
+    ] = None,
+    max_examples: Annotated[
+        int, typer.Option("--max-examples", help="--split: decode at most this many examples (0 = all).")
+    ] = 0,
+    prompt_tokens: Annotated[
+        int, typer.Option("--prompt-tokens", help="--split: prompt length in tokens (0 = half an example).")
+    ] = 0,
     cpu_devices: CpuDevicesOption = None,
 ) -> None:
     """Continue prompts with a trained language model's checkpoint (KV cache; model only, no optimizer state)."""
-    texts = _read_prompts(prompt, prompts)
+    if split is not None:
+        if prompt is not None or prompts is not None or output is not None:
+            fail("--split decodes the job's own eval examples and writes them to the job directory; leave out "
+                 "--prompt, --prompts and --output (or drop --split to decode your own prompts).")
+        if split != "eval":
+            fail(f"--split {split!r} is not a split `launch decode` reads; use --split eval (the job's eval input).")
+        if max_examples < 0 or prompt_tokens < 0:
+            fail(f"--max-examples and --prompt-tokens must be >= 0 (0 = all / half an example); got {max_examples} "
+                 f"and {prompt_tokens}.")
+        texts: list[str] = []
+    else:
+        texts = _read_prompts(prompt, prompts)
     if max_new_tokens < 1 or batch_size < 1:
         fail(f"--max-new-tokens and --batch-size must be >= 1; got {max_new_tokens} and {batch_size}.")
     if not (math.isfinite(temperature) and temperature >= 0):
@@ -54,6 +78,10 @@ def decode_cmd(
              "samples from language-model jobs; evaluate this one with `launch eval --job-log-dir "
              f"{job_log_dir}`.")
     use_cpu_devices(cpu_devices)
+    if split is not None:
+        _decode_split(cfg, job_log_dir, step=step, max_examples=max_examples, prompt_tokens=prompt_tokens,
+                      max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        return
     samples = _decode(cfg, job_log_dir, texts, step=step, max_new_tokens=max_new_tokens, temperature=temperature,
                       top_k=top_k, top_p=top_p, seed=seed, batch_size=batch_size)
     if output is None:
@@ -68,6 +96,19 @@ def decode_cmd(
     else:
         output.write_text(lines)
         err.print(f"Wrote {len(samples)} samples to {output}.", highlight=False)
+
+
+def _decode_split(cfg, job_dir: Path, *, step: int | None, **settings) -> None:
+    from equipax.launch.training.decode_dataset import DecodeSettings, decode_split
+    from equipax.launch.training.trained_job import pick_step
+
+    step = pick_step(job_dir, step)
+    folder = decode_split(cfg, job_dir, step, DecodeSettings(**settings), log=lambda m: err.print(m, highlight=False))
+    if (folder / "summary.json").exists():  # process 0 writes it
+        s = json.loads((folder / "summary.json").read_text())
+        out.print(f"{cfg.name}: step {step}: decoded {s['examples']} eval examples in {s['batches']} batches "
+                  f"({s['seconds']:.1f} s); {s['reference_token_match']:.1%} of the generated tokens match the "
+                  f"reference -> {folder / 'outputs.jsonl'}", highlight=False)
 
 
 def _read_prompts(prompt: str | None, prompts: Path | None) -> list[str]:

@@ -17,7 +17,8 @@ if TYPE_CHECKING:  # JAX and the models load when a run builds its Task, not for
 
     from equipax.models.lm_task import LMTask
 
-__all__ = ["build_inputs", "finish", "flops_per_token", "make_task", "numbers", "UNIT", "units_per_example"]
+__all__ = ["build_inputs", "continue_ids", "finish", "flops_per_token", "make_task", "numbers", "UNIT",
+           "units_per_example"]
 
 UNIT = "tokens"
 
@@ -111,19 +112,48 @@ def build_inputs(cfg: ExperimentConfig, job_dir: Path, *, log: Callable[[str], o
 
 def finish(cfg: ExperimentConfig, model: Any, inputs: Inputs, *, key: Any,
            log: Callable[[str], object]) -> dict[str, Any]:
-    """Generate `train.sample_tokens` tokens after `train.sample_prompt` (single process only)."""
+    """Generate `train.sample_tokens` tokens after `train.sample_prompt` with the KV cache
+    (greedy at `train.sample_temperature` 0, else sampled; single process only)."""
     import jax
     import numpy as np
-
-    from equipax.models.lm import generate
 
     if cfg.train.sample_tokens == 0 or jax.process_count() > 1:
         return {"sample": None}
     tokenizer = inputs.extra["tokenizer"]
-    prompt = np.asarray(tokenizer.encode(cfg.train.sample_prompt) or [tokenizer.bos_id], np.int32)
-    out = generate(model, jax.numpy.asarray(prompt), cfg.train.sample_tokens,
-                   temperature=cfg.train.sample_temperature, key=key)
+    prompt = tokenizer.encode(cfg.train.sample_prompt) or [tokenizer.bos_id]
+    out = continue_ids(model, prompt, cfg.train.sample_tokens, temperature=cfg.train.sample_temperature, key=key)
     # model.vocab_size may exceed the tokenizer's vocabulary (docs/data.md): ids past it were never
     # a training target, but sampling can still pick one, and no text decodes from it.
     ids = [i for i in np.asarray(out).tolist() if i < tokenizer.vocab_size]
     return {"sample": tokenizer.decode(ids)}
+
+
+def continue_ids(model: Any, prompt: list[int], num_tokens: int, *, temperature: float, key: Any) -> list[int]:
+    """`prompt` followed by `num_tokens` tokens from `equipax.models.decode.decode` (KV cache).
+
+    While prompt and sample fit in the model's `max_seq_len` this is one `decode` call, and greedy
+    decoding gives `equipax.models.lm.generate`'s tokens (sampling uses its key schedule too).
+    A longer sample continues in rounds: each round's prompt is the last `max_seq_len // 2`
+    tokens (`generate` instead slides its window by one token, recomputing it every step), so
+    every token still sees at least half a window of context, at 2 compiled programs.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from equipax.models.decode import decode
+
+    max_len = model.cfg.max_seq_len
+    half = max(max_len // 2, 1)
+    ids = list(prompt) if len(prompt) < max_len else list(prompt[-half:])
+    generated: list[int] = []
+    rounds = 0
+    while len(generated) < num_tokens:
+        context = (list(prompt) + generated)[-half:] if rounds else ids
+        room = max_len - len(context)
+        sub = None if key is None or temperature == 0 else (jax.random.fold_in(key, rounds) if rounds else key)
+        tokens, _ = decode(model, jnp.asarray([context], jnp.int32), jnp.asarray([len(context)], jnp.int32),
+                           max_new_tokens=room if rounds else min(room, num_tokens), temperature=temperature,
+                           key=sub)
+        generated += jax.device_get(tokens)[0].tolist()[: num_tokens - len(generated)]
+        rounds += 1
+    return list(prompt) + generated

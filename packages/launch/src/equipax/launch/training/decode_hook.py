@@ -21,7 +21,7 @@ from equipax.launch.training.hooks import Hook
 if TYPE_CHECKING:
     from equipax.launch.training.loop import Run
 
-__all__ = ["decode_texts", "DecodeHook", "encode_prompts", "Sample"]
+__all__ = ["decode_texts", "DecodeHook", "encode_prompts", "host_array", "Sample"]
 
 # What JAX reports while tracing and compiling (jax._src.dispatch): kept out of the timing.
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -90,7 +90,8 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], max_seq_len: int) -> 
     return ids, np.asarray([len(r) for r in rows], np.int32)
 
 
-def _host(x: jax.Array) -> np.ndarray:
+def host_array(x: jax.Array) -> np.ndarray:
+    """`x` as one numpy array on every process (gathered where it spans processes)."""
     if not x.is_fully_addressable:  # sharded over processes: every process gathers it
         from jax.experimental import multihost_utils
 
@@ -123,7 +124,7 @@ def decode_texts(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_
         tokens, counts = decode(model, jax.numpy.asarray(ids), jax.numpy.asarray(lengths), max_new_tokens=new,
                                 temperature=temperature, top_k=top_k, top_p=top_p, eos_id=tokenizer.eos_id,
                                 pad_id=tokenizer.pad_id, key=key)
-        tokens, counts = _host(tokens), _host(counts)
+        tokens, counts = host_array(tokens), host_array(counts)
     seconds = max(time.monotonic() - start - compiling.seconds, 0.0)
     per_token = seconds / max(int(counts.max()), 1)
     samples = []
