@@ -10,9 +10,10 @@ from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from equipax.core.nn import Embedding, LayerNorm, RMSNorm, TransformerStack
+from equipax.core.nn.mixed import einsum_f32
 from equipax.core.nn.pipeline import PipelinedStack, make_stack
 from equipax.core.nn.transformer import make_norm
-from equipax.core.partition import constrain_batch
+from equipax.core.partition import constrain_batch, constrain_batch_and_last
 from equipax.core.task import Batch
 from equipax.models.configs import LMConfig
 from equipax.models.llama import LlamaLM, token_ids
@@ -102,10 +103,11 @@ class TransformerLM(eqx.Module):
         x = constrain_batch(x.astype(_DTYPES[self.cfg.dtype]), mesh)
         x = self.final_norm(self.stack(x, mesh=mesh, segment_ids=segment_ids))
         # Mixed precision (docs/knobs.md): the logits matmul takes `dtype` inputs but accumulates
-        # and returns float32, so the softmax and the loss never see bfloat16 logits.
+        # and returns float32, so the softmax and the loss never see bfloat16 logits; its backward
+        # matmuls stay in `dtype` (einsum_f32).
         weight = self.embedding.weight.astype(x.dtype)
-        logits = jnp.einsum("bse,ve->bsv", x, weight, preferred_element_type=jnp.float32)
-        logits = constrain_batch(logits, mesh)
+        logits = einsum_f32("bse,ve->bsv", x, weight)
+        logits = constrain_batch_and_last(logits, mesh)  # vocab split over `tensor`
         cap = self.cfg.output_logit_cap
         if cap is not None:
             logits = cap * jnp.tanh(logits / cap)

@@ -14,6 +14,7 @@ from equipax.core.nn.fused_attention import (
     AttentionImpl, cudnn_attention, mesh_platform, resolve_attention_impl, splash_attention,
 )
 from equipax.core.nn.linear import expand_to, fan_in_init
+from equipax.core.nn.mixed import einsum_f32
 from equipax.core.nn.linear_attention import linear_attention
 from equipax.core.partition import Axes
 
@@ -87,9 +88,9 @@ def dot_product_attention(
 ) -> Float[Array, "batch seq heads head_dim"]:
     """Softmax attention, fast path: plain einsums (faster than jax.nn's on CPU).
 
-    Scales `q` instead of the `[q k]` logits, keeps matmul inputs in their own dtype
-    with float32 accumulation, and normalises after the value product (`[q d]`
-    divides instead of `[q k]`).
+    Scales `q` instead of the `[q k]` logits, keeps matmul inputs in their own dtype with
+    float32 accumulation (`einsum_f32`: the backward matmuls take the inputs' dtype too), and
+    normalises after the value product (`[q d]` divides instead of `[q k]`).
 
     Arguments:
         q, k, v: queries, keys and values.
@@ -101,7 +102,7 @@ def dot_product_attention(
         Attention outputs in `v.dtype`.
     """
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    logits = einsum_f32("bqhd,bkhd->bhqk", q, k)
     logits = _cap(logits, logit_cap)
     if causal:
         logits = jnp.where(_causal_mask(q.shape[1], k.shape[1]), logits, _MASK_VALUE)
@@ -110,9 +111,7 @@ def dot_product_attention(
     logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     unnorm = jnp.exp(logits)
     denom = jnp.sum(unnorm, axis=-1)  # [b h q]
-    out = jnp.einsum(
-        "bhqk,bkhd->bqhd", unnorm.astype(v.dtype), v, preferred_element_type=jnp.float32
-    )
+    out = einsum_f32("bhqk,bkhd->bqhd", unnorm.astype(v.dtype), v)
     out = out / jnp.transpose(denom, (0, 2, 1))[..., None]
     return out.astype(v.dtype)
 

@@ -18,7 +18,7 @@ from equipax.core.nn.fused_attention import AttentionImpl
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.norm import LayerNorm, RMSNorm
 from equipax.core.nn.tensor_parallel import shard_map_block
-from equipax.core.partition import Axes, constrain_batch
+from equipax.core.partition import Axes, constrain_batch_and_last
 
 __all__ = [
     "make_norm",
@@ -108,7 +108,8 @@ def _block_apply(
 ) -> Callable[[TransformerBlock, Array], Array]:
     """`(block params, x) -> block(x)`, wrapped in the remat policy.
 
-    With a `mesh`, the output's batch dimension is pinned to (data, fsdp); with `shard_map`,
+    With a `mesh`, the output's batch dimension is pinned to (data, fsdp) and its width to
+    `tensor` (the residual stream that remat saves per layer is split, not replicated); with `shard_map`,
     the block runs as `shard_map_block` (explicit collectives) on that mesh.
     """
 
@@ -121,7 +122,7 @@ def _block_apply(
                     "use tensor_parallel='gspmd' or data.packing=False."
                 )
             return shard_map_block(block, x, mesh)
-        return constrain_batch(block(x, segment_ids, mesh=mesh), mesh)
+        return constrain_batch_and_last(block(x, segment_ids, mesh=mesh), mesh)
 
     if remat == "full":
         return jax.checkpoint(apply, policy=None)
