@@ -73,6 +73,12 @@ def compile_cmd(
         from equipax.launch.training.profiling import PGLE_AUTO_AOT
 
         fail(PGLE_AUTO_AOT)
+    from equipax.launch.aot.flags import apply_compiler_flags
+
+    # Before JAX starts its backend and libtpu loads: both read their flags once.
+    flags = apply_compiler_flags(cfg.train.xla_flags, cfg.train.libtpu_init_args)
+    for var, value in flags.items():
+        _log(f"{var}={value}")
     try:
         if topology is None:
             report = _compile_simulated(cfg, target or "tpu-v4", hbm_gib, assumed_mfu)
@@ -81,6 +87,8 @@ def compile_cmd(
     except ConfigError as e:
         fail(str(e))
         return
+    report["compiler_flags"] = {"train.xla_flags": cfg.train.xla_flags,
+                                "train.libtpu_init_args": cfg.train.libtpu_init_args, "environment": flags}
     job_dir = job_log_dir or Path("runs") / cfg.name
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "compile.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -114,11 +114,15 @@ def run(
     # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
     from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
     from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
+    from equipax.launch.aot.flags import apply_compiler_flags
     from equipax.launch.training.profiling import set_xla_flags
     try:
         if entry.kind == "train":  # refuse a device count the mesh cannot use before creating them
             check_cpu_devices(cpu_devices, cfg.mesh, num_processes=num_processes or 1)
-            set_xla_flags(cfg.train)  # PGLE: XLA reads XLA_FLAGS when the backend starts
+            # train.xla_flags / libtpu_init_args, then PGLE: read when the backend (libtpu) starts.
+            for var, value in apply_compiler_flags(cfg.train.xla_flags, cfg.train.libtpu_init_args).items():
+                err.print(f"{var}={value}", highlight=False, markup=False)
+            set_xla_flags(cfg.train)
         use_cpu_devices(cpu_devices)
         initialize(DistributedArgs(coordinator, num_processes, process_id, auto=distributed_auto,
                                    coordinator_timeout_s=coordinator_timeout))

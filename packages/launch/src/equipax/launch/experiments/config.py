@@ -7,6 +7,7 @@ files. Derived numbers (parameters, tokens per step) come from `equipax.launch.t
 """
 
 import dataclasses
+import shlex
 from typing import Literal, Protocol, cast, runtime_checkable
 
 from equipax.core.configs import LearnerConfig, MeshConfig
@@ -50,6 +51,13 @@ class TrainConfig:
     (`pgle_profiling_runs` profiled runs, then a recompile; profiles aggregated at
     `pgle_aggregation_percentile`); "manual" compiles with the profile at `pgle_profile_path`
     (written by `launch pgle collect`).
+
+    xla_flags: XLA flags added to `XLA_FLAGS` before JAX starts (`launch run`, `launch compile`),
+    e.g. "--xla_gpu_enable_latency_hiding_scheduler=true"; a flag of the same name already in the
+    environment is replaced. XLA:CPU refuses flags it does not know: TPU flags go in libtpu_init_args.
+    libtpu_init_args: flags added to `LIBTPU_INIT_ARGS`, which libtpu reads when it loads (TPU runs
+    and `launch compile --topology`): Pax's and MaxText's way of passing XLA:TPU flags, e.g.
+    "--xla_tpu_enable_latency_hiding_scheduler=true" (docs/compile.md, "Compiler flags").
     """
 
     num_steps: int = 1000
@@ -78,6 +86,8 @@ class TrainConfig:
     pgle_profiling_runs: int = 3
     pgle_aggregation_percentile: int = 90
     pgle_profile_path: str = ""
+    xla_flags: str = ""
+    libtpu_init_args: str = ""
 
     def __post_init__(self) -> None:
         self._check_profiling()
@@ -97,6 +107,12 @@ class TrainConfig:
             raise ValueError(
                 f"train.decode_every must be >= 0 (0 = off), train.decode_tokens >= 1 and train.decode_temperature "
                 f">= 0; got {self.decode_every}, {self.decode_tokens}, {self.decode_temperature}.")
+        for name in ("xla_flags", "libtpu_init_args"):
+            try:
+                shlex.split(getattr(self, name))
+            except ValueError as e:
+                raise ValueError(f"train.{name}={getattr(self, name)!r} does not split into flags ({e}); "
+                                 "give space-separated flags, quoting a value with spaces.") from None
         if self.decode_every and not self.decode_prompts:
             raise ValueError("train.decode_every > 0 needs at least one train.decode_prompts, e.g. "
                              "--set \"train.decode_prompts=('ROMEO:',)\".")
