@@ -114,3 +114,28 @@ def test_every_generation_gives_its_devices():
     for name, kind in (("v5e-4", "TPU v5 lite"), ("v6e-4", "TPU v6 lite"), ("v5p-8", "TPU v5")):
         devices = topology_devices(TPU_SLICES[name])
         assert len(devices) == TPU_SLICES[name].chips and devices[0].device_kind == kind
+
+
+SPLASH = ("--set", "model.transformer.attention_impl=splash", "--set", "data.seq_len=128",
+          "--set", "model.max_seq_len=128")
+
+
+@pytest.mark.parametrize("exp, topology, mesh", [
+    ("c4_1b_smoke", "v5p-16", {"data": 1, "fsdp": 8, "tensor": 1}),
+    ("c4_16b_smoke", "v4-16", {"data": 1, "fsdp": 4, "tensor": 2}),  # heads split over `tensor`
+])
+def test_splash_attention_lowers_and_compiles_for_a_tpu_slice(exp, topology, mesh, tmp_path):
+    proc = launch("compile", "--exp", exp, "--topology", topology, *SPLASH, "--job-log-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "compile.json").read_text())
+    assert report["mesh"] == mesh and report["compile"]["backend"] == "tpu"
+    # The Pallas kernels (forward, and dq / dkv backward) are Mosaic custom calls in the program.
+    assert report["custom_calls"].get("tpu_custom_call", 0) >= 3, report["custom_calls"]
+    assert "tpu_custom_call" in proc.stdout
+
+
+def test_splash_on_simulated_cpu_devices_is_a_config_error(tmp_path):
+    proc = launch("compile", "--exp", "c4_1b_smoke", *SPLASH, "--job-log-dir", str(tmp_path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    text = " ".join(proc.stderr.split())
+    assert "model.transformer.attention_impl='splash' is a TPU kernel" in text and "Traceback" not in text
