@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The accelerator figures of issue 15, on one GPU or TPU host, in under 8 minutes:
+#   1. the device and its measured bf16 matmul peak;
+#   2. tokens/s and MFU (PaLM definition: model FLOPs / datasheet peak; remat not counted) of the
+#      ~1B LM train step (c4_1b on synthetic tokens, all local chips) in bf16 with the best
+#      attention kernel (attention_impl=auto), in bf16 with plain XLA attention, and in f32;
+#   3. the attention kernels' speed (forward + backward, causal, bf16): xla vs the platform's
+#      fused kernel (cuDNN on GPU, splash on TPU).
+# Usage: from the repository root, `bash benchmarks/accelerator.sh [OUT_DIR]` after
+# `uv sync --extra cuda` (GPU) or `uv sync --extra tpu` (TPU). Prints tables; writes OUT_DIR/*.json.
+# Not run in CI (no accelerator there): benchmarks/README.md, "Accelerator figures".
+set -euo pipefail
+OUT=${1:-runs/accelerator_bench}
+mkdir -p "$OUT"
+STEPS=${STEPS:-20}
+export PYTHONUNBUFFERED=1
+
+echo "== 1. device and bf16 matmul peak"
+timeout 120 uv run python - "$OUT" <<'EOF'
+import json, sys, time
+import jax, jax.numpy as jnp
+d = jax.devices()[0]
+print(f"{len(jax.devices())} x {d.device_kind} ({d.platform}), JAX {jax.__version__}")
+n = 8192
+a = jnp.ones((n, n), jnp.bfloat16); b = jnp.ones((n, n), jnp.bfloat16)
+f = jax.jit(lambda a, b: a @ b)
+f(a, b).block_until_ready()
+best = float("inf")
+for _ in range(5):
+    t0 = time.perf_counter()
+    for _ in range(10):
+        c = f(a, b)
+    c.block_until_ready()
+    best = min(best, (time.perf_counter() - t0) / 10)
+tflops = 2 * n**3 / best / 1e12
+print(f"bf16 matmul {n}x{n}: {tflops:.1f} TFLOP/s per device (best of 5 x 10)")
+json.dump({"device_kind": d.device_kind, "platform": d.platform, "devices": len(jax.devices()),
+           "bf16_matmul_tflops": tflops}, open(f"{sys.argv[1]}/device.json", "w"), indent=2)
+EOF
+
+echo "== 2. c4_1b train step (synthetic tokens, ${STEPS} steps; the last logged step is reported)"
+run() {  # name, then extra --set knobs
+  local name=$1; shift
+  local sets=(--set data.source=synthetic --set "mesh.ici_mesh_shape=(1,-1,1)" --set train.num_steps="$STEPS"
+              --set train.log_every=5 --set train.eval_every=100000 --set train.checkpoint_every=100000
+              --set train.sample_tokens=0 --set model.transformer.atten_logit_cap=None)
+  for s in "$@"; do sets+=(--set "$s"); done
+  rm -rf "$OUT/$name"
+  timeout 150 uv run launch run --exp c4_1b --job-log-dir "$OUT/$name" "${sets[@]}" > "$OUT/$name.log" 2>&1 \
+    || { echo "$name: failed (see $OUT/$name.log)"; tail -5 "$OUT/$name.log"; return 0; }
+}
+run bf16_auto model.dtype=bfloat16 model.transformer.attention_impl=auto
+run bf16_xla model.dtype=bfloat16 model.transformer.attention_impl=xla
+run f32_xla model.dtype=float32 model.transformer.attention_impl=xla
+uv run python - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1]); rows = {}
+print(f"{'run':<10} {'step s':>8} {'tokens/s':>12} {'TFLOP/s/dev':>12} {'MFU':>7}")
+for name in ("bf16_auto", "bf16_xla", "f32_xla"):
+    path = out / name / "metrics.jsonl"
+    train = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("split") == "train"] if path.exists() else []
+    if not train:
+        print(f"{name:<10} (no train records)"); continue
+    r = rows[name] = train[-1]
+    print(f"{name:<10} {r['step_time_s']:>8.3f} {r['tokens_per_s']:>12,.0f} {r.get('tflops_per_s_per_device', 0):>12.1f} "
+          f"{r.get('mfu', float('nan')):>7.1%}")
+json.dump(rows, open(out / "train_step.json", "w"), indent=2)
+EOF
+
+echo "== 3. attention kernels: causal, bf16, batch 8, 16 heads x 128, forward + backward"
+timeout 150 uv run python - "$OUT" <<'EOF'
+import json, sys, time
+import jax, jax.numpy as jnp, jax.random as jr
+from equipax.core.nn.attention import softmax_attention
+from equipax.core.nn.fused_attention import mesh_platform
+fused = {"gpu": "cudnn", "tpu": "splash"}.get(mesh_platform(None))
+impls = ["xla"] + ([fused] if fused else [])
+rows = []
+print(f"{'seq':>6} " + " ".join(f"{i + ' ms':>12}" for i in impls) + "   speed-up")
+for seq in (1024, 2048, 4096, 8192):
+    q, k, v = (jr.normal(kk, (8, seq, 16, 128), jnp.bfloat16) for kk in jr.split(jr.key(0), 3))
+    times = {}
+    for impl in impls:
+        loss = lambda q, k, v: jnp.sum(softmax_attention(q, k, v, causal=True, impl=impl).astype(jnp.float32))
+        f = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+        try:
+            jax.block_until_ready(f(q, k, v))
+            t0 = time.perf_counter()
+            for _ in range(10):
+                res = f(q, k, v)
+            jax.block_until_ready(res)
+            times[impl] = (time.perf_counter() - t0) / 10 * 1e3
+        except Exception as e:  # out of memory at long sequences for xla: report, go on
+            times[impl] = None; print(f"  {impl} at {seq}: {type(e).__name__}: {str(e)[:120]}")
+    fmt = lambda t: f"{t:>12.2f}" if t is not None else f"{'-':>12}"
+    x, y = times.get("xla"), times.get(fused) if fused else None
+    print(f"{seq:>6} " + " ".join(fmt(times[i]) for i in impls) + (f"   {x / y:.2f}x" if x and y else ""))
+    rows.append({"seq": seq, **{f"{i}_ms": times[i] for i in impls}})
+json.dump(rows, open(f"{sys.argv[1]}/attention.json", "w"), indent=2)
+EOF
+echo "Wrote $OUT/device.json, $OUT/train_step.json, $OUT/attention.json"

@@ -1,0 +1,16 @@
+"""benchmarks/accelerator.sh needs an accelerator to run; here: its bash parses and its Python parts compile."""
+
+import re
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "accelerator.sh"
+
+
+def test_accelerator_script_parses():
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+    parts = re.findall(r"<<'EOF'\n(.*?)^EOF$", SCRIPT.read_text(), re.S | re.M)
+    assert len(parts) == 3
+    for i, code in enumerate(parts):
+        compile(code, f"accelerator.sh part {i + 1}", "exec")
+    assert "attention_impl=auto" in SCRIPT.read_text() and "model.dtype=float32" in SCRIPT.read_text()
