@@ -13,8 +13,11 @@ set -euo pipefail
 OUT=${1:-runs/accelerator_bench}
 mkdir -p "$OUT"
 STEPS=${STEPS:-20}
+EXP=${EXP:-c4_1b}    # EXP=c4_1b_smoke PARTS=2: a dry run of part 2 on a CPU
+PARTS=${PARTS:-123}
 export PYTHONUNBUFFERED=1
 
+if [[ $PARTS == *1* ]]; then
 echo "== 1. device and bf16 matmul peak"
 timeout 120 uv run python - "$OUT" <<'EOF'
 import json, sys, time
@@ -37,16 +40,18 @@ print(f"bf16 matmul {n}x{n}: {tflops:.1f} TFLOP/s per device (best of 5 x 10)")
 json.dump({"device_kind": d.device_kind, "platform": d.platform, "devices": len(jax.devices()),
            "bf16_matmul_tflops": tflops}, open(f"{sys.argv[1]}/device.json", "w"), indent=2)
 EOF
+fi
 
-echo "== 2. c4_1b train step (synthetic tokens, ${STEPS} steps; the last logged step is reported)"
+if [[ $PARTS == *2* ]]; then
+echo "== 2. $EXP train step (synthetic tokens, ${STEPS} steps; the last logged step is reported)"
 run() {  # name, then extra --set knobs
   local name=$1; shift
-  local sets=(--set data.source=synthetic --set "mesh.ici_mesh_shape=(1,-1,1)" --set train.num_steps="$STEPS"
+  local sets=(--set data.source=synthetic --set data.packing=False --set "mesh.ici_mesh_shape=(1,-1,1)" --set train.num_steps="$STEPS"
               --set train.log_every=5 --set train.eval_every=100000 --set train.checkpoint_every=100000
               --set train.sample_tokens=0 --set model.transformer.atten_logit_cap=None)
   for s in "$@"; do sets+=(--set "$s"); done
   rm -rf "$OUT/$name"
-  timeout 150 uv run launch run --exp c4_1b --job-log-dir "$OUT/$name" "${sets[@]}" > "$OUT/$name.log" 2>&1 \
+  timeout 150 uv run launch run --exp "$EXP" --job-log-dir "$OUT/$name" "${sets[@]}" > "$OUT/$name.log" 2>&1 \
     || { echo "$name: failed (see $OUT/$name.log)"; tail -5 "$OUT/$name.log"; return 0; }
 }
 run bf16_auto model.dtype=bfloat16 model.transformer.attention_impl=auto
@@ -67,7 +72,9 @@ for name in ("bf16_auto", "bf16_xla", "f32_xla"):
           f"{r.get('mfu', float('nan')):>7.1%}")
 json.dump(rows, open(out / "train_step.json", "w"), indent=2)
 EOF
+fi
 
+if [[ $PARTS == *3* ]]; then
 echo "== 3. attention kernels: causal, bf16, batch 8, 16 heads x 128, forward + backward"
 timeout 150 uv run python - "$OUT" <<'EOF'
 import json, sys, time
@@ -99,4 +106,5 @@ for seq in (1024, 2048, 4096, 8192):
     rows.append({"seq": seq, **{f"{i}_ms": times[i] for i in impls}})
 json.dump(rows, open(f"{sys.argv[1]}/attention.json", "w"), indent=2)
 EOF
+fi
 echo "Wrote $OUT/device.json, $OUT/train_step.json, $OUT/attention.json"
