@@ -17,6 +17,7 @@ import typer
 
 from equipax.launch.commands.common import CpuDevicesOption, err, fail, out
 from equipax.launch.commands.decode import JobDirOption
+from equipax.launch.experiments.config import ExperimentConfig
 
 __all__ = ["eval_cmd", "EVAL_DIR", "EvalJob"]
 
@@ -61,12 +62,13 @@ def eval_cmd(
 class EvalJob:
     """The eval job of one training job: what it evaluated, and the program that evaluates."""
 
-    def __init__(self, cfg: Any, job_dir: Path) -> None:
+    def __init__(self, cfg: ExperimentConfig, job_dir: Path) -> None:
         from equipax.launch.training.summaries import read_metrics
 
-        self.cfg, self.job_dir = cfg, Path(job_dir)
+        self.cfg: ExperimentConfig = cfg
+        self.job_dir: Path = Path(job_dir)
         self.path: Path = self.job_dir / EVAL_DIR / "metrics.jsonl"
-        self.done = {r["step"] for r in read_metrics(self.path)} if self.path.exists() else set()
+        self.done: set[int] = {int(r["step"]) for r in read_metrics(self.path)} if self.path.exists() else set()
         self.program: tuple[Any, Any, str] | None = None  # (training, eval input, unit), at the first checkpoint
         self.tb: Any = None
 
