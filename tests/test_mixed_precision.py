@@ -1,6 +1,6 @@
 """`model.dtype="bfloat16"` is mixed precision (docs/knobs.md, "Mixed precision"): matmuls and
-attention take bfloat16 inputs; norm statistics, softmax statistics, logits and the loss are
-float32; parameters, gradients and optimizer state stay float32. And a bf16 run of the default
+attention take bfloat16 inputs; norm statistics, softmax statistics, the logits (cast after their
+bfloat16 matmul) and the loss are float32; parameters, gradients and optimizer state stay float32. And a bf16 run of the default
 experiment learns like the f32 one."""
 
 import json
@@ -46,8 +46,9 @@ def test_bf16_computes_matmuls_in_bf16_and_statistics_in_f32():
     # Softmax and log-softmax exponents, logs and the norms' rsqrt: all float32.
     stats = [e for e in eqns if e.primitive.name in ("exp", "log", "rsqrt")]
     assert stats and all(e.outvars[0].aval.dtype == jnp.float32 for e in stats)
-    # The attention logits, the output logits and the loss accumulate in float32.
+    # The attention logits accumulate in float32 (einsum_f32); the output logits are cast to it.
     assert any(e.params.get("preferred_element_type") == jnp.float32 for e in dots)
+    assert model(_batch()["ids"]).dtype == jnp.float32
     grads = grad_fn(params, _batch())
     assert {leaf.dtype for leaf in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
 

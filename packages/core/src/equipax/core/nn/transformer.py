@@ -109,8 +109,8 @@ def _block_apply(
     """`(block params, x) -> block(x)`, wrapped in the remat policy.
 
     With a `mesh`, the output's batch dimension is pinned to (data, fsdp) and its width to
-    `tensor` (the residual stream that remat saves per layer is split, not replicated); with `shard_map`,
-    the block runs as `shard_map_block` (explicit collectives) on that mesh.
+    `tensor` (the residual stream that remat saves per layer is split, not replicated); with
+    `shard_map`, the block runs as `shard_map_block` (explicit collectives) on that mesh.
     """
 
     def apply(params: TransformerBlock, x: Array) -> Array:
