@@ -128,3 +128,16 @@ def test_softmax_attention_xla_is_the_einsum_path(key):
     out = softmax_attention(q, k, v, causal=True, logit_cap=3.0, segment_ids=seg, impl="auto")
     np.testing.assert_allclose(out, reference_attention(q, k, v, causal=True, logit_cap=3.0, segment_ids=seg),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_launch_run_with_cudnn_on_cpu_exits_2_naming_the_knob(tmp_path):
+    from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
+    from toy import TOY, set_args
+
+    knobs = [*TOY, "train.num_steps=2", "model.transformer.attention_impl=cudnn",
+             "model.transformer.atten_logit_cap=None"]
+    result = CliRunner().invoke(app, ["run", "--job-log-dir", str(tmp_path / "job"), *set_args(knobs)])
+    assert result.exit_code == 2, result.output
+    assert "attention_impl='cudnn' needs a CUDA GPU" in " ".join(result.output.split())
