@@ -30,3 +30,15 @@ def assert_trees_close(a, b, *, rtol=1e-5, atol=1e-6):
 @pytest.fixture
 def trees_close():
     return assert_trees_close
+
+
+def pytest_collection_modifyitems(config, items):
+    """The suite runs on pytest-xdist workers (`-n` in pyproject.toml's addopts, `--dist loadgroup`):
+    tests sharing a module-scoped fixture (a trained job, a built venv) stay on one worker, so the
+    fixture is built once; every other test goes to whichever worker is free."""
+    for item in items:
+        fixturedefs = getattr(item, "_fixtureinfo", None)
+        if fixturedefs is None:
+            continue
+        if any(defs and defs[-1].scope == "module" for defs in fixturedefs.name2fixturedefs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
