@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from toy import CNN_TOY, set_args
+from toy import CNN_TOY, persistent_compile_cache, set_args
 
 
 def tiny_cnn(key, **overrides):
@@ -200,12 +200,18 @@ def test_short_cnn_digits_run_learns_and_writes_job_dir(tmp_path):
 
 @pytest.mark.slow
 def test_resume_mid_epoch_equals_uninterrupted(tmp_path, monkeypatch):
+    sets = set_args([*CNN_TOY, "train.num_epochs=2", "data.batch_size=128", "train.log_every=4"])
+    # The three runs compile the same programs: once, then from JAX's persistent cache.
+    with persistent_compile_cache(tmp_path / "jax-cache"):
+        _resume_mid_epoch(tmp_path, monkeypatch, sets)
+
+
+def _resume_mid_epoch(tmp_path, monkeypatch, sets):
     import equipax.launch.training.loop as classify
     from equipax.data import ImageClassificationInput
     from equipax.launch.errors import EXIT_PREEMPTED
     from equipax.launch.training.preemption import StopRequest
 
-    sets = set_args([*CNN_TOY, "train.num_epochs=2", "data.batch_size=128", "train.log_every=4"])
     full = invoke("run", "--exp", "cnn_digits", "--job-log-dir", str(tmp_path / "full"), *sets)
     assert full.exit_code == 0, full.output
 

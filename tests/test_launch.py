@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from toy import TOY, set_args
+from toy import TOY, persistent_compile_cache, set_args
 
 
 def sets(*overrides):
@@ -102,6 +102,11 @@ def test_toy_run_learns_and_writes_job_dir(tmp_path):
 
 @pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path):
+    with persistent_compile_cache(tmp_path / "jax-cache"):  # the three runs compile the same programs once
+        _resume_equals_uninterrupted(tmp_path)
+
+
+def _resume_equals_uninterrupted(tmp_path):
     common = ("train.log_every=5", "train.eval_every=10", "train.checkpoint_every=10")
     full = invoke("run", "--job-log-dir", str(tmp_path / "full"), *sets("train.num_steps=20", *common))
     assert full.exit_code == 0, full.output

@@ -7,14 +7,15 @@ import sys
 import time
 
 import pytest
+from toy import compile_cache_env
 
 SMOKE = ["--exp", "c4_22b_2x_smoke", "--set", "train.log_every=1", "--set", "train.eval_every=100",
          "--set", "train.checkpoint_every=2"]
 
 
-def launch(*args, timeout=300):
+def launch(*args, timeout=300, env=None):
     return subprocess.run([sys.executable, "-m", "equipax.launch.cli", *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def train_losses(job):
@@ -22,16 +23,17 @@ def train_losses(job):
     return [r["loss"] for r in recs if r["split"] == "train"]
 
 
-def cluster(job, *sets):
+def cluster(job, *sets, env=None):
     return launch("local-cluster", "--processes", "2", "--cpu-devices", "4", "--", "run", *SMOKE,
-                  *[a for s in sets for a in ("--set", s)], "--job-log-dir", str(job))
+                  *[a for s in sets for a in ("--set", s)], "--job-log-dir", str(job), env=env)
 
 
 @pytest.mark.slow
 def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly(tmp_path):
-    two = cluster(tmp_path / "two")
+    env = compile_cache_env(tmp_path / "jax-cache")  # the four runs compile the same programs once
+    two = cluster(tmp_path / "two", env=env)
     assert two.returncode == 0, two.stdout[-4000:] + two.stderr[-2000:]
-    one = launch("run", *SMOKE, "--cpu-devices", "8", "--job-log-dir", str(tmp_path / "one"))
+    one = launch("run", *SMOKE, "--cpu-devices", "8", "--job-log-dir", str(tmp_path / "one"), env=env)
     assert one.returncode == 0, one.stdout + one.stderr
     assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
     # Every process logs with its prefix; each reads its own examples.
@@ -42,9 +44,9 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
     assert len(train_losses(tmp_path / "two")) == 4
 
     # Stop after 2 steps, then resume the 2-process run to 4: the same as never stopping.
-    first = cluster(tmp_path / "split", "train.num_steps=2")
+    first = cluster(tmp_path / "split", "train.num_steps=2", env=env)
     assert first.returncode == 0, first.stdout[-3000:]
-    second = cluster(tmp_path / "split")
+    second = cluster(tmp_path / "split", env=env)
     assert second.returncode == 0, second.stdout[-3000:]
     assert "Resumed from step 2" in second.stdout
     assert train_losses(tmp_path / "split") == train_losses(tmp_path / "two")

@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 from multidevice import run_with_devices
+from toy import compile_cache_env
 
 # A tiny LM (8 layers: 2 or 4 stages, x2 repeats) trained by plain Adam, shared by the children.
 _MODEL = """
@@ -192,7 +193,7 @@ def test_pipelined_smoke_resumes_bit_for_bit(tmp_path):
              "--cpu-devices", "8", "--job-log-dir", str(job), "--set", f"train.num_steps={steps}",
              "--set", "train.checkpoint_every=2", "--set", "train.log_every=1", "--set", "train.eval_every=2",
              "--set", "model.transformer.num_layers=2"],
-            capture_output=True, text=True, timeout=600)
+            capture_output=True, text=True, timeout=600, env=compile_cache_env(tmp_path / "jax-cache"))
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 

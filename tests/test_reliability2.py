@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from test_errors import FAST, assert_one_paragraph, invoke, run, snapshot
+from toy import persistent_compile_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 # As the issue's TINY runs; a model vocabulary larger than the byte tokenizer's 260 ids (defect 8).
@@ -25,20 +26,9 @@ CACHE: dict[str, str] = {}  # JAX's persistent compilation cache of this module'
 def compilation_cache(tmp_path_factory):
     """This module's runs compile the same few programs: keep them on disk from run to run
     (in-process and in the child processes), then restore JAX's settings."""
-    import jax
-    from jax._src import compilation_cache
-
-    settings = {"jax_compilation_cache_dir": str(tmp_path_factory.mktemp("jax-cache")),
-                "jax_persistent_cache_min_compile_time_secs": 0.0,
-                "jax_persistent_cache_min_entry_size_bytes": 0}
-    before = {k: getattr(jax.config, k) for k in settings}
-    for k, v in settings.items():
-        jax.config.update(k, v)
-    CACHE.update({k.upper(): str(v) for k, v in settings.items()})
-    yield
-    for k, v in before.items():
-        jax.config.update(k, v)
-    compilation_cache.reset_cache()
+    with persistent_compile_cache(tmp_path_factory.mktemp("jax-cache")) as env:
+        CACHE.update(env)
+        yield
     CACHE.clear()
 
 

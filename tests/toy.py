@@ -45,3 +45,40 @@ CNN_TOY = [
 
 # Added after a documented cnn_* command's own overrides: one short epoch.
 CNN_SHORT = [*CNN_TOY, "train.num_epochs=1", "data.num_train=128", "data.num_test=32", "data.batch_size=32"]
+
+
+def compile_cache_env(cache_dir) -> dict:
+    """The environment for `launch` subprocesses that share JAX's persistent compilation cache in
+    `cache_dir`: a test that runs the same experiment several times (straight, then stopped and
+    resumed) compiles its programs once. The cached executables are the ones compiled, so
+    bit-for-bit comparisons between the runs hold as before."""
+    import os
+
+    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+def persistent_compile_cache(cache_dir):
+    """A context manager: JAX's persistent compilation cache on in `cache_dir` for this process (and,
+    through the returned env-form settings, for child processes), JAX's settings restored after.
+    In-process `launch run`s build fresh jitted functions, so without it each one recompiles."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def cache():
+        import jax
+        from jax._src import compilation_cache
+
+        settings = {"jax_compilation_cache_dir": str(cache_dir), "jax_persistent_cache_min_compile_time_secs": 0.0,
+                    "jax_persistent_cache_min_entry_size_bytes": 0}
+        before = {k: getattr(jax.config, k) for k in settings}
+        for k, v in settings.items():
+            jax.config.update(k, v)
+        try:
+            yield {k.upper(): str(v) for k, v in settings.items()}
+        finally:
+            for k, v in before.items():
+                jax.config.update(k, v)
+            compilation_cache.reset_cache()
+
+    return cache()
