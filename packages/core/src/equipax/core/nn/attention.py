@@ -11,7 +11,7 @@ from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.nn.fused_attention import (
-    AttentionImpl, cudnn_attention, mesh_platform, resolve_attention_impl, splash_attention,
+    AttentionImpl, cudnn_attention, mesh_platform, resolve_attention_impl, segment_mask, splash_attention,
 )
 from equipax.core.nn.linear import expand_to, fan_in_init
 from equipax.core.nn.mixed import einsum_f32
@@ -41,11 +41,6 @@ def _causal_mask(q_len: int, k_len: int) -> Array:
     return (k_pos <= q_pos)[None, None]
 
 
-def _segment_mask(segment_ids: Int[Array, "batch seq"]) -> Array:
-    """Bool `[b 1 q k]`: a query sees only keys of its own segment (packed documents)."""
-    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
-
-
 def reference_attention(
     q: Float[Array, "batch seq heads head_dim"],
     k: Float[Array, "batch seq heads head_dim"],
@@ -72,7 +67,7 @@ def reference_attention(
     if causal:
         logits = jnp.where(_causal_mask(q.shape[1], k.shape[1]), logits, _MASK_VALUE)
     if segment_ids is not None:
-        logits = jnp.where(_segment_mask(segment_ids), logits, _MASK_VALUE)
+        logits = jnp.where(segment_mask(segment_ids), logits, _MASK_VALUE)
     probs = jax.nn.softmax(logits, axis=-1)
     return jnp.einsum("bhqk,bkhd->bqhd", probs, vf).astype(v.dtype)
 
@@ -107,7 +102,7 @@ def dot_product_attention(
     if causal:
         logits = jnp.where(_causal_mask(q.shape[1], k.shape[1]), logits, _MASK_VALUE)
     if segment_ids is not None:
-        logits = jnp.where(_segment_mask(segment_ids), logits, _MASK_VALUE)
+        logits = jnp.where(segment_mask(segment_ids), logits, _MASK_VALUE)
     logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     unnorm = jnp.exp(logits)
     denom = jnp.sum(unnorm, axis=-1)  # [b h q]

@@ -114,7 +114,9 @@ def resolve_attention_impl(
     return "xla"
 
 
-def _segment_mask(segment_ids: Array) -> Array:
+def segment_mask(segment_ids: Int[Array, "batch seq"]) -> Array:
+    """Bool `[b 1 q k]`: a query sees only keys of its own segment (packed documents). Shared with
+    `equipax.core.nn.attention` (which imports this module)."""
     return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
 
 
@@ -140,7 +142,7 @@ def cudnn_attention(
     Returns:
         Attention outputs in `v.dtype`.
     """
-    mask = None if segment_ids is None else _segment_mask(segment_ids)
+    mask = None if segment_ids is None else segment_mask(segment_ids)
     out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation=implementation)
     return out.astype(v.dtype)
 
