@@ -58,17 +58,20 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
 
 def describe(exc: BaseException) -> tuple[str, int]:
     """The one-paragraph message and the exit code for an exception that ended a command."""
-    from equipax.core.task import BatchError
-    from equipax.data import DataError
-    from equipax.launch.training.checkpoints import CheckpointSaveError
-    from equipax.launch.training.nonfinite import NonFiniteError
-
+    # The signals first, before importing anything: a SIGTERM can interrupt the command while it
+    # imports JAX (the CLI loads it only when a run starts), leaving half-initialised modules that
+    # the imports below would trip over (found by benchmarks/fault_injection.py).
     if isinstance(exc, Preempted):
         return "", EXIT_PREEMPTED  # the loop said where the checkpoint is
     if isinstance(exc, Interrupted):
         return (f"Stopped by {exc.signal_name} outside the training steps (while starting up, or after "
                 "the last step); nothing was half-written. Run the same command again: it resumes from the "
                 "newest checkpoint, or starts the job if there is none."), EXIT_PREEMPTED
+    from equipax.core.task import BatchError
+    from equipax.data import DataError
+    from equipax.launch.training.checkpoints import CheckpointSaveError
+    from equipax.launch.training.nonfinite import NonFiniteError
+
     if isinstance(exc, NonFiniteError):
         return str(exc), EXIT_NONFINITE
     if isinstance(exc, (ConfigError, CheckpointSaveError, BatchError)):
