@@ -1,7 +1,5 @@
 """The image-classification family: ImageClassificationTask on in-memory labelled images."""
 
-from __future__ import annotations  # Mesh and the Task class are imported only for type checking
-
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,7 +36,7 @@ def units_per_example(cfg: ExperimentConfig) -> int:
     return 1
 
 
-def make_task(cfg: ExperimentConfig, mesh: Mesh | None) -> ImageClassificationTask:
+def make_task(cfg: ExperimentConfig, mesh: "Mesh | None") -> "ImageClassificationTask":
     """The ImageClassificationTask of `cfg` (the mesh is not needed: GSPMD places activations)."""
     from equipax.models.classifier import ImageClassificationTask
 

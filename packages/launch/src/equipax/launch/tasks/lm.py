@@ -1,7 +1,5 @@
 """The language-model family: LMTask, token inputs (Shakespeare, synthetic, C4), the final sample."""
 
-from __future__ import annotations  # Mesh and the Task class are imported only for type checking
-
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,7 +84,7 @@ def units_per_example(cfg: ExperimentConfig) -> int:
     return as_lm(cfg).data.seq_len
 
 
-def make_task(cfg: ExperimentConfig, mesh: Mesh | None) -> LMTask:
+def make_task(cfg: ExperimentConfig, mesh: "Mesh | None") -> "LMTask":
     """The LMTask of `cfg` on `mesh`."""
     from equipax.models.lm_task import LMTask
 
