@@ -5,21 +5,30 @@
 #      ~1B LM train step (c4_1b on synthetic tokens, all local chips) in bf16 with the best
 #      attention kernel (attention_impl=auto), in bf16 with plain XLA attention, and in f32;
 #   3. the attention kernels' speed (forward + backward, causal, bf16): xla vs the platform's
-#      fused kernel (cuDNN on GPU, splash on TPU).
+#      fused kernel (cuDNN on GPU, splash on TPU);
+#   4. (GPU) both PGLE workflows of docs/pgle.md on a 4-layer, 1024-wide c4_1b: `launch pgle collect` writes a
+#      non-empty profile.pb, a `train.pgle=manual` run with it logs XLA's "Found profile" line, a
+#      `train.pgle=auto` run reports its recompile with the profile.
 # Usage: from the repository root, `bash benchmarks/accelerator.sh [OUT_DIR]` after
 # `uv sync --extra cuda` (GPU) or `uv sync --extra tpu` (TPU). Prints tables; writes OUT_DIR/*.json.
+# Where the packages are installed without uv (an image with JAX already in it), set
+# PY="python3" LAUNCH="python3 -m equipax.launch.cli" with the four packages' src/ on PYTHONPATH.
+# PARTS picks the parts and their order (default 1234); RUNS the train-step variants of part 2.
 # Not run in CI (no accelerator there): benchmarks/README.md, "Accelerator figures".
 set -euo pipefail
 OUT=${1:-runs/accelerator_bench}
 mkdir -p "$OUT"
 STEPS=${STEPS:-20}
 EXP=${EXP:-c4_1b}    # EXP=c4_1b_smoke PARTS=2: a dry run of part 2 on a CPU
-PARTS=${PARTS:-123}
+PARTS=${PARTS:-1234}
+RUNS=${RUNS:-"bf16_auto bf16_xla f32_xla"}
+PY=${PY:-uv run python}
+LAUNCH=${LAUNCH:-uv run launch}
 export PYTHONUNBUFFERED=1
 
-if [[ $PARTS == *1* ]]; then
+part1() {
 echo "== 1. device and bf16 matmul peak"
-timeout 120 uv run python - "$OUT" <<'EOF'
+timeout 120 $PY - "$OUT" <<'EOF'
 import json, sys, time
 import jax, jax.numpy as jnp
 d = jax.devices()[0]
@@ -40,9 +49,9 @@ print(f"bf16 matmul {n}x{n}: {tflops:.1f} TFLOP/s per device (best of 5 x 10)")
 json.dump({"device_kind": d.device_kind, "platform": d.platform, "devices": len(jax.devices()),
            "bf16_matmul_tflops": tflops}, open(f"{sys.argv[1]}/device.json", "w"), indent=2)
 EOF
-fi
+}
 
-if [[ $PARTS == *2* ]]; then
+part2() {
 echo "== 2. $EXP train step (synthetic tokens, ${STEPS} steps; the last logged step is reported)"
 run() {  # name, then extra --set knobs
   local name=$1; shift
@@ -51,13 +60,19 @@ run() {  # name, then extra --set knobs
               --set train.sample_tokens=0 --set model.transformer.atten_logit_cap=None)
   for s in "$@"; do sets+=(--set "$s"); done
   rm -rf "$OUT/$name"
-  timeout 150 uv run launch run --exp "$EXP" --job-log-dir "$OUT/$name" "${sets[@]}" > "$OUT/$name.log" 2>&1 \
-    || { echo "$name: failed (see $OUT/$name.log)"; tail -5 "$OUT/$name.log"; return 0; }
+  timeout "${RUN_TIMEOUT:-150}" $LAUNCH run --exp "$EXP" --job-log-dir "$OUT/$name" "${sets[@]}" > "$OUT/$name.log" 2>&1 \
+    || echo "$name: failed (see $OUT/$name.log)"
+  tail -3 "$OUT/$name.log"
+  rm -rf "$OUT/$name/checkpoints"  # ~16 GB of c4_1b state per run: three would fill a small disk
 }
-run bf16_auto model.dtype=bfloat16 model.transformer.attention_impl=auto
-run bf16_xla model.dtype=bfloat16 model.transformer.attention_impl=xla
-run f32_xla model.dtype=float32 model.transformer.attention_impl=xla
-uv run python - "$OUT" <<'EOF'
+declare -A VARIANT=([bf16_auto]="model.dtype=bfloat16 model.transformer.attention_impl=auto"
+                     [bf16_xla]="model.dtype=bfloat16 model.transformer.attention_impl=xla"
+                     [f32_xla]="model.dtype=float32 model.transformer.attention_impl=xla")
+for name in $RUNS; do
+  # shellcheck disable=SC2086  # the variant's knobs are separate words
+  run "$name" ${VARIANT[$name]}
+done
+$PY - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1]); rows = {}
@@ -72,11 +87,11 @@ for name in ("bf16_auto", "bf16_xla", "f32_xla"):
           f"{r.get('mfu', float('nan')):>7.1%}")
 json.dump(rows, open(out / "train_step.json", "w"), indent=2)
 EOF
-fi
+}
 
-if [[ $PARTS == *3* ]]; then
+part3() {
 echo "== 3. attention kernels: causal, bf16, batch 8, 16 heads x 128, forward + backward"
-timeout 150 uv run python - "$OUT" <<'EOF'
+timeout 150 $PY - "$OUT" <<'EOF'
 import json, sys, time
 import jax, jax.numpy as jnp, jax.random as jr
 from equipax.core.nn.attention import softmax_attention
@@ -106,5 +121,36 @@ for seq in (1024, 2048, 4096, 8192):
     rows.append({"seq": seq, **{f"{i}_ms": times[i] for i in impls}})
 json.dump(rows, open(f"{sys.argv[1]}/attention.json", "w"), indent=2)
 EOF
+}
+
+part4() {
+echo "== 4. PGLE on a 4-layer, 1024-wide $EXP (synthetic tokens): manual (collect, then a run with the profile) and automatic"
+local sets=(--set data.source=synthetic --set data.packing=False --set "mesh.ici_mesh_shape=(1,-1,1)"
+            --set model.transformer.num_layers=4 --set model.transformer.model_dims=1024 --set model.transformer.num_heads=8
+            --set model.transformer.hidden_dims=4096 --set train.sample_tokens=0 --set train.log_every=1
+            --set train.eval_every=100000 --set train.checkpoint_every=100000 --set model.dtype=bfloat16)
+rm -rf "$OUT/pgle_collect" "$OUT/pgle_manual" "$OUT/pgle_auto"
+timeout 150 $LAUNCH pgle collect --exp "$EXP" --warmup 2 --steps 3 --job-log-dir "$OUT/pgle_collect" "${sets[@]}" \
+  > "$OUT/pgle_collect.log" 2>&1 || echo "pgle collect: failed (see $OUT/pgle_collect.log)"
+tail -3 "$OUT/pgle_collect.log"
+if [[ -s $OUT/pgle_collect/profile.pb ]]; then
+  echo "profile.pb: $(stat -c %s "$OUT/pgle_collect/profile.pb") bytes"
+  # XLA logs the profile's use at INFO level, which JAX hides unless TF_CPP_MIN_LOG_LEVEL=0.
+  TF_CPP_MIN_LOG_LEVEL=0 timeout 150 $LAUNCH run --exp "$EXP" --job-log-dir "$OUT/pgle_manual" "${sets[@]}" \
+    --set train.num_steps=6 --set train.pgle=manual --set "train.pgle_profile_path=$OUT/pgle_collect/profile.pb" \
+    > "$OUT/pgle_manual.log" 2>&1 || echo "pgle manual run: failed (see $OUT/pgle_manual.log)"
+  echo "manual: $(grep -c 'Found profile, using profile guided latency estimator' "$OUT/pgle_manual.log" || true) \"Found profile\" lines"
+else
+  echo "profile.pb: missing or empty"
 fi
-echo "Wrote $OUT/device.json, $OUT/train_step.json, $OUT/attention.json"
+timeout 150 $LAUNCH run --exp "$EXP" --job-log-dir "$OUT/pgle_auto" "${sets[@]}" \
+  --set train.num_steps=8 --set train.pgle=auto --set train.pgle_profiling_runs=2 \
+  > "$OUT/pgle_auto.log" 2>&1 || echo "pgle auto run: failed (see $OUT/pgle_auto.log)"
+echo "auto: $(grep -h 'recompiled with its PGLE profile' "$OUT/pgle_auto.log" || echo 'no recompile reported')"
+[[ -f $OUT/pgle_auto/metrics.jsonl ]] && $PY -c "import json, sys; print('auto: step times', [(r['step'], round(r['step_time_s'], 4)) for r in map(json.loads, open(sys.argv[1])) if r.get('split') == 'train'])" "$OUT/pgle_auto/metrics.jsonl"
+}
+
+for (( i = 0; i < ${#PARTS}; i++ )); do
+  "part${PARTS:i:1}"
+done
+echo "Wrote the parts' JSON and logs under $OUT"
