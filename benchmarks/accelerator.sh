@@ -139,7 +139,10 @@ if [[ -s $OUT/pgle_collect/profile.pb ]]; then
   TF_CPP_MIN_LOG_LEVEL=0 timeout 150 $LAUNCH run --exp "$EXP" --job-log-dir "$OUT/pgle_manual" "${sets[@]}" \
     --set train.num_steps=6 --set train.pgle=manual --set "train.pgle_profile_path=$OUT/pgle_collect/profile.pb" \
     > "$OUT/pgle_manual.log" 2>&1 || echo "pgle manual run: failed (see $OUT/pgle_manual.log)"
-  echo "manual: $(grep -c 'Found profile, using profile guided latency estimator' "$OUT/pgle_manual.log" || true) \"Found profile\" lines"
+  # JAX 0.11.2's XLA: "Found profile for module jit_train_step, using profile guided latency estimator",
+  # then warnings "Found N instructions from the profile" / "Missing M" when some are not in it.
+  echo "manual: $(grep -c 'Found profile for module .*using profile guided latency estimator' "$OUT/pgle_manual.log" || true) modules used the profile; the train step:"
+  grep -A2 'Found profile for module jit_train_step' "$OUT/pgle_manual.log" | sed 's/^.*\] /  /' || echo "  (no line for jit_train_step)"
 else
   echo "profile.pb: missing or empty"
 fi

@@ -2,6 +2,8 @@
 
 import gzip
 import json
+import os
+import struct
 
 import pytest
 from toy import TOY, set_args
@@ -140,3 +142,42 @@ def test_pgle_collect_on_cpu(tmp_path):
     assert f"--set train.pgle=manual --set train.pgle_profile_path={profile.resolve()}" in result.output
     again = launch("pgle", "collect", "--exp", "shakespeare_tiny", "--job-log-dir", job)
     assert again.exit_code == 2 and "is not empty" in again.output
+
+
+# The first profile.pb `launch pgle collect` wrote on an H200 (2026-11-30), before it turned XLA:GPU's
+# command buffers off: five CUDA-graph launches and no instruction, so the run matched nothing.
+H200_COMMAND_BUFFER_PROFILE = (
+    b"\n\x1c\n\x11command_buffer_72\x11~\xb3\x0f\x9f\xa1yZ@\n\x1c\n\x11command_buffer_42\x11\x1a]\x1c8,V\x7f@"
+    b"\n\x1b\n\x10command_buffer_1\x11o\xd6\x1b?@\xd7W@\n\x1c\n\x11command_buffer_12\x11\xd0\\H\x9ar\x8a[@"
+    b"\n\x1d\n\x12command_buffer_162\x11A\x03\xe2\x1b\xd4_.@"
+)
+
+
+def test_profiled_instructions_decodes_xla_profiles():
+    from equipax.launch.training.profiling import profiled_instructions
+
+    costs = profiled_instructions(H200_COMMAND_BUFFER_PROFILE)
+    assert sorted(costs) == ["command_buffer_1", "command_buffer_12", "command_buffer_162", "command_buffer_42",
+                             "command_buffer_72"]
+    assert all(1.0 < c < 1000.0 for c in costs.values())  # microseconds
+    # A hand-built profile: two instruction costs and a latency entry (field 2), which is skipped.
+    def entry(name: bytes, us: float) -> bytes:
+        body = b"\n" + bytes([len(name)]) + name + b"\x11" + struct.pack("<d", us)
+        return b"\n" + bytes([len(body)]) + body
+    proto = entry(b"fusion.3", 12.5) + b"\x12\x04\n\x02ab" + entry(b"all-gather-start", 70.25)
+    assert profiled_instructions(proto) == {"fusion.3": 12.5, "all-gather-start": 70.25}
+    assert profiled_instructions(b"") == {}
+    with pytest.raises(ValueError, match="not a profile.pb"):
+        profiled_instructions(b"\x0f")
+
+
+def test_pgle_collect_turns_command_buffers_off(tmp_path, monkeypatch):
+    # XLA reads XLA_FLAGS when the backend starts: collect adds its flags (after the run's own
+    # train.xla_flags) before that, and XLA:CPU accepts them.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")
+    result = launch("pgle", "collect", "--exp", "shakespeare_tiny", *set_args(TOY), "--steps", "1", "--warmup", "1",
+                    "--set", "train.xla_flags=--xla_cpu_enable_fast_math=false", "--job-log-dir", tmp_path / "c")
+    assert result.exit_code == 0, result.output
+    flags = os.environ["XLA_FLAGS"].split()
+    assert flags == ["--xla_cpu_enable_fast_math=false", "--xla_gpu_enable_latency_hiding_scheduler=true",
+                     "--xla_gpu_enable_command_buffer="]

@@ -352,7 +352,7 @@ class TrainStep(Generic[_ModelT_contra]):
         structure = (treedef, is_array, static)
         fn = self._jitted.get(structure)
         if fn is None:
-            def fn_(arrays, batch, key):
+            def train_step(arrays, batch, key):  # XLA module jit_train_step (profiles, logs)
                 new_state, metrics = self._step((batch, key), _unflatten(structure, arrays))
                 new_leaves, new_treedef = jax.tree.flatten(new_state)
                 if new_treedef != treedef:
@@ -360,7 +360,7 @@ class TrainStep(Generic[_ModelT_contra]):
                 return [x for x, a in zip(new_leaves, is_array) if a], metrics
 
             # Only the state's arrays are donated: the batch and the key stay the caller's.
-            fn = self._jitted[structure] = jax.jit(fn_, donate_argnums=0)
+            fn = self._jitted[structure] = jax.jit(train_step, donate_argnums=0)
         return fn, [x for x, a in zip(leaves, is_array) if a], structure
 
     def __call__(

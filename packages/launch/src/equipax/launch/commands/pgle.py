@@ -11,7 +11,9 @@ from typing import Annotated
 import typer
 
 from equipax.core.config import ConfigError
-from equipax.launch.commands.common import DEFAULT_EXPERIMENT, CpuDevicesOption, ExpOption, SetOption, fail, out, resolve
+from equipax.launch.commands.common import (
+    DEFAULT_EXPERIMENT, CpuDevicesOption, ExpOption, SetOption, err, fail, out, resolve,
+)
 from equipax.launch.errors import EXIT_USER_ERROR
 
 __all__ = ["collect", "pgle_app", "PROFILE_FILE"]
@@ -49,8 +51,16 @@ def collect(
     if job_dir.exists() and any(job_dir.iterdir()):
         fail(f"{job_dir} is not empty: a profile must come from a fresh run (a resumed one would start past "
              "its window). Pass a new --job-log-dir or remove that directory.")
+    from equipax.launch.aot.flags import apply_compiler_flags, merge_flags
+    from equipax.launch.training.profiling import COLLECT_XLA_FLAGS
+
     try:
         check_cpu_devices(cpu_devices, cfg.mesh)
+        # The run's own compiler flags plus the collection's (command buffers off: see
+        # COLLECT_XLA_FLAGS), set before JAX starts its backend, as `launch run` does.
+        flags = merge_flags(cfg.train.xla_flags, " ".join(COLLECT_XLA_FLAGS))
+        for var, value in apply_compiler_flags(flags, cfg.train.libtpu_init_args).items():
+            err.print(f"{var}={value}", highlight=False, markup=False)
         use_cpu_devices(cpu_devices)
     except ConfigError as e:
         fail(str(e))
@@ -59,7 +69,7 @@ def collect(
     from jax.experimental.profiler import get_profiled_instructions_proto
 
     from equipax.launch.training.loop import run_experiment
-    from equipax.launch.training.profiling import PROFILE_DIR, latest_trace
+    from equipax.launch.training.profiling import PROFILE_DIR, latest_trace, profiled_instructions
 
     run_experiment(cfg, job_dir=job_dir, sources=sources, console=out)
     trace = latest_trace(job_dir / PROFILE_DIR)
@@ -70,15 +80,21 @@ def collect(
     path = (job_dir / PROFILE_FILE).resolve()
     path.write_bytes(proto)
     platform = jax.devices()[0].platform
-    if not proto:
-        message = (f"Wrote {path}, but it is empty: XLA records per-instruction latencies for PGLE only on "
-                   f"NVIDIA GPUs (this host runs on {platform}).")
+    costs = profiled_instructions(proto)
+    instructions = [name for name in costs if not name.startswith("command_buffer")]
+    if not instructions:
+        message = (f"Wrote {path}, but it names no instruction ({len(proto):,} bytes"
+                   + (f", only {len(costs)} command buffers" if costs else "") + "): XLA records "
+                   f"per-instruction latencies for PGLE only on NVIDIA GPUs (this host runs on {platform}).")
         if platform == "gpu":
-            fail(message + " Another tool holding CUPTI (e.g. Nsight Systems) is a usual cause; run without it.",
-                 EXIT_USER_ERROR)
+            fail(message + " On a GPU the usual causes are another tool holding CUPTI (e.g. Nsight Systems; run "
+                 "without it) or XLA_FLAGS turning command buffers back on (--xla_gpu_enable_command_buffer, "
+                 "which collect turns off).", EXIT_USER_ERROR)
         out.print(message + " Collect on the GPU host that will train.", highlight=False)
     else:
-        out.print(f"Wrote the PGLE profile ({len(proto):,} bytes) to {path}.", highlight=False)
+        out.print(f"Wrote the PGLE profile ({len(instructions):,} instructions, {len(proto):,} bytes) to {path}.",
+                  highlight=False)
     out.print(f"Use it: launch run --exp {cfg.name} --set train.pgle=manual --set train.pgle_profile_path={path}\n"
-              "and look in the log for XLA's line \"Found profile, using profile guided latency estimator\".",
-              highlight=False, markup=False)
+              "XLA logs at INFO level what it matched (shown with TF_CPP_MIN_LOG_LEVEL=0): \"Found profile for "
+              "module jit_train_step, using profile guided latency estimator\" then, if some instructions are not in the "
+              "profile, \"Found N instructions from the profile\".", highlight=False, markup=False)

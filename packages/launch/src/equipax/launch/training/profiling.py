@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import shlex
+import struct
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "device_platform",
+    "COLLECT_XLA_FLAGS",
     "latest_trace",
     "PGLE_AUTO_AOT",
     "pgle_settings",
@@ -38,6 +40,7 @@ __all__ = [
     "PROFILE_DIR",
     "profile_log_dir",
     "PROFILE_PATH_FLAG",
+    "profiled_instructions",
     "profile_window",
     "ProfileHook",
     "profiling_hooks",
@@ -51,6 +54,12 @@ XLA_FLAGS_FILE = "xla_flags.json"
 SCHEDULER_FLAG = "--xla_gpu_enable_latency_hiding_scheduler=true"
 PROFILE_PATH_FLAG = "--xla_gpu_pgle_profile_file_or_directory_path"
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+# `launch pgle collect` compiles the program the manual run will compile, except that XLA:GPU's
+# command buffers (CUDA graphs) are off: with them on, the profiler sees one `command_buffer_N`
+# launch per graph instead of its instructions, and the profile matches none of the run's
+# instructions (measured on an H200: 5 entries, all command buffers; XLA then logs "Found 0
+# instructions from the profile"). JAX's automatic PGLE turns them off for its profiled runs too.
+COLLECT_XLA_FLAGS = (SCHEDULER_FLAG, "--xla_gpu_enable_command_buffer=")
 PGLE_AUTO_AOT = (
     "train.pgle='auto' cannot be compiled ahead of time: JAX's automatic PGLE profiles the first "
     "train.pgle_profiling_runs runs of the jitted step and then recompiles it, which a precompiled "
@@ -78,6 +87,58 @@ def pgle_settings(train: TrainConfig) -> PGLESettings:
         path = os.path.abspath(os.path.expanduser(train.pgle_profile_path))
         return PGLESettings((SCHEDULER_FLAG, f"{PROFILE_PATH_FLAG}={path}"))
     return PGLESettings()
+
+
+def profiled_instructions(proto: bytes) -> dict[str, float]:
+    """The instruction costs (microseconds) of a `profile.pb`, by instruction name.
+
+    The file is XLA's `ProfiledInstructionsProto`: field 1 repeats `InstructionCost {string name =
+    1; double cost_us = 2;}`; other fields (latencies between instructions) are skipped. Decoded
+    here rather than through the proto classes, which jaxlib does not expose.
+    """
+
+    def fields(buf: bytes):
+        i = 0
+        while i < len(buf):
+            key, i = _varint(buf, i)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                value, i = _varint(buf, i)
+                yield number, value
+            elif wire == 1:
+                yield number, buf[i:i + 8]
+                i += 8
+            elif wire == 2:
+                size, i = _varint(buf, i)
+                yield number, buf[i:i + size]
+                i += size
+            elif wire == 5:
+                yield number, buf[i:i + 4]
+                i += 4
+            else:
+                raise ValueError(f"not a profile.pb: wire type {wire} at byte {i}")
+
+    costs: dict[str, float] = {}
+    for number, value in fields(proto):
+        if number == 1 and isinstance(value, bytes):
+            entry = dict(fields(value))
+            name, cost = entry.get(1, b""), entry.get(2, bytes(8))
+            if isinstance(name, bytes) and isinstance(cost, bytes) and len(cost) == 8:
+                costs[name.decode()] = struct.unpack("<d", cost)[0]
+    return costs
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= len(buf):
+            raise ValueError("not a profile.pb: truncated varint")
+        byte = buf[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if not byte & 0x80:
+            return value, i
+        shift += 7
 
 
 def set_xla_flags(train: TrainConfig, environ: MutableMapping[str, str] | None = None) -> list[str]:
