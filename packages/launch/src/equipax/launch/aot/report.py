@@ -3,8 +3,10 @@
 `launch compile` builds the experiment's full mesh, either of a real TPU topology's devices
 (`--topology`, compiled by XLA:TPU from libtpu; `equipax.launch.aot.tpu`) or of fake CPU devices
 (set before JAX starts), builds the train state abstractly (no array is allocated), lowers and
-compiles the real step, and reports parameters, per-device memory, model FLOPs, ideal step times
-on a target accelerator, the collectives XLA inserted, and the compile's own cost.
+compiles the real step, and reports parameters, per-device memory (one stage's share for a
+pipelined model, with its stages, microbatches and bubble: `equipax.launch.aot.pipeline`), model
+FLOPs, ideal step times on a target accelerator, the collectives XLA inserted, and the compile's
+own cost.
 """
 
 import dataclasses
@@ -23,6 +25,7 @@ from jax.sharding import Mesh
 from equipax.core.config import ConfigError
 from equipax.core.mesh import build_mesh
 from equipax.launch.aot.memory import MEMORY_NOTES, memory_figures, out_of_memory_figures
+from equipax.launch.aot.pipeline import pipeline_lines, pipeline_section
 from equipax.launch.experiments.config import ExperimentConfig
 from equipax.launch.tasks import family
 from equipax.launch.training.build import build_training
@@ -163,6 +166,7 @@ def compile_report(
             "per_device_param_bytes": _per_device_bytes(state.model),
             "per_device_optimizer_bytes": _per_device_bytes(state.opt_state),
         },
+        "pipeline": pipeline_section(numbers),  # None unless pipeline_stages > 1
         "memory_per_device": {
             **memory,
             "budget_gib": budget,
@@ -241,7 +245,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"  target        {t['name']}: {t['peak_tflops']:.0f} TFLOP/s bf16, {t['hbm_gib']:.0f} GiB HBM per chip",
         params,
         f"  per device    params {p['per_device_param_bytes'] / GIB:.2f} GiB, optimizer state "
-        f"{p['per_device_optimizer_bytes'] / GIB:.2f} GiB",
+        f"{p['per_device_optimizer_bytes'] / GIB:.2f} GiB" + (", one stage's share" if r.get("pipeline") else ""),
+        *(pipeline_lines(r["pipeline"]) if r.get("pipeline") else []),
         f"  XLA memory    arguments {m['argument_bytes'] / GIB:.2f} GiB, outputs {m['output_bytes'] / GIB:.2f} "
         f"GiB (aliased {m['alias_bytes'] / GIB:.2f}), temporaries {m['temp_bytes'] / GIB:.2f} GiB, "
         f"code {m.get('generated_code_bytes', 0) / GIB:.2f} GiB",
