@@ -4,7 +4,8 @@ Every command runs inside `GuardedGroup.invoke`: an exception that escapes a com
 one paragraph on stderr and a documented exit code, never a traceback from deep inside JAX.
 `launch --debug COMMAND ...` lets it through with the full traceback instead.
 
-Exit codes (all defined here): 0 done; 1 unexpected error (a bug or an unsupported setup: rerun
+Exit codes (defined in `exit_codes.py`, which imports nothing so the start-up signal handler can
+use it; re-exported here): 0 done; 1 unexpected error (a bug or an unsupported setup: rerun
 with --debug); 2 bad input or environment (config, data, job directory, disk) - nothing saved was
 damaged, fix it and rerun; 3 `launch compile --strict` found the step does not fit; 4 stopped on
 non-finite steps (train.on_nonfinite); 75 stopped by SIGTERM/SIGINT (in the loop: after a checkpoint).
@@ -20,6 +21,9 @@ from typer.core import TyperGroup
 from typer.exceptions import Abort, Exit, TyperException
 
 from equipax.core.config import ConfigError
+from equipax.launch.exit_codes import (
+    EXIT_DOES_NOT_FIT, EXIT_NONFINITE, EXIT_PREEMPTED, EXIT_UNEXPECTED, EXIT_USER_ERROR,
+)
 from equipax.launch.training.preemption import Interrupted
 
 __all__ = [
@@ -33,11 +37,6 @@ __all__ = [
     "Preempted",
 ]
 
-EXIT_UNEXPECTED = 1
-EXIT_USER_ERROR = 2
-EXIT_DOES_NOT_FIT = 3
-EXIT_NONFINITE = 4
-EXIT_PREEMPTED = 75
 
 
 class Preempted(Exception):

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Literal
 
 from equipax.core.configs import MeshConfig, TransformerConfig, check_pipeline
+from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
 
 __all__ = ["CNNConfig", "cnn_param_count", "DTYPES", "LMConfig", "LlamaConfig", "llama_flops_per_token", "llama_param_counts"]
 
@@ -66,6 +67,19 @@ class LMConfig:
     def check_mesh(self, mesh: MeshConfig, global_batch: int) -> None:
         """Raise ConfigError unless the pipeline knobs fit `mesh` and `global_batch`."""
         check_pipeline(self.transformer, mesh, global_batch)
+
+    @property
+    def pipeline_stages(self) -> int:
+        """Pipeline stages of the block stack (1 = not pipelined)."""
+        return self.transformer.pipeline_stages
+
+    def param_counts(self) -> dict[str, int]:
+        """Analytic parameter counts: `total`, `embedding` (tied table), `per_layer`, ..."""
+        return lm_param_counts(self.transformer, self.vocab_size)
+
+    def flops_per_token(self, *, seq_len: int) -> dict[str, float]:
+        """Model FLOPs per token (`training`, `attention`, `remat`, ...) at `seq_len`."""
+        return transformer_lm_flops_per_token(self.transformer, vocab_size=self.vocab_size, seq_len=seq_len)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -142,6 +156,19 @@ class LlamaConfig:
                 f"LlamaConfig.dtype must be one of {DTYPES}, got {self.dtype!r}; "
                 "use 'float32' on CPU."
             )
+
+
+    # The same derived numbers as LMConfig's, so the launcher never asks which LM family it has.
+    pipeline_stages = 1  # Llama's stack is not pipelined
+
+    def param_counts(self) -> dict[str, int]:
+        """Analytic parameter counts; `embedding` counts both tables (untied input and output)."""
+        counts = llama_param_counts(self)
+        return counts | {"embedding": counts["embedding"] + counts["unembedding"]}
+
+    def flops_per_token(self, *, seq_len: int) -> dict[str, float]:
+        """Model FLOPs per token (`training`, `attention`, `remat`, ...) at `seq_len`."""
+        return llama_flops_per_token(self, seq_len=seq_len)
 
 
 def llama_param_counts(cfg: LlamaConfig) -> dict[str, int]:

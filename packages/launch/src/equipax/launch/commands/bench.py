@@ -1,20 +1,16 @@
 """`launch bench attention`: the command line of the attention benchmark (`equipax.launch.bench.attention`)."""
 
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
 from equipax.core.config import ConfigError
+from equipax.launch.commands.common import fail as _fail
 from equipax.launch.experiments.attention import IMPLEMENTATIONS, AttentionBenchConfig
 
 __all__ = ["bench_app"]
-
-
-def _fail(message: str) -> NoReturn:
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(2)
 
 
 def _parse_lengths(seq: str) -> tuple[int, ...]:

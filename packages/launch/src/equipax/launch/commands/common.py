@@ -1,6 +1,6 @@
 """What every `launch` command shares: consoles, option types, resolving an experiment."""
 
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -36,7 +36,7 @@ SetOption = Annotated[
 ]
 
 
-def fail(message: str, code: int = EXIT_USER_ERROR) -> None:
+def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:
     """Print a one-paragraph error and exit with `code`."""
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)

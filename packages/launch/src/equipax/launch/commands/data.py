@@ -9,9 +9,10 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 import typer
-from rich.console import Console
 
 from equipax.core.config import ConfigError
+from equipax.launch.commands.common import err, out
+from equipax.launch.commands.common import fail as _fail
 
 __all__ = [
     "batch_report",
@@ -30,8 +31,6 @@ data_app: typer.Typer = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out: Console = Console(soft_wrap=True)
-err: Console = Console(stderr=True, soft_wrap=True)
 
 InputOption = Annotated[
     list[Path],
@@ -46,11 +45,6 @@ MalformedOption = Annotated[
                  help="Shard inputs: malformed records (not JSON with a string 'text') are skipped up to "
                       "this fraction of a file's records, then an error."),
 ]
-
-
-def _fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(2)
 
 
 def _documents(inputs: list[Path], split_by: str, max_malformed_fraction: float) -> list[str]:

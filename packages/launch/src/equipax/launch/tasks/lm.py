@@ -5,10 +5,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from equipax.core.configs import FSDP, TENSOR, bubble_fraction, num_microbatches
-from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
 from equipax.launch.experiments.config import ExperimentConfig, as_lm
 from equipax.launch.tasks import Inputs
-from equipax.models.configs import LlamaConfig, llama_flops_per_token, llama_param_counts
 
 if TYPE_CHECKING:  # JAX and the models load when a run builds its Task, not for `launch show`
     from jax.sharding import Mesh
@@ -23,20 +21,14 @@ UNIT = "tokens"
 
 def flops_per_token(cfg: ExperimentConfig) -> dict[str, float]:
     """Model FLOPs per token of either LM family (`training`, `attention`, `remat`, ...)."""
-    model, data = as_lm(cfg).model, as_lm(cfg).data
-    if isinstance(model, LlamaConfig):
-        return llama_flops_per_token(model, seq_len=data.seq_len)
-    return transformer_lm_flops_per_token(model.transformer, vocab_size=model.vocab_size, seq_len=data.seq_len)
+    lm = as_lm(cfg)
+    return lm.model.flops_per_token(seq_len=lm.data.seq_len)
 
 
 def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
     """Parameters, FLOPs and tokens, analytically (no devices, no tracing)."""
     model, data = as_lm(cfg).model, as_lm(cfg).data
-    if isinstance(model, LlamaConfig):
-        params = llama_param_counts(model)
-        params["embedding"] += params["unembedding"]  # untied: both tables count as embedding
-    else:
-        params = lm_param_counts(model.transformer, model.vocab_size)
+    params = model.param_counts()
     flops = flops_per_token(cfg)
     tokens_per_step = cfg.global_batch_size * data.seq_len
     out = {
@@ -51,7 +43,7 @@ def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
         "devices_required": cfg.mesh.num_devices,
         "mesh_shape": list(cfg.mesh.shape),
     }
-    return out if isinstance(model, LlamaConfig) else out | _pipeline_numbers(cfg, params)
+    return out | _pipeline_numbers(cfg, params) if model.pipeline_stages > 1 else out
 
 
 def _pipeline_numbers(cfg: ExperimentConfig, params: dict[str, int]) -> dict[str, Any]:
@@ -62,8 +54,6 @@ def _pipeline_numbers(cfg: ExperimentConfig, params: dict[str, int]) -> dict[str
     """
     tcfg = cfg.model.transformer  # pyright: ignore[reportAttributeAccessIssue]
     stages = tcfg.pipeline_stages
-    if stages == 1:
-        return {}
     micro = num_microbatches(tcfg, cfg.global_batch_size)
     stage_params = params["per_layer"] * tcfg.num_layers // stages
     shards = cfg.mesh.axis_size(FSDP, TENSOR)

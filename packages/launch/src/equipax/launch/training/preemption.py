@@ -15,6 +15,8 @@ import sys
 import threading
 from types import FrameType
 
+from equipax.launch.exit_codes import EXIT_PREEMPTED
+
 __all__ = ["EarlyInterrupts", "Interrupted", "StopRequest"]
 
 
@@ -49,7 +51,7 @@ class EarlyInterrupts:
         if not self.armed:
             sys.stderr.write(self.message.format(signal=name) + "\n")
             sys.stderr.flush()
-            os._exit(75)  # EXIT_PREEMPTED (errors.py imports too much to be imported this early)
+            os._exit(EXIT_PREEMPTED)
         raise Interrupted(name)
 
     def arm(self) -> None:
