@@ -1,7 +1,6 @@
 """Sharding annotations live with the layers: every registered experiment's weights declare their
 logical axes, an undeclared weight is an error naming it, scanned stacks get `layers`."""
 
-import dataclasses
 import re
 
 import pytest
@@ -26,34 +25,17 @@ def flat_specs(model, m):
 
 
 def abstract_model(cfg):
-    """The abstract (shape-only) model of a registered experiment, or None if it trains none."""
+    """(model class name, the abstract model) of a registered training experiment, built the way a
+    run builds it: the family's Task, `init` under `eval_shape`. Any family registered with
+    `register_family` is covered; one that cannot build its model fails the test."""
     import equinox as eqx
     import jax
 
-    from equipax.models import LMConfig, TransformerLM
-    from equipax.models.cnn import AdvancedCNN, CNNConfig
-    from equipax.models.llama import LlamaConfig, LlamaLM
+    from equipax.launch.tasks import family
 
-    def find(x, depth=0):  # the model config, wherever the experiment config keeps it
-        if isinstance(x, (LMConfig, LlamaConfig, CNNConfig)):
-            return x
-        if depth < 3 and dataclasses.is_dataclass(x) and not isinstance(x, type):
-            for f in dataclasses.fields(x):
-                found = find(getattr(x, f.name), depth + 1)
-                if found is not None:
-                    return found
-        return None
-
-    model_cfg = find(cfg)
-    key = jax.random.key(0)
-    if isinstance(model_cfg, LMConfig):
-        return "lm", eqx.filter_eval_shape(lambda k: TransformerLM(model_cfg, key=k), key)
-    if isinstance(model_cfg, LlamaConfig):
-        return "llama", eqx.filter_eval_shape(lambda k: LlamaLM(model_cfg, key=k), key)
-    if isinstance(model_cfg, CNNConfig):
-        build = eqx.nn.make_with_state(AdvancedCNN)
-        return "cnn", eqx.filter_eval_shape(lambda k: build(model_cfg, key=k), key)[0]
-    return None, None
+    task = family(cfg).make_task(cfg, None)
+    model, _ = eqx.filter_eval_shape(task.init, jax.random.key(0))
+    return type(model).__name__, model
 
 
 def tiny_lm(**transformer):
@@ -72,25 +54,23 @@ def test_every_registered_experiment_declares_the_axes_of_its_weights():
 
     from equipax.launch.experiments.registry import entries
 
-    kinds = {"lm": [], "llama": [], "cnn": []}
+    kinds = {"TransformerLM": [], "LlamaLM": [], "AdvancedCNN": []}
     for entry in entries():
         if getattr(entry, "kind", "train") != "train":
             continue
         kind, model = abstract_model(entry.fn())
-        if kind is None:
-            continue
         for m in (mesh(), mesh(2, 64, 1), mesh(1, 1, 8)):
             specs = flat_specs(model, m)  # raises, naming the weight, if one is undeclared
             assert specs, entry.name
-        kinds[kind].append(entry.name)
-        if kind in ("lm", "llama"):  # the big weights really are sharded, not replicated
+        kinds.setdefault(kind, []).append(entry.name)
+        if kind in ("TransformerLM", "LlamaLM"):  # the big weights really are sharded, not replicated
             specs = flat_specs(model, mesh())
             assert specs[".embedding.weight"] == P("tensor", "fsdp"), entry.name
-        if kind == "llama":
+        if kind == "LlamaLM":
             assert specs[".unembed.weight"] == P("fsdp", "tensor"), entry.name
-    assert kinds["lm"] and kinds["cnn"], kinds
+    assert kinds["TransformerLM"] and kinds["AdvancedCNN"], kinds
     assert {"shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama2_7b_smoke",
-            "llama3_8b_smoke"} <= set(kinds["llama"]), kinds
+            "llama3_8b_smoke"} <= set(kinds["LlamaLM"]), kinds
 
 
 def test_pax_lm_specs_match_the_megatron_fsdp_layout():
@@ -127,7 +107,7 @@ def test_every_llama_weight_declares_logical_axes_the_rules_map(name):
     from equipax.launch.experiments.registry import get_experiment
 
     kind, model = abstract_model(get_experiment(name))
-    assert kind == "llama"
+    assert kind == "LlamaLM"
     axes = declared_axes(model)
     # embedding, final norm, unembedding + 8 arrays per block (one stacked block when scanned)
     blocks = 1 if model.cfg.scan_layers else model.cfg.num_layers

@@ -157,3 +157,27 @@ def test_a_live_run_owns_its_job_directory(tmp_path):
     with JobLock(job, log=messages.append):
         pass
     assert messages and f"left by pid {holder.pid}" in messages[0] and "no longer running" in messages[0]
+
+
+def test_launch_keeps_its_layout_rules():
+    """Issue 12's rules for `equipax.launch`, kept: no module over 300 lines, no branching on
+    experiment or model config classes outside the experiment definitions (families dispatch on
+    `cfg.kind`, configs answer for themselves), and no exit code written as a number
+    (`equipax.launch.exit_codes` holds them all)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "packages" / "launch" / "src" / "equipax" / "launch"
+    modules = sorted(root.rglob("*.py"))
+    assert len(modules) > 40
+    config_types = r"(ExperimentConfig|LMConfig|LlamaConfig|CNNConfig|DataConfig|ImageDataConfig)"
+    problems = []
+    for path in modules:
+        text, rel = path.read_text(), path.relative_to(root)
+        if (n := text.count("\n")) > 300:
+            problems.append(f"{rel}: {n} lines (> 300)")
+        if rel.parts[0] != "experiments" and re.search(rf"isinstance\([^)]*\b{config_types}\b", text):
+            problems.append(f"{rel}: isinstance on a config class")
+        if rel.name != "exit_codes.py" and re.search(r"(typer\.Exit|sys\.exit|os\._exit|SystemExit)\(\s*\d", text):
+            problems.append(f"{rel}: a literal exit code")
+    assert not problems, problems
