@@ -181,3 +181,39 @@ def test_launch_keeps_its_layout_rules():
         if rel.name != "exit_codes.py" and re.search(r"(typer\.Exit|sys\.exit|os\._exit|SystemExit)\(\s*\d", text):
             problems.append(f"{rel}: a literal exit code")
     assert not problems, problems
+
+
+def test_a_family_in_one_user_module_runs_from_the_cli(tmp_path):
+    """docs/extending.md's regression family, saved as a user module (its definitions, as the page
+    shows them) with an experiment function: `launch run --exp mod.fn` imports it, registers the
+    family, trains with --set knobs, and a rerun with more steps resumes from its config.json."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+    code = re.search(r"```python\n(import dataclasses\n.*?)```", page, re.S).group(1)
+    part1_run, part2 = code.index("x, y = regression_data(64"), code.index("# --- Part 2")
+    definitions = code[:part1_run] + code[part2:code.index('cfg = ExperimentConfig(name="mlp_regression"')]
+    (tmp_path / "userfam.py").write_text(definitions + textwrap.dedent('''
+        def mlp_regression() -> ExperimentConfig:
+            return ExperimentConfig(name="mlp_regression", model=MLPConfig(), data=RegressionDataConfig(),
+                                    train=TrainConfig(num_steps=20, log_every=10, eval_every=20, checkpoint_every=10))
+    '''))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    job = tmp_path / "job"
+
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "equipax.launch.cli", "run", "--exp", "userfam.mlp_regression",
+                               "--job-log-dir", str(job), "--set", "model.width=8", *extra],
+                              capture_output=True, text=True, env=env, timeout=300)
+
+    first = run()
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "step 20/20" in first.stdout and json.loads((job / "config.json").read_text())["model"]["width"] == 8
+    again = run("--set", "train.num_steps=30")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "step 30/30" in again.stdout and "step 10/30" not in again.stdout  # resumed at 20
+    assert json.loads((job / "result.json").read_text())["final_step"] == 30
+    missing = subprocess.run([sys.executable, "-m", "equipax.launch.cli", "run", "--exp", "userfam.nope"],
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert missing.returncode == 2 and "module userfam has no experiment function 'nope'" in missing.stderr

@@ -29,6 +29,7 @@ __all__ = [
     "OVERRIDE",
     "parse_literal",
     "parse_override",
+    "register_config",
     "set_knob",
     "set_knobs",
     "suggest",
@@ -134,6 +135,23 @@ def _type_name(tp: Any) -> str:
     return str(tp).replace("typing.", "")
 
 
+_REGISTERED: list[type] = []
+
+
+def register_config(cls: type) -> None:
+    """Let `from_dict` / `from_json` rebuild `cls` where a field's annotation is a union of config
+    classes (an experiment's `model` and `data`): for a config class defined outside those unions,
+    e.g. a new task family's (docs/extending.md). `--set` needs no registration."""
+    if not (dataclasses.is_dataclass(cls) and isinstance(cls, type)):
+        raise TypeError(f"register_config takes a dataclass, not {cls!r}.")
+    if cls not in _REGISTERED:
+        _REGISTERED.append(cls)
+
+
+def _init_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.init}  # pyright: ignore[reportArgumentType]
+
+
 def coerce(value: Any, tp: Any, path: str) -> Any:
     """Check `value` against the annotation `tp`, converting where it is lossless.
 
@@ -156,12 +174,17 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
         if value is None and type(None) in args:
             return None
         if isinstance(value, Mapping):
-            # A union of config classes (e.g. an experiment's model: LMConfig | CNNConfig): the
-            # one whose fields hold every key is meant, so its own error message is the one shown.
-            fits = [a for a in args if dataclasses.is_dataclass(a) and isinstance(a, type)
-                    and set(value) <= {f.name for f in dataclasses.fields(a)}]
+            # A union of config classes (e.g. an experiment's model: LMConfig | CNNConfig, plus
+            # any class `register_config` added): the one whose fields hold every key is meant,
+            # so its own error message is the one shown.
+            classes = [a for a in args if dataclasses.is_dataclass(a) and isinstance(a, type)]
+            if classes:
+                classes += [c for c in _REGISTERED if c not in classes]
+            fits = [a for a in classes if set(value) <= {f.name for f in dataclasses.fields(a)}]
             if len(fits) == 1:
                 return coerce(value, fits[0], path)
+            if len(fits) > 1 and (exact := [a for a in fits if set(value) == _init_names(a)]):
+                return coerce(value, exact[0], path)
         errors = []
         for arg in args:
             if arg is type(None):
@@ -264,7 +287,9 @@ def set_knobs(cfg: C, values: Mapping[str, Any]) -> C:
     """Return `cfg` with the knobs at the dotted paths in `values` replaced (type-checked).
 
     All values are applied first and validation runs once on the result, so knobs that
-    must agree (e.g. `data.seq_len <= model.max_seq_len`) can be changed together.
+    must agree (e.g. `data.seq_len <= model.max_seq_len`) can be changed together. Each changed
+    group is rebuilt as the class it already is, so a config class defined outside this
+    package's unions (a new task family's model config) takes `--set` like the built-in ones.
 
     Arguments:
         cfg: a dataclass config.
@@ -273,15 +298,30 @@ def set_knobs(cfg: C, values: Mapping[str, Any]) -> C:
     Returns:
         A new config of the same type.
     """
-    tree = to_dict(cfg)
+    changes = _Changes()
     for path, value in values.items():
         _check_path(cfg, path)
         *parents, leaf = path.split(".")
-        node = tree
+        node = changes
         for p in parents:
-            node = node[p]
+            node = node.setdefault(p, _Changes())
         node[leaf] = value
-    return from_dict(type(cfg), tree)
+    return _with_changes(cfg, changes, "")
+
+
+class _Changes(dict):
+    """The knobs to change below one group, by field name (nested groups are `_Changes` too)."""
+
+
+def _with_changes(node: Any, changes: "_Changes", path: str) -> Any:
+    hints = _hints(type(node))
+    kwargs = {f.name: getattr(node, f.name) for f in dataclasses.fields(node) if f.init}
+    for key, value in changes.items():
+        if isinstance(value, _Changes):
+            kwargs[key] = _with_changes(kwargs[key], value, f"{path}{key}.")
+        else:
+            kwargs[key] = coerce(value, hints[key], path + key)
+    return _rebuild(type(node), kwargs, path)
 
 
 def set_knob(cfg: C, path: str, value: Any) -> C:

@@ -8,14 +8,38 @@ files. Derived numbers (parameters, tokens per step) come from `equipax.launch.t
 
 import dataclasses
 import shlex
-from typing import Literal, Protocol, cast, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, cast, runtime_checkable
 
 from equipax.core.configs import LearnerConfig, MeshConfig
 from equipax.launch.experiments.data_config import BYTE_VOCAB_SIZE, DataConfig, ImageDataConfig
 from equipax.models.configs import CNNConfig, LMConfig, LlamaConfig
 
-__all__ = ["BYTE_VOCAB_SIZE", "DataConfig", "ExperimentConfig", "ImageDataConfig", "LMExperiment", "TrainConfig",
-           "as_lm"]
+__all__ = ["BYTE_VOCAB_SIZE", "DataConfig", "ExperimentConfig", "FamilyDataConfig", "FamilyModelConfig",
+           "ImageDataConfig", "LMExperiment", "TrainConfig", "as_lm"]
+
+
+@runtime_checkable
+class FamilyModelConfig(Protocol):
+    """The model config of a family registered outside equipax (docs/extending.md): any frozen
+    dataclass of knobs; its family's Task reads them."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+@runtime_checkable
+class FamilyDataConfig(Protocol):
+    """The data config of a family registered outside equipax: a frozen dataclass whose `kind` names
+    the family (`register_family`), with what `ExperimentConfig` asks of every data config."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+    kind: ClassVar[str]
+    batch_size: int
+    per_device_batch: int | None
+
+    @property
+    def train_examples(self) -> int | None: ...
+    def check_model(self, model: object) -> None: ...
+    def check_eval_batches(self, eval_batches: int) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -146,8 +170,8 @@ class ExperimentConfig:
 
     name: str
     description: str = ""
-    model: LMConfig | LlamaConfig | CNNConfig = dataclasses.field(default_factory=LMConfig)
-    data: DataConfig | ImageDataConfig = dataclasses.field(default_factory=DataConfig)
+    model: LMConfig | LlamaConfig | CNNConfig | FamilyModelConfig = dataclasses.field(default_factory=LMConfig)
+    data: DataConfig | ImageDataConfig | FamilyDataConfig = dataclasses.field(default_factory=DataConfig)
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
@@ -204,7 +228,7 @@ class ExperimentConfig:
             if self.steps_per_epoch is None:
                 raise ValueError(
                     f"train.num_epochs={self.train.num_epochs} needs a finite training set, but "
-                    f"data.source={self.data.source!r} is a stream; set train.num_steps instead "
+                    f"data.source={getattr(self.data, 'source', self.kind)!r} is a stream; set train.num_steps instead "
                     "(and train.num_epochs=None).")
             if self.steps_per_epoch < 1:
                 raise ValueError(

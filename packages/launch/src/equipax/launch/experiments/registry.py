@@ -95,6 +95,8 @@ def lookup(name: str) -> Entry:
             f"Experiment name {name!r} is ambiguous: {', '.join(e.path for e in matches)}. "
             "Use a longer dotted path."
         )
+    if "." in name and (entry := _from_module(name)) is not None:
+        return entry
     close = suggest(name.rsplit(".", 1)[-1], list(by_name))
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     raise ConfigError(
@@ -110,3 +112,23 @@ def get_experiment(name: str) -> Experiment:
     if cfg.name != entry.name:
         cfg = dataclasses.replace(cfg, name=entry.name)
     return cfg
+
+
+def _from_module(path: str) -> Entry | None:
+    """`--exp mypkg.experiments.fn` (Pax's `--exp=tasks.lm.params.c4.C4Spmd1B...`): import the
+    user's module (which may register experiments and task families as it loads) and take `fn`
+    from it, registered or not. None when no such module is importable."""
+    module_name, fn_name = path.rsplit(".", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module_name.startswith(e.name):
+            return None  # no such module: an unknown name, reported with suggestions
+        raise ConfigError(f"--exp {path}: importing {module_name} failed: {e}") from None
+    fn = getattr(module, fn_name, None)
+    if fn is None or not callable(fn):
+        raise ConfigError(f"--exp {path}: module {module_name} has no experiment function {fn_name!r}.")
+    registered = _REGISTRY.get(fn_name)
+    if registered is not None and registered.fn is fn:
+        return registered
+    return Entry(name=fn_name, path=path, fn=fn)

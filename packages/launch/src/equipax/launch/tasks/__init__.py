@@ -49,14 +49,20 @@ class Inputs:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def register_family(kind: str, impl: Any) -> None:
+def register_family(kind: str, impl: Any, *, configs: tuple[type, ...] = ()) -> None:
     """Make `launch run`/`compile`/`show` handle experiments whose `data.kind` is `kind`.
 
     Arguments:
         kind: the family's name (the data config's `kind` class attribute).
         impl: a module or object with `UNIT`, `numbers`, `units_per_example`, `make_task`,
             `build_inputs` and `finish` (see `equipax.launch.tasks.lm` for their contracts).
+        configs: the family's own config classes (its model and data configs), so a job's
+            config.json reads back into them (`equipax.core.config.register_config`).
     """
+    from equipax.core.config import register_config
+
+    for cls in configs:
+        register_config(cls)
     FAMILIES[kind] = impl
 
 
