@@ -101,9 +101,19 @@ def test_cnn_digits_data_parallel_on_4_devices_matches_1_device(tmp_path):
     four = launch("run", "--exp", "cnn_digits", "--cpu-devices", 4, "--job-log-dir", tmp_path / "four", *sets)
     assert four.returncode == 0, four.stdout + four.stderr
     assert json.loads((tmp_path / "four" / "config.json").read_text())["mesh"]["ici_mesh_shape"] == [4, 1, 1]
+    # The same 4 devices as two hosts (real jax.distributed processes): each feeds its half of every
+    # global batch, and the training is the same computation again.
+    hosts = launch("local-cluster", "--processes", 2, "--cpu-devices", 2, "--", "run", "--exp", "cnn_digits",
+                   "--job-log-dir", tmp_path / "hosts", *sets)
+    assert hosts.returncode == 0, hosts.stdout[-4000:] + hosts.stderr[-2000:]
     a = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (tmp_path / "four" / "metrics.jsonl").read_text().splitlines()]
+    c = [json.loads(x) for x in (tmp_path / "hosts" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["split"]) for r in a] == [(r["step"], r["split"]) for r in b]
+    assert [(r["step"], r["split"]) for r in c] == [(r["step"], r["split"]) for r in b]
+    for rb, rc in zip(b, c):
+        if rb["split"] == "train":
+            assert rc["loss"] == pytest.approx(rb["loss"], rel=1e-5), (rb, rc)
     # Training is the same computation: losses and gradient norms agree to float rounding. (Eval
     # is not compared: the conv biases in front of BatchNorm get ~0 true gradient, which Adam
     # scales up to full steps whose sign follows rounding noise; they move the BatchNorm running
