@@ -42,8 +42,7 @@ def test_run_executes_the_program_compile_reports():
         state = training.init_state()
         inputs = family(cfg).build_inputs(cfg, pathlib.Path(tempfile.mkdtemp()), log=print)
         host = inputs.train.get_next()
-        batch = {k: jax.make_array_from_process_local_data(training.batch_sharding, host[k])
-                 for k in training.task.abstract_batch(1)}
+        batch = training.place(host)  # what the loop does with each batch
         dispatched = training.train_step.lower(state, batch, training.keys.step).as_text()
         report = compile_report(cfg, target=TARGETS["tpu-v4"], mesh=mesh, log=lambda m: None)
         print(json.dumps({"run": hashlib.sha256(dispatched.encode()).hexdigest(),
