@@ -246,3 +246,26 @@ def test_pipelined_smoke_resumes_bit_for_bit(tmp_path):
     b = json.loads((tmp_path / "split" / "result.json").read_text())
     assert a["state_digest"] == b["state_digest"]
     assert a["final_train_loss"] == b["final_train_loss"]
+
+
+@pytest.mark.slow
+def test_bubble_benchmark_tiny(tmp_path):
+    """benchmarks/pipeline_bubble.py runs (2 stages, circular, 2 and 4 microbatches, tiny model)
+    and writes its table's rows; timings themselves are not tested."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "pipeline_bubble.py"
+    out = tmp_path / "bubble.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--stages", "2", "--schedules", "circular", "--microbatches", "2,4",
+         "--model-dims", "32", "--seq", "16", "--steps", "2", "--rounds", "2", "--warmup", "0", "--out", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["schedule"], r["repeats"], r["microbatches"], r["iterations"]) for r in rows] == [
+        ("circular", 2, 2, 5), ("circular", 2, 4, 9)]
+    assert [r["bubble_fraction"] for r in rows] == pytest.approx([1 / 5, 1 / 9])
+    assert rows[0]["predicted_vs_most_microbatches"] == pytest.approx(10 / 9)
+    assert rows[1]["measured_vs_most_microbatches"] == 1.0
+    assert all(len(r["steps_s"]) == 4 and r["step_q1_s"] <= r["step_s"] <= r["step_q3_s"] for r in rows)
+    assert "circular R=2" in proc.stdout
