@@ -148,8 +148,8 @@ def register_config(cls: type) -> None:
         _REGISTERED.append(cls)
 
 
-def _init_names(cls: type) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls) if f.init}  # pyright: ignore[reportArgumentType]
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}  # pyright: ignore[reportArgumentType]
 
 
 def coerce(value: Any, tp: Any, path: str) -> Any:
@@ -180,11 +180,11 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
             classes = [a for a in args if dataclasses.is_dataclass(a) and isinstance(a, type)]
             if classes:
                 classes += [c for c in _REGISTERED if c not in classes]
-            fits = [a for a in classes if set(value) <= {f.name for f in dataclasses.fields(a)}]
+            fits = [a for a in classes if set(value) <= _field_names(a)]
+            if len(fits) > 1:  # several hold the keys: the one with exactly these fields (to_dict's output)
+                fits = [a for a in fits if set(value) == _field_names(a)] or fits
             if len(fits) == 1:
                 return coerce(value, fits[0], path)
-            if len(fits) > 1 and (exact := [a for a in fits if set(value) == _init_names(a)]):
-                return coerce(value, exact[0], path)
         errors = []
         for arg in args:
             if arg is type(None):

@@ -38,7 +38,6 @@ __all__ = [
 ]
 
 
-
 class Preempted(Exception):
     """The run stopped on SIGTERM/SIGINT after checkpointing `step` (exit 75; already reported)."""
 

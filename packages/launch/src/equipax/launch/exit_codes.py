@@ -4,9 +4,8 @@ A module with no imports: the entry point's start-up signal handler (`training.p
 with `EXIT_PREEMPTED` before typer, rich or JAX are loaded.
 """
 
-__all__ = ["EXIT_DOES_NOT_FIT", "EXIT_NONFINITE", "EXIT_OK", "EXIT_PREEMPTED", "EXIT_UNEXPECTED", "EXIT_USER_ERROR"]
+__all__ = ["EXIT_DOES_NOT_FIT", "EXIT_NONFINITE", "EXIT_PREEMPTED", "EXIT_UNEXPECTED", "EXIT_USER_ERROR"]
 
-EXIT_OK = 0
 EXIT_UNEXPECTED = 1  # a bug or an unsupported setup: rerun with --debug
 EXIT_USER_ERROR = 2  # bad input or environment (config, data, job directory, disk); nothing saved damaged
 EXIT_DOES_NOT_FIT = 3  # `launch compile --strict`: the step does not fit the memory budget

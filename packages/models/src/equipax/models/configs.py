@@ -157,7 +157,6 @@ class LlamaConfig:
                 "use 'float32' on CPU."
             )
 
-
     # The same derived numbers as LMConfig's, so the launcher never asks which LM family it has.
     pipeline_stages = 1  # Llama's stack is not pipelined
 

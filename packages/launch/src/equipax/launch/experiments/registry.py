@@ -126,7 +126,7 @@ def _from_module(path: str) -> Entry | None:
             return None  # no such module: an unknown name, reported with suggestions
         raise ConfigError(f"--exp {path}: importing {module_name} failed: {e}") from None
     fn = getattr(module, fn_name, None)
-    if fn is None or not callable(fn):
+    if not callable(fn):
         raise ConfigError(f"--exp {path}: module {module_name} has no experiment function {fn_name!r}.")
     registered = _REGISTRY.get(fn_name)
     if registered is not None and registered.fn is fn:

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from equipax.launch.training.loop import Run
 
 __all__ = [
-    "device_platform",
     "COLLECT_XLA_FLAGS",
+    "device_platform",
     "latest_trace",
     "PGLE_AUTO_AOT",
     "pgle_settings",
