@@ -382,3 +382,22 @@ def test_a_signal_that_interrupted_an_import_is_still_exit_75(monkeypatch):
     monkeypatch.setitem(sys.modules, "equipax.core.task", None)  # importing it now raises ImportError
     message, code = describe(Interrupted("SIGTERM"))
     assert code == EXIT_PREEMPTED and "Stopped by SIGTERM" in message
+
+
+def test_orbax_write_futures_without_orbax_frames_are_quiet():
+    """The flake behind issue 19's defect 11 seen once in CI: after a failed save, asyncio reported
+    tensorstore write futures ("Future exception was never retrieved") whose exceptions carry no
+    orbax frame, only the path of the checkpoint being written; those are dropped too, nothing else."""
+    import logging
+
+    from equipax.launch.training.orbax_quiet import QuietOrbaxFutures
+
+    def record(message, exc):
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None, (type(exc), exc, None))
+
+    tensorstore = ValueError('OUT_OF_RANGE: Error writing ".opt_state/.zarray" in OCDBT database at local file '
+                             '"/job/checkpoints/2.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/"')
+    quiet = QuietOrbaxFutures()
+    assert not quiet.filter(record("Future exception was never retrieved", tensorstore))
+    assert quiet.filter(record("Future exception was never retrieved", ValueError("a user's own future")))
+    assert quiet.filter(record("Task was destroyed but it is pending!", tensorstore))

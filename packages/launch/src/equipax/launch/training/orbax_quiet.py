@@ -40,6 +40,10 @@ class QuietOrbaxFutures(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info is None or "never retrieved" not in record.getMessage():
             return True
+        # A tensorstore write wrapped as an asyncio future carries no Python frames of orbax, but its
+        # error names the checkpoint directory orbax was writing (`<step>.orbax-checkpoint-tmp`).
+        if ".orbax-checkpoint-tmp" in str(record.exc_info[1]):
+            return False
         tb = record.exc_info[2]
         while tb is not None:
             if "/orbax/" in tb.tb_frame.f_code.co_filename:
