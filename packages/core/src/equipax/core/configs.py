@@ -24,6 +24,7 @@ __all__ = [
     "LearnerKind",
     "MeshConfig",
     "PIPELINE_AXES",
+    "RopeScalingConfig",
     "ScheduleConfig",
     "ScheduleKind",
     "STAGE",
@@ -284,18 +285,31 @@ _SCHEDULES = ("gpipe", "circular")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
-    """Hyperparameters of a decoder-only transformer stack.
+    """Hyperparameters of a decoder-only transformer stack: one block for every LM family.
+
+    The defaults are Pax's GPT block; a Llama, Qwen or Mistral block is the same class with other
+    values (docs/extending.md, "Adding a family").
 
     Attributes:
         num_layers: transformer blocks in the stack.
         model_dims: width of the residual stream (`embed`).
-        num_heads: attention heads per block.
+        num_heads: attention (query) heads per block.
+        num_kv_heads: key/value heads, shared by groups of `num_heads / num_kv_heads` query heads
+            (grouped-query attention; 1 = multi-query); None = `num_heads` (multi-head).
         head_dim: dimensions per head (`num_heads * head_dim` need not equal `model_dims`).
         hidden_dims: width of the feed-forward layer's hidden activations.
         activation: the feed-forward nonlinearity.
-        gated: a gated feed-forward (GLU: `act(x W1) * (x W2)`, then the output projection).
+        gated: a gated feed-forward (GLU: `act(x W1) * (x W2)`, then the output projection);
+            with activation="silu" this is SwiGLU (Llama).
         norm: the normalisation before attention and before the feed-forward (pre-norm).
-        use_bias: biases in the attention and feed-forward projections.
+        norm_eps: the norms' epsilon (added to the variance / mean square).
+        use_bias: biases in the attention and feed-forward projections (and the LayerNorms).
+        fused_qkv: one `[embed 3 heads head_dim]` projection for queries, keys and values (Pax's
+            COMBINE_QKV layout; needs num_kv_heads == num_heads); False: separate query and
+            key/value projections (Llama's layout). The same numbers either way.
+        qk_norm: RMSNorm over each head's queries and keys before the rotation (Qwen3).
+        sliding_window: each query attends to itself and the `sliding_window - 1` positions
+            before it (Mistral); None = the whole causal prefix.
         atten_logit_cap: soft cap on the attention logits, `cap * tanh(logits / cap)`; None = off.
         scan_layers: run the blocks as one `jax.lax.scan` over stacked weights (compile time
             independent of depth) instead of a Python loop.
@@ -306,12 +320,17 @@ class TransformerConfig:
     num_layers: int = 4
     model_dims: int = 256
     num_heads: int = 4
+    num_kv_heads: int | None = None
     head_dim: int = 64
     hidden_dims: int = 1024
     activation: Literal["gelu", "relu", "silu"] = "gelu"
     gated: bool = False
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = 1e-6
     use_bias: bool = False
+    fused_qkv: bool = True
+    qk_norm: bool = False
+    sliding_window: int | None = None
     atten_logit_cap: float | None = 50.0
     scan_layers: bool = True
     remat: Literal["none", "full", "dots_saveable"] = "none"
@@ -337,6 +356,11 @@ class TransformerConfig:
     pipeline_microbatch_size: int | None = None
     pipeline_schedule: Literal["gpipe", "circular"] = "gpipe"
     pipeline_repeats: int = 1
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads per block (`num_kv_heads`, or `num_heads` when None)."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "model_dims", "num_heads", "head_dim", "hidden_dims",
@@ -366,8 +390,85 @@ class TransformerConfig:
             raise ValueError(
                 f"TransformerConfig.atten_logit_cap must be > 0 or None (no cap), got {cap!r}."
             )
+        if not 0 < self.norm_eps < 1:
+            raise ValueError(f"{_KNOB}.norm_eps must be a number in (0, 1), got {self.norm_eps!r} "
+                             "(Pax's LayerNorm uses 1e-6, Llama's RMSNorm 1e-5).")
+        _check_heads(self)
         check_pipeline_knobs(self)
         _check_attention_impl(self)
+
+
+def _check_heads(cfg: "TransformerConfig") -> None:
+    """Raise ValueError for key/value heads, windows and layouts that do not fit together."""
+    kv = cfg.num_kv_heads
+    if kv is not None:
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1:
+            raise ValueError(f"{_KNOB}.num_kv_heads must be a positive int or None (= num_heads), got {kv!r}.")
+        if cfg.num_heads % kv:
+            divisors = [d for d in range(1, cfg.num_heads + 1) if cfg.num_heads % d == 0]
+            raise ValueError(
+                f"{_KNOB}.num_kv_heads={kv} does not divide num_heads={cfg.num_heads}: each key/value head "
+                f"serves a group of query heads. Use one of {divisors} (num_heads = multi-head, 1 = "
+                "multi-query).")
+    if cfg.fused_qkv and cfg.kv_heads != cfg.num_heads:
+        raise ValueError(
+            f"{_KNOB}.fused_qkv=True packs queries, keys and values of num_heads heads each, but "
+            f"num_kv_heads={kv} < num_heads={cfg.num_heads}; set {_KNOB}.fused_qkv=False (separate query and "
+            "key/value projections) for grouped-query attention.")
+    window = cfg.sliding_window
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"{_KNOB}.sliding_window must be a positive int (keys each query sees, itself "
+                             f"included) or None for the whole causal prefix; got {window!r}.")
+        if cfg.attention != "softmax":
+            raise ValueError(f"{_KNOB}.sliding_window={window} needs softmax attention ({_KNOB}.attention="
+                             f"{cfg.attention!r} has no window); set attention='softmax' or sliding_window=None.")
+    if cfg.attention == "linear" and cfg.kv_heads != cfg.num_heads:
+        raise ValueError(f"{_KNOB}.attention='linear' runs multi-head attention only (num_kv_heads="
+                         f"{kv} < num_heads={cfg.num_heads}); set num_kv_heads=None or attention='softmax'.")
+
+
+_ROPE_KINDS = ("llama3",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RopeScalingConfig:
+    """Rescaled rotary frequencies for contexts longer than pre-training's (`model.rope_scaling`).
+
+    kind "llama3" (Llama 3.1/3.2; the numbers Hugging Face transformers' `rope_type="llama3"`
+    computes): wavelengths `2 pi / freq` shorter than `original_max_seq_len / high_freq_factor` keep
+    their frequency, longer than `original_max_seq_len / low_freq_factor` are divided by `factor`,
+    and those between interpolate smoothly between the two (equipax.core.nn.rotary).
+
+    Attributes:
+        kind: the scaling rule.
+        factor: how much longer the new context is (8 for Llama 3.1).
+        low_freq_factor, high_freq_factor: the band edges, as fractions of the original context
+            per wavelength (1 and 4 for Llama 3.1).
+        original_max_seq_len: the context length the frequencies were trained for (8192).
+    """
+
+    kind: Literal["llama3"] = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_seq_len: int = 8192
+
+    def __post_init__(self) -> None:
+        knob = "model.rope_scaling"
+        if self.kind not in _ROPE_KINDS:
+            raise ValueError(f"{knob}.kind must be one of {_ROPE_KINDS}, got {self.kind!r}.")
+        if not 1.0 <= self.factor < math.inf:
+            raise ValueError(f"{knob}.factor must be a finite number >= 1 (how many times longer the context is), "
+                             f"got {self.factor!r}; set model.rope_scaling=None for no scaling.")
+        if not 0 < self.low_freq_factor < self.high_freq_factor < math.inf:
+            raise ValueError(
+                f"{knob}: expected 0 < low_freq_factor < high_freq_factor, found low_freq_factor="
+                f"{self.low_freq_factor!r} and high_freq_factor={self.high_freq_factor!r} (Llama 3.1: 1 and 4).")
+        value = self.original_max_seq_len
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{knob}.original_max_seq_len must be a positive int (the pre-training context, "
+                             f"8192 for Llama 3), got {value!r}.")
 
 
 def _check_attention_impl(cfg: "TransformerConfig") -> None:

@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from equipax.core.nn.gqa_attention import cached_attention
-from equipax.core.nn.linear import expand_to
+from equipax.core.nn.attention import cached_attention
 from equipax.core.nn.rotary import rotary_angles
 from equipax.core.nn.transformer import TransformerBlock, TransformerStack
 from equipax.models.lm import _DTYPES, LanguageModel, TransformerLM, sinusoidal_positions
@@ -78,21 +77,14 @@ def init_cache(model: LanguageModel, batch_size: int, max_len: int) -> KVCache:
 def _lm_block(block: TransformerBlock, x: Array, attend) -> Array:
     """`TransformerBlock.__call__` with the attention kernel replaced by `attend(q, k, v)`."""
     attn = block.attention
-    h = block.atten_norm(x)
-    qkv = jnp.einsum("bse,ethd->bsthd", h, attn.qkv.astype(h.dtype))
-    if attn.qkv_bias is not None:
-        qkv = qkv + expand_to(attn.qkv_bias.astype(h.dtype), qkv.ndim)
-    o = attend(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], attn.atten_logit_cap)
-    y = jnp.einsum("bshd,hde->bse", o, attn.out.astype(h.dtype))
-    if attn.out_bias is not None:
-        y = y + expand_to(attn.out_bias.astype(y.dtype), y.ndim)
-    x = x + y
+    q, k, v = attn.project(block.atten_norm(x))
+    x = x + attn.output(attend(q, k, v, attn.logit_cap))
     return x + block.ffn(block.ffn_norm(x))
 
 
 def _llama_block(block: LlamaBlock, x: Array, attend, sin: Array, cos: Array) -> Array:
     """`LlamaBlock.__call__` with the attention kernel replaced by `attend(q, k, v)`."""
-    q, k, v = block.attention.project(block.atten_norm(x), sin, cos)
+    q, k, v = block.attention.project(block.atten_norm(x), (sin, cos))
     x = x + block.attention.output(attend(q, k, v, None))
     return x + block.ffn(block.ffn_norm(x))
 

@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from equipax.core.nn.embedding import Embedding
-from equipax.core.nn.gqa_attention import GroupedQueryAttention
+from equipax.core.nn.self_attention import Attention
 from equipax.core.nn.linear import Linear
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.norm import RMSNorm
@@ -66,7 +66,7 @@ class LlamaBlock(eqx.Module):
     """Pre-norm block: `x + attn(rmsnorm(x))`, then `x + swiglu(rmsnorm(x))`."""
 
     atten_norm: RMSNorm
-    attention: GroupedQueryAttention
+    attention: Attention
     ffn_norm: RMSNorm
     ffn: FeedForward
 
@@ -77,8 +77,8 @@ class LlamaBlock(eqx.Module):
         """
         k_att, k_ffn = jr.split(key)
         self.atten_norm = RMSNorm(cfg.model_dims, eps=cfg.norm_eps)
-        self.attention = GroupedQueryAttention(
-            cfg.model_dims, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, key=k_att
+        self.attention = Attention(
+            cfg.model_dims, cfg.num_heads, cfg.head_dim, num_kv_heads=cfg.num_kv_heads, fused_qkv=False, key=k_att
         )
         self.ffn_norm = RMSNorm(cfg.model_dims, eps=cfg.norm_eps)
         self.ffn = FeedForward(
@@ -102,7 +102,8 @@ class LlamaBlock(eqx.Module):
         Returns:
             Outputs of the same shape and dtype.
         """
-        x = x + self.attention(self.atten_norm(x), sin, cos, segment_ids)
+        y, _ = self.attention(self.atten_norm(x), segment_ids, rotary=(sin, cos))
+        x = x + y
         return x + self.ffn(self.ffn_norm(x))
 
 

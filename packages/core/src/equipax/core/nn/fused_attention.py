@@ -9,7 +9,8 @@
 
 The platform is the one the program is lowered for: the mesh's devices (an ahead-of-time compile
 for a TPU topology lowers for TPU on a CPU host), else JAX's default backend. All kernels take
-the same arguments as `reference_attention` and agree with it (tests/test_attention_impl.py).
+the same arguments as `reference_attention` (grouped-query heads, packed segments, a sliding
+window) and agree with it (tests of the attention kernels).
 """
 
 import math
@@ -114,47 +115,53 @@ def resolve_attention_impl(
     return "xla"
 
 
-def segment_mask(segment_ids: Int[Array, "batch seq"]) -> Array:
-    """Bool `[b 1 q k]`: a query sees only keys of its own segment (packed documents). Shared with
-    `equipax.core.nn.attention` (which imports this module)."""
-    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
-
-
 def cudnn_attention(
     q: Float[Array, "batch seq heads head_dim"],
-    k: Float[Array, "batch seq heads head_dim"],
-    v: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq kv_heads head_dim"],
+    v: Float[Array, "batch seq kv_heads head_dim"],
     *,
     causal: bool,
     segment_ids: Int[Array, "batch seq"] | None = None,
+    window: int | None = None,
     implementation: Literal["cudnn", "xla"] = "cudnn",
 ) -> Float[Array, "batch seq heads head_dim"]:
     """Softmax attention through `jax.nn.dot_product_attention` (cuDNN flash attention on GPU).
 
-    Packed segments become a boolean mask (cuDNN then reads a dense `[q k]` mask).
+    Grouped-query heads go in as they are (cuDNN reads each key/value head once per group); a
+    sliding window is cuDNN's own (`local_window_size`, left side only); packed segments become a
+    boolean mask (cuDNN then reads a dense `[q k]` mask).
 
     Arguments:
-        q, k, v: queries, keys and values (bfloat16 or float16 for cuDNN).
+        q: queries (bfloat16 or float16 for cuDNN).
+        k, v: keys and values; `heads` must be a multiple of `kv_heads`.
         causal: mask keys after each query's position.
         segment_ids: packed sequences: positions attend only within their own segment.
+        window: with `causal`, each query sees itself and the `window - 1` keys before it.
         implementation: "cudnn", or "xla" to run the same call on any platform (tests).
 
     Returns:
         Attention outputs in `v.dtype`.
     """
-    mask = None if segment_ids is None else segment_mask(segment_ids)
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation=implementation)
+    mask = None if segment_ids is None else (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+    local = None if window is None else (window - 1, 0)
+    out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, local_window_size=local,
+                                       implementation=implementation)
     return out.astype(v.dtype)
 
 
-def _splash_kernel(heads: int, seq_len: int, *, causal: bool, logit_cap: float | None, interpret: bool) -> Any:
+def _splash_kernel(heads: int, seq_len: int, *, causal: bool, window: int | None, logit_cap: float | None,
+                   interpret: bool) -> Any:
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     block = splash_block_size(seq_len)
     if block is None:
         raise ConfigError(f"{_KNOB}='splash' needs a sequence length divisible by 128, found {seq_len}.")
     shape = (seq_len, seq_len)
-    one = sa.CausalMask(shape) if causal else sa.FullMask(shape)
+    if window is not None:
+        # Left side `window - 1` keys, none to the right: causal within the window (Mistral).
+        one = sa.LocalMask(shape, window_size=(window - 1, 0), offset=0)
+    else:
+        one = sa.CausalMask(shape) if causal else sa.FullMask(shape)
     sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                           block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
     return sa.make_splash_mha(sa.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1,
@@ -163,25 +170,30 @@ def _splash_kernel(heads: int, seq_len: int, *, causal: bool, logit_cap: float |
 
 def splash_attention(
     q: Float[Array, "batch seq heads head_dim"],
-    k: Float[Array, "batch seq heads head_dim"],
-    v: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq kv_heads head_dim"],
+    v: Float[Array, "batch seq kv_heads head_dim"],
     *,
     causal: bool,
     logit_cap: float | None = None,
     segment_ids: Int[Array, "batch seq"] | None = None,
+    window: int | None = None,
     mesh: Mesh | None = None,
     interpret: bool = False,
 ) -> Float[Array, "batch seq heads head_dim"]:
     """Softmax attention with the Pallas TPU splash kernel (flash attention with block sparsity).
 
-    With a mesh of more than one device, each device runs the kernel on its own rows (batch over
-    the batch axes) and heads (over `tensor` when it divides them) inside `jax.shard_map`.
+    Grouped-query heads are the kernel's own (each key/value head serves its group of query
+    heads); a sliding window is its `LocalMask` (blocks outside the window are skipped). With a
+    mesh of more than one device, each device runs the kernel on its own rows (batch over the
+    batch axes) and heads (over `tensor` when it divides both head counts) inside `jax.shard_map`.
 
     Arguments:
-        q, k, v: queries, keys and values.
+        q: queries.
+        k, v: keys and values; `heads` must be a multiple of `kv_heads`.
         causal: mask keys after each query's position (the kernel skips fully masked blocks).
         logit_cap: if set, logits become `cap * tanh(logits / cap)` before masking.
         segment_ids: packed sequences: positions attend only within their own segment.
+        window: with `causal`, each query sees itself and the `window - 1` keys before it.
         mesh: the device mesh the inputs are sharded over, or None (one device).
         interpret: run the kernel in the Pallas interpreter (any platform; slow: for tests).
 
@@ -190,11 +202,14 @@ def splash_attention(
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
+    if window is not None and not causal:
+        raise ValueError("a sliding window limits the causal prefix: pass causal=True with window.")
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     seg = jnp.zeros(q.shape[:2], jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
 
     def local(q: Array, k: Array, v: Array, seg: Array) -> Array:
-        kernel = _splash_kernel(q.shape[2], q.shape[1], causal=causal, logit_cap=logit_cap, interpret=interpret)
+        kernel = _splash_kernel(q.shape[2], q.shape[1], causal=causal, window=window, logit_cap=logit_cap,
+                                interpret=interpret)
         heads_first = lambda t: jnp.swapaxes(t, 1, 2)  # noqa: E731  [b s h d] <-> [b h s d]
         out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v),
                                segment_ids=sa.SegmentIds(q=seg, kv=seg))
@@ -207,7 +222,9 @@ def splash_attention(
     if q.shape[0] % batch_size:
         batch = ()
     tp = mesh.shape.get(TENSOR, 1)
-    heads = TENSOR if tp > 1 and q.shape[2] % tp == 0 else None
+    # Query heads split over `tensor` keep their key/value heads on the same device only when
+    # both counts divide: query head h reads key/value head h // group.
+    heads = TENSOR if tp > 1 and q.shape[2] % tp == 0 and k.shape[2] % tp == 0 else None
     qkv_spec = P(batch or None, None, heads, None)
     seg_spec = P(batch or None, None)
     return jax.shard_map(local, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, seg_spec),
