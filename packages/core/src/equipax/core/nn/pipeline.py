@@ -203,7 +203,7 @@ def _pipeline(params: TransformerBlock, static: TransformerBlock, x: Array, segm
             f"devices; set {_KNOB}.pipeline_microbatches (or _size) to fit the batch.")
     xs = _to_microbatches(x, m_count, dp)
     segs = None if segment_ids is None else _to_microbatches(segment_ids, m_count, dp)
-    rots = None if rotary is None else tuple(_to_microbatches(r, m_count, dp) for r in rotary)
+    rots = None if rotary is None else (_to_microbatches(rotary[0], m_count, dp), _to_microbatches(rotary[1], m_count, dp))
     # Forward to stage s + 1; circular also closes the ring (last stage -> stage 0).
     ring = [(i, (i + 1) % s_count) for i in range(s_count if repeats > 1 else s_count - 1)]
     # Item k of a stage = round k // M of microbatch k % M; stage s works on item t - s.

@@ -213,18 +213,19 @@ def run_cached_layers(
     """
     if isinstance(layers, tuple):
         assert isinstance(cache, tuple)
-        new = []
+        new: list[AttentionCache] = []
         for block, c in zip(layers, cache, strict=True):
-            x, c = block(x, rotary=rotary, cache=c, positions=positions)
-            new.append(c)
+            x, updated = block(x, rotary=rotary, cache=c, positions=positions)
+            assert updated is not None
+            new.append(updated)
         return x, tuple(new)
     assert isinstance(cache, AttentionCache)
     params, static = eqx.partition(layers, eqx.is_array)
 
     def step(h: Array, p: TransformerBlock, c: AttentionCache) -> tuple[Array, AttentionCache]:
-        h, c = eqx.combine(p, static)(h, rotary=rotary, cache=c, positions=positions)
-        assert c is not None
-        return h, c
+        h, updated = eqx.combine(p, static)(h, rotary=rotary, cache=c, positions=positions)
+        assert updated is not None
+        return h, updated
 
     if scan:
         return jax.lax.scan(lambda h, pc: step(h, *pc), x, (params, cache))
