@@ -22,7 +22,7 @@ from typing import Any
 
 __all__ = ["api_modules", "knob_rows", "knobs_markdown", "on_page_markdown"]
 
-ROOT_CLASS = ("equipax.launch.experiments.config", "ExperimentConfig")
+ROOT_CLASS = ("equipax.launch.configs.experiment", "ExperimentConfig")
 
 
 def _field_comments(cls: type) -> dict[str, str]:
