@@ -7,6 +7,10 @@ cannot drift from it.
   docstring that name it (`name: ...`, or a sentence mentioning `name`).
 - `<!-- api: PACKAGE -->` in docs/api/*.md becomes a mkdocstrings `::: module` block for every
   public module of that package.
+- Test markers on code fences (```` ```bash no-run ````, see `TEST_MARKERS`) are stripped: they tell
+  the suite's docs-block runner what to do with the block, and the site's Markdown
+  (pymdownx.superfences) would otherwise not recognise the fence at all and print it as text.
+  GitHub, which renders README.md, takes the first word as the language and ignores the rest.
 """
 
 import ast
@@ -18,9 +22,74 @@ import re
 import textwrap
 import types
 import typing
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
-__all__ = ["api_modules", "knob_rows", "knobs_markdown", "on_page_markdown"]
+__all__ = ["TEST_MARKERS", "CodeBlock", "api_modules", "code_blocks", "knob_rows", "knobs_markdown",
+           "on_page_markdown", "strip_test_markers"]
+
+# What the suite's docs-block runner (tests/docs/test_docs.py) does with a fenced block whose info
+# string carries the marker after its language (```` ```bash no-run ````). Unmarked `python` and
+# `bash` blocks are run; any other word after the language is an error there.
+TEST_MARKERS = {
+    "no-run": "not run (the test command itself, external tools, long jobs)",
+    "needs-hardware": "not run: needs accelerators or data the suite does not have",
+    "expect-fail": "run; every command must exit with the user-error code 2",
+}
+
+# A fence opens with 3+ backticks or tildes (indented as inside a list or admonition) and closes
+# with the same character, at least as many, and nothing after it (CommonMark).
+_FENCE_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`\n]*)$")
+
+
+class CodeBlock(NamedTuple):
+    """A fenced code block of a Markdown text: its 1-based opening line, language, the words after
+    the language (test markers), and its body (dedented by the fence's indentation)."""
+
+    line: int
+    lang: str
+    markers: tuple[str, ...]
+    body: str
+
+
+def _fences(markdown: str) -> Iterator[tuple[int, int, re.Match[str]]]:
+    """(opening line index, closing line index, opening match) of each fenced block."""
+    lines = markdown.split("\n")
+    i = 0
+    while i < len(lines):
+        m = _FENCE_OPEN.match(lines[i])
+        if m is None:
+            i += 1
+            continue
+        close = re.compile(rf"^[ \t]*{re.escape(m['fence'][0])}{{{len(m['fence'])},}}[ \t]*$")
+        j = i + 1
+        while j < len(lines) and not close.match(lines[j]):
+            j += 1
+        yield i, j, m
+        i = j + 1
+
+
+def code_blocks(markdown: str) -> Iterator[CodeBlock]:
+    """Every fenced code block of `markdown`, in order."""
+    lines = markdown.split("\n")
+    for i, j, m in _fences(markdown):
+        words = m["info"].split()
+        indent = len(m["indent"])
+        body = "\n".join(re.sub(rf"^[ \t]{{0,{indent}}}", "", line) for line in lines[i + 1:j])
+        yield CodeBlock(i + 1, words[0] if words else "", tuple(words[1:]), body + "\n" if j > i + 1 else "")
+
+
+def strip_test_markers(markdown: str) -> str:
+    """`markdown` with the `TEST_MARKERS` removed from its fences' info strings. An unknown word
+    stays, so the fence stays broken on the site and the built-HTML test reports it."""
+    lines = markdown.split("\n")
+    for i, _, m in _fences(markdown):
+        words = m["info"].split()
+        if any(w in TEST_MARKERS for w in words[1:]):
+            kept = [words[0], *(w for w in words[1:] if w not in TEST_MARKERS)]
+            lines[i] = f"{m['indent']}{m['fence']}{' '.join(kept)}"
+    return "\n".join(lines)
+
 
 ROOT_CLASS = ("equipax.launch.configs.experiment", "ExperimentConfig")
 
@@ -146,7 +215,9 @@ def api_modules(package: str) -> list[str]:
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
-    """mkdocs hook: expand the `<!-- knobs -->` and `<!-- api: PACKAGE -->` markers."""
+    """mkdocs hook: strip the code fences' test markers; expand the `<!-- knobs -->` and
+    `<!-- api: PACKAGE -->` markers."""
+    markdown = strip_test_markers(markdown)
     if "<!-- knobs -->" in markdown:
         markdown = markdown.replace("<!-- knobs -->", knobs_markdown())
 

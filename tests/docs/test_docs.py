@@ -2,9 +2,10 @@
 
 Fenced blocks are run by language: `python` blocks are executed, `bash` blocks run each
 `uv run launch ...` line through the CLI in-process (`launch run` at toy size in a temporary job
-directory). Flags after the language: `no-run` (not run: e.g. `uv run pytest` itself, external
-tools), `needs-hardware` (needs accelerators or data we don't have), `expect-fail` (must exit
-with the user-error code 2). Any other command in a runnable block is an error: mark it.
+directory). Markers after the language (```` ```bash no-run ````; docs_hooks.TEST_MARKERS, which
+the site's build strips): `no-run` (not run: e.g. `uv run pytest` itself, external tools),
+`needs-hardware` (needs accelerators or data we don't have), `expect-fail` (must exit with the
+user-error code 2). Any other command in a runnable block is an error: mark it.
 """
 
 import re
@@ -17,21 +18,27 @@ import pytest
 from helpers import REPO
 from helpers.toy import CNN_SHORT, SMOKE_SHORT, TOY_SHORT, set_args
 
+sys.path.insert(0, str(REPO))
+from docs_hooks import TEST_MARKERS, code_blocks  # noqa: E402
+
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```", re.M | re.S)
-SKIP_FLAGS = {"no-run", "needs-hardware"}
+SKIP_MARKERS = {"no-run", "needs-hardware"}
 
 
 def blocks():
     for path in DOCS:
-        text = path.read_text()
-        for m in FENCE.finditer(text):
-            info = m.group(1).split()
-            lang, flags = (info[0] if info else ""), set(info[1:])
-            if lang not in ("python", "bash") or flags & SKIP_FLAGS:
+        for block in code_blocks(path.read_text()):
+            if block.lang not in ("python", "bash") or SKIP_MARKERS & set(block.markers):
                 continue
-            line = text[: m.start()].count("\n") + 1
-            yield pytest.param(lang, flags, m.group(2), id=f"{path.name}:{line}")
+            yield pytest.param(block.lang, set(block.markers), block.body, id=f"{path.name}:{block.line}")
+
+
+def test_fence_markers_are_known():
+    """A misspelt marker (`no_run`) would run a block meant to be skipped, and break its fence on
+    the site: every word after a fence's language is one of TEST_MARKERS."""
+    unknown = [f"{path.name}:{block.line}: {word!r}" for path in DOCS for block in code_blocks(path.read_text())
+               for word in block.markers if word not in TEST_MARKERS]
+    assert not unknown, f"unknown code-fence markers (known: {sorted(TEST_MARKERS)}): {unknown}"
 
 
 def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:

@@ -342,9 +342,9 @@ def decode(
         key: PRNG key, required when `temperature > 0`; the same key gives the same samples.
 
     Returns:
-        `(tokens, num_tokens)`: int32 generated tokens (prompts excluded) `[batch
-        max_new_tokens]`, padded with `pad_id` after each row's end, and how many tokens each
-        row generated (including its EOS).
+        `(tokens, num_tokens)`: int32 generated tokens (prompts excluded), shape
+        `[batch, max_new_tokens]`, padded with `pad_id` after each row's end, and how many tokens
+        each row generated (including its EOS).
     """
     vocab = model.cfg.vocab_size
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:

@@ -5,10 +5,10 @@ device where the array lives, so nothing is gathered to one host) and of its JSO
 restore recomputes them from what was read back; a mismatch means the files changed after they
 were written (bit rot, a bad copy) and the checkpoint is treated like an unreadable one.
 
-The array checksum is two position-weighted sums of the array's raw bits, modulo 2**32: element
+The array checksum is two position-weighted sums of the array's raw bits, modulo `2**32`: element
 `i` with bits `w` and an odd weight `h(i)` adds `w * h(i)` to one and `w * h(i)**2` to the other.
-Any single flipped bit changes both sums (an odd multiple of a power of two below 2**32 is not 0
-modulo 2**32); integer addition is exact in any order, so the value does not depend on the
+Any single flipped bit changes both sums (an odd multiple of a power of two below `2**32` is not 0
+modulo `2**32`); integer addition is exact in any order, so the value does not depend on the
 sharding, the device or the host count (an array saved on 8 devices verifies when restored onto
 1). Not a cryptographic hash: it detects damage, not tampering.
 """
