@@ -23,7 +23,7 @@ def test_registry_short_name_and_dotted_suffix():
     from equipax.launch.experiments.registry import get_experiment, lookup
 
     assert lookup("shakespeare_tiny").name == "shakespeare_tiny"
-    assert lookup("shakespeare.shakespeare_tiny").name == "shakespeare_tiny"
+    assert lookup("shakespeare_lms.shakespeare_tiny").name == "shakespeare_tiny"
     assert get_experiment("experiments.shakespeare_lms.shakespeare_tiny").name == "shakespeare_tiny"
 
 

@@ -10,11 +10,11 @@ import sys
 import pytest
 from helpers import REPO
 
-SCRIPT = REPO / "benchmarks" / "train_step.py"
+BENCHMARKS = REPO / "benchmarks"
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("benchmarks_train_step", SCRIPT)
+    spec = importlib.util.spec_from_file_location("benchmarks_train_step", BENCHMARKS / "train_step.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -65,7 +65,7 @@ def test_compare_mode_runs_both_steps_on_the_same_numbers(tmp_path):
 
 
 def test_cli_latency_benchmark_runs_and_reports_no_heavy_imports(tmp_path):
-    spec = importlib.util.spec_from_file_location("benchmarks_cli_latency", SCRIPT.parent / "cli_latency.py")
+    spec = importlib.util.spec_from_file_location("benchmarks_cli_latency", BENCHMARKS / "cli_latency.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -78,7 +78,7 @@ def test_cli_latency_benchmark_runs_and_reports_no_heavy_imports(tmp_path):
 
 
 def test_input_pipeline_benchmark_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("benchmarks_input_pipeline", SCRIPT)
+    spec = importlib.util.spec_from_file_location("benchmarks_input_pipeline", BENCHMARKS / "input_pipeline.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -98,7 +98,7 @@ def test_decode_benchmark_smoke(tmp_path):
     import importlib.util
     import json
 
-    script = REPO / "benchmarks" / "decode.py"
+    script = BENCHMARKS / "decode.py"
     spec = importlib.util.spec_from_file_location("benchmarks_decode", script)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
@@ -121,7 +121,7 @@ def test_bubble_benchmark_tiny(tmp_path):
     """benchmarks/pipeline_bubble.py runs (2 stages, circular, 2 and 4 microbatches, tiny model)
     and writes its table's rows; timings themselves are not tested."""
 
-    script = REPO / "benchmarks" / "pipeline_bubble.py"
+    script = BENCHMARKS / "pipeline_bubble.py"
     out = tmp_path / "bubble.json"
     proc = subprocess.run(
         [sys.executable, str(script), "--stages", "2", "--schedules", "circular", "--microbatches", "2,4",
