@@ -12,7 +12,7 @@ another (the same numbers; `tests/test_pipeline.py` compares the two).
 
 Regenerate (only when a change of the numbers is intended, and say why in the commit):
 
-    uv run python tests/models/test_golden_lm.py --write
+    uv run python tests/launch/test_golden_lm.py --write
 """
 
 import json
