@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 __all__ = ["TEST_MARKERS", "CodeBlock", "api_modules", "code_blocks", "knob_rows", "knobs_markdown",
            "on_page_markdown", "strip_test_markers"]
 
-# What the suite's docs-block runner (tests/test_docs.py) does with a fenced block whose info
+# What the suite's docs-block runner (tests/docs/test_docs.py) does with a fenced block whose info
 # string carries the marker after its language (```` ```bash no-run ````). Unmarked `python` and
 # `bash` blocks are run; any other word after the language is an error there.
 TEST_MARKERS = {
@@ -91,7 +91,7 @@ def strip_test_markers(markdown: str) -> str:
     return "\n".join(lines)
 
 
-ROOT_CLASS = ("equipax.launch.experiments.config", "ExperimentConfig")
+ROOT_CLASS = ("equipax.launch.configs.experiment", "ExperimentConfig")
 
 
 def _field_comments(cls: type) -> dict[str, str]:

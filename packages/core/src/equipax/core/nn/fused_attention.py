@@ -10,7 +10,7 @@
 The platform is the one the program is lowered for: the mesh's devices (an ahead-of-time compile
 for a TPU topology lowers for TPU on a CPU host), else JAX's default backend. All kernels take
 the same arguments as `reference_attention` (grouped-query heads, packed segments, a sliding
-window) and agree with it (tests of the attention kernels).
+window) and agree with it (tests/core/test_attention_impl.py, tests/core/test_attention_kernels.py).
 """
 
 import math
@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
-from equipax.core.config import ConfigError
+from equipax.core.knobs import ConfigError
 from equipax.core.configs import BATCH_AXES, TENSOR
 
 __all__ = [
