@@ -73,7 +73,7 @@ def sinusoidal_embedding(positions: Int[Array, "batch seq"], dims: int) -> Float
     num_timescales = dims // 2
     log_inc = math.log(1.0e4) / max(num_timescales - 1, 1)
     inv_timescales = jnp.exp(jnp.arange(num_timescales, dtype=jnp.float32) * -log_inc)
-    scaled = positions.astype(jnp.float32)[..., None] * inv_timescales
+    scaled = positions.astype(jnp.float32)[..., None] * inv_timescales[None, None, :]
     pos = jnp.concatenate([jnp.sin(scaled), jnp.cos(scaled)], axis=-1)
     return jnp.pad(pos, ((0, 0), (0, 0), (0, dims % 2)))
 
