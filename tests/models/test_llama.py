@@ -23,7 +23,7 @@ from jaxtyping import TypeCheckError
 
 def llama(*, vocab_size, max_seq_len, num_layers, model_dims, num_heads, num_kv_heads, head_dim, hidden_dims,
           rope_theta=10_000.0, **transformer):
-    """The Llama block's choices (as `equipax.launch.experiments.decoder_presets.decoder_lm`)."""
+    """The Llama block's choices (as the Llama experiments' `decoder_lm` preset writes them)."""
     block = TransformerConfig(
         num_layers=num_layers, model_dims=model_dims, num_heads=num_heads, num_kv_heads=num_kv_heads,
         head_dim=head_dim, hidden_dims=hidden_dims, activation="silu", gated=True, norm="rmsnorm",

@@ -180,7 +180,8 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
             classes = [a for a in args if dataclasses.is_dataclass(a) and isinstance(a, type)]
             if classes:
                 classes += [c for c in _REGISTERED if c not in classes]
-            fits = [a for a in classes if set(value) <= _field_names(a)]
+            # A class that renamed some of the keys (`RENAMED_KNOBS`) is meant too: its error names them.
+            fits = [a for a in classes if set(value) <= _field_names(a) | set(getattr(a, "RENAMED_KNOBS", {}))]
             if len(fits) > 1:  # several hold the keys: the one with exactly these fields (to_dict's output)
                 fits = [a for a in fits if set(value) == _field_names(a)] or fits
             if len(fits) == 1:
@@ -269,10 +270,28 @@ def _rebuild(cls: type, kwargs: dict[str, Any], path: str) -> Any:
         raise ConfigError(f"Invalid config{where}: {e}") from None
 
 
+def _renamed(cfg: Any, prefix: str = "") -> dict[str, str]:
+    """`{old path: new path}` of the knobs the config classes in `cfg` list as renamed (a class's
+    `RENAMED_KNOBS` maps paths relative to it)."""
+    out = {prefix + old: prefix + new for old, new in getattr(type(cfg), "RENAMED_KNOBS", {}).items()}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if is_config(value):
+            out |= _renamed(value, f"{prefix}{f.name}.")
+    return out
+
+
+def _renamed_error(old: str, new: str) -> ConfigError:
+    return ConfigError(f"Knob {old!r} was renamed: it is {new!r} now (docs/knobs.md, \"Renamed knobs\").")
+
+
 def _check_path(cfg: Any, path: str) -> None:
     knobs = flatten(cfg)
     if path in knobs:
         return
+    renamed = _renamed(cfg).get(path)
+    if renamed is not None:
+        raise _renamed_error(path, renamed)
     groups = _groups(cfg)
     if path in groups:
         fields = [k for k in knobs if k.startswith(path + ".")]
@@ -389,7 +408,10 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, _path: str = "") -> C:
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
+    renamed = getattr(cls, "RENAMED_KNOBS", {})
     for key, value in data.items():
+        if key in renamed:
+            raise _renamed_error(_path + key, _path + renamed[key])
         if key not in names:
             raise ConfigError(
                 f"Unknown knob {_path + key!r}.{_did_you_mean(key, names)}"

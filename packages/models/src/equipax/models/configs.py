@@ -8,7 +8,7 @@ does not import JAX (benchmarks/README.md, "CLI latency"). Nothing here may impo
 
 import dataclasses
 import math
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
 from equipax.core.configs import MeshConfig, RopeScalingConfig, TransformerConfig, check_pipeline
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
@@ -19,13 +19,6 @@ __all__ = ["CNNConfig", "cnn_param_count", "DTYPES", "LMConfig", "RopeScalingCon
 DTYPES = ("float32", "bfloat16")
 _POSITIONS = ("sinusoidal", "rope", "none")
 
-# Knobs the Llama experiments had before the LM families shared one config (`LlamaConfig`), and
-# where they live now: `launch` names the new path when an old one is used (docs/knobs.md).
-RENAMED_KNOBS = {
-    f"model.{name}": f"model.transformer.{name}"
-    for name in ("num_layers", "model_dims", "num_heads", "num_kv_heads", "head_dim", "hidden_dims",
-                 "norm_eps", "scan_layers", "remat")
-}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -58,6 +51,14 @@ class LMConfig:
             adds to it). Initialisation only.
         dtype: the activations' dtype; parameters and logits stay float32.
     """
+
+    # Knobs the Llama experiments had before the LM families shared this config, and where they are
+    # now: `--set` of an old path, or a saved config that uses one, names the new path (docs/knobs.md).
+    RENAMED_KNOBS: ClassVar[dict[str, str]] = {
+        name: f"transformer.{name}"
+        for name in ("num_layers", "model_dims", "num_heads", "num_kv_heads", "head_dim", "hidden_dims",
+                     "norm_eps", "scan_layers", "remat")
+    }
 
     vocab_size: int = 2048
     max_seq_len: int = 128
@@ -139,21 +140,6 @@ class LMConfig:
     def flops_per_token(self, *, seq_len: int) -> dict[str, float]:
         """Model FLOPs per token (`training`, `attention`, `remat`, ...) at `seq_len`."""
         return transformer_lm_flops_per_token(self.transformer, vocab_size=self.vocab_size, seq_len=seq_len)
-
-    @staticmethod
-    def upgrade_knobs(data: dict[str, Any]) -> dict[str, Any]:
-        """A saved config dict (a job's config.json) in this class's current layout: a Llama model
-        saved before the families shared `LMConfig` (flat `num_layers`, `norm_eps`, ...) is moved
-        under `transformer`, with the Llama block's fixed choices written out."""
-        flat = {k.split(".", 1)[1]: v for k, v in RENAMED_KNOBS.items()}
-        if "transformer" in data or not any(k in data for k in flat):
-            return data
-        moved = {k: v for k, v in data.items() if k in flat}
-        rest = {k: v for k, v in data.items() if k not in flat}
-        block = dict(activation="silu", gated=True, norm="rmsnorm", norm_eps=1e-5, atten_logit_cap=None,
-                     fused_qkv=False) | moved
-        return dict(output_logit_cap=None, position="rope", tie_embeddings=False, embedding_multiplier=None,
-                    embedding_init_std=1.0) | rest | {"transformer": block}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -40,7 +40,7 @@ def decoder_lm(
             hidden_dims: the sizes (`hidden_dims` is the SwiGLU width).
         rope_theta, rope_scaling: the rotary frequencies (`model.rope_theta`, `model.rope_scaling`).
         norm_eps: the RMSNorms' epsilon.
-        tie_embeddings: reuse the input table for the output logits.
+        tie_embeddings: reuse the input table for the output logits (its init is then N(0, 1/d)).
         qk_norm: RMSNorm over each head's queries and keys (Qwen3).
         sliding_window: each query sees itself and the `sliding_window - 1` tokens before it.
         scan_layers, remat, dtype, attention_impl: as `TransformerConfig` / `LMConfig`.
@@ -58,7 +58,12 @@ def decoder_lm(
             attention_impl=attention_impl,  # pyright: ignore[reportArgumentType]
         ),
         output_logit_cap=None, position="rope", rope_theta=rope_theta, rope_scaling=rope_scaling,
-        tie_embeddings=tie_embeddings, embedding_multiplier=None, embedding_init_std=1.0,
+        tie_embeddings=tie_embeddings, embedding_multiplier=None,
+        # N(0, 1) input table (torchtitan's Llama init) when the output has its own projection; a
+        # tied table is also the output projection, whose logits would then start with a standard
+        # deviation of sqrt(model_dims) (a smoke's first loss 43 instead of log(vocab) = 6.2):
+        # N(0, 1/model_dims) instead (0.022 at d 2048, about Hugging Face's 0.02).
+        embedding_init_std=None if tie_embeddings else 1.0,
         dtype=dtype,  # pyright: ignore[reportArgumentType]
     )
 
