@@ -105,10 +105,12 @@ class _Page(HTMLParser):
     def __init__(self):
         super().__init__(convert_charrefs=True)
         self.stack: list[str] = []
+        self.verbatim: list[bool] = []
         self.text: list[str] = []
         self.ids: set[str] = set()
         self.links: list[str] = []
         self.images: list[str] = []
+        self.assets: list[str] = []  # scripts and stylesheets the page loads
         self.comments: list[str] = []
 
     def handle_starttag(self, tag, attrs):
@@ -121,18 +123,28 @@ class _Page(HTMLParser):
             self.links.append(a["href"] or "")
         if tag == "img":
             self.images.append(a.get("src") or "")
+        if tag == "script" and a.get("src"):
+            self.assets.append(a["src"] or "")
+        if tag == "link" and a.get("rel") == "stylesheet":
+            self.assets.append(a.get("href") or "")
         if tag in ("p", "li", "td", "th", "h1", "h2", "h3", "h4", "h5", "h6", "div", "dd", "dt"):
             self.text.append("\n")
         if tag not in VOID:
+            # Text a reader does not see as prose: code, and hidden elements (mkdocs-jupyter's
+            # copy-to-clipboard buffer holds each cell's source as plain text).
+            hidden = "hidden" in a or "clipboard-copy-txt" in (a.get("class") or "").split()
             self.stack.append(tag)
+            self.verbatim.append(tag in VERBATIM or hidden)
 
     def handle_endtag(self, tag):
         if tag in self.stack:
-            while self.stack.pop() != tag:
-                pass
+            while self.stack:
+                self.verbatim.pop()
+                if self.stack.pop() == tag:
+                    break
 
     def handle_data(self, data):
-        if not VERBATIM & set(self.stack):
+        if not any(self.verbatim):
             self.text.append(data)
 
     def handle_comment(self, data):
@@ -165,6 +177,9 @@ def page_problems(page: Path, site: Path) -> list[str]:
             ids = parsed.ids if target == page else _ids(target)
             if unquote(url.fragment) not in ids:
                 problems.append(f"{here}: broken link {href!r} (no id {url.fragment!r} in {target.relative_to(site.resolve())})")
+    for src in parsed.assets:
+        if urlsplit(src).scheme in ("http", "https") or src.startswith("//"):
+            problems.append(f"{here}: loads {src!r}, which is not part of the site (it must work offline)")
     for src in parsed.images:
         url = urlsplit(src)
         if url.scheme in ("http", "https") or url.netloc:
@@ -217,7 +232,8 @@ def test_page_problems_sees_each_kind_of_breakage(tmp_path):
         "no id 'nowhere'": '<a href="a/#nowhere">b</a>',
         "no id 'gone'": '<a href="#gone">b</a>',
         "missing image": '<img src="nope.png">',
-        "not part of the site": '<img src="https://x.org/p.png">',
+        "image 'https://x.org/p.png' is not part of the site": '<img src="https://x.org/p.png">',
+        "loads 'https://cdn.x.org/m.js'": '<script src="https://cdn.x.org/m.js"></script>',
     }
     for what, snippet in broken.items():
         page.write_text(ok + snippet)
@@ -239,3 +255,52 @@ def test_search_index_holds_the_knobs_and_api_names(site):
              for public in getattr(importlib.import_module(name), "__all__", [])]
     missing = [n for n in knobs + names if n not in text and n.rsplit(".", 1)[-1] not in text]
     assert len(knobs) > 50 and len(names) > 100 and not missing, missing
+
+
+FIGURES_DIR = ROOT / "docs" / "figures"
+
+
+def _figures():
+    sys.path.insert(0, str(FIGURES_DIR))
+    from make_figures import FIGURES
+
+    return FIGURES, json.loads((FIGURES_DIR / "figures.json").read_text())
+
+
+def test_figures_are_made_by_their_commands():
+    """Every image in docs/figures is one make_figures.py draws, recorded in figures.json with the
+    command(s) that made it, small, and shown on its page."""
+    figures, manifest = _figures()
+    files = sorted(p.name for p in FIGURES_DIR.iterdir() if p.suffix in (".png", ".svg"))
+    assert sorted(entry["file"] for entry in manifest.values()) == files
+    assert set(manifest) == set(figures), "regenerate: uv run python docs/figures/make_figures.py"
+    for name, fig in figures.items():
+        entry = manifest[name]
+        assert (entry["file"], entry["page"], entry["commands"]) == (fig.file, fig.page, list(fig.commands)), (
+            f"figures.json's {name!r} is not what make_figures.py makes now: "
+            f"uv run python docs/figures/make_figures.py {name}")
+        assert entry["commands"] or entry["source"], name
+        assert (FIGURES_DIR / fig.file).stat().st_size < 80_000, f"{fig.file} is over 80 KB"
+        assert f"](figures/{fig.file})" in (ROOT / "docs" / fig.page).read_text(), f"{fig.page} does not show {fig.file}"
+
+
+def test_architecture_diagram_is_current():
+    """The committed diagram is what the code draws now (module names, imports, hooks)."""
+    sys.path.insert(0, str(FIGURES_DIR))
+    from architecture import architecture_svg
+
+    assert (FIGURES_DIR / "architecture.svg").read_text() == architecture_svg(), (
+        "docs/figures/architecture.svg is out of date with the code: "
+        "uv run python docs/figures/make_figures.py architecture")
+
+
+def test_every_figure_is_shown_with_its_command(site):
+    figures, manifest = _figures()
+    for name, entry in manifest.items():
+        stem = entry["page"].removesuffix(".md")
+        page = (site / ("" if stem == "index" else stem) / "index.html").read_text()
+        assert re.search(rf'<img [^>]*src="(\.\./)*figures/{re.escape(entry["file"])}"', page), name
+        caption = html.unescape(re.sub(r"<[^>]+>", "", page))
+        for text in (*entry["commands"], entry["regenerate"]):
+            assert text in caption, (name, text)
+
