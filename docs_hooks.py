@@ -37,7 +37,7 @@ __all__ = ["TEST_MARKERS", "CodeBlock", "api_modules", "code_blocks", "knob_rows
 
 FIGURES = Path(__file__).resolve().parent / "docs" / "figures" / "figures.json"
 
-# What the suite's docs-block runner (tests/test_docs.py) does with a fenced block whose info
+# What the suite's docs-block runner (tests/docs/test_docs.py) does with a fenced block whose info
 # string carries the marker after its language (```` ```bash no-run ````). Unmarked `python` and
 # `bash` blocks are run; any other word after the language is an error there.
 TEST_MARKERS = {
@@ -121,7 +121,7 @@ def figure_captions(markdown: str, manifest: dict[str, dict[str, Any]] | None = 
     return _FIGURE.sub(caption, markdown)
 
 
-ROOT_CLASS = ("equipax.launch.experiments.config", "ExperimentConfig")
+ROOT_CLASS = ("equipax.launch.configs.experiment", "ExperimentConfig")
 
 
 def _field_comments(cls: type) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """What checkpoint checksums cost: save and restore of a preset's train state, with and without them.
 
-Every checkpoint records a checksum of each saved array (`equipax.launch.training.checksums`,
+Every checkpoint records a checksum of each saved array (`equipax.launch.jobdir.checksums`,
 computed on the device) and verifies it on restore. This measures, on a `benchmarks/train_step.py`
 preset (default: 20m, the ~20M-parameter LM with its Adam state), the time of:
   - computing the checksums of the whole state (warm: the small device program is compiled once),
@@ -37,9 +37,9 @@ def _median_s(fn: Any, repeats: int) -> float:
 
 def measure(preset_name: str, *, repeats: int) -> dict[str, Any]:
     """Median seconds of each operation on `preset_name`'s initial train state."""
-    import equipax.launch.training.checkpoints as ckpt_module
-    from equipax.launch.training.checkpoints import Checkpointer, flat_arrays
-    from equipax.launch.training.checksums import array_checksums
+    import equipax.launch.jobdir.checkpoints as ckpt_module
+    from equipax.launch.jobdir.checkpoints import Checkpointer, flat_arrays
+    from equipax.launch.jobdir.checksums import array_checksums
     from train_step import PRESETS, preset_training
 
     training = preset_training(PRESETS[preset_name]())

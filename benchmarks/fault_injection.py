@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from toy import TOY, set_args  # noqa: E402
+from helpers.toy import TOY, set_args  # noqa: E402
 
 FIRST_STEP = "Compiled and ran the first step"
 EXIT_PREEMPTED = 75

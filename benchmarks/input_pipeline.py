@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from equipax.core.config import apply_overrides
+from equipax.core.knobs import apply_overrides
 from equipax.data import BaseInput, DocumentLMInput, TextShards, find_shards, iter_text_documents, write_shards
-from equipax.launch.training.lm_inputs import build_lm_inputs, build_tokenizer
+from equipax.launch.tasks.lm_data import build_lm_inputs, build_tokenizer
 from equipax.launch.experiments.registry import get_experiment
 
 HERE = Path(__file__).resolve().parent

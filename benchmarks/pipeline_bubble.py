@@ -43,7 +43,7 @@ from typing import Any  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from equipax.core.config import set_knobs  # noqa: E402
+from equipax.core.knobs import set_knobs  # noqa: E402
 from equipax.core.mesh import build_mesh  # noqa: E402
 from equipax.core.nn import bubble_fraction  # noqa: E402
 from equipax.launch.experiments.registry import get_experiment  # noqa: E402

@@ -33,7 +33,7 @@ from equipax.core.nn import TransformerConfig
 from equipax.core.mesh import build_mesh
 from equipax.core.optim import LearnerConfig
 from equipax.core.step import Batch
-from equipax.launch.experiments.config import DataConfig, ExperimentConfig
+from equipax.launch.configs.experiment import DataConfig, ExperimentConfig
 from equipax.launch.training.build import Training, build_training
 from equipax.models.lm import LMConfig
 

@@ -32,6 +32,14 @@ def trees_close():
     return assert_trees_close
 
 
+@pytest.fixture(scope="module")
+def one_step():
+    """(initial state, state after one train step, metrics, batch, optimizer) of a tiny CNN."""
+    from helpers import cnn
+
+    return cnn.one_step()
+
+
 def pytest_collection_modifyitems(config, items):
     """The suite runs on pytest-xdist workers (`-n` in pyproject.toml's addopts, `--dist loadgroup`):
     tests sharing a module-scoped fixture (a trained job, a built venv) stay on one worker, so the

@@ -8,7 +8,7 @@ Every name on it is read from the installed packages, so it cannot drift from th
   `build_training`, the loop (`run_experiment`), the hooks (`Hook` and its subclasses) and the
   job directory (`prepare_job_dir`).
 
-`uv run python docs/figures/make_figures.py architecture` rewrites the SVG; tests/test_docs_site.py
+`uv run python docs/figures/make_figures.py architecture` rewrites the SVG; tests/docs/test_docs_site.py
 fails when the committed one differs from what the code draws now.
 """
 

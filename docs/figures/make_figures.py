@@ -7,7 +7,7 @@
 Each figure runs its command(s) (the `launch` CLI, a benchmark script) into `runs/figures/NAME/`,
 then draws `docs/figures/NAME.png` (or `.svg`) from what the command wrote, and records the
 command, the date and the machine in `docs/figures/figures.json`. The page that shows a figure
-names the command in its caption (tests/test_docs_site.py checks both). Figures are small PNGs
+names the command in its caption (tests/docs/test_docs_site.py checks both). Figures are small PNGs
 (dpi 100, palette-quantised) or text SVG: tens of KB each.
 """
 

@@ -4,7 +4,7 @@ Every submodule is reachable after `import equipax.core` (`equipax.core.optim.ma
 the names each one exports are listed in its `__all__`. `equipax` itself stays a PEP 420
 namespace shared with `equipax.models`, `equipax.data` and `equipax.launch`.
 
-The submodules are imported on first access, not with the package: `equipax.core.config` has no
+The submodules are imported on first access, not with the package: `equipax.core.knobs` has no
 JAX, and the CLI's `--help` and knob errors should not pay for importing JAX (benchmarks/README.md).
 """
 
@@ -12,9 +12,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from equipax.core import config, flops, mesh, nn, optim, partition, step, task
+    from equipax.core import flops, knobs, mesh, nn, optim, partition, step, task
 
-__all__ = ["config", "flops", "mesh", "nn", "optim", "partition", "step", "task"]
+__all__ = ["flops", "knobs", "mesh", "nn", "optim", "partition", "step", "task"]
 
 
 def __getattr__(name: str) -> Any:

@@ -5,14 +5,14 @@ re-exported where they are used (`equipax.core.mesh`, `equipax.core.optim`,
 `equipax.core.nn`): a module that only builds or prints configs (the CLI's `list`, `show` and
 knob errors) imports this one and does not pay for importing JAX (benchmarks/README.md,
 "CLI latency"). Keep it that way: nothing here may import jax, numpy-heavy code or equinox.
-(`equipax.core.config` is the machinery that applies `--set` overrides to any of them.)
+(`equipax.core.knobs` is the machinery that applies `--set` overrides to any of them.)
 """
 
 import dataclasses
 import math
 from typing import Any, Literal
 
-from equipax.core.config import ConfigError
+from equipax.core.knobs import ConfigError
 
 __all__ = [
     "AXES",

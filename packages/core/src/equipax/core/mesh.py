@@ -17,7 +17,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from equipax.core.config import ConfigError
+from equipax.core.knobs import ConfigError
 from equipax.core.configs import AXES, BATCH_AXES, DATA, FSDP, PIPELINE_AXES, STAGE, TENSOR, MeshConfig
 
 __all__ = [

@@ -18,15 +18,15 @@ from typing import Annotated  # noqa: E402
 
 import typer  # noqa: E402
 
-from equipax.launch.commands.bench import bench_app  # noqa: E402
-from equipax.launch.commands.cluster import local_cluster  # noqa: E402
-from equipax.launch.commands.compile import compile_cmd  # noqa: E402
-from equipax.launch.commands.convert import convert_app  # noqa: E402
-from equipax.launch.commands.data import data_app  # noqa: E402
-from equipax.launch.commands.decode import decode_cmd  # noqa: E402
-from equipax.launch.commands.eval import eval_cmd  # noqa: E402
-from equipax.launch.commands.pgle import pgle_app  # noqa: E402
-from equipax.launch.commands.train import list_cmd, run, show  # noqa: E402
+from equipax.launch.commands.bench_command import bench_app  # noqa: E402
+from equipax.launch.commands.local_cluster_command import local_cluster  # noqa: E402
+from equipax.launch.commands.compile_command import compile_cmd  # noqa: E402
+from equipax.launch.commands.convert_command import convert_app  # noqa: E402
+from equipax.launch.commands.data_command import data_app  # noqa: E402
+from equipax.launch.commands.decode_command import decode_cmd  # noqa: E402
+from equipax.launch.commands.eval_command import eval_cmd  # noqa: E402
+from equipax.launch.commands.pgle_command import pgle_app  # noqa: E402
+from equipax.launch.commands.train_command import list_cmd, run, show  # noqa: E402
 from equipax.launch.errors import EXIT_PREEMPTED, GuardedGroup, describe  # noqa: E402
 
 app: typer.Typer = typer.Typer(

@@ -20,7 +20,7 @@ from rich.text import Text
 from typer.core import TyperGroup
 from typer.exceptions import Abort, Exit, TyperException
 
-from equipax.core.config import ConfigError
+from equipax.core.knobs import ConfigError
 from equipax.launch.exit_codes import (
     EXIT_DOES_NOT_FIT, EXIT_NONFINITE, EXIT_PREEMPTED, EXIT_UNEXPECTED, EXIT_USER_ERROR,
 )
@@ -67,7 +67,7 @@ def describe(exc: BaseException) -> tuple[str, int]:
                 "newest checkpoint, or starts the job if there is none."), EXIT_PREEMPTED
     from equipax.core.task import BatchError
     from equipax.data import DataError
-    from equipax.launch.training.checkpoints import CheckpointSaveError
+    from equipax.launch.jobdir.checkpoints import CheckpointSaveError
     from equipax.launch.training.nonfinite import NonFiniteError
 
     if isinstance(exc, NonFiniteError):

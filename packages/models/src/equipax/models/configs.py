@@ -100,7 +100,7 @@ class LlamaConfig:
             what each block adds to it (projections are initialised with variance 1/fan_in)
             and the scale of the GPT's `embedding x sqrt(model_dims)`; 1/sqrt(model_dims)
             lets the blocks drown the token identity at first and learns worse (measured in
-            equipax.launch.experiments.llama). Initialisation only: the weights' shapes and
+            equipax.launch.experiments.llama_lms). Initialisation only: the weights' shapes and
             the forward pass are the same whatever its value.
         scan_layers: run the blocks as one `jax.lax.scan` over stacked weights.
         remat: recompute each block in the backward pass: "none", "full" or "dots_saveable".

@@ -9,7 +9,7 @@
 
 The platform is the one the program is lowered for: the mesh's devices (an ahead-of-time compile
 for a TPU topology lowers for TPU on a CPU host), else JAX's default backend. All kernels take
-the same arguments as `reference_attention` and agree with it (tests/test_attention_impl.py).
+the same arguments as `reference_attention` and agree with it (tests/core/test_attention_impl.py).
 """
 
 import math
@@ -21,7 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
-from equipax.core.config import ConfigError
+from equipax.core.knobs import ConfigError
 from equipax.core.configs import BATCH_AXES, TENSOR
 
 __all__ = [

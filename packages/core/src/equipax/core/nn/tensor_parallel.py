@@ -13,7 +13,7 @@ them out, so what crosses the interconnect is visible in the code:
 - The batch is split over (data, fsdp); activations are replicated over `tensor`.
 
 The sharding rules are the same as the GSPMD path's (`equipax.core.partition`), and the
-numbers agree with it (tests/test_sharding.py).
+numbers agree with it (tests/models/test_sharding.py).
 """
 
 from typing import Any

@@ -4,7 +4,7 @@
 (`--topology`, compiled by XLA:TPU from libtpu; `equipax.launch.aot.tpu`) or of fake CPU devices
 (set before JAX starts), builds the train state abstractly (no array is allocated), lowers and
 compiles the real step, and reports parameters, per-device memory (one stage's share for a
-pipelined model, with its stages, microbatches and bubble: `equipax.launch.aot.pipeline`), model
+pipelined model, with its stages, microbatches and bubble: `equipax.launch.aot.pipeline_report`), model
 FLOPs, ideal step times on a target accelerator, the collectives XLA inserted, and the compile's
 own cost.
 """
@@ -22,11 +22,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from equipax.core.config import ConfigError
+from equipax.core.knobs import ConfigError
 from equipax.core.mesh import build_mesh
 from equipax.launch.aot.memory import MEMORY_NOTES, memory_figures, out_of_memory_figures
-from equipax.launch.aot.pipeline import pipeline_lines, pipeline_section
-from equipax.launch.experiments.config import ExperimentConfig
+from equipax.launch.aot.pipeline_report import pipeline_lines, pipeline_section
+from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.tasks import family
 from equipax.launch.training.build import build_training
 
@@ -197,7 +197,7 @@ def compile_report(
 def _flops_and_projection(cfg: ExperimentConfig, numbers: dict[str, Any], devices: int, target: Target,
                           assumed_mfu: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """Model FLOPs (PaLM: no remat) and the step time they imply on `target`."""
-    from equipax.launch.tasks.lm import flops_per_token  # the families with model FLOPs are LMs
+    from equipax.launch.tasks.lm_family import flops_per_token  # the families with model FLOPs are LMs
 
     flops = flops_per_token(cfg)
     step_flops, tokens_per_step = numbers["model_flops_per_step"], numbers["tokens_per_step"]

@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from equipax.core.config import ConfigError
+from equipax.core.knobs import ConfigError
 
 __all__ = [
     "libtpu_available",

@@ -7,7 +7,7 @@ JAX operation; the `launch` command is a fresh process, and every command that a
 
 import jax
 
-from equipax.core.config import ConfigError
+from equipax.core.knobs import ConfigError
 from equipax.core.mesh import MeshConfig
 
 __all__ = ["check_cpu_devices", "use_cpu_devices"]

@@ -20,7 +20,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from rich.console import Console
 
-from equipax.core.config import ConfigError
+from equipax.core.knobs import ConfigError
 from equipax.launch.errors import EXIT_USER_ERROR
 
 __all__ = [

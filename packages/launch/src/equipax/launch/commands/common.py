@@ -5,7 +5,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
-from equipax.core.config import ConfigError, apply_overrides
+from equipax.core.knobs import ConfigError, apply_overrides
 from equipax.launch.errors import EXIT_USER_ERROR
 from equipax.launch.experiments import registry
 

@@ -5,7 +5,7 @@ one and two slices, with `_smoke` variants. The bases and what equipax does not 
 
 import dataclasses
 
-from equipax.launch.experiments.config import ExperimentConfig
+from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.experiments.pax_knobs import smoke, smoke_description
 from equipax.launch.experiments.pax_lm import C4_SPMD_ADAM
 from equipax.launch.experiments.registry import register

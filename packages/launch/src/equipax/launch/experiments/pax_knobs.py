@@ -9,7 +9,7 @@ import dataclasses
 from typing import Literal
 
 from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig, TransformerConfig
-from equipax.launch.experiments.config import DataConfig, ExperimentConfig, TrainConfig
+from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, TrainConfig
 from equipax.models.configs import LMConfig
 
 __all__ = ["C4_PATH", "PAX_NUM_TRAIN_STEPS", "PaxLM", "smoke", "smoke_description"]

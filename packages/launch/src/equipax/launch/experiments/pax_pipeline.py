@@ -63,7 +63,7 @@ Not expressed:
 import dataclasses
 
 from equipax.core.configs import PIPELINE_AXES, MeshConfig, ScheduleConfig
-from equipax.launch.experiments.config import ExperimentConfig
+from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.experiments.pax_knobs import C4_PATH, PaxLM, smoke, smoke_description
 from equipax.launch.experiments.registry import register
 

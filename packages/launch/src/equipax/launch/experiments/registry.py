@@ -3,7 +3,7 @@ experiment of any task family), and `@register_benchmark`ed ones returning a ben
 (`AttentionBenchConfig`) that `launch run` runs instead of training.
 
 Lookup by short name (`shakespeare_tiny`) or by any dotted suffix of the full path
-(`experiments.shakespeare.shakespeare_tiny`). Registering is pure: nothing runs until a
+(`experiments.shakespeare_lms.shakespeare_tiny`). Registering is pure: nothing runs until a
 config is asked for, and building a config never touches devices.
 """
 
@@ -13,7 +13,7 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any, Literal
 
-from equipax.core.config import ConfigError, suggest
+from equipax.core.knobs import ConfigError, suggest
 
 __all__ = [
     "entries",

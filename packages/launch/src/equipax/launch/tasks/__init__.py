@@ -1,7 +1,7 @@
 """Task families as the launcher sees them: one module per family, the same functions in each.
 
 `equipax.core.task.AbstractTask` is the model side of a family (model, loss, eval sums, batch
-shapes). What the launcher adds per family lives here, in `lm.py` and `image.py`:
+shapes). What the launcher adds per family lives here, in `lm_family.py` and `image_family.py`:
 
 - `numbers(cfg)`: derived numbers from the config alone (parameters, FLOPs, throughput units);
   pure and cheap, for `launch list` / `show` (no loop, no data, no devices);
@@ -29,7 +29,7 @@ else:
 __all__ = ["derived_numbers", "FAMILIES", "family", "Inputs", "register_family"]
 
 # cfg.kind -> a module of this package (imported on first use), or a registered object.
-FAMILIES: dict[str, Any] = {"lm": "lm", "image_classification": "image"}
+FAMILIES: dict[str, Any] = {"lm": "lm_family", "image_classification": "image_family"}
 
 
 @dataclasses.dataclass
@@ -55,11 +55,11 @@ def register_family(kind: str, impl: Any, *, configs: tuple[type, ...] = ()) -> 
     Arguments:
         kind: the family's name (the data config's `kind` class attribute).
         impl: a module or object with `UNIT`, `numbers`, `units_per_example`, `make_task`,
-            `build_inputs` and `finish` (see `equipax.launch.tasks.lm` for their contracts).
+            `build_inputs` and `finish` (see `equipax.launch.tasks.lm_family` for their contracts).
         configs: the family's own config classes (its model and data configs), so a job's
-            config.json reads back into them (`equipax.core.config.register_config`).
+            config.json reads back into them (`equipax.core.knobs.register_config`).
     """
-    from equipax.core.config import register_config
+    from equipax.core.knobs import register_config
 
     for cls in configs:
         register_config(cls)

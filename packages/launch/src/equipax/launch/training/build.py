@@ -16,7 +16,7 @@ from equipax.core.optim import Learner, make_learner
 from equipax.core.partition import batch_sharding, train_state_shardings
 from equipax.core.step import TrainState, TrainStep, init_train_state, make_eval_step, make_train_step
 from equipax.core.task import AbstractTask
-from equipax.launch.experiments.config import ExperimentConfig
+from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.tasks import family
 
 __all__ = ["build_training", "Keys", "Training"]

@@ -5,11 +5,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from equipax.launch.training.checksums import tree_digest
+from equipax.launch.jobdir.checksums import tree_digest
 from equipax.launch.training.hooks import Hook, evaluate
-from equipax.launch.training.jobdir import write_text_atomic
-from equipax.launch.training.plots import plot_loss
-from equipax.launch.training.summaries import read_metrics
+from equipax.launch.jobdir.ownership import write_text_atomic
+from equipax.launch.jobdir.plots import plot_loss
+from equipax.launch.jobdir.summaries import read_metrics
 
 if TYPE_CHECKING:
     from equipax.launch.training.loop import Run

@@ -18,8 +18,8 @@ from equipax.core.step import mean_eval_metrics
 from equipax.data import BaseInput
 from equipax.core.task import EVAL_SUMS
 from equipax.launch.cluster.distributed import gather_host_states, to_host
-from equipax.launch.training.plots import plot_classifier_history
-from equipax.launch.training.summaries import read_metrics
+from equipax.launch.jobdir.plots import plot_classifier_history
+from equipax.launch.jobdir.summaries import read_metrics
 
 if TYPE_CHECKING:
     from equipax.launch.training.build import Training

@@ -17,24 +17,24 @@ import jax
 import numpy as np
 from rich.console import Console
 
-from equipax.core.config import ConfigError, flatten, format_knobs, from_json, to_json
+from equipax.core.knobs import ConfigError, flatten, format_knobs, from_json, to_json
 from equipax.core.mesh import build_mesh, check_device_count
 from equipax.launch.cluster.distributed import any_process, host_state, is_primary
 from equipax.launch.errors import Preempted
-from equipax.launch.experiments.config import ExperimentConfig
+from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.tasks import Inputs, family
 from equipax.launch.training.build import Training, build_training
-from equipax.launch.training.checkpoints import Checkpointer
+from equipax.launch.jobdir.checkpoints import Checkpointer
 from equipax.launch.training.decode_hook import DecodeHook
 from equipax.launch.training.finish import RunResult, finish
 from equipax.launch.training.hooks import CheckpointHook, EpochHook, EvalHook, Hook, LogHook, StepTimer
-from equipax.launch.training.jobdir import JobLock, prepare_job_dir, write_text_atomic
+from equipax.launch.jobdir.ownership import JobLock, prepare_job_dir, write_text_atomic
 from equipax.launch.training.nonfinite import NonFiniteMonitor, poison_batch
 from equipax.launch.training.preemption import StopRequest
 from equipax.launch.training.progress import ProgressReporter
 from equipax.launch.training.profiling import profiling_hooks
-from equipax.launch.training.resume import check_resume, resume_meta
-from equipax.launch.training.summaries import MetricsWriter
+from equipax.launch.jobdir.resume import check_resume, resume_meta
+from equipax.launch.jobdir.summaries import MetricsWriter
 
 __all__ = [
     "build_run_mesh",

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
-from equipax.launch.experiments.config import TrainConfig
+from equipax.launch.configs.experiment import TrainConfig
 from equipax.launch.training.hooks import Hook
-from equipax.launch.training.jobdir import write_text_atomic
+from equipax.launch.jobdir.ownership import write_text_atomic
 
 if TYPE_CHECKING:
     from equipax.launch.training.loop import Run

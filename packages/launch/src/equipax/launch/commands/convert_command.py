@@ -1,0 +1,105 @@
+"""`launch convert maxtext`: a MaxText config as equipax overrides (and `show --format maxtext`).
+
+The table is `equipax.launch.translators.maxtext.RULES` (docs/maxtext.md).
+"""
+
+import json
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from equipax.core.knobs import ConfigError, flatten, parse_literal
+from equipax.launch.commands.common import err, fail, resolve
+from equipax.launch.translators.maxtext import SCALE_RULES, to_equipax, to_maxtext
+
+__all__ = ["convert_app", "convert_maxtext", "DEFAULT_BASE", "print_maxtext", "read_maxtext"]
+
+convert_app: typer.Typer = typer.Typer(help="Translate other frameworks' configs into equipax knobs.", no_args_is_help=True)
+
+DEFAULT_BASE = "c4_1b"
+
+
+def read_maxtext(path: Path, overrides: list[str]) -> dict[str, Any]:
+    """A MaxText YAML config with MaxText-style `key=value` overrides applied (values parsed as YAML)."""
+    import yaml
+
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        fail(f"Cannot read the MaxText config {path}: {e}")
+        raise AssertionError("unreachable") from None
+    if not isinstance(values, dict):
+        fail(f"{path} is not a MaxText config (a YAML mapping of key: value); found a {type(values).__name__}.")
+    for text in overrides:
+        key, sep, raw = text.partition("=")
+        if not sep or not key.strip():
+            fail(f"MaxText overrides are key=value (e.g. per_device_batch_size=16); got {text!r}.")
+        values[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+    return {k: _number(v) for k, v in values.items()}
+
+
+def _literal(value: Any) -> str:
+    """A knob value as `--set` parses it back: bare words stay bare (model.dtype=bfloat16)."""
+    return value if isinstance(value, str) and parse_literal(value) == value else repr(value)
+
+
+def _number(value: Any) -> Any:
+    """YAML 1.1 reads `1e-3` (no dot) as a string; MaxText means a number."""
+    if isinstance(value, str):
+        try:
+            return float(value) if value.strip() else value
+        except ValueError:
+            return value
+    return value
+
+
+@convert_app.command("maxtext")
+def convert_maxtext(
+    config: Annotated[Path, typer.Argument(help="A MaxText config (YAML), e.g. MaxText/configs/base.yml.")],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="MaxText overrides key=value, as on MaxText's command line.")
+    ] = None,
+    exp: Annotated[str, typer.Option("--exp", "-e", help="The equipax experiment the overrides apply to.")] = DEFAULT_BASE,
+    format: Annotated[str, typer.Option("--format", help="set (--set lines) or json.")] = "set",
+    scale_rule: Annotated[
+        str, typer.Option("--scale-rule", help="global_parameter_scale: 'linear' (every base size x scale, MaxText's "
+                                               "first release, the Pax README) or 'doubling' (MaxText today).")
+    ] = "linear",
+) -> None:
+    """Print a MaxText config as equipax overrides, and each key that has no translation and why."""
+    if format not in ("set", "json"):
+        fail(f"--format must be 'set' or 'json'; got {format!r}.")
+    if scale_rule not in SCALE_RULES:
+        fail(f"--scale-rule must be one of {', '.join(SCALE_RULES)}; got {scale_rule!r}.")
+    t = to_equipax(read_maxtext(config, overrides or []), scale_rule=scale_rule)
+    sets = [f"{k}={_literal(v)}" for k, v in t.knobs.items()]
+    resolve(exp, sets)  # the result must be a valid experiment: a clean error (exit 2) if not
+    if format == "json":
+        print(json.dumps({"exp": exp, "set": t.knobs, "not_translated": t.skipped, "notes": t.notes}, indent=2))
+    else:
+        print(f"# MaxText {config.name} as overrides of {exp}: launch run --exp {exp} followed by")
+        for s in sets:
+            print(f"--set {shlex.quote(s)}")
+    for note in t.notes:
+        err.print(f"note: {note}", highlight=False)
+    for key, why in t.skipped.items():
+        err.print(f"not translated: {key}: {why}", highlight=False, markup=False)
+
+
+def print_maxtext(cfg: Any) -> None:
+    """`launch show --format maxtext`: the experiment as MaxText config keys (YAML)."""
+    import yaml
+
+    if cfg.kind != "lm" or "model.transformer.num_layers" not in flatten(cfg):
+        fail(f"{cfg.name} is not a Pax-style language model; only those translate to MaxText.")
+    try:
+        t = to_maxtext(flatten(cfg))
+    except ConfigError as e:
+        fail(str(e))
+        return
+    print(f"# {cfg.name} as MaxText keys (python3 -m MaxText.train MaxText/configs/base.yml + these)")
+    print(yaml.safe_dump(t.knobs, sort_keys=False, default_flow_style=None), end="")
+    for knob, why in t.skipped.items():
+        print(f"# not translated: {knob}: {why}")

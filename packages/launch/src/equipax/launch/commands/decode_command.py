@@ -1,0 +1,164 @@
+"""`launch decode`: sample from a training job's checkpoint with the KV cache (Pax's decode mode):
+given prompts (`--prompt`, `--prompts`), or every example of the job's eval split (`--split eval`,
+Pax's decode dataset: outputs in `<job>/decoder_out/<step>/`)."""
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from equipax.launch.commands.common import CpuDevicesOption, err, fail, out
+
+__all__ = ["decode_cmd", "JobDirOption"]
+
+JobDirOption = Annotated[Path, typer.Option("--job-log-dir", help="The training job's directory (`launch run`'s).")]
+
+
+def decode_cmd(
+    job_log_dir: JobDirOption,
+    prompt: Annotated[str | None, typer.Option("--prompt", help="Text to continue.")] = None,
+    prompts: Annotated[
+        Path | None, typer.Option("--prompts", help="A file of prompts, one per line (blank lines skipped).")
+    ] = None,
+    step: Annotated[int | None, typer.Option("--step", help="The checkpoint's step (default: the newest).")] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate per prompt, >= 1.")] = 64,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")] = 0.0,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="Sample among the K most likely tokens.")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling: the smallest set of tokens "
+                                                                "whose probability reaches P, in (0, 1].")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed (the same seed gives the same samples).")] = 0,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts decoded together, >= 1.")] = 16,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write JSON lines (prompt, text, tokens, seconds_per_token) "
+                                                         "to this file; '-' for stdout.")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option("--split", help="Decode the job's eval split instead of prompts ('eval'): each "
+                                                 "example's first --prompt-tokens tokens continued, one JSON line "
+                                                 "per example in <job>/decoder_out/<step>/outputs.jsonl.")
+    ] = None,
+    max_examples: Annotated[
+        int, typer.Option("--max-examples", help="--split: decode at most this many examples (0 = all).")
+    ] = 0,
+    prompt_tokens: Annotated[
+        int, typer.Option("--prompt-tokens", help="--split: prompt length in tokens (0 = half an example).")
+    ] = 0,
+    cpu_devices: CpuDevicesOption = None,
+) -> None:
+    """Continue prompts with a trained language model's checkpoint (KV cache; model only, no optimizer state)."""
+    if split is not None:
+        if prompt is not None or prompts is not None or output is not None:
+            fail("--split decodes the job's own eval examples and writes them to the job directory; leave out "
+                 "--prompt, --prompts and --output (or drop --split to decode your own prompts).")
+        if split != "eval":
+            fail(f"--split {split!r} is not a split `launch decode` reads; use --split eval (the job's eval input).")
+        if max_examples < 0 or prompt_tokens < 0:
+            fail(f"--max-examples and --prompt-tokens must be >= 0 (0 = all / half an example); got {max_examples} "
+                 f"and {prompt_tokens}.")
+        texts: list[str] = []
+    else:
+        texts = _read_prompts(prompt, prompts)
+    if max_new_tokens < 1 or batch_size < 1:
+        fail(f"--max-new-tokens and --batch-size must be >= 1; got {max_new_tokens} and {batch_size}.")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        fail(f"--temperature must be >= 0 (0 = greedy); got {temperature}.")
+    if top_p is not None and not 0 < top_p <= 1:
+        fail(f"--top-p must be in (0, 1]; got {top_p}.")
+    if top_k is not None and top_k < 1:
+        fail(f"--top-k must be >= 1; got {top_k}.")
+
+    from equipax.launch.cluster.devices import use_cpu_devices
+    from equipax.launch.inference.trained_job import load_config
+
+    cfg = load_config(job_log_dir)  # ConfigError -> exit 2 with what to do (errors.py)
+    if cfg.kind != "lm":
+        fail(f"{job_log_dir} holds a {cfg.kind} job ({cfg.name}): there is no text to decode. `launch decode` "
+             "samples from language-model jobs; evaluate this one with `launch eval --job-log-dir "
+             f"{job_log_dir}`.")
+    use_cpu_devices(cpu_devices)
+    if split is not None:
+        _decode_split(cfg, job_log_dir, step=step, max_examples=max_examples, prompt_tokens=prompt_tokens,
+                      max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        return
+    samples = _decode(cfg, job_log_dir, texts, step=step, max_new_tokens=max_new_tokens, temperature=temperature,
+                      top_k=top_k, top_p=top_p, seed=seed, batch_size=batch_size)
+    if output is None:
+        for s in samples:
+            out.print(f"[bold]{s.prompt}[/]", end="", highlight=False)
+            out.print(s.text, highlight=False, markup=False)
+            out.print("")
+        return
+    lines = "".join(json.dumps(s.record()) + "\n" for s in samples)
+    if str(output) == "-":
+        print(lines, end="")
+    else:
+        output.write_text(lines)
+        err.print(f"Wrote {len(samples)} samples to {output}.", highlight=False)
+
+
+def _decode_split(cfg, job_dir: Path, *, step: int | None, **settings) -> None:
+    from equipax.launch.inference.decode_dataset import DecodeSettings, decode_split
+    from equipax.launch.inference.trained_job import pick_step
+
+    step = pick_step(job_dir, step)
+    folder = decode_split(cfg, job_dir, step, DecodeSettings(**settings), log=lambda m: err.print(m, highlight=False))
+    if (folder / "summary.json").exists():  # process 0 writes it
+        s = json.loads((folder / "summary.json").read_text())
+        out.print(f"{cfg.name}: step {step}: decoded {s['examples']} eval examples in {s['batches']} batches "
+                  f"({s['seconds']:.1f} s); {s['reference_token_match']:.1%} of the generated tokens match the "
+                  f"reference -> {folder / 'outputs.jsonl'}", highlight=False)
+
+
+def _read_prompts(prompt: str | None, prompts: Path | None) -> list[str]:
+    if (prompt is None) == (prompts is None):
+        fail("Give the text to continue: either --prompt TEXT or --prompts FILE (one prompt per line).")
+    if prompt is not None:
+        if not prompt.strip():
+            fail("--prompt is empty: give some text to continue (e.g. --prompt 'ROMEO:').")
+        return [prompt]
+    assert prompts is not None
+    if not prompts.is_file():
+        fail(f"--prompts {prompts} is not a file; give a text file with one prompt per line.")
+    texts = [line for line in prompts.read_text().splitlines() if line.strip()]
+    if not texts:
+        fail(f"--prompts {prompts} holds no prompt (every line is blank); put one prompt per line.")
+    return texts
+
+
+def _decode(cfg, job_dir: Path, texts: list[str], *, step: int | None, max_new_tokens: int, temperature: float,
+            top_k: int | None, top_p: float | None, seed: int, batch_size: int) -> list:
+    import jax
+
+    from equipax.launch.configs.experiment import as_lm
+    from equipax.launch.training.build import build_training
+    from equipax.launch.inference.sampling import decode_texts, encode_prompts
+    from equipax.launch.tasks.lm_data import build_tokenizer
+    from equipax.launch.inference.trained_job import check_tokenizer, local_mesh, pick_step, restore_model
+
+    step = pick_step(job_dir, step)
+    check_tokenizer(cfg, job_dir)
+    lm = as_lm(cfg)
+    tokenizer = build_tokenizer(lm, job_dir, log=lambda m: None)
+    ids, _ = encode_prompts(tokenizer, texts, lm.model.max_seq_len)  # empty or too long: exit 2 before restoring
+    if ids.shape[1] + max_new_tokens > lm.model.max_seq_len:
+        err.print(f"note: the model reads at most max_seq_len={lm.model.max_seq_len} tokens: prompts of "
+                  f"{ids.shape[1]} tokens get at most {lm.model.max_seq_len - ids.shape[1]} new tokens.",
+                  highlight=False)
+    cfg, mesh, note = local_mesh(cfg)
+    if note:
+        err.print(note, highlight=False)
+    training = build_training(cfg, mesh)
+    model, _ = restore_model(job_dir, step, training.abstract_state)
+    err.print(f"{cfg.name}: step {step} of {job_dir} on {mesh.size} device(s).", highlight=False)
+    key = jax.random.key(seed)
+    samples = []
+    for i in range(0, len(texts), batch_size):
+        try:
+            samples += decode_texts(model, tokenizer, texts[i: i + batch_size], max_new_tokens=max_new_tokens,
+                                    temperature=temperature, top_k=top_k, top_p=top_p,
+                                    key=jax.random.fold_in(key, i))
+        except ValueError as e:  # a sampling knob the model refuses (e.g. --top-k above its vocabulary)
+            fail(str(e))
+    return samples

@@ -1,0 +1,167 @@
+"""`launch eval`: Pax's eval mode as its own command: evaluate a training job's checkpoints.
+
+Every checkpoint not evaluated yet is restored (model only) and evaluated on the job's eval input;
+with `--follow`, new checkpoints are evaluated as they land until the training job finishes. The
+results go to `<job>/eval_job/metrics.jsonl` and TensorBoard `<job>/summaries/eval_job/` (beside
+the run's own `train` and `eval`); nothing of the training job's own files is touched, and a
+second `launch eval` skips the steps already recorded.
+"""
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from equipax.launch.commands.common import CpuDevicesOption, err, fail, out
+from equipax.launch.commands.decode_command import JobDirOption
+from equipax.launch.configs.experiment import ExperimentConfig
+
+__all__ = ["eval_cmd", "EVAL_DIR", "EvalJob"]
+
+EVAL_DIR = "eval_job"
+
+
+def eval_cmd(
+    job_log_dir: JobDirOption,
+    follow: Annotated[bool, typer.Option("--follow", help="Keep evaluating new checkpoints until the job finishes.")]
+    = False,
+    eval_batches: Annotated[
+        int | None, typer.Option("--eval-batches", help="Batches per checkpoint (0 = the whole eval set; default: "
+                                                        "the job's train.eval_batches).")
+    ] = None,
+    poll_seconds: Annotated[float, typer.Option("--poll-seconds", help="--follow: seconds between looks.")] = 30.0,
+    idle_timeout: Annotated[
+        float, typer.Option("--idle-timeout", help="--follow: stop after this many seconds without a new checkpoint.")
+    ] = 3600.0,
+    cpu_devices: CpuDevicesOption = None,
+) -> None:
+    """Evaluate a training job's checkpoints on its eval input (Pax's eval mode); --follow for a running job."""
+    import dataclasses
+
+    from equipax.launch.cluster.devices import use_cpu_devices
+    from equipax.launch.inference.trained_job import load_config
+
+    for name, value in (("--poll-seconds", poll_seconds), ("--idle-timeout", idle_timeout)):
+        if not (math.isfinite(value) and value > 0):
+            fail(f"{name} must be a number of seconds > 0; got {value}.")
+    if eval_batches is not None and eval_batches < 0:
+        fail(f"--eval-batches must be >= 0 (0 = the whole eval set); got {eval_batches}.")
+    cfg = load_config(job_log_dir)
+    if eval_batches is not None:
+        try:
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_batches=eval_batches))
+        except ValueError as e:
+            fail(str(e))
+    use_cpu_devices(cpu_devices)
+    EvalJob(cfg, job_log_dir).run(follow=follow, poll_seconds=poll_seconds, idle_timeout=idle_timeout)
+
+
+class EvalJob:
+    """The eval job of one training job: what it evaluated, and the program that evaluates."""
+
+    def __init__(self, cfg: ExperimentConfig, job_dir: Path) -> None:
+        from equipax.launch.jobdir.summaries import read_metrics
+
+        self.cfg: ExperimentConfig = cfg
+        self.job_dir: Path = Path(job_dir)
+        self.path: Path = self.job_dir / EVAL_DIR / "metrics.jsonl"
+        self.done: set[int] = {int(r["step"]) for r in read_metrics(self.path)} if self.path.exists() else set()
+        self.program: tuple[Any, Any, str] | None = None  # (training, eval input, unit), at the first checkpoint
+        self.tb: Any = None
+
+    def run(self, *, follow: bool, poll_seconds: float, idle_timeout: float) -> None:
+        from equipax.launch.inference.trained_job import checkpoint_steps, pick_step
+
+        if not follow:
+            pick_step(self.job_dir, None)  # no checkpoint: exit 2, saying to wait or use --follow
+        last_new = time.monotonic()
+        try:
+            while True:
+                todo = [s for s in checkpoint_steps(self.job_dir) if s not in self.done]
+                for step in todo:
+                    self.evaluate(step, vanished_ok=follow)
+                    last_new = time.monotonic()
+                if not follow:
+                    if not todo:
+                        out.print(f"Every checkpoint of {self.job_dir} is already evaluated ({self.path}).",
+                                  highlight=False)
+                    return
+                if self.finished():
+                    out.print(f"The training job finished; evaluated {len(self.done)} checkpoint(s) -> {self.path}.",
+                              highlight=False)
+                    return
+                if time.monotonic() - last_new > idle_timeout:
+                    out.print(f"No new checkpoint for {idle_timeout:.0f} s and the job has not finished; stopping "
+                              "(run the same command again to carry on).", highlight=False)
+                    return
+                time.sleep(poll_seconds)
+        finally:
+            if self.tb is not None:
+                self.tb.close()
+
+    def finished(self) -> bool:
+        """The training job wrote result.json after its newest checkpoint, and that step is evaluated."""
+        from equipax.launch.inference.trained_job import checkpoint_steps
+
+        result = self.job_dir / "result.json"
+        steps = checkpoint_steps(self.job_dir)
+        if not result.exists() or not steps:
+            return False
+        try:
+            final = json.loads(result.read_text()).get("final_step")
+        except (OSError, ValueError):
+            return False  # being written
+        newest = self.job_dir / "checkpoints" / str(steps[-1])
+        return final in self.done and result.stat().st_mtime >= newest.stat().st_mtime
+
+    def _build(self) -> None:
+        from tensorboardX import SummaryWriter
+
+        from equipax.launch.tasks import family
+        from equipax.launch.training.build import build_training
+        from equipax.launch.inference.trained_job import check_tokenizer, local_mesh
+
+        check_tokenizer(self.cfg, self.job_dir)
+        cfg, mesh, note = local_mesh(self.cfg)
+        if note:
+            err.print(note, highlight=False)
+        fam = family(cfg)
+        inputs = fam.build_inputs(cfg, self.job_dir, log=lambda m: err.print(m, highlight=False))
+        self.program = (build_training(cfg, mesh), inputs.eval, fam.UNIT)
+        self.tb = SummaryWriter(str(self.job_dir / "summaries" / EVAL_DIR))
+        self.path.parent.mkdir(exist_ok=True)
+
+    def evaluate(self, step: int, *, vanished_ok: bool) -> None:
+        """Restore checkpoint `step` (model only), evaluate it, record it."""
+        from equipax.core.knobs import ConfigError
+        from equipax.launch.training.hooks import eval_pass
+        from equipax.launch.inference.trained_job import restore_model
+
+        if self.program is None:
+            self._build()
+        assert self.program is not None
+        training, eval_input, unit = self.program
+        start = time.monotonic()
+        try:
+            model, model_state = restore_model(self.job_dir, step, training.abstract_state)
+        except ConfigError:
+            if vanished_ok and not (self.job_dir / "checkpoints" / str(step)).exists():
+                err.print(f"note: checkpoint {step} was removed before it could be evaluated (the run keeps "
+                          f"train.keep_checkpoints={self.cfg.train.keep_checkpoints}); skipped.", highlight=False)
+                self.done.add(step)
+                return
+            raise
+        m = eval_pass(training, eval_input, model, model_state, limit=self.cfg.train.eval_batches)
+        record = {"loss": m["loss"], "accuracy": m["accuracy"], unit: m["weight"], "batches": m["batches"],
+                  "seconds": time.monotonic() - start}
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, "split": EVAL_DIR, **record}) + "\n")
+        for k, v in record.items():
+            self.tb.add_scalar(k, v, step)
+        self.tb.flush()
+        self.done.add(step)
+        out.print(f"step {step}: eval loss {m['loss']:.4f}, accuracy {m['accuracy']:.3f} on {m['weight']:,.0f} "
+                  f"{unit} ({record['seconds']:.1f} s)", highlight=False)

@@ -1,0 +1,140 @@
+"""`launch list`, `launch show` and `launch run`: the registry and the one training program."""
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from equipax.core.knobs import ConfigError, format_knobs, to_dict
+from equipax.launch.commands.common import (
+    DEFAULT_EXPERIMENT, CpuDevicesOption, ExpOption, SetOption, err, fail, out, resolve,
+)
+from equipax.launch.experiments import registry
+
+__all__ = ["list_cmd", "profile_overrides", "run", "show"]
+
+
+def _count(n: int | float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(int(n))
+
+
+def list_cmd() -> None:
+    """List registered experiments."""
+    from equipax.launch.tasks import derived_numbers
+
+    table = Table(title="Registered experiments")
+    for col in ("name", "params", "mesh", "data", "steps"):
+        table.add_column(col, no_wrap=True)
+    for entry in registry.entries():
+        cfg = entry.fn()
+        if entry.kind == "benchmark":
+            table.add_row(entry.name, "-", "1", "random q/k/v", "-")
+            continue
+        mesh = "x".join(str(s) for s in cfg.mesh.shape) if cfg.mesh.num_devices > 1 else "1"
+        data = cfg.data.source + (" images" if cfg.kind == "image_classification" else "")
+        table.add_row(entry.name, _count(derived_numbers(cfg)["params_total"]), mesh, data, _count(cfg.num_steps))
+    out.print(table)
+    out.print("mesh = data x fsdp x tensor devices; `launch show --exp NAME` for everything else.",
+              highlight=False)
+
+
+def show(
+    exp: ExpOption = DEFAULT_EXPERIMENT,
+    set_: SetOption = None,
+    format: Annotated[str, typer.Option("--format", help="text, json, or maxtext (a MaxText config).")] = "text",
+    cpu_devices: CpuDevicesOption = None,
+) -> None:
+    """Print the resolved config and derived numbers without touching any device."""
+    from equipax.launch.tasks import derived_numbers
+
+    entry, cfg, sources = resolve(exp, set_)
+    numbers = derived_numbers(cfg) if entry.kind == "train" else {}
+    if "devices_required" in numbers and cpu_devices is not None and cpu_devices != numbers["devices_required"]:
+        err.print(f"note: the mesh needs {numbers['devices_required']} devices; --cpu-devices {cpu_devices} "
+                  "would not run it.", highlight=False)
+    if format == "json":
+        print(json.dumps({"config": to_dict(cfg), "derived": numbers, "sources": sources}, indent=2))
+    elif format == "text":
+        out.print(f"[bold]# {cfg.name}[/]: {cfg.description}", highlight=False)
+        out.print(format_knobs(cfg, sources), highlight=False, markup=False, end="")
+        out.print("[bold]# derived[/]", highlight=False)
+        for k, v in numbers.items():
+            text = f"{v:,}" if isinstance(v, int) else f"{v:.4g}" if isinstance(v, float) else str(v)
+            out.print(f"{k} = {text}", highlight=False)
+    elif format == "maxtext":
+        from equipax.launch.commands.convert_command import print_maxtext
+
+        print_maxtext(cfg)
+    else:
+        fail(f"--format must be 'text', 'json' or 'maxtext'; got {format!r}.")
+
+
+def profile_overrides(text: str) -> list[str]:
+    """`--profile START:COUNT` as the knobs it sets (train.profile_start_step, train.profile_steps)."""
+    start, sep, count = text.partition(":")
+    if not sep or not count.strip().isdigit() or not (start.strip().isdigit() or not start.strip()):
+        fail(f"--profile takes START:COUNT (e.g. 5:3 traces steps 5, 6 and 7; :3 starts at the run's second "
+             f"step); got {text!r}.")
+    return [f"train.profile_start_step={start.strip() or None}", f"train.profile_steps={count.strip()}"]
+
+
+def run(
+    exp: ExpOption = DEFAULT_EXPERIMENT,
+    set_: SetOption = None,
+    job_log_dir: Annotated[
+        Path | None, typer.Option("--job-log-dir", help="Job directory (default: runs/<exp>).")
+    ] = None,
+    cpu_devices: CpuDevicesOption = None,
+    coordinator: Annotated[
+        str | None, typer.Option("--coordinator", help="Multi-process: HOST:PORT of process 0.")
+    ] = None,
+    num_processes: Annotated[int | None, typer.Option("--num-processes", help="Multi-process: N.")] = None,
+    process_id: Annotated[int | None, typer.Option("--process-id", help="Multi-process: this process, 0..N-1.")] = None,
+    distributed_auto: Annotated[
+        bool, typer.Option("--distributed-auto", help="Join a multi-host job detected from the environment (Cloud TPU, SLURM, Open MPI).")
+    ] = False,
+    coordinator_timeout: Annotated[
+        float, typer.Option("--coordinator-timeout", min=1,
+                            help="Multi-process: seconds to wait for the coordinator and the other processes.")
+    ] = 300.0,
+    profile: Annotated[
+        str | None, typer.Option("--profile", help="START:COUNT: trace COUNT steps from step START into "
+                                                   "<job>/profile (':COUNT' = from the second step).")
+    ] = None,
+) -> None:
+    """Train an experiment; rerun the same command to resume from its last checkpoint."""
+    if profile is not None:
+        set_ = [*(set_ or []), *profile_overrides(profile)]
+    entry, cfg, sources = resolve(exp, set_)  # a pure value: no device touched yet
+    # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
+    from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
+    from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
+    from equipax.launch.aot.flags import apply_compiler_flags
+    from equipax.launch.training.profiling import set_xla_flags
+    try:
+        if entry.kind == "train":  # refuse a device count the mesh cannot use before creating them
+            check_cpu_devices(cpu_devices, cfg.mesh, num_processes=num_processes or 1)
+            # train.xla_flags / libtpu_init_args, then PGLE: read when the backend (libtpu) starts.
+            for var, value in apply_compiler_flags(cfg.train.xla_flags, cfg.train.libtpu_init_args).items():
+                err.print(f"{var}={value}", highlight=False, markup=False)
+            set_xla_flags(cfg.train)
+        use_cpu_devices(cpu_devices)
+        initialize(DistributedArgs(coordinator, num_processes, process_id, auto=distributed_auto,
+                                   coordinator_timeout_s=coordinator_timeout))
+    except ConfigError as e:
+        fail(str(e))
+    job_dir = job_log_dir or Path("runs") / cfg.name
+    if entry.kind == "benchmark":
+        from equipax.launch.bench.attention_timing import run_attention_bench
+
+        run_attention_bench(cfg, job_dir, console=out)
+        return
+    from equipax.launch.training.loop import run_experiment
+
+    # Errors (ConfigError -> exit 2, Preempted -> 75, NonFiniteError -> 4) are mapped in errors.py.
+    run_experiment(cfg, job_dir=job_dir, sources=sources, console=HostConsole(soft_wrap=True))

@@ -1,0 +1,200 @@
+"""A training job read from outside (`launch decode`, `launch eval`): never written to.
+
+The job's `config.json` gives the experiment, `checkpoints/<step>/` the saved states. Steps are
+listed from the directory names (orbax renames a step's folder into place only once it is
+complete), so a job still training is read safely: no orbax `CheckpointManager` is opened on
+it (opening one cleans up temporary folders, which would break the live run's save in flight).
+Only the model (and its non-trained state) is restored, never the optimizer's moments, and the
+restored arrays are checked against the checksums recorded when they were saved.
+"""
+
+import contextlib
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import orbax.checkpoint as ocp
+
+from equipax.core.knobs import ConfigError, from_json
+from equipax.core.mesh import MeshConfig, build_mesh
+from equipax.launch.configs.experiment import ExperimentConfig
+from equipax.launch.jobdir.checksums import ALGORITHM, array_checksums, differences
+
+__all__ = [
+    "check_tokenizer",
+    "checkpoint_steps",
+    "load_config",
+    "local_mesh",
+    "MODEL_PARTS",
+    "pick_step",
+    "restore_model",
+]
+
+# The parts of the train state a trained model is: the optimizer state is never read.
+MODEL_PARTS = (".model.", ".model_state.")
+
+
+def load_config(job_dir: Path) -> ExperimentConfig:
+    """The experiment a job directory trained (its `config.json`); ConfigError when there is none."""
+    job_dir = Path(job_dir)
+    if not job_dir.is_dir():
+        raise ConfigError(f"--job-log-dir {job_dir} does not exist; point it at the directory "
+                          "`launch run --job-log-dir` wrote.")
+    path = job_dir / "config.json"
+    if not path.exists():
+        raise ConfigError(f"{job_dir} is not a training job's directory (no config.json); point "
+                          "--job-log-dir at the directory `launch run --job-log-dir` wrote.")
+    try:
+        return from_json(ExperimentConfig, path.read_text())
+    except (ConfigError, ValueError) as e:
+        raise ConfigError(f"{path} does not describe an experiment this version reads: {e}") from None
+
+
+def checkpoint_steps(job_dir: Path) -> list[int]:
+    """The steps of the job's complete checkpoints, oldest first (temporary folders excluded)."""
+    folder = Path(job_dir) / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def pick_step(job_dir: Path, step: int | None) -> int:
+    """`step`, or the newest checkpoint's; ConfigError when it does not exist."""
+    steps = checkpoint_steps(job_dir)
+    if not steps:
+        raise ConfigError(
+            f"{job_dir} has no checkpoint yet (nothing in {Path(job_dir) / 'checkpoints'}). Wait for the "
+            "run to save one (every train.checkpoint_every steps), or train it with `launch run`.")
+    if step is None:
+        return steps[-1]
+    if step not in steps:
+        raise ConfigError(f"{job_dir} has no checkpoint of step {step}; it has steps "
+                          f"{', '.join(map(str, steps))}. Pass one of them to --step, or leave --step out "
+                          "for the newest.")
+    return step
+
+
+def local_mesh(cfg: ExperimentConfig) -> tuple[ExperimentConfig, jax.sharding.Mesh, str]:
+    """The job's mesh when this process has its devices, else one device.
+
+    Returns:
+        (the config with the mesh used, the mesh, a note for the user or "").
+    """
+    n = jax.device_count()
+    try:
+        fitted = cfg.for_devices(n)
+        if fitted.mesh.num_devices == n:
+            return fitted, build_mesh(fitted.mesh), ""
+        one = dataclasses.replace(cfg, mesh=MeshConfig())
+    except ValueError as e:
+        raise ConfigError(f"The job's experiment does not fit this host's devices: {e}") from None
+    note = (f"note: the job trained on {cfg.mesh.num_devices} devices ({cfg.mesh.shape}); this process has "
+            f"{n}, so the model is restored onto one device (pass --cpu-devices "
+            f"{cfg.mesh.num_devices} to use the job's mesh on simulated CPU devices).")
+    return one, build_mesh(one.mesh, jax.devices()[:1]), note
+
+
+def _is_abstract(x: Any) -> bool:
+    return isinstance(x, jax.ShapeDtypeStruct)
+
+
+def _named(tree: Any, prefix: str) -> dict[str, Any]:
+    """`{name: leaf}` of the abstract array leaves, named as the checkpoint names them."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(eqx.filter(tree, _is_abstract))
+    return {prefix + jax.tree_util.keystr(path): leaf for path, leaf in flat}
+
+
+def _fill(template: Any, prefix: str, flat: dict[str, Any]) -> Any:
+    """`template` with each abstract array replaced by the restored array of its name."""
+    arrays, static = eqx.partition(template, _is_abstract)
+    paths, treedef = jax.tree_util.tree_flatten_with_path(arrays)
+    filled = jax.tree_util.tree_unflatten(treedef, [flat[prefix + jax.tree_util.keystr(p)] for p, _ in paths])
+    return eqx.combine(filled, static)
+
+
+class _NoStepMetadataWarning(logging.Filter):
+    """Reading the `state` item alone, orbax warns that the step's metadata file is not in it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Metadata file does not exist" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    quiet, logger = _NoStepMetadataWarning(), logging.getLogger("absl")
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+def _first_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+
+
+def restore_model(job_dir: Path, step: int, abstract_state: Any) -> tuple[Any, Any]:
+    """Restore the model and its non-trained state of checkpoint `step`, onto the shardings of
+    `abstract_state` (`build_training(...).abstract_state`); the optimizer state is not read.
+
+    Returns:
+        (model, model_state).
+
+    Raises:
+        ConfigError: the checkpoint does not hold this model (other shapes) or does not restore,
+            or its arrays differ from the checksums recorded when it was saved.
+    """
+    folder = Path(job_dir).absolute() / "checkpoints" / str(step)
+    wanted = _named(abstract_state.model, ".model") | _named(abstract_state.model_state, ".model_state")
+    where = f"The checkpoint of step {step} in {folder.parent}"
+    try:
+        with _quiet_orbax(), ocp.PyTreeCheckpointer() as reader:
+            saved = reader.metadata(folder / "state")
+            saved = dict(getattr(saved, "item_metadata", None) or saved)
+            diffs = [f"  {k}: checkpoint {tuple(saved[k].shape) if k in saved else 'missing'}, this model "
+                     f"{tuple(v.shape)}" for k, v in wanted.items()
+                     if k not in saved or tuple(saved[k].shape) != tuple(v.shape)]
+            if diffs:
+                raise ConfigError(f"{where} does not hold this job's model ({len(diffs)} arrays differ):\n"
+                                  + "\n".join(diffs[:10]))
+            flat = reader.restore(folder / "state", args=ocp.args.PyTreeRestore(  # pyright: ignore[reportCallIssue]
+                item=wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
+                partial_restore=True))
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"{where} does not restore ({_first_line(e)}); pick another --step.") from None
+    _verify(folder, step, dict(flat))
+    return _fill(abstract_state.model, ".model", flat), _fill(abstract_state.model_state, ".model_state", flat)
+
+
+def _verify(folder: Path, step: int, flat: dict[str, Any]) -> None:
+    """ConfigError unless the restored arrays have the checksums recorded at save time."""
+    path = folder / "digests" / "metadata"
+    if not path.exists():
+        return  # saved before checkpoints recorded checksums
+    digests = json.loads(path.read_text())
+    if digests.get("algorithm") != ALGORITHM:
+        return
+    recorded = {k: v for k, v in digests.get("arrays", {}).items() if k in flat}
+    bad = differences(recorded, array_checksums(flat))
+    if bad:
+        raise ConfigError(
+            f"The checkpoint of step {step} in {folder.parent} is damaged: {len(bad)} array(s) differ from the "
+            f"checksums recorded when it was saved ({', '.join(bad[:3])}). Pick another --step.")
+
+
+def check_tokenizer(cfg: ExperimentConfig, job_dir: Path) -> None:
+    """ConfigError when the job's vocabulary file is missing (reading the job must never train a
+    new one into its directory)."""
+    from equipax.launch.tasks.lm_data import TOKENIZER_FILE
+
+    d: Any = cfg.data
+    if cfg.kind == "lm" and d.tokenizer == "sentencepiece" and d.source != "synthetic" and not d.vocab_path \
+            and not (Path(job_dir) / TOKENIZER_FILE).exists():
+        raise ConfigError(f"{job_dir} has no {TOKENIZER_FILE} (the vocabulary the job trained with); copy it back "
+                          "from where the job ran.")

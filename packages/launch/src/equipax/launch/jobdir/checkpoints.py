@@ -1,0 +1,297 @@
+"""Orbax checkpoints of the train state and the data iterator's state.
+
+The train state (an Equinox module) is saved as a flat `{path: array}` dict of its array
+leaves, so the checkpoint is readable without our classes and a shape mismatch can be
+reported by name before anything is restored. Saves are asynchronous; orbax writes a step into
+`<step>.orbax-checkpoint-tmp-*` and renames it when complete, so a killed save never shows up as
+a restorable step (leftover temporary directories are removed when the next run starts). A step
+directory that still fails to restore (damaged files) is moved to `<job>/corrupt_checkpoints/` and
+the previous step is used instead (`restore_latest`). Each checkpoint also records the checksum
+of every array and JSON item it holds (`checksums.py`) and what the saved state means (`meta`:
+experiment, tokenizer, data, batch; `resume.py` compares it); a restore whose checksums do not
+match what was saved is treated like damaged files.
+"""
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from equipax.core.knobs import ConfigError
+from equipax.launch.cluster.distributed import barrier as barrier_all
+from equipax.launch.jobdir.checksums import ALGORITHM, ChecksumMismatch, array_checksums, json_checksum, verify
+from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process
+
+__all__ = ["Checkpointer", "CheckpointSaveError", "ChecksumMismatch", "flat_arrays", "read_json"]
+
+PyTree = Any
+
+
+class CheckpointSaveError(Exception):
+    """Writing a checkpoint failed (disk full, permissions); the message says what is intact."""
+
+
+    """The array leaves of `tree` as `{keystr(path): array}` (what a checkpoint stores)."""
+def flat_arrays(tree: PyTree) -> dict[str, Any]:
+    arrays = eqx.filter(tree, eqx.is_array)
+    flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
+    return {jax.tree_util.keystr(path): leaf for path, leaf in flat}
+
+
+def _unflatten_into(template: PyTree, flat: dict[str, Any]) -> PyTree:
+    arrays, static = eqx.partition(template, eqx.is_array)
+    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(arrays)
+    leaves = [flat[jax.tree_util.keystr(p)] for p, _ in leaves_with_path]
+    return eqx.combine(jax.tree_util.tree_unflatten(treedef, leaves), static)
+
+
+class Checkpointer:
+    """Save and restore (train state, data iterator state) under `directory`.
+
+    Arguments:
+        directory: the job's `checkpoints/` folder.
+        keep: how many recent checkpoints to keep.
+        meta: JSON-ready description of what the saved state means (saved with every checkpoint
+            and handed to `restore_latest`'s `check_meta`).
+    """
+
+    def __init__(self, directory: Path, *, keep: int, meta: dict[str, Any] | None = None) -> None:
+        self.directory: Path = Path(directory).absolute()
+        self.meta: dict[str, Any] = dict(meta or {})
+        self._in_flight: int | None = None  # the step of the asynchronous save not yet waited for
+        self._quiet = QuietOrbaxErrors()
+        logging.getLogger("absl").addFilter(self._quiet)
+        quiet_process()  # for the process: orbax's callbacks and futures outlive this checkpointer
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                                 enable_async_checkpointing=True,
+                                                 cleanup_tmp_directories=True),
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(),
+                "data": ocp.JsonCheckpointHandler(),
+                "loop": ocp.JsonCheckpointHandler(),
+                "meta": ocp.JsonCheckpointHandler(),
+                "digests": ocp.JsonCheckpointHandler(),
+            },
+        )
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step, or None."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def save(self, step: int, state: PyTree, data_state: dict[str, Any],
+             loop_state: dict[str, Any] | None = None) -> None:
+        """Start an asynchronous save of `state`, `data_state` and `loop_state` at `step`.
+
+        Raises:
+            CheckpointSaveError: this save (or the previous, asynchronous one) could not be written.
+        """
+        self.wait()  # a failure of the previous asynchronous save is reported with its own step
+        flat = flat_arrays(state)
+        loop_state = loop_state or {}
+        digests = {"algorithm": ALGORITHM, "arrays": array_checksums(flat), "data": json_checksum(data_state),
+                   "loop": json_checksum(loop_state), "meta": json_checksum(self.meta)}
+        try:
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(flat),  # pyright: ignore[reportCallIssue]
+                    data=ocp.args.JsonSave(data_state),  # pyright: ignore[reportCallIssue]
+                    loop=ocp.args.JsonSave(loop_state),  # pyright: ignore[reportCallIssue]
+                    meta=ocp.args.JsonSave(self.meta),  # pyright: ignore[reportCallIssue]
+                    digests=ocp.args.JsonSave(digests),  # pyright: ignore[reportCallIssue]
+                ),
+                force=True,
+            )
+        except Exception as e:
+            raise self._save_error(step, e) from e
+        self._in_flight = step
+
+    def _save_error(self, step: int | None, e: Exception) -> CheckpointSaveError:
+        try:
+            self._manager.reload()
+            intact = self._manager.latest_step()
+        except Exception:
+            intact = None
+        what = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
+        kept = (f"The newest complete checkpoint, step {intact}, is intact" if intact is not None
+                else "No complete checkpoint exists yet")
+        reason = (str(e).strip().splitlines() or [""])[0].rstrip(".")
+        if len(reason) > 400:  # orbax's text names every path; the OS error is at its end
+            reason = f"{reason[:150]} (...) {reason[-250:]}"
+        return CheckpointSaveError(
+            f"Could not write {what} to {self.directory}: {type(e).__name__}: {reason}. {kept}. "
+            "Free disk space (or fix the directory's permissions) and run the same command again to resume."
+        )
+
+    def wait(self) -> None:
+        """Block until every started save is complete on disk.
+
+        Raises:
+            CheckpointSaveError: the asynchronous save in flight failed (the message names its step).
+        """
+        step, self._in_flight = self._in_flight, None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            raise self._save_error(step, e) from e
+
+    def restore_latest(
+        self, template: PyTree, *, log: Callable[[str], object] = print,
+        check_meta: Callable[[dict[str, Any], int], None] | None = None,
+    ) -> tuple[int, PyTree, dict[str, Any], dict[str, Any]] | None:
+        """Restore the newest checkpoint that restores and verifies; None when there is none.
+
+        A step that fails to restore (damaged or missing files) or whose content does not match
+        the checksums recorded when it was saved is moved to `<job>/corrupt_checkpoints/` (kept
+        for inspection, never deleted) and the next older step is tried, with a message. A shape
+        mismatch is not damage: it raises ConfigError, as does `check_meta`.
+
+        Arguments:
+            template: a state of the structure, shapes and shardings to restore into.
+            log: warnings go here.
+            check_meta: called with the checkpoint's saved `meta` (when it has one) and its step
+                before anything is restored; raises ConfigError when this run may not resume it.
+
+        Returns:
+            (step, state, data_state, loop_state).
+        """
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                meta = self._read_meta(step)
+                if check_meta is not None and meta is not None:
+                    check_meta(meta, step)
+                self.check_compatible(step, template)
+                state, data_state, loop_state = self._restore_verified(step, template)
+            except ConfigError:
+                raise
+            except Exception as e:
+                self._set_aside(step, e, log)
+                continue
+            return step, state, data_state, loop_state
+        return None
+
+    def _has(self, step: int, item: str) -> bool:
+        return (self.directory / str(step) / item).exists()
+
+    def _read_json(self, step: int, item: str) -> dict[str, Any] | None:
+        if not self._has(step, item):
+            return None  # written before checkpoints had this item
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()}))  # pyright: ignore[reportCallIssue]
+        return dict(restored[item] or {})
+
+    def _read_meta(self, step: int) -> dict[str, Any] | None:
+        meta = self._read_json(step, "meta")
+        digests = self._read_json(step, "digests")
+        if meta is not None and digests is not None and digests.get("meta") not in (None, json_checksum(meta)):
+            raise ChecksumMismatch("its meta item does not match the checksum recorded when it was saved")
+        return meta
+
+    def _set_aside(self, step: int, e: Exception, log: Callable[[str], object]) -> None:
+        source = self.directory / str(step)
+        target = self.directory.parent / "corrupt_checkpoints" / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if jax.process_index() == 0 and source.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(source), str(target))
+        self._manager.reload()
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        log(f"warning: the checkpoint of step {step} does not restore ({type(e).__name__}: {first}); "
+            f"moved it to {target} and trying the previous one.")
+
+    def set_aside_from(self, step: int) -> tuple[int | None, list[int], str]:
+        """Move the checkpoints of `step` and later to `<job>/unstable_checkpoints/` (kept, never
+        deleted), so the newest one left is where a rerun resumes.
+
+        Returns:
+            (the newest checkpoint left or None, the steps moved, the folder they went to).
+        """
+        self.wait()
+        target = self.directory.parent / "unstable_checkpoints"
+        moved = [s for s in self.all_steps() if s >= step]
+        if jax.process_index() == 0:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            for s in moved:
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(self.directory / str(s)), str(target / f"{s}-{stamp}"))
+        barrier_all("set_aside_unstable")
+        self._manager.reload()
+        return self._manager.latest_step(), moved, str(target)
+
+    def check_compatible(self, step: int, template: PyTree) -> None:
+        """Raise ConfigError naming every array whose shape/dtype differs from `template`."""
+        meta = self._manager.item_metadata(step)
+        saved = meta["state"] if meta is not None else None
+        if saved is None:
+            return
+        expected = {k: (tuple(v.shape), str(v.dtype)) for k, v in flat_arrays(template).items()}
+        found = {k: (tuple(v.shape), str(v.dtype)) for k, v in dict(saved).items()}
+        diffs = []
+        for k in sorted(set(expected) | set(found)):
+            e, f = expected.get(k), found.get(k)
+            if e != f:
+                diffs.append(f"  {k}: checkpoint {f or 'missing'}, this config {e or 'missing'}")
+        if diffs:
+            shown = "\n".join(diffs[:10]) + ("\n  ..." if len(diffs) > 10 else "")
+            raise ConfigError(
+                f"The checkpoint at step {step} in {self.directory} was written by a model with "
+                f"different shapes ({len(diffs)} arrays differ):\n{shown}\n"
+                "Point --job-log-dir at a new directory to start fresh, or restore the knobs "
+                "recorded in that job's config.json."
+            )
+
+    def restore(self, step: int, template: PyTree) -> tuple[PyTree, dict[str, Any]]:
+        """Restore and verify the checkpoint at `step` into the structure and shardings of `template`.
+
+        Returns:
+            (state, data_state).
+
+        Raises:
+            ChecksumMismatch: what was read back differs from what was saved.
+        """
+        state, data_state, _ = self._restore_verified(step, template)
+        return state, data_state
+
+    def _restore_verified(self, step: int, template: PyTree) -> tuple[PyTree, dict[str, Any], dict[str, Any]]:
+        self.check_compatible(step, template)
+        abstract = {
+            k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
+            for k, v in flat_arrays(template).items()
+        }
+        items: dict[str, Any] = {"state": ocp.args.StandardRestore(abstract),  # pyright: ignore[reportCallIssue]
+                                 "data": ocp.args.JsonRestore()}  # pyright: ignore[reportCallIssue]
+        for name in ("loop", "digests"):  # absent from checkpoints written before they existed
+            if self._has(step, name):
+                items[name] = ocp.args.JsonRestore()  # pyright: ignore[reportCallIssue]
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        flat, data_state = dict(restored["state"]), dict(restored["data"])
+        loop_state = dict(restored["loop"] or {}) if "loop" in items else {}
+        if "digests" in items:
+            verify(dict(restored["digests"] or {}), flat, data_state, loop_state)
+        return _unflatten_into(template, flat), data_state, loop_state
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
+            logging.getLogger("absl").removeFilter(self._quiet)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file's content, or None if it does not exist."""
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())

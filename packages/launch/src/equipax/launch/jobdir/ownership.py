@@ -1,0 +1,131 @@
+"""The job directory's safety checks, before a run writes anything into it.
+
+- It must be a writable directory (checked by creating and removing a probe file), so a
+  typo'd or read-only `--job-log-dir` fails in a second with a message, not after compiling.
+- It must not belong to another experiment: resuming `B` from `A`'s checkpoints would be
+  wrong even when the shapes happen to match.
+- It is owned by one live run at a time (`JobLock`).
+- Small files are replaced atomically (`write_text_atomic`), so a kill never leaves half a
+  config.json, tokenizer or metrics file behind.
+"""
+
+import fcntl
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from equipax.core.knobs import ConfigError
+
+__all__ = ["JobLock", "prepare_job_dir", "write_text_atomic"]
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename (never half a file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def prepare_job_dir(job_dir: Path, experiment: str) -> None:
+    """Create `job_dir` if needed and check it is writable and holds no other experiment.
+
+    Raises:
+        ConfigError: not a directory, not writable, or another experiment's job directory.
+    """
+    job_dir = Path(job_dir)
+    fix = "Choose another --job-log-dir, or fix the directory's permissions."
+    try:
+        job_dir.mkdir(parents=True, exist_ok=True)
+        probe = job_dir / f".write-probe-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(
+            f"The job directory {str(job_dir)!r} is not a writable directory "
+            f"({e.strerror or type(e).__name__}: {e.filename or job_dir}). {fix}"
+        ) from None
+    recorded = job_dir / "config.json"
+    checkpoints = job_dir / "checkpoints"
+    for name in ("checkpoints", "corrupt_checkpoints", "unstable_checkpoints", "summaries", "plots"):
+        if (job_dir / name).exists() and not (job_dir / name).is_dir():
+            raise ConfigError(
+                f"{job_dir / name} is a file, but the run keeps a directory there. Move or delete the file, "
+                "or choose another --job-log-dir."
+            )
+    if not (recorded.exists() and checkpoints.is_dir() and any(checkpoints.iterdir())):
+        return
+    try:
+        name = json.loads(recorded.read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return  # unreadable record: the checkpoint shape check still guards the restore
+    if name is not None and name != experiment:
+        raise ConfigError(
+            f"The job directory {str(job_dir)!r} holds checkpoints of experiment {name!r} "
+            f"(its config.json), not {experiment!r}; resuming one from the other would be wrong. "
+            f"Point --job-log-dir at a new directory to start {experiment!r} fresh, or run "
+            f"--exp {name} to resume that job."
+        )
+
+
+class JobLock:
+    """One live run per job directory: an exclusive `flock` on `<job>/.lock` for the run's lifetime.
+
+    The lock file records the owner's host and pid. A second run while the owner lives gets a
+    ConfigError naming it; a lock file left by a dead process (the kernel dropped its flock) is
+    taken over with a warning. Only process 0 of a multi-host job locks: its processes are one run.
+
+    Arguments:
+        job_dir: the job directory (exists).
+        log: where the take-over warning goes.
+    """
+
+    def __init__(self, job_dir: Path, *, log: Callable[[str], object] = print) -> None:
+        self.path: Path = Path(job_dir) / ".lock"
+        self.log = log
+        self._fd: int | None = None
+
+    def __enter__(self) -> "JobLock":
+        import jax
+
+        if jax.process_index() != 0:
+            return self
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            owner = _owner(os.read(fd, 4096))
+            os.close(fd)
+            raise ConfigError(
+                f"The job directory {str(self.path.parent)!r} is in use by another run ({owner}); two "
+                "runs would overwrite each other's checkpoints. Wait for it to finish, stop it, or choose "
+                "another --job-log-dir."
+            ) from None
+        previous = os.read(fd, 4096)
+        if previous.strip():
+            self.log(f"warning: took over the job directory's lock left by {_owner(previous)}, which is "
+                     "no longer running.")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                  "started": time.strftime("%Y-%m-%d %H:%M:%S")}).encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is None:
+            return
+        os.ftruncate(self._fd, 0)  # a clean exit leaves no owner to warn about
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _owner(raw: bytes) -> str:
+    try:
+        info = json.loads(raw.decode() or "{}")
+        return f"pid {info['pid']} on host {info['host']}, started {info.get('started', '?')}"
+    except (ValueError, KeyError, TypeError):
+        return "a process that left no readable record"

@@ -1,0 +1,115 @@
+"""Which knobs may change when a job resumes, and the check that refuses the others.
+
+Every checkpoint records what its saved state means (`resume_meta`): the experiment, the knobs
+that decide which examples the data iterator's saved position points at and which token ids the
+parameters were trained on, a fingerprint of the training shards and of the vocabulary, and the
+number of hosts. Resuming compares that record with the new run (`check_resume`) and refuses,
+listing every difference, where the saved state would be misread; the model's shapes are
+checked separately (`Checkpointer.check_compatible`). Knobs not listed here (learner, loop,
+eval, mesh) may change on resume. docs/errors.md ("Resuming with changed knobs") has the table.
+"""
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from equipax.core.knobs import ConfigError
+from equipax.launch.configs.experiment import ExperimentConfig
+
+__all__ = ["check_resume", "resume_meta", "SAFE_DATA_KNOBS"]
+
+# Data knobs a resumed run may change: they touch evaluation, or only the training of a
+# vocabulary the job already has. Every other `data.*` knob is part of the saved state's meaning.
+SAFE_DATA_KNOBS = frozenset({"eval_files", "reset_for_eval", "max_malformed_fraction",
+                             "tokenizer_max_sentences", "num_test", "batch_size", "per_device_batch"})
+
+
+def _file_digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def _train_shards(cfg: ExperimentConfig) -> str | None:
+    """A fingerprint of the training shards' names and sizes (C4-style sources), else None."""
+    if getattr(cfg.data, "source", None) != "c4":
+        return None
+    from equipax.data import find_shards
+
+    try:
+        shards = find_shards(cfg.data.path, cfg.data.train_files)  # pyright: ignore[reportAttributeAccessIssue]
+        listing = sorted((Path(p).name, Path(p).stat().st_size) for p in shards)
+    except (OSError, ValueError):
+        return None
+    return hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
+
+
+def _vocabulary(cfg: ExperimentConfig, job_dir: Path) -> str | None:
+    """A fingerprint of the SentencePiece model the ids come from (None for bytes and images)."""
+    d = cfg.data
+    if cfg.kind != "lm" or d.tokenizer == "byte" or d.source == "synthetic":  # pyright: ignore[reportAttributeAccessIssue]
+        return None
+    return _file_digest(Path(d.vocab_path) if d.vocab_path else Path(job_dir) / "tokenizer.model")  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def resume_meta(cfg: ExperimentConfig, job_dir: Path, *, hosts: int) -> dict[str, Any]:
+    """What a checkpoint of this run means, JSON-ready (saved with each checkpoint).
+
+    Arguments:
+        cfg: the experiment.
+        job_dir: the job directory (its tokenizer.model).
+        hosts: the number of processes (each has its own saved input position).
+    """
+    data = {f"data.{k}": v for k, v in dataclasses.asdict(cfg.data).items() if k not in SAFE_DATA_KNOBS}
+    knobs = {**data, "global batch (data.batch_size or data.per_device_batch x devices)": cfg.global_batch_size,
+             "model.vocab_size": getattr(cfg.model, "vocab_size", None), "hosts (processes)": hosts}
+    return {"experiment": cfg.name, "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
+            "train_shards": _train_shards(cfg), "vocabulary": _vocabulary(cfg, job_dir)}
+
+
+def check_resume(saved: dict[str, Any], current: dict[str, Any], *, step: int, where: Path) -> list[str]:
+    """Refuse to resume a checkpoint whose saved state this run would misread.
+
+    Arguments:
+        saved: the checkpoint's `resume_meta`.
+        current: this run's `resume_meta`.
+        step: the checkpoint's step (for the message).
+        where: the checkpoint directory (for the message).
+
+    Returns:
+        Notes on accepted differences (e.g. moved data with the same shards).
+
+    Raises:
+        ConfigError: another experiment's checkpoint, or knobs that change the state's meaning
+            differ; the message lists every difference.
+    """
+    if saved.get("experiment") not in (None, current["experiment"]):
+        raise ConfigError(
+            f"The checkpoints in {where} were written by experiment {saved['experiment']!r}, not "
+            f"{current['experiment']!r}; resuming one from the other would be wrong. Point --job-log-dir at "
+            f"a new directory to start {current['experiment']!r} fresh, or run --exp {saved['experiment']} "
+            "to resume that job."
+        )
+    old, new = saved.get("knobs", {}), current["knobs"]
+    diffs = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+    notes = []
+    same_shards = saved.get("train_shards") is not None and saved.get("train_shards") == current["train_shards"]
+    if "data.path" in diffs and same_shards:
+        notes.append(f"data.path changed ({diffs.pop('data.path')[0]!r} -> {new['data.path']!r}) but holds "
+                     "the same training shards (names and sizes): resuming.")
+    elif saved.get("train_shards") != current["train_shards"] and "data.path" not in diffs:
+        diffs["training shards under data.path (names and sizes)"] = ("as saved", "changed")
+    if saved.get("vocabulary") != current["vocabulary"] and not {"data.tokenizer", "data.vocab_path"} & set(diffs):
+        diffs["the vocabulary file (data.vocab_path or the job's tokenizer.model)"] = ("as saved", "changed")
+    if not diffs:
+        return notes
+    lines = "\n".join(f"  {k}: {a!r} -> {b!r}" for k, (a, b) in diffs.items())
+    raise ConfigError(
+        f"The checkpoint at step {step} in {where} cannot be resumed with these knobs: they change what its "
+        f"saved data position or token ids mean, so the run would mix two datasets. Differences "
+        f"(checkpoint -> this run):\n{lines}\nRestore these knobs (the job's config.json records them), or "
+        "point --job-log-dir at a new directory to start fresh. Learner, train.*, eval and mesh knobs may "
+        "change on resume (docs/errors.md, \"Resuming with changed knobs\")."
+    )

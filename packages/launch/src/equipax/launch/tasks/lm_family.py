@@ -1,0 +1,147 @@
+"""The language-model family: LMTask, token inputs (Shakespeare, synthetic, C4), the final sample."""
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from equipax.core.configs import FSDP, TENSOR, bubble_fraction, num_microbatches
+from equipax.launch.configs.experiment import ExperimentConfig, as_lm
+from equipax.launch.tasks import Inputs
+
+if TYPE_CHECKING:  # JAX and the models load when a run builds its Task, not for `launch show`
+    from jax.sharding import Mesh
+
+    from equipax.models.lm_task import LMTask
+
+__all__ = ["build_inputs", "continue_ids", "finish", "flops_per_token", "make_task", "numbers", "UNIT",
+           "units_per_example"]
+
+UNIT = "tokens"
+
+
+def flops_per_token(cfg: ExperimentConfig) -> dict[str, float]:
+    """Model FLOPs per token of either LM family (`training`, `attention`, `remat`, ...)."""
+    lm = as_lm(cfg)
+    return lm.model.flops_per_token(seq_len=lm.data.seq_len)
+
+
+def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Parameters, FLOPs and tokens, analytically (no devices, no tracing)."""
+    model, data = as_lm(cfg).model, as_lm(cfg).data
+    params = model.param_counts()
+    flops = flops_per_token(cfg)
+    tokens_per_step = cfg.global_batch_size * data.seq_len
+    out = {
+        "params_total": params["total"],
+        "params_embedding": params["embedding"],
+        "params_per_layer": params["per_layer"],
+        "global_batch": cfg.global_batch_size,
+        "tokens_per_step": tokens_per_step,
+        "total_tokens": tokens_per_step * cfg.num_steps,
+        "model_flops_per_token": flops["training"],
+        "model_flops_per_step": flops["training"] * tokens_per_step,
+        "devices_required": cfg.mesh.num_devices,
+        "mesh_shape": list(cfg.mesh.shape),
+    }
+    return out | _pipeline_numbers(cfg, params) if model.pipeline_stages > 1 else out
+
+
+def _pipeline_numbers(cfg: ExperimentConfig, params: dict[str, int]) -> dict[str, Any]:
+    """Stages, microbatches, the bubble and one stage's share of the state (pipelined models only).
+
+    `stage_state_bytes_per_device` is analytic: the stage's layers plus the (tied) embedding, in
+    float32 parameters and two Adam moments (12 bytes each), split over fsdp x tensor.
+    """
+    tcfg = cfg.model.transformer  # pyright: ignore[reportAttributeAccessIssue]
+    stages = tcfg.pipeline_stages
+    micro = num_microbatches(tcfg, cfg.global_batch_size)
+    stage_params = params["per_layer"] * tcfg.num_layers // stages
+    shards = cfg.mesh.axis_size(FSDP, TENSOR)
+    return {
+        "pipeline_stages": stages,
+        "pipeline_schedule": tcfg.pipeline_schedule,
+        "pipeline_repeats": tcfg.pipeline_repeats,
+        "pipeline_microbatches": micro,
+        "pipeline_microbatch_size": cfg.global_batch_size // micro,
+        "pipeline_bubble_fraction": round(bubble_fraction(stages, micro, tcfg.pipeline_repeats), 4),
+        "params_per_stage": stage_params,
+        "stage_state_bytes_per_device": 12 * (stage_params + params["embedding"]) // shards,
+    }
+
+
+def units_per_example(cfg: ExperimentConfig) -> int:
+    """Tokens per example (throughput is reported in tokens/s)."""
+    return as_lm(cfg).data.seq_len
+
+
+def make_task(cfg: ExperimentConfig, mesh: "Mesh | None") -> "LMTask":
+    """The LMTask of `cfg` on `mesh`."""
+    from equipax.models.lm_task import LMTask
+
+    lm = as_lm(cfg)
+    return LMTask(lm.model, lm.data.seq_len, packed=lm.data.packing, mesh=mesh)
+
+
+def build_inputs(cfg: ExperimentConfig, job_dir: Path, *, log: Callable[[str], object]) -> Inputs:
+    """The job's tokenizer (process 0 trains or finds it; the others load it) and the inputs."""
+    import jax
+
+    from equipax.launch.cluster.distributed import barrier, is_primary
+    from equipax.launch.tasks.lm_data import build_lm_inputs, build_tokenizer
+
+    tokenizer = build_tokenizer(as_lm(cfg), job_dir, log=log) if is_primary() else None
+    barrier("tokenizer")
+    tokenizer = tokenizer or build_tokenizer(as_lm(cfg), job_dir)
+    lm = build_lm_inputs(as_lm(cfg), tokenizer, num_infeed_hosts=jax.process_count(),
+                         infeed_host_index=jax.process_index())
+    return Inputs(lm.train, lm.eval, info={"unigram_entropy": lm.unigram_entropy},
+                  extra={"tokenizer": tokenizer})
+
+
+def finish(cfg: ExperimentConfig, model: Any, inputs: Inputs, *, key: Any,
+           log: Callable[[str], object]) -> dict[str, Any]:
+    """Generate `train.sample_tokens` tokens after `train.sample_prompt` with the KV cache
+    (greedy at `train.sample_temperature` 0, else sampled; single process only)."""
+    import jax
+    import numpy as np
+
+    if cfg.train.sample_tokens == 0 or jax.process_count() > 1:
+        return {"sample": None}
+    tokenizer = inputs.extra["tokenizer"]
+    prompt = tokenizer.encode(cfg.train.sample_prompt) or [tokenizer.bos_id]
+    out = continue_ids(model, prompt, cfg.train.sample_tokens, temperature=cfg.train.sample_temperature, key=key)
+    # model.vocab_size may exceed the tokenizer's vocabulary (docs/data.md): ids past it were never
+    # a training target, but sampling can still pick one, and no text decodes from it.
+    ids = [i for i in np.asarray(out).tolist() if i < tokenizer.vocab_size]
+    return {"sample": tokenizer.decode(ids)}
+
+
+def continue_ids(model: Any, prompt: list[int], num_tokens: int, *, temperature: float, key: Any) -> list[int]:
+    """`prompt` followed by `num_tokens` tokens from `equipax.models.decode.decode` (KV cache).
+
+    While prompt and sample fit in the model's `max_seq_len` this is one `decode` call, and greedy
+    decoding gives `equipax.models.lm.generate`'s tokens (sampling uses its key schedule too).
+    A longer sample continues in rounds: each round's prompt is the last `max_seq_len // 2`
+    tokens (`generate` instead slides its window by one token, recomputing it every step), so
+    every token still sees at least half a window of context, at 2 compiled programs.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    from equipax.models.decode import decode
+
+    max_len = model.cfg.max_seq_len
+    half = max(max_len // 2, 1)
+    ids = list(prompt) if len(prompt) < max_len else list(prompt[-half:])
+    generated: list[int] = []
+    rounds = 0
+    while len(generated) < num_tokens:
+        context = (list(prompt) + generated)[-half:] if rounds else ids
+        room = max_len - len(context)
+        sub = None if key is None or temperature == 0 else (jax.random.fold_in(key, rounds) if rounds else key)
+        tokens, _ = decode(model, jnp.asarray([context], jnp.int32), jnp.asarray([len(context)], jnp.int32),
+                           max_new_tokens=room if rounds else min(room, num_tokens), temperature=temperature,
+                           key=sub)
+        generated += jax.device_get(tokens)[0].tolist()[: num_tokens - len(generated)]
+        rounds += 1
+    return list(prompt) + generated

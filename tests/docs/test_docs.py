@@ -1,0 +1,90 @@
+"""Run the code blocks and commands of README.md and docs/*.md, so the docs cannot drift.
+
+Fenced blocks are run by language: `python` blocks are executed, `bash` blocks run each
+`uv run launch ...` line through the CLI in-process (`launch run` at toy size in a temporary job
+directory). Markers after the language (```` ```bash no-run ````; docs_hooks.TEST_MARKERS, which
+the site's build strips): `no-run` (not run: e.g. `uv run pytest` itself, external tools),
+`needs-hardware` (needs accelerators or data we don't have), `expect-fail` (must exit with the
+user-error code 2). Any other command in a runnable block is an error: mark it.
+"""
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+from helpers.toy import CNN_SHORT, SMOKE_SHORT, TOY_SHORT, set_args
+
+sys.path.insert(0, str(REPO))
+from docs_hooks import TEST_MARKERS, code_blocks  # noqa: E402
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SKIP_MARKERS = {"no-run", "needs-hardware"}
+
+
+def blocks():
+    for path in DOCS:
+        for block in code_blocks(path.read_text()):
+            if block.lang not in ("python", "bash") or SKIP_MARKERS & set(block.markers):
+                continue
+            yield pytest.param(block.lang, set(block.markers), block.body, id=f"{path.name}:{block.line}")
+
+
+def test_fence_markers_are_known():
+    """A misspelt marker (`no_run`) would run a block meant to be skipped, and break its fence on
+    the site: every word after a fence's language is one of TEST_MARKERS."""
+    unknown = [f"{path.name}:{block.line}: {word!r}" for path in DOCS for block in code_blocks(path.read_text())
+               for word in block.markers if word not in TEST_MARKERS]
+    assert not unknown, f"unknown code-fence markers (known: {sorted(TEST_MARKERS)}): {unknown}"
+
+
+def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
+    from equipax.launch.cli import app
+    from typer.testing import CliRunner
+
+    assert words[:3] == ["uv", "run", "launch"], (
+        f"documented command {' '.join(words)!r} is not run by the docs tests; mark its block no-run"
+    )
+    args = words[3:]
+    if args and args[0] == "run":
+        if "--job-log-dir" in args:
+            i = args.index("--job-log-dir")
+            del args[i : i + 2]
+        exp = args[args.index("--exp") + 1] if "--exp" in args else ""
+        # _smoke experiments are already small (and their meshes fix the batch): only shorten.
+        toy = SMOKE_SHORT if exp.endswith("_smoke") else CNN_SHORT if exp.startswith("cnn_") else TOY_SHORT
+        args += ["--job-log-dir", str(tmp_path / "job"), *set_args(toy)]
+    if args[:1] in (["decode"], ["eval"]) and "--job-log-dir" in args:
+        args[args.index("--job-log-dir") + 1] = str(tmp_path / "job")  # the job the block's `launch run` wrote
+    if "--cpu-devices" in args or args[:1] == ["compile"]:
+        # The device count is fixed when JAX starts: run in a fresh process, as a user would.
+        proc = subprocess.run([sys.executable, "-m", "equipax.launch.cli", *args],
+                              capture_output=True, text=True, timeout=600)
+        code, output = proc.returncode, proc.stdout + proc.stderr
+    else:
+        result = CliRunner().invoke(app, args)
+        code, output = result.exit_code, f"{result.output}\n{result.exception!r}"
+    if expect_fail:
+        assert code == 2, output
+        assert "Traceback" not in output
+    else:
+        assert code == 0, f"{' '.join(words)}\n{output}"
+
+
+@pytest.mark.parametrize("lang, flags, code", list(blocks()))
+def test_doc_block(lang, flags, code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if lang == "python":
+        exec(compile(code, "<doc>", "exec"), {"__name__": "__doc__"})
+        return
+    for line in code.splitlines():
+        line = re.sub(r"\s+#.*$", "", line).strip()
+        if line:
+            run_command(shlex.split(line), "expect-fail" in flags, tmp_path)
+
+
+def test_docs_exist():
+    assert len(DOCS) >= 3 and all(p.exists() for p in DOCS)

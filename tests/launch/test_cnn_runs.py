@@ -1,0 +1,95 @@
+"""The `cnn_*` experiments end to end (digits run, mid-epoch resume, config errors) and checkpoints holding BatchNorm state."""
+
+import json
+
+import numpy as np
+import pytest
+from helpers.toy import CNN_TOY, persistent_compile_cache, set_args
+
+
+def invoke(*args):
+    from equipax.launch.cli import app
+    from typer.testing import CliRunner
+
+    return CliRunner().invoke(app, list(args))
+
+def test_checkpoint_round_trip_includes_bn_state(one_step, tmp_path, trees_close):
+    import jax
+    from equipax.launch.jobdir.checkpoints import Checkpointer
+
+    template, state, _, _, _ = one_step
+    ckpt = Checkpointer(tmp_path / "checkpoints", keep=2)
+    ckpt.save(1, state, {"input": {"step": 1}})
+    ckpt.wait()
+    restored, data = ckpt.restore(1, template)
+    ckpt.close()
+    assert data == {"input": {"step": 1}}
+    trees_close(restored.model_state, state.model_state, rtol=0, atol=0)
+    assert not np.allclose(jax.tree.leaves(restored.model_state)[0], jax.tree.leaves(template.model_state)[0])
+    trees_close(jax.tree.leaves(restored.model), jax.tree.leaves(state.model), rtol=0, atol=0)
+    trees_close(jax.tree.leaves(restored.opt_state), jax.tree.leaves(state.opt_state), rtol=0, atol=0)
+
+@pytest.mark.slow
+def test_short_cnn_digits_run_learns_and_writes_job_dir(tmp_path):
+    job = tmp_path / "job"
+    result = invoke("run", "--exp", "cnn_digits", "--job-log-dir", str(job),
+                    *set_args([*CNN_TOY, "train.num_epochs=2", "data.batch_size=32"]))
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    assert "Epoch 2/2: Loss:" in result.output and "Test Acc:" in result.output
+    for name in ("config.json", "knobs.txt", "metrics.jsonl", "result.json", "plots/history.png"):
+        assert (job / name).exists(), name
+    for split in ("train", "eval", "epoch"):
+        assert list((job / "summaries" / split).iterdir()), split
+    records = [json.loads(ln) for ln in (job / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["split"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2] and [r["step"] for r in epochs] == [44, 88]
+    res = json.loads((job / "result.json").read_text())
+    assert res["final_test_accuracy"] > 0.8, res["history"]  # chance is 0.1
+    assert res["history"]["test_accuracy"] == [r["test_accuracy"] for r in epochs]
+
+@pytest.mark.slow
+def test_resume_mid_epoch_equals_uninterrupted(tmp_path, monkeypatch):
+    sets = set_args([*CNN_TOY, "train.num_epochs=2", "data.batch_size=128", "train.log_every=4"])
+    # The three runs compile the same programs: once, then from JAX's persistent cache.
+    with persistent_compile_cache(tmp_path / "jax-cache"):
+        _resume_mid_epoch(tmp_path, monkeypatch, sets)
+
+def _resume_mid_epoch(tmp_path, monkeypatch, sets):
+    import equipax.launch.training.loop as classify
+    from equipax.data import ImageClassificationInput
+    from equipax.launch.errors import EXIT_PREEMPTED
+    from equipax.launch.training.preemption import StopRequest
+
+    full = invoke("run", "--exp", "cnn_digits", "--job-log-dir", str(tmp_path / "full"), *sets)
+    assert full.exit_code == 0, full.output
+
+    fetched = {"n": 0}
+    original = ImageClassificationInput.get_next
+
+    def counting(self):
+        fetched["n"] += self.repeat
+        return original(self)
+
+    class StopAfter15(StopRequest):  # as if SIGTERM arrived during step 15 (epoch 2, of 11 steps)
+        def __bool__(self):
+            self.signal_name = "SIGTERM" if fetched["n"] >= 15 else None
+            return self.signal_name is not None
+
+    with monkeypatch.context() as m:
+        m.setattr(ImageClassificationInput, "get_next", counting)
+        m.setattr(classify, "StopRequest", StopAfter15)
+        first = invoke("run", "--exp", "cnn_digits", "--job-log-dir", str(tmp_path / "split"), *sets)
+    assert first.exit_code == EXIT_PREEMPTED, first.output
+    second = invoke("run", "--exp", "cnn_digits", "--job-log-dir", str(tmp_path / "split"), *sets)
+    assert second.exit_code == 0, second.output
+    assert "Resumed from step 15" in second.output
+    a = json.loads((tmp_path / "full" / "result.json").read_text())
+    b = json.loads((tmp_path / "split" / "result.json").read_text())
+    assert a["state_digest"] == b["state_digest"]  # parameters, optimizer and BatchNorm state
+    assert a["history"] == b["history"]  # epoch 2's train loss/accuracy survived the stop
+
+def test_classifier_config_errors_exit_2():
+    result = invoke("run", "--exp", "cnn_digits", "--set", "model.in_channels=3")
+    assert result.exit_code == 2 and "set model.in_channels=1" in result.output, result.output
+    result = invoke("show", "--exp", "cnn_tutorial", "--set", "model.num_heads=3")
+    assert result.exit_code == 2 and "must divide" in result.output, result.output

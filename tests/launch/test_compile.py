@@ -1,0 +1,121 @@
+"""`launch compile`: AOT compile of the exact train step on a simulated mesh (fresh processes)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def launch(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "equipax.launch.cli", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_c4_22b_2x_compiles_on_128_simulated_devices(tmp_path):
+    proc = launch("compile", "--exp", "c4_22b_2x", "--job-log-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "compile.json").read_text())
+    assert report["devices"] == 128 and report["mesh"] == {"data": 2, "fsdp": 64, "tensor": 1}
+    assert report["params"]["total"] == pytest.approx(21.9e9, rel=0.01)
+    f = report["flops"]
+    assert f["model_flops_per_token"] == pytest.approx(f["six_n_per_token"] + f["attention_flops_per_token"], rel=0.02)
+    # FSDP over 64: each device holds 1/64 of the f32 params and twice that of Adam moments.
+    assert report["params"]["per_device_param_bytes"] == pytest.approx(21.9e9 * 4 / 64, rel=0.02)
+    assert report["params"]["per_device_optimizer_bytes"] == pytest.approx(2 * 21.9e9 * 4 / 64, rel=0.02)
+    assert report["collectives"]["all-gather"] > 0  # FSDP gathers weights
+    assert report["compile"]["host_peak_rss_gib"] < 4
+    assert "params        21.945e9 total" in proc.stdout
+
+
+@pytest.mark.slow
+def test_budget_is_flagged_and_strict_exits_non_zero(tmp_path):
+    args = ("compile", "--exp", "c4_22b_2x_smoke", "--hbm-gib", "0.0001", "--job-log-dir", str(tmp_path))
+    proc = launch(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert "DOES NOT FIT" in proc.stdout and "over the 0.0001 GiB budget" in proc.stderr
+    strict = launch(*args, "--strict")
+    assert strict.returncode == 3, strict.stdout + strict.stderr
+
+
+@pytest.mark.slow
+def test_smoke_compile_reports_the_real_models_parameter_count(tmp_path):
+    proc = launch("compile", "--exp", "lm_cloud_2b_smoke", "--job-log-dir", str(tmp_path), "--target", "h100")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "compile.json").read_text())
+    assert report["memory_per_device"]["fits"]
+
+    import jax
+    from equipax.core.flops import count_params
+    from equipax.launch.experiments.registry import get_experiment
+    from equipax.models import TransformerLM
+
+    cfg = get_experiment("lm_cloud_2b_smoke")
+    assert report["params"]["total"] == count_params(TransformerLM(cfg.model, key=jax.random.key(0)))
+
+
+def test_unknown_target_is_a_user_error():
+    from equipax.launch.cli import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["compile", "--exp", "c4_1b", "--target", "tpu-v9"])
+    assert result.exit_code == 2 and "Unknown --target 'tpu-v9'" in result.output
+
+
+@pytest.mark.parametrize("option, value, expected", [
+    ("--hbm-gib", "0", "--hbm-gib must be a number of GiB > 0"),
+    ("--hbm-gib", "-1", "--hbm-gib must be a number of GiB > 0"),
+    ("--hbm-gib", "nan", "--hbm-gib must be a number of GiB > 0"),
+    ("--hbm-gib", "inf", "--hbm-gib must be a number of GiB > 0"),
+    ("--assumed-mfu", "0", "--assumed-mfu must be in (0, 1]"),
+    ("--assumed-mfu", "-0.5", "--assumed-mfu must be in (0, 1]"),
+    ("--assumed-mfu", "1.5", "--assumed-mfu must be in (0, 1]"),
+    ("--assumed-mfu", "nan", "--assumed-mfu must be in (0, 1]"),
+    ("--slices", "0", "--slices must be >= 1"),
+])
+def test_bad_numbers_are_usage_errors_before_compiling(option, value, expected):
+    from equipax.launch.cli import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["compile", "--exp", "c4_22b_2x", "--topology", "v4-128", option, value])
+    assert result.exit_code == 2, result.output
+    assert expected in " ".join(result.output.split())
+
+
+def test_budget_and_mfu_at_their_limits_are_accepted():
+    from equipax.launch.cli import app
+    from typer.testing import CliRunner
+
+    # Valid numbers pass the option checks and reach the experiment lookup (a misspelled name here).
+    result = CliRunner().invoke(app, ["compile", "--exp", "no_such_exp", "--hbm-gib", "0.5", "--assumed-mfu", "1"])
+    assert result.exit_code == 2 and "must be" not in result.output and "no_such_exp" in result.output
+
+
+def test_collective_counting():
+    from equipax.launch.aot.report import count_collectives
+
+    hlo = ("%a = all-gather(x)\n%b = all-reduce-start(y)\n%c = all-reduce-done(%b)\n%d = all-to-all(z)\n"
+           "%e = send(w), channel_id=1\n%f = send-done(%e)\n%g = recv(t)\n%h = recv-done(%g)")
+    assert count_collectives(hlo) == {"all-gather": 1, "reduce-scatter": 0, "all-reduce": 1,
+                                      "collective-permute": 0, "all-to-all": 1, "send": 1, "recv": 1}
+
+
+def test_compiler_out_of_memory_is_a_does_not_fit_figure():
+    from equipax.launch.aot.memory import out_of_memory_figures
+
+    msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+           "(34.65G) exceeds available HBM (30.75G). HLO module: jit_fn.")
+    m = out_of_memory_figures(msg, state_bytes=6 * 2**30, batch_bytes=2**20)
+    assert m is not None and m["compiler_refused"] == msg
+    assert m["temp_bytes"] == int(34.65 * 2**30) and m["available_bytes"] == int(30.75 * 2**30)
+    assert m["total_bytes"] == 6 * 2**30 + 2**20 + int(34.65 * 2**30)
+    assert out_of_memory_figures("INVALID_ARGUMENT: bad sharding", 1, 1) is None
+
+
+@pytest.mark.slow
+def test_llama_smoke_compiles_with_model_flops(tmp_path):
+    proc = launch("compile", "--exp", "llama3_8b_smoke", "--job-log-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "compile.json").read_text())
+    assert report["flops"]["model_flops_per_token"] > 0 and report["projection"]["ideal_step_s"] > 0

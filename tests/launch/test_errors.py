@@ -1,0 +1,239 @@
+"""docs/errors.md, entry by entry: each user-facing error through the CLI, its message, its exit
+code, and that nothing already in the job directory was damaged."""
+
+import errno
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from helpers.cli import FAST, assert_one_paragraph, invoke, run, snapshot
+from helpers.toy import TOY, set_args
+
+
+@pytest.fixture(scope="module")
+def finished_job(tmp_path_factory):
+    """A finished 4-step toy job with checkpoints 2 and 4 (copied by each test that uses it)."""
+    job = tmp_path_factory.mktemp("finished") / "job"
+    code, out = run(job, "train.num_steps=4")
+    assert code == 0, out
+    return job
+
+
+@pytest.fixture
+def job_copy(finished_job, tmp_path):
+    job = tmp_path / "job"
+    shutil.copytree(finished_job, job)
+    return job
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        # unknown experiment
+        (["--exp", "shakespear_tiny"], ["Unknown experiment 'shakespear_tiny'", "Did you mean 'shakespeare_tiny'"]),
+        # unknown knob
+        (["--set", "model.transformer.num_layer=2"], ["Unknown knob", "Did you mean 'model.transformer.num_layers'"]),
+        # wrong knob type
+        (["--set", "train.log_every=[1, 2]"], ["Knob 'train.log_every' expects int"]),
+        (["--set", "train.on_nonfinite=ignore"], ["must be one of 'skip', 'abort'"]),
+        # unparsable value
+        (["--set", "data.validation_plays=('hamlet',"], ["Knob 'data.validation_plays' expects tuple"]),
+        (["--set", "train.num_steps"], ["is not of the form KNOB=VALUE"]),
+        # batch not divisible by the data-parallel size
+        (["--set", "mesh.ici_mesh_shape=(3, 1, 1)"], ["not divisible by the data-parallel size 3"]),
+        # conflicting eval settings
+        (["--set", "data.reset_for_eval=False", "--set", "train.eval_batches=0"], ["rolling eval", "train.eval_batches=0"]),
+        # a knob of another model: the CNN experiment has no transformer
+        (["--exp", "cnn_digits", "--set", "model.transformer.num_layers=2"], ["Unknown knob 'model.transformer.num_layers'"]),
+    ],
+)
+def test_config_errors_exit_2_and_write_nothing(args, needles, job_copy):
+    before = snapshot(job_copy)
+    code, out = invoke("run", "--job-log-dir", job_copy, *args)
+    assert code == 2, out
+    assert_one_paragraph(out, *needles)
+    assert snapshot(job_copy) == before
+
+
+def test_mesh_device_mismatch(job_copy):
+    before = snapshot(job_copy)
+    code, out = run(job_copy, "mesh.ici_mesh_shape=(2, 1, 1)")
+    assert code == 2, out
+    assert_one_paragraph(out, "The mesh needs 2 devices", "1 are available", "launch compile")
+    assert snapshot(job_copy) == before
+
+
+def _shards(tmp_path: Path, train_lines: list[str]) -> Path:
+    data = tmp_path / "c4"
+    data.mkdir()
+    (data / "c4-train.00000-of-00001.jsonl").write_text("".join(ln + "\n" for ln in train_lines))
+    (data / "c4-validation.00000-of-00001.jsonl").write_text(json.dumps({"text": "some words"}) + "\n")
+    return data
+
+
+@pytest.mark.parametrize(
+    "lines, needles",
+    [
+        (None, ["data.path", "does not exist", "launch data prepare"]),  # missing data path
+        ([], ["it is empty"]),  # empty shard
+        ([json.dumps({"text": "fine"})] * 5 + ["{not json"] * 5, ["are malformed", "data.max_malformed_fraction"]),
+    ],
+    ids=["missing-path", "empty-shard", "malformed-lines"],
+)
+def test_data_errors(lines, needles, tmp_path):
+    data = tmp_path / "nowhere" if lines is None else _shards(tmp_path, lines)
+    job = tmp_path / "job"
+    code, out = run(job, "data.source='c4'", f"data.path='{data}'")
+    assert code == 2, out
+    assert_one_paragraph(out, *needles)
+    assert not (job / "checkpoints").exists()
+
+
+def test_job_dir_not_writable(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("keep me")
+    code, out = run(blocker / "job")
+    assert code == 2, out
+    assert_one_paragraph(out, "is not a writable directory", "--job-log-dir")
+    assert blocker.read_text() == "keep me"
+
+
+def test_job_dir_read_only(tmp_path):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only directories; covered by test_job_dir_not_writable")
+    job = tmp_path / "job"
+    job.mkdir()
+    job.chmod(0o500)
+    try:
+        code, out = run(job)
+    finally:
+        job.chmod(0o700)
+    assert code == 2, out
+    assert_one_paragraph(out, "is not a writable directory")
+
+
+def test_disk_full_while_saving(job_copy, monkeypatch):
+    import orbax.checkpoint as ocp
+
+    def full(self, step, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.directory / f"{step}"))
+
+    before = snapshot(job_copy / "checkpoints")
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full)
+    code, out = run(job_copy, "train.num_steps=8")
+    assert code == 2, out
+    assert_one_paragraph(out, "Could not write the checkpoint of step 6", "No space left on device",
+                         "step 4, is intact", "run the same command again")
+    assert snapshot(job_copy / "checkpoints") == before
+    monkeypatch.undo()
+    code, out = run(job_copy, "train.num_steps=8")  # space freed: resumes from the intact step
+    assert code == 0 and "Resumed from step 4" in out, out
+
+
+def test_corrupt_checkpoint_falls_back_to_the_previous_one(job_copy):
+    damaged = [p for p in (job_copy / "checkpoints" / "4" / "state").rglob("*") if p.is_file()]
+    for p in damaged:
+        p.write_bytes(b"\0garbage")
+    code, out = run(job_copy, "train.num_steps=6")
+    assert code == 0, out
+    assert "warning: the checkpoint of step 4 does not restore" in out and "Resumed from step 2" in out, out
+    assert "Traceback" not in out
+    moved = list((job_copy / "corrupt_checkpoints").iterdir())
+    assert len(moved) == 1 and moved[0].name.startswith("4-")  # kept for inspection, never deleted
+    assert sorted(p.name for p in (job_copy / "checkpoints").iterdir()) == ["2", "4", "6"]
+
+
+def test_checkpoint_of_another_shape(job_copy):
+    before = snapshot(job_copy)
+    code, out = run(job_copy, "train.num_steps=6", "model.transformer.hidden_dims=96")
+    assert code == 2, out
+    assert_one_paragraph(out, "different shapes", "model.transformer.hidden_dims: 64 -> 96", "--job-log-dir")
+    assert snapshot(job_copy) == before
+
+
+def test_job_dir_of_another_experiment(job_copy):
+    config = json.loads((job_copy / "config.json").read_text())
+    (job_copy / "config.json").write_text(json.dumps({**config, "name": "other_experiment"}))
+    before = snapshot(job_copy)
+    code, out = run(job_copy, "train.num_steps=6")
+    assert code == 2, out
+    assert_one_paragraph(out, "holds checkpoints of experiment 'other_experiment'", "--exp other_experiment")
+    assert snapshot(job_copy) == before
+
+
+@pytest.mark.parametrize("content", [None, b"not a sentencepiece model"], ids=["missing", "corrupt"])
+def test_sentencepiece_vocab_path(content, tmp_path):
+    path = tmp_path / "vocab.model"
+    if content is not None:
+        path.write_bytes(content)
+    code, out = invoke("run", "--job-log-dir", tmp_path / "job",
+                       *set_args([*TOY, f"data.vocab_path='{path}'"]))
+    assert code == 2, out
+    assert_one_paragraph(out, "data.vocab_path", "not found" if content is None else "could not parse")
+
+
+def test_job_tokenizer_corrupt(tmp_path):
+    job = tmp_path / "job"
+    code, out = invoke("run", "--job-log-dir", job, *set_args([*TOY, "train.num_steps=2", "train.sample_tokens=0"]))
+    assert code == 0, out
+    (job / "tokenizer.model").write_bytes(b"half a file")
+    before = snapshot(job)
+    code, out = invoke("run", "--job-log-dir", job, *set_args([*TOY, "train.num_steps=4"]))
+    assert code == 2, out
+    assert_one_paragraph(out, "tokenizer.model", "does not load", "new --job-log-dir")
+    assert snapshot(job) == before
+
+
+def test_nan_loss_skip(tmp_path):
+    job = tmp_path / "job"
+    code, out = run(job, "train.num_steps=6", "train.debug_nan_steps=(3,)")
+    assert code == 0, out
+    assert "step 3: the loss is nan; the update was skipped (1 in a row, 1 in all" in out, out
+    records = [json.loads(ln) for ln in (job / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r for r in records if r["split"] == "train"}
+    assert train[3]["loss"] == "nan" and train[2]["nonfinite_steps"] == 0 and train[6]["nonfinite_steps"] == 1
+    assert all(isinstance(train[s]["loss"], float) for s in (4, 5, 6))
+    assert json.loads((job / "result.json").read_text())["final_eval_loss"] < 100
+
+
+def test_nan_loss_abort_names_step_and_last_good_checkpoint(tmp_path):
+    job = tmp_path / "job"
+    code, out = run(job, "train.num_steps=6", "train.debug_nan_steps=(3,)", "train.on_nonfinite='abort'")
+    assert code == 4, out
+    assert_one_paragraph(out, "Step 3: the loss is nan", "train.on_nonfinite='abort'",
+                         "The last good checkpoint is step 2")
+    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["2"]  # nothing saved past it
+
+
+def test_too_many_consecutive_nonfinite_steps(tmp_path):
+    job = tmp_path / "job"
+    code, out = run(job, "train.num_steps=8", "train.debug_nan_steps=(3, 4, 5)", "train.max_consecutive_nonfinite=2")
+    assert code == 4, out
+    assert "step 3: the loss is nan; the update was skipped" in out and "step 4:" in out
+    # Checkpoint 4 was saved inside the streak (3, 4, 5): the last good one is from before it.
+    assert_one_paragraph(out, "Step 5: the loss is nan", "3 consecutive steps", "max_consecutive_nonfinite=2",
+                         "The run became unstable at step 3", "likely a bad batch", "The last good checkpoint is step 2")
+    assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["2"]
+    assert [p.name.split("-")[0] for p in (job / "unstable_checkpoints").iterdir()] == ["4"]
+
+
+def test_unexpected_error_one_paragraph_and_debug_traceback(tmp_path, monkeypatch):
+    import equipax.launch.training.loop as run_module
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("something deep inside broke\nsecond line")
+
+    monkeypatch.setattr(run_module, "run_experiment", boom)
+    code, out = run(tmp_path / "job")
+    assert code == 1, out
+    assert_one_paragraph(out, "Unexpected RuntimeError: something deep inside broke", "launch --debug")
+    assert "second line" not in out
+
+    from equipax.launch.cli import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["--debug", "run", "--job-log-dir", str(tmp_path / "job"), *set_args(FAST)])
+    assert isinstance(result.exception, RuntimeError)  # --debug lets the traceback through

@@ -1,0 +1,82 @@
+"""Every registered experiment's weights declare logical axes that the rules map, and the Llama experiments' specs are the Megatron + FSDP layout."""
+
+import pytest
+from helpers.partition import flat_specs, mesh
+
+
+def abstract_model(cfg):
+    """(model class name, the abstract model) of a registered training experiment, built the way a
+    run builds it: the family's Task, `init` under `eval_shape`. Any family registered with
+    `register_family` is covered; one that cannot build its model fails the test."""
+    import equinox as eqx
+    import jax
+    from equipax.launch.tasks import family
+
+    task = family(cfg).make_task(cfg, None)
+    model, _ = eqx.filter_eval_shape(task.init, jax.random.key(0))
+    return type(model).__name__, model
+
+def test_every_registered_experiment_declares_the_axes_of_its_weights():
+    from equipax.launch.experiments.registry import entries
+    from jax.sharding import PartitionSpec as P
+
+    kinds = {"TransformerLM": [], "LlamaLM": [], "AdvancedCNN": []}
+    for entry in entries():
+        if getattr(entry, "kind", "train") != "train":
+            continue
+        kind, model = abstract_model(entry.fn())
+        for m in (mesh(), mesh(2, 64, 1), mesh(1, 1, 8)):
+            specs = flat_specs(model, m)  # raises, naming the weight, if one is undeclared
+            assert specs, entry.name
+        kinds.setdefault(kind, []).append(entry.name)
+        if kind in ("TransformerLM", "LlamaLM"):  # the big weights really are sharded, not replicated
+            specs = flat_specs(model, mesh())
+            assert specs[".embedding.weight"] == P("tensor", "fsdp"), entry.name
+        if kind == "LlamaLM":
+            assert specs[".unembed.weight"] == P("fsdp", "tensor"), entry.name
+    assert kinds["TransformerLM"] and kinds["AdvancedCNN"], kinds
+    assert {"shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama2_7b_smoke",
+            "llama3_8b_smoke"} <= set(kinds["LlamaLM"]), kinds
+
+def declared_axes(model):
+    """`{path: logical axes}` of every array leaf, each axis named by the layer that owns it."""
+    import jax
+    from equipax.core.partition import leaf_axes
+
+    return {jax.tree_util.keystr(p): leaf_axes(model, p, leaf)
+            for p, leaf in jax.tree_util.tree_flatten_with_path(model)[0]}
+
+@pytest.mark.parametrize("name", ["shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama3_8b_smoke"])
+def test_every_llama_weight_declares_logical_axes_the_rules_map(name):
+    """No LlamaLM array falls back to "undeclared, replicated": every dimension of every weight
+    (norm scales included) names a logical axis that `LOGICAL_TO_MESH` maps."""
+    from equipax.core.partition import LOGICAL_TO_MESH
+    from equipax.launch.experiments.registry import get_experiment
+
+    kind, model = abstract_model(get_experiment(name))
+    assert kind == "LlamaLM"
+    axes = declared_axes(model)
+    # embedding, final norm, unembedding + 8 arrays per block (one stacked block when scanned)
+    blocks = 1 if model.cfg.scan_layers else model.cfg.num_layers
+    assert len(axes) == 3 + 8 * blocks, sorted(axes)
+    for path, names in axes.items():
+        assert None not in names and set(names) <= set(LOGICAL_TO_MESH), (path, names)
+
+def test_llama_specs_match_the_megatron_fsdp_layout():
+    """Scanned Llama weights (as in llama3_8b): FSDP on `embed`, Megatron on heads / hidden,
+    key/value heads split like the query heads, the untied output split over the vocabulary."""
+    from equipax.launch.experiments.registry import get_experiment
+    from jax.sharding import PartitionSpec as P
+
+    _, model = abstract_model(get_experiment("llama3_8b"))
+    specs = flat_specs(model, mesh(1, 8, 8))
+    assert specs[".embedding.weight"] == P("tensor", "fsdp")
+    assert specs[".unembed.weight"] == P("fsdp", "tensor")
+    assert specs[".layers.attention.q"] == P(None, "fsdp", "tensor", None)
+    assert specs[".layers.attention.kv"] == P(None, "fsdp", None, "tensor", None)
+    assert specs[".layers.attention.out"] == P(None, "tensor", None, "fsdp")
+    assert specs[".layers.ffn.gate.weight"] == P(None, "fsdp", "tensor")
+    assert specs[".layers.ffn.up.weight"] == P(None, "fsdp", "tensor")
+    assert specs[".layers.ffn.down.weight"] == P(None, "tensor", "fsdp")
+    assert specs[".layers.atten_norm.scale"] == P(None, None)
+    assert specs[".final_norm.scale"] == P(None)

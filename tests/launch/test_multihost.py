@@ -1,0 +1,113 @@
+"""Multi-host training with real jax.distributed processes on localhost (launch local-cluster)."""
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers.toy import compile_cache_env
+
+SMOKE = ["--exp", "c4_22b_2x_smoke", "--set", "train.log_every=1", "--set", "train.eval_every=100",
+         "--set", "train.checkpoint_every=2"]
+
+
+def launch(*args, timeout=300, env=None):
+    return subprocess.run([sys.executable, "-m", "equipax.launch.cli", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def train_losses(job):
+    recs = [json.loads(ln) for ln in (job / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in recs if r["split"] == "train"]
+
+
+def cluster(job, *sets, env=None):
+    return launch("local-cluster", "--processes", "2", "--cpu-devices", "4", "--", "run", *SMOKE,
+                  *[a for s in sets for a in ("--set", s)], "--job-log-dir", str(job), env=env)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly(tmp_path):
+    env = compile_cache_env(tmp_path / "jax-cache")  # the four runs compile the same programs once
+    two = cluster(tmp_path / "two", env=env)
+    assert two.returncode == 0, two.stdout[-4000:] + two.stderr[-2000:]
+    one = launch("run", *SMOKE, "--cpu-devices", "8", "--job-log-dir", str(tmp_path / "one"), env=env)
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
+    # Every process logs with its prefix; each reads its own examples.
+    reads = dict(re.findall(r"\[p(\d)\] host \d/2 reads examples (\[[\d, ]+\])", two.stdout))
+    assert set(reads) == {"0", "1"}, two.stdout[-3000:]
+    assert not set(json.loads(reads["0"])) & set(json.loads(reads["1"]))
+    # Only process 0 wrote the job files (one copy of each record).
+    assert len(train_losses(tmp_path / "two")) == 4
+
+    # Stop after 2 steps, then resume the 2-process run to 4: the same as never stopping.
+    first = cluster(tmp_path / "split", "train.num_steps=2", env=env)
+    assert first.returncode == 0, first.stdout[-3000:]
+    second = cluster(tmp_path / "split", env=env)
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert "Resumed from step 2" in second.stdout
+    assert train_losses(tmp_path / "split") == train_losses(tmp_path / "two")
+    a = json.loads((tmp_path / "two" / "result.json").read_text())
+    b = json.loads((tmp_path / "split" / "result.json").read_text())
+    assert a["state_digest"] == b["state_digest"]
+
+
+@pytest.mark.slow
+def test_a_killed_process_stops_the_cluster_with_a_message(tmp_path):
+    job = tmp_path / "victim"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "equipax.launch.cli", "local-cluster", "--processes", "2", "--cpu-devices", "4",
+         "--grace-s", "5", "--", "run", *SMOKE, "--set", "train.num_steps=100000", "--job-log-dir", str(job)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        assert proc.stdout is not None
+        for line in proc.stdout:  # wait until training runs
+            lines.append(line)
+            if "[p1] step " in line:
+                break
+        pids = subprocess.run(["pgrep", "-f", "--", f"{job}.*--process-id 1"],
+                              capture_output=True, text=True).stdout.split()
+        assert pids, "".join(lines[-20:])
+        killed_at = time.monotonic()
+        for pid in pids:
+            subprocess.run(["kill", "-9", pid])
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["pkill", "-9", "-f", "--", str(job)])
+    elapsed = time.monotonic() - killed_at
+    assert proc.returncode != 0
+    assert elapsed < 60
+    assert "process 1" in rest and "killed by SIGKILL" in rest, rest[-3000:]
+
+
+def test_incomplete_distributed_flags_are_a_user_error():
+    from equipax.launch.cli import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["run", "--num-processes", "2"])
+    assert result.exit_code == 2
+    assert "--coordinator, --process-id missing" in result.output
+
+
+def test_host_states_round_trip_and_refuse_another_host_count():
+    from equipax.core.knobs import ConfigError
+    from equipax.launch.cluster.distributed import gather_host_states, host_state
+
+    saved = gather_host_states({"epoch": 1, "position": 5})
+    assert host_state(saved) == {"epoch": 1, "position": 5}
+    with pytest.raises(ConfigError, match="input state of 2 host"):
+        host_state({"hosts": [{}, {}]})
+
+
+def test_local_cluster_needs_a_run_command():
+    from equipax.launch.cli import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["local-cluster", "--processes", "2", "--", "show"])
+    assert result.exit_code == 2 and "runs a `run` command" in result.output

@@ -1,0 +1,175 @@
+"""The Pax LM experiments: every registered experiment resolves and shows without devices; the
+Pax configs carry the knobs of SPEC.md's table; each `_smoke` variant keeps its parent's mesh axes."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+
+PAX = ["lm_cloud_2b", "lm_cloud_transformer", "c4_1b", "c4_16b", "c4_22b_1x", "c4_22b_2x"]
+
+
+def names():
+    from equipax.launch.experiments.registry import entries
+
+    return [e.name for e in entries()]
+
+
+def get(name):
+    from equipax.launch.experiments.registry import get_experiment
+
+    return get_experiment(name)
+
+
+def show_json(name):
+    from equipax.launch.cli import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["show", "--exp", name, "--format", "json"])
+    assert result.exit_code == 0, f"{name}: {result.output}\n{result.exception!r}"
+    return json.loads(result.stdout)
+
+
+def test_all_pax_experiments_and_smokes_are_registered():
+    registered = set(names())
+    for name in PAX:
+        assert name in registered and f"{name}_smoke" in registered, name
+
+
+@pytest.mark.parametrize("name", names())
+def test_every_experiment_resolves_and_shows_json(name):
+    data = show_json(name)
+    assert data["config"]["name"] == name
+    if "params_total" in data["derived"]:
+        assert data["derived"]["params_total"] > 0
+
+
+# SPEC.md "Experiments the registry must hold": (layers, d, ff, heads, head_dim, per-core batch,
+# seq, vocab, ici, dcn, dtype, scanned).
+TABLE = {
+    "lm_cloud_2b": (18, 3072, 4 * 3072, 24, 128, 8, 1024, 32000, (1, 4, 1), (1, 1, 1), "bfloat16", True),
+    "lm_cloud_transformer": (10, 1024, 4 * 1024, 16, 64, 16, 1024, 32000, (4, 1, 1), (1, 1, 1), "float32", False),
+    "c4_1b": (13, 2560, 4 * 2560, 20, 128, 32, 1024, 32000, (1, 4, 1), (1, 1, 1), "bfloat16", True),
+    "c4_16b": (36, 6144, 4 * 6144, 48, 128, 16, 1024, 32000, (1, 16, 2), (1, 1, 1), "bfloat16", True),
+    "c4_22b_1x": (48, 6144, 24576, 24, 256, 16, 1024, 32768, (1, 64, 1), (1, 1, 1), "bfloat16", True),
+    "c4_22b_2x": (48, 6144, 24576, 24, 256, 16, 1024, 32768, (1, 64, 1), (2, 1, 1), "bfloat16", True),
+}
+
+
+@pytest.mark.parametrize("name", PAX)
+def test_pax_configs_match_the_spec_table(name):
+    layers, d, ff, heads, head_dim, per_core, seq, vocab, ici, dcn, dtype, scanned = TABLE[name]
+    cfg = get(name)
+    t = cfg.model.transformer
+    assert (t.num_layers, t.model_dims, t.hidden_dims, t.num_heads, t.head_dim) == (layers, d, ff, heads, head_dim)
+    assert heads * head_dim == d
+    assert cfg.data.per_device_batch == per_core
+    assert cfg.data.seq_len == cfg.model.max_seq_len == seq
+    assert cfg.model.vocab_size == vocab
+    assert (tuple(cfg.mesh.ici_mesh_shape), tuple(cfg.mesh.dcn_mesh_shape)) == (ici, dcn)
+    assert cfg.model.dtype == dtype
+    assert t.scan_layers is scanned
+    # Pax's repeated layers use CHECKPOINT_POLICY=SAVE_NOTHING: full rematerialisation.
+    assert t.remat == ("full" if scanned else "none")
+    assert cfg.train.sample_tokens == 0
+    # The data each Pax class names: synthetic for lm_cloud_*, packed C4 from a local directory.
+    if name.startswith("c4_"):
+        assert (cfg.data.source, cfg.data.packing, cfg.data.reset_for_eval) == ("c4", True, True)
+        assert cfg.data.path
+    else:
+        assert (cfg.data.source, cfg.data.packing) == ("synthetic", False)
+    # Derived numbers follow the mesh: global batch = per-core batch x devices.
+    devices = math.prod(i * j for i, j in zip(ici, dcn))
+    derived = show_json(name)["derived"]
+    assert derived["devices_required"] == devices
+    assert derived["global_batch"] == per_core * devices
+    assert derived["tokens_per_step"] == per_core * devices * seq
+
+
+def test_lm_cloud_specifics():
+    two_b = get("lm_cloud_2b")
+    assert (two_b.data.source, two_b.train.num_steps, two_b.model.transformer.activation) == ("synthetic", 300, "gelu")
+    assert two_b.learner.schedule.peak_learning_rate == 2.5e-4  # LmCloudSpmd's LEARNING_RATE
+    dp = get("lm_cloud_transformer")
+    t = dp.model.transformer
+    assert (dp.data.source, dp.train.num_steps, t.activation, dp.model.dtype) == ("synthetic", 2000, "relu", "float32")
+    assert dp.model.output_logit_cap is None  # TransformerLmPmapAdam sets no softmax cap
+    # Pure data parallel (Pax's pmap): only the `data` axis is > 1, params are replicated.
+    assert dp.mesh.axis_size("fsdp", "tensor") == 1 and dp.mesh.axis_size("data") == dp.mesh.num_devices > 1
+
+
+def test_c4_22b_2x_numbers_and_optimizer():
+    cfg = get("c4_22b_2x")
+    derived = show_json("c4_22b_2x")["derived"]
+    assert derived["params_total"] == pytest.approx(21.9e9, rel=0.01)
+    assert derived["global_batch"] == 2048
+    assert derived["tokens_per_step"] == 2_097_152
+    assert derived["devices_required"] == 128
+    assert cfg.train.log_every == 10  # SUMMARY_INTERVAL_STEPS
+    # SPEC.md: Pax's 22B optimiser.
+    lr = cfg.learner
+    assert lr.kind == "pax_adam"
+    assert (lr.b1, lr.b2, lr.eps, lr.weight_decay) == (0.9, 0.99, 1e-6, 1e-3)
+    assert (lr.clip_gradient_norm, lr.clip_update_rms) == (5.0, 1.0)
+    s = lr.schedule
+    assert s.kind == "linear_rampup_exponential_decay"
+    assert (s.peak_learning_rate, s.warmup_steps, s.decay_steps, s.final_fraction) == (1e-3, 4000, 300_000, 0.1)
+    # Model defaults: pre-LayerNorm, GELU, no biases, sinusoidal positions, caps 50 / 30.
+    t = cfg.model.transformer
+    assert (t.norm, t.activation, t.gated, t.use_bias) == ("layernorm", "gelu", False, False)
+    assert (t.atten_logit_cap, cfg.model.output_logit_cap, cfg.model.position) == (50.0, 30.0, "sinusoidal")
+    # One slice: the same model, half the devices and batch.
+    one = get("c4_22b_1x")
+    assert one.model == cfg.model and one.learner == cfg.learner
+    assert show_json("c4_22b_1x")["derived"]["global_batch"] == 1024
+
+
+def _pattern(shape):
+    return tuple(s > 1 for s in shape)
+
+
+@pytest.mark.parametrize("name", PAX)
+def test_smoke_keeps_code_path_and_mesh_axes(name):
+    full, smoke = get(name), get(f"{name}_smoke")
+    assert _pattern(smoke.mesh.ici_mesh_shape) == _pattern(full.mesh.ici_mesh_shape)
+    assert _pattern(smoke.mesh.dcn_mesh_shape) == _pattern(full.mesh.dcn_mesh_shape)
+    assert smoke.mesh.num_devices <= 8
+    ft, st = full.model.transformer, smoke.model.transformer
+    for knob in ("activation", "gated", "norm", "use_bias", "atten_logit_cap", "scan_layers", "remat", "attention"):
+        assert getattr(st, knob) == getattr(ft, knob), knob
+    assert smoke.model.output_logit_cap == full.model.output_logit_cap
+    assert smoke.model.position == full.model.position
+    assert smoke.learner.kind == full.learner.kind
+    assert smoke.learner.schedule.kind == full.learner.schedule.kind
+    for knob in ("b1", "b2", "eps", "weight_decay", "clip_gradient_norm", "clip_update_rms"):
+        assert getattr(smoke.learner, knob) == getattr(full.learner, knob), knob
+    # Small enough for seconds on a CPU.
+    assert smoke.data.source == "synthetic"
+    assert st.num_layers <= 2 and st.model_dims <= 64 and smoke.data.seq_len <= 64
+    assert smoke.model.vocab_size == 384 and smoke.train.num_steps <= 10
+    assert smoke.global_batch_size % smoke.mesh.batch_parallelism == 0
+    assert st.num_heads % smoke.mesh.axis_size("tensor") == 0
+
+
+@pytest.mark.slow
+def test_c4_22b_2x_smoke_trains_on_8_cpu_devices(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    code = "from equipax.launch.cli import app; app()"
+    args = ["run", "--exp", "c4_22b_2x_smoke", "--job-log-dir", str(tmp_path / "job")]
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "step 4/4" in proc.stdout
+
+
+def test_docs_list_every_registered_experiment():
+
+    from equipax.launch.experiments.registry import entries
+
+    text = (REPO / "docs" / "experiments.md").read_text()
+    missing = [e.name for e in entries() if e.path.startswith("equipax.launch.experiments.")
+               and f"| `{e.name}` |" not in text]
+    assert not missing, f"add these to the table in docs/experiments.md: {missing}"

@@ -1,0 +1,169 @@
+"""KV-cache decoding: cached == uncached `generate` (greedy) for both LM families, per-row
+prompt lengths, EOS and length limits, sampling by seed, top-k / top-p."""
+
+import dataclasses
+
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+from equipax.core.nn import TransformerConfig
+from equipax.models import LMConfig, TransformerLM, generate
+from equipax.models.decode import decode, init_cache, sample_logits
+from equipax.models.llama import LlamaConfig, LlamaLM
+
+VOCAB = 64
+WIDTH, NEW = 8, 8  # every decode here uses these shapes: one compile per model and knob set
+LM_CFG = LMConfig(
+    vocab_size=VOCAB,
+    max_seq_len=WIDTH + NEW,
+    transformer=TransformerConfig(
+        num_layers=2, model_dims=32, num_heads=2, head_dim=16, hidden_dims=64, use_bias=True
+    ),
+)
+LLAMA_CFG = LlamaConfig(
+    vocab_size=VOCAB, max_seq_len=WIDTH + NEW, num_layers=2, model_dims=32, num_heads=4,
+    num_kv_heads=2, head_dim=8, hidden_dims=48,
+)
+MODELS = {"lm": TransformerLM(LM_CFG, key=jr.key(1)), "llama": LlamaLM(LLAMA_CFG, key=jr.key(2))}
+ROWS = ([1, 2, 3, 4, 5, 6, 7, 8], [9, 8, 7], [20, 21, 22, 23, 24])
+
+
+def _padded(rows, fill=63):
+    """Right-padded with junk (the padding must not matter) and the lengths."""
+    prompts = np.full((len(rows), WIDTH), fill, np.int32)
+    for b, row in enumerate(rows):
+        prompts[b, : len(row)] = row
+    return jnp.asarray(prompts), jnp.array([len(r) for r in rows], jnp.int32)
+
+
+@pytest.fixture(scope="module", params=["lm", "llama"])
+def family(request):
+    """A model and its greedy decode of ROWS (computed once)."""
+    model = MODELS[request.param]
+    prompts, lengths = _padded(ROWS)
+    tokens, num = decode(model, prompts, lengths, max_new_tokens=NEW)
+    return model, np.asarray(tokens), np.asarray(num)
+
+
+def test_cached_greedy_equals_uncached_generate_per_row(family):
+    """Prompts of different lengths in one batch: each row is the uncached reference's
+    greedy continuation of that prompt alone."""
+    model, tokens, num = family
+    assert tokens.shape == (3, NEW) and tokens.dtype == np.int32
+    np.testing.assert_array_equal(num, [NEW] * 3)  # WIDTH + NEW = max_seq_len: the limit holds
+    for b, row in enumerate(ROWS):
+        ref = generate(model, jnp.array(row, jnp.int32), NEW)
+        np.testing.assert_array_equal(tokens[b], np.asarray(ref)[len(row):])
+
+
+def test_batch_equals_one_by_one(family):
+    model, tokens, _ = family
+    row = ROWS[1]
+    alone, _ = decode(model, jnp.array([row], jnp.int32), jnp.array([len(row)]),
+                      max_new_tokens=NEW)
+    np.testing.assert_array_equal(alone[0], tokens[1])
+
+
+def test_unrolled_stack_decodes_like_scanned(family):
+    model, tokens, _ = family
+    if isinstance(model, LlamaLM):
+        unrolled = LlamaLM(dataclasses.replace(LLAMA_CFG, scan_layers=False), key=jr.key(2))
+    else:
+        cfg = dataclasses.replace(
+            LM_CFG, transformer=dataclasses.replace(LM_CFG.transformer, scan_layers=False)
+        )
+        unrolled = TransformerLM(cfg, key=jr.key(1))
+    got, _ = decode(unrolled, *_padded(ROWS), max_new_tokens=NEW)
+    np.testing.assert_array_equal(got, tokens)
+
+
+def test_eos_stops_each_row_and_pads(family):
+    model, free, _ = family
+    eos = int(free[0, 3])  # row 0 emits it by step 3; the others maybe earlier, maybe never
+    tokens, num = decode(model, *_padded(ROWS), max_new_tokens=NEW, eos_id=eos, pad_id=1)
+    for b in range(3):
+        hits = np.flatnonzero(free[b] == eos)
+        want = int(hits[0]) + 1 if hits.size else NEW
+        assert int(num[b]) == want
+        np.testing.assert_array_equal(tokens[b, :want], free[b, :want])
+        assert np.all(np.asarray(tokens[b, want:]) == 1)
+    assert int(num[0]) <= 4
+
+
+def test_length_limits_and_bad_arguments(family):
+    model, _, _ = family
+    prompts, lengths = _padded(ROWS)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        decode(model, prompts, lengths, max_new_tokens=NEW + 1)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        decode(model, prompts, lengths, max_new_tokens=0)
+    with pytest.raises(ValueError, match="key"):
+        decode(model, prompts, lengths, max_new_tokens=NEW, temperature=1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        decode(model, prompts, lengths, max_new_tokens=NEW, top_p=0.0)
+    with pytest.raises(ValueError, match="eos_id"):
+        decode(model, prompts, lengths, max_new_tokens=NEW, eos_id=VOCAB)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        init_cache(model, 1, WIDTH + NEW + 1)
+    with pytest.raises(Exception, match="prompt length"):
+        decode(model, prompts, lengths.at[1].set(0), max_new_tokens=NEW)
+    with pytest.raises(Exception, match="prompt length"):
+        decode(model, prompts, lengths.at[1].set(WIDTH + 1), max_new_tokens=NEW)
+
+
+def test_sampling_reproducible_by_seed_and_matches_generate(family):
+    model, _, _ = family
+    prompts, lengths = _padded([ROWS[0]])
+    kw = dict(max_new_tokens=NEW, temperature=1.0)
+    a, _ = decode(model, prompts, lengths, key=jr.key(7), **kw)
+    b, _ = decode(model, prompts, lengths, key=jr.key(7), **kw)
+    c, _ = decode(model, prompts, lengths, key=jr.key(8), **kw)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    # The key schedule of the uncached reference: the same samples.
+    ref = generate(model, prompts[0], NEW, temperature=1.0, key=jr.key(7))
+    np.testing.assert_array_equal(a[0], ref[WIDTH:])
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    model = MODELS["lm"]
+    prompts, lengths = _padded(ROWS)
+    greedy, _ = decode(model, prompts, lengths, max_new_tokens=NEW)
+    kw = dict(max_new_tokens=NEW, temperature=1.0, key=jr.key(3))
+    k1, _ = decode(model, prompts, lengths, top_k=1, **kw)
+    p0, _ = decode(model, prompts, lengths, top_p=1e-6, **kw)
+    np.testing.assert_array_equal(k1, greedy)
+    np.testing.assert_array_equal(p0, greedy)
+
+
+def test_cache_holds_kv_heads():
+    cache = init_cache(MODELS["llama"], 3, 10)
+    assert cache.keys.shape == (2, 3, 2, 10, 8) and cache.max_len == 10
+    assert init_cache(MODELS["lm"], 3, 10).values.shape == (2, 3, 2, 10, 16)
+
+
+def test_sample_logits_top_k_and_top_p_restrict_support():
+    probs = jnp.array([[0.05, 0.5, 0.15, 0.3]])
+    logits = jnp.log(jnp.tile(probs, (512, 1)))
+    keys = jr.split(jr.key(0), 4)
+
+    def support(**kw):
+        return set(np.unique(np.asarray(sample_logits(logits, keys[0], temperature=1.0, **kw))))
+
+    assert support() == {0, 1, 2, 3}
+    assert support(top_k=2) == {1, 3}
+    assert support(top_k=3) == {1, 2, 3}
+    assert support(top_p=0.7) == {1, 3}  # 0.5 < 0.7 <= 0.8
+    assert support(top_p=0.85) == {1, 2, 3}
+    assert support(top_p=0.4) == {1}
+    np.testing.assert_array_equal(sample_logits(logits[:2], None), [1, 1])
+    # Temperature sharpens: at T=0.05 essentially always the argmax.
+    cold = sample_logits(logits, keys[1], temperature=0.05)
+    assert float(jnp.mean(cold == 1)) > 0.99
+    # Empirical frequencies follow the probabilities at T=1.
+    many = sample_logits(jnp.log(jnp.tile(probs, (8192, 1))), keys[2], temperature=1.0)
+    freq = np.bincount(np.asarray(many), minlength=4) / 8192
+    np.testing.assert_allclose(freq, probs[0], atol=0.03)
+
+

@@ -1,0 +1,138 @@
+"""The scripts of benchmarks/ run at tiny sizes and write sane JSON (the timings themselves are
+benchmarks/README.md's, never a pass/fail test)."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+
+BENCHMARKS = REPO / "benchmarks"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("benchmarks_train_step", BENCHMARKS / "train_step.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_step_benchmark_tiny(tmp_path):
+    bench = _load_script()
+    out = tmp_path / "train_step.json"
+    results = bench.main([
+        "--presets", "tiny", "--steps", "2", "--warmup", "1",
+        "--matmul-n", "128", "--matmul-repeats", "2", "--no-warm-process",
+        "--out", str(out),
+    ])
+
+    assert json.loads(out.read_text()) == results
+    for key in ("date", "jax_version", "device_kind", "presets"):
+        assert key in results
+    tiny = results["presets"]["tiny"]
+    assert tiny["matmul"]["gflops"] > 0
+    assert tiny["params"] > 0 and tiny["tokens_per_step"] == 2 * 32
+    for key in (
+        "first_step_s", "tokens_per_s", "model_gflops_per_s", "mfu_vs_measured",
+        "mfu_vs_theoretical", "model_flops_per_token",
+    ):
+        assert math.isfinite(tiny[key]) and tiny[key] > 0, key
+    assert tiny["step_s"]["median_s"] > 0 and tiny["step_s"]["iqr_s"] >= 0
+    assert 0 < tiny["compile_s"] <= tiny["first_step_s"]
+    assert math.isfinite(tiny["last_loss"])
+
+
+def test_compare_mode_runs_both_steps_on_the_same_numbers(tmp_path):
+    bench = _load_script()
+    out = tmp_path / "compare.json"
+    results = bench.main([
+        "--compare", "--presets", "tiny", "--steps", "2", "--warmup", "0", "--no-warm-process",
+        "--out", str(out),
+    ])
+
+    assert json.loads(out.read_text()) == results
+    tiny = results["presets"]["tiny"]
+    # The plain-JAX step starts from the equipax model's parameters: the same math gives the same loss.
+    assert tiny["max_first_loss_diff"] < 1e-5, (tiny["equipax"]["first_loss"], tiny["baseline"]["first_loss"])
+    for side in ("equipax", "baseline"):
+        assert tiny[side]["tokens_per_s"] > 0 and tiny[side]["compile_s"] > 0
+        assert math.isfinite(tiny[side]["last_loss"])
+    assert tiny["ratio"] > 0
+
+
+def test_cli_latency_benchmark_runs_and_reports_no_heavy_imports(tmp_path):
+    spec = importlib.util.spec_from_file_location("benchmarks_cli_latency", BENCHMARKS / "cli_latency.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "cli.json"
+    results = bench.main(["--repeats", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    for name, r in results["commands"].items():
+        assert 0 < r["min_s"] <= r["median_s"] <= r["max_s"], name
+        assert r["heavy_imports"] == "", (name, r["heavy_imports"])
+
+
+def test_input_pipeline_benchmark_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("benchmarks_input_pipeline", BENCHMARKS / "input_pipeline.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "input.json"
+    results = bench.main(["--batches", "3", "--warmup", "1", "--threads", "0", "--shards", "2",
+                          "--set", "data.tokenizer=byte", "--step-tokens-per-s", "1000", "--out", str(out)])
+    assert json.loads(out.read_text()) == results
+    assert set(results["cases"]) == {"default", "c4_packed_jsonl_threads0", "c4_packed_arrayrecord_threads0"}
+    for case in results["cases"].values():
+        assert math.isfinite(case["tokens_per_s"]) and case["tokens_per_s"] > 0
+        assert case["x_train_step"] == case["tokens_per_s"] / 1000
+        assert 0 < case["real_fraction"] <= 1
+
+
+def test_decode_benchmark_smoke(tmp_path):
+    """benchmarks/decode.py runs and writes sane JSON (timings themselves are not tested)."""
+    import importlib.util
+    import json
+
+    script = BENCHMARKS / "decode.py"
+    spec = importlib.util.spec_from_file_location("benchmarks_decode", script)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "decode.json"
+    results = bench.main([
+        "--families", "llama", "--tiny", "--prompt-len", "4", "--new-tokens", "4",
+        "--repeats", "1", "--uncached-repeats", "1", "--out", str(out),
+    ])
+    assert json.loads(out.read_text()) == results
+    row = results["families"]["llama"]
+    assert row["greedy_tokens_match"] is True
+    for key in ("prefill_s", "cached_total_s", "uncached_total_s", "speedup",
+                "cached_tokens_per_s", "decode_per_token_s"):
+        assert row[key] >= 0, key
+
+
+@pytest.mark.slow
+def test_bubble_benchmark_tiny(tmp_path):
+    """benchmarks/pipeline_bubble.py runs (2 stages, circular, 2 and 4 microbatches, tiny model)
+    and writes its table's rows; timings themselves are not tested."""
+
+    script = BENCHMARKS / "pipeline_bubble.py"
+    out = tmp_path / "bubble.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--stages", "2", "--schedules", "circular", "--microbatches", "2,4",
+         "--model-dims", "32", "--seq", "16", "--steps", "2", "--rounds", "2", "--warmup", "0", "--out", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["schedule"], r["repeats"], r["microbatches"], r["iterations"]) for r in rows] == [
+        ("circular", 2, 2, 5), ("circular", 2, 4, 9)]
+    assert [r["bubble_fraction"] for r in rows] == pytest.approx([1 / 5, 1 / 9])
+    assert rows[0]["predicted_vs_most_microbatches"] == pytest.approx(10 / 9)
+    assert rows[1]["measured_vs_most_microbatches"] == 1.0
+    assert all(len(r["steps_s"]) == 4 and r["step_q1_s"] <= r["step_s"] <= r["step_q3_s"] for r in rows)
+    assert "circular R=2" in proc.stdout
