@@ -96,7 +96,7 @@ def hook_names() -> list[str]:
     for package in PACKAGES:  # subclasses register on import
         for mod_name in _all_modules(package):
             importlib.import_module(mod_name)
-    base = getattr(module, "Hook")
+    base = module.Hook
     seen, todo = [], list(base.__subclasses__())
     while todo:
         cls = todo.pop(0)
