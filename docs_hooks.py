@@ -32,8 +32,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["TEST_MARKERS", "CodeBlock", "api_modules", "code_blocks", "knob_rows", "knobs_markdown",
-           "figure_captions", "on_page_markdown", "on_post_page", "strip_test_markers"]
+__all__ = [
+    "TEST_MARKERS",
+    "CodeBlock",
+    "api_modules",
+    "code_blocks",
+    "figure_captions",
+    "knob_rows",
+    "knobs_markdown",
+    "on_page_markdown",
+    "on_post_page",
+    "strip_test_markers",
+]
 
 FIGURES = Path(__file__).resolve().parent / "docs" / "figures" / "figures.json"
 

@@ -294,7 +294,7 @@ def test_architecture_diagram_is_current():
 
 
 def test_every_figure_is_shown_with_its_command(site):
-    figures, manifest = _figures()
+    _, manifest = _figures()
     for name, entry in manifest.items():
         stem = entry["page"].removesuffix(".md")
         page = (site / ("" if stem == "index" else stem) / "index.html").read_text()
@@ -303,3 +303,92 @@ def test_every_figure_is_shown_with_its_command(site):
         for text in (*entry["commands"], entry["regenerate"]):
             assert text in caption, (name, text)
 
+
+# The browser check: where Chromium and ChromeDriver are installed (Debian: `apt-get install
+# chromium chromium-driver`; .ci/run installs them), every built page is loaded headless from a
+# local HTTP server, as a reader opens it.
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def browser(site):
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("no Chromium + ChromeDriver on this machine (Debian: apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    from selenium.webdriver.chrome.service import (
+        Service,  # the installed driver: Selenium downloads none
+    )
+
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver, f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        driver.quit()
+        server.shutdown()
+        server.server_close()
+
+
+PAGE_STATE = """
+const article = document.querySelector('article.md-content__inner');
+return {
+  title: article && article.querySelector('h1') ? article.querySelector('h1').innerText : '',
+  text: article ? article.innerText.length : 0,
+  broken_images: [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
+  images: document.images.length,
+};
+"""
+
+
+def test_every_page_in_a_browser(site, browser):
+    """Each page loads without a console error, shows its main content (a title and text) and all
+    its images (drawn: complete with a width)."""
+    driver, base = browser
+    problems, shown = [], 0
+    for page in site_pages(site):
+        url = base + page.relative_to(site).as_posix().removesuffix("index.html")
+        driver.get(url)
+        state = driver.execute_script(PAGE_STATE)
+        errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        where = page.relative_to(site).as_posix()
+        if errors:
+            problems.append(f"{where}: console errors {errors}")
+        if not state["title"] or state["text"] < 200:
+            problems.append(f"{where}: no main content (title {state['title']!r}, {state['text']} characters)")
+        if state["broken_images"]:
+            problems.append(f"{where}: images not shown {state['broken_images']}")
+        shown += state["images"] - len(state["broken_images"])
+    assert not problems, "\n".join(problems)
+    assert shown >= 6, f"only {shown} images shown on the whole site"
+
+
+def test_site_search_in_a_browser(site, browser):
+    """The search box finds a knob and an API name (Material's search runs in a web worker, which
+    needs the site served over HTTP)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver, base = browser
+    for query, expect in (("num_layers", "knobs/"), ("build_training", "api/launch/")):
+        driver.get(base + "?q=" + query)
+        WebDriverWait(driver, 30).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a"))
+        links = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")]
+        assert any(expect in link for link in links), (query, links)
+    errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
