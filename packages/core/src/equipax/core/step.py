@@ -52,8 +52,8 @@ LOSS_CONTRACT = (
 
 _ModelT_contra = TypeVar("_ModelT_contra", contravariant=True)
 # The model type of the state a step is called with (a subtype of what its loss takes: a step
-# built from `lm_loss`, which takes any `LanguageModel`, trains a `TrainState[TransformerLM]`
-# and returns one); the step hands back the type it was given.
+# built from a loss over a model interface trains a state of the concrete model and returns
+# one); the step hands back the type it was given.
 _StateModelT = TypeVar("_StateModelT")
 
 

@@ -36,8 +36,8 @@ def decoder_lm(
     """A Llama-style decoder LM: `LMConfig` with the choices module docstring lists.
 
     Arguments:
-        vocab_size, max_seq_len, num_layers, model_dims, num_heads, num_kv_heads, head_dim,
-            hidden_dims: the sizes (`hidden_dims` is the SwiGLU width).
+        vocab_size, max_seq_len, num_layers, model_dims, num_heads, num_kv_heads, head_dim, hidden_dims: the
+            sizes (`hidden_dims` is the SwiGLU width).
         rope_theta, rope_scaling: the rotary frequencies (`model.rope_theta`, `model.rope_scaling`).
         norm_eps: the RMSNorms' epsilon.
         tie_embeddings: reuse the input table for the output logits (its init is then N(0, 1/d)).
