@@ -38,7 +38,8 @@ def _median_s(fn: Any, repeats: int) -> float:
 def measure(preset_name: str, *, repeats: int) -> dict[str, Any]:
     """Median seconds of each operation on `preset_name`'s initial train state."""
     import equipax.launch.jobdir.checkpoints as ckpt_module
-    from equipax.launch.jobdir.checkpoints import Checkpointer, flat_arrays
+    from equipax.launch.jobdir.checkpoints import Checkpointer
+    from equipax.launch.jobdir.checksums import flat_arrays
     from equipax.launch.jobdir.checksums import array_checksums
     from train_step import PRESETS, preset_training
 

@@ -30,7 +30,8 @@ def test_run_executes_the_program_compile_reports():
     script = textwrap.dedent("""
         import hashlib, json, pathlib, tempfile
         import jax
-        from equipax.launch.aot.report import TARGETS, compile_report
+        from equipax.launch.aot.report import compile_report
+        from equipax.launch.cluster.accelerators import ACCELERATORS
         from equipax.launch.experiments.registry import get_experiment
         from equipax.launch.tasks import family
         from equipax.launch.training.build import build_training
@@ -44,7 +45,7 @@ def test_run_executes_the_program_compile_reports():
         host = inputs.train.get_next()
         batch = training.place(host)  # what the loop does with each batch
         dispatched = training.train_step.lower(state, batch, training.keys.step).as_text()
-        report = compile_report(cfg, target=TARGETS["tpu-v4"], mesh=mesh, log=lambda m: None)
+        report = compile_report(cfg, target=ACCELERATORS["tpu-v4"], mesh=mesh, log=lambda m: None)
         print(json.dumps({"run": hashlib.sha256(dispatched.encode()).hexdigest(),
                           "compile": report["stablehlo_sha256"]}))
     """)

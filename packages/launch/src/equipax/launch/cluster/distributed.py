@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from rich.console import Console
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.errors import EXIT_USER_ERROR
+from equipax.launch.exit_codes import EXIT_USER_ERROR
 
 __all__ = [
     "any_process",

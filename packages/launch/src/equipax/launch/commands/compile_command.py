@@ -45,7 +45,7 @@ def compile_cmd(
 
     With --topology, for a real TPU slice with libtpu's XLA:TPU; without, on simulated CPU devices.
     """
-    from equipax.launch.aot.report import TARGETS
+    from equipax.launch.cluster.accelerators import ACCELERATORS
 
     # Options first: a bad number is a usage error before anything is built or compiled.
     if hbm_gib is not None and not (math.isfinite(hbm_gib) and hbm_gib > 0):
@@ -56,8 +56,8 @@ def compile_cmd(
         fail(f"--slices must be >= 1; got {slices}.")
     if slices is not None and topology is None:
         fail("--slices needs --topology (e.g. --topology v4-128 --slices 2).")
-    if target is not None and target not in TARGETS:
-        fail(f"Unknown --target {target!r}; choose one of {', '.join(TARGETS)}.")
+    if target is not None and target not in ACCELERATORS:
+        fail(f"Unknown --target {target!r}; choose one of {', '.join(ACCELERATORS)}.")
     if topology is not None:
         from equipax.launch.aot.tpu import lookup_slice
 
@@ -114,18 +114,20 @@ def _format(report: dict) -> str:
 
 
 def _compile_simulated(cfg, target: str, hbm_gib: float | None, assumed_mfu: float) -> dict:
-    from equipax.launch.aot.report import TARGETS, check_compile_devices, compile_report
+    from equipax.launch.aot.report import check_compile_devices, compile_report
+    from equipax.launch.cluster.accelerators import ACCELERATORS
     from equipax.launch.cluster.devices import use_cpu_devices
 
     # The mesh is simulated with CPU devices; this must happen before JAX starts.
     use_cpu_devices(cfg.mesh.num_devices)
     check_compile_devices(cfg)
-    return compile_report(cfg, target=TARGETS[target], hbm_gib=hbm_gib, assumed_mfu=assumed_mfu, log=_log)
+    return compile_report(cfg, target=ACCELERATORS[target], hbm_gib=hbm_gib, assumed_mfu=assumed_mfu, log=_log)
 
 
 def _compile_topology(cfg, topology: str, slices: int | None, target: str | None, hbm_gib: float | None,
                       assumed_mfu: float) -> dict:
-    from equipax.launch.aot.report import TARGETS, compile_report
+    from equipax.launch.aot.report import compile_report
+    from equipax.launch.cluster.accelerators import ACCELERATORS
     from equipax.launch.aot.tpu import lookup_slice, topology_devices
 
     tpu = lookup_slice(topology)
@@ -154,7 +156,7 @@ def _compile_topology(cfg, topology: str, slices: int | None, target: str | None
     mesh = build_mesh(cfg.mesh, devices)
     info = {"slice": tpu.name, "topology": tpu.topology, "chip_config": tpu.chip_config,
             "num_slices": num_slices, "chips_per_slice": tpu.chips}
-    return compile_report(cfg, target=TARGETS[tpu.target_name], hbm_gib=hbm_gib, assumed_mfu=assumed_mfu,
+    return compile_report(cfg, target=ACCELERATORS[tpu.target_name], hbm_gib=hbm_gib, assumed_mfu=assumed_mfu,
                           mesh=mesh, topology=info, log=_log)
 
 

@@ -137,7 +137,7 @@ class EvalJob:
     def evaluate(self, step: int, *, vanished_ok: bool) -> None:
         """Restore checkpoint `step` (model only), evaluate it, record it."""
         from equipax.core.knobs import ConfigError
-        from equipax.launch.training.hooks import eval_pass
+        from equipax.launch.training.builtin_hooks import eval_pass
         from equipax.launch.inference.trained_job import restore_model
 
         if self.program is None:

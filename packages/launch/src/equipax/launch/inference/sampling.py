@@ -16,13 +16,9 @@ import jax
 import numpy as np
 
 from equipax.core.knobs import ConfigError
+from equipax.launch.training.compile_events import CompileEvents
 
 __all__ = ["decode_texts", "encode_prompts", "host_array", "Sample"]
-
-# What JAX reports while tracing and compiling (jax._src.dispatch): kept out of the timing.
-_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
-
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
@@ -44,22 +40,6 @@ class Sample:
     def record(self) -> dict[str, Any]:
         """JSON-ready."""
         return dataclasses.asdict(self)
-
-
-class _CompileSeconds:
-    """Seconds JAX spent tracing and compiling inside the `with` block."""
-
-    def __enter__(self) -> "_CompileSeconds":
-        self.seconds = 0.0
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
-        return self
-
-    def _on_event(self, event: str, duration_secs: float, **kwargs: str | int) -> None:
-        if event in _COMPILE_EVENTS:
-            self.seconds += duration_secs
-
-    def __exit__(self, *exc: object) -> None:
-        jax.monitoring.unregister_event_duration_listener(self._on_event)
 
 
 def encode_prompts(tokenizer: Any, prompts: Sequence[str], max_seq_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -116,7 +96,7 @@ def decode_texts(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_
     ids, lengths = encode_prompts(tokenizer, prompts, max_seq_len)
     new = min(max_new_tokens, max_seq_len - ids.shape[1])
     start = time.monotonic()
-    with _CompileSeconds() as compiling:
+    with CompileEvents() as compiling:
         tokens, counts = decode(model, jax.numpy.asarray(ids), jax.numpy.asarray(lengths), max_new_tokens=new,
                                 temperature=temperature, top_k=top_k, top_p=top_p, eos_id=tokenizer.eos_id,
                                 pad_id=tokenizer.pad_id, key=key)

@@ -27,10 +27,17 @@ import orbax.checkpoint as ocp
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.cluster.distributed import barrier as barrier_all
-from equipax.launch.jobdir.checksums import ALGORITHM, ChecksumMismatch, array_checksums, json_checksum, verify
+from equipax.launch.jobdir.checksums import (
+    ALGORITHM,
+    ChecksumMismatch,
+    array_checksums,
+    flat_arrays,
+    json_checksum,
+    verify,
+)
 from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process
 
-__all__ = ["Checkpointer", "CheckpointSaveError", "ChecksumMismatch", "flat_arrays", "read_json"]
+__all__ = ["Checkpointer", "CheckpointSaveError", "ChecksumMismatch", "read_json"]
 
 PyTree = Any
 
@@ -40,12 +47,6 @@ class CheckpointSaveError(Exception):
 
 
     """The array leaves of `tree` as `{keystr(path): array}` (what a checkpoint stores)."""
-def flat_arrays(tree: PyTree) -> dict[str, Any]:
-    arrays = eqx.filter(tree, eqx.is_array)
-    flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
-    return {jax.tree_util.keystr(path): leaf for path, leaf in flat}
-
-
 def _unflatten_into(template: PyTree, flat: dict[str, Any]) -> PyTree:
     arrays, static = eqx.partition(template, eqx.is_array)
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(arrays)

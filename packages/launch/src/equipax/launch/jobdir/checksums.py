@@ -17,11 +17,21 @@ import hashlib
 import json
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ALGORITHM", "ChecksumMismatch", "array_checksums", "differences", "json_checksum", "tree_digest", "verify"]
+__all__ = [
+    "ALGORITHM",
+    "array_checksums",
+    "ChecksumMismatch",
+    "differences",
+    "flat_arrays",
+    "json_checksum",
+    "tree_digest",
+    "verify",
+]
 
 ALGORITHM = "sum32x2-v2"
 
@@ -97,10 +107,15 @@ def verify(digests: dict[str, Any], flat: dict[str, Any], data_state: dict[str, 
             f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): its files changed after the save")
 
 
+def flat_arrays(tree: Any) -> dict[str, Any]:
+    """The array leaves of `tree` by key path (`.model.layers[0].weight`): what a checkpoint saves."""
+    arrays = eqx.filter(tree, eqx.is_array)
+    flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
+    return {jax.tree_util.keystr(path): leaf for path, leaf in flat}
+
+
 def tree_digest(tree: Any) -> str:
     """A short hash of all array leaves (to compare runs bit for bit in logs/tests)."""
-    from equipax.launch.jobdir.checkpoints import flat_arrays
-
     h = hashlib.sha256()
     for k, v in sorted(flat_arrays(tree).items()):
         h.update(k.encode())

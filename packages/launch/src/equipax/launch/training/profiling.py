@@ -17,17 +17,15 @@ import os
 import shlex
 import struct
 from collections.abc import MutableMapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
 from equipax.launch.configs.experiment import TrainConfig
-from equipax.launch.training.hooks import Hook
 from equipax.launch.jobdir.ownership import write_text_atomic
-
-if TYPE_CHECKING:
-    from equipax.launch.training.loop import Run
+from equipax.launch.training.hooks import Hook, RunContext, StepContext
 
 __all__ = [
     "COLLECT_XLA_FLAGS",
@@ -53,7 +51,6 @@ PROFILE_DIR = "profile"
 XLA_FLAGS_FILE = "xla_flags.json"
 SCHEDULER_FLAG = "--xla_gpu_enable_latency_hiding_scheduler=true"
 PROFILE_PATH_FLAG = "--xla_gpu_pgle_profile_file_or_directory_path"
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # `launch pgle collect` compiles the program the manual run will compile, except that XLA:GPU's
 # command buffers (CUDA graphs) are off: with them on, the profiler sees one `command_buffer_N`
 # launch per graph instead of its instructions, and the profile matches none of the run's
@@ -154,14 +151,14 @@ def set_xla_flags(train: TrainConfig, environ: MutableMapping[str, str] | None =
     return flags
 
 
-def profiling_hooks(run: "Run") -> list[Hook]:
+def profiling_hooks(run: RunContext) -> list[Hook]:
     """The hooks of `train.pgle` (always: it records the XLA flags) and the profile window."""
-    hooks: list[Hook] = [PGLEHook(run)]
+    hooks: list[Hook] = [PGLEHook()]
     window = profile_window(run.cfg.train, start=run.start, total=run.total)
     if window is not None and (run.primary or run.cfg.train.profile_all_processes):
         hooks.append(ProfileHook(*window, log_dir=profile_log_dir(run.job_dir)))
     elif run.cfg.train.profile_steps and window is None:
-        run.progress.message(f"note: the profile window (train.profile_start_step="
+        run.log(f"note: the profile window (train.profile_start_step="
                              f"{run.cfg.train.profile_start_step}, {run.cfg.train.profile_steps} steps) lies "
                              f"outside steps {run.start + 1}..{run.total} of this run; nothing is profiled.")
     return hooks
@@ -196,19 +193,21 @@ def latest_trace(log_dir: Path) -> Path | None:
 class ProfileHook(Hook):
     """Traces steps `first..last` with `jax.profiler`, a `train` step annotation per step."""
 
+    name = "profile"
+    first = True  # its step annotations bracket the dispatch alone
+
     def __init__(self, first: int, last: int, *, log_dir: Path) -> None:
-        self.first: int = first
-        self.last: int = last
+        self.first_step: int = first
+        self.last_step: int = last
         self.log_dir: Path = log_dir
         self.tracing = False
         self.annotation: Any = None
         self.trace_dir: Path | None = None
 
-    def before_step(self, run: "Run", step: int) -> None:
-        if step == self.first:
+    def before_step(self, run: RunContext, step: int) -> None:
+        if step == self.first_step:
             if step == run.start + 1:
-                run.progress.message(f"note: the profile starts at step {step}, the run's first: it holds "
-                                     "the compilation.")
+                run.log(f"note: the profile starts at step {step}, the run's first: it holds the compilation.")
             self.log_dir.mkdir(parents=True, exist_ok=True)
             jax.profiler.start_trace(str(self.log_dir), create_perfetto_trace=True)
             self.tracing = True
@@ -216,31 +215,30 @@ class ProfileHook(Hook):
             self.annotation = jax.profiler.StepTraceAnnotation("train", step_num=step)
             self.annotation.__enter__()
 
-    def after_step(self, run: "Run", step: int, state: Any, metrics: dict[str, Any]) -> None:
+    def after_step(self, ctx: StepContext) -> None:
         if self.annotation is not None:
             self.annotation.__exit__(None, None, None)
             self.annotation = None
-        if self.tracing and (step == self.last or run.stopping):
-            jax.block_until_ready(metrics)  # the device work of the window belongs in it
-            self.stop(run, step)
+        if self.tracing and (ctx.step == self.last_step or ctx.stopping):
+            jax.block_until_ready(ctx.metrics)  # the device work of the window belongs in it
+            self.stop(ctx.run, ctx.step)
 
-    def stop(self, run: "Run", step: int) -> None:
+    def stop(self, run: RunContext, step: int) -> None:
         jax.profiler.stop_trace()
         self.tracing: bool = False
         self.trace_dir = latest_trace(self.log_dir)
-        run.progress.message(
-            f"Profiled steps {self.first}-{step} -> {self.trace_dir}. Open it with `xprof --logdir "
-            f"{self.log_dir}` (pip install xprof) or `tensorboard --logdir {self.log_dir}` with "
-            "tensorboard-plugin-profile, or load its perfetto_trace.json.gz in https://ui.perfetto.dev.")
+        run.log(f"Profiled steps {self.first_step}-{step} -> {self.trace_dir}. Open it with `xprof --logdir "
+                f"{self.log_dir}` (pip install xprof) or `tensorboard --logdir {self.log_dir}` with "
+                "tensorboard-plugin-profile, or load its perfetto_trace.json.gz in https://ui.perfetto.dev.")
 
-    def close(self, run: "Run") -> None:
+    def close(self, run: RunContext) -> None:
         if self.annotation is not None:
             self.annotation.__exit__(None, None, None)
             self.annotation = None
         if self.tracing:  # stopped inside the window
-            self.stop(run, self.last)
+            self.stop(run, self.last_step)
 
-    def result(self, run: "Run") -> dict[str, Any]:
+    def result(self, run: RunContext, outputs: Mapping[str, Any]) -> dict[str, Any]:
         return {"profile_dir": str(self.trace_dir)} if self.trace_dir is not None else {}
 
 
@@ -248,50 +246,40 @@ class PGLEHook(Hook):
     """Records the run's XLA flags; with `train.pgle=auto` on GPU, JAX's automatic PGLE is on for
     the run and the recompile with the collected profile is reported."""
 
-    def __init__(self, run: "Run") -> None:
+    name = "pgle"
+    first = True
+
+    def __init__(self) -> None:
+        self.active = False
+        self.saved: dict[str, Any] = {}
+        self.first_step = 1
+
+    def start(self, run: RunContext) -> None:
         train = run.cfg.train
-        self.settings: PGLESettings = pgle_settings(train)
+        settings = pgle_settings(train)
         platform = device_platform()
-        self.active: bool = train.pgle != "off" and platform == "gpu"
-        self.saved: dict[str, Any] = {k: jax.config.values[k] for k in self.settings.jax_config} if self.active else {}
-        for k, v in self.settings.jax_config.items() if self.active else ():
+        self.active = train.pgle == "auto" and platform == "gpu"
+        in_effect = train.pgle != "off" and platform == "gpu"
+        self.saved = {k: jax.config.values[k] for k in settings.jax_config} if in_effect else {}
+        for k, v in settings.jax_config.items() if in_effect else ():
             jax.config.update(k, v)
-        if train.pgle != "off" and not self.active:
-            run.progress.message(f"note: train.pgle={train.pgle!r} has no effect on {platform}: PGLE feeds "
-                                 "XLA:GPU's latency-hiding scheduler; the flags are recorded in "
-                                 f"{run.job_dir / XLA_FLAGS_FILE} and ignored here.")
+        if train.pgle != "off" and not in_effect:
+            run.log(f"note: train.pgle={train.pgle!r} has no effect on {platform}: PGLE feeds XLA:GPU's "
+                    f"latency-hiding scheduler; the flags are recorded in {run.job_dir / XLA_FLAGS_FILE} and "
+                    "ignored here.")
         if run.primary:
             record = {"XLA_FLAGS": shlex.split(os.environ.get("XLA_FLAGS", "")), "pgle": train.pgle,
-                      "pgle_xla_flags": list(self.settings.xla_flags), "jax_config": self.settings.jax_config,
-                      "platform": platform, "pgle_in_effect": self.active}
+                      "pgle_xla_flags": list(settings.xla_flags), "jax_config": settings.jax_config,
+                      "platform": platform, "pgle_in_effect": in_effect}
             write_text_atomic(run.job_dir / XLA_FLAGS_FILE, json.dumps(record, indent=2) + "\n")
-        self.compiles: list[float] = []
-        self.dispatching = False
-        self.listening = False
-        self.first_step: int = run.start + 1
+        self.first_step = run.start + 1
 
-    def _on_event(self, event: str, duration_secs: float, **kwargs: Any) -> None:
-        if event == _COMPILE_EVENT and self.dispatching:
-            self.compiles.append(duration_secs)
+    def after_step(self, ctx: StepContext) -> None:
+        if self.active and ctx.compile_seconds and ctx.step > self.first_step:
+            ctx.run.log(f"step {ctx.step}: the train step was recompiled with its PGLE profile "
+                        f"({ctx.compile_seconds:.1f} s) after {ctx.run.cfg.train.pgle_profiling_runs} profiled runs.")
 
-    def before_step(self, run: "Run", step: int) -> None:
-        if self.active and run.cfg.train.pgle == "auto" and not self.listening:
-            jax.monitoring.register_event_duration_secs_listener(self._on_event)
-            self.listening = True
-        self.compiles.clear()
-        self.dispatching = True
-
-    def after_step(self, run: "Run", step: int, state: Any, metrics: dict[str, Any]) -> None:
-        self.dispatching: bool = False
-        if self.compiles and step > self.first_step:
-            run.progress.message(f"step {step}: the train step was recompiled with its PGLE profile "
-                                 f"({sum(self.compiles):.1f} s) after {run.cfg.train.pgle_profiling_runs} "
-                                 "profiled runs.")
-
-    def close(self, run: "Run") -> None:
-        if self.listening:
-            jax.monitoring.unregister_event_duration_listener(self._on_event)
-            self.listening: bool = False
+    def close(self, run: RunContext) -> None:
         for k, v in self.saved.items():
             jax.config.update(k, v)
-
+        self.saved = {}
