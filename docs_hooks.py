@@ -25,8 +25,16 @@ import typing
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-__all__ = ["TEST_MARKERS", "CodeBlock", "api_modules", "code_blocks", "knob_rows", "knobs_markdown",
-           "on_page_markdown", "strip_test_markers"]
+__all__ = [
+    "TEST_MARKERS",
+    "CodeBlock",
+    "api_modules",
+    "code_blocks",
+    "knob_rows",
+    "knobs_markdown",
+    "on_page_markdown",
+    "strip_test_markers",
+]
 
 # What the suite's docs-block runner (tests/docs/test_docs.py) does with a fenced block whose info
 # string carries the marker after its language (```` ```bash no-run ````). Unmarked `python` and
@@ -75,7 +83,7 @@ def code_blocks(markdown: str) -> Iterator[CodeBlock]:
     for i, j, m in _fences(markdown):
         words = m["info"].split()
         indent = len(m["indent"])
-        body = "\n".join(re.sub(rf"^[ \t]{{0,{indent}}}", "", line) for line in lines[i + 1:j])
+        body = "\n".join(re.sub(rf"^[ \t]{{0,{indent}}}", "", line) for line in lines[i + 1 : j])
         yield CodeBlock(i + 1, words[0] if words else "", tuple(words[1:]), body + "\n" if j > i + 1 else "")
 
 
@@ -147,16 +155,22 @@ def field_meanings(cls: type) -> dict[str, str]:
     for f in dataclasses.fields(cls):
         parts = [comments[f.name]] if f.name in comments else []
         named = [text for names, text in entries if f.name in names]
-        mentioned = [text for names, text in entries if f.name not in names
-                     and re.search(rf"(?<![\w.]){re.escape(f.name)}(?![\w])", text)]
+        mentioned = [
+            text
+            for names, text in entries
+            if f.name not in names and re.search(rf"(?<![\w.]){re.escape(f.name)}(?![\w])", text)
+        ]
         parts += named or mentioned
         out[f.name] = " ".join(dict.fromkeys(parts))
     return out
 
 
 def _dataclass_types(annotation: Any) -> list[type]:
-    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or \
-        typing.get_origin(annotation) is typing.Union else (annotation,)
+    args = (
+        typing.get_args(annotation)
+        if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
+        else (annotation,)
+    )
     return [a for a in args if isinstance(a, type) and dataclasses.is_dataclass(a)]
 
 
@@ -209,8 +223,11 @@ def api_modules(package: str) -> list[str]:
     """Every public module of `equipax.<package>` (no `_private` part), sorted."""
     pkg = importlib.import_module(f"equipax.{package}")
     names = [pkg.__name__]
-    names += [m.name for m in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}.")
-              if not any(part.startswith("_") for part in m.name.split("."))]
+    names += [
+        m.name
+        for m in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}.")
+        if not any(part.startswith("_") for part in m.name.split("."))
+    ]
     return sorted(names)
 
 

@@ -43,8 +43,15 @@ def test_overrides_apply_and_record_sources():
 
     cfg, sources = apply_overrides(
         Outer(),
-        ["model.num_layers=4", "lr=3e-4", "use_thing=true", "model.mesh=[1,4,1]", "model.cap=None",
-         "model.activation=relu", "name=run1"],
+        [
+            "model.num_layers=4",
+            "lr=3e-4",
+            "use_thing=true",
+            "model.mesh=[1,4,1]",
+            "model.cap=None",
+            "model.activation=relu",
+            "name=run1",
+        ],
     )
     assert cfg.model.num_layers == 4 and cfg.lr == 3e-4 and cfg.use_thing is True
     assert cfg.model.mesh == (1, 4, 1) and cfg.model.cap is None and cfg.model.activation == "relu"

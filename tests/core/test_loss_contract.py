@@ -1,4 +1,5 @@
-"""The train step's loss contract: what a loss function may return and take, and the errors that name what is wrong; the caller's model survives the donating step."""
+"""The train step's loss contract: what a loss function may return and take, and the errors that
+name what is wrong; the caller's model survives the donating step."""
 
 import jax
 import jax.numpy as jnp
@@ -8,13 +9,16 @@ import pytest
 
 def _setup(key):
     import equinox as eqx
+
     from equipax.core.optim import LearnerConfig, make_learner
 
     model = eqx.nn.Linear(3, 1, key=key)
     return model, make_learner(LearnerConfig()).optimizer, {"x": np.ones((4, 3), np.float32)}
 
+
 def _mse(model, batch):
     return jnp.mean(jax.vmap(model)(jnp.asarray(batch["x"])) ** 2)
+
 
 def test_callers_model_survives_training(key):
     from equipax.core.optim import ScheduleConfig, make_schedule
@@ -28,6 +32,7 @@ def test_callers_model_survives_training(key):
     # The caller's model was not donated: it still evaluates, and it is the untrained one.
     assert not model.weight.is_deleted()
     assert float(_mse(model, batch)) > float(_mse(state.model, batch))
+
 
 def _step_error(key, loss_fn, *, call_key="same"):
     from equipax.core.optim import ScheduleConfig, make_schedule
@@ -46,29 +51,37 @@ def _step_error(key, loss_fn, *, call_key="same"):
     assert "The loss contract" in message and "loss_fn(model, batch, *, key)" in message
     return message
 
+
 def test_loss_without_key_keyword(key):
     assert "takes no `key` keyword" in _step_error(key, lambda m, b: (_mse(m, b), {}))
+
 
 def test_loss_returning_a_bare_scalar(key):
     assert "returned an array of shape (); expected a tuple of 2" in _step_error(key, lambda m, b, *, key: _mse(m, b))
 
+
 def test_loss_returning_three_values_without_state(key):
     assert "returned a tuple of 3" in _step_error(key, lambda m, b, *, key: (_mse(m, b), {}, None))
+
 
 def test_non_scalar_loss(key):
     msg = _step_error(key, lambda m, b, *, key: (jax.vmap(m)(jnp.asarray(b["x"]))[:, 0], {}))
     assert "shape (4,); expected a scalar" in msg
 
+
 def test_aux_not_a_dict(key):
     assert "aux is a list" in _step_error(key, lambda m, b, *, key: (_mse(m, b), [1.0]))
+
 
 def test_reserved_aux_names(key):
     msg = _step_error(key, lambda m, b, *, key: (_mse(m, b), {"grad_norm": _mse(m, b)}))
     assert "['grad_norm']" in msg
 
+
 def test_key_none_to_train_step(key):
     msg = _step_error(key, lambda m, b, *, key: (_mse(m, b), {}), call_key=None)
     assert "key=None" in msg and "make_eval_step" in msg
+
 
 def test_eval_step_checks_the_signature_too(key):
     from equipax.core.step import LossContractError, make_eval_step

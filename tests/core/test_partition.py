@@ -3,19 +3,22 @@
 import re
 
 import pytest
+
 from helpers.partition import flat_specs, mesh
 
 
 def test_an_undeclared_weight_is_an_error_naming_its_path(key):
     import equinox as eqx
     import jax.numpy as jnp
-    from equipax.core.nn import Linear
     from jax.sharding import PartitionSpec as P
     from jaxtyping import Array
 
+    from equipax.core.nn import Linear
+
     blocks = {"blocks": [Linear(4, 8, axes=("embed", "hidden"), key=key), Linear(4, 8, key=key)]}
-    with pytest.raises(ValueError, match=re.escape("Parameter ['blocks'][1].weight of shape (4, 8) "
-                                                   "has no logical axes")) as e:
+    with pytest.raises(
+        ValueError, match=re.escape("Parameter ['blocks'][1].weight of shape (4, 8) has no logical axes")
+    ) as e:
         flat_specs(blocks, mesh())
     assert "Linear(..., axes=" in str(e.value)
 
@@ -27,8 +30,11 @@ def test_an_undeclared_weight_is_an_error_naming_its_path(key):
             self.table = jnp.zeros((4, 8))
             self.vector = jnp.zeros((8,))
 
-    with pytest.raises(ValueError, match=r"Parameter \.table .*Declare its logical axes in the "
-                                         r"layer that owns it: give Custom a method"):
+    with pytest.raises(
+        ValueError,
+        match=r"Parameter \.table .*Declare its logical axes in the "
+        r"layer that owns it: give Custom a method",
+    ):
         flat_specs(Custom(), mesh())
 
     class Declared(eqx.Module):
@@ -46,9 +52,11 @@ def test_an_undeclared_weight_is_an_error_naming_its_path(key):
     assert specs[".table"] == P("fsdp", "tensor")
     assert specs[".vector"] == P(None)  # an undeclared vector is replicated
 
+
 def test_declared_axes_must_fit_the_array(key):
     import equinox as eqx
     import jax
+
     from equipax.core.nn import Linear
 
     class Stacked(eqx.Module):  # vmapped Linears, but no {"layers": ("layers",)} declared

@@ -1,22 +1,12 @@
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from equipax.core.optim import (
-    LearnerConfig,
-    ScheduleConfig,
-    make_learner,
-    make_schedule,
-)
-from equipax.core.step import (
-    TrainState,
-    init_train_state,
-    make_eval_step,
-    make_train_step,
-)
 from jaxtyping import Array, Float
+
+from equipax.core.optim import LearnerConfig, ScheduleConfig, make_learner, make_schedule
+from equipax.core.step import TrainState, init_train_state, make_eval_step, make_train_step
 
 IN, HIDDEN, OUT, BATCH = 4, 32, 1, 64
 
@@ -65,8 +55,11 @@ LEARNER = LearnerConfig(
     clip_gradient_norm=5.0,
     clip_update_rms=1.0,
     schedule=ScheduleConfig(
-        kind="linear_rampup_exponential_decay", peak_learning_rate=1e-2, warmup_steps=5,
-        decay_steps=100, final_fraction=0.1,
+        kind="linear_rampup_exponential_decay",
+        peak_learning_rate=1e-2,
+        warmup_steps=5,
+        decay_steps=100,
+        final_fraction=0.1,
     ),
 )
 
@@ -136,8 +129,9 @@ def test_step_is_deterministic(key, batches):
     b, _, _ = setup(key)
     a, ma = run(step_fn, a, batches, base_key, 3)
     b, mb = run(step_fn, b, batches, base_key, 3)
-    for x, y in zip(jax.tree.leaves(eqx.filter((a, ma), eqx.is_array)),
-                    jax.tree.leaves(eqx.filter((b, mb), eqx.is_array))):
+    for x, y in zip(
+        jax.tree.leaves(eqx.filter((a, ma), eqx.is_array)), jax.tree.leaves(eqx.filter((b, mb), eqx.is_array))
+    ):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
@@ -162,8 +156,7 @@ def test_resume_from_numpy_equals_uninterrupted(key, batches):
     del resumed
     resumed = from_numpy(leaves, treedef, static)
     assert int(resumed.step) == n
-    resumed, _ = run(step_fn, resumed, batches[n % len(batches):] + batches[: n % len(batches)],
-                     base_key, n)
+    resumed, _ = run(step_fn, resumed, batches[n % len(batches) :] + batches[: n % len(batches)], base_key, n)
 
     got, _, _ = to_numpy(resumed)
     want, _, _ = to_numpy(straight)
@@ -205,6 +198,7 @@ def test_train_state_fields(key):
 
 def test_train_step_skips_nonfinite_updates_in_graph(key):
     import equinox as eqx
+
     from equipax.core.optim import LearnerConfig, make_learner
     from equipax.core.step import init_train_state, make_train_step
 

@@ -6,10 +6,20 @@ import numpy as np
 
 def tiny_cnn(key, **overrides):
     import equinox as eqx
+
     from equipax.models import AdvancedCNN, CNNConfig
 
-    cfg = CNNConfig(**{"in_channels": 1, "stem_channels": 4, "stage_channels": (8, 16), "blocks_per_stage": 1,
-                       "num_heads": 2, "hidden_dims": 16, **overrides})
+    cfg = CNNConfig(
+        **{
+            "in_channels": 1,
+            "stem_channels": 4,
+            "stage_channels": (8, 16),
+            "blocks_per_stage": 1,
+            "num_heads": 2,
+            "hidden_dims": 16,
+            **overrides,
+        }
+    )
     return eqx.nn.make_with_state(AdvancedCNN)(cfg, key=key)
 
 
@@ -18,9 +28,11 @@ def images(n=4, size=8, channels=1, seed=0):
 
     return jnp.asarray(np.random.default_rng(seed).normal(size=(n, size, size, channels)), jnp.float32)
 
+
 def one_step():
     """(initial state, state after one train step, metrics, batch, optimizer) of a tiny CNN."""
     import jax
+
     from equipax.core.optim import LearnerConfig, make_learner, make_schedule
     from equipax.core.step import init_train_state, make_train_step
     from equipax.models import classification_loss
@@ -31,8 +43,7 @@ def one_step():
     fresh_model, fresh_state = tiny_cnn(jax.random.key(0))
     initial = init_train_state(fresh_model, optimizer, model_state=fresh_state)
     state = init_train_state(model, optimizer, model_state=model_state)
-    batch = {"images": images(n=8), "labels": np.arange(8, dtype=np.int32) % 10,
-             "weights": np.ones((8,), np.float32)}
+    batch = {"images": images(n=8), "labels": np.arange(8, dtype=np.int32) % 10, "weights": np.ones((8,), np.float32)}
     step = make_train_step(classification_loss, optimizer, make_schedule(learner.schedule))
     state, metrics = step(state, batch, jax.random.key(1))
     return initial, state, metrics, batch, optimizer

@@ -6,11 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from equipax.launch.aot.flags import (
-    SEED_C4_22B_LIBTPU_INIT_ARGS,
-    apply_compiler_flags,
-    merge_flags,
-)
+
+from equipax.launch.aot.flags import SEED_C4_22B_LIBTPU_INIT_ARGS, apply_compiler_flags, merge_flags
 from helpers.toy import TOY, set_args
 
 
@@ -35,17 +32,31 @@ def test_the_multislice_experiments_carry_the_seeds_libtpu_args():
 
 
 def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.slow
 def test_launch_run_applies_xla_flags_before_jax_starts(tmp_path):
     dump = tmp_path / "dump"
     job = tmp_path / "job"
-    proc = _cli("run", "--job-log-dir", str(job),
-                *set_args([*TOY, "train.num_steps=2", "train.log_every=1", "train.eval_every=2",
-                           "train.checkpoint_every=2", "train.sample_tokens=0", f"train.xla_flags=--xla_dump_to={dump}"]))
+    proc = _cli(
+        "run",
+        "--job-log-dir",
+        str(job),
+        *set_args(
+            [
+                *TOY,
+                "train.num_steps=2",
+                "train.log_every=1",
+                "train.eval_every=2",
+                "train.checkpoint_every=2",
+                "train.sample_tokens=0",
+                f"train.xla_flags=--xla_dump_to={dump}",
+            ]
+        ),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"XLA_FLAGS=--xla_dump_to={dump}" in proc.stderr
     assert any(dump.iterdir()), "XLA did not see the flag: it was set after the backend started"

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from equipax.data import DataError, TextShards, find_shards, write_shards
 from helpers.toy import TOY, set_args
 
@@ -13,21 +14,31 @@ FAST = [*TOY, "data.tokenizer=byte", "train.sample_tokens=0", "train.num_steps=2
 
 
 def invoke(*args):
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     result = CliRunner().invoke(app, [str(a) for a in args])
     return result.exit_code, result.output
 
 
 def run_on_shards(job: Path, data: Path):
-    return invoke("run", "--exp", "shakespeare_tiny", "--job-log-dir", job,
-                  *set_args([*FAST, "data.source='c4'", f"data.path='{data}'"]))
+    return invoke(
+        "run",
+        "--exp",
+        "shakespeare_tiny",
+        "--job-log-dir",
+        job,
+        *set_args([*FAST, "data.source='c4'", f"data.path='{data}'"]),
+    )
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def assert_one_paragraph(output: str, *needles: str):

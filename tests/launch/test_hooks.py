@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+
 from helpers.cli import FAST
 
 
@@ -23,18 +24,27 @@ def _names(hooks):
 
 
 def test_order_follows_first_after_and_star():
-    hooks = [_hook("ckpt", after=("*",)), _hook("epoch", after=("eval",)), _hook("eval"), _hook("mine"),
-             _hook("profile", first=True), _hook("late", after=("*",))]
+    hooks = [
+        _hook("ckpt", after=("*",)),
+        _hook("epoch", after=("eval",)),
+        _hook("eval"),
+        _hook("mine"),
+        _hook("profile", first=True),
+        _hook("late", after=("*",)),
+    ]
     assert _names(hooks) == ["profile", "eval", "epoch", "mine", "ckpt", "late"]
     assert _names([_hook("b", after=("a",)), _hook("a")]) == ["a", "b"]
     assert _names([_hook("a"), _hook("b")]) == ["a", "b"]  # otherwise as given
 
 
-@pytest.mark.parametrize("hooks, message", [
-    (lambda: [_hook("a"), _hook("a")], "Two hooks are named 'a'"),
-    (lambda: [_hook("a", after=("nope",))], "runs after 'nope', but no hook has that name"),
-    (lambda: [_hook("a", after=("b",)), _hook("b", after=("a",))], "form a circle"),
-])
+@pytest.mark.parametrize(
+    "hooks, message",
+    [
+        (lambda: [_hook("a"), _hook("a")], "Two hooks are named 'a'"),
+        (lambda: [_hook("a", after=("nope",))], "runs after 'nope', but no hook has that name"),
+        (lambda: [_hook("a", after=("b",)), _hook("b", after=("a",))], "form a circle"),
+    ],
+)
 def test_order_refuses_what_cannot_hold(hooks, message):
     with pytest.raises(ValueError, match=message):
         _names(hooks())
@@ -81,8 +91,9 @@ def test_caller_hooks_run_read_only_in_order_outside_the_step_time_and_resume(tm
                 ctx.outputs["slow"] = 0  # pyright: ignore[reportIndexIssue]
             self.seen.append((ctx.step, ctx.outputs["slow"], ctx.outputs.get("eval", {}).get("loss")))
 
-    cfg, _ = apply_overrides(get_experiment("shakespeare_tiny"),
-                             [*FAST, "train.num_steps=4", "train.eval_every=4", "train.log_every=1"])
+    cfg, _ = apply_overrides(
+        get_experiment("shakespeare_tiny"), [*FAST, "train.num_steps=4", "train.eval_every=4", "train.log_every=1"]
+    )
     slow, reader = Slow(), Reader()
     job = tmp_path / "job"
     run_experiment(cfg, job_dir=job, hooks=[reader, slow])  # given out of order: `after` decides

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+
 from helpers.toy import TOY, persistent_compile_cache, set_args
 
 
@@ -13,8 +14,9 @@ def sets(*overrides):
 
 
 def invoke(*args):
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     return CliRunner().invoke(app, list(args))
 
@@ -78,8 +80,12 @@ def test_list_shows_default_experiment():
 @pytest.mark.slow
 def test_toy_run_learns_and_writes_job_dir(tmp_path):
     job = tmp_path / "job"
-    result = invoke("run", "--job-log-dir", str(job), *sets("train.num_steps=60", "train.log_every=10",
-                                                            "train.eval_every=30", "train.checkpoint_every=30"))
+    result = invoke(
+        "run",
+        "--job-log-dir",
+        str(job),
+        *sets("train.num_steps=60", "train.log_every=10", "train.eval_every=30", "train.checkpoint_every=30"),
+    )
     assert result.exit_code == 0, result.output
     for name in ("config.json", "knobs.txt", "metrics.jsonl", "tokenizer.model", "result.json", "plots/loss.png"):
         assert (job / name).exists(), name
@@ -136,9 +142,17 @@ def test_resume_refuses_a_different_model_shape(tmp_path):
     assert json.loads((tmp_path / "job" / "config.json").read_text())["model"]["transformer"]["hidden_dims"] == 64
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["list"], ["show", "--exp", "shakespeare_tiny"],
-                                  ["show", "--exp", "c4_gpt3_xl_pipeline"], ["show", "--exp", "cnn_digits"],
-                                  ["show", "--exp", "shakespeare_tiny", "--set", "model.transformer.num_layer=3"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["list"],
+        ["show", "--exp", "shakespeare_tiny"],
+        ["show", "--exp", "c4_gpt3_xl_pipeline"],
+        ["show", "--exp", "cnn_digits"],
+        ["show", "--exp", "shakespeare_tiny", "--set", "model.transformer.num_layer=3"],
+    ],
+)
 def test_commands_that_do_not_train_do_not_import_jax(argv):
     """benchmarks/README.md, CLI latency: `--help`, `list`, `show` and knob errors answer without
     JAX, grain or orbax (seconds each): the config classes live in JAX-free `configs` modules."""
@@ -155,8 +169,9 @@ def test_commands_that_do_not_train_do_not_import_jax(argv):
 def test_progress_bar_on_a_terminal_and_plain_lines_otherwise():
     import io
 
-    from equipax.launch.training.progress import ProgressReporter
     from rich.console import Console
+
+    from equipax.launch.training.progress import ProgressReporter
 
     metrics = {"loss": 2.5, "learning_rate": 1e-3, "tokens_per_s": 1234.0}
     tty = io.StringIO()
@@ -173,12 +188,17 @@ def test_progress_bar_on_a_terminal_and_plain_lines_otherwise():
 
 
 def test_launch_run_with_cudnn_on_cpu_exits_2_naming_the_knob(tmp_path):
-    from equipax.launch.cli import app
-    from helpers.toy import TOY, set_args
     from typer.testing import CliRunner
 
-    knobs = [*TOY, "train.num_steps=2", "model.transformer.attention_impl=cudnn",
-             "model.transformer.atten_logit_cap=None"]
+    from equipax.launch.cli import app
+    from helpers.toy import TOY, set_args
+
+    knobs = [
+        *TOY,
+        "train.num_steps=2",
+        "model.transformer.attention_impl=cudnn",
+        "model.transformer.atten_logit_cap=None",
+    ]
     result = CliRunner().invoke(app, ["run", "--job-log-dir", str(tmp_path / "job"), *set_args(knobs)])
     assert result.exit_code == 2, result.output
     assert "attention_impl='cudnn' needs a CUDA GPU" in " ".join(result.output.split())

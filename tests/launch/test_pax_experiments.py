@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from helpers import REPO
 
 PAX = ["lm_cloud_2b", "lm_cloud_transformer", "c4_1b", "c4_16b", "c4_22b_1x", "c4_22b_2x"]
@@ -26,8 +27,9 @@ def get(name):
 
 
 def show_json(name):
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     result = CliRunner().invoke(app, ["show", "--exp", name, "--format", "json"])
     assert result.exit_code == 0, f"{name}: {result.output}\n{result.exception!r}"
@@ -170,6 +172,7 @@ def test_docs_list_every_registered_experiment():
     from equipax.launch.experiments.registry import entries
 
     text = (REPO / "docs" / "experiments.md").read_text()
-    missing = [e.name for e in entries() if e.path.startswith("equipax.launch.experiments.")
-               and f"| `{e.name}` |" not in text]
+    missing = [
+        e.name for e in entries() if e.path.startswith("equipax.launch.experiments.") and f"| `{e.name}` |" not in text
+    ]
     assert not missing, f"add these to the table in docs/experiments.md: {missing}"

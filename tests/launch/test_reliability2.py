@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers.cli import FAST, assert_one_paragraph, invoke, run, snapshot
 from helpers.toy import persistent_compile_cache
 
@@ -36,12 +37,21 @@ def launch_process(*args, env=None, file_size_limit: int | None = None) -> subpr
     `file_size_limit`: no file the process writes grows past this many bytes (EFBIG: what a
     full disk does to a write), set inside the child (no fork of this JAX process).
     """
-    limit = ("import resource; resource.setrlimit(resource.RLIMIT_FSIZE, ({0}, {0})); ".format(file_size_limit)
-             if file_size_limit else "")
-    entry = f"import runpy, sys; {limit}sys.argv[0] = 'launch'; runpy.run_module('equipax.launch.cli', run_name='__main__')"
-    return subprocess.Popen([sys.executable, "-c", entry, *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **CACHE, **(env or {})})
+    limit = (
+        f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, {file_size_limit})); "
+        if file_size_limit
+        else ""
+    )
+    entry = (
+        f"import runpy, sys; {limit}sys.argv[0] = 'launch'; runpy.run_module('equipax.launch.cli', run_name='__main__')"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", entry, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **CACHE, **(env or {})},
+    )
 
 
 def run_args(job, *overrides) -> list[str]:
@@ -78,9 +88,14 @@ def train_records(job: Path) -> dict[int, dict]:
 def test_overflowing_learning_rate_names_a_checkpoint_training_continues_from(job_copy):
     code, out = run(job_copy, "train.num_steps=10", "learner.schedule.peak_learning_rate=1e30", *ONE_LAYER)
     assert code == 4, out
-    assert_one_paragraph(out, "step 5: the update is not finite", "The run became unstable at step 5",
-                         "the learning rate is likely too high", "The last good checkpoint is step 4",
-                         "unstable_checkpoints")
+    assert_one_paragraph(
+        out,
+        "step 5: the update is not finite",
+        "The run became unstable at step 5",
+        "the learning rate is likely too high",
+        "The last good checkpoint is step 4",
+        "unstable_checkpoints",
+    )
     assert sorted(p.name for p in (job_copy / "checkpoints").iterdir()) == ["2", "4"]
     assert [p.name.split("-")[0] for p in (job_copy / "unstable_checkpoints").iterdir()] == ["6"]
     # The named checkpoint is one training continues from, with a sane learning rate.
@@ -104,11 +119,17 @@ def test_non_finite_learning_rate_refused(value, tmp_path):
 
 def test_resume_refuses_changed_data_knobs_and_lists_them(job_copy):
     before = snapshot(job_copy)
-    code, out = run(job_copy, "train.num_steps=6", "data.batch_size=8", "data.seq_len=16", "data.seed=7",
-                    *ONE_LAYER)
+    code, out = run(job_copy, "train.num_steps=6", "data.batch_size=8", "data.seq_len=16", "data.seed=7", *ONE_LAYER)
     assert code == 2, out
-    assert_one_paragraph(out, "cannot be resumed with these knobs", "global batch", "4 -> 8",
-                         "data.seq_len: 32 -> 16", "data.seed: 1234 -> 7", "new directory")
+    assert_one_paragraph(
+        out,
+        "cannot be resumed with these knobs",
+        "global batch",
+        "4 -> 8",
+        "data.seq_len: 32 -> 16",
+        "data.seed: 1234 -> 7",
+        "new directory",
+    )
     assert snapshot(job_copy) == before
 
 
@@ -121,8 +142,9 @@ def test_resume_refuses_another_tokenizer(job_copy):
 
 
 def test_resume_accepts_learner_and_loop_changes(job_copy):
-    code, out = run(job_copy, "train.num_steps=6", "learner.schedule.peak_learning_rate=2e-3",
-                    "train.eval_batches=1", *ONE_LAYER)
+    code, out = run(
+        job_copy, "train.num_steps=6", "learner.schedule.peak_learning_rate=2e-3", "train.eval_batches=1", *ONE_LAYER
+    )
     assert code == 0 and "Resumed from step 4" in out, out
 
 
@@ -131,8 +153,9 @@ def test_config_json_deleted_another_experiment_refused(job_copy):
     before = snapshot(job_copy)
     code, out = run(job_copy, "train.num_steps=6", *ONE_LAYER, exp="shakespeare_tiny_linear")
     assert code == 2, out
-    assert_one_paragraph(out, "written by experiment 'shakespeare_tiny', not 'shakespeare_tiny_linear'",
-                         "--exp shakespeare_tiny")
+    assert_one_paragraph(
+        out, "written by experiment 'shakespeare_tiny', not 'shakespeare_tiny_linear'", "--exp shakespeare_tiny"
+    )
     assert snapshot(job_copy) == before
 
 
@@ -164,11 +187,17 @@ def test_checksums_match_the_reference_and_see_every_flipped_bit():
     import jax
     import jax.numpy as jnp
     import numpy as np
+
     from equipax.launch.jobdir.checksums import array_checksums
 
-    arrays = {"f32": jax.random.normal(jax.random.key(0), (33, 7, 5)), "bf16": jnp.full((9, 4), 3, jnp.bfloat16),
-              "i32": jnp.arange(100, dtype=jnp.int32), "bool": jnp.array([True, False, True]),
-              "u8": jnp.arange(7, dtype=jnp.uint8), "scalar": jnp.asarray(2.5)}
+    arrays = {
+        "f32": jax.random.normal(jax.random.key(0), (33, 7, 5)),
+        "bf16": jnp.full((9, 4), 3, jnp.bfloat16),
+        "i32": jnp.arange(100, dtype=jnp.int32),
+        "bool": jnp.array([True, False, True]),
+        "u8": jnp.arange(7, dtype=jnp.uint8),
+        "scalar": jnp.asarray(2.5),
+    }
     sums = array_checksums(arrays)
     assert sums == {k: reference_checksum(v) for k, v in arrays.items()}
     bits = np.asarray(arrays["f32"]).reshape(-1).view(np.uint32)
@@ -219,8 +248,7 @@ def test_file_size_limit_while_saving_names_the_step_without_tracebacks(tmp_path
     job = tmp_path / "job"
     # Every file stops at 60 KB (Python ignores SIGXFSZ: writes fail with EFBIG, as on a full disk):
     # the small files fit, the checkpoint's array file does not.
-    proc = launch_process(*run_args(job, "train.num_steps=4", "train.log_every=4", *ONE_LAYER),
-                          file_size_limit=60_000)
+    proc = launch_process(*run_args(job, "train.num_steps=4", "train.log_every=4", *ONE_LAYER), file_size_limit=60_000)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, out
     assert_one_paragraph(out, "Could not write the checkpoint of step 2", "No complete checkpoint exists yet")
@@ -247,18 +275,29 @@ def test_coordinator_that_never_appears(tmp_path):
     from equipax.launch.cluster.local_cluster import free_port
 
     port = free_port()
-    proc = launch_process(*run_args(tmp_path / "job"), "--coordinator", f"127.0.0.1:{port}", "--num-processes", 2,
-                          "--process-id", 1, "--coordinator-timeout", 2)
+    proc = launch_process(
+        *run_args(tmp_path / "job"),
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--num-processes",
+        2,
+        "--process-id",
+        1,
+        "--coordinator-timeout",
+        2,
+    )
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2, out
     assert "Joining the distributed job as process 1 of 2: coordinator 127.0.0.1" in out, out
-    assert_one_paragraph(out, "did not start within 2 s", f"nothing accepts connections at 127.0.0.1:{port}",
-                         "--coordinator-timeout")
+    assert_one_paragraph(
+        out, "did not start within 2 s", f"nothing accepts connections at 127.0.0.1:{port}", "--coordinator-timeout"
+    )
 
 
 def test_malformed_coordinator(tmp_path):
-    code, out = invoke("run", "--job-log-dir", tmp_path / "job", "--coordinator", "not a host",
-                       "--num-processes", 2, "--process-id", 1)
+    code, out = invoke(
+        "run", "--job-log-dir", tmp_path / "job", "--coordinator", "not a host", "--num-processes", 2, "--process-id", 1
+    )
     assert code == 2, out
     assert_one_paragraph(out, "--coordinator 'not a host' is not HOST:PORT")
 
@@ -323,8 +362,9 @@ def test_mesh_mismatch_suggests_only_existing_experiments(tmp_path):
     assert code == 2, out
     assert_one_paragraph(out, "The mesh needs 8 devices", "--cpu-devices 8")
     assert "_smoke_smoke" not in out and "so their product is" not in out
-    code, out = invoke("run", "--exp", "shakespeare_tiny", "--job-log-dir", tmp_path / "job",
-                       "--set", "mesh.ici_mesh_shape=(2, 1, 1)")
+    code, out = invoke(
+        "run", "--exp", "shakespeare_tiny", "--job-log-dir", tmp_path / "job", "--set", "mesh.ici_mesh_shape=(2, 1, 1)"
+    )
     assert code == 2 and "shakespeare_tiny_smoke" not in out, out
 
 
@@ -335,8 +375,15 @@ def test_cpu_devices_the_mesh_cannot_use_refused_at_once(tmp_path):
 
 
 def test_missing_c4_path_with_a_tokenizer_to_train(tmp_path):
-    code, out = invoke("run", "--job-log-dir", tmp_path / "job", "--set", "data.source=c4",
-                       "--set", f"data.path={tmp_path / 'nowhere'}")
+    code, out = invoke(
+        "run",
+        "--job-log-dir",
+        tmp_path / "job",
+        "--set",
+        "data.source=c4",
+        "--set",
+        f"data.path={tmp_path / 'nowhere'}",
+    )
     assert code == 2, out
     assert_one_paragraph(out, "does not exist")
     assert "Raise model.vocab_size" not in out
@@ -354,8 +401,13 @@ def test_huge_integer_is_named_as_an_integer(tmp_path):
     assert_one_paragraph(out, "Knob 'train.num_steps'", "an integer of 5000 digits")
 
 
-@pytest.mark.parametrize("error, shown", [(RuntimeError("it broke."), "Unexpected RuntimeError: it broke. This"),
-                                          (AssertionError(), "Unexpected AssertionError (no message). This")])
+@pytest.mark.parametrize(
+    "error, shown",
+    [
+        (RuntimeError("it broke."), "Unexpected RuntimeError: it broke. This"),
+        (AssertionError(), "Unexpected AssertionError (no message). This"),
+    ],
+)
 def test_unexpected_error_text(error, shown, tmp_path, monkeypatch):
     import equipax.launch.training.loop as loop
 
@@ -392,8 +444,10 @@ def test_orbax_write_futures_without_orbax_frames_are_quiet():
     def record(message, exc):
         return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None, (type(exc), exc, None))
 
-    tensorstore = ValueError('OUT_OF_RANGE: Error writing ".opt_state/.zarray" in OCDBT database at local file '
-                             '"/job/checkpoints/2.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/"')
+    tensorstore = ValueError(
+        'OUT_OF_RANGE: Error writing ".opt_state/.zarray" in OCDBT database at local file '
+        '"/job/checkpoints/2.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/"'
+    )
     quiet = QuietOrbaxFutures()
     assert not quiet.filter(record("Future exception was never retrieved", tensorstore))
     assert quiet.filter(record("Future exception was never retrieved", ValueError("a user's own future")))

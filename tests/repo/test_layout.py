@@ -40,11 +40,7 @@ def test_models_and_data_do_not_import_launch():
 
 # What each test folder may import: a package's tests run with that package and what it depends on
 # (`uv run pytest tests/core` tests core alone); models tests may feed a model from equipax.data.
-TEST_FOLDER_IMPORTS = {
-    "core": {"core"},
-    "data": {"core", "data"},
-    "models": {"core", "models", "data"},
-}
+TEST_FOLDER_IMPORTS = {"core": {"core"}, "data": {"core", "data"}, "models": {"core", "models", "data"}}
 
 
 def test_each_test_folder_tests_its_package():
@@ -58,8 +54,10 @@ def test_each_test_folder_tests_its_package():
     for path in sorted((REPO / "tests").rglob("test_*.py")):
         imported = re.findall(r"^\s*(?:from|import) (test_\w+|conftest)\b", path.read_text(), re.M)
         if imported:
-            problems.append(f"{path.relative_to(REPO)} imports the test module(s) {imported}: move what they "
-                            f"share to tests/helpers ({', '.join(sorted(helpers))})")
+            problems.append(
+                f"{path.relative_to(REPO)} imports the test module(s) {imported}: move what they "
+                f"share to tests/helpers ({', '.join(sorted(helpers))})"
+            )
     names = sorted(p.name for p in (REPO / "tests").rglob("test_*.py"))
     problems += [f"two test modules named {n}" for n in {n for n in names if names.count(n) > 1}]
     assert not problems, problems

@@ -34,8 +34,9 @@ def merge_flags(current: str, added: str) -> str:
     return " ".join(kept + new)
 
 
-def apply_compiler_flags(xla_flags: str, libtpu_init_args: str,
-                         environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+def apply_compiler_flags(
+    xla_flags: str, libtpu_init_args: str, environ: MutableMapping[str, str] | None = None
+) -> dict[str, str]:
     """Add the knobs' flags to `XLA_FLAGS` and `LIBTPU_INIT_ARGS`; call before JAX starts a backend.
 
     Arguments:

@@ -171,8 +171,9 @@ def compile_report(
     return report
 
 
-def _flops_and_projection(cfg: ExperimentConfig, numbers: dict[str, Any], devices: int, target: Accelerator,
-                          assumed_mfu: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def _flops_and_projection(
+    cfg: ExperimentConfig, numbers: dict[str, Any], devices: int, target: Accelerator, assumed_mfu: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Model FLOPs (PaLM: no remat) and the step time they imply on `target`."""
     from equipax.launch.tasks.lm_family import flops_per_token  # the families with model FLOPs are LMs
 
@@ -213,10 +214,12 @@ def format_report(r: dict[str, Any]) -> str:
     if p["embedding"] is not None:
         params += f", {p['embedding'] / 1e6:.1f}M embedding, {p['per_layer'] / 1e6:.1f}M per layer"
     topo = r.get("topology")
-    where = (f"{topo['num_slices']} x {topo['slice']} ({topo['topology']}, {c['device_kind']})"
-             if topo else f"simulated {c['backend']} devices")
-    peak = (f"; {c['backend'].upper()} heap peak {m['peak_bytes'] / GIB:.2f} GiB + code"
-            if m.get("peak_bytes") else "")
+    where = (
+        f"{topo['num_slices']} x {topo['slice']} ({topo['topology']}, {c['device_kind']})"
+        if topo
+        else f"simulated {c['backend']} devices"
+    )
+    peak = f"; {c['backend'].upper()} heap peak {m['peak_bytes'] / GIB:.2f} GiB + code" if m.get("peak_bytes") else ""
     lines = [
         f"{r['experiment']} on {r['devices']} devices {r['mesh']}: {where}",
         f"  target        {t['name']}: {t['peak_tflops']:.0f} TFLOP/s bf16, {t['hbm_gib']:.0f} GiB HBM per chip",
@@ -228,7 +231,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"GiB (aliased {m['alias_bytes'] / GIB:.2f}), temporaries {m['temp_bytes'] / GIB:.2f} GiB, "
         f"code {m.get('generated_code_bytes', 0) / GIB:.2f} GiB",
         f"                total {m['total_bytes'] / GIB:.2f} GiB of {m['budget_gib']:g} GiB: "
-        + ("fits" if m["fits"] else "DOES NOT FIT") + peak,
+        + ("fits" if m["fits"] else "DOES NOT FIT")
+        + peak,
         f"                ({m['note']})",
     ]
     if "compiler_refused" in m:
@@ -245,8 +249,12 @@ def format_report(r: dict[str, Any]) -> str:
         ]
     collectives = r["collectives"]
     lines += [
-        "  collectives   " + (", ".join(f"{k} {v}" for k, v in collectives.items()) if collectives is not None
-                              else "(none: the program was not compiled)"),
+        "  collectives   "
+        + (
+            ", ".join(f"{k} {v}" for k, v in collectives.items())
+            if collectives is not None
+            else "(none: the program was not compiled)"
+        ),
         "  custom calls  " + (", ".join(f"{k} {v}" for k, v in r.get("custom_calls", {}).items()) or "none"),
         f"  program       StableHLO sha256 {r['stablehlo_sha256'][:16]}... (the step `launch run` executes)",
         f"  compile       lower {c['lower_s']:.1f} s + compile {c['compile_s']:.1f} s "

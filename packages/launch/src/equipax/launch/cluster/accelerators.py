@@ -38,5 +38,4 @@ ACCELERATORS: dict[str, Accelerator] = {
 def peak_tflops_of(device_kind: str) -> float | None:
     """The per-chip peak of the accelerator JAX calls `device_kind`, or None (a CPU, or unknown)."""
     kind = device_kind.lower()
-    return next((a.peak_tflops for a in ACCELERATORS.values() if any(k.lower() in kind for k in a.device_kinds)),
-                None)
+    return next((a.peak_tflops for a in ACCELERATORS.values() if any(k.lower() in kind for k in a.device_kinds)), None)

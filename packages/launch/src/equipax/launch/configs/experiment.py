@@ -12,10 +12,19 @@ from typing import Any, ClassVar, Literal, Protocol, cast, runtime_checkable
 
 from equipax.core.configs import LearnerConfig, MeshConfig
 from equipax.launch.configs.data import BYTE_VOCAB_SIZE, DataConfig, ImageDataConfig
-from equipax.models.configs import CNNConfig, LMConfig, LlamaConfig
+from equipax.models.configs import CNNConfig, LlamaConfig, LMConfig
 
-__all__ = ["BYTE_VOCAB_SIZE", "DataConfig", "ExperimentConfig", "FamilyDataConfig", "FamilyModelConfig",
-           "ImageDataConfig", "LMExperiment", "TrainConfig", "as_lm"]
+__all__ = [
+    "BYTE_VOCAB_SIZE",
+    "DataConfig",
+    "ExperimentConfig",
+    "FamilyDataConfig",
+    "FamilyModelConfig",
+    "ImageDataConfig",
+    "LMExperiment",
+    "TrainConfig",
+    "as_lm",
+]
 
 
 @runtime_checkable
@@ -116,8 +125,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self._check_profiling()
         if self.max_consecutive_nonfinite < 0:
-            raise ValueError(
-                f"train.max_consecutive_nonfinite must be >= 0; got {self.max_consecutive_nonfinite}.")
+            raise ValueError(f"train.max_consecutive_nonfinite must be >= 0; got {self.max_consecutive_nonfinite}.")
         if self.num_epochs is not None and self.num_epochs <= 0:
             raise ValueError(f"train.num_epochs must be positive or None; got {self.num_epochs}.")
         for name in ("num_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
@@ -130,33 +138,43 @@ class TrainConfig:
         if self.decode_every < 0 or self.decode_tokens < 1 or self.decode_temperature < 0:
             raise ValueError(
                 f"train.decode_every must be >= 0 (0 = off), train.decode_tokens >= 1 and train.decode_temperature "
-                f">= 0; got {self.decode_every}, {self.decode_tokens}, {self.decode_temperature}.")
+                f">= 0; got {self.decode_every}, {self.decode_tokens}, {self.decode_temperature}."
+            )
         for name in ("xla_flags", "libtpu_init_args"):
             try:
                 shlex.split(getattr(self, name))
             except ValueError as e:
-                raise ValueError(f"train.{name}={getattr(self, name)!r} does not split into flags ({e}); "
-                                 "give space-separated flags, quoting a value with spaces.") from None
+                raise ValueError(
+                    f"train.{name}={getattr(self, name)!r} does not split into flags ({e}); "
+                    "give space-separated flags, quoting a value with spaces."
+                ) from None
         if self.decode_every and not self.decode_prompts:
-            raise ValueError("train.decode_every > 0 needs at least one train.decode_prompts, e.g. "
-                             "--set \"train.decode_prompts=('ROMEO:',)\".")
+            raise ValueError(
+                "train.decode_every > 0 needs at least one train.decode_prompts, e.g. "
+                "--set \"train.decode_prompts=('ROMEO:',)\"."
+            )
 
     def _check_profiling(self) -> None:
         if self.profile_steps < 0:
             raise ValueError(f"train.profile_steps must be >= 0 (0 = no profile); got {self.profile_steps}.")
         if self.profile_start_step is not None and self.profile_start_step < 1:
-            raise ValueError(f"train.profile_start_step must be a step >= 1, or None for the run's second "
-                             f"step; got {self.profile_start_step}.")
+            raise ValueError(
+                f"train.profile_start_step must be a step >= 1, or None for the run's second "
+                f"step; got {self.profile_start_step}."
+            )
         if self.pgle not in ("off", "auto", "manual"):
             raise ValueError(f"train.pgle must be 'off', 'auto' or 'manual'; got {self.pgle!r}.")
         if self.pgle_profiling_runs < 1:
             raise ValueError(f"train.pgle_profiling_runs must be >= 1; got {self.pgle_profiling_runs}.")
         if not 0 <= self.pgle_aggregation_percentile <= 100:
-            raise ValueError("train.pgle_aggregation_percentile must be in [0, 100]; got "
-                             f"{self.pgle_aggregation_percentile}.")
+            raise ValueError(
+                f"train.pgle_aggregation_percentile must be in [0, 100]; got {self.pgle_aggregation_percentile}."
+            )
         if self.pgle == "manual" and not self.pgle_profile_path:
-            raise ValueError("train.pgle='manual' needs train.pgle_profile_path: the profile.pb written by "
-                             "`launch pgle collect --exp NAME` (docs/pgle.md).")
+            raise ValueError(
+                "train.pgle='manual' needs train.pgle_profile_path: the profile.pb written by "
+                "`launch pgle collect --exp NAME` (docs/pgle.md)."
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -211,8 +229,10 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         self.data.check_model(self.model)
         if self.train.decode_every and self.kind != "lm":
-            raise ValueError(f"train.decode_every={self.train.decode_every} samples text from a language model; "
-                             f"this is a {self.kind} experiment. Set train.decode_every=0.")
+            raise ValueError(
+                f"train.decode_every={self.train.decode_every} samples text from a language model; "
+                f"this is a {self.kind} experiment. Set train.decode_every=0."
+            )
         self.data.check_eval_batches(self.train.eval_batches)
         split = self.mesh.batch_parallelism
         if self.global_batch_size % split:
@@ -229,11 +249,13 @@ class ExperimentConfig:
                 raise ValueError(
                     f"train.num_epochs={self.train.num_epochs} needs a finite training set, but "
                     f"data.source={getattr(self.data, 'source', self.kind)!r} is a stream; set train.num_steps instead "
-                    "(and train.num_epochs=None).")
+                    "(and train.num_epochs=None)."
+                )
             if self.steps_per_epoch < 1:
                 raise ValueError(
                     f"The global batch {self.global_batch_size} exceeds the {self.data.train_examples} "
-                    "training examples: an epoch would have no full batch. Lower data.batch_size.")
+                    "training examples: an epoch would have no full batch. Lower data.batch_size."
+                )
 
 
 @runtime_checkable

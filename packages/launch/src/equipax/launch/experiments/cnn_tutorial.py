@@ -15,8 +15,9 @@ TUTORIAL_LEARNER = LearnerConfig(
     kind="adamw",
     weight_decay=1e-4,
     clip_gradient_norm=1.0,
-    schedule=ScheduleConfig(kind="warmup_cosine", peak_learning_rate=1e-3, warmup_steps=50,
-                            decay_steps=500, final_fraction=0.1),
+    schedule=ScheduleConfig(
+        kind="warmup_cosine", peak_learning_rate=1e-3, warmup_steps=50, decay_steps=500, final_fraction=0.1
+    ),
 )
 
 
@@ -30,8 +31,16 @@ def cnn_tutorial() -> ExperimentConfig:
         name="cnn_tutorial",
         description="The German tutorial's AdvancedCNN on its synthetic images (random labels).",
         model=CNNConfig(num_classes=10, in_channels=3),
-        data=ImageDataConfig(source="synthetic", batch_size=32, num_train=1000, num_test=200,
-                             image_size=32, channels=3, num_classes=10, shuffle=False),
+        data=ImageDataConfig(
+            source="synthetic",
+            batch_size=32,
+            num_train=1000,
+            num_test=200,
+            image_size=32,
+            channels=3,
+            num_classes=10,
+            shuffle=False,
+        ),
         learner=TUTORIAL_LEARNER,
         train=TrainConfig(num_epochs=5, log_every=10, eval_batches=0),
         # Data parallel over every device present (`--cpu-devices 4`, a GPU host, ...).

@@ -60,9 +60,7 @@ def c4_1b() -> ExperimentConfig:
 
 @register
 def c4_1b_smoke() -> ExperimentConfig:
-    return smoke(C4_SPMD_1B_ADAM_4_REPLICAS, ici_mesh_shape=(1, 8, 1)).build(
-        "c4_1b_smoke", smoke_description("c4_1b")
-    )
+    return smoke(C4_SPMD_1B_ADAM_4_REPLICAS, ici_mesh_shape=(1, 8, 1)).build("c4_1b_smoke", smoke_description("c4_1b"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,9 +138,11 @@ def _seed_libtpu_args(cfg: ExperimentConfig) -> ExperimentConfig:
 
 @register
 def c4_22b_1x() -> ExperimentConfig:
-    return _seed_libtpu_args(C4_SPMD_22B_ADAM_1X_V4_128.build(
-        "c4_22b_1x", "Pax C4Spmd22BAdam1xv4_128: 22B GPT on C4, 64-way FSDP on one v4-128 slice, bf16."
-    ))
+    return _seed_libtpu_args(
+        C4_SPMD_22B_ADAM_1X_V4_128.build(
+            "c4_22b_1x", "Pax C4Spmd22BAdam1xv4_128: 22B GPT on C4, 64-way FSDP on one v4-128 slice, bf16."
+        )
+    )
 
 
 @register
@@ -162,13 +162,17 @@ C4_SPMD_22B_ADAM_2X_V4_128 = dataclasses.replace(C4_SPMD_22B_ADAM_1X_V4_128, dcn
 
 @register
 def c4_22b_2x() -> ExperimentConfig:
-    return _seed_libtpu_args(C4_SPMD_22B_ADAM_2X_V4_128.build(
-        "c4_22b_2x", "Pax C4Spmd22BAdam2xv4_128: 22B GPT on C4, 2 slices x 64-way FSDP (2x v4-128), bf16."
-    ))
+    return _seed_libtpu_args(
+        C4_SPMD_22B_ADAM_2X_V4_128.build(
+            "c4_22b_2x", "Pax C4Spmd22BAdam2xv4_128: 22B GPT on C4, 2 slices x 64-way FSDP (2x v4-128), bf16."
+        )
+    )
 
 
 @register
 def c4_22b_2x_smoke() -> ExperimentConfig:
-    return _seed_libtpu_args(smoke(
-        C4_SPMD_22B_ADAM_2X_V4_128, ici_mesh_shape=(1, 4, 1), dcn_mesh_shape=(2, 1, 1), num_heads=2
-    ).build("c4_22b_2x_smoke", smoke_description("c4_22b_2x")))
+    return _seed_libtpu_args(
+        smoke(C4_SPMD_22B_ADAM_2X_V4_128, ici_mesh_shape=(1, 4, 1), dcn_mesh_shape=(2, 1, 1), num_heads=2).build(
+            "c4_22b_2x_smoke", smoke_description("c4_22b_2x")
+        )
+    )

@@ -199,5 +199,3 @@ def smoke(
 
 def smoke_description(parent: str) -> str:
     return f"{parent} shrunk to seconds on 8 CPU devices (--cpu-devices 8): same code path and mesh axes."
-
-

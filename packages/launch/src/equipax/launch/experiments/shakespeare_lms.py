@@ -36,12 +36,10 @@ def shakespeare_tiny() -> ExperimentConfig:
             weight_decay=1e-4,
             clip_gradient_norm=1.0,
             schedule=ScheduleConfig(
-                kind="warmup_cosine", peak_learning_rate=3e-3, warmup_steps=50, decay_steps=400,
-                final_fraction=0.1,
+                kind="warmup_cosine", peak_learning_rate=3e-3, warmup_steps=50, decay_steps=400, final_fraction=0.1
             ),
         ),
-        train=TrainConfig(num_steps=450, log_every=20, eval_every=150, eval_batches=16,
-                          checkpoint_every=150),
+        train=TrainConfig(num_steps=450, log_every=20, eval_every=150, eval_batches=16, checkpoint_every=150),
     )
 
 

@@ -20,6 +20,7 @@ from equipax.launch.training.compile_events import CompileEvents
 
 __all__ = ["decode_texts", "encode_prompts", "host_array", "Sample"]
 
+
 @dataclasses.dataclass(frozen=True)
 class Sample:
     """One prompt's continuation.
@@ -57,7 +58,8 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], max_seq_len: int) -> 
         if len(ids) >= max_seq_len:
             raise ConfigError(
                 f"{where} is {len(ids)} tokens, but the model reads at most max_seq_len={max_seq_len} tokens "
-                f"(prompt + generated): shorten it to at most {max_seq_len - 1} tokens.")
+                f"(prompt + generated): shorten it to at most {max_seq_len - 1} tokens."
+            )
         rows.append(ids)
     width = max(len(r) for r in rows)
     ids = np.full((len(rows), width), tokenizer.pad_id, np.int32)
@@ -75,9 +77,17 @@ def host_array(x: jax.Array) -> np.ndarray:
     return np.asarray(x)
 
 
-def decode_texts(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
-                 temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                 key: Any = None) -> list[Sample]:
+def decode_texts(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    key: Any = None,
+) -> list[Sample]:
     """Continue each prompt by up to `max_new_tokens` tokens (fewer where the model's
     `max_seq_len` leaves less room; a row stops after the tokenizer's EOS).
 
@@ -97,9 +107,18 @@ def decode_texts(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_
     new = min(max_new_tokens, max_seq_len - ids.shape[1])
     start = time.monotonic()
     with CompileEvents() as compiling:
-        tokens, counts = decode(model, jax.numpy.asarray(ids), jax.numpy.asarray(lengths), max_new_tokens=new,
-                                temperature=temperature, top_k=top_k, top_p=top_p, eos_id=tokenizer.eos_id,
-                                pad_id=tokenizer.pad_id, key=key)
+        tokens, counts = decode(
+            model,
+            jax.numpy.asarray(ids),
+            jax.numpy.asarray(lengths),
+            max_new_tokens=new,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_id=tokenizer.eos_id,
+            pad_id=tokenizer.pad_id,
+            key=key,
+        )
         tokens, counts = host_array(tokens), host_array(counts)
     seconds = max(time.monotonic() - start - compiling.seconds, 0.0)
     per_token = seconds / max(int(counts.max()), 1)

@@ -93,18 +93,23 @@ class ChecksumMismatch(Exception):
     """What was read back is not what was saved (the files changed after the save)."""
 
 
-def verify(digests: dict[str, Any], flat: dict[str, Any], data_state: dict[str, Any],
-            loop_state: dict[str, Any]) -> None:
+def verify(
+    digests: dict[str, Any], flat: dict[str, Any], data_state: dict[str, Any], loop_state: dict[str, Any]
+) -> None:
     """Raise ChecksumMismatch unless what was restored has the checksums recorded at save time."""
     if digests.get("algorithm") != ALGORITHM:
         return  # recorded by another version: nothing to compare with
     bad = differences(digests.get("arrays", {}), array_checksums(flat))
-    bad += [name for name, value in (("data", data_state), ("loop", loop_state))
-            if digests.get(name) not in (None, json_checksum(value))]
+    bad += [
+        name
+        for name, value in (("data", data_state), ("loop", loop_state))
+        if digests.get(name) not in (None, json_checksum(value))
+    ]
     if bad:
         raise ChecksumMismatch(
             f"{len(bad)} saved item(s) do not match the checksums recorded when it was saved "
-            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): its files changed after the save")
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): its files changed after the save"
+        )
 
 
 def flat_arrays(tree: Any) -> dict[str, Any]:

@@ -36,8 +36,9 @@ def builtin_hooks(run: RunContext) -> list[Hook]:
     return [*hooks, CheckpointHook(run.cfg.train.checkpoint_every)]
 
 
-def eval_pass(training: "Training", eval_input: "BaseInput", model: Any, model_state: Any, *,
-              limit: int) -> dict[str, float]:
+def eval_pass(
+    training: "Training", eval_input: "BaseInput", model: Any, model_state: Any, *, limit: int
+) -> dict[str, float]:
     """Weighted mean loss and accuracy of `model` over an eval run of `eval_input` (reset first):
     `limit` batches, or the whole pass when 0. Also `weight` (tokens or examples) and `batches`."""
     eval_input.reset()
@@ -78,8 +79,10 @@ class EvalHook(Hook):
         run = ctx.run
         metrics = evaluate(run, ctx.state)
         run.writer.write(ctx.step, "eval", metrics)
-        run.log(f"step {ctx.step}: eval loss {metrics['loss']:.4f}, accuracy {metrics['accuracy']:.3f} on "
-                f"{metrics[run.unit]:,.0f} {run.unit}")
+        run.log(
+            f"step {ctx.step}: eval loss {metrics['loss']:.4f}, accuracy {metrics['accuracy']:.3f} on "
+            f"{metrics[run.unit]:,.0f} {run.unit}"
+        )
         return metrics
 
 
@@ -102,12 +105,18 @@ class EpochHook(Hook):
         weight = max(host["weight_sum"], 1e-9)
         epoch = ctx.step // run.steps_per_epoch
         evaluated = ctx.outputs["eval"]
-        record = {"epoch": epoch, "train_loss": host["loss_sum"] / weight,
-                  "train_accuracy": host["correct_sum"] / weight,
-                  "test_loss": evaluated["loss"], "test_accuracy": evaluated["accuracy"]}
+        record = {
+            "epoch": epoch,
+            "train_loss": host["loss_sum"] / weight,
+            "train_accuracy": host["correct_sum"] / weight,
+            "test_loss": evaluated["loss"],
+            "test_accuracy": evaluated["accuracy"],
+        }
         run.writer.write(ctx.step, "epoch", record)
-        run.log(f"Epoch {epoch}/{run.cfg.train.num_epochs}: Loss: {record['train_loss']:.4f}, "
-                f"Train Acc: {record['train_accuracy']:.4f}, Test Acc: {record['test_accuracy']:.4f}")
+        run.log(
+            f"Epoch {epoch}/{run.cfg.train.num_epochs}: Loss: {record['train_loss']:.4f}, "
+            f"Train Acc: {record['train_accuracy']:.4f}, Test Acc: {record['test_accuracy']:.4f}"
+        )
         self.sums = {k: jnp.zeros((), jnp.float32) for k in EVAL_SUMS}
         return record
 
@@ -119,15 +128,22 @@ class EpochHook(Hook):
             self.sums = {k: jnp.asarray(state["epoch_sums"][k], jnp.float32) for k in EVAL_SUMS}
 
     def result(self, run: RunContext, outputs: Mapping[str, Any]) -> dict[str, Any]:
-        epochs = sorted((r for r in read_metrics(run.writer.path) if r.get("split") == "epoch"),
-                        key=lambda r: r["epoch"]) if run.writer.path.exists() else []
-        history = {k: [float(r[k]) for r in epochs]
-                   for k in ("train_loss", "train_accuracy", "test_loss", "test_accuracy")}
+        epochs = (
+            sorted((r for r in read_metrics(run.writer.path) if r.get("split") == "epoch"), key=lambda r: r["epoch"])
+            if run.writer.path.exists()
+            else []
+        )
+        history = {
+            k: [float(r[k]) for r in epochs] for k in ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
+        }
         if run.primary:
             plot_classifier_history(epochs, run.job_dir / "plots" / "history.png", title=run.cfg.name)
         last = epochs[-1] if epochs else {}
-        return {"num_epochs": run.cfg.train.num_epochs, "history": history,
-                **{f"final_{k}": last.get(k) for k in history}}
+        return {
+            "num_epochs": run.cfg.train.num_epochs,
+            "history": history,
+            **{f"final_{k}": last.get(k) for k in history},
+        }
 
 
 class CheckpointHook(Hook):
@@ -147,5 +163,6 @@ class CheckpointHook(Hook):
     def after_step(self, ctx: StepContext) -> None:
         run = ctx.run
         run.check_nonfinite(ctx.step)  # never save past an unchecked step
-        run.checkpointer.save(ctx.step, ctx.state, gather_host_states(run.inputs.train.get_state()),
-                              loop_state=ctx.loop_state())
+        run.checkpointer.save(
+            ctx.step, ctx.state, gather_host_states(run.inputs.train.get_state()), loop_state=ctx.loop_state()
+        )

@@ -11,8 +11,11 @@ __all__ = ["BACKEND_COMPILE", "CompileEvents", "COMPILE_EVENTS"]
 
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 # What JAX reports while tracing and compiling (jax._src.dispatch).
-COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                  BACKEND_COMPILE)
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    BACKEND_COMPILE,
+)
 
 
 class CompileEvents:

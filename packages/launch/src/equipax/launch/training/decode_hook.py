@@ -36,8 +36,14 @@ class DecodeHook(Hook):
     def after_step(self, ctx: StepContext) -> list[dict[str, Any]]:
         run, train = ctx.run, ctx.run.cfg.train
         key = jax.random.fold_in(run.training.keys.sample, ctx.step)
-        samples = decode_texts(ctx.state.model, self.tokenizer, train.decode_prompts,
-                               max_new_tokens=train.decode_tokens, temperature=train.decode_temperature, key=key)
+        samples = decode_texts(
+            ctx.state.model,
+            self.tokenizer,
+            train.decode_prompts,
+            max_new_tokens=train.decode_tokens,
+            temperature=train.decode_temperature,
+            key=key,
+        )
         for i, sample in enumerate(samples):
             run.writer.write(ctx.step, "decode", {"prompt_index": i, **sample.record()})
             run.writer.add_text("decode", f"prompt_{i}", sample.prompt + sample.text, ctx.step)

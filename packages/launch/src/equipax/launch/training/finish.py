@@ -32,8 +32,16 @@ class RunResult:
     extra: dict[str, Any]  # the family's (unigram_entropy, sample) and the epoch history
 
 
-def finish(run: RunContext, hooks: Sequence[Hook], state: Any, fam: Any, *, last_train: Mapping[str, float],
-           outputs: Mapping[str, Any], console: Console) -> RunResult:
+def finish(
+    run: RunContext,
+    hooks: Sequence[Hook],
+    state: Any,
+    fam: Any,
+    *,
+    last_train: Mapping[str, float],
+    outputs: Mapping[str, Any],
+    console: Console,
+) -> RunResult:
     """After the last step: final eval numbers, the family's extras, result.json and plots.
 
     Arguments:
@@ -48,8 +56,11 @@ def finish(run: RunContext, hooks: Sequence[Hook], state: Any, fam: Any, *, last
     last_eval = outputs.get("eval", {})
     if run.start == run.total:
         # Resumed from the final checkpoint (killed after it): report what the finished run did.
-        last_train = next((r for r in reversed(read_metrics(run.writer.path)) if r.get("split") == "train"),
-                          {}) if run.writer.path.exists() else {}
+        last_train = (
+            next((r for r in reversed(read_metrics(run.writer.path)) if r.get("split") == "train"), {})
+            if run.writer.path.exists()
+            else {}
+        )
         last_eval = evaluate(run, state)
     log = lambda m: console.print(m, highlight=False)  # noqa: E731
     extra = dict(run.inputs.info)
@@ -61,17 +72,24 @@ def finish(run: RunContext, hooks: Sequence[Hook], state: Any, fam: Any, *, last
     for hook in hooks:
         extra |= hook.result(run, outputs)
     run.writer.close()
-    result = RunResult(job_dir=run.job_dir, start_step=run.start, final_step=run.total,
-                       final_train_loss=last_train.get("loss"), final_eval_loss=last_eval.get("loss"),
-                       final_eval_accuracy=last_eval.get("accuracy"), state_digest=tree_digest(state),
-                       extra=extra)
+    result = RunResult(
+        job_dir=run.job_dir,
+        start_step=run.start,
+        final_step=run.total,
+        final_train_loss=last_train.get("loss"),
+        final_eval_loss=last_eval.get("loss"),
+        final_eval_accuracy=last_eval.get("accuracy"),
+        state_digest=tree_digest(state),
+        extra=extra,
+    )
     if run.primary:
         plot_loss(read_metrics(run.writer.path), run.job_dir / "plots" / "loss.png", title=run.cfg.name)
-        summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()
-                   if k != "extra"} | extra
+        summary = {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items() if k != "extra"
+        } | extra
         write_text_atomic(run.job_dir / "result.json", json.dumps(summary, indent=2) + "\n")
     if result.final_eval_loss is not None:
-        line = (f"Final eval loss {result.final_eval_loss:.4f}, accuracy {result.final_eval_accuracy:.4f}")
+        line = f"Final eval loss {result.final_eval_loss:.4f}, accuracy {result.final_eval_accuracy:.4f}"
         if extra.get("unigram_entropy") is not None:
             line += f" (nats/token; unigram entropy of the training tokens: {extra['unigram_entropy']:.4f})"
         log(line)

@@ -164,8 +164,9 @@ def order_hooks(hooks: Sequence[Hook]) -> list[Hook]:
     """
     names = [h.key for h in hooks]
     if dup := sorted({n for n in names if names.count(n) > 1}):
-        raise ValueError(f"Two hooks are named {dup[0]!r}: give one of them another `name` (hook outputs "
-                         "are kept by name).")
+        raise ValueError(
+            f"Two hooks are named {dup[0]!r}: give one of them another `name` (hook outputs are kept by name)."
+        )
     index = {n: i for i, n in enumerate(names)}
     last = {i for i, h in enumerate(hooks) if ALL in h.after}
     before: dict[int, set[int]] = {i: set() for i in range(len(hooks))}  # i runs after each of before[i]
@@ -174,8 +175,9 @@ def order_hooks(hooks: Sequence[Hook]) -> list[Hook]:
             if name == ALL:
                 before[i] |= {j for j in range(len(hooks)) if j not in last}
             elif name not in index:
-                raise ValueError(f"Hook {h.key!r} runs after {name!r}, but no hook has that name (hooks: "
-                                 f"{', '.join(names)}).")
+                raise ValueError(
+                    f"Hook {h.key!r} runs after {name!r}, but no hook has that name (hooks: {', '.join(names)})."
+                )
             else:
                 before[i].add(index[name])
         if h.first:
@@ -188,7 +190,8 @@ def order_hooks(hooks: Sequence[Hook]) -> list[Hook]:
         ready = [i for i in range(len(hooks)) if i not in order and before[i] <= set(order)]
         if not ready:
             stuck = [names[i] for i in range(len(hooks)) if i not in order]
-            raise ValueError(f"The order constraints of hooks {', '.join(stuck)} form a circle (`after`, "
-                             "`first`): drop one of them.")
+            raise ValueError(
+                f"The order constraints of hooks {', '.join(stuck)} form a circle (`after`, `first`): drop one of them."
+            )
         order.append(ready[0])
     return [hooks[i] for i in order]

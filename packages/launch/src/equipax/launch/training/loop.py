@@ -1,19 +1,15 @@
-"""The training loop, one for every experiment: config -> `build_training` -> step -> hooks -> job dir.
+"""The training program, one for every experiment: config -> `build_training` -> resume -> steps
+and hooks -> result, all in the job directory.
 
-The host loop stays small: fetch a batch, dispatch the jitted step, write the train record of the
-previous logged step (`train_log.py`: metrics are read back one step late, so the device never
-waits for the host), and call the hooks that are due (`hooks.py` is their protocol; the run's own
-are in `builtin_hooks.py`, a caller adds more with `run_experiment(..., hooks=...)`). The time the
-hooks take is kept out of the step time the loop reports.
+`run_experiment` checks the devices and the job directory, builds the program and the inputs,
+resumes from the newest checkpoint that verifies, and runs the step loop (`step_loop.py`) with
+the run's own hooks (`builtin_hooks.py`) and the caller's (`hooks.py` is their protocol).
 """
 
 import contextlib
-import dataclasses
 import shutil
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import jax
@@ -21,7 +17,7 @@ from rich.console import Console
 
 from equipax.core.knobs import ConfigError, flatten, format_knobs, from_json, to_json
 from equipax.core.mesh import build_mesh, check_device_count
-from equipax.launch.cluster.distributed import any_process, host_state, is_primary
+from equipax.launch.cluster.distributed import host_state, is_primary
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.errors import Preempted
 from equipax.launch.jobdir.checkpoints import Checkpointer
@@ -31,13 +27,11 @@ from equipax.launch.jobdir.summaries import MetricsWriter
 from equipax.launch.tasks import family
 from equipax.launch.training.build import build_training
 from equipax.launch.training.builtin_hooks import builtin_hooks
-from equipax.launch.training.compile_events import CompileEvents
 from equipax.launch.training.finish import RunResult, finish
-from equipax.launch.training.hooks import Hook, RunContext, StepContext, order_hooks
-from equipax.launch.training.nonfinite import NonFiniteMonitor, poison_batch
-from equipax.launch.training.preemption import StopRequest
+from equipax.launch.training.hooks import Hook, RunContext, order_hooks
+from equipax.launch.training.nonfinite import NonFiniteMonitor
 from equipax.launch.training.progress import ProgressReporter
-from equipax.launch.training.train_log import StepTimer, TrainLog, device_peak_tflops
+from equipax.launch.training.step_loop import StepLoop
 
 __all__ = ["build_run_mesh", "run_experiment", "RunResult"]
 
@@ -58,11 +52,13 @@ def _mesh_hint(cfg: ExperimentConfig) -> str:
     hint = f". To check this experiment without the hardware, run `launch compile --exp {cfg.name}`"
     smoke = f"{base}_smoke"
     if cfg.name.endswith("_smoke") or smoke not in names:
-        return hint + (f"; to simulate its {cfg.mesh.num_devices} devices on this CPU, add `--cpu-devices "
-                       f"{cfg.mesh.num_devices}`" if cfg.mesh.num_devices <= 64 else "")
+        return hint + (
+            f"; to simulate its {cfg.mesh.num_devices} devices on this CPU, add `--cpu-devices {cfg.mesh.num_devices}`"
+            if cfg.mesh.num_devices <= 64
+            else ""
+        )
     devices = registry.get_experiment(smoke).mesh.num_devices  # pyright: ignore[reportAttributeAccessIssue]
-    return hint + (f"; to run its code path on this CPU, try `launch run --exp {smoke} --cpu-devices "
-                   f"{devices}`")
+    return hint + (f"; to run its code path on this CPU, try `launch run --exp {smoke} --cpu-devices {devices}`")
 
 
 def _knob_changes(cfg: ExperimentConfig, job_dir: Path) -> str:
@@ -75,8 +71,14 @@ def _knob_changes(cfg: ExperimentConfig, job_dir: Path) -> str:
     return "\nKnobs that differ from the job's config.json:\n" + "\n".join(diffs) if diffs else ""
 
 
-def run_experiment(cfg: ExperimentConfig, *, job_dir: Path, sources: dict[str, str] | None = None,
-                   console: Console | None = None, hooks: Sequence[Hook] = ()) -> RunResult:
+def run_experiment(
+    cfg: ExperimentConfig,
+    *,
+    job_dir: Path,
+    sources: dict[str, str] | None = None,
+    console: Console | None = None,
+    hooks: Sequence[Hook] = (),
+) -> RunResult:
     """Train `cfg`, writing everything to `job_dir`; resume if it holds a checkpoint.
 
     Arguments:
@@ -111,13 +113,21 @@ def run_experiment(cfg: ExperimentConfig, *, job_dir: Path, sources: dict[str, s
         raise
 
 
-def _train(cfg: ExperimentConfig, job_dir: Path, mesh: jax.sharding.Mesh, sources: dict[str, str],
-           console: Console, extra_hooks: Sequence[Hook]) -> RunResult:
+def _train(
+    cfg: ExperimentConfig,
+    job_dir: Path,
+    mesh: jax.sharding.Mesh,
+    sources: dict[str, str],
+    console: Console,
+    extra_hooks: Sequence[Hook],
+) -> RunResult:
     fam = family(cfg)
     numbers = fam.numbers(cfg)
     log = lambda m: console.print(m, highlight=False)  # noqa: E731
-    log(f"[bold]{cfg.name}[/]: {numbers['params_total'] / 1e6:.2f}M params, {cfg.global_batch_size:,} "
-        f"examples/step, {cfg.num_steps} steps -> {job_dir}")
+    log(
+        f"[bold]{cfg.name}[/]: {numbers['params_total'] / 1e6:.2f}M params, {cfg.global_batch_size:,} "
+        f"examples/step, {cfg.num_steps} steps -> {job_dir}"
+    )
     inputs = fam.build_inputs(cfg, job_dir, log=log)
     training = build_training(cfg, mesh)
     state = training.init_state()
@@ -155,13 +165,29 @@ def _train(cfg: ExperimentConfig, job_dir: Path, mesh: jax.sharding.Mesh, source
     progress = ProgressReporter(console, total=cfg.num_steps, start=start)
     nonfinite = NonFiniteMonitor(cfg.train.on_nonfinite, cfg.train.max_consecutive_nonfinite, loop_state)
     run = RunContext(
-        cfg=cfg, job_dir=job_dir, training=training, inputs=inputs, start=start, total=cfg.num_steps,
-        unit=fam.UNIT, primary=is_primary(), writer=writer, checkpointer=checkpointer, log=progress.message,
-        check_nonfinite=lambda upto: nonfinite.check(upto, where=str(job_dir / "checkpoints"),
-                                                     rollback=checkpointer.set_aside_from, log=progress.message))
-    loop = _Loop(run, order_hooks([*builtin_hooks(run), *extra_hooks]), nonfinite, progress,
-                 units_per_step=cfg.global_batch_size * fam.units_per_example(cfg),
-                 flops_per_step=numbers.get("model_flops_per_step"))
+        cfg=cfg,
+        job_dir=job_dir,
+        training=training,
+        inputs=inputs,
+        start=start,
+        total=cfg.num_steps,
+        unit=fam.UNIT,
+        primary=is_primary(),
+        writer=writer,
+        checkpointer=checkpointer,
+        log=progress.message,
+        check_nonfinite=lambda upto: nonfinite.check(
+            upto, where=str(job_dir / "checkpoints"), rollback=checkpointer.set_aside_from, log=progress.message
+        ),
+    )
+    loop = StepLoop(
+        run,
+        order_hooks([*builtin_hooks(run), *extra_hooks]),
+        nonfinite,
+        progress,
+        units_per_step=cfg.global_batch_size * fam.units_per_example(cfg),
+        flops_per_step=numbers.get("model_flops_per_step"),
+    )
     for hook in loop.hooks:
         hook.load(loop_state)
     try:
@@ -180,88 +206,9 @@ def _train(cfg: ExperimentConfig, job_dir: Path, mesh: jax.sharding.Mesh, source
     checkpointer.close()
     if loop.stopped_by:
         writer.close()
-        log(f"Stopped by {loop.stopped_by} after step {step}; checkpoint saved in {job_dir / 'checkpoints'}. "
-            "Run the same command again to resume.")
+        log(
+            f"Stopped by {loop.stopped_by} after step {step}; checkpoint saved in {job_dir / 'checkpoints'}. "
+            "Run the same command again to resume."
+        )
         raise Preempted(step)
-    return finish(run, loop.hooks, state, fam, last_train=loop.train_log.latest, outputs=loop.outputs,
-                  console=console)
-
-
-class _Loop:
-    """The loop's own state: the hooks in order, their outputs, the timer and the train log."""
-
-    def __init__(self, run: RunContext, hooks: list[Hook], nonfinite: NonFiniteMonitor, progress: ProgressReporter,
-                 *, units_per_step: int, flops_per_step: float | None) -> None:
-        self.run, self.hooks, self.nonfinite, self.progress = run, hooks, nonfinite, progress
-        self.outputs: dict[str, Any] = {}
-        self.timer = StepTimer(run.start)
-        self.train_log = TrainLog(run, self.timer, units_per_step=units_per_step, flops_per_step=flops_per_step,
-                                  peak_tflops=device_peak_tflops(run.cfg), nonfinite_total=lambda: nonfinite.total,
-                                  progress=progress.update)
-        self.stopped_by = ""
-
-    def loop_state(self) -> dict[str, Any]:
-        state = dict(self.nonfinite.state())
-        for hook in self.hooks:
-            state |= hook.state()
-        return state
-
-    def call(self, hooks: Sequence[Hook], ctx: StepContext) -> None:
-        """Run `hooks` at this step, their time kept out of the step time."""
-        began = time.monotonic()
-        for hook in hooks:
-            output = hook.after_step(ctx)
-            if output is not None:
-                self.outputs[hook.key] = output
-        self.timer.exclude(time.monotonic() - began)
-
-    def train(self, state: Any) -> tuple[Any, int]:
-        """Fetch, dispatch, train record, hooks: the whole loop."""
-        run, training = self.run, self.run.training
-        outputs = MappingProxyType(self.outputs)
-        step = run.start
-        self.timer.restart(run.start)
-        with StopRequest() as stop:
-            for step in range(run.start + 1, run.total + 1):
-                host_batch = run.inputs.train.get_next()
-                if step == run.start + 1:
-                    training.task.check_batch(host_batch, run.cfg.global_batch_size // jax.process_count())
-                    _log_host_examples(self.progress, host_batch)
-                if step in run.cfg.train.debug_nan_steps:  # test knob: a poisoned batch
-                    host_batch = poison_batch(host_batch)
-                began = time.monotonic()
-                for hook in self.hooks:
-                    hook.before_step(run, step)
-                self.timer.exclude(time.monotonic() - began)
-                with CompileEvents() as compiling:
-                    state, metrics = training.train_step(state, training.place(host_batch), training.keys.step)
-                self.nonfinite.record(step, metrics)
-                if step == run.start + 1:
-                    jax.block_until_ready(metrics)  # the first step includes compilation
-                    self.progress.message(f"Compiled and ran the first step in {time.monotonic() - self.timer.t:.1f} s.")
-                    self.timer.restart(step)
-                stopping = any_process(bool(stop))  # all processes stop at the same step
-                ctx = StepContext(run=run, step=step, state=state, metrics=MappingProxyType(metrics),
-                                  stopping=stopping, outputs=outputs, train=MappingProxyType(self.train_log.latest),
-                                  compile_seconds=compiling.backend_seconds, loop_state=self.loop_state)
-                due = [hook for hook in self.hooks if hook.due(ctx)]
-                self.call([h for h in due if h.first], ctx)  # the profile window's step ends here
-                self.train_log.after_dispatch(step, metrics, stopping=stopping)
-                rest = [h for h in due if not h.first]
-                if any(h.waits_for_device for h in rest):
-                    self.train_log.flush()  # this step's record, with its own step time
-                    jax.block_until_ready(metrics)  # the step's device work counts as the step's
-                    ctx = dataclasses.replace(ctx, train=MappingProxyType(self.train_log.latest))
-                self.call(rest, ctx)
-                if stopping:
-                    self.stopped_by = stop.signal_name or "a peer process"
-                    break
-        return state, step
-
-
-def _log_host_examples(progress: ProgressReporter, batch: Mapping[str, Any]) -> None:
-    """Multi-host: say which examples this host reads first (disjoint across hosts)."""
-    if jax.process_count() > 1 and "example_id" in batch:
-        ids = batch["example_id"]
-        progress.message(f"host {jax.process_index()}/{jax.process_count()} reads examples "
-                         f"{ids.tolist() if ids.size <= 16 else f'{ids[0]}..{ids[-1]}'}")
+    return finish(run, loop.hooks, state, fam, last_train=loop.train_log.latest, outputs=loop.outputs, console=console)

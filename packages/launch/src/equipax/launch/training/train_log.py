@@ -65,9 +65,17 @@ class TrainLog:
         progress: the progress bar's update.
     """
 
-    def __init__(self, run: RunContext, timer: StepTimer, *, units_per_step: int, flops_per_step: float | None,
-                 peak_tflops: float | None, nonfinite_total: Callable[[], int],
-                 progress: Callable[[int, dict[str, float]], None]) -> None:
+    def __init__(
+        self,
+        run: RunContext,
+        timer: StepTimer,
+        *,
+        units_per_step: int,
+        flops_per_step: float | None,
+        peak_tflops: float | None,
+        nonfinite_total: Callable[[], int],
+        progress: Callable[[int, dict[str, float]], None],
+    ) -> None:
         self.run, self.timer = run, timer
         self.units_per_step, self.flops_per_step, self.peak_tflops = units_per_step, flops_per_step, peak_tflops
         self.nonfinite_total, self.progress = nonfinite_total, progress
