@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator figures of issue 15, on one GPU or TPU host, in under 8 minutes:
+# The accelerator figures (benchmarks/README.md, "accelerator.sh"), on one GPU or TPU host, in under 8 minutes:
 #   1. the device and its measured bf16 matmul peak;
 #   2. tokens/s and MFU (PaLM definition: model FLOPs / datasheet peak; remat not counted) of the
 #      ~1B LM train step (c4_1b on synthetic tokens, all local chips) in bf16 with the best

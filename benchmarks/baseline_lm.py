@@ -70,8 +70,8 @@ def init_params(cfg: BaselineConfig, key: jax.Array) -> Params:
 
 def _layernorm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     # square(x) before mean(x): the other order (or a centred two-pass variance) makes XLA:CPU
-    # duplicate the backward fusions across deep stacks (PERF-NOTES.md); a baseline slowed by that
-    # trap would flatter equipax.
+    # duplicate the backward fusions across deep stacks (benchmarks/README.md, "The LayerNorm
+    # trap"); a baseline slowed by that trap would flatter equipax.
     mean_sq = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = mean_sq - jnp.square(mean)

@@ -40,7 +40,7 @@ from equipax.models.lm import LMConfig
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "train_step.json"
 COMPARE_OUT = Path(__file__).resolve().parent / "results" / "train_step_compare.json"
-# 2 cores x 32 f32 FLOP/cycle (2 AVX2 FMA units x 8 lanes x 2) x 2.445 GHz (PERF-NOTES.md).
+# 2 cores x 32 f32 FLOP/cycle (2 AVX2 FMA units x 8 lanes x 2) x 2.445 GHz (benchmarks/README.md).
 THEORETICAL_PEAK_GFLOPS = 156.5
 
 
@@ -120,7 +120,7 @@ PRESETS: dict[str, Callable[[], Preset]] = {
         seq_len=256,
         batch_size=8,
     ),
-    # Guards the deep-unrolled LayerNorm trap (PERF-NOTES.md): a two-pass LayerNorm made this
+    # Guards the deep-unrolled LayerNorm trap (benchmarks/README.md): a two-pass LayerNorm made this
     # 1.65-1.75x slower with 3-4x the compile time.
     "deep12": lambda: _toy(
         "deep12",
@@ -541,7 +541,7 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=THEORETICAL_PEAK_GFLOPS,
         help="theoretical f32 peak of the machine for the second MFU (default: %(default)s, "
-        "2-core Zen 3 from PERF-NOTES.md); 0 to omit",
+        "2-core Zen 3 of benchmarks/README.md); 0 to omit",
     )
     p.add_argument(
         "--warm-process",

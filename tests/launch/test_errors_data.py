@@ -61,7 +61,7 @@ def c4_like(tmp_path) -> Path:
     return root
 
 
-# --- 1: `data prepare` keeps C4 splits apart and never reads what it overwrites ----------------
+# --- `data prepare` keeps C4 splits apart and never reads what it overwrites ----------------
 
 
 @pytest.mark.parametrize("fmt", ["arrayrecord", "jsonl"])
@@ -111,7 +111,7 @@ def test_prepare_into_a_subdirectory_of_its_input_is_refused_on_the_rerun(tmp_pa
     assert snapshot(src) == before
 
 
-# --- 7: a broken symlink is named, not skipped ----------------------------------------------------
+# --- a broken symlink is named, not skipped ----------------------------------------------------
 
 
 def test_broken_symlink_shard_is_named_at_start_up(c4_like, tmp_path):
@@ -135,7 +135,7 @@ def test_broken_symlink_in_prepare_input_is_named(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-# --- 12: a corrupt ArrayRecord shard is a DataError naming the file -------------------------------
+# --- a corrupt ArrayRecord shard is a DataError naming the file -------------------------------
 
 
 def _arrayrecord_shards(root: Path) -> list[Path]:
@@ -178,7 +178,7 @@ def test_corrupt_arrayrecord_record_is_named_when_read(tmp_path):
     assert not list((job / "checkpoints").glob("*"))
 
 
-# --- 9 and 17: `launch bench attention` checks its arguments before the work ----------------------
+# --- `launch bench attention` checks its arguments before the work ----------------------
 
 
 def test_bench_attention_out_is_a_file(tmp_path, monkeypatch):
@@ -204,7 +204,7 @@ def test_bench_attention_seq_not_integers(seq):
     assert "--seq" in output and "128,512" in output, output
 
 
-# --- 17: `data prepare`'s advice names its own options ---------------------------------------------
+# --- `data prepare`'s advice names its own options ---------------------------------------------
 
 
 def test_prepare_malformed_records_advice_names_its_option(tmp_path):

@@ -1,4 +1,4 @@
-"""MaxText <-> equipax config translation (issue 16): `launch convert maxtext`, `show --format maxtext`."""
+"""MaxText <-> equipax config translation: `launch convert maxtext`, `show --format maxtext`."""
 
 import json
 

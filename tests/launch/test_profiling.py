@@ -1,4 +1,4 @@
-"""The profiling window and the PGLE workflows (issue 16): traces, XLA flags, `launch pgle collect`."""
+"""The profiling window and the PGLE workflows: traces, XLA flags, `launch pgle collect`."""
 
 import gzip
 import json

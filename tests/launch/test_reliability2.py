@@ -1,4 +1,4 @@
-"""Reliability, round two (issue 19): nothing saved is ever wrong, every failure is named, and
+"""Reliability: nothing saved is ever wrong, every failure is named, and
 checkpoints verify themselves. Each test drives the CLI (in-process, or as a real process where
 signals, resource limits or `os._exit` are involved) and checks the exit code, the message and
 that nothing already in the job directory was damaged. docs/errors.md lists each case."""
@@ -16,7 +16,7 @@ import pytest
 from helpers.cli import FAST, assert_one_paragraph, invoke, run, snapshot
 from helpers.toy import persistent_compile_cache
 
-# As the issue's TINY runs; a model vocabulary larger than the byte tokenizer's 260 ids (defect 8).
+# One-layer toy runs, with a model vocabulary larger than the byte tokenizer's 260 ids.
 ONE_LAYER = ["model.transformer.num_layers=1", "model.vocab_size=512"]
 CACHE: dict[str, str] = {}  # JAX's persistent compilation cache of this module's runs (env form)
 
@@ -82,7 +82,7 @@ def train_records(job: Path) -> dict[int, dict]:
     return {r["step"]: r for r in records if r["split"] == "train"}
 
 
-# --- 2: the guard checks the update; "last good checkpoint" is one training continues from ---
+# --- the guard checks the update; "last good checkpoint" is one training continues from ---
 
 
 def test_overflowing_learning_rate_names_a_checkpoint_training_continues_from(job_copy):
@@ -114,7 +114,7 @@ def test_non_finite_learning_rate_refused(value, tmp_path):
     assert not (tmp_path / "job").exists()
 
 
-# --- 3 and 5: resuming checks what the saved state means --------------------------------------
+# --- resuming checks what the saved state means --------------------------------------
 
 
 def test_resume_refuses_changed_data_knobs_and_lists_them(job_copy):
@@ -159,7 +159,7 @@ def test_config_json_deleted_another_experiment_refused(job_copy):
     assert snapshot(job_copy) == before
 
 
-# --- 4 and 10: checkpoints verify themselves; metrics lines that are not records --------------
+# --- checkpoints verify themselves; metrics lines that are not records --------------
 
 
 def flip_a_bit(step_dir: Path) -> Path:
@@ -222,7 +222,7 @@ def test_bit_flip_and_unreadable_metrics_lines_on_resume(job_copy):
     assert sorted(train_records(job_copy)) == [1, 2, 3, 4, 5, 6]
 
 
-# --- 6: a finished job rerun with fewer steps keeps its result --------------------------------
+# --- a finished job rerun with fewer steps keeps its result --------------------------------
 
 
 def test_fewer_steps_than_trained_keeps_the_result(job_copy):
@@ -233,7 +233,7 @@ def test_fewer_steps_than_trained_keeps_the_result(job_copy):
     assert snapshot(job_copy) == before
 
 
-# --- 8: a model vocabulary larger than the tokenizer's ----------------------------------------
+# --- a model vocabulary larger than the tokenizer's ----------------------------------------
 
 
 def test_vocab_larger_than_the_tokenizer_samples_and_finishes(finished_job):
@@ -241,7 +241,7 @@ def test_vocab_larger_than_the_tokenizer_samples_and_finishes(finished_job):
     assert result["final_step"] == 4 and isinstance(result["sample"], str) and result["sample"]
 
 
-# --- 11: checkpoint writes that fail ----------------------------------------------------------
+# --- checkpoint writes that fail ----------------------------------------------------------
 
 
 def test_file_size_limit_while_saving_names_the_step_without_tracebacks(tmp_path):
@@ -268,7 +268,7 @@ def test_checkpoints_path_is_a_file(tmp_path):
     assert "Compiled" not in out and (job / "checkpoints").read_text() == "not a directory"
 
 
-# --- 13: multi-host start-up ------------------------------------------------------------------
+# --- multi-host start-up ------------------------------------------------------------------
 
 
 def test_coordinator_that_never_appears(tmp_path):
@@ -302,7 +302,7 @@ def test_malformed_coordinator(tmp_path):
     assert_one_paragraph(out, "--coordinator 'not a host' is not HOST:PORT")
 
 
-# --- 14: signals outside the training steps ---------------------------------------------------
+# --- signals outside the training steps ---------------------------------------------------
 
 
 def test_ctrl_c_during_imports(tmp_path):
@@ -332,7 +332,7 @@ def test_sigterm_before_the_first_step(tmp_path):
     assert not (tmp_path / "job").exists()  # nothing was written: no empty job directory left
 
 
-# --- 16: platform and memory ------------------------------------------------------------------
+# --- platform and memory ------------------------------------------------------------------
 
 
 def test_unavailable_platform(tmp_path):
@@ -354,7 +354,7 @@ def test_out_of_memory_names_the_knobs(tmp_path, monkeypatch):
     assert_one_paragraph(out, "Out of memory", "data.batch_size", "launch compile")
 
 
-# --- 17: right exit code, right advice --------------------------------------------------------
+# --- right exit code, right advice --------------------------------------------------------
 
 
 def test_mesh_mismatch_suggests_only_existing_experiments(tmp_path):
@@ -434,7 +434,7 @@ def test_a_signal_that_interrupted_an_import_is_still_exit_75(monkeypatch):
 
 
 def test_orbax_write_futures_without_orbax_frames_are_quiet():
-    """The flake behind issue 19's defect 11 seen once in CI: after a failed save, asyncio reported
+    """A flake seen once in CI: after a failed save, asyncio reported
     tensorstore write futures ("Future exception was never retrieved") whose exceptions carry no
     orbax frame, only the path of the checkpoint being written; those are dropped too, nothing else."""
     import logging

@@ -338,7 +338,7 @@ class TrainStep(Generic[_ModelT_contra]):
     of the state, its tree structure and any non-array leaves, is bound once per structure), so
     `lower` on abstract arguments gives exactly the program a call with concrete arguments runs.
     A call costs one C++ tree flatten and a dictionary lookup on the host, not `eqx.filter_jit`'s
-    per-call filtering (PERF-NOTES: ~0.7 ms more per call; several ms on a loaded machine).
+    per-call filtering (~0.7 ms more per call, benchmarks/README.md; several ms on a loaded machine).
     """
 
     def __init__(self, step: Callable[..., Any]) -> None:

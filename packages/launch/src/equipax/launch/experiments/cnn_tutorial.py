@@ -1,4 +1,5 @@
-"""The German tutorial's image classifier (AdvancedCNN): on its synthetic images, and on digits."""
+"""The CNN tutorial's image classifier (AdvancedCNN, docs/tutorial_cnn.md): on its synthetic images,
+and on digits."""
 
 import dataclasses
 
@@ -29,7 +30,7 @@ def cnn_tutorial() -> ExperimentConfig:
     """
     return ExperimentConfig(
         name="cnn_tutorial",
-        description="The German tutorial's AdvancedCNN on its synthetic images (random labels).",
+        description="The CNN tutorial's AdvancedCNN on its synthetic images (random labels).",
         model=CNNConfig(num_classes=10, in_channels=3),
         data=ImageDataConfig(
             source="synthetic",

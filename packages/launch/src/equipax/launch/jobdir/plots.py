@@ -108,7 +108,7 @@ def plot_attention_bench(result: dict[str, Any], path: Path) -> Path:
 
 
 def plot_classifier_history(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
-    """The German tutorial's figure: training loss (left), train and test accuracy (right) by epoch.
+    """The CNN tutorial's figure (docs/tutorial_cnn.md): training loss (left), train and test accuracy (right) by epoch.
 
     Arguments:
         records: metrics.jsonl records of split `epoch` (`epoch`, `train_loss`,
