@@ -1,4 +1,5 @@
-"""Sharding annotations: an undeclared weight is an error naming its path, and declared axes must fit the array."""
+"""Sharding annotations: an undeclared weight is an error naming its path, declared axes must fit the
+array, and the logical-to-mesh rules are a knob of the mesh config."""
 
 import re
 
@@ -80,3 +81,39 @@ def test_declared_axes_must_fit_the_array(key):
 
     with pytest.raises(ValueError, match=r"Parameter \.weight declares unknown logical axes \['embd'\]"):
         flat_specs(Typo(), mesh())
+
+
+def test_logical_axis_rules_are_the_mesh_configs_knob(key):
+    """The rules decide the specs (FSDP off: nothing on `fsdp`), and an axis they do not map is an
+    error that names the knob, not a file to edit."""
+    from jax.sharding import PartitionSpec as P
+
+    from equipax.core.configs import DEFAULT_LOGICAL_AXIS_RULES, MeshConfig
+    from equipax.core.nn import Linear
+
+    layer = {"up": Linear(8, 16, axes=("embed", "hidden"), key=key)}
+    assert flat_specs(layer, mesh())["['up'].weight"] == P("fsdp", "tensor")
+    no_fsdp = tuple((logical, None if axis == "fsdp" else axis) for logical, axis in DEFAULT_LOGICAL_AXIS_RULES)
+    rules = dict(MeshConfig(logical_axis_rules=no_fsdp).logical_axis_rules)
+    assert flat_specs(layer, mesh(), rules)["['up'].weight"] == P(None, "tensor")
+    swapped = dict(DEFAULT_LOGICAL_AXIS_RULES) | {"embed": "tensor", "hidden": "fsdp"}
+    assert flat_specs(layer, mesh(), swapped)["['up'].weight"] == P("tensor", "fsdp")
+
+    without_hidden = {k: v for k, v in DEFAULT_LOGICAL_AXIS_RULES if k != "hidden"}
+    with pytest.raises(ValueError, match=r"logical axes \['hidden'\] that the mesh's rules do not map") as e:
+        flat_specs(layer, mesh(), without_hidden)
+    assert "mesh.logical_axis_rules" in str(e.value) and "equipax.core.partition" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "rules, message",
+    [
+        ((("embed", "fsdp"), ("embed", None)), "maps 'embed' more than once"),
+        ((("embed", "fdsp"),), "names the mesh axis 'fdsp', which is not one of"),
+    ],
+)
+def test_bad_logical_axis_rules_are_refused_when_the_config_is_built(rules, message):
+    from equipax.core.configs import MeshConfig
+
+    with pytest.raises(ValueError, match=message):
+        MeshConfig(logical_axis_rules=rules)

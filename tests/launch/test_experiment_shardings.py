@@ -92,3 +92,24 @@ def test_llama_specs_match_the_megatron_fsdp_layout():
     assert specs[".layers.ffn.down.weight"] == P(None, "tensor", "fsdp")
     assert specs[".layers.atten_norm.scale"] == P(None, None)
     assert specs[".final_norm.scale"] == P(None)
+
+
+def test_the_experiments_logical_axis_rules_reach_the_train_state_shardings(monkeypatch):
+    """`--set mesh.logical_axis_rules=...` is what build_training shards the train state by."""
+    import jax
+
+    import equipax.launch.training.build as build
+    from equipax.core.knobs import apply_overrides
+    from equipax.core.mesh import build_mesh
+    from equipax.launch.experiments.registry import get_experiment
+
+    seen = []
+    real = build.train_state_shardings
+    monkeypatch.setattr(build, "train_state_shardings", lambda *a: seen.append(a[3]) or real(*a))
+    rules = (
+        "(('embed', None), ('vocab', 'tensor'), ('heads', 'tensor'), ('hidden', 'tensor'), ('head_dim', None), "
+        "('qkv', None), ('layers', None), ('stage', 'stage'), ('norm', None))"
+    )
+    cfg, _ = apply_overrides(get_experiment("shakespeare_tiny"), [f"mesh.logical_axis_rules={rules}"])
+    build.build_training(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
+    assert seen == [dict(cfg.mesh.logical_axis_rules)] and seen[0]["embed"] is None

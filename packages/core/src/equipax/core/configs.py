@@ -19,9 +19,11 @@ __all__ = [
     "LINEAR_ATTENTION_CHUNK_SIZE",
     "BATCH_AXES",
     "DATA",
+    "DEFAULT_LOGICAL_AXIS_RULES",
     "FSDP",
     "LearnerConfig",
     "LearnerKind",
+    "LogicalAxisRules",
     "MeshConfig",
     "PIPELINE_AXES",
     "ScheduleConfig",
@@ -52,6 +54,30 @@ PIPELINE_AXES = (STAGE, DATA, FSDP, TENSOR)
 # even share on every (data, fsdp) device (equipax.core.nn.pipeline). Absent axes count 1.
 BATCH_AXES = (DATA, FSDP, STAGE)
 
+# Logical axis -> mesh axis (None = replicated): the default of `mesh.logical_axis_rules`, the
+# sharding of every declared weight dimension (docs/sharding.md): FSDP over `embed`, Megatron
+# tensor parallelism over vocab/heads/hidden, a pipelined stack's stages over `stage`.
+LogicalAxisRules = tuple[tuple[str, str | None], ...]
+DEFAULT_LOGICAL_AXIS_RULES: LogicalAxisRules = (
+    # Transformer weights.
+    ("embed", FSDP),
+    ("vocab", TENSOR),
+    ("heads", TENSOR),
+    ("hidden", TENSOR),
+    ("head_dim", None),
+    ("qkv", None),
+    ("layers", None),
+    # A pipelined stack's stage index (PipelinedStack: stage, repeat, layer within the stage).
+    ("stage", STAGE),
+    # Norm scales and biases: small, so replicated.
+    ("norm", None),
+    # Convolutions and the CNN's dense head: small, so replicated (data parallel).
+    ("kernel_height", None),
+    ("kernel_width", None),
+    ("in_channels", None),
+    ("out_channels", None),
+)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshConfig:
@@ -63,11 +89,17 @@ class MeshConfig:
     dcn_mesh_shape: slices (or hosts, on GPU clusters) along the same axes.
     axis_names: (data, fsdp, tensor), or `PIPELINE_AXES` (stage, data, fsdp, tensor) for a
         pipelined model (`model.transformer.pipeline_stages` > 1).
+    logical_axis_rules: (logical axis, mesh axis or None) pairs, MaxText's `logical_axis_rules`:
+        the mesh axis each declared weight dimension is split over (None = replicated). The
+        default is FSDP over `embed` and Megatron tensor parallelism over `vocab`, `heads` and
+        `hidden` (docs/sharding.md); e.g. `--set "mesh.logical_axis_rules=(('embed', None),
+        ('vocab', 'tensor'), ...)"` turns FSDP off. Every logical axis a model declares needs a rule.
     """
 
     ici_mesh_shape: tuple[int, ...] = (1, 1, 1)
     dcn_mesh_shape: tuple[int, ...] = (1, 1, 1)
     axis_names: tuple[str, ...] = AXES
+    logical_axis_rules: LogicalAxisRules = DEFAULT_LOGICAL_AXIS_RULES
 
     def __post_init__(self) -> None:
         n = len(self.axis_names)
@@ -84,6 +116,14 @@ class MeshConfig:
                                  + (" (or one -1: all devices left)." if name == "ici_mesh_shape" else "."))
         if len(set(self.axis_names)) != n:
             raise ValueError(f"mesh.axis_names={self.axis_names} repeats a name.")
+        logical = [rule[0] for rule in self.logical_axis_rules]
+        if repeated := sorted({a for a in logical if logical.count(a) > 1}):
+            raise ValueError(f"mesh.logical_axis_rules maps {repeated[0]!r} more than once; give one rule per "
+                             "logical axis.")
+        known = {*self.axis_names, *PIPELINE_AXES}
+        if bad := [rule for rule in self.logical_axis_rules if rule[1] is not None and rule[1] not in known]:
+            raise ValueError(f"mesh.logical_axis_rules: {bad[0]} names the mesh axis {bad[0][1]!r}, which is not "
+                             f"one of {sorted(known)}; map each logical axis to one of them or to None (replicated).")
 
     @property
     def shape(self) -> tuple[int, ...]:

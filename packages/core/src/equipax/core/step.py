@@ -418,6 +418,7 @@ def init_sharded_train_state(
     optimizer: optax.GradientTransformation,
     mesh: Mesh,
     key: PRNGKeyArray,
+    rules: Mapping[str, str | None] | None = None,
 ) -> tuple[TrainState[ModelT], Any]:
     """Build the train state directly in its sharded layout (no full copy on one device).
 
@@ -429,6 +430,7 @@ def init_sharded_train_state(
         optimizer: the optimizer.
         mesh: the device mesh.
         key: the init key.
+        rules: logical axis -> mesh axis (default `equipax.core.partition.LOGICAL_TO_MESH`).
 
     Returns:
         `(state, state_sharding)`; pass the sharding to `make_train_step`.
@@ -439,7 +441,7 @@ def init_sharded_train_state(
         return init_train_state(make_model(k), optimizer)
 
     abstract = eqx.filter_eval_shape(make_state, key)
-    sharding = train_state_shardings(abstract, optimizer, mesh)
+    sharding = train_state_shardings(abstract, optimizer, mesh, rules)
     state = eqx.filter_jit(lambda k: eqx.filter_shard(make_state(k), sharding))(key)
     return state, sharding
 

@@ -121,7 +121,7 @@ def build_training(cfg: ExperimentConfig, mesh: Mesh) -> Training:
     learner = make_learner(cfg.learner)
     keys = Keys.from_seed(cfg.train.seed)
     abstract = eqx.filter_eval_shape(_initial_state, task, learner.optimizer, keys.init)
-    state_sharding = train_state_shardings(abstract, learner.optimizer, mesh)
+    state_sharding = train_state_shardings(abstract, learner.optimizer, mesh, dict(cfg.mesh.logical_axis_rules))
     data_sharding = batch_sharding(mesh)
     train_step = make_train_step(
         task,
