@@ -53,7 +53,7 @@ def run_args(steps: int, tokenizer: str) -> list[str]:
             "train.eval_every=8",
             "train.checkpoint_every=2",
             "train.keep_checkpoints=2",
-            "train.sample_tokens=0",
+            "train.sample.tokens=0",
             f"data.tokenizer={tokenizer}",
         ]
     )

@@ -9,7 +9,7 @@ from helpers.toy import TOY, set_args
 FAST = [
     *TOY,
     "data.tokenizer=byte",
-    "train.sample_tokens=0",
+    "train.sample.tokens=0",
     "train.log_every=1",
     "train.eval_every=4",
     "train.checkpoint_every=2",

@@ -11,7 +11,7 @@ TOY = [
     "data.seq_len=32",
     "data.batch_size=4",
     "train.eval_batches=2",
-    "train.sample_tokens=8",
+    "train.sample.tokens=8",
     "learner.schedule.warmup_steps=2",
     "learner.schedule.decay_steps=60",
 ]

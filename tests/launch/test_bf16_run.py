@@ -27,7 +27,7 @@ def _final(tmp_path, name, *overrides):
         "train.log_every=10",
         "train.eval_every=60",
         "train.checkpoint_every=60",
-        "train.sample_tokens=0",
+        "train.sample.tokens=0",
     )
     result = CliRunner().invoke(app, ["run", "--job-log-dir", str(job), *set_args([*TOY, *steps, *overrides])])
     assert result.exit_code == 0, result.output

@@ -166,7 +166,7 @@ def test_vocab_then_run_on_c4_shards(c4_dir, tmp_path):
             "train.eval_every=1",
             "train.checkpoint_every=2",
             "train.log_every=1",
-            "train.sample_tokens=4",
+            "train.sample.tokens=4",
         ),
     )
     assert result.exit_code == 0, result.output

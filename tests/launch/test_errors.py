@@ -188,7 +188,7 @@ def test_sentencepiece_vocab_path(content, tmp_path):
 
 def test_job_tokenizer_corrupt(tmp_path):
     job = tmp_path / "job"
-    code, out = invoke("run", "--job-log-dir", job, *set_args([*TOY, "train.num_steps=2", "train.sample_tokens=0"]))
+    code, out = invoke("run", "--job-log-dir", job, *set_args([*TOY, "train.num_steps=2", "train.sample.tokens=0"]))
     assert code == 0, out
     (job / "tokenizer.model").write_bytes(b"half a file")
     before = snapshot(job)

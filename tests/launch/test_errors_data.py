@@ -10,7 +10,7 @@ import pytest
 from equipax.data import DataError, TextShards, find_shards, write_shards
 from helpers.toy import TOY, set_args
 
-FAST = [*TOY, "data.tokenizer=byte", "train.sample_tokens=0", "train.num_steps=2", "train.checkpoint_every=2"]
+FAST = [*TOY, "data.tokenizer=byte", "train.sample.tokens=0", "train.num_steps=2", "train.checkpoint_every=2"]
 
 
 def invoke(*args):

@@ -132,7 +132,7 @@ def _resume_equals_uninterrupted(tmp_path):
 @pytest.mark.slow
 def test_resume_refuses_a_different_model_shape(tmp_path):
     job = str(tmp_path / "job")
-    ok = invoke("run", "--job-log-dir", job, *sets("train.num_steps=2", "train.sample_tokens=0"))
+    ok = invoke("run", "--job-log-dir", job, *sets("train.num_steps=2", "train.sample.tokens=0"))
     assert ok.exit_code == 0, ok.output
     bad = invoke("run", "--job-log-dir", job, *sets("train.num_steps=4", "model.transformer.hidden_dims=96"))
     assert bad.exit_code == 2
@@ -202,3 +202,32 @@ def test_launch_run_with_cudnn_on_cpu_exits_2_naming_the_knob(tmp_path):
     result = CliRunner().invoke(app, ["run", "--job-log-dir", str(tmp_path / "job"), *set_args(knobs)])
     assert result.exit_code == 2, result.output
     assert "attention_impl='cudnn' needs a CUDA GPU" in " ".join(result.output.split())
+
+
+def test_moved_train_knobs_are_refused_by_their_new_name_and_old_config_json_reads():
+    """The loop's sub-configs (train.sample/decode/profile/pgle/compiler): an old flat knob given
+    with --set is exit 2 naming its new path; a config.json written before the move reads."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from equipax.core.knobs import from_json, to_dict
+    from equipax.launch.cli import app
+    from equipax.launch.configs.experiment import ExperimentConfig
+    from equipax.launch.experiments.registry import get_experiment
+
+    for old, new in [
+        ("train.sample_tokens=0", "train.sample.tokens"),
+        ("train.pgle=auto", "train.pgle.mode"),
+        ("train.xla_flags=''", "train.compiler.xla_flags"),
+    ]:
+        result = CliRunner().invoke(app, ["show", "--set", old])
+        assert result.exit_code == 2 and f"Did you mean {new!r}?" in result.output, result.output
+    saved = to_dict(get_experiment("shakespeare_tiny"))
+    train = saved["train"]
+    for group in ("sample", "decode", "profile", "pgle", "compiler"):
+        del train[group]
+    train |= {"sample_tokens": 7, "decode_every": 5, "profile_steps": 2, "pgle": "auto", "libtpu_init_args": "--x=1"}
+    cfg = from_json(ExperimentConfig, json.dumps(saved))
+    assert (cfg.train.sample.tokens, cfg.train.decode.every, cfg.train.profile.steps) == (7, 5, 2)
+    assert cfg.train.pgle.mode == "auto" and cfg.train.compiler.libtpu_init_args == "--x=1"

@@ -1,5 +1,5 @@
 """`launch decode` and `launch eval` on a short training run's job directory, their bad inputs
-(exit 2 with what to do), and decode during training (`train.decode_every`)."""
+(exit 2 with what to do), and decode during training (`train.decode.every`)."""
 
 import json
 import shutil
@@ -17,10 +17,10 @@ DECODE_RUN = [
     *TOY_SHORT,
     "data.tokenizer=byte",
     "train.checkpoint_every=2",
-    "train.decode_every=2",
-    "train.decode_tokens=4",
-    "train.decode_prompts=('ROMEO:', 'To be')",
-    "train.sample_tokens=0",
+    "train.decode.every=2",
+    "train.decode.tokens=4",
+    "train.decode.prompts=('ROMEO:', 'To be')",
+    "train.sample.tokens=0",
 ]
 
 

@@ -77,7 +77,7 @@ def test_pax_configs_match_the_spec_table(name):
     assert t.scan_layers is scanned
     # Pax's repeated layers use CHECKPOINT_POLICY=SAVE_NOTHING: full rematerialisation.
     assert t.remat == ("full" if scanned else "none")
-    assert cfg.train.sample_tokens == 0
+    assert cfg.train.sample.tokens == 0
     # The data each Pax class names: synthetic for lm_cloud_*, packed C4 from a local directory.
     if name.startswith("c4_"):
         assert (cfg.data.source, cfg.data.packing, cfg.data.reset_for_eval) == ("c4", True, True)

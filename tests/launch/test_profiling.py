@@ -25,7 +25,7 @@ SHORT = [
     "train.eval_every=4",
     "train.checkpoint_every=4",
     "train.eval_batches=1",
-    "train.sample_tokens=0",
+    "train.sample.tokens=0",
 ]
 
 
@@ -53,18 +53,18 @@ def test_profile_window_writes_a_trace_with_step_annotations(tmp_path, monkeypat
 
 
 def test_profile_window_skips_the_compiling_step_unless_asked():
-    from equipax.launch.configs.experiment import TrainConfig
+    from equipax.launch.configs.train import ProfileConfig
     from equipax.launch.training.profiling import profile_window
 
     def window(start, total, **knobs):
-        return profile_window(TrainConfig(**knobs), start=start, total=total)
+        return profile_window(ProfileConfig(**knobs), start=start, total=total)
 
     assert window(0, 10) is None
-    assert window(0, 10, profile_steps=3) == (2, 4)  # the first step compiles: not in the default window
-    assert window(5, 10, profile_steps=3) == (7, 9)  # a resumed run: its own second step
-    assert window(0, 10, profile_steps=3, profile_start_step=1) == (1, 3)  # asked for
-    assert window(0, 10, profile_steps=5, profile_start_step=8) == (8, 10)  # cut at the last step
-    assert window(6, 10, profile_steps=2, profile_start_step=3) is None  # before this run's steps
+    assert window(0, 10, steps=3) == (2, 4)  # the first step compiles: not in the default window
+    assert window(5, 10, steps=3) == (7, 9)  # a resumed run: its own second step
+    assert window(0, 10, steps=3, start_step=1) == (1, 3)  # asked for
+    assert window(0, 10, steps=5, start_step=8) == (8, 10)  # cut at the last step
+    assert window(6, 10, steps=2, start_step=3) is None  # before this run's steps
 
 
 def test_profile_option_is_checked():
@@ -73,28 +73,28 @@ def test_profile_option_is_checked():
 
 
 def test_pgle_modes_set_exactly_the_readme_flags():
-    from equipax.launch.configs.experiment import TrainConfig
+    from equipax.launch.configs.train import PGLEConfig
     from equipax.launch.training.pgle import pgle_settings, set_xla_flags
 
-    assert pgle_settings(TrainConfig()).xla_flags == () and pgle_settings(TrainConfig()).jax_config == {}
-    auto = pgle_settings(TrainConfig(pgle="auto", pgle_profiling_runs=5, pgle_aggregation_percentile=85))
+    assert pgle_settings(PGLEConfig()).xla_flags == () and pgle_settings(PGLEConfig()).jax_config == {}
+    auto = pgle_settings(PGLEConfig(mode="auto", profiling_runs=5, aggregation_percentile=85))
     assert auto.xla_flags == ("--xla_gpu_enable_latency_hiding_scheduler=true",)
     assert auto.jax_config == {
         "jax_enable_pgle": True,
         "jax_pgle_profiling_runs": 5,
         "jax_pgle_aggregation_percentile": 85,
     }
-    manual = pgle_settings(TrainConfig(pgle="manual", pgle_profile_path="/p/profile.pb"))
+    manual = pgle_settings(PGLEConfig(mode="manual", profile_path="/p/profile.pb"))
     assert manual.xla_flags == (
         "--xla_gpu_enable_latency_hiding_scheduler=true",
         "--xla_gpu_pgle_profile_file_or_directory_path=/p/profile.pb",
     )
     assert manual.jax_config == {}
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_gpu_enable_latency_hiding_scheduler=false"}
-    set_xla_flags(TrainConfig(pgle="manual", pgle_profile_path="/p/profile.pb"), env)
+    set_xla_flags(PGLEConfig(mode="manual", profile_path="/p/profile.pb"), env)
     assert env["XLA_FLAGS"].split() == ["--xla_force_host_platform_device_count=8", *manual.xla_flags]
-    with pytest.raises(ValueError, match="pgle_profile_path"):
-        TrainConfig(pgle="manual")
+    with pytest.raises(ValueError, match=r"train\.pgle\.profile_path"):
+        PGLEConfig(mode="manual")
 
 
 def test_manual_pgle_flags_are_recorded_and_said_to_do_nothing_on_cpu(tmp_path, monkeypatch):
@@ -106,7 +106,7 @@ def test_manual_pgle_flags_are_recorded_and_said_to_do_nothing_on_cpu(tmp_path, 
         "run",
         "--exp",
         "shakespeare_tiny",
-        *set_args([*SHORT, "train.num_steps=1", "train.pgle=manual", f"train.pgle_profile_path={profile}"]),
+        *set_args([*SHORT, "train.num_steps=1", "train.pgle.mode=manual", f"train.pgle.profile_path={profile}"]),
         "--job-log-dir",
         job,
     )
@@ -119,7 +119,7 @@ def test_manual_pgle_flags_are_recorded_and_said_to_do_nothing_on_cpu(tmp_path, 
     record = json.loads((job / "xla_flags.json").read_text())
     assert record["pgle"] == "manual" and record["pgle_xla_flags"] == pgle_flags
     assert record["platform"] == "cpu" and not record["pgle_in_effect"]
-    assert "train.pgle='manual' has no effect on cpu" in result.output
+    assert "train.pgle.mode='manual' has no effect on cpu" in result.output
 
 
 # JAX's automatic PGLE, forced on here on a CPU: XLA:CPU records no instruction latencies, so JAX
@@ -137,7 +137,7 @@ def test_auto_pgle_turns_on_jax_pgle_and_reports_the_recompile(tmp_path, monkeyp
         "run",
         "--exp",
         "shakespeare_tiny",
-        *set_args([*SHORT, "train.pgle=auto", "train.pgle_profiling_runs=2"]),
+        *set_args([*SHORT, "train.pgle.mode=auto", "train.pgle.profiling_runs=2"]),
         "--job-log-dir",
         job,
     )
@@ -149,9 +149,9 @@ def test_auto_pgle_turns_on_jax_pgle_and_reports_the_recompile(tmp_path, monkeyp
 
 
 def test_compile_refuses_auto_pgle():
-    result = launch("compile", "--exp", "c4_1b_smoke", "--set", "train.pgle=auto")
+    result = launch("compile", "--exp", "c4_1b_smoke", "--set", "train.pgle.mode=auto")
     assert result.exit_code == 2
-    assert "train.pgle='auto' cannot be compiled ahead of time" in result.output
+    assert "train.pgle.mode='auto' cannot be compiled ahead of time" in result.output
 
 
 def test_pgle_collect_on_cpu(tmp_path):
@@ -176,7 +176,7 @@ def test_pgle_collect_on_cpu(tmp_path):
     # XLA:CPU records no per-instruction latencies: the profile is empty here, and says so.
     assert profile.exists() and profile.stat().st_size == 0
     assert "only on NVIDIA GPUs" in result.output
-    assert f"--set train.pgle=manual --set train.pgle_profile_path={profile.resolve()}" in result.output
+    assert f"--set train.pgle.mode=manual --set train.pgle.profile_path={profile.resolve()}" in result.output
     again = launch("pgle", "collect", "--exp", "shakespeare_tiny", "--job-log-dir", job)
     assert again.exit_code == 2 and "is not empty" in again.output
 
@@ -217,7 +217,7 @@ def test_profiled_instructions_decodes_xla_profiles():
 
 def test_pgle_collect_turns_command_buffers_off(tmp_path, monkeypatch):
     # XLA reads XLA_FLAGS when the backend starts: collect adds its flags (after the run's own
-    # train.xla_flags) before that, and XLA:CPU accepts them.
+    # train.compiler.xla_flags) before that, and XLA:CPU accepts them.
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")
     result = launch(
         "pgle",
@@ -230,7 +230,7 @@ def test_pgle_collect_turns_command_buffers_off(tmp_path, monkeypatch):
         "--warmup",
         "1",
         "--set",
-        "train.xla_flags=--xla_cpu_enable_fast_math=false",
+        "train.compiler.xla_flags=--xla_cpu_enable_fast_math=false",
         "--job-log-dir",
         tmp_path / "c",
     )

@@ -65,7 +65,7 @@ def finished_job(tmp_path_factory):
     """A finished 4-step toy job with checkpoints 2 and 4 (copied by each test that uses it), and a
     hot sample over its 512 ids, 252 of which the byte tokenizer does not know."""
     job = tmp_path_factory.mktemp("finished2") / "job"
-    code, out = run(job, "train.num_steps=4", "train.sample_tokens=32", "train.sample_temperature=50.0", *ONE_LAYER)
+    code, out = run(job, "train.num_steps=4", "train.sample.tokens=32", "train.sample.temperature=50.0", *ONE_LAYER)
     assert code == 0, out
     return job
 

@@ -76,14 +76,14 @@ def compile_cmd(
     entry, cfg, _ = resolve(exp, set_)
     if entry.kind != "train":
         fail(f"{cfg.name} is a benchmark, not a training experiment; there is no train step to compile.")
-    if cfg.train.pgle == "auto":  # JAX recompiles an auto-PGLE step after profiling it: no AOT
+    if cfg.train.pgle.mode == "auto":  # JAX recompiles an auto-PGLE step after profiling it: no AOT
         from equipax.launch.training.pgle import PGLE_AUTO_AOT
 
         fail(PGLE_AUTO_AOT)
     from equipax.launch.aot.flags import apply_compiler_flags
 
     # Before JAX starts its backend and libtpu loads: both read their flags once.
-    flags = apply_compiler_flags(cfg.train.xla_flags, cfg.train.libtpu_init_args)
+    flags = apply_compiler_flags(cfg.train.compiler.xla_flags, cfg.train.compiler.libtpu_init_args)
     for var, value in flags.items():
         _log(f"{var}={value}")
     try:
@@ -95,8 +95,8 @@ def compile_cmd(
         fail(str(e))
         return
     report["compiler_flags"] = {
-        "train.xla_flags": cfg.train.xla_flags,
-        "train.libtpu_init_args": cfg.train.libtpu_init_args,
+        "train.compiler.xla_flags": cfg.train.compiler.xla_flags,
+        "train.compiler.libtpu_init_args": cfg.train.compiler.libtpu_init_args,
         "environment": flags,
     }
     job_dir = job_log_dir or Path("runs") / cfg.name

@@ -45,15 +45,15 @@ def collect(
     ] = None,
     cpu_devices: CpuDevicesOption = None,
 ) -> None:
-    """Profile STEPS train steps after WARMUP and write <job>/profile.pb for train.pgle=manual."""
+    """Profile STEPS train steps after WARMUP and write <job>/profile.pb for train.pgle.mode=manual."""
     from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
 
     overrides = [
         *(set_ or []),
-        "train.pgle=off",
+        "train.pgle.mode=off",
         f"train.num_steps={warmup + steps}",
-        f"train.profile_start_step={warmup + 1}",
-        f"train.profile_steps={steps}",
+        f"train.profile.start_step={warmup + 1}",
+        f"train.profile.steps={steps}",
         f"train.checkpoint_every={warmup + steps}",
         f"train.eval_every={warmup + steps}",
         "train.eval_batches=1",
@@ -74,8 +74,8 @@ def collect(
         check_cpu_devices(cpu_devices, cfg.mesh)
         # The run's own compiler flags plus the collection's (command buffers off: see
         # COLLECT_XLA_FLAGS), set before JAX starts its backend, as `launch run` does.
-        flags = merge_flags(cfg.train.xla_flags, " ".join(COLLECT_XLA_FLAGS))
-        for var, value in apply_compiler_flags(flags, cfg.train.libtpu_init_args).items():
+        flags = merge_flags(cfg.train.compiler.xla_flags, " ".join(COLLECT_XLA_FLAGS))
+        for var, value in apply_compiler_flags(flags, cfg.train.compiler.libtpu_init_args).items():
             err.print(f"{var}={value}", highlight=False, markup=False)
         use_cpu_devices(cpu_devices)
     except ConfigError as e:
@@ -120,7 +120,7 @@ def collect(
             highlight=False,
         )
     out.print(
-        f"Use it: launch run --exp {cfg.name} --set train.pgle=manual --set train.pgle_profile_path={path}\n"
+        f"Use it: launch run --exp {cfg.name} --set train.pgle.mode=manual --set train.pgle.profile_path={path}\n"
         'XLA logs at INFO level what it matched (shown with TF_CPP_MIN_LOG_LEVEL=0): "Found profile for '
         'module jit_train_step, using profile guided latency estimator" then, if some instructions are not in the '
         'profile, "Found N instructions from the profile".',

@@ -84,14 +84,14 @@ def show(
 
 
 def profile_overrides(text: str) -> list[str]:
-    """`--profile START:COUNT` as the knobs it sets (train.profile_start_step, train.profile_steps)."""
+    """`--profile START:COUNT` as the knobs it sets (train.profile.start_step, train.profile.steps)."""
     start, sep, count = text.partition(":")
     if not sep or not count.strip().isdigit() or not (start.strip().isdigit() or not start.strip()):
         fail(
             f"--profile takes START:COUNT (e.g. 5:3 traces steps 5, 6 and 7; :3 starts at the run's second "
             f"step); got {text!r}."
         )
-    return [f"train.profile_start_step={start.strip() or None}", f"train.profile_steps={count.strip()}"]
+    return [f"train.profile.start_step={start.strip() or None}", f"train.profile.steps={count.strip()}"]
 
 
 def run(
@@ -142,10 +142,12 @@ def run(
     try:
         if entry.kind == "train":  # refuse a device count the mesh cannot use before creating them
             check_cpu_devices(cpu_devices, cfg.mesh, num_processes=num_processes or 1)
-            # train.xla_flags / libtpu_init_args, then PGLE: read when the backend (libtpu) starts.
-            for var, value in apply_compiler_flags(cfg.train.xla_flags, cfg.train.libtpu_init_args).items():
+            # train.compiler.xla_flags / libtpu_init_args, then PGLE: read when the backend (libtpu) starts.
+            for var, value in apply_compiler_flags(
+                cfg.train.compiler.xla_flags, cfg.train.compiler.libtpu_init_args
+            ).items():
                 err.print(f"{var}={value}", highlight=False, markup=False)
-            set_xla_flags(cfg.train)
+            set_xla_flags(cfg.train.pgle)
         use_cpu_devices(cpu_devices)
         initialize(
             DistributedArgs(

@@ -4,7 +4,8 @@ and on digits."""
 import dataclasses
 
 from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
-from equipax.launch.configs.experiment import ExperimentConfig, ImageDataConfig, TrainConfig
+from equipax.launch.configs.experiment import ExperimentConfig, ImageDataConfig
+from equipax.launch.configs.train import TrainConfig
 from equipax.launch.experiments.registry import register
 from equipax.models.configs import CNNConfig
 

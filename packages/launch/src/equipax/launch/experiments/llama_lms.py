@@ -14,7 +14,8 @@ point it at a 128,256-piece SentencePiece model, or leave it empty to train one 
 import dataclasses
 
 from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
-from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, TrainConfig
+from equipax.launch.configs.experiment import DataConfig, ExperimentConfig
+from equipax.launch.configs.train import SampleConfig, TrainConfig
 from equipax.launch.experiments.pax_knobs import C4_PATH
 from equipax.launch.experiments.registry import register
 from equipax.launch.experiments.shakespeare_lms import shakespeare_tiny
@@ -127,7 +128,12 @@ def _full_size(
             LLAMA_LEARNER, schedule=dataclasses.replace(LLAMA_LEARNER.schedule, decay_steps=num_steps)
         ),
         train=TrainConfig(
-            num_steps=num_steps, log_every=100, eval_every=1000, eval_batches=50, checkpoint_every=1000, sample_tokens=0
+            num_steps=num_steps,
+            log_every=100,
+            eval_every=1000,
+            eval_batches=50,
+            checkpoint_every=1000,
+            sample=SampleConfig(tokens=0),
         ),
         mesh=MeshConfig(ici_mesh_shape=ici),
     )
@@ -175,7 +181,9 @@ def _smoke(cfg: ExperimentConfig, ici: tuple[int, int, int]) -> ExperimentConfig
             dtype="float32",
         ),
         data=DataConfig(source="synthetic", seq_len=32, per_device_batch=2),
-        train=TrainConfig(num_steps=4, log_every=1, eval_every=4, eval_batches=1, checkpoint_every=4, sample_tokens=0),
+        train=TrainConfig(
+            num_steps=4, log_every=1, eval_every=4, eval_batches=1, checkpoint_every=4, sample=SampleConfig(tokens=0)
+        ),
         mesh=MeshConfig(ici_mesh_shape=ici),
     )
 

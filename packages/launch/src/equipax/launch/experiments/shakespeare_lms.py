@@ -3,7 +3,8 @@
 import dataclasses
 
 from equipax.core.configs import LearnerConfig, ScheduleConfig, TransformerConfig
-from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, TrainConfig, as_lm
+from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
+from equipax.launch.configs.train import TrainConfig
 from equipax.launch.experiments.registry import register
 from equipax.models.configs import LMConfig
 

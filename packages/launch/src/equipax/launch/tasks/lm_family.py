@@ -109,16 +109,16 @@ def build_inputs(cfg: ExperimentConfig, job_dir: Path, *, log: Callable[[str], o
 def finish(
     cfg: ExperimentConfig, model: Any, inputs: Inputs, *, key: Any, log: Callable[[str], object]
 ) -> dict[str, Any]:
-    """Generate `train.sample_tokens` tokens after `train.sample_prompt` with the KV cache
-    (greedy at `train.sample_temperature` 0, else sampled; single process only)."""
+    """Generate `train.sample.tokens` tokens after `train.sample.prompt` with the KV cache
+    (greedy at `train.sample.temperature` 0, else sampled; single process only)."""
     import jax
     import numpy as np
 
-    if cfg.train.sample_tokens == 0 or jax.process_count() > 1:
+    if cfg.train.sample.tokens == 0 or jax.process_count() > 1:
         return {"sample": None}
     tokenizer = inputs.extra["tokenizer"]
-    prompt = tokenizer.encode(cfg.train.sample_prompt) or [tokenizer.bos_id]
-    out = continue_ids(model, prompt, cfg.train.sample_tokens, temperature=cfg.train.sample_temperature, key=key)
+    prompt = tokenizer.encode(cfg.train.sample.prompt) or [tokenizer.bos_id]
+    out = continue_ids(model, prompt, cfg.train.sample.tokens, temperature=cfg.train.sample.temperature, key=key)
     # model.vocab_size may exceed the tokenizer's vocabulary (docs/data.md): ids past it were never
     # a training target, but sampling can still pick one, and no text decodes from it.
     ids = [i for i in np.asarray(out).tolist() if i < tokenizer.vocab_size]

@@ -30,7 +30,7 @@ def builtin_hooks(run: RunContext) -> list[Hook]:
     from equipax.launch.training.decode_hook import DecodeHook
     from equipax.launch.training.profiling import profiling_hooks
 
-    hooks = [*profiling_hooks(run), EvalHook(run.cfg.train.eval_every), DecodeHook(run.cfg.train.decode_every)]
+    hooks = [*profiling_hooks(run), EvalHook(run.cfg.train.eval_every), DecodeHook(run.cfg.train.decode.every)]
     if run.cfg.train.num_epochs is not None:
         hooks.append(EpochHook())
     return [*hooks, CheckpointHook(run.cfg.train.checkpoint_every)]

@@ -1,5 +1,5 @@
 """Sampling during training (`DecodeHook`, Pax's `--decode_during_train`): every
-`train.decode_every` steps the model continues `train.decode_prompts` with the KV cache
+`train.decode.every` steps the model continues `train.decode.prompts` with the KV cache
 (`equipax.launch.inference.sampling.decode_texts`, the same code as `launch decode`)."""
 
 from typing import Any
@@ -13,7 +13,7 @@ __all__ = ["DecodeHook"]
 
 
 class DecodeHook(Hook):
-    """Every `train.decode_every` steps: continue `train.decode_prompts` by `train.decode_tokens`
+    """Every `train.decode.every` steps: continue `train.decode.prompts` by `train.decode.tokens`
     tokens with the KV cache; written to metrics.jsonl (split "decode") and as TensorBoard text.
     Its output is the samples' records."""
 
@@ -28,7 +28,7 @@ class DecodeHook(Hook):
         self.tokenizer = run.inputs.extra.get("tokenizer")
         if self.every and self.tokenizer is not None:
             max_seq_len = run.cfg.model.max_seq_len  # pyright: ignore[reportAttributeAccessIssue]
-            encode_prompts(self.tokenizer, run.cfg.train.decode_prompts, max_seq_len)  # bad prompts: exit 2 now
+            encode_prompts(self.tokenizer, run.cfg.train.decode.prompts, max_seq_len)  # bad prompts: exit 2 now
 
     def due(self, ctx: StepContext) -> bool:
         return self.tokenizer is not None and super().due(ctx)
@@ -39,9 +39,9 @@ class DecodeHook(Hook):
         samples = decode_texts(
             ctx.state.model,
             self.tokenizer,
-            train.decode_prompts,
-            max_new_tokens=train.decode_tokens,
-            temperature=train.decode_temperature,
+            train.decode.prompts,
+            max_new_tokens=train.decode.tokens,
+            temperature=train.decode.temperature,
             key=key,
         )
         for i, sample in enumerate(samples):

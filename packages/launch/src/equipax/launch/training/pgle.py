@@ -1,7 +1,7 @@
 """PGLE (XLA's profile-guided latency estimator, XLA:GPU), as a loop hook and the settings behind it.
 
 `PGLEHook` records the XLA flags and the PGLE mode of the run in `<job>/xla_flags.json`, turns on
-JAX's automatic PGLE for the train step (`train.pgle=auto`) and says when the step was recompiled
+JAX's automatic PGLE for the train step (`train.pgle.mode=auto`) and says when the step was recompiled
 with the collected profile. `launch pgle collect` (manual PGLE) turns a trace into the profile.pb
 XLA reads; `profiled_instructions` decodes one.
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import jax
 
-from equipax.launch.configs.experiment import TrainConfig
+from equipax.launch.configs.train import PGLEConfig
 from equipax.launch.jobdir.ownership import write_text_atomic
 from equipax.launch.training.hooks import Hook, RunContext, StepContext
 
@@ -53,11 +53,11 @@ PROFILE_PATH_FLAG = "--xla_gpu_pgle_profile_file_or_directory_path"
 COLLECT_XLA_FLAGS = (SCHEDULER_FLAG, "--xla_gpu_enable_command_buffer=")
 
 PGLE_AUTO_AOT = (
-    "train.pgle='auto' cannot be compiled ahead of time: JAX's automatic PGLE profiles the first "
-    "train.pgle_profiling_runs runs of the jitted step and then recompiles it, which a precompiled "
-    "(AOT) step never does (the Pax README says the same). Compile with --set train.pgle=off, or use "
-    "the manual workflow: `launch pgle collect --exp NAME` on a GPU host, then --set train.pgle=manual "
-    "--set train.pgle_profile_path=PATH (docs/pgle.md)."
+    "train.pgle.mode='auto' cannot be compiled ahead of time: JAX's automatic PGLE profiles the first "
+    "train.pgle.profiling_runs runs of the jitted step and then recompiles it, which a precompiled "
+    "(AOT) step never does (the Pax README says the same). Compile with --set train.pgle.mode=off, or use "
+    "the manual workflow: `launch pgle collect --exp NAME` on a GPU host, then --set train.pgle.mode=manual "
+    "--set train.pgle.profile_path=PATH (docs/pgle.md)."
 )
 
 
@@ -69,19 +69,20 @@ class PGLESettings:
     jax_config: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def pgle_settings(train: TrainConfig) -> PGLESettings:
-    """The XLA flags and JAX config values of `train.pgle` (exactly those the Pax README names)."""
-    if train.pgle == "auto":
+def pgle_settings(pgle: PGLEConfig) -> PGLESettings:
+    """The XLA flags and JAX config values of a PGLE mode (`train.pgle`: exactly those the Pax
+    README names)."""
+    if pgle.mode == "auto":
         return PGLESettings(
             (SCHEDULER_FLAG,),
             {
                 "jax_enable_pgle": True,
-                "jax_pgle_profiling_runs": train.pgle_profiling_runs,
-                "jax_pgle_aggregation_percentile": train.pgle_aggregation_percentile,
+                "jax_pgle_profiling_runs": pgle.profiling_runs,
+                "jax_pgle_aggregation_percentile": pgle.aggregation_percentile,
             },
         )
-    if train.pgle == "manual":
-        path = os.path.abspath(os.path.expanduser(train.pgle_profile_path))
+    if pgle.mode == "manual":
+        path = os.path.abspath(os.path.expanduser(pgle.profile_path))
         return PGLESettings((SCHEDULER_FLAG, f"{PROFILE_PATH_FLAG}={path}"))
     return PGLESettings()
 
@@ -138,11 +139,11 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def set_xla_flags(train: TrainConfig, environ: MutableMapping[str, str] | None = None) -> list[str]:
+def set_xla_flags(pgle: PGLEConfig, environ: MutableMapping[str, str] | None = None) -> list[str]:
     """Add the PGLE mode's flags to `XLA_FLAGS` (a flag already there is replaced); call before
     JAX starts its backend. Returns the flags added."""
     env = os.environ if environ is None else environ
-    flags = list(pgle_settings(train).xla_flags)
+    flags = list(pgle_settings(pgle).xla_flags)
     if not flags:
         return []
     names = {f.split("=", 1)[0] for f in flags}
@@ -157,7 +158,7 @@ def device_platform() -> str:
 
 
 class PGLEHook(Hook):
-    """Records the run's XLA flags; with `train.pgle=auto` on GPU, JAX's automatic PGLE is on for
+    """Records the run's XLA flags; with `train.pgle.mode=auto` on GPU, JAX's automatic PGLE is on for
     the run and the recompile with the collected profile is reported."""
 
     name = "pgle"
@@ -169,24 +170,24 @@ class PGLEHook(Hook):
         self.first_step = 1
 
     def start(self, run: RunContext) -> None:
-        train = run.cfg.train
-        settings = pgle_settings(train)
+        pgle = run.cfg.train.pgle
+        settings = pgle_settings(pgle)
         platform = device_platform()
-        self.active = train.pgle == "auto" and platform == "gpu"
-        in_effect = train.pgle != "off" and platform == "gpu"
+        self.active = pgle.mode == "auto" and platform == "gpu"
+        in_effect = pgle.mode != "off" and platform == "gpu"
         self.saved = {k: jax.config.values[k] for k in settings.jax_config} if in_effect else {}
         for k, v in settings.jax_config.items() if in_effect else ():
             jax.config.update(k, v)
-        if train.pgle != "off" and not in_effect:
+        if pgle.mode != "off" and not in_effect:
             run.log(
-                f"note: train.pgle={train.pgle!r} has no effect on {platform}: PGLE feeds XLA:GPU's "
+                f"note: train.pgle.mode={pgle.mode!r} has no effect on {platform}: PGLE feeds XLA:GPU's "
                 f"latency-hiding scheduler; the flags are recorded in {run.job_dir / XLA_FLAGS_FILE} and "
                 "ignored here."
             )
         if run.primary:
             record = {
                 "XLA_FLAGS": shlex.split(os.environ.get("XLA_FLAGS", "")),
-                "pgle": train.pgle,
+                "pgle": pgle.mode,
                 "pgle_xla_flags": list(settings.xla_flags),
                 "jax_config": settings.jax_config,
                 "platform": platform,
@@ -199,7 +200,7 @@ class PGLEHook(Hook):
         if self.active and ctx.compile_seconds and ctx.step > self.first_step:
             ctx.run.log(
                 f"step {ctx.step}: the train step was recompiled with its PGLE profile "
-                f"({ctx.compile_seconds:.1f} s) after {ctx.run.cfg.train.pgle_profiling_runs} profiled runs."
+                f"({ctx.compile_seconds:.1f} s) after {ctx.run.cfg.train.pgle.profiling_runs} profiled runs."
             )
 
     def close(self, run: RunContext) -> None:

@@ -1,6 +1,6 @@
 """The profiling window as a loop hook, and the list of the run's profiling hooks.
 
-`ProfileHook` traces `train.profile_steps` steps with `jax.profiler` into `<job>/profile/`, one
+`ProfileHook` traces `train.profile.steps` steps with `jax.profiler` into `<job>/profile/`, one
 step annotation per step, where TensorBoard's profile plugin and xprof look for it
 (`plugins/profile/<run>/<host>.xplane.pb`). PGLE's hook is in `pgle.py`.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from equipax.launch.configs.experiment import TrainConfig
+from equipax.launch.configs.train import ProfileConfig
 from equipax.launch.training.hooks import Hook, RunContext, StepContext
 from equipax.launch.training.pgle import PGLEHook
 
@@ -21,26 +21,26 @@ PROFILE_DIR = "profile"
 
 
 def profiling_hooks(run: RunContext) -> list[Hook]:
-    """The hooks of `train.pgle` (always: it records the XLA flags) and the profile window."""
+    """The hooks of `train.pgle.mode` (always: it records the XLA flags) and the profile window."""
     hooks: list[Hook] = [PGLEHook()]
-    window = profile_window(run.cfg.train, start=run.start, total=run.total)
-    if window is not None and (run.primary or run.cfg.train.profile_all_processes):
+    window = profile_window(run.cfg.train.profile, start=run.start, total=run.total)
+    if window is not None and (run.primary or run.cfg.train.profile.all_processes):
         hooks.append(ProfileHook(*window, log_dir=profile_log_dir(run.job_dir)))
-    elif run.cfg.train.profile_steps and window is None:
+    elif run.cfg.train.profile.steps and window is None:
         run.log(
-            f"note: the profile window (train.profile_start_step="
-            f"{run.cfg.train.profile_start_step}, {run.cfg.train.profile_steps} steps) lies "
+            f"note: the profile window (train.profile.start_step="
+            f"{run.cfg.train.profile.start_step}, {run.cfg.train.profile.steps} steps) lies "
             f"outside steps {run.start + 1}..{run.total} of this run; nothing is profiled."
         )
     return hooks
 
 
-def profile_window(train: TrainConfig, *, start: int, total: int) -> tuple[int, int] | None:
+def profile_window(profile: ProfileConfig, *, start: int, total: int) -> tuple[int, int] | None:
     """The first and last step to trace in a run of steps `start+1..total`, or None."""
-    if train.profile_steps == 0:
+    if profile.steps == 0:
         return None
-    first = train.profile_start_step if train.profile_start_step is not None else start + 2
-    last = min(first + train.profile_steps - 1, total)
+    first = profile.start_step if profile.start_step is not None else start + 2
+    last = min(first + profile.steps - 1, total)
     return (first, last) if first > start and first <= last else None
 
 

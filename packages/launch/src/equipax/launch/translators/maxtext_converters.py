@@ -231,22 +231,22 @@ def profiler_to_equipax(v: Values) -> dict[str, Any]:
     kind = v.given.get("profiler", "xplane" if v.given.get("enable_profiler") else "")
     if kind not in ("", "xplane"):
         raise Skip(f"profiler={kind!r}: equipax traces with jax.profiler (xplane); run nsys around `launch run`")
-    out: dict[str, Any] = {"train.profile_steps": int(v.get("profiler_steps")) if kind else 0}
+    out: dict[str, Any] = {"train.profile.steps": int(v.get("profiler_steps")) if kind else 0}
     if kind:
-        out["train.profile_start_step"] = int(v.get("skip_first_n_steps_for_profiler")) + 1
-        out["train.profile_all_processes"] = bool(v.given.get("upload_all_profiler_results", False))
+        out["train.profile.start_step"] = int(v.get("skip_first_n_steps_for_profiler")) + 1
+        out["train.profile.all_processes"] = bool(v.given.get("upload_all_profiler_results", False))
     return out
 
 
 def profiler_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
-    if not k["train.profile_steps"]:
+    if not k["train.profile.steps"]:
         return {"profiler": ""}
-    start = k["train.profile_start_step"] or 2
+    start = k["train.profile.start_step"] or 2
     return {
         "profiler": "xplane",
         "skip_first_n_steps_for_profiler": start - 1,
-        "profiler_steps": k["train.profile_steps"],
-        "upload_all_profiler_results": k["train.profile_all_processes"],
+        "profiler_steps": k["train.profile.steps"],
+        "upload_all_profiler_results": k["train.profile.all_processes"],
     }
 
 

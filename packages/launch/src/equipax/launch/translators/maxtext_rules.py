@@ -166,7 +166,7 @@ RULES: tuple[Rule, ...] = (
             "profiler_steps",
             "upload_all_profiler_results",
         ),
-        ("train.profile_steps", "train.profile_start_step", "train.profile_all_processes"),
+        ("train.profile.steps", "train.profile.start_step", "train.profile.all_processes"),
         "xplane: steps n+1..n+profiler_steps",
         profiler_to_equipax,
         profiler_to_maxtext,
