@@ -6,7 +6,7 @@ import pytest
 from jaxtyping import Array, Float
 
 from equipax.core.optim import LearnerConfig, ScheduleConfig, make_learner, make_schedule
-from equipax.core.step import TrainState, init_train_state, make_eval_step, make_train_step
+from equipax.core.step import LossFnTask, TrainState, init_train_state, make_eval_step, make_train_step
 
 IN, HIDDEN, OUT, BATCH = 4, 32, 1, 64
 
@@ -67,7 +67,7 @@ LEARNER = LearnerConfig(
 _OPTIMIZER = make_learner(LEARNER).optimizer
 _SCHEDULE = make_schedule(LEARNER.schedule)
 # One step function for the module, so it compiles once.
-_STEP = make_train_step(loss_fn, _OPTIMIZER, _SCHEDULE)
+_STEP = make_train_step(LossFnTask(loss_fn), _OPTIMIZER, _SCHEDULE)
 
 
 def setup(key):
@@ -117,7 +117,7 @@ def test_loss_decreases_and_metrics(key, batches):
     last = np.mean([float(m["loss"]) for m in history[-4:]])
     assert last < 0.5 * first, (first, last)
     # Eval on the trained model agrees with a direct deterministic evaluation.
-    aux = make_eval_step(loss_fn)(state.model, batches[0])
+    aux = make_eval_step(LossFnTask(loss_fn))(state.model, batches[0])
     _, want = loss_fn(state.model, batches[0], key=None)
     assert set(aux) == {"loss_sum", "num_examples"}
     np.testing.assert_allclose(aux["loss_sum"], want["loss_sum"], rtol=1e-5)
@@ -184,7 +184,7 @@ def test_reserved_aux_name_raises(key, batches):
 
     optimizer = make_learner(LearnerConfig()).optimizer
     state = init_train_state(MLP(key=key), optimizer)
-    step_fn = make_train_step(bad_loss, optimizer, make_schedule(ScheduleConfig()))
+    step_fn = make_train_step(LossFnTask(bad_loss), optimizer, make_schedule(ScheduleConfig()))
     with pytest.raises(ValueError, match="grad_norm"):
         step_fn(state, batches[0], key)
 
@@ -200,7 +200,7 @@ def test_train_step_skips_nonfinite_updates_in_graph(key):
     import equinox as eqx
 
     from equipax.core.optim import LearnerConfig, make_learner
-    from equipax.core.step import init_train_state, make_train_step
+    from equipax.core.step import LossFnTask, init_train_state, make_train_step
 
     model = eqx.nn.Linear(3, 2, key=key)
 
@@ -210,7 +210,7 @@ def test_train_step_skips_nonfinite_updates_in_graph(key):
 
     cfg = LearnerConfig()
     opt, sched = make_learner(cfg)
-    step = make_train_step(loss_fn, opt, sched, skip_nonfinite=True)
+    step = make_train_step(LossFnTask(loss_fn), opt, sched, skip_nonfinite=True)
     good = {"x": jnp.ones((4, 3)), "y": jnp.zeros((4, 2))}
     bad = {"x": jnp.full((4, 3), jnp.nan), "y": jnp.zeros((4, 2))}
     state = init_train_state(model, opt)

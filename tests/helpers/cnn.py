@@ -4,12 +4,10 @@ tests and the launcher's checkpoint tests (the `one_step` fixture in conftest.py
 import numpy as np
 
 
-def tiny_cnn(key, **overrides):
-    import equinox as eqx
+def tiny_cnn_config(**overrides):
+    from equipax.models import CNNConfig
 
-    from equipax.models import AdvancedCNN, CNNConfig
-
-    cfg = CNNConfig(
+    return CNNConfig(
         **{
             "in_channels": 1,
             "stem_channels": 4,
@@ -20,7 +18,21 @@ def tiny_cnn(key, **overrides):
             **overrides,
         }
     )
-    return eqx.nn.make_with_state(AdvancedCNN)(cfg, key=key)
+
+
+def tiny_cnn(key, **overrides):
+    import equinox as eqx
+
+    from equipax.models import AdvancedCNN
+
+    return eqx.nn.make_with_state(AdvancedCNN)(tiny_cnn_config(**overrides), key=key)
+
+
+def tiny_cnn_task():
+    """The Task of `tiny_cnn()` on 8x8 grey images (`images()`)."""
+    from equipax.models import ImageClassificationTask
+
+    return ImageClassificationTask(tiny_cnn_config(), (8, 8, 1))
 
 
 def images(n=4, size=8, channels=1, seed=0):
@@ -35,7 +47,6 @@ def one_step():
 
     from equipax.core.optim import LearnerConfig, make_learner, make_schedule
     from equipax.core.step import init_train_state, make_train_step
-    from equipax.models import classification_loss
 
     model, model_state = tiny_cnn(jax.random.key(0))
     learner = LearnerConfig()
@@ -44,6 +55,6 @@ def one_step():
     initial = init_train_state(fresh_model, optimizer, model_state=fresh_state)
     state = init_train_state(model, optimizer, model_state=model_state)
     batch = {"images": images(n=8), "labels": np.arange(8, dtype=np.int32) % 10, "weights": np.ones((8,), np.float32)}
-    step = make_train_step(classification_loss, optimizer, make_schedule(learner.schedule))
+    step = make_train_step(tiny_cnn_task(), optimizer, make_schedule(learner.schedule))
     state, metrics = step(state, batch, jax.random.key(1))
     return initial, state, metrics, batch, optimizer

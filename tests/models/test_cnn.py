@@ -6,7 +6,7 @@ import functools
 import numpy as np
 import pytest
 
-from helpers.cnn import images, tiny_cnn
+from helpers.cnn import images, tiny_cnn, tiny_cnn_task
 
 
 @functools.cache
@@ -74,14 +74,13 @@ def test_train_step_threads_bn_state_and_eval_is_deterministic(one_step, trees_c
     import jax
 
     from equipax.core.step import make_eval_step
-    from equipax.models import classification_loss
 
     initial, state, metrics, batch, _ = one_step
     assert {"loss", "accuracy", "loss_sum", "correct_sum", "weight_sum", "grad_norm"} <= set(metrics)
     assert all(
         not np.allclose(a, b) for a, b in zip(jax.tree.leaves(initial.model_state), jax.tree.leaves(state.model_state))
     )
-    eval_step = make_eval_step(classification_loss)
+    eval_step = make_eval_step(tiny_cnn_task())
     first = eval_step(state.model, batch, state.model_state)
     second = eval_step(state.model, batch, state.model_state)
     trees_close(first, second, rtol=0, atol=0)

@@ -15,7 +15,7 @@ from equipax.core.mesh import MeshConfig, build_mesh
 from equipax.core.nn import TransformerConfig
 from equipax.core.optim import LearnerConfig, make_learner, make_schedule
 from equipax.core.partition import batch_sharding
-from equipax.core.step import init_sharded_train_state, make_train_step
+from equipax.core.step import LossFnTask, init_sharded_train_state, make_train_step
 from equipax.models import LMConfig, TransformerLM, lm_loss
 
 def train(mesh_cfg, tp):
@@ -26,7 +26,8 @@ def train(mesh_cfg, tp):
     opt, sched = make_learner(learner)
     state, shard = init_sharded_train_state(lambda k: TransformerLM(cfg, key=k), opt, mesh, jax.random.key(0))
     bs = batch_sharding(mesh)
-    step = make_train_step(functools.partial(lm_loss, mesh=mesh), opt, sched, state_sharding=shard, batch_sharding=bs)
+    task = LossFnTask(functools.partial(lm_loss, mesh=mesh))
+    step = make_train_step(task, opt, sched, state_sharding=shard, batch_sharding=bs)
     rng, losses = np.random.default_rng(0), []
     for _ in range(3):
         ids = rng.integers(0, 64, (8, 17)).astype(np.int32)

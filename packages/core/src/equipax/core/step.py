@@ -1,13 +1,14 @@
 """The train state and the one jitted train step (grad + update + metrics), plus the eval step.
 
-A loss function has the signature `loss_fn(model, batch, *, key) -> (loss, aux)`: `loss` is the
-scalar that is differentiated, `aux` a dict of scalar metrics. `key=None` means deterministic
-(no dropout); the eval step always passes None.
+The steps take a Task (`equipax.core.task.AbstractTask`) and call only its `loss` (training)
+and `eval_sums` (evaluation): `task.loss(model, batch, *, key, model_state) -> (loss, aux,
+new_model_state)`, with `loss` the scalar that is differentiated, `aux` a dict of scalar metrics,
+`key=None` for deterministic evaluation (no dropout, non-trained state unchanged) and
+`model_state` the model's non-trained state (BatchNorm statistics in an `eqx.nn.State`, kept in
+`TrainState.model_state`; None for a stateless model). That is the one loss contract.
 
-A model with non-trained state (BatchNorm running statistics, an `eqx.nn.State` kept in
-`TrainState.model_state`) has a loss function that also takes and returns that state:
-`loss_fn(model, batch, *, key, model_state) -> (loss, aux, new_model_state)`. The steps call
-it this way exactly when `model_state` is not None; with `key=None` it must not change the state.
+A plain loss function `loss_fn(model, batch, *, key) -> (loss, aux)` (a stateless model built by
+the caller, as in docs/library.md) becomes a Task with `LossFnTask(loss_fn)`.
 """
 
 from collections.abc import Callable, Iterable, Mapping
@@ -28,8 +29,8 @@ __all__ = [
     "LOSS_CONTRACT",
     "LossContractError",
     "LossFn",
+    "LossFnTask",
     "RESERVED_METRICS",
-    "StatefulLossFn",
     "TrainState",
     "TrainStep",
     "init_sharded_train_state",
@@ -43,11 +44,11 @@ __all__ = [
 RESERVED_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate", "nonfinite", "update_norm")
 
 LOSS_CONTRACT = (
-    "The loss contract (equipax.core.step.LossFn): `loss_fn(model, batch, *, key) -> (loss, aux)` "
-    "with `loss` a scalar array, `aux` a dict of scalar metrics whose names are not "
-    f"{', '.join(RESERVED_METRICS)}, and `key` a PRNG key or None (deterministic evaluation); a model "
-    "with non-trained state uses `loss_fn(model, batch, *, key, model_state) -> (loss, aux, "
-    "new_model_state)` (StatefulLossFn); a Task's `loss` is always the stateful form."
+    "The loss contract: the steps take a Task (equipax.core.task.AbstractTask) whose "
+    "`loss(model, batch, *, key, model_state)` returns `(loss, aux, new_model_state)`, with `loss` a "
+    "scalar array, `aux` a dict of scalar metrics whose names are not "
+    f"{', '.join(RESERVED_METRICS)}, and `key` a PRNG key or None (deterministic evaluation); a plain "
+    "`loss_fn(model, batch, *, key) -> (loss, aux)` is wrapped as `LossFnTask(loss_fn)`."
 )
 
 _ModelT_contra = TypeVar("_ModelT_contra", contravariant=True)
@@ -78,18 +79,6 @@ class LossFn(Protocol[_ModelT_contra]):
         ...
 
 
-@runtime_checkable
-class StatefulLossFn(Protocol[_ModelT_contra]):
-    """`loss_fn(model, batch, *, key, model_state) -> (loss, aux, new_model_state)`: the loss of a
-    model with non-trained state (BatchNorm statistics in an `eqx.nn.State`)."""
-
-    def __call__(
-        self, model: _ModelT_contra, batch: Batch, /, *, key: PRNGKeyArray | None, model_state: eqx.nn.State
-    ) -> tuple[Scalar, Mapping[str, Array], eqx.nn.State]:
-        """The loss, its metrics and the new non-trained state on one batch."""
-        ...
-
-
 class TrainState(eqx.Module, Generic[ModelT]):
     """Everything a training step reads and writes (generic over the model's type).
 
@@ -110,11 +99,10 @@ class TrainState(eqx.Module, Generic[ModelT]):
 
 def _check_signature(loss_fn: Any) -> None:
     """Refuse, before anything is traced, a loss function that cannot take `key=` by keyword."""
-    if isinstance(loss_fn, AbstractTask):
-        return
     if not callable(loss_fn):
-        raise _contract_error(f"The loss function is a {type(loss_fn).__name__}, not a callable.",
-                              "Pass a function (or a Task).")
+        raise _contract_error(
+            f"The loss function is a {type(loss_fn).__name__}, not a callable.", "Pass a function (or a Task)."
+        )
     try:
         params = inspect.signature(loss_fn).parameters.values()
     except (TypeError, ValueError):  # no introspectable signature (a builtin): checked when called
@@ -126,40 +114,103 @@ def _check_signature(loss_fn: Any) -> None:
         raise _contract_error(
             f"The loss function {getattr(loss_fn, '__qualname__', loss_fn)!r} takes no `key` keyword "
             f"(its parameters: {', '.join(kinds) or 'none'}).",
-            "Add `*, key: PRNGKeyArray | None = None` (and ignore it if the model is deterministic).")
+            "Add `*, key: PRNGKeyArray | None = None` (and ignore it if the model is deterministic).",
+        )
 
 
-def _call_loss(
-    loss_fn: "LossFn[Any] | StatefulLossFn[Any] | AbstractTask[Any]", model: Any, batch: Batch, key: Any,
-    model_state: Any,
-) -> tuple[Scalar, Metrics, Any]:
-    """Call a Task's loss, or a plain (`model_state` None) or stateful loss function, and check
-    what it returns against the contract; `(loss, aux, model_state)`."""
-    stateful = isinstance(loss_fn, AbstractTask) or model_state is not None
-    if isinstance(loss_fn, AbstractTask):
-        out: Any = loss_fn.loss(model, batch, key=key, model_state=model_state)
-    elif model_state is None:
-        out = cast(LossFn[Any], loss_fn)(model, batch, key=key)
-    else:
-        out = cast(StatefulLossFn[Any], loss_fn)(model, batch, key=key, model_state=model_state)
-    want = 3 if stateful else 2
+def _checked(out: Any, want: int) -> tuple[Scalar, Metrics, Any]:
+    """What a loss returned, checked against the contract: `(loss, aux, model_state or None)`."""
     if not isinstance(out, tuple) or len(cast(tuple[Any, ...], out)) != want:
-        shape = (f"a tuple of {len(cast(tuple[Any, ...], out))}" if isinstance(out, tuple)
-                 else f"an array of shape {jnp.shape(out)}" if hasattr(out, "shape") else type(out).__name__)
+        shape = (
+            f"a tuple of {len(cast(tuple[Any, ...], out))}"
+            if isinstance(out, tuple)
+            else f"an array of shape {jnp.shape(out)}"
+            if hasattr(out, "shape")
+            else type(out).__name__
+        )
         raise _contract_error(
             f"The loss function returned {shape}; expected a tuple of {want} "
-            f"({'(loss, aux, new_model_state)' if stateful else '(loss, aux)'}).",
-            "Return `loss, {}` when there are no metrics." if not stateful else
-            "Return the state the model's layers gave back as the third element.")
+            f"({'(loss, aux)' if want == 2 else '(loss, aux, new_model_state)'}).",
+            "Return `loss, {}` when there are no metrics."
+            if want == 2
+            else "Return the state the model's layers gave back as the third element.",
+        )
     loss, aux = out[0], out[1]
     if not isinstance(aux, Mapping):
-        raise _contract_error(f"The loss function's aux is a {type(aux).__name__}, not a dict.",
-                              "Return a dict of scalar metrics (`{}` for none).")
+        raise _contract_error(
+            f"The loss function's aux is a {type(aux).__name__}, not a dict.",
+            "Return a dict of scalar metrics (`{}` for none).",
+        )
     if jnp.shape(loss) != ():
         raise _contract_error(
             f"The loss function's loss has shape {jnp.shape(loss)}; expected a scalar.",
-            "Reduce it to one number (e.g. `jnp.mean`).")
-    return loss, dict(cast(Mapping[str, Array], aux)), out[2] if stateful else None
+            "Reduce it to one number (e.g. `jnp.mean`).",
+        )
+    return loss, dict(cast(Mapping[str, Array], aux)), out[2] if want == 3 else None
+
+
+class LossFnTask(AbstractTask[ModelT]):
+    """A plain loss function as the Task the steps take: `LossFnTask(loss_fn)`, for a stateless
+    model the caller builds (docs/library.md). The steps call only a Task's `loss` and `eval_sums`;
+    this one has no `init` or `abstract_batch` (a model family for the launcher writes a full
+    Task: docs/extending.md).
+
+    Arguments:
+        loss_fn: `loss_fn(model, batch, *, key) -> (loss, aux)`; with `key=None` it evaluates.
+            Its aux entries are what the eval step returns: sums (summed loss, example weight)
+            combine over batches by addition.
+    """
+
+    loss_fn: LossFn[ModelT] = eqx.field(static=True)
+
+    def __check_init__(self) -> None:
+        _check_signature(self.loss_fn)
+
+    def init(self, key: PRNGKeyArray) -> tuple[ModelT, None]:
+        raise NotImplementedError(
+            "LossFnTask wraps a loss function for make_train_step / make_eval_step; it builds no model. "
+            "Build the model yourself, or write a Task (docs/extending.md)."
+        )
+
+    def abstract_batch(self, global_batch: int) -> dict[str, jax.ShapeDtypeStruct]:
+        raise NotImplementedError(
+            "LossFnTask wraps a loss function and does not know its batch; write a Task for that "
+            "(docs/extending.md)."
+        )
+
+    def loss(
+        self, model: ModelT, batch: Batch, *, key: PRNGKeyArray | None, model_state: eqx.nn.State | None
+    ) -> tuple[Scalar, Metrics, eqx.nn.State | None]:
+        if model_state is not None:
+            raise _contract_error(
+                "The train state holds a model_state (non-trained state such as BatchNorm statistics), "
+                "but a plain loss function takes none.",
+                "Write a Task whose `loss` takes and returns the state (equipax.models.ImageClassificationTask "
+                "is one).",
+            )
+        loss, aux, _ = _checked(self.loss_fn(model, batch, key=key), 2)
+        return loss, aux, None
+
+    def eval_sums(self, model: ModelT, batch: Batch, *, model_state: eqx.nn.State | None) -> Metrics:
+        return self.loss(model, batch, key=None, model_state=model_state)[1]
+
+
+def _as_task(task: Any) -> AbstractTask[Any]:
+    if isinstance(task, AbstractTask):
+        return task
+    if callable(task):
+        raise _contract_error(
+            f"The steps take a Task; got the function {getattr(task, '__qualname__', task)!r}.",
+            "Wrap a plain loss function as `LossFnTask(loss_fn)` (equipax.core.step).",
+        )
+    raise _contract_error(f"The steps take a Task; got a {type(task).__name__}.", "Pass a Task.")
+
+
+def _call_loss(
+    task: AbstractTask[Any], model: Any, batch: Batch, key: Any, model_state: Any
+) -> tuple[Scalar, Metrics, Any]:
+    """`task.loss`, with what it returns checked against the contract: `(loss, aux, model_state)`."""
+    return _checked(task.loss(model, batch, key=key, model_state=model_state), 3)
 
 
 def init_train_state(
@@ -205,7 +256,7 @@ def _check_aux(aux: Metrics) -> None:
 
 
 def make_train_step(
-    loss_fn: LossFn[ModelT] | StatefulLossFn[ModelT] | AbstractTask[ModelT],
+    task: AbstractTask[ModelT],
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
     *,
@@ -220,14 +271,12 @@ def make_train_step(
     its buffers, so the model it was built from stays usable. The batch and the key are not
     donated.
 
-    A loss function that breaks the contract (`LOSS_CONTRACT`: no `key` keyword, a wrong number
-    of return values, a non-scalar loss, aux names the step writes itself) raises
-    `LossContractError`, here or when the step is first traced; so does a call with `key=None`.
+    A Task whose loss breaks the contract (`LOSS_CONTRACT`: a wrong number of return values, a
+    non-scalar loss, aux names the step writes itself) raises `LossContractError` when the step is
+    first traced; so does a call with `key=None`, or a plain function given instead of a Task.
 
     Arguments:
-        loss_fn: a Task (`equipax.core.task.AbstractTask`, its `loss`), or
-            `loss_fn(model, batch, *, key) -> (loss, aux)`; for a state with a `model_state`,
-            `loss_fn(model, batch, *, key, model_state) -> (loss, aux, new_state)`.
+        task: the Task whose `loss` is trained (`LossFnTask(loss_fn)` for a plain loss function).
         optimizer: the optimizer the state was initialised with.
         schedule: the optimizer's learning-rate schedule (for the `learning_rate` metric).
         state_sharding: shardings of the state's arrays (`partition.train_state_shardings`);
@@ -247,10 +296,10 @@ def make_train_step(
         parameters the loss was computed with) and `learning_rate` (for this update).
     """
 
-    _check_signature(loss_fn)
+    task = _as_task(task)
 
     def loss_and_aux(model: Any, batch: Batch, key: PRNGKeyArray, model_state: Any) -> Any:
-        loss, aux, new_model_state = _call_loss(loss_fn, model, batch, key, model_state)
+        loss, aux, new_model_state = _call_loss(task, model, batch, key, model_state)
         return loss, (aux, new_model_state)
 
     def step(inputs: tuple[Batch, PRNGKeyArray | None], state: TrainState[Any]) -> Any:
@@ -386,29 +435,22 @@ def _unflatten(structure: tuple[Any, tuple[bool, ...], tuple[Any, ...]], arrays:
     return jax.tree.unflatten(treedef, [next(arrays_it) if a else next(static_it) for a in is_array])
 
 
-def make_eval_step(
-    loss_fn: LossFn[ModelT] | StatefulLossFn[ModelT] | AbstractTask[ModelT],
-) -> Callable[..., Metrics]:
+def make_eval_step(task: AbstractTask[ModelT]) -> Callable[..., Metrics]:
     """Build the jitted eval step.
 
     Arguments:
-        loss_fn: a Task (its `eval_sums`), or `loss_fn(model, batch, *, key) -> (loss, aux)`;
-            called with `key=None`.
-            Its aux entries should be sums (e.g. summed loss and example weight) so that results
-            over batches combine by addition. With a `model_state`, the stateful signature
-            (module docstring); the state it returns is discarded.
+        task: the Task whose `eval_sums` are computed (deterministic: `key=None`, the model state
+            unchanged); sums, so that results over batches combine by addition.
+            `LossFnTask(loss_fn)` gives a plain loss function's aux.
 
     Returns:
-        `eval_step(model, batch, model_state=None) -> aux`.
+        `eval_step(model, batch, model_state=None) -> sums`.
     """
-    _check_signature(loss_fn)
+    task = _as_task(task)
 
     @eqx.filter_jit
     def eval_step(model: ModelT, batch: Batch, model_state: eqx.nn.State | None = None) -> Metrics:
-        if isinstance(loss_fn, AbstractTask):
-            return loss_fn.eval_sums(model, batch, model_state=model_state)
-        _, aux, _ = _call_loss(loss_fn, model, batch, None, model_state)
-        return dict(aux)
+        return task.eval_sums(model, batch, model_state=model_state)
 
     return eval_step
 
