@@ -11,18 +11,25 @@ cannot drift from it.
   the suite's docs-block runner what to do with the block, and the site's Markdown
   (pymdownx.superfences) would otherwise not recognise the fence at all and print it as text.
   GitHub, which renders README.md, takes the first word as the language and ignores the rest.
+- An image of docs/figures/ on a line of its own (`![...](figures/NAME.png)`) gets a caption from
+  docs/figures/figures.json: the command that made it, when and on what, and the command that
+  regenerates it (docs/figures/make_figures.py writes both the figure and its entry).
+- A notebook page without math loads no MathJax: mkdocs-jupyter adds a script that fetches it from
+  a CDN on every notebook page, which fails offline (and is a request to another site for nothing).
 """
 
 import ast
 import dataclasses
 import importlib
 import inspect
+import json
 import pkgutil
 import re
 import textwrap
 import types
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -30,11 +37,15 @@ __all__ = [
     "CodeBlock",
     "api_modules",
     "code_blocks",
+    "figure_captions",
     "knob_rows",
     "knobs_markdown",
     "on_page_markdown",
+    "on_post_page",
     "strip_test_markers",
 ]
+
+FIGURES = Path(__file__).resolve().parent / "docs" / "figures" / "figures.json"
 
 # What the suite's docs-block runner (tests/docs/test_docs.py) does with a fenced block whose info
 # string carries the marker after its language (```` ```bash no-run ````). Unmarked `python` and
@@ -97,6 +108,26 @@ def strip_test_markers(markdown: str) -> str:
             kept = [words[0], *(w for w in words[1:] if w not in TEST_MARKERS)]
             lines[i] = f"{m['indent']}{m['fence']}{' '.join(kept)}"
     return "\n".join(lines)
+
+
+_FIGURE = re.compile(r"^(?P<indent>[ \t]*)!\[[^\]]*\]\((?:\.\./)*figures/(?P<file>[^)\s]+)\)[ \t]*$", re.M)
+
+
+def figure_captions(markdown: str, manifest: dict[str, dict[str, Any]] | None = None) -> str:
+    """`markdown` with a caption under each docs/figures image that figures.json knows."""
+    if manifest is None:
+        manifest = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+    by_file = {entry["file"]: entry for entry in manifest.values()}
+
+    def caption(m: re.Match[str]) -> str:
+        entry = by_file.get(m["file"])
+        if entry is None:
+            return m[0]
+        made = " then ".join(f"`{c}`" for c in entry["commands"]) or entry["source"]
+        when = f" on {entry['made']} ({entry['machine']})" if entry["commands"] else f", {entry['made']}"
+        return f"{m[0]}\n{m['indent']}*Made from {made}{when}; `{entry['regenerate']}` regenerates it.*"
+
+    return _FIGURE.sub(caption, markdown)
 
 
 ROOT_CLASS = ("equipax.launch.configs.experiment", "ExperimentConfig")
@@ -234,7 +265,7 @@ def api_modules(package: str) -> list[str]:
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     """mkdocs hook: strip the code fences' test markers; expand the `<!-- knobs -->` and
     `<!-- api: PACKAGE -->` markers."""
-    markdown = strip_test_markers(markdown)
+    markdown = figure_captions(strip_test_markers(markdown))
     if "<!-- knobs -->" in markdown:
         markdown = markdown.replace("<!-- knobs -->", knobs_markdown())
 
@@ -242,3 +273,18 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
         return "\n\n".join(f"## `{name}`\n\n::: {name}" for name in api_modules(m.group(1)))
 
     return re.sub(r"<!-- api: (\w+) -->", api, markdown)
+
+
+_MATHJAX = re.compile(r"<script data-mkdocs-jupyter-mathjax=.*?</script>", re.S)
+_MATH = re.compile(r"\$[^$\n]+\$|\\\(|\\\[")
+
+
+def on_post_page(output: str, page: Any = None, **kwargs: Any) -> str:
+    """mkdocs hook: drop mkdocs-jupyter's MathJax loader from a notebook page whose Markdown cells
+    hold no math (`$...$`, `\\(`, `\\[`)."""
+    src = getattr(getattr(page, "file", None), "abs_src_path", None) or ""
+    if not src.endswith(".ipynb") or "data-mkdocs-jupyter-mathjax" not in output:
+        return output
+    cells = json.loads(Path(src).read_text()).get("cells", [])
+    text = "\n".join("".join(c.get("source", "")) for c in cells if c.get("cell_type") == "markdown")
+    return output if _MATH.search(text) else _MATHJAX.sub("", output)

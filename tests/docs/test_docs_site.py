@@ -110,10 +110,12 @@ class _Page(HTMLParser):
     def __init__(self):
         super().__init__(convert_charrefs=True)
         self.stack: list[str] = []
+        self.verbatim: list[bool] = []
         self.text: list[str] = []
         self.ids: set[str] = set()
         self.links: list[str] = []
         self.images: list[str] = []
+        self.assets: list[str] = []  # scripts and stylesheets the page loads
         self.comments: list[str] = []
 
     def handle_starttag(self, tag, attrs):
@@ -126,18 +128,28 @@ class _Page(HTMLParser):
             self.links.append(a["href"] or "")
         if tag == "img":
             self.images.append(a.get("src") or "")
+        if tag == "script" and a.get("src"):
+            self.assets.append(a["src"] or "")
+        if tag == "link" and a.get("rel") == "stylesheet":
+            self.assets.append(a.get("href") or "")
         if tag in ("p", "li", "td", "th", "h1", "h2", "h3", "h4", "h5", "h6", "div", "dd", "dt"):
             self.text.append("\n")
         if tag not in VOID:
+            # Text a reader does not see as prose: code, and hidden elements (mkdocs-jupyter's
+            # copy-to-clipboard buffer holds each cell's source as plain text).
+            hidden = "hidden" in a or "clipboard-copy-txt" in (a.get("class") or "").split()
             self.stack.append(tag)
+            self.verbatim.append(tag in VERBATIM or hidden)
 
     def handle_endtag(self, tag):
         if tag in self.stack:
-            while self.stack.pop() != tag:
-                pass
+            while self.stack:
+                self.verbatim.pop()
+                if self.stack.pop() == tag:
+                    break
 
     def handle_data(self, data):
-        if not VERBATIM & set(self.stack):
+        if not any(self.verbatim):
             self.text.append(data)
 
     def handle_comment(self, data):
@@ -172,6 +184,9 @@ def page_problems(page: Path, site: Path) -> list[str]:
                 problems.append(
                     f"{here}: broken link {href!r} (no id {url.fragment!r} in {target.relative_to(site.resolve())})"
                 )
+    for src in parsed.assets:
+        if urlsplit(src).scheme in ("http", "https") or src.startswith("//"):
+            problems.append(f"{here}: loads {src!r}, which is not part of the site (it must work offline)")
     for src in parsed.images:
         url = urlsplit(src)
         if url.scheme in ("http", "https") or url.netloc:
@@ -226,7 +241,8 @@ def test_page_problems_sees_each_kind_of_breakage(tmp_path):
         "no id 'nowhere'": '<a href="a/#nowhere">b</a>',
         "no id 'gone'": '<a href="#gone">b</a>',
         "missing image": '<img src="nope.png">',
-        "not part of the site": '<img src="https://x.org/p.png">',
+        "image 'https://x.org/p.png' is not part of the site": '<img src="https://x.org/p.png">',
+        "loads 'https://cdn.x.org/m.js'": '<script src="https://cdn.x.org/m.js"></script>',
     }
     for what, snippet in broken.items():
         page.write_text(ok + snippet)
@@ -251,3 +267,144 @@ def test_search_index_holds_the_knobs_and_api_names(site):
     ]
     missing = [n for n in knobs + names if n not in text and n.rsplit(".", 1)[-1] not in text]
     assert len(knobs) > 50 and len(names) > 100 and not missing, missing
+
+
+FIGURES_DIR = REPO / "docs" / "figures"
+
+
+def _figures():
+    sys.path.insert(0, str(FIGURES_DIR))
+    from make_figures import FIGURES
+
+    return FIGURES, json.loads((FIGURES_DIR / "figures.json").read_text())
+
+
+def test_figures_are_made_by_their_commands():
+    """Every image in docs/figures is one make_figures.py draws, recorded in figures.json with the
+    command(s) that made it, small, and shown on its page."""
+    figures, manifest = _figures()
+    files = sorted(p.name for p in FIGURES_DIR.iterdir() if p.suffix in (".png", ".svg"))
+    assert sorted(entry["file"] for entry in manifest.values()) == files
+    assert set(manifest) == set(figures), "regenerate: uv run python docs/figures/make_figures.py"
+    for name, fig in figures.items():
+        entry = manifest[name]
+        assert (entry["file"], entry["page"], entry["commands"]) == (fig.file, fig.page, list(fig.commands)), (
+            f"figures.json's {name!r} is not what make_figures.py makes now: "
+            f"uv run python docs/figures/make_figures.py {name}"
+        )
+        assert entry["commands"] or entry["source"], name
+        assert (FIGURES_DIR / fig.file).stat().st_size < 80_000, f"{fig.file} is over 80 KB"
+        assert f"](figures/{fig.file})" in (REPO / "docs" / fig.page).read_text(), (
+            f"{fig.page} does not show {fig.file}"
+        )
+
+
+def test_architecture_diagram_is_current():
+    """The committed diagram is what the code draws now (module names, imports, hooks)."""
+    sys.path.insert(0, str(FIGURES_DIR))
+    from architecture import architecture_svg
+
+    assert (FIGURES_DIR / "architecture.svg").read_text() == architecture_svg(), (
+        "docs/figures/architecture.svg is out of date with the code: "
+        "uv run python docs/figures/make_figures.py architecture"
+    )
+
+
+def test_every_figure_is_shown_with_its_command(site):
+    _, manifest = _figures()
+    for name, entry in manifest.items():
+        stem = entry["page"].removesuffix(".md")
+        page = (site / ("" if stem == "index" else stem) / "index.html").read_text()
+        assert re.search(rf'<img [^>]*src="(\.\./)*figures/{re.escape(entry["file"])}"', page), name
+        caption = html.unescape(re.sub(r"<[^>]+>", "", page))
+        for text in (*entry["commands"], entry["regenerate"]):
+            assert text in caption, (name, text)
+
+
+# The browser check: where Chromium and ChromeDriver are installed (Debian: `apt-get install
+# chromium chromium-driver`; .ci/run installs them), every built page is loaded headless from a
+# local HTTP server, as a reader opens it.
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def browser(site):
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        pytest.skip("no Chromium + ChromeDriver on this machine (Debian: apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    from selenium.webdriver.chrome.service import (
+        Service,  # the installed driver: Selenium downloads none
+    )
+
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver, f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        driver.quit()
+        server.shutdown()
+        server.server_close()
+
+
+PAGE_STATE = """
+const article = document.querySelector('article.md-content__inner');
+return {
+  title: article && article.querySelector('h1') ? article.querySelector('h1').innerText : '',
+  text: article ? article.innerText.length : 0,
+  broken_images: [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src),
+  images: document.images.length,
+};
+"""
+
+
+def test_every_page_in_a_browser(site, browser):
+    """Each page loads without a console error, shows its main content (a title and text) and all
+    its images (drawn: complete with a width)."""
+    driver, base = browser
+    problems, shown = [], 0
+    for page in site_pages(site):
+        url = base + page.relative_to(site).as_posix().removesuffix("index.html")
+        driver.get(url)
+        state = driver.execute_script(PAGE_STATE)
+        errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        where = page.relative_to(site).as_posix()
+        if errors:
+            problems.append(f"{where}: console errors {errors}")
+        if not state["title"] or state["text"] < 200:
+            problems.append(f"{where}: no main content (title {state['title']!r}, {state['text']} characters)")
+        if state["broken_images"]:
+            problems.append(f"{where}: images not shown {state['broken_images']}")
+        shown += state["images"] - len(state["broken_images"])
+    assert not problems, "\n".join(problems)
+    assert shown >= 6, f"only {shown} images shown on the whole site"
+
+
+def test_site_search_in_a_browser(site, browser):
+    """The search box finds a knob and an API name (Material's search runs in a web worker, which
+    needs the site served over HTTP)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver, base = browser
+    for query, expect in (("num_layers", "knobs/"), ("build_training", "api/launch/")):
+        driver.get(base + "?q=" + query)
+        WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a"))
+        links = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")]
+        assert any(expect in link for link in links), (query, links)
+    errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
