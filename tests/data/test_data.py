@@ -16,26 +16,9 @@ from equipax.data import (
     split_plays,
     unigram_entropy,
 )
+from helpers.inputs import assert_batches_equal, drain
 
 ODD_TEXT = "  Héllo,\tworld!  ✓ 日本語 🎭\n\nO Romeo, Romeo!  wherefore art thou Romeo?\n"
-
-
-def drain(inp, n=None):
-    out = []
-    while n is None or len(out) < n:
-        try:
-            out.append(inp.get_next())
-        except StopIteration:
-            break
-    return out
-
-
-def assert_batches_equal(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
 
 
 # --- tokenizers ---------------------------------------------------------------------------

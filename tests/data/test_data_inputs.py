@@ -14,6 +14,7 @@ from equipax.data import (
     TokenWindowInput,
     make_eval_input,
 )
+from helpers.inputs import assert_batches_equal, drain
 
 TOK = ByteTokenizer()
 DOCS = [f"doc{i:03d} " + "abcdefgh"[: i % 8] * (i % 5 + 1) for i in range(41)]
@@ -22,24 +23,6 @@ DOCS = [f"doc{i:03d} " + "abcdefgh"[: i % 8] * (i % 5 + 1) for i in range(41)]
 def doc_input(packing, **kw):
     kw.setdefault("batch_size", 3)
     return DocumentLMInput(DOCS, tokenizer=TOK, seq_len=16, packing=packing, read_threads=0, **kw)
-
-
-def drain(inp, n=None):
-    out = []
-    while n is None or len(out) < n:
-        try:
-            out.append(inp.get_next())
-        except StopIteration:
-            break
-    return out
-
-
-def assert_batches_equal(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
 
 
 def doc_starts(batches):

@@ -1,13 +1,13 @@
 """docs/errors.md, the data and benchmark entries: `launch data prepare`, shard files and
 `launch bench attention` through the CLI: the message, the exit code, and nothing damaged."""
 
-import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
 from equipax.data import DataError, TextShards, find_shards, write_shards
+from helpers.cli import assert_one_paragraph, snapshot
 from helpers.toy import TOY, set_args
 
 FAST = [*TOY, "data.tokenizer=byte", "train.sample.tokens=0", "train.num_steps=2", "train.checkpoint_every=2"]
@@ -31,21 +31,6 @@ def run_on_shards(job: Path, data: Path):
         job,
         *set_args([*FAST, "data.source='c4'", f"data.path='{data}'"]),
     )
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
-
-
-def assert_one_paragraph(output: str, *needles: str):
-    assert "Traceback" not in output, output
-    assert "error:" in output, output
-    for n in needles:
-        assert n in output, output
 
 
 def docs(split: str, n: int) -> list[str]:
