@@ -191,7 +191,8 @@ def test_a_family_in_one_user_module_runs_from_the_cli(tmp_path):
     page = (REPO / "docs" / "extending.md").read_text()
     code = re.search(r"```python\n(import dataclasses\n.*?)```", page, re.S).group(1)
     part1_run, part2 = code.index("x, y = regression_data(64"), code.index("# --- Part 2")
-    definitions = code[:part1_run] + code[part2 : code.index('cfg = ExperimentConfig(name="mlp_regression"')]
+    part2_end = re.search(r'cfg = ExperimentConfig\(\s*name="mlp_regression"', code).start()
+    definitions = code[:part1_run] + code[part2:part2_end]
     (tmp_path / "userfam.py").write_text(
         definitions
         + textwrap.dedent("""

@@ -66,8 +66,8 @@ class EvalHook(Hook):
     """Evaluates every `train.eval_every` steps, at the end, and at each epoch's end; its output is
     the eval's metrics."""
 
-    name = "eval"
-    waits_for_device = True
+    name: str = "eval"
+    waits_for_device: bool = True
 
     def __init__(self, every: int) -> None:
         self.every = every
@@ -90,13 +90,13 @@ class EpochHook(Hook):
     """`train.num_epochs` runs: the epoch's train loss/accuracy (summed on the device, no sync per
     step) and the eval at its end become an `epoch` record, printed as the CNN tutorial does."""
 
-    name = "epoch"
-    after = ("eval",)  # reads the eval of the epoch's last step
+    name: str = "epoch"
+    after: tuple[str, ...] = ("eval",)  # reads the eval of the epoch's last step
 
     def __init__(self) -> None:
         self.sums: dict[str, Any] = {k: jnp.zeros((), jnp.float32) for k in EVAL_SUMS}
 
-    def after_step(self, ctx: StepContext) -> dict[str, float] | None:
+    def after_step(self, ctx: StepContext) -> dict[str, Any] | None:
         self.sums = {k: self.sums[k] + ctx.metrics[k] for k in EVAL_SUMS}
         if not ctx.epoch_end:
             return None
@@ -150,9 +150,9 @@ class CheckpointHook(Hook):
     """Saves every `train.checkpoint_every` steps, at each epoch's end, at the end and on a stop,
     after every other hook (their state, saved with the checkpoint, is final for the step)."""
 
-    name = "checkpoint"
-    waits_for_device = True
-    after = (ALL,)
+    name: str = "checkpoint"
+    waits_for_device: bool = True
+    after: tuple[str, ...] = (ALL,)
 
     def __init__(self, every: int) -> None:
         self.every = every

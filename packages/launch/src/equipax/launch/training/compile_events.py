@@ -23,8 +23,8 @@ class CompileEvents:
     time JAX reports, and `c.backend_seconds` XLA's compile time alone."""
 
     def __enter__(self) -> "CompileEvents":
-        self.seconds = 0.0
-        self.backend_seconds = 0.0
+        self.seconds: float = 0.0
+        self.backend_seconds: float = 0.0
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
         return self
 

@@ -17,8 +17,8 @@ class DecodeHook(Hook):
     tokens with the KV cache; written to metrics.jsonl (split "decode") and as TensorBoard text.
     Its output is the samples' records."""
 
-    name = "decode"
-    waits_for_device = True
+    name: str = "decode"
+    waits_for_device: bool = True
 
     def __init__(self, every: int) -> None:
         self.every = every

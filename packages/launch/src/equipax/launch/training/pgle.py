@@ -161,13 +161,13 @@ class PGLEHook(Hook):
     """Records the run's XLA flags; with `train.pgle.mode=auto` on GPU, JAX's automatic PGLE is on for
     the run and the recompile with the collected profile is reported."""
 
-    name = "pgle"
-    first = True
+    name: str = "pgle"
+    first: bool = True
 
     def __init__(self) -> None:
-        self.active = False
+        self.active: bool = False
         self.saved: dict[str, Any] = {}
-        self.first_step = 1
+        self.first_step: int = 1
 
     def start(self, run: RunContext) -> None:
         pgle = run.cfg.train.pgle

@@ -59,8 +59,8 @@ def latest_trace(log_dir: Path) -> Path | None:
 class ProfileHook(Hook):
     """Traces steps `first..last` with `jax.profiler`, a `train` step annotation per step."""
 
-    name = "profile"
-    first = True  # its step annotations bracket the dispatch alone
+    name: str = "profile"
+    first: bool = True  # its step annotations bracket the dispatch alone
 
     def __init__(self, first: int, last: int, *, log_dir: Path) -> None:
         self.first_step: int = first

@@ -45,10 +45,13 @@ class StepLoop:
         units_per_step: int,
         flops_per_step: float | None,
     ) -> None:
-        self.run, self.hooks, self.nonfinite, self.progress = run, hooks, nonfinite, progress
+        self.run: RunContext = run
+        self.hooks: list[Hook] = hooks
+        self.nonfinite: NonFiniteMonitor = nonfinite
+        self.progress: ProgressReporter = progress
         self.outputs: dict[str, Any] = {}
-        self.timer = StepTimer(run.start)
-        self.train_log = TrainLog(
+        self.timer: StepTimer = StepTimer(run.start)
+        self.train_log: TrainLog = TrainLog(
             run,
             self.timer,
             units_per_step=units_per_step,
@@ -57,7 +60,7 @@ class StepLoop:
             nonfinite_total=lambda: nonfinite.total,
             progress=progress.update,
         )
-        self.stopped_by = ""
+        self.stopped_by: str = ""
 
     def loop_state(self) -> dict[str, Any]:
         state = dict(self.nonfinite.state())

@@ -39,7 +39,7 @@ class StepTimer:
     def restart(self, step: int) -> None:
         self.t: float = time.monotonic()
         self.step: int = step
-        self.excluded = 0.0
+        self.excluded: float = 0.0
 
     def exclude(self, seconds: float) -> None:
         """Keep `seconds` (spent outside the steps) out of the next reading."""
@@ -76,9 +76,13 @@ class TrainLog:
         nonfinite_total: Callable[[], int],
         progress: Callable[[int, dict[str, float]], None],
     ) -> None:
-        self.run, self.timer = run, timer
-        self.units_per_step, self.flops_per_step, self.peak_tflops = units_per_step, flops_per_step, peak_tflops
-        self.nonfinite_total, self.progress = nonfinite_total, progress
+        self.run: RunContext = run
+        self.timer: StepTimer = timer
+        self.units_per_step: int = units_per_step
+        self.flops_per_step: float | None = flops_per_step
+        self.peak_tflops: float | None = peak_tflops
+        self.nonfinite_total: Callable[[], int] = nonfinite_total
+        self.progress: Callable[[int, dict[str, float]], None] = progress
         self.pending: tuple[int, dict[str, Any]] | None = None
         self.latest: dict[str, float] = {}
 
