@@ -103,7 +103,7 @@ def test_the_steps_take_a_task_and_say_how_to_wrap_a_function(key, build):
         return _mse(m, b), {}
 
     with pytest.raises(LossContractError, match=r"take a Task; got the function .*LossFnTask\(loss_fn\)"):
-        step_module._as_task(fn)  # what a user without the suite's runtime type checker sees
+        step_module.as_task(fn)  # what a user without the suite's runtime type checker sees
     _, opt, _ = _setup(key)
     args = (opt, make_schedule(ScheduleConfig())) if build == "make_train_step" else ()
     with pytest.raises((LossContractError, TypeCheckError)):

@@ -100,7 +100,8 @@ def test_logical_axis_rules_are_the_mesh_configs_knob(key):
     assert flat_specs(layer, mesh(), swapped)["['up'].weight"] == P("tensor", "fsdp")
 
     without_hidden = {k: v for k, v in DEFAULT_LOGICAL_AXIS_RULES if k != "hidden"}
-    with pytest.raises(ValueError, match=r"logical axes \['hidden'\] that the mesh's rules do not map") as e:
+    unmapped = r"unknown logical axes \['hidden'\] \(the mesh's rules do not map them\)"
+    with pytest.raises(ValueError, match=unmapped) as e:
         flat_specs(layer, mesh(), without_hidden)
     assert "mesh.logical_axis_rules" in str(e.value) and "equipax.core.partition" not in str(e.value)
 

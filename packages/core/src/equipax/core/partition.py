@@ -167,8 +167,8 @@ def leaf_axes(root: PyTree, path: Sequence[Any], leaf: Any, rules: Rules | None 
     unknown = [a for a in axes if a is not None and a not in rules]
     if unknown:
         raise ValueError(
-            f"Parameter {name} declares logical axes {unknown} that the mesh's rules do not map; use "
-            f"names from {sorted(rules)}, or add a rule for each to the mesh.logical_axis_rules knob "
+            f"Parameter {name} declares unknown logical axes {unknown} (the mesh's rules do not map them); "
+            f"use names from {sorted(rules)}, or add a rule for each to the mesh.logical_axis_rules knob "
             f"(e.g. --set \"mesh.logical_axis_rules=(..., ({unknown[0]!r}, None))\" to replicate it)."
         )
     return axes

@@ -12,17 +12,26 @@ the caller, as in docs/library.md) becomes a Task with `LossFnTask(loss_fn)`.
 """
 
 from collections.abc import Callable, Iterable, Mapping
-import inspect
-from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, Generic, TypeVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import Mesh
-from jaxtyping import Array, Int, PRNGKeyArray, Scalar
+from jaxtyping import Array, Int, PRNGKeyArray
 
+from equipax.core._loss_contract import (
+    LOSS_CONTRACT,
+    RESERVED_METRICS,
+    LossContractError,
+    LossFn,
+    LossFnTask,
+    as_task,
+    call_loss,
+    check_aux,
+    contract_error,
+)
 from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics, ModelT
 
 __all__ = [
@@ -40,43 +49,11 @@ __all__ = [
     "mean_eval_metrics",
 ]
 
-# Metric names the train step writes itself; a loss function's aux may not reuse them.
-RESERVED_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate", "nonfinite", "update_norm")
 
-LOSS_CONTRACT = (
-    "The loss contract: the steps take a Task (equipax.core.task.AbstractTask) whose "
-    "`loss(model, batch, *, key, model_state)` returns `(loss, aux, new_model_state)`, with `loss` a "
-    "scalar array, `aux` a dict of scalar metrics whose names are not "
-    f"{', '.join(RESERVED_METRICS)}, and `key` a PRNG key or None (deterministic evaluation); a plain "
-    "`loss_fn(model, batch, *, key) -> (loss, aux)` is wrapped as `LossFnTask(loss_fn)`."
-)
-
-_ModelT_contra = TypeVar("_ModelT_contra", contravariant=True)
 # The model type of the state a step is called with (a subtype of what its loss takes: a step
 # built from `lm_loss`, which takes any `LanguageModel`, trains a `TrainState[TransformerLM]`
 # and returns one); the step hands back the type it was given.
 _StateModelT = TypeVar("_StateModelT")
-
-
-class LossContractError(TypeError, ValueError):
-    """A loss function (or Task) broke the loss contract; the message says what was found, the
-    contract (`LOSS_CONTRACT`) and the fix."""
-
-
-def _contract_error(found: str, fix: str) -> LossContractError:
-    return LossContractError(f"{found} {fix}\n{LOSS_CONTRACT}")
-
-
-@runtime_checkable
-class LossFn(Protocol[_ModelT_contra]):
-    """`loss_fn(model, batch, *, key) -> (loss, aux)`: `loss` the scalar that is differentiated,
-    `aux` a dict of scalar metrics; `key=None` means deterministic (evaluation)."""
-
-    def __call__(
-        self, model: _ModelT_contra, batch: Batch, /, *, key: PRNGKeyArray | None
-    ) -> tuple[Scalar, Mapping[str, Array]]:
-        """The loss and its metrics on one batch."""
-        ...
 
 
 class TrainState(eqx.Module, Generic[ModelT]):
@@ -95,122 +72,6 @@ class TrainState(eqx.Module, Generic[ModelT]):
     model: ModelT
     opt_state: Any  # a pytree (optax's state)
     model_state: eqx.nn.State | None = None
-
-
-def _check_signature(loss_fn: Any) -> None:
-    """Refuse, before anything is traced, a loss function that cannot take `key=` by keyword."""
-    if not callable(loss_fn):
-        raise _contract_error(
-            f"The loss function is a {type(loss_fn).__name__}, not a callable.", "Pass a function (or a Task)."
-        )
-    try:
-        params = inspect.signature(loss_fn).parameters.values()
-    except (TypeError, ValueError):  # no introspectable signature (a builtin): checked when called
-        return
-    kinds = {p.name: p.kind for p in params}
-    if inspect.Parameter.VAR_KEYWORD in kinds.values():
-        return
-    if kinds.get("key") not in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
-        raise _contract_error(
-            f"The loss function {getattr(loss_fn, '__qualname__', loss_fn)!r} takes no `key` keyword "
-            f"(its parameters: {', '.join(kinds) or 'none'}).",
-            "Add `*, key: PRNGKeyArray | None = None` (and ignore it if the model is deterministic).",
-        )
-
-
-def _checked(out: Any, want: int) -> tuple[Scalar, Metrics, Any]:
-    """What a loss returned, checked against the contract: `(loss, aux, model_state or None)`."""
-    if not isinstance(out, tuple) or len(cast(tuple[Any, ...], out)) != want:
-        shape = (
-            f"a tuple of {len(cast(tuple[Any, ...], out))}"
-            if isinstance(out, tuple)
-            else f"an array of shape {jnp.shape(out)}"
-            if hasattr(out, "shape")
-            else type(out).__name__
-        )
-        raise _contract_error(
-            f"The loss function returned {shape}; expected a tuple of {want} "
-            f"({'(loss, aux)' if want == 2 else '(loss, aux, new_model_state)'}).",
-            "Return `loss, {}` when there are no metrics."
-            if want == 2
-            else "Return the state the model's layers gave back as the third element.",
-        )
-    loss, aux = out[0], out[1]
-    if not isinstance(aux, Mapping):
-        raise _contract_error(
-            f"The loss function's aux is a {type(aux).__name__}, not a dict.",
-            "Return a dict of scalar metrics (`{}` for none).",
-        )
-    if jnp.shape(loss) != ():
-        raise _contract_error(
-            f"The loss function's loss has shape {jnp.shape(loss)}; expected a scalar.",
-            "Reduce it to one number (e.g. `jnp.mean`).",
-        )
-    return loss, dict(cast(Mapping[str, Array], aux)), out[2] if want == 3 else None
-
-
-class LossFnTask(AbstractTask[ModelT]):
-    """A plain loss function as the Task the steps take: `LossFnTask(loss_fn)`, for a stateless
-    model the caller builds (docs/library.md). The steps call only a Task's `loss` and `eval_sums`;
-    this one has no `init` or `abstract_batch` (a model family for the launcher writes a full
-    Task: docs/extending.md).
-
-    Arguments:
-        loss_fn: `loss_fn(model, batch, *, key) -> (loss, aux)`; with `key=None` it evaluates.
-            Its aux entries are what the eval step returns: sums (summed loss, example weight)
-            combine over batches by addition.
-    """
-
-    loss_fn: LossFn[ModelT] = eqx.field(static=True)
-
-    def __check_init__(self) -> None:
-        _check_signature(self.loss_fn)
-
-    def init(self, key: PRNGKeyArray) -> tuple[ModelT, None]:
-        raise NotImplementedError(
-            "LossFnTask wraps a loss function for make_train_step / make_eval_step; it builds no model. "
-            "Build the model yourself, or write a Task (docs/extending.md)."
-        )
-
-    def abstract_batch(self, global_batch: int) -> dict[str, jax.ShapeDtypeStruct]:
-        raise NotImplementedError(
-            "LossFnTask wraps a loss function and does not know its batch; write a Task for that "
-            "(docs/extending.md)."
-        )
-
-    def loss(
-        self, model: ModelT, batch: Batch, *, key: PRNGKeyArray | None, model_state: eqx.nn.State | None
-    ) -> tuple[Scalar, Metrics, eqx.nn.State | None]:
-        if model_state is not None:
-            raise _contract_error(
-                "The train state holds a model_state (non-trained state such as BatchNorm statistics), "
-                "but a plain loss function takes none.",
-                "Write a Task whose `loss` takes and returns the state (equipax.models.ImageClassificationTask "
-                "is one).",
-            )
-        loss, aux, _ = _checked(self.loss_fn(model, batch, key=key), 2)
-        return loss, aux, None
-
-    def eval_sums(self, model: ModelT, batch: Batch, *, model_state: eqx.nn.State | None) -> Metrics:
-        return self.loss(model, batch, key=None, model_state=model_state)[1]
-
-
-def _as_task(task: Any) -> AbstractTask[Any]:
-    if isinstance(task, AbstractTask):
-        return task
-    if callable(task):
-        raise _contract_error(
-            f"The steps take a Task; got the function {getattr(task, '__qualname__', task)!r}.",
-            "Wrap a plain loss function as `LossFnTask(loss_fn)` (equipax.core.step).",
-        )
-    raise _contract_error(f"The steps take a Task; got a {type(task).__name__}.", "Pass a Task.")
-
-
-def _call_loss(
-    task: AbstractTask[Any], model: Any, batch: Batch, key: Any, model_state: Any
-) -> tuple[Scalar, Metrics, Any]:
-    """`task.loss`, with what it returns checked against the contract: `(loss, aux, model_state)`."""
-    return _checked(task.loss(model, batch, key=key, model_state=model_state), 3)
 
 
 def init_train_state(
@@ -245,14 +106,6 @@ _T = TypeVar("_T")
 
 def _copy_arrays(tree: _T) -> _T:
     return jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, tree)
-
-
-def _check_aux(aux: Metrics) -> None:
-    clash = sorted(set(aux) & set(RESERVED_METRICS))
-    if clash:
-        raise _contract_error(
-            f"The loss function's aux uses the metric name(s) {clash}, which the train step writes itself.",
-            "Rename these aux entries.")
 
 
 def make_train_step(
@@ -296,16 +149,16 @@ def make_train_step(
         parameters the loss was computed with) and `learning_rate` (for this update).
     """
 
-    task = _as_task(task)
+    task = as_task(task)
 
     def loss_and_aux(model: Any, batch: Batch, key: PRNGKeyArray, model_state: Any) -> Any:
-        loss, aux, new_model_state = _call_loss(task, model, batch, key, model_state)
+        loss, aux, new_model_state = call_loss(task, model, batch, key, model_state)
         return loss, (aux, new_model_state)
 
     def step(inputs: tuple[Batch, PRNGKeyArray | None], state: TrainState[Any]) -> Any:
         batch, key = inputs
         if key is None:
-            raise _contract_error(
+            raise contract_error(
                 "The train step was called with key=None; training needs a PRNG key (its loss gets "
                 "`fold_in(key, step)`).",
                 "Pass `jax.random.key(seed)`; for deterministic evaluation use `make_eval_step`.")
@@ -320,7 +173,7 @@ def make_train_step(
         (loss, (aux, model_state)), grads = eqx.filter_value_and_grad(loss_and_aux, has_aux=True)(
             state.model, batch, step_key, state.model_state
         )
-        _check_aux(aux)
+        check_aux(aux)
         params = eqx.filter(state.model, eqx.is_inexact_array)
         grad_norm, param_norm = optax.tree.norm(grads), optax.tree.norm(params)
         # The update overwrites the parameters' donated buffers in place. Nothing orders the
@@ -378,6 +231,9 @@ def _select(pred: Array, on_true: _T, on_false: _T) -> _T:
 
 def _is_abstract_array(x: Any) -> bool:
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
+_ModelT_contra = TypeVar("_ModelT_contra", contravariant=True)
 
 
 class TrainStep(Generic[_ModelT_contra]):
@@ -446,7 +302,7 @@ def make_eval_step(task: AbstractTask[ModelT]) -> Callable[..., Metrics]:
     Returns:
         `eval_step(model, batch, model_state=None) -> sums`.
     """
-    task = _as_task(task)
+    task = as_task(task)
 
     @eqx.filter_jit
     def eval_step(model: ModelT, batch: Batch, model_state: eqx.nn.State | None = None) -> Metrics:
