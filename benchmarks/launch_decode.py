@@ -28,7 +28,7 @@ from typing import Any
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "launch_decode.json"
 DEFAULT_EXPS = ("shakespeare_tiny", "shakespeare_llama_tiny")
 _TRAIN = ["train.num_steps=2", "train.eval_every=2", "train.checkpoint_every=2", "train.eval_batches=1",
-          "train.sample_tokens=0"]
+          "train.sample.tokens=0"]
 _PROMPTS = ("ROMEO:", "JULIET:", "First Citizen:", "KING HENRY:", "HAMLET:", "To be", "Now is the", "O, ")
 
 

@@ -124,13 +124,13 @@ def test_each_family_resumes_to_the_uninterrupted_runs_bits(name, tmp_path):
 def test_old_llama_knob_paths_name_their_new_place():
     code, out = invoke("show", "--exp", "llama3_8b", "--set", "model.num_layers=2")
     assert code == 2
-    assert_one_paragraph(out, "'model.num_layers' was renamed", "'model.transformer.num_layers'")
-    # A saved config with the old layout (a job's config.json) says the same.
+    assert_one_paragraph(out, "'model.num_layers': it moved. Did you mean 'model.transformer.num_layers'?")
+    # A saved config in the old layout (a job's config.json) is refused, not read as another model.
     from equipax.core.knobs import ConfigError, from_dict
     from equipax.launch.configs.experiment import ExperimentConfig
 
-    with pytest.raises(ConfigError, match="'model.norm_eps' was renamed: it is 'model.transformer.norm_eps'"):
-        from_dict(ExperimentConfig, {"name": "old", "model": {"vocab_size": 64, "norm_eps": 1e-5}})
+    with pytest.raises(ConfigError, match=r"earlier equipax whose Llama model .* model.norm_eps.* retrain"):
+        from_dict(ExperimentConfig, {"name": "old", "model": {"vocab_size": 64, "norm_eps": 1e-5, "num_layers": 2}})
 
 
 @pytest.mark.parametrize("exp,knobs,needles", [

@@ -20,9 +20,7 @@ WIDTH, NEW = 8, 8  # every decode here uses these shapes: one compile per model 
 LM_CFG = LMConfig(
     vocab_size=VOCAB,
     max_seq_len=WIDTH + NEW,
-    transformer=TransformerConfig(
-        num_layers=2, model_dims=32, num_heads=2, head_dim=16, hidden_dims=64, use_bias=True
-    ),
+    transformer=TransformerConfig(num_layers=2, model_dims=32, num_heads=2, head_dim=16, hidden_dims=64, use_bias=True),
 )
 
 def _decoder(tie=False, scaling=None, theta=10_000.0, **block):
@@ -89,14 +87,13 @@ def test_cached_greedy_equals_uncached_generate_per_row(every_family):
     np.testing.assert_array_equal(num, [NEW] * 3)  # WIDTH + NEW = max_seq_len: the limit holds
     for b, row in enumerate(ROWS):
         ref = generate(model, jnp.array(row, jnp.int32), NEW)
-        np.testing.assert_array_equal(tokens[b], np.asarray(ref)[len(row):])
+        np.testing.assert_array_equal(tokens[b], np.asarray(ref)[len(row) :])
 
 
 def test_batch_equals_one_by_one(family):
     model, tokens, _ = family
     row = ROWS[1]
-    alone, _ = decode(model, jnp.array([row], jnp.int32), jnp.array([len(row)]),
-                      max_new_tokens=NEW)
+    alone, _ = decode(model, jnp.array([row], jnp.int32), jnp.array([len(row)]), max_new_tokens=NEW)
     np.testing.assert_array_equal(alone[0], tokens[1])
 
 
@@ -202,5 +199,3 @@ def test_sample_logits_top_k_and_top_p_restrict_support():
     many = sample_logits(jnp.log(jnp.tile(probs, (8192, 1))), keys[2], temperature=1.0)
     freq = np.bincount(np.asarray(many), minlength=4) / 8192
     np.testing.assert_allclose(freq, probs[0], atol=0.03)
-
-

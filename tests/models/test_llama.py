@@ -14,6 +14,8 @@ import jax.random as jr
 import numpy as np
 import optax
 import pytest
+from jaxtyping import TypeCheckError
+
 from equipax.core.flops import count_params, transformer_lm_flops_per_token
 from equipax.core.nn import TransformerConfig
 from equipax.core.nn.rotary import apply_rotary, reference_rotary, rotary_angles
@@ -62,16 +64,13 @@ def test_rope_matches_complex_reference_and_is_relative(key):
     pos = _positions(2, 7, offset=3)
     for theta in (10_000.0, 500_000.0):
         sin, cos = rotary_angles(pos, 16, theta)
-        np.testing.assert_allclose(
-            apply_rotary(x, sin, cos), reference_rotary(x, pos, theta), rtol=1e-5, atol=1e-5
-        )
+        np.testing.assert_allclose(apply_rotary(x, sin, cos), reference_rotary(x, pos, theta), rtol=1e-5, atol=1e-5)
     # Position 0 is the identity; rotations keep norms.
     sin0, cos0 = rotary_angles(jnp.zeros((2, 7), jnp.int32), 16, 1e4)
     np.testing.assert_array_equal(apply_rotary(x, sin0, cos0), x)
     sin, cos = rotary_angles(pos, 16, 1e4)
     np.testing.assert_allclose(
-        jnp.linalg.norm(apply_rotary(x, sin, cos), axis=-1), jnp.linalg.norm(x, axis=-1),
-        rtol=1e-5,
+        jnp.linalg.norm(apply_rotary(x, sin, cos), axis=-1), jnp.linalg.norm(x, axis=-1), rtol=1e-5
     )
     # q.k depends only on the distance between their positions.
     q, k = x[:1, :1], x[1:, :1]
@@ -128,9 +127,7 @@ def test_lm_loss_starts_near_log_vocab_and_goes_down(model, key):
 
     @jax.jit
     def step(params, opt_state):
-        loss, grads = jax.value_and_grad(lambda p: lm_loss(eqx.combine(p, static), batch)[0])(
-            params
-        )
+        loss, grads = jax.value_and_grad(lambda p: lm_loss(eqx.combine(p, static), batch)[0])(params)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -155,8 +152,14 @@ def test_flops_match_the_gpt_accounting_when_heads_are_not_grouped():
     for remat in ("none", "full", "dots_saveable"):
         mha = replace_block(LLAMA2_7B, remat=remat)
         gpt = TransformerConfig(
-            num_layers=32, model_dims=4096, num_heads=32, head_dim=128, hidden_dims=11008,
-            gated=True, activation="silu", remat=remat,
+            num_layers=32,
+            model_dims=4096,
+            num_heads=32,
+            head_dim=128,
+            hidden_dims=11008,
+            gated=True,
+            activation="silu",
+            remat=remat,
         )
         want = transformer_lm_flops_per_token(gpt, vocab_size=32000, seq_len=4096)
         assert mha.flops_per_token(seq_len=4096) == want
@@ -169,9 +172,10 @@ def test_flops_match_the_gpt_accounting_when_heads_are_not_grouped():
 
 
 def test_abstract_params_get_sharding_specs():
-    from equipax.core.partition import param_specs
     from jax.sharding import AbstractMesh
     from jax.sharding import PartitionSpec as P
+
+    from equipax.core.partition import param_specs
 
     mesh = AbstractMesh((2, 4, 2), ("data", "fsdp", "tensor"))
     for cfg in (LLAMA3_8B, replace_block(CFG, scan_layers=False, num_kv_heads=1)):

@@ -30,6 +30,7 @@ __all__ = [
     "parse_literal",
     "parse_override",
     "register_config",
+    "renamed_knob",
     "set_knob",
     "set_knobs",
     "suggest",
@@ -180,8 +181,8 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
             classes = [a for a in args if dataclasses.is_dataclass(a) and isinstance(a, type)]
             if classes:
                 classes += [c for c in _REGISTERED if c not in classes]
-            # A class that renamed some of the keys (`RENAMED_KNOBS`) is meant too: its error names them.
-            fits = [a for a in classes if set(value) <= _field_names(a) | set(getattr(a, "RENAMED_KNOBS", {}))]
+            # A class that moved some of the keys (`RENAMED`) is meant too: it reads or names them.
+            fits = [a for a in classes if set(value) <= _field_names(a) | set(getattr(a, "RENAMED", None) or {})]
             if len(fits) > 1:  # several hold the keys: the one with exactly these fields (to_dict's output)
                 fits = [a for a in fits if set(value) == _field_names(a)] or fits
             if len(fits) == 1:
@@ -270,28 +271,32 @@ def _rebuild(cls: type, kwargs: dict[str, Any], path: str) -> Any:
         raise ConfigError(f"Invalid config{where}: {e}") from None
 
 
-def _renamed(cfg: Any, prefix: str = "") -> dict[str, str]:
-    """`{old path: new path}` of the knobs the config classes in `cfg` list as renamed (a class's
-    `RENAMED_KNOBS` maps paths relative to it)."""
-    out = {prefix + old: prefix + new for old, new in getattr(type(cfg), "RENAMED_KNOBS", {}).items()}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if is_config(value):
-            out |= _renamed(value, f"{prefix}{f.name}.")
-    return out
+def renamed_knob(cfg: Any, path: str) -> str | None:
+    """The path a knob that moved has now, or None.
 
-
-def _renamed_error(old: str, new: str) -> ConfigError:
-    return ConfigError(f"Knob {old!r} was renamed: it is {new!r} now (docs/knobs.md, \"Renamed knobs\").")
+    A config class that moved some of its knobs lists them in a class attribute
+    `RENAMED: ClassVar[dict[str, str]]`, old field -> new dotted path below the same class (e.g.
+    `{"sample_tokens": "sample.tokens"}`).
+    """
+    node, prefix, parts = cfg, "", path.split(".")
+    for i, part in enumerate(parts):
+        moved = getattr(type(node), "RENAMED", None) or {}
+        rest = ".".join(parts[i:])
+        if rest in moved:
+            return prefix + moved[rest]
+        if not is_config(node) or part not in {f.name for f in dataclasses.fields(node)}:
+            return None
+        node, prefix = getattr(node, part), prefix + part + "."
+    return None
 
 
 def _check_path(cfg: Any, path: str) -> None:
     knobs = flatten(cfg)
     if path in knobs:
         return
-    renamed = _renamed(cfg).get(path)
-    if renamed is not None:
-        raise _renamed_error(path, renamed)
+    new = renamed_knob(cfg, path)
+    if new is not None:
+        raise ConfigError(f"Unknown knob {path!r}: it moved. Did you mean {new!r}? (--set {new}=VALUE)")
     groups = _groups(cfg)
     if path in groups:
         fields = [k for k in knobs if k.startswith(path + ".")]
@@ -403,21 +408,47 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def from_dict(cls: type[C], data: Mapping[str, Any], *, _path: str = "") -> C:
     """Build a config of type `cls` from a nested dict (the inverse of `to_dict`).
 
-    Unknown keys are an error with a "did you mean" hint; missing keys take defaults.
+    Unknown keys are an error with a "did you mean" hint; missing keys take defaults. Keys a
+    class lists as moved (`RENAMED`, see `renamed_knob`) are read at their new place, so a config
+    saved before the move still reads, unless the class refuses that saved layout
+    (`saved_layout_error(data) -> message or None`: a layout whose meaning changed, not only its
+    paths).
     """
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    refuse = getattr(cls, "saved_layout_error", None)
+    if refuse is not None and (message := refuse(data)):
+        raise ConfigError(message)
+    data = _moved(cls, data)
     kwargs: dict[str, Any] = {}
-    renamed = getattr(cls, "RENAMED_KNOBS", {})
     for key, value in data.items():
-        if key in renamed:
-            raise _renamed_error(_path + key, _path + renamed[key])
         if key not in names:
             raise ConfigError(
                 f"Unknown knob {_path + key!r}.{_did_you_mean(key, names)}"
             )
         kwargs[key] = coerce(value, hints[key], _path + key)
     return _rebuild(cls, kwargs, _path)
+
+
+def _moved(cls: type, data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`data` with the keys `cls.RENAMED` lists moved to their new nested place."""
+    moved: dict[str, str] = getattr(cls, "RENAMED", None) or {}
+    old = [k for k in data if k in moved and not isinstance(data[k], Mapping)]
+    if not old:
+        return data
+    out: dict[str, Any] = {k: v for k, v in data.items() if k not in old}
+    for key in old:
+        *groups, leaf = moved[key].split(".")
+        node = out
+        for g in groups:
+            child = node.get(g, {})
+            if not isinstance(child, Mapping):  # not a group here: leave the old key to fail by name
+                out[key] = data[key]
+                break
+            node[g] = node = dict(child)
+        else:
+            node.setdefault(leaf, data[key])
+    return out
 
 
 def to_json(cfg: Any) -> str:

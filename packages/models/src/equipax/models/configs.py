@@ -8,7 +8,7 @@ does not import JAX (benchmarks/README.md, "CLI latency"). Nothing here may impo
 
 import dataclasses
 import math
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from equipax.core.configs import MeshConfig, RopeScalingConfig, TransformerConfig, check_pipeline
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
@@ -53,8 +53,8 @@ class LMConfig:
     """
 
     # Knobs the Llama experiments had before the LM families shared this config, and where they are
-    # now: `--set` of an old path, or a saved config that uses one, names the new path (docs/knobs.md).
-    RENAMED_KNOBS: ClassVar[dict[str, str]] = {
+    # now: `--set` of an old path names the new one (docs/knobs.md, "Renamed knobs").
+    RENAMED: ClassVar[dict[str, str]] = {
         name: f"transformer.{name}"
         for name in ("num_layers", "model_dims", "num_heads", "num_kv_heads", "head_dim", "hidden_dims",
                      "norm_eps", "scan_layers", "remat")
@@ -71,6 +71,23 @@ class LMConfig:
     embedding_multiplier: float | Literal["sqrt_model_dims"] | None = "sqrt_model_dims"
     embedding_init_std: float | None = None
     dtype: Literal["float32", "bfloat16"] = "float32"
+
+    @classmethod
+    def saved_layout_error(cls, data: Any) -> str | None:
+        """Why a saved config dict in the earlier Llama layout does not read (None: it reads).
+
+        Its flat block knobs would move to `transformer`, but the Llama block it described (RMSNorm,
+        SwiGLU, rotary positions, untied output) was implied by its class and is not in the dict, and
+        its checkpoints hold another parameter layout: read as this class it would be another model.
+        """
+        old = sorted(k for k in cls.RENAMED if k in data and not isinstance(data[k], dict))
+        if not old:
+            return None
+        return (f"This model config was saved by an earlier equipax whose Llama model had its own config class "
+                f"(flat knobs {', '.join(f'model.{k}' for k in old)}; now under model.transformer, docs/knobs.md "
+                "\"Renamed knobs\"). Its job's checkpoints hold that model's parameter layout, which this version "
+                "does not read: retrain the experiment (e.g. `launch run --exp llama3_8b`), or use the earlier "
+                "equipax for that job. Nothing in the job directory was changed.")
 
     def __post_init__(self) -> None:
         for name, low in (("vocab_size", 2), ("max_seq_len", 1)):

@@ -9,16 +9,7 @@ from equipax.core.knobs import ConfigError, apply_overrides
 from equipax.launch.errors import EXIT_USER_ERROR
 from equipax.launch.experiments import registry
 
-__all__ = [
-    "CpuDevicesOption",
-    "DEFAULT_EXPERIMENT",
-    "err",
-    "ExpOption",
-    "fail",
-    "out",
-    "resolve",
-    "SetOption",
-]
+__all__ = ["CpuDevicesOption", "DEFAULT_EXPERIMENT", "err", "ExpOption", "fail", "out", "resolve", "SetOption"]
 
 DEFAULT_EXPERIMENT = "shakespeare_tiny"
 
@@ -27,8 +18,7 @@ err: Console = Console(stderr=True, soft_wrap=True)
 
 ExpOption = Annotated[str, typer.Option("--exp", "-e", help="Experiment: short name or dotted path.")]
 CpuDevicesOption = Annotated[
-    int | None,
-    typer.Option("--cpu-devices", help="Simulate N devices on this CPU host (e.g. 8 for a _smoke mesh)."),
+    int | None, typer.Option("--cpu-devices", help="Simulate N devices on this CPU host (e.g. 8 for a _smoke mesh).")
 ]
 SetOption = Annotated[
     list[str] | None,
@@ -50,4 +40,3 @@ def resolve(exp: str, overrides: list[str] | None) -> tuple[registry.Entry, Any,
         return entry, cfg, sources
     except ConfigError as e:
         fail(str(e))
-        raise AssertionError("unreachable")

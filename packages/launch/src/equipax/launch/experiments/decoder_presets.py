@@ -11,7 +11,8 @@ a sliding window). docs/extending.md, "Adding a family", walks through one.
 import dataclasses
 
 from equipax.core.configs import LearnerConfig, MeshConfig, RopeScalingConfig, ScheduleConfig, TransformerConfig
-from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, TrainConfig
+from equipax.launch.configs.experiment import DataConfig, ExperimentConfig
+from equipax.launch.configs.train import SampleConfig, TrainConfig
 from equipax.launch.experiments.pax_knobs import C4_PATH
 from equipax.models.configs import LMConfig
 
@@ -84,7 +85,7 @@ def full_size(name: str, description: str, model: LMConfig, *, seq_len: int, per
         learner=dataclasses.replace(LLAMA_LEARNER, schedule=dataclasses.replace(
             LLAMA_LEARNER.schedule, decay_steps=num_steps)),
         train=TrainConfig(num_steps=num_steps, log_every=100, eval_every=1000, eval_batches=50,
-                          checkpoint_every=1000, sample_tokens=0),
+                          checkpoint_every=1000, sample=SampleConfig(tokens=0)),
         mesh=MeshConfig(ici_mesh_shape=ici),
     )
 
@@ -113,6 +114,6 @@ def smoke(cfg: ExperimentConfig, ici: tuple[int, int, int] = (1, 8, 1), *,
                                             sliding_window=window)),
         data=DataConfig(source="synthetic", seq_len=32, per_device_batch=2),
         train=TrainConfig(num_steps=4, log_every=1, eval_every=4, eval_batches=1, checkpoint_every=4,
-                          sample_tokens=0),
+                          sample=SampleConfig(tokens=0)),
         mesh=MeshConfig(ici_mesh_shape=ici),
     )
