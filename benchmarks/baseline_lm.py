@@ -6,8 +6,8 @@ positions, optional tanh logit caps) and `family="llama"` (RMSNorm, separate que
 projections with grouped key/value heads repeated for their query heads, rotary positions, SwiGLU,
 untied output projection); both with global-norm clipping and decoupled weight decay on matrices,
 written the obvious way: parameters in a dict of arrays, one `jax.jit` with the parameters and
-optimizer state donated, and the loss as the only metric. `benchmarks/train_step.py --compare` times it against the equipax step, in one
-process, interleaved, on the same batch.
+optimizer state donated, and the loss as the only metric. `benchmarks/train_step.py --compare` times
+it against the equipax step, in one process, interleaved, on the same batch.
 
 This module imports only jax, numpy and optax, so the comparison cannot borrow anything from
 equipax by accident.
@@ -64,14 +64,23 @@ def init_params(cfg: BaselineConfig, key: jax.Array) -> Params:
         kv = cfg.num_kv_heads or h
         blocks = [
             {
-                "ln1": jnp.ones((d,)), "q": dense((d, h, hd), d), "kv": dense((d, 2, kv, hd), d),
-                "out": dense((h, hd, d), h * hd), "ln2": jnp.ones((d,)), "gate": dense((d, ff), d),
-                "up": dense((d, ff), d), "down": dense((ff, d), ff),
+                "ln1": jnp.ones((d,)),
+                "q": dense((d, h, hd), d),
+                "kv": dense((d, 2, kv, hd), d),
+                "out": dense((h, hd, d), h * hd),
+                "ln2": jnp.ones((d,)),
+                "gate": dense((d, ff), d),
+                "up": dense((d, ff), d),
+                "down": dense((ff, d), ff),
             }
             for _ in range(cfg.num_layers)
         ]
-        return {"embed": jax.random.normal(next(keys), (cfg.vocab_size, d)), "layers": blocks,
-                "final_ln": jnp.ones((d,)), "unembed": dense((d, cfg.vocab_size), d)}
+        return {
+            "embed": jax.random.normal(next(keys), (cfg.vocab_size, d)),
+            "layers": blocks,
+            "final_ln": jnp.ones((d,)),
+            "unembed": dense((d, cfg.vocab_size), d),
+        }
     layers = [
         {
             "ln1": jnp.ones((d,)),

@@ -59,13 +59,27 @@ def build_model(family: str, *, max_seq_len: int, tiny: bool) -> TransformerLM:
         return TransformerLM(cfg, key=jr.key(0))
     # The Llama block (as shakespeare_llama_tiny): RoPE, RMSNorm, SwiGLU, grouped-query attention.
     llama = LMConfig(
-        vocab_size=vocab, max_seq_len=max_seq_len,
+        vocab_size=vocab,
+        max_seq_len=max_seq_len,
         transformer=TransformerConfig(
-            num_layers=layers, model_dims=dims, num_heads=heads, num_kv_heads=max(1, heads // 2),
-            head_dim=head_dim, hidden_dims=8 * dims // 3, activation="silu", gated=True, norm="rmsnorm",
-            norm_eps=1e-5, fused_qkv=False, atten_logit_cap=None, scan_layers=False,
+            num_layers=layers,
+            model_dims=dims,
+            num_heads=heads,
+            num_kv_heads=max(1, heads // 2),
+            head_dim=head_dim,
+            hidden_dims=8 * dims // 3,
+            activation="silu",
+            gated=True,
+            norm="rmsnorm",
+            norm_eps=1e-5,
+            fused_qkv=False,
+            atten_logit_cap=None,
+            scan_layers=False,
         ),
-        output_logit_cap=None, position="rope", tie_embeddings=False, embedding_multiplier=None,
+        output_logit_cap=None,
+        position="rope",
+        tie_embeddings=False,
+        embedding_multiplier=None,
         embedding_init_std=1.0,
     )
     return TransformerLM(llama, key=jr.key(0))

@@ -107,10 +107,12 @@ def _registered_preset(name: str, experiment: str, description: str) -> Preset:
 
 
 PRESETS: dict[str, Callable[[], Preset]] = {
-    "default": lambda: _registered_preset("default", "shakespeare_tiny",
-                                          "shakespeare_tiny (the default experiment), from the registry"),
-    "llama": lambda: _registered_preset("llama", "shakespeare_llama_tiny",
-                                        "shakespeare_llama_tiny (the Llama block: RoPE, GQA 4/2, SwiGLU, RMSNorm)"),
+    "default": lambda: _registered_preset(
+        "default", "shakespeare_tiny", "shakespeare_tiny (the default experiment), from the registry"
+    ),
+    "llama": lambda: _registered_preset(
+        "llama", "shakespeare_llama_tiny", "shakespeare_llama_tiny (the Llama block: RoPE, GQA 4/2, SwiGLU, RMSNorm)"
+    ),
     "20m": lambda: _toy(
         "20m",
         "~20M-param LM (d 512, 6 layers)",
@@ -156,10 +158,27 @@ PRESETS: dict[str, Callable[[], Preset]] = {
 def _llama_tiny() -> Preset:
     """2-layer Llama-block smoke test (GQA 4/2), the same learner as `tiny`."""
     tiny = PRESETS["tiny"]()
-    t = dataclasses.replace(tiny.model.transformer, num_heads=4, num_kv_heads=2, head_dim=16, activation="silu",
-                            gated=True, norm="rmsnorm", norm_eps=1e-5, fused_qkv=False, atten_logit_cap=None)
-    model = dataclasses.replace(tiny.model, transformer=t, position="rope", output_logit_cap=None, tie_embeddings=False,
-                                embedding_multiplier=None, embedding_init_std=1.0)
+    t = dataclasses.replace(
+        tiny.model.transformer,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        activation="silu",
+        gated=True,
+        norm="rmsnorm",
+        norm_eps=1e-5,
+        fused_qkv=False,
+        atten_logit_cap=None,
+    )
+    model = dataclasses.replace(
+        tiny.model,
+        transformer=t,
+        position="rope",
+        output_logit_cap=None,
+        tie_embeddings=False,
+        embedding_multiplier=None,
+        embedding_init_std=1.0,
+    )
     return dataclasses.replace(tiny, name="llama_tiny", description="2-layer Llama-block smoke test", model=model)
 
 
@@ -346,17 +365,27 @@ def baseline_for(preset: Preset) -> Any:
     m, t, lr = preset.model, preset.model.transformer, preset.learner
     llama = m.position == "rope"
     shared = {
-        "use_bias": (t.use_bias, False), "scan_layers": (t.scan_layers, False), "remat": (t.remat, "none"),
-        "attention": (t.attention, "softmax"), "dtype": (m.dtype, "float32"), "learner.kind": (lr.kind, "adamw"),
-        "qk_norm": (t.qk_norm, False), "sliding_window": (t.sliding_window, None),
+        "use_bias": (t.use_bias, False),
+        "scan_layers": (t.scan_layers, False),
+        "remat": (t.remat, "none"),
+        "attention": (t.attention, "softmax"),
+        "dtype": (m.dtype, "float32"),
+        "learner.kind": (lr.kind, "adamw"),
+        "qk_norm": (t.qk_norm, False),
+        "sliding_window": (t.sliding_window, None),
     }
     family = {  # the block each family's baseline writes out
-        "norm": (t.norm, "rmsnorm" if llama else "layernorm"), "activation": (t.activation, "silu" if llama else "gelu"),
-        "gated": (t.gated, llama), "fused_qkv": (t.fused_qkv, not llama), "tie_embeddings": (m.tie_embeddings, not llama),
+        "norm": (t.norm, "rmsnorm" if llama else "layernorm"),
+        "activation": (t.activation, "silu" if llama else "gelu"),
+        "gated": (t.gated, llama),
+        "fused_qkv": (t.fused_qkv, not llama),
+        "tie_embeddings": (m.tie_embeddings, not llama),
         "rope_scaling": (m.rope_scaling, None),
         "embedding_multiplier": (m.embedding_multiplier, None if llama else "sqrt_model_dims"),
         "position": (m.position, "rope" if llama else "sinusoidal"),
-    } | ({"atten_logit_cap": (t.atten_logit_cap, None), "output_logit_cap": (m.output_logit_cap, None)} if llama else {})
+    } | (
+        {"atten_logit_cap": (t.atten_logit_cap, None), "output_logit_cap": (m.output_logit_cap, None)} if llama else {}
+    )
     bad = {k: found for k, (found, want) in (shared | family).items() if found != want}
     if bad:
         raise SystemExit(
@@ -364,11 +393,24 @@ def baseline_for(preset: Preset) -> Any:
             "unrolled pre-LN GELU GPT and Llama-block LM with AdamW only. Drop --scan/--remat or pick another preset."
         )
     return _baseline_module().BaselineConfig(
-        vocab_size=m.vocab_size, num_layers=t.num_layers, model_dims=t.model_dims, num_heads=t.num_heads,
-        head_dim=t.head_dim, hidden_dims=t.hidden_dims, seq_len=preset.seq_len, batch_size=preset.batch_size,
-        atten_logit_cap=t.atten_logit_cap, output_logit_cap=m.output_logit_cap,
-        clip_gradient_norm=lr.clip_gradient_norm, weight_decay=lr.weight_decay, b1=lr.b1, b2=lr.b2, eps=lr.eps,
-        layernorm_eps=t.norm_eps, family="llama" if llama else "gpt", num_kv_heads=t.num_kv_heads,
+        vocab_size=m.vocab_size,
+        num_layers=t.num_layers,
+        model_dims=t.model_dims,
+        num_heads=t.num_heads,
+        head_dim=t.head_dim,
+        hidden_dims=t.hidden_dims,
+        seq_len=preset.seq_len,
+        batch_size=preset.batch_size,
+        atten_logit_cap=t.atten_logit_cap,
+        output_logit_cap=m.output_logit_cap,
+        clip_gradient_norm=lr.clip_gradient_norm,
+        weight_decay=lr.weight_decay,
+        b1=lr.b1,
+        b2=lr.b2,
+        eps=lr.eps,
+        layernorm_eps=t.norm_eps,
+        family="llama" if llama else "gpt",
+        num_kv_heads=t.num_kv_heads,
         rope_theta=m.rope_theta,
     )
 
@@ -378,13 +420,24 @@ def baseline_params(model: Any) -> dict[str, Any]:
     copy = lambda x: jnp.array(x, copy=True)  # noqa: E731 (both steps donate their inputs)
     if model.unembed is not None:  # the Llama block
         blocks = [
-            {"ln1": copy(b.atten_norm.scale), "q": copy(b.attention.q), "kv": copy(b.attention.kv),
-             "out": copy(b.attention.out), "ln2": copy(b.ffn_norm.scale), "gate": copy(b.ffn.gate.weight),
-             "up": copy(b.ffn.up.weight), "down": copy(b.ffn.down.weight)}
+            {
+                "ln1": copy(b.atten_norm.scale),
+                "q": copy(b.attention.q),
+                "kv": copy(b.attention.kv),
+                "out": copy(b.attention.out),
+                "ln2": copy(b.ffn_norm.scale),
+                "gate": copy(b.ffn.gate.weight),
+                "up": copy(b.ffn.up.weight),
+                "down": copy(b.ffn.down.weight),
+            }
             for b in model.stack.layers
         ]
-        return {"embed": copy(model.embedding.weight), "layers": blocks, "final_ln": copy(model.final_norm.scale),
-                "unembed": copy(model.unembed.weight)}
+        return {
+            "embed": copy(model.embedding.weight),
+            "layers": blocks,
+            "final_ln": copy(model.final_norm.scale),
+            "unembed": copy(model.unembed.weight),
+        }
     layers = [
         {
             "ln1": copy(b.atten_norm.scale),

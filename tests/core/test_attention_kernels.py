@@ -84,18 +84,26 @@ def test_cudnn_call_matches_the_reference_for_gqa_windows_and_segments(heads, kv
     np.testing.assert_allclose(out, reference_attention(q, k, v, causal=True, **kw), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("case", [pytest.param({"window": 40, "segments": True}, id="gqa-window-segments"),
-                                  pytest.param({"window": 100, "logit_cap": 3.0}, id="gqa-window-cap")])
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param({"window": 40, "segments": True}, id="gqa-window-segments"),
+        pytest.param({"window": 100, "logit_cap": 3.0}, id="gqa-window-cap"),
+    ],
+)
 def test_splash_kernel_matches_the_reference_for_gqa_and_windows(case, key):
     q, k, v = _qkv(key, 1, 128, 4, 2)
     kw = _kw(case, 1, 128)
     splash = jax.jit(lambda q, k, v: splash_attention(q, k, v, causal=True, interpret=True, **kw))
     want = reference_attention(q, k, v, causal=True, **kw)
     np.testing.assert_allclose(splash(q, k, v), want, rtol=1e-5, atol=1e-5)
-    g = jax.grad(lambda q, k, v: jnp.sum(jnp.sin(splash_attention(q, k, v, causal=True, interpret=True, **kw))),
-                 argnums=(0, 1, 2))(q, k, v)
-    g_ref = jax.grad(lambda q, k, v: jnp.sum(jnp.sin(reference_attention(q, k, v, causal=True, **kw))),
-                     argnums=(0, 1, 2))(q, k, v)
+    g = jax.grad(
+        lambda q, k, v: jnp.sum(jnp.sin(splash_attention(q, k, v, causal=True, interpret=True, **kw))),
+        argnums=(0, 1, 2),
+    )(q, k, v)
+    g_ref = jax.grad(
+        lambda q, k, v: jnp.sum(jnp.sin(reference_attention(q, k, v, causal=True, **kw))), argnums=(0, 1, 2)
+    )(q, k, v)
     for a, b in zip(g, g_ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
@@ -119,8 +127,9 @@ def test_a_window_one_too_wide_or_a_wrong_group_fails_the_checks(key):
         np.testing.assert_allclose(dot_product_attention(q, k, v, causal=True, window=6), want, rtol=1e-5, atol=1e-5)
     wrong = [0, 1, 0, 1]  # query head h reads key/value head h % 2 instead of h // 2
     with pytest.raises(AssertionError):
-        np.testing.assert_allclose(reference_attention(q, k[:, :, wrong], v[:, :, wrong], causal=True, window=5),
-                                   want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            reference_attention(q, k[:, :, wrong], v[:, :, wrong], causal=True, window=5), want, rtol=1e-5, atol=1e-5
+        )
 
 
 def test_window_needs_causal(key):

@@ -37,8 +37,9 @@ def llama3_numpy(head_dim, theta, factor, low, high, original):
 
 
 def _scaling(p):
-    return RopeScalingConfig(factor=p["factor"], low_freq_factor=p["low"], high_freq_factor=p["high"],
-                             original_max_seq_len=p["original"])
+    return RopeScalingConfig(
+        factor=p["factor"], low_freq_factor=p["low"], high_freq_factor=p["high"], original_max_seq_len=p["original"]
+    )
 
 
 @pytest.mark.parametrize("p", [LLAMA_31, LLAMA_32], ids=["llama3.1", "llama3.2"])
@@ -56,8 +57,9 @@ def test_a_wrong_rule_fails_the_numpy_check():
     p = LLAMA_31
     swapped = RopeScalingConfig(factor=8.0, low_freq_factor=1.0, high_freq_factor=2.0, original_max_seq_len=8192)
     with pytest.raises(AssertionError):
-        np.testing.assert_allclose(np.asarray(rotary_frequencies(128, p["theta"], swapped)), llama3_numpy(**p),
-                                   rtol=2e-6)
+        np.testing.assert_allclose(
+            np.asarray(rotary_frequencies(128, p["theta"], swapped)), llama3_numpy(**p), rtol=2e-6
+        )
 
 
 def test_factor_one_changes_nothing_and_angles_use_the_scaled_frequencies():
@@ -74,8 +76,9 @@ def test_qk_norm_is_an_rms_norm_of_each_head_before_the_rotation(key):
     """Qwen3: q = rope(rms_norm(x W_q per head) * q_scale), k likewise; values untouched."""
     attn = Attention(32, 4, 8, num_kv_heads=2, fused_qkv=False, qk_norm=True, norm_eps=1e-6, key=key)
     k1, k2, k3 = jr.split(jr.key(7), 3)
-    attn = eqx.tree_at(lambda a: (a.q_norm.scale, a.k_norm.scale), attn,
-                       (1 + 0.1 * jr.normal(k1, (8,)), 1 + 0.1 * jr.normal(k2, (8,))))
+    attn = eqx.tree_at(
+        lambda a: (a.q_norm.scale, a.k_norm.scale), attn, (1 + 0.1 * jr.normal(k1, (8,)), 1 + 0.1 * jr.normal(k2, (8,)))
+    )
     x = jr.normal(k3, (2, 5, 32))
     positions = jnp.broadcast_to(jnp.arange(5), (2, 5))
     rot = rotary_angles(positions, 8, 1e6)
@@ -95,15 +98,15 @@ def test_qk_norm_is_an_rms_norm_of_each_head_before_the_rotation(key):
         return np.concatenate([t1 * np.cos(ang) - t2 * np.sin(ang), t2 * np.cos(ang) + t1 * np.sin(ang)], -1)
 
     want_q = rope(rms(np.einsum("bse,ehd->bshd", xn, qw), attn.q_norm.scale))
-    want_k = rope(rms(np.einsum("bse,ed->bsd", xn, kvw[:, 0].reshape(32, -1)).reshape(2, 5, 2, 8),
-                      attn.k_norm.scale))
+    want_k = rope(rms(np.einsum("bse,ed->bsd", xn, kvw[:, 0].reshape(32, -1)).reshape(2, 5, 2, 8), attn.k_norm.scale))
     np.testing.assert_allclose(q, want_q, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(k, want_k, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(v, np.einsum("bse,end->bsnd", xn, kvw[:, 1]), rtol=1e-5, atol=1e-5)
     # Mutation: normalising after the rotation is not Qwen3's QK-norm (the scale is per dimension).
     with pytest.raises(AssertionError):
-        np.testing.assert_allclose(rms(rope(np.einsum("bse,ehd->bshd", xn, qw)), attn.q_norm.scale), want_q,
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            rms(rope(np.einsum("bse,ehd->bshd", xn, qw)), attn.q_norm.scale), want_q, rtol=1e-4, atol=1e-5
+        )
 
 
 def test_fused_and_separate_projections_compute_the_same_attention(key):
@@ -111,8 +114,11 @@ def test_fused_and_separate_projections_compute_the_same_attention(key):
     k1, k2 = jr.split(jr.key(3))
     fused = eqx.tree_at(lambda a: a.qkv_bias, fused, 0.1 * jr.normal(k1, (3, 4, 8)))
     split = Attention(32, 4, 8, fused_qkv=False, use_bias=True, logit_cap=5.0, key=key)
-    split = eqx.tree_at(lambda a: (a.q, a.kv, a.q_bias, a.kv_bias, a.out),
-                        split, (fused.qkv[:, 0], fused.qkv[:, 1:], fused.qkv_bias[0], fused.qkv_bias[1:], fused.out))
+    split = eqx.tree_at(
+        lambda a: (a.q, a.kv, a.q_bias, a.kv_bias, a.out),
+        split,
+        (fused.qkv[:, 0], fused.qkv[:, 1:], fused.qkv_bias[0], fused.qkv_bias[1:], fused.out),
+    )
     x = jr.normal(k2, (2, 6, 32))
     np.testing.assert_allclose(fused(x)[0], split(x)[0], rtol=1e-6, atol=1e-6)
 

@@ -21,8 +21,9 @@ def abstract_model(cfg):
 
 
 def test_every_registered_experiment_declares_the_axes_of_its_weights():
-    from equipax.launch.experiments.registry import entries
     from jax.sharding import PartitionSpec as P
+
+    from equipax.launch.experiments.registry import entries
 
     kinds = {"TransformerLM": [], "AdvancedCNN": []}
     for entry in entries():
@@ -39,8 +40,19 @@ def test_every_registered_experiment_declares_the_axes_of_its_weights():
             if not model.cfg.tie_embeddings:
                 assert specs[".unembed.weight"] == P("fsdp", "tensor"), entry.name
     assert kinds["AdvancedCNN"], kinds
-    assert {"shakespeare_tiny", "c4_22b_2x", "shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama3_1_8b",
-            "llama3_2_1b", "qwen3_8b", "mistral_7b", "llama3_8b_smoke"} <= set(kinds["TransformerLM"]), kinds
+    assert {
+        "shakespeare_tiny",
+        "c4_22b_2x",
+        "shakespeare_llama_tiny",
+        "llama2_7b",
+        "llama3_8b",
+        "llama3_1_8b",
+        "llama3_2_1b",
+        "qwen3_8b",
+        "mistral_7b",
+        "llama3_8b_smoke",
+    } <= set(kinds["TransformerLM"]), kinds
+
 
 def declared_axes(model):
     """`{path: logical axes}` of every array leaf, each axis named by the layer that owns it."""
@@ -53,8 +65,10 @@ def declared_axes(model):
     }
 
 
-@pytest.mark.parametrize("name", ["shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama3_8b_smoke",
-                                  "llama3_2_1b", "qwen3_8b", "mistral_7b"])
+@pytest.mark.parametrize(
+    "name",
+    ["shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama3_8b_smoke", "llama3_2_1b", "qwen3_8b", "mistral_7b"],
+)
 def test_every_llama_style_weight_declares_logical_axes_the_rules_map(name):
     """No array of a Llama-style model falls back to "undeclared, replicated": every dimension of
     every weight (norm scales included) names a logical axis that `LOGICAL_TO_MESH` maps."""

@@ -8,6 +8,7 @@ tests/models/test_pipeline.py."""
 import json
 
 import pytest
+
 from helpers.cli import assert_one_paragraph, invoke
 from helpers.multidevice import run_with_devices
 from helpers.toy import persistent_compile_cache, set_args
@@ -26,14 +27,22 @@ PUBLISHED = {
     "mistral_7b": 7_241_732_096,
 }
 NON_EMBEDDING = {"qwen3_0_6b": 0.44e9, "qwen3_8b": 6.95e9}
-SMOKES = ["llama3_1_8b_smoke", "llama3_2_1b_smoke", "llama3_2_3b_smoke", "qwen3_0_6b_smoke", "qwen3_8b_smoke",
-          "mistral_7b_smoke", "llama3_8b_pipeline_smoke"]
+SMOKES = [
+    "llama3_1_8b_smoke",
+    "llama3_2_1b_smoke",
+    "llama3_2_3b_smoke",
+    "qwen3_0_6b_smoke",
+    "qwen3_8b_smoke",
+    "mistral_7b_smoke",
+    "llama3_8b_pipeline_smoke",
+]
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_published_parameter_counts_analytic_and_traced(name):
     import equinox as eqx
     import jax
+
     from equipax.core.flops import count_params
     from equipax.launch.experiments.registry import get_experiment
     from equipax.launch.tasks import family
@@ -58,7 +67,8 @@ def test_every_family_smoke_trains_on_its_8_device_mesh():
     """Each new family's `_smoke` (Llama 3.1 RoPE scaling, Llama 3.2 tied embeddings, Qwen3 QK-norm,
     Mistral's window, the pipelined Llama) builds its training program on its own mesh and takes 3
     steps that change the parameters with finite losses."""
-    out = run_with_devices(f"""
+    out = run_with_devices(
+        f"""
     import json
     import jax, numpy as np
     import equinox as eqx
@@ -88,7 +98,9 @@ def test_every_family_smoke_trains_on_its_8_device_mesh():
         changed = max(float(np.max(np.abs(a - b))) for a, b in zip(after, before))
         report[name] = {{"losses": losses, "changed": changed, "devices": training.mesh.size}}
     print(json.dumps(report))
-    """, timeout=900)
+    """,
+        timeout=900,
+    )
     report = json.loads(out.strip().splitlines()[-1])
     for name in SMOKES:
         r = report[name]
@@ -98,16 +110,22 @@ def test_every_family_smoke_trains_on_its_8_device_mesh():
 
 
 # One device, in-process: the families' code paths without their 8-device meshes.
-ONE_DEVICE = ["mesh.ici_mesh_shape=(1, 1, 1)", "data.per_device_batch=4",
-              "train.log_every=1", "train.eval_every=2", "train.checkpoint_every=2"]
+ONE_DEVICE = [
+    "mesh.ici_mesh_shape=(1, 1, 1)",
+    "data.per_device_batch=4",
+    "train.log_every=1",
+    "train.eval_every=2",
+    "train.checkpoint_every=2",
+]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama3_1_8b_smoke", "qwen3_0_6b_smoke", "mistral_7b_smoke"])
 def test_each_family_resumes_to_the_uninterrupted_runs_bits(name, tmp_path):
     def run(job, steps):
-        code, out = invoke("run", "--exp", name, "--job-log-dir", tmp_path / job,
-                           *set_args([*ONE_DEVICE, f"train.num_steps={steps}"]))
+        code, out = invoke(
+            "run", "--exp", name, "--job-log-dir", tmp_path / job, *set_args([*ONE_DEVICE, f"train.num_steps={steps}"])
+        )
         assert code == 0, out
         return out
 
@@ -133,19 +151,32 @@ def test_old_llama_knob_paths_name_their_new_place():
         from_dict(ExperimentConfig, {"name": "old", "model": {"vocab_size": 64, "norm_eps": 1e-5, "num_layers": 2}})
 
 
-@pytest.mark.parametrize("exp,knobs,needles", [
-    ("llama3_8b", ["model.transformer.num_kv_heads=5"], ["model.transformer.num_kv_heads=5", "[1, 2, 4, 8, 16, 32]"]),
-    ("llama3_8b", ["model.transformer.head_dim=127"], ["head_dim=127 is odd", "model.position='rope'"]),
-    ("llama3_1_8b", ["model.rope_scaling.factor=0.5"], ["model.rope_scaling.factor", ">= 1"]),
-    ("llama3_1_8b", ["model.rope_scaling.high_freq_factor=0.5"], ["low_freq_factor < high_freq_factor"]),
-    ("llama2_7b", ["model.position=sinusoidal", "model.rope_scaling={'factor': 8.0}"], ["model.rope_scaling",
-                                                                                       "model.position='rope'"]),
-    ("mistral_7b", ["model.transformer.sliding_window=0"], ["model.transformer.sliding_window", "positive int"]),
-    ("mistral_7b", ["model.transformer.attention=linear"], ["sliding_window=4096", "softmax"]),
-    ("llama3_8b", ["model.transformer.fused_qkv=True"], ["fused_qkv=True", "fused_qkv=False"]),
-    ("llama3_8b", ["model.transformer.attention_impl=cudnn", "model.transformer.atten_logit_cap=50"],
-     ["attention_impl='cudnn' has no tanh logit cap", "atten_logit_cap=None"]),
-])
+@pytest.mark.parametrize(
+    "exp,knobs,needles",
+    [
+        (
+            "llama3_8b",
+            ["model.transformer.num_kv_heads=5"],
+            ["model.transformer.num_kv_heads=5", "[1, 2, 4, 8, 16, 32]"],
+        ),
+        ("llama3_8b", ["model.transformer.head_dim=127"], ["head_dim=127 is odd", "model.position='rope'"]),
+        ("llama3_1_8b", ["model.rope_scaling.factor=0.5"], ["model.rope_scaling.factor", ">= 1"]),
+        ("llama3_1_8b", ["model.rope_scaling.high_freq_factor=0.5"], ["low_freq_factor < high_freq_factor"]),
+        (
+            "llama2_7b",
+            ["model.position=sinusoidal", "model.rope_scaling={'factor': 8.0}"],
+            ["model.rope_scaling", "model.position='rope'"],
+        ),
+        ("mistral_7b", ["model.transformer.sliding_window=0"], ["model.transformer.sliding_window", "positive int"]),
+        ("mistral_7b", ["model.transformer.attention=linear"], ["sliding_window=4096", "softmax"]),
+        ("llama3_8b", ["model.transformer.fused_qkv=True"], ["fused_qkv=True", "fused_qkv=False"]),
+        (
+            "llama3_8b",
+            ["model.transformer.attention_impl=cudnn", "model.transformer.atten_logit_cap=50"],
+            ["attention_impl='cudnn' has no tanh logit cap", "atten_logit_cap=None"],
+        ),
+    ],
+)
 def test_family_options_that_do_not_fit_exit_2_naming_the_knob(exp, knobs, needles):
     code, out = invoke("show", "--exp", exp, *set_args(knobs))
     assert code == 2, out

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+
 from equipax.core.configs import RopeScalingConfig
 from equipax.core.nn import TransformerConfig
 from equipax.models import LMConfig, TransformerLM, generate
@@ -23,15 +24,35 @@ LM_CFG = LMConfig(
     transformer=TransformerConfig(num_layers=2, model_dims=32, num_heads=2, head_dim=16, hidden_dims=64, use_bias=True),
 )
 
+
 def _decoder(tie=False, scaling=None, theta=10_000.0, **block):
     """A Llama-style block (RoPE, RMSNorm, SwiGLU, GQA 4/2) with the family's options."""
     return LMConfig(
-        vocab_size=VOCAB, max_seq_len=WIDTH + NEW,
-        transformer=TransformerConfig(num_layers=2, model_dims=32, num_heads=4, num_kv_heads=2, head_dim=8,
-                                      hidden_dims=48, activation="silu", gated=True, norm="rmsnorm", norm_eps=1e-5,
-                                      fused_qkv=False, atten_logit_cap=None, **block),
-        output_logit_cap=None, position="rope", rope_theta=theta, rope_scaling=scaling, tie_embeddings=tie,
-        embedding_multiplier=None, embedding_init_std=1.0)
+        vocab_size=VOCAB,
+        max_seq_len=WIDTH + NEW,
+        transformer=TransformerConfig(
+            num_layers=2,
+            model_dims=32,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            hidden_dims=48,
+            activation="silu",
+            gated=True,
+            norm="rmsnorm",
+            norm_eps=1e-5,
+            fused_qkv=False,
+            atten_logit_cap=None,
+            **block,
+        ),
+        output_logit_cap=None,
+        position="rope",
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_embeddings=tie,
+        embedding_multiplier=None,
+        embedding_init_std=1.0,
+    )
 
 
 CONFIGS = {
@@ -47,8 +68,11 @@ MODELS = {name: TransformerLM(cfg, key=jr.key(SEEDS[name])) for name, cfg in CON
 def _rebuilt(name, **block):
     """Family `name`'s model with block knobs changed; the same weights where the shapes agree."""
     cfg = CONFIGS[name]
-    return TransformerLM(dataclasses.replace(cfg, transformer=dataclasses.replace(cfg.transformer, **block)),
-                         key=jr.key(SEEDS[name]))
+    return TransformerLM(
+        dataclasses.replace(cfg, transformer=dataclasses.replace(cfg.transformer, **block)), key=jr.key(SEEDS[name])
+    )
+
+
 ROWS = ([1, 2, 3, 4, 5, 6, 7, 8], [9, 8, 7], [20, 21, 22, 23, 24])
 
 

@@ -20,19 +20,48 @@ from equipax.core.flops import count_params, transformer_lm_flops_per_token
 from equipax.core.nn import TransformerConfig
 from equipax.core.nn.rotary import apply_rotary, reference_rotary, rotary_angles
 from equipax.models import LMConfig, TransformerLM, lm_loss
-from jaxtyping import TypeCheckError
 
 
-def llama(*, vocab_size, max_seq_len, num_layers, model_dims, num_heads, num_kv_heads, head_dim, hidden_dims,
-          rope_theta=10_000.0, **transformer):
+def llama(
+    *,
+    vocab_size,
+    max_seq_len,
+    num_layers,
+    model_dims,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    hidden_dims,
+    rope_theta=10_000.0,
+    **transformer,
+):
     """The Llama block's choices (as the Llama experiments' `decoder_lm` preset writes them)."""
     block = TransformerConfig(
-        num_layers=num_layers, model_dims=model_dims, num_heads=num_heads, num_kv_heads=num_kv_heads,
-        head_dim=head_dim, hidden_dims=hidden_dims, activation="silu", gated=True, norm="rmsnorm",
-        norm_eps=1e-5, fused_qkv=False, atten_logit_cap=None, **transformer)
-    return LMConfig(vocab_size=vocab_size, max_seq_len=max_seq_len, transformer=block, output_logit_cap=None,
-                    position="rope", rope_theta=rope_theta, tie_embeddings=False, embedding_multiplier=None,
-                    embedding_init_std=1.0)
+        num_layers=num_layers,
+        model_dims=model_dims,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        hidden_dims=hidden_dims,
+        activation="silu",
+        gated=True,
+        norm="rmsnorm",
+        norm_eps=1e-5,
+        fused_qkv=False,
+        atten_logit_cap=None,
+        **transformer,
+    )
+    return LMConfig(
+        vocab_size=vocab_size,
+        max_seq_len=max_seq_len,
+        transformer=block,
+        output_logit_cap=None,
+        position="rope",
+        rope_theta=rope_theta,
+        tie_embeddings=False,
+        embedding_multiplier=None,
+        embedding_init_std=1.0,
+    )
 
 
 def replace_block(cfg, **kw):
@@ -40,12 +69,37 @@ def replace_block(cfg, **kw):
 
 
 VOCAB = 64
-CFG = llama(vocab_size=VOCAB, max_seq_len=16, num_layers=2, model_dims=32, num_heads=4, num_kv_heads=2,
-            head_dim=8, hidden_dims=48)
-LLAMA3_8B = llama(vocab_size=128256, max_seq_len=8192, num_layers=32, model_dims=4096, num_heads=32,
-                  num_kv_heads=8, head_dim=128, hidden_dims=14336, rope_theta=500_000.0)
-LLAMA2_7B = llama(vocab_size=32000, max_seq_len=4096, num_layers=32, model_dims=4096, num_heads=32,
-                  num_kv_heads=32, head_dim=128, hidden_dims=11008)
+CFG = llama(
+    vocab_size=VOCAB,
+    max_seq_len=16,
+    num_layers=2,
+    model_dims=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    hidden_dims=48,
+)
+LLAMA3_8B = llama(
+    vocab_size=128256,
+    max_seq_len=8192,
+    num_layers=32,
+    model_dims=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    hidden_dims=14336,
+    rope_theta=500_000.0,
+)
+LLAMA2_7B = llama(
+    vocab_size=32000,
+    max_seq_len=4096,
+    num_layers=32,
+    model_dims=4096,
+    num_heads=32,
+    num_kv_heads=32,
+    head_dim=128,
+    hidden_dims=11008,
+)
 
 _forward = eqx.filter_jit(lambda model, ids: model(ids))
 
@@ -112,10 +166,8 @@ def test_scan_equals_loop_and_remat_keeps_gradients(model, key):
 
     scanned_remat = TransformerLM(replace_block(CFG, remat="dots_saveable"), key=jr.key(0))
     want = grads(model).stack.layers.ffn.up.weight
-    np.testing.assert_allclose(grads(scanned_remat).stack.layers.ffn.up.weight, want,
-                               rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(grads(loop).stack.layers[1].ffn.up.weight, want[1], rtol=1e-4,
-                               atol=1e-6)
+    np.testing.assert_allclose(grads(scanned_remat).stack.layers.ffn.up.weight, want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grads(loop).stack.layers[1].ffn.up.weight, want[1], rtol=1e-4, atol=1e-6)
 
 
 def test_lm_loss_starts_near_log_vocab_and_goes_down(model, key):
@@ -209,9 +261,13 @@ def test_config_errors_name_the_knob():
         # Literal knobs are caught earlier by the test suite's runtime type checker.
         with pytest.raises((ValueError, TypeCheckError), match=knob):
             replace_block(CFG, **kw)
-    for kw, knob in ((dict(rope_theta=0.0), "rope_theta"), (dict(vocab_size=1), "vocab_size"),
-                     (dict(dtype="float16"), "dtype"), (dict(embedding_init_std=0.0), "embedding_init_std"),
-                     (dict(embedding_multiplier=-1.0), "embedding_multiplier")):
+    for kw, knob in (
+        (dict(rope_theta=0.0), "rope_theta"),
+        (dict(vocab_size=1), "vocab_size"),
+        (dict(dtype="float16"), "dtype"),
+        (dict(embedding_init_std=0.0), "embedding_init_std"),
+        (dict(embedding_multiplier=-1.0), "embedding_multiplier"),
+    ):
         with pytest.raises((ValueError, TypeCheckError), match=knob):
             dataclasses.replace(CFG, **kw)
 

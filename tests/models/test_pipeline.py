@@ -118,14 +118,14 @@ def test_stage_weights_are_split_over_stage_and_sharded_inside():
     assert "stage" not in r["emb"]  # the embedding is outside the pipeline: replicated over stage
 
 
-
-
 def test_pipelined_llama_block_with_packed_documents_equals_unpipelined():
     """The Llama block (RoPE, grouped-query attention, RMSNorm, SwiGLU, untied output) through the
     same pipeline, 2 stages x 2-way FSDP x 2-way tensor, on packed rows (segments, positions and
     rotary angles split into microbatches with the activations): 2 Adam steps give the unpipelined
     losses and gradients."""
-    out = run_with_devices(_MODEL + textwrap.dedent("""
+    out = run_with_devices(
+        _MODEL
+        + textwrap.dedent("""
     LLAMA = dataclasses.replace(
         BASE, position="rope", output_logit_cap=None, tie_embeddings=False, embedding_multiplier=None,
         embedding_init_std=1.0, transformer=dataclasses.replace(
@@ -140,7 +140,8 @@ def test_pipelined_llama_block_with_packed_documents_equals_unpipelined():
     rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
     diff = max(float(np.max(np.abs(a - b))) for g, r in zip(grads, ref_grads) for a, b in zip(g, r))
     print(json.dumps({"ref": ref_losses, "rel": rel, "diff": diff}))
-    """))
+    """)
+    )
     report = json.loads(out.strip().splitlines()[-1])
     assert report["ref"][-1] < report["ref"][0]
     assert report["rel"] <= 1e-5 and report["diff"] <= 1e-5, report

@@ -68,10 +68,9 @@ def test_compare_mode_runs_both_steps_on_the_same_numbers(tmp_path, preset):
     """GPT and the Llama block: the plain-JAX baseline of each family computes the same loss."""
     bench = _load_script()
     out = tmp_path / "compare.json"
-    results = bench.main([
-        "--compare", "--presets", preset, "--steps", "2", "--warmup", "0", "--no-warm-process",
-        "--out", str(out),
-    ])
+    results = bench.main(
+        ["--compare", "--presets", preset, "--steps", "2", "--warmup", "0", "--no-warm-process", "--out", str(out)]
+    )
 
     assert json.loads(out.read_text()) == results
     tiny = results["presets"][preset]

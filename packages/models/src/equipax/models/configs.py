@@ -20,7 +20,6 @@ DTYPES = ("float32", "bfloat16")
 _POSITIONS = ("sinusoidal", "rope", "none")
 
 
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LMConfig:
     """Hyperparameters of a decoder-only language model: every family is a value of this class.
@@ -56,8 +55,17 @@ class LMConfig:
     # now: `--set` of an old path names the new one (docs/knobs.md, "Renamed knobs").
     RENAMED: ClassVar[dict[str, str]] = {
         name: f"transformer.{name}"
-        for name in ("num_layers", "model_dims", "num_heads", "num_kv_heads", "head_dim", "hidden_dims",
-                     "norm_eps", "scan_layers", "remat")
+        for name in (
+            "num_layers",
+            "model_dims",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "hidden_dims",
+            "norm_eps",
+            "scan_layers",
+            "remat",
+        )
     }
 
     vocab_size: int = 2048
@@ -83,11 +91,13 @@ class LMConfig:
         old = sorted(k for k in cls.RENAMED if k in data and not isinstance(data[k], dict))
         if not old:
             return None
-        return (f"This model config was saved by an earlier equipax whose Llama model had its own config class "
-                f"(flat knobs {', '.join(f'model.{k}' for k in old)}; now under model.transformer, docs/knobs.md "
-                "\"Renamed knobs\"). Its job's checkpoints hold that model's parameter layout, which this version "
-                "does not read: retrain the experiment (e.g. `launch run --exp llama3_8b`), or use the earlier "
-                "equipax for that job. Nothing in the job directory was changed.")
+        return (
+            f"This model config was saved by an earlier equipax whose Llama model had its own config class "
+            f"(flat knobs {', '.join(f'model.{k}' for k in old)}; now under model.transformer, docs/knobs.md "
+            "\"Renamed knobs\"). Its job's checkpoints hold that model's parameter layout, which this version "
+            "does not read: retrain the experiment (e.g. `launch run --exp llama3_8b`), or use the earlier "
+            "equipax for that job. Nothing in the job directory was changed."
+        )
 
     def __post_init__(self) -> None:
         for name, low in (("vocab_size", 2), ("max_seq_len", 1)):
@@ -96,8 +106,7 @@ class LMConfig:
                 raise ValueError(f"LMConfig.{name} must be an int >= {low}, got {value!r}.")
         if not isinstance(self.transformer, TransformerConfig):
             raise ValueError(
-                f"LMConfig.transformer must be a TransformerConfig, "
-                f"got {type(self.transformer).__name__}."
+                f"LMConfig.transformer must be a TransformerConfig, got {type(self.transformer).__name__}."
             )
         cap = self.output_logit_cap
         if cap is not None and not cap > 0:
@@ -105,10 +114,7 @@ class LMConfig:
         if self.position not in _POSITIONS:
             raise ValueError(f"model.position must be one of {_POSITIONS}, got {self.position!r}.")
         if self.dtype not in DTYPES:
-            raise ValueError(
-                f"LMConfig.dtype must be one of {DTYPES}, got {self.dtype!r}; "
-                "use 'float32' on CPU."
-            )
+            raise ValueError(f"LMConfig.dtype must be one of {DTYPES}, got {self.dtype!r}; use 'float32' on CPU.")
         self._check_positions()
         self._check_embedding()
 
@@ -119,21 +125,25 @@ class LMConfig:
         if self.position == "rope" and head_dim % 2:
             raise ValueError(
                 f"model.position='rope' rotates pairs of each head's dimensions, but model.transformer.head_dim="
-                f"{head_dim} is odd; use an even head_dim, or model.position='sinusoidal' / 'none'.")
+                f"{head_dim} is odd; use an even head_dim, or model.position='sinusoidal' / 'none'."
+            )
         if self.rope_scaling is not None and self.position != "rope":
             raise ValueError(
                 f"model.rope_scaling rescales rotary frequencies, but model.position={self.position!r}; set "
-                "model.position='rope', or model.rope_scaling=None.")
+                "model.position='rope', or model.rope_scaling=None."
+            )
 
     def _check_embedding(self) -> None:
         m = self.embedding_multiplier
         if m is not None and m != "sqrt_model_dims" and not (isinstance(m, (int, float)) and 0 < m < math.inf):
-            raise ValueError(f"model.embedding_multiplier must be 'sqrt_model_dims', a finite number > 0 or None "
-                             f"(x 1), got {m!r}.")
+            raise ValueError(
+                f"model.embedding_multiplier must be 'sqrt_model_dims', a finite number > 0 or None (x 1), got {m!r}."
+            )
         std = self.embedding_init_std
         if std is not None and not 0 < std < math.inf:
-            raise ValueError(f"model.embedding_init_std must be a finite number > 0, or None for "
-                             f"1/sqrt(model_dims), got {std!r}.")
+            raise ValueError(
+                f"model.embedding_init_std must be a finite number > 0, or None for 1/sqrt(model_dims), got {std!r}."
+            )
 
     @property
     def embedding_scale(self) -> float | None:
@@ -186,20 +196,21 @@ class CNNConfig:
     bn_momentum: float = 0.99
 
     def __post_init__(self) -> None:
-        for name in ("num_classes", "in_channels", "stem_channels", "blocks_per_stage", "num_heads",
-                     "hidden_dims"):
+        for name in ("num_classes", "in_channels", "stem_channels", "blocks_per_stage", "num_heads", "hidden_dims"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"model.{name} must be a positive int; got {value!r}.")
         if self.num_classes < 2:
             raise ValueError(f"model.num_classes must be >= 2; got {self.num_classes}.")
         if not self.stage_channels or any(c < 1 for c in self.stage_channels):
-            raise ValueError(f"model.stage_channels must be positive channel counts, e.g. (64, 128); "
-                             f"got {self.stage_channels!r}.")
+            raise ValueError(
+                f"model.stage_channels must be positive channel counts, e.g. (64, 128); got {self.stage_channels!r}."
+            )
         if self.stage_channels[-1] % self.num_heads:
             raise ValueError(
                 f"model.num_heads={self.num_heads} must divide the attention width "
-                f"model.stage_channels[-1]={self.stage_channels[-1]}; change either.")
+                f"model.stage_channels[-1]={self.stage_channels[-1]}; change either."
+            )
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"model.dropout_rate must be in [0, 1); got {self.dropout_rate}.")
         if not 0.0 <= self.bn_momentum < 1.0:

@@ -43,10 +43,7 @@ def init_cache(model: TransformerLM, batch_size: int, max_len: int) -> KVCache:
 
 
 def prefill(
-    model: TransformerLM,
-    prompts: Int[Array, "batch seq"],
-    lengths: Int[Array, " batch"],
-    cache: KVCache,
+    model: TransformerLM, prompts: Int[Array, "batch seq"], lengths: Int[Array, " batch"], cache: KVCache
 ) -> tuple[Float[Array, "batch vocab"], KVCache]:
     """Run the prompts through the model in one pass, filling slots `0 .. seq-1` of the cache.
 
@@ -68,10 +65,7 @@ def prefill(
 
 
 def decode_step(
-    model: TransformerLM,
-    tokens: Int[Array, " batch"],
-    positions: Int[Array, " batch"],
-    cache: KVCache,
+    model: TransformerLM, tokens: Int[Array, " batch"], positions: Int[Array, " batch"], cache: KVCache
 ) -> tuple[Float[Array, "batch vocab"], KVCache]:
     """Feed one token per row at its own position; it attends to the row's slots up to it.
 
@@ -143,7 +137,8 @@ def _decode(
     batch, seq = prompts.shape
     lengths = lengths.astype(jnp.int32)
     lengths = eqx.error_if(
-        lengths, (lengths < 1) | (lengths > seq),
+        lengths,
+        (lengths < 1) | (lengths > seq),
         f"decode: every prompt length must be in [1, {seq}] (the prompts' width).",
     )
     cache = init_cache(model, batch, seq + max_new_tokens)
@@ -154,9 +149,7 @@ def _decode(
         if key is None:
             return sample_logits(logits, None), None
         key, sub = jr.split(key)
-        return sample_logits(
-            logits, sub, temperature=temperature, top_k=top_k, top_p=top_p
-        ), key
+        return sample_logits(logits, sub, temperature=temperature, top_k=top_k, top_p=top_p), key
 
     def stopped(tokens: Array) -> Array:
         return tokens == eos_id
@@ -225,8 +218,7 @@ def decode(
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
     if prompts.ndim != 2 or lengths.shape != (prompts.shape[0],):
         raise ValueError(
-            f"decode takes prompts [batch seq] and lengths [batch]; got shapes "
-            f"{prompts.shape} and {lengths.shape}."
+            f"decode takes prompts [batch seq] and lengths [batch]; got shapes {prompts.shape} and {lengths.shape}."
         )
     total = prompts.shape[1] + max_new_tokens
     if total > model.cfg.max_seq_len:
@@ -247,7 +239,14 @@ def decode(
         if value is not None and not 0 <= value < vocab:
             raise ValueError(f"{name} must be a token id in [0, {vocab}), got {value}.")
     return _decode(
-        model, prompts, lengths, key if temperature > 0 else None, int(max_new_tokens),
-        float(temperature), top_k, top_p, jnp.int32(-1 if eos_id is None else eos_id),
+        model,
+        prompts,
+        lengths,
+        key if temperature > 0 else None,
+        int(max_new_tokens),
+        float(temperature),
+        top_k,
+        top_p,
+        jnp.int32(-1 if eos_id is None else eos_id),
         jnp.int32(pad_id),
     )

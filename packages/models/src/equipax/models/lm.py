@@ -25,14 +25,7 @@ from equipax.core.partition import constrain_batch, constrain_batch_and_last
 from equipax.core.task import Batch
 from equipax.models.configs import LMConfig
 
-__all__ = [
-    "generate",
-    "lm_loss",
-    "LMConfig",
-    "sinusoidal_embedding",
-    "token_ids",
-    "TransformerLM",
-]
+__all__ = ["generate", "lm_loss", "LMConfig", "sinusoidal_embedding", "token_ids", "TransformerLM"]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -54,10 +47,15 @@ def token_ids(
     """
     arr = jnp.asarray(ids)
     if arr.ndim != 2:
-        raise ValueError(f"a language model takes token ids of shape [batch seq]; got shape {arr.shape}. "
-                         "For one sequence pass `ids[None]`.")
-    return (arr, None if segment_ids is None else jnp.asarray(segment_ids),
-            None if positions is None else jnp.asarray(positions))
+        raise ValueError(
+            f"a language model takes token ids of shape [batch seq]; got shape {arr.shape}. "
+            "For one sequence pass `ids[None]`."
+        )
+    return (
+        arr,
+        None if segment_ids is None else jnp.asarray(segment_ids),
+        None if positions is None else jnp.asarray(positions),
+    )
 
 
 def sinusoidal_embedding(positions: Int[Array, "batch seq"], dims: int) -> Float[Array, "batch seq embed"]:
@@ -147,7 +145,10 @@ class TransformerLM(eqx.Module):
         return positions
 
     def __call__(
-        self, ids: Int[ArrayLike, "batch seq"], *, key: PRNGKeyArray | None = None,
+        self,
+        ids: Int[ArrayLike, "batch seq"],
+        *,
+        key: PRNGKeyArray | None = None,
         mesh: Mesh | None = None,
         segment_ids: Int[ArrayLike, "batch seq"] | None = None,
         positions: Int[ArrayLike, "batch seq"] | None = None,
@@ -174,7 +175,7 @@ class TransformerLM(eqx.Module):
         return self.logits(self.final_norm(x), mesh)
 
     def cached(
-        self, ids: Int[Array, "batch seq"], positions: Int[Array, "batch seq"], cache: StackCache,
+        self, ids: Int[Array, "batch seq"], positions: Int[Array, "batch seq"], cache: StackCache
     ) -> tuple[Float[Array, "batch seq embed"], StackCache]:
         """Final hidden states (after `final_norm`) of `ids` at `positions`, attending over the KV
         cache: each token's keys and values are written to its slot first, so it sees itself and
@@ -213,8 +214,7 @@ class TransformerLM(eqx.Module):
 
 
 def lm_loss(
-    model: TransformerLM, batch: Batch, *, key: PRNGKeyArray | None = None,
-    mesh: Mesh | None = None,
+    model: TransformerLM, batch: Batch, *, key: PRNGKeyArray | None = None, mesh: Mesh | None = None
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
     """Weighted mean next-token cross-entropy.
 
@@ -230,8 +230,9 @@ def lm_loss(
         `(loss, aux)` with aux scalars `loss_sum`, `weight_sum`, `correct_sum` (weighted
         count of argmax == label) and `accuracy`.
     """
-    logits = model(batch["ids"], key=key, mesh=mesh, segment_ids=batch.get("segment_ids"),
-                   positions=batch.get("positions"))
+    logits = model(
+        batch["ids"], key=key, mesh=mesh, segment_ids=batch.get("segment_ids"), positions=batch.get("positions")
+    )
     labels, weights = jnp.asarray(batch["labels"]), jnp.asarray(batch["weights"], jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
@@ -240,22 +241,13 @@ def lm_loss(
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
     correct_sum = jnp.sum(correct * weights)
     denom = jnp.maximum(weight_sum, 1e-8)
-    aux = {
-        "loss_sum": loss_sum,
-        "weight_sum": weight_sum,
-        "correct_sum": correct_sum,
-        "accuracy": correct_sum / denom,
-    }
+    aux = {"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum, "accuracy": correct_sum / denom}
     return loss_sum / denom, aux
 
 
 @eqx.filter_jit
 def _generate(
-    model: TransformerLM,
-    prompt: Array,
-    num_tokens: int,
-    temperature: float,
-    key: PRNGKeyArray | None,
+    model: TransformerLM, prompt: Array, num_tokens: int, temperature: float, key: PRNGKeyArray | None
 ) -> Array:
     prompt_len = prompt.shape[0]
     total = prompt_len + num_tokens
@@ -305,8 +297,10 @@ def generate(
     """
     prompt = jnp.asarray(prompt)
     if prompt.ndim != 1:
-        raise ValueError(f"generate takes one prompt of shape [seq]; got shape {prompt.shape}. "
-                         "Generate for each row of a batch separately.")
+        raise ValueError(
+            f"generate takes one prompt of shape [seq]; got shape {prompt.shape}. "
+            "Generate for each row of a batch separately."
+        )
     if prompt.shape[0] < 1:
         raise ValueError("generate needs a prompt of at least one token.")
     if num_tokens < 0:
@@ -315,6 +309,4 @@ def generate(
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}.")
     if temperature > 0 and key is None:
         raise ValueError("sampling with temperature > 0 needs a PRNG key: pass key=...")
-    return _generate(
-        model, prompt, int(num_tokens), float(temperature), key if temperature > 0 else None
-    )
+    return _generate(model, prompt, int(num_tokens), float(temperature), key if temperature > 0 else None)

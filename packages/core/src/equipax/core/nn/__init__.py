@@ -9,11 +9,7 @@ from equipax.core.nn.attention import (
 )
 from equipax.core.nn.embedding import Embedding
 from equipax.core.nn.linear import Linear
-from equipax.core.nn.linear_attention import (
-    elu_feature_map,
-    linear_attention,
-    reference_linear_attention,
-)
+from equipax.core.nn.linear_attention import elu_feature_map, linear_attention, reference_linear_attention
 from equipax.core.nn.mlp import Activation, FeedForward
 from equipax.core.nn.norm import LayerNorm, RMSNorm
 from equipax.core.nn.pipeline import PipelinedStack, bubble_fraction, make_stack, num_microbatches

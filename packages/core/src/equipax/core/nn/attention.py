@@ -19,7 +19,11 @@ from jaxtyping import Array, Float, Int
 
 from equipax.core.nn.attention_masks import MASK_VALUE, attention_mask, self_attention_mask
 from equipax.core.nn.fused_attention import (
-    AttentionImpl, cudnn_attention, mesh_platform, resolve_attention_impl, splash_attention,
+    AttentionImpl,
+    cudnn_attention,
+    mesh_platform,
+    resolve_attention_impl,
+    splash_attention,
 )
 from equipax.core.nn.mixed import einsum_f32
 
@@ -239,12 +243,11 @@ def softmax_attention(
     Raises:
         ConfigError: `impl` cannot run on the mesh's platform, dtype or sequence length.
     """
-    chosen = resolve_attention_impl(impl, mesh_platform(mesh), seq_len=q.shape[1], dtype=q.dtype,
-                                    logit_cap=logit_cap)
+    chosen = resolve_attention_impl(impl, mesh_platform(mesh), seq_len=q.shape[1], dtype=q.dtype, logit_cap=logit_cap)
     if chosen == "cudnn":
         return cudnn_attention(q, k, v, causal=causal, segment_ids=segment_ids, window=window)
     if chosen == "splash":
-        return splash_attention(q, k, v, causal=causal, logit_cap=logit_cap, segment_ids=segment_ids,
-                                window=window, mesh=mesh)
-    return dot_product_attention(q, k, v, causal=causal, logit_cap=logit_cap, segment_ids=segment_ids,
-                                 window=window)
+        return splash_attention(
+            q, k, v, causal=causal, logit_cap=logit_cap, segment_ids=segment_ids, window=window, mesh=mesh
+        )
+    return dot_product_attention(q, k, v, causal=causal, logit_cap=logit_cap, segment_ids=segment_ids, window=window)

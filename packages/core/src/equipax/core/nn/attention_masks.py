@@ -56,7 +56,11 @@ def attention_mask(
 
 
 def self_attention_mask(
-    q_len: int, k_len: int, *, causal: bool, window: int | None = None,
+    q_len: int,
+    k_len: int,
+    *,
+    causal: bool,
+    window: int | None = None,
     segment_ids: Int[Array, "batch seq"] | None = None,
 ) -> Bool[Array, "#batch q k"] | None:
     """`attention_mask` of a sequence attending to itself (queries aligned to the end of the keys).
@@ -71,5 +75,6 @@ def self_attention_mask(
     """
     q_pos = (jnp.arange(q_len) + (k_len - q_len))[None]
     k_pos = jnp.arange(k_len)[None]
-    return attention_mask(q_pos, k_pos, causal=causal, window=window, query_segments=segment_ids,
-                          key_segments=segment_ids)
+    return attention_mask(
+        q_pos, k_pos, causal=causal, window=window, query_segments=segment_ids, key_segments=segment_ids
+    )

@@ -19,11 +19,12 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
-from equipax.core.knobs import ConfigError
 from equipax.core.configs import BATCH_AXES, TENSOR
+from equipax.core.knobs import ConfigError
 
 __all__ = [
     "AttentionImpl",
@@ -45,10 +46,7 @@ def mesh_platform(mesh: Mesh | None) -> str:
         mesh: the device mesh (its devices may be compile-only TPU topology devices), or None for
             JAX's default backend.
     """
-    if mesh is not None and mesh.devices.size:
-        platform = str(mesh.devices.flat[0].platform)
-    else:
-        platform = jax.default_backend()
+    platform = str(mesh.devices.flat[0].platform) if mesh is not None and mesh.devices.size else jax.default_backend()
     return "gpu" if platform in ("cuda", "rocm") else platform
 
 
@@ -65,7 +63,7 @@ def splash_block_size(seq_len: int) -> int | None:
 
 
 def resolve_attention_impl(
-    impl: str, platform: str, *, seq_len: int, dtype: Any, logit_cap: float | None,
+    impl: str, platform: str, *, seq_len: int, dtype: Any, logit_cap: float | None
 ) -> Literal["xla", "cudnn", "splash"]:
     """The kernel `impl` runs as on `platform`, or a ConfigError saying why it cannot run there.
 
@@ -91,26 +89,31 @@ def resolve_attention_impl(
         if platform != "gpu":
             raise ConfigError(
                 f"{_KNOB}='cudnn' needs a CUDA GPU, but this program runs on {platform}. Set "
-                f"{_KNOB}='auto' (picks the best kernel this platform has) or 'xla'.")
+                f"{_KNOB}='auto' (picks the best kernel this platform has) or 'xla'."
+            )
         if not low_precision:
             raise ConfigError(
                 f"{_KNOB}='cudnn' takes bfloat16 or float16 inputs, found {jnp.dtype(dtype).name}; set "
-                f"model.dtype='bfloat16', or {_KNOB}='auto' / 'xla'.")
+                f"model.dtype='bfloat16', or {_KNOB}='auto' / 'xla'."
+            )
         if logit_cap is not None:
             raise ConfigError(
                 f"{_KNOB}='cudnn' has no tanh logit cap (model.transformer.atten_logit_cap={logit_cap}); "
-                f"set model.transformer.atten_logit_cap=None, or {_KNOB}='auto' / 'xla'.")
+                f"set model.transformer.atten_logit_cap=None, or {_KNOB}='auto' / 'xla'."
+            )
         return "cudnn"
     if impl == "splash":
         if platform != "tpu":
             raise ConfigError(
                 f"{_KNOB}='splash' is a TPU kernel, but this program runs on {platform}. Set "
                 f"{_KNOB}='auto' (picks the best kernel this platform has) or 'xla'; "
-                "`launch compile --topology v5p-8` lowers it for a TPU on any host.")
+                "`launch compile --topology v5p-8` lowers it for a TPU on any host."
+            )
         if splash_block_size(seq_len) is None:
             raise ConfigError(
                 f"{_KNOB}='splash' needs a sequence length divisible by 128 (its block size), found "
-                f"{seq_len}; change data.seq_len, or set {_KNOB}='auto' / 'xla'.")
+                f"{seq_len}; change data.seq_len, or set {_KNOB}='auto' / 'xla'."
+            )
         return "splash"
     return "xla"
 
@@ -144,13 +147,15 @@ def cudnn_attention(
     """
     mask = None if segment_ids is None else (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
     local = None if window is None else (window - 1, 0)
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, local_window_size=local,
-                                       implementation=implementation)
+    out = jax.nn.dot_product_attention(
+        q, k, v, mask=mask, is_causal=causal, local_window_size=local, implementation=implementation
+    )
     return out.astype(v.dtype)
 
 
-def _splash_kernel(heads: int, seq_len: int, *, causal: bool, window: int | None, logit_cap: float | None,
-                   interpret: bool) -> Any:
+def _splash_kernel(
+    heads: int, seq_len: int, *, causal: bool, window: int | None, logit_cap: float | None, interpret: bool
+) -> Any:
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     block = splash_block_size(seq_len)
@@ -162,10 +167,24 @@ def _splash_kernel(heads: int, seq_len: int, *, causal: bool, window: int | None
         one = sa.LocalMask(shape, window_size=(window - 1, 0), offset=0)
     else:
         one = sa.CausalMask(shape) if causal else sa.FullMask(shape)
-    sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                          block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-    return sa.make_splash_mha(sa.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1,
-                              q_seq_shards=1, attn_logits_soft_cap=logit_cap, interpret=interpret)
+    sizes = sa.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
+    return sa.make_splash_mha(
+        sa.MultiHeadMask([one] * heads),
+        block_sizes=sizes,
+        head_shards=1,
+        q_seq_shards=1,
+        attn_logits_soft_cap=logit_cap,
+        interpret=interpret,
+    )
 
 
 def splash_attention(
@@ -208,11 +227,11 @@ def splash_attention(
     seg = jnp.zeros(q.shape[:2], jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
 
     def local(q: Array, k: Array, v: Array, seg: Array) -> Array:
-        kernel = _splash_kernel(q.shape[2], q.shape[1], causal=causal, window=window, logit_cap=logit_cap,
-                                interpret=interpret)
+        kernel = _splash_kernel(
+            q.shape[2], q.shape[1], causal=causal, window=window, logit_cap=logit_cap, interpret=interpret
+        )
         heads_first = lambda t: jnp.swapaxes(t, 1, 2)  # noqa: E731  [b s h d] <-> [b h s d]
-        out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v),
-                               segment_ids=sa.SegmentIds(q=seg, kv=seg))
+        out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v), segment_ids=sa.SegmentIds(q=seg, kv=seg))
         return heads_first(out).astype(v.dtype)
 
     if mesh is None or mesh.size == 1:
@@ -227,5 +246,6 @@ def splash_attention(
     heads = TENSOR if tp > 1 and q.shape[2] % tp == 0 and k.shape[2] % tp == 0 else None
     qkv_spec = P(batch or None, None, heads, None)
     seg_spec = P(batch or None, None)
-    return jax.shard_map(local, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, seg_spec),
-                         out_specs=qkv_spec, check_vma=False)(q, k, v, seg)
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, seg_spec), out_specs=qkv_spec, check_vma=False
+    )(q, k, v, seg)

@@ -35,7 +35,8 @@ def llama3_frequencies(inv_freq: Float[Array, " half"], scaling: RopeScalingConf
     wavelen = 2 * math.pi / inv_freq
     scaled = jnp.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
     smooth = (scaling.original_max_seq_len / wavelen - scaling.low_freq_factor) / (
-        scaling.high_freq_factor - scaling.low_freq_factor)
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
     between = (1 - smooth) * scaled / scaling.factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return jnp.where(medium, between, scaled).astype(jnp.float32)
@@ -60,7 +61,7 @@ def rotary_frequencies(head_dim: int, theta: float, scaling: RopeScalingConfig |
 
 
 def rotary_angles(
-    positions: Int[Array, "batch seq"], head_dim: int, theta: float, scaling: RopeScalingConfig | None = None,
+    positions: Int[Array, "batch seq"], head_dim: int, theta: float, scaling: RopeScalingConfig | None = None
 ) -> tuple[Float[Array, "batch seq half"], Float[Array, "batch seq half"]]:
     """`(sin, cos)` of each position's rotation angles, computed once per forward pass.
 
@@ -100,9 +101,7 @@ def apply_rotary(
 
 
 def reference_rotary(
-    x: Float[Array, "batch seq heads head_dim"],
-    positions: Int[Array, "batch seq"],
-    theta: float,
+    x: Float[Array, "batch seq heads head_dim"], positions: Int[Array, "batch seq"], theta: float
 ) -> Float[Array, "batch seq heads head_dim"]:
     """Slow, obvious RoPE: each pair `(x1[i], x2[i])` as the complex number `x1 + i x2`,
     multiplied by `exp(i * position * theta**(-2i / head_dim))`.

@@ -118,8 +118,10 @@ class Attention(eqx.Module):
         self.q = self.q_bias = self.kv = self.kv_bias = self.qkv = self.qkv_bias = None
         if fused_qkv:
             if kv_heads != num_heads:
-                raise ValueError(f"fused_qkv=True needs num_kv_heads == num_heads, got {kv_heads} < {num_heads}; "
-                                 "pass fused_qkv=False for grouped-query attention.")
+                raise ValueError(
+                    f"fused_qkv=True needs num_kv_heads == num_heads, got {kv_heads} < {num_heads}; "
+                    "pass fused_qkv=False for grouped-query attention."
+                )
             k_qkv, k_out = jr.split(key)
             self.qkv = fan_in_init(k_qkv, (model_dims, 3, num_heads, head_dim), in_axes=(0,))
             self.qkv_bias = jnp.zeros((3, num_heads, head_dim)) if use_bias else None
@@ -153,7 +155,7 @@ class Attention(eqx.Module):
         }
 
     def project(
-        self, x: Float[Array, "batch seq embed"], rotary: Rotary | None = None,
+        self, x: Float[Array, "batch seq embed"], rotary: Rotary | None = None
     ) -> tuple[
         Float[Array, "batch seq heads head_dim"],
         Float[Array, "batch seq kv_heads head_dim"],
@@ -226,8 +228,10 @@ class Attention(eqx.Module):
         q, k, v = self.project(x, rotary)
         if cache is not None:
             if self.kernel != "softmax":
-                raise ValueError(f"KV-cache decoding needs softmax attention; this layer has attention="
-                                 f"{self.kernel!r}. Use equipax.models.generate (no cache) for it.")
+                raise ValueError(
+                    f"KV-cache decoding needs softmax attention; this layer has attention="
+                    f"{self.kernel!r}. Use equipax.models.generate (no cache) for it."
+                )
             if positions is None:
                 raise ValueError("decoding with a cache needs each token's position (positions=...).")
             rows = jnp.arange(x.shape[0])[:, None]
@@ -235,8 +239,9 @@ class Attention(eqx.Module):
             keys = cache.keys.at[rows, :, positions].set(k.astype(cache.keys.dtype))
             values = cache.values.at[rows, :, positions].set(v.astype(cache.values.dtype))
             cache = AttentionCache(keys=keys, values=values)
-            o = cached_attention(q, keys, values, query_positions=positions, logit_cap=self.logit_cap,
-                                 window=self.window)
+            o = cached_attention(
+                q, keys, values, query_positions=positions, logit_cap=self.logit_cap, window=self.window
+            )
         elif self.kernel == "linear":
             if segment_ids is not None:
                 raise ValueError(
@@ -245,8 +250,17 @@ class Attention(eqx.Module):
                 )
             o = linear_attention(q, k, v, causal=True)
         else:
-            o = softmax_attention(q, k, v, causal=True, logit_cap=self.logit_cap, segment_ids=segment_ids,
-                                  window=self.window, impl=self.impl, mesh=mesh)
+            o = softmax_attention(
+                q,
+                k,
+                v,
+                causal=True,
+                logit_cap=self.logit_cap,
+                segment_ids=segment_ids,
+                window=self.window,
+                impl=self.impl,
+                mesh=mesh,
+            )
         return self.output(o), cache
 
     def init_cache(self, batch_size: int, max_len: int, dtype: DTypeLike) -> AttentionCache:

@@ -20,7 +20,8 @@ from typing import Any
 
 import equinox as eqx
 import jax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
 from equipax.core.mesh import BATCH_AXES, FSDP, TENSOR
@@ -44,8 +45,12 @@ def _gather_fsdp(params: Any, specs: Any) -> Any:
 
 
 def shard_map_block(
-    block: eqx.Module, x: Float[Array, "batch seq embed"], mesh: Mesh, *,
-    segment_ids: Int[Array, "batch seq"] | None = None, rotary: Any = None,
+    block: eqx.Module,
+    x: Float[Array, "batch seq embed"],
+    mesh: Mesh,
+    *,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+    rotary: Any = None,
 ) -> Float[Array, "batch seq embed"]:
     """Apply a pre-norm TransformerBlock with explicit FSDP + tensor-parallel collectives.
 
@@ -81,8 +86,9 @@ def shard_map_block(
 
     rot_spec = P() if rotary is None else (x_spec, x_spec)
     seg_spec = P() if segment_ids is None else row_spec
-    return jax.shard_map(local, mesh=mesh, in_specs=(specs, x_spec, seg_spec, rot_spec),
-                         out_specs=x_spec)(params, x, segment_ids, rotary)
+    return jax.shard_map(local, mesh=mesh, in_specs=(specs, x_spec, seg_spec, rot_spec), out_specs=x_spec)(
+        params, x, segment_ids, rotary
+    )
 
 
 def _check_divisible(block: Any, tp: int) -> None:
@@ -95,10 +101,14 @@ def _check_divisible(block: Any, tp: int) -> None:
             "tensor_parallel='shard_map' does not support output biases (each tensor shard "
             f"would add them once); set {knob}.use_bias=False or {knob}.tensor_parallel='gspmd'."
         )
-    for name, count in (("num_heads", attn.num_heads), ("num_kv_heads", attn.num_kv_heads),
-                        ("hidden_dims", ffn.down.in_features)):
+    for name, count in (
+        ("num_heads", attn.num_heads),
+        ("num_kv_heads", attn.num_kv_heads),
+        ("hidden_dims", ffn.down.in_features),
+    ):
         if count % tp:
             raise ValueError(
                 f"tensor_parallel='shard_map' splits {knob}.{name}={count} over the {tp} devices of the "
                 f"`tensor` axis, which does not divide it; use {knob}.tensor_parallel='gspmd' (it "
-                "replicates what does not split) or a `tensor` axis that divides it.")
+                "replicates what does not split) or a `tensor` axis that divides it."
+            )

@@ -66,8 +66,9 @@ def make_feed_forward(cfg: TransformerConfig, *, key: PRNGKeyArray) -> FeedForwa
     Returns:
         A fresh feed-forward layer.
     """
-    return FeedForward(cfg.model_dims, cfg.hidden_dims, activation=cfg.activation, gated=cfg.gated,
-                       use_bias=cfg.use_bias, key=key)
+    return FeedForward(
+        cfg.model_dims, cfg.hidden_dims, activation=cfg.activation, gated=cfg.gated, use_bias=cfg.use_bias, key=key
+    )
 
 
 def _attention_impl(cfg: TransformerConfig) -> AttentionImpl:
@@ -93,10 +94,19 @@ class TransformerBlock(eqx.Module):
         k_att, k_ffn = jr.split(key)
         self.atten_norm = make_norm(cfg)
         self.attention = Attention(
-            cfg.model_dims, cfg.num_heads, cfg.head_dim, num_kv_heads=cfg.num_kv_heads,
-            fused_qkv=cfg.fused_qkv, use_bias=cfg.use_bias, qk_norm=cfg.qk_norm, norm_eps=cfg.norm_eps,
-            logit_cap=cfg.atten_logit_cap, window=cfg.sliding_window, kernel=cfg.attention,
-            impl=_attention_impl(cfg), key=k_att,
+            cfg.model_dims,
+            cfg.num_heads,
+            cfg.head_dim,
+            num_kv_heads=cfg.num_kv_heads,
+            fused_qkv=cfg.fused_qkv,
+            use_bias=cfg.use_bias,
+            qk_norm=cfg.qk_norm,
+            norm_eps=cfg.norm_eps,
+            logit_cap=cfg.atten_logit_cap,
+            window=cfg.sliding_window,
+            kernel=cfg.attention,
+            impl=_attention_impl(cfg),
+            key=k_att,
         )
         self.ffn_norm = make_norm(cfg)
         self.ffn = make_feed_forward(cfg, key=k_ffn)
@@ -128,16 +138,21 @@ class TransformerBlock(eqx.Module):
             `(outputs, cache)`: outputs of the same shape and dtype, and the updated cache (None
             without one).
         """
-        y, cache = self.attention(self.atten_norm(x), segment_ids, rotary=rotary, mesh=mesh, cache=cache,
-                                  positions=positions)
+        y, cache = self.attention(
+            self.atten_norm(x), segment_ids, rotary=rotary, mesh=mesh, cache=cache, positions=positions
+        )
         x = x + (y if reduce is None else reduce(y))
         y = self.ffn(self.ffn_norm(x))
         return x + (y if reduce is None else reduce(y)), cache
 
 
 def _block_apply(
-    remat: str, static: TransformerBlock, mesh: Mesh | None = None,
-    segment_ids: Array | None = None, shard_map: bool = False, rotary: Rotary | None = None,
+    remat: str,
+    static: TransformerBlock,
+    mesh: Mesh | None = None,
+    segment_ids: Array | None = None,
+    shard_map: bool = False,
+    rotary: Rotary | None = None,
 ) -> Callable[[TransformerBlock, Array], Array]:
     """`(block params, x) -> block(x)`, wrapped in the remat policy.
 
@@ -156,9 +171,7 @@ def _block_apply(
     if remat == "full":
         return jax.checkpoint(apply, policy=None)
     if remat == "dots_saveable":
-        return jax.checkpoint(
-            apply, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-        )
+        return jax.checkpoint(apply, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
     return apply
 
 
@@ -167,9 +180,16 @@ def _layer(params: TransformerBlock, i: int) -> TransformerBlock:
 
 
 def run_stacked_layers(
-    params: TransformerBlock, static: TransformerBlock, x: Array, *, remat: str,
-    scan: bool, mesh: Mesh | None = None, segment_ids: Array | None = None,
-    shard_map: bool = False, rotary: Rotary | None = None,
+    params: TransformerBlock,
+    static: TransformerBlock,
+    x: Array,
+    *,
+    remat: str,
+    scan: bool,
+    mesh: Mesh | None = None,
+    segment_ids: Array | None = None,
+    shard_map: bool = False,
+    rotary: Rotary | None = None,
 ) -> Array:
     """Apply blocks whose parameters are stacked on a leading layer axis, in order.
 
@@ -195,8 +215,13 @@ def run_stacked_layers(
 
 
 def run_cached_layers(
-    layers: TransformerBlock | tuple[TransformerBlock, ...], x: Array, cache: StackCache, positions: Array, *,
-    scan: bool, rotary: Rotary | None = None,
+    layers: TransformerBlock | tuple[TransformerBlock, ...],
+    x: Array,
+    cache: StackCache,
+    positions: Array,
+    *,
+    scan: bool,
+    rotary: Rotary | None = None,
 ) -> tuple[Array, StackCache]:
     """Apply the blocks in order with their KV caches (decoding; no remat, one device's numbers).
 
@@ -237,8 +262,9 @@ def run_cached_layers(
     return x, jax.tree.map(lambda *cs: jnp.stack(cs), *caches)
 
 
-def init_stack_cache(layers: TransformerBlock | tuple[TransformerBlock, ...], batch_size: int, max_len: int,
-                     dtype: DTypeLike) -> StackCache:
+def init_stack_cache(
+    layers: TransformerBlock | tuple[TransformerBlock, ...], batch_size: int, max_len: int, dtype: DTypeLike
+) -> StackCache:
     """A zero cache for `layers` (stacked block: one cache with a leading layer axis)."""
     if isinstance(layers, tuple):
         return tuple(b.attention.init_cache(batch_size, max_len, dtype) for b in layers)
@@ -275,8 +301,12 @@ class TransformerStack(eqx.Module):
         return {"layers": ("layers",)} if isinstance(self.layers, TransformerBlock) else {}
 
     def __call__(
-        self, x: Float[Array, "batch seq embed"], *, mesh: Mesh | None = None,
-        segment_ids: Int[Array, "batch seq"] | None = None, rotary: Rotary | None = None,
+        self,
+        x: Float[Array, "batch seq embed"],
+        *,
+        mesh: Mesh | None = None,
+        segment_ids: Int[Array, "batch seq"] | None = None,
+        rotary: Rotary | None = None,
     ) -> Float[Array, "batch seq embed"]:
         """Run all layers in order.
 
@@ -294,15 +324,28 @@ class TransformerStack(eqx.Module):
         shard_map = self.cfg.tensor_parallel == "shard_map"
         if isinstance(self.layers, TransformerBlock):
             params, static = eqx.partition(self.layers, eqx.is_array)
-            return run_stacked_layers(params, static, x, remat=self.cfg.remat, scan=True, mesh=mesh,
-                                      segment_ids=segment_ids, shard_map=shard_map, rotary=rotary)
+            return run_stacked_layers(
+                params,
+                static,
+                x,
+                remat=self.cfg.remat,
+                scan=True,
+                mesh=mesh,
+                segment_ids=segment_ids,
+                shard_map=shard_map,
+                rotary=rotary,
+            )
         for block in self.layers:
             params, static = eqx.partition(block, eqx.is_array)
             x = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map, rotary)(params, x)
         return x
 
     def cached(
-        self, x: Float[Array, "batch seq embed"], cache: StackCache, positions: Int[Array, "batch seq"], *,
+        self,
+        x: Float[Array, "batch seq embed"],
+        cache: StackCache,
+        positions: Int[Array, "batch seq"],
+        *,
         rotary: Rotary | None = None,
     ) -> tuple[Float[Array, "batch seq embed"], StackCache]:
         """Run all layers with a KV cache (decoding: a prompt, then one token per call).

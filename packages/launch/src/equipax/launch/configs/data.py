@@ -90,7 +90,8 @@ class DataConfig:
         if not isinstance(model, LMConfig):
             raise ValueError(
                 f"The experiment's data is token data (data.source={self.source!r}) but its model is "
-                f"a {type(model).__name__}; language-model data needs an LMConfig model.")
+                f"a {type(model).__name__}; language-model data needs an LMConfig model."
+            )
         if self.seq_len > model.max_seq_len:
             raise ValueError(
                 f"data.seq_len={self.seq_len} exceeds model.max_seq_len={model.max_seq_len}; "

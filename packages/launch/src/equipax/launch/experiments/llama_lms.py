@@ -50,31 +50,63 @@ __all__ = [
 ]
 
 LLAMA2_7B = decoder_lm(
-    vocab_size=32_000, max_seq_len=4096, num_layers=32, model_dims=4096, num_heads=32, num_kv_heads=32,
-    head_dim=128, hidden_dims=11_008, rope_theta=10_000.0,
+    vocab_size=32_000,
+    max_seq_len=4096,
+    num_layers=32,
+    model_dims=4096,
+    num_heads=32,
+    num_kv_heads=32,
+    head_dim=128,
+    hidden_dims=11_008,
+    rope_theta=10_000.0,
 )
 
 LLAMA3_8B = decoder_lm(
-    vocab_size=128_256, max_seq_len=8192, num_layers=32, model_dims=4096, num_heads=32, num_kv_heads=8,
-    head_dim=128, hidden_dims=14_336, rope_theta=500_000.0,
+    vocab_size=128_256,
+    max_seq_len=8192,
+    num_layers=32,
+    model_dims=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    hidden_dims=14_336,
+    rope_theta=500_000.0,
 )
 
 LLAMA3_1_8B = dataclasses.replace(
-    LLAMA3_8B, max_seq_len=131_072,
+    LLAMA3_8B,
+    max_seq_len=131_072,
     rope_scaling=RopeScalingConfig(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_seq_len=8192),
 )
 
-_LLAMA3_2_SCALING = RopeScalingConfig(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                      original_max_seq_len=8192)
+_LLAMA3_2_SCALING = RopeScalingConfig(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_seq_len=8192)
 
 LLAMA3_2_1B = decoder_lm(
-    vocab_size=128_256, max_seq_len=131_072, num_layers=16, model_dims=2048, num_heads=32, num_kv_heads=8,
-    head_dim=64, hidden_dims=8192, rope_theta=500_000.0, rope_scaling=_LLAMA3_2_SCALING, tie_embeddings=True,
+    vocab_size=128_256,
+    max_seq_len=131_072,
+    num_layers=16,
+    model_dims=2048,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=64,
+    hidden_dims=8192,
+    rope_theta=500_000.0,
+    rope_scaling=_LLAMA3_2_SCALING,
+    tie_embeddings=True,
 )
 
 LLAMA3_2_3B = decoder_lm(
-    vocab_size=128_256, max_seq_len=131_072, num_layers=28, model_dims=3072, num_heads=24, num_kv_heads=8,
-    head_dim=128, hidden_dims=8192, rope_theta=500_000.0, rope_scaling=_LLAMA3_2_SCALING, tie_embeddings=True,
+    vocab_size=128_256,
+    max_seq_len=131_072,
+    num_layers=28,
+    model_dims=3072,
+    num_heads=24,
+    num_kv_heads=8,
+    head_dim=128,
+    hidden_dims=8192,
+    rope_theta=500_000.0,
+    rope_scaling=_LLAMA3_2_SCALING,
+    tie_embeddings=True,
 )
 
 
@@ -95,45 +127,87 @@ def shakespeare_llama_tiny() -> ExperimentConfig:
         shakespeare_tiny(),
         name="shakespeare_llama_tiny",
         description="Llama-style LM (RoPE, SwiGLU, GQA, RMSNorm) on Shakespeare.",
-        model=decoder_lm(vocab_size=2048, max_seq_len=128, num_layers=4, model_dims=192, num_heads=4,
-                         num_kv_heads=2, head_dim=48, hidden_dims=512, rope_theta=10_000.0, scan_layers=False,
-                         remat="none", dtype="float32", attention_impl="xla"),
+        model=decoder_lm(
+            vocab_size=2048,
+            max_seq_len=128,
+            num_layers=4,
+            model_dims=192,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=48,
+            hidden_dims=512,
+            rope_theta=10_000.0,
+            scan_layers=False,
+            remat="none",
+            dtype="float32",
+            attention_impl="xla",
+        ),
     )
 
 
 @register
 def llama2_7b() -> ExperimentConfig:
     """Llama 2 7B (6,738,415,616 parameters) on C4, FSDP over 32 chips (a v4-64 or v5p-64 slice)."""
-    return full_size("llama2_7b", "Llama 2 7B on C4-format shards; --set data.vocab_path=<Llama 2 tokenizer.model>.",
-                     LLAMA2_7B, seq_len=4096, per_device_batch=4, ici=(1, 32, 1))
+    return full_size(
+        "llama2_7b",
+        "Llama 2 7B on C4-format shards; --set data.vocab_path=<Llama 2 tokenizer.model>.",
+        LLAMA2_7B,
+        seq_len=4096,
+        per_device_batch=4,
+        ici=(1, 32, 1),
+    )
 
 
 @register
 def llama3_8b() -> ExperimentConfig:
     """Llama 3 8B (8,030,261,248 parameters; GQA 32/8) on C4, FSDP over 64 chips (a v5p-128 slice)."""
-    return full_size("llama3_8b", "Llama 3 8B on C4-format shards; --set data.vocab_path=<128256-piece SentencePiece model>.",
-                     LLAMA3_8B, seq_len=8192, per_device_batch=2, ici=(1, 64, 1))
+    return full_size(
+        "llama3_8b",
+        "Llama 3 8B on C4-format shards; --set data.vocab_path=<128256-piece SentencePiece model>.",
+        LLAMA3_8B,
+        seq_len=8192,
+        per_device_batch=2,
+        ici=(1, 64, 1),
+    )
 
 
 @register
 def llama3_1_8b() -> ExperimentConfig:
     """Llama 3.1 8B (8,030,261,248 parameters; llama3 RoPE scaling x8) on C4, FSDP over 64 chips (v5p-128)."""
-    return full_size("llama3_1_8b", "Llama 3.1 8B (RoPE scaling for a 128K context) on C4-format shards.",
-                     LLAMA3_1_8B, seq_len=8192, per_device_batch=2, ici=(1, 64, 1))
+    return full_size(
+        "llama3_1_8b",
+        "Llama 3.1 8B (RoPE scaling for a 128K context) on C4-format shards.",
+        LLAMA3_1_8B,
+        seq_len=8192,
+        per_device_batch=2,
+        ici=(1, 64, 1),
+    )
 
 
 @register
 def llama3_2_1b() -> ExperimentConfig:
     """Llama 3.2 1B (1,235,814,400 parameters; tied embeddings) on C4, FSDP over 4 chips (v5p-8)."""
-    return full_size("llama3_2_1b", "Llama 3.2 1B (tied embeddings, RoPE scaling x32) on C4-format shards.",
-                     LLAMA3_2_1B, seq_len=8192, per_device_batch=4, ici=(1, 4, 1))
+    return full_size(
+        "llama3_2_1b",
+        "Llama 3.2 1B (tied embeddings, RoPE scaling x32) on C4-format shards.",
+        LLAMA3_2_1B,
+        seq_len=8192,
+        per_device_batch=4,
+        ici=(1, 4, 1),
+    )
 
 
 @register
 def llama3_2_3b() -> ExperimentConfig:
     """Llama 3.2 3B (3,212,749,824 parameters; tied embeddings) on C4, FSDP over 8 chips (v5p-16)."""
-    return full_size("llama3_2_3b", "Llama 3.2 3B (tied embeddings, RoPE scaling x32) on C4-format shards.",
-                     LLAMA3_2_3B, seq_len=8192, per_device_batch=4, ici=(1, 8, 1))
+    return full_size(
+        "llama3_2_3b",
+        "Llama 3.2 3B (tied embeddings, RoPE scaling x32) on C4-format shards.",
+        LLAMA3_2_3B,
+        seq_len=8192,
+        per_device_batch=4,
+        ici=(1, 8, 1),
+    )
 
 
 @register
@@ -175,7 +249,8 @@ def llama3_8b_pipeline_smoke() -> ExperimentConfig:
     assert isinstance(model, LMConfig)
     transformer = dataclasses.replace(model.transformer, num_layers=4, pipeline_stages=2, pipeline_microbatches=4)
     return dataclasses.replace(
-        cfg, name="llama3_8b_pipeline_smoke",
+        cfg,
+        name="llama3_8b_pipeline_smoke",
         description="`llama3_8b_smoke` in 2 pipeline stages x 2-way FSDP x 2-way tensor on 8 devices.",
         model=dataclasses.replace(model, transformer=transformer),
         mesh=MeshConfig(ici_mesh_shape=(2, 1, 2, 2), dcn_mesh_shape=(1, 1, 1, 1), axis_names=PIPELINE_AXES),

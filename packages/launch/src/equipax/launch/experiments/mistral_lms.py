@@ -14,16 +14,30 @@ from equipax.launch.experiments.registry import register
 __all__ = ["MISTRAL_7B", "mistral_7b", "mistral_7b_smoke"]
 
 MISTRAL_7B = decoder_lm(
-    vocab_size=32_000, max_seq_len=32_768, num_layers=32, model_dims=4096, num_heads=32, num_kv_heads=8,
-    head_dim=128, hidden_dims=14_336, rope_theta=10_000.0, sliding_window=4096,
+    vocab_size=32_000,
+    max_seq_len=32_768,
+    num_layers=32,
+    model_dims=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    hidden_dims=14_336,
+    rope_theta=10_000.0,
+    sliding_window=4096,
 )
 
 
 @register
 def mistral_7b() -> ExperimentConfig:
     """Mistral 7B (7,241,732,096 parameters; sliding window 4096, GQA 32/8) on C4, FSDP over 32 chips (v5p-64)."""
-    return full_size("mistral_7b", "Mistral 7B (sliding-window attention) on C4-format shards.", MISTRAL_7B,
-                     seq_len=8192, per_device_batch=2, ici=(1, 32, 1))
+    return full_size(
+        "mistral_7b",
+        "Mistral 7B (sliding-window attention) on C4-format shards.",
+        MISTRAL_7B,
+        seq_len=8192,
+        per_device_batch=2,
+        ici=(1, 32, 1),
+    )
 
 
 @register
