@@ -3,9 +3,10 @@
 `ScheduleConfig`, `LearnerConfig`, `TransformerConfig` and `RopeScalingConfig` are defined here,
 `MeshConfig` and the mesh-axis names in `_mesh_config.py` (re-exported here); all are re-exported
 where they are used (`equipax.core.mesh`, `equipax.core.optim`, `equipax.core.nn`): a module that
-only builds or prints configs (the CLI's `list`, `show` and knob errors) imports this one and does not pay for importing JAX (benchmarks/README.md,
-"CLI latency"). Keep it that way: nothing here may import jax, numpy-heavy code or equinox.
-(`equipax.core.knobs` is the machinery that applies `--set` overrides to any of them.)
+only builds or prints configs (the CLI's `list`, `show` and knob errors) imports this one and does
+not pay for importing JAX (benchmarks/README.md, "CLI latency"). Keep it that way: nothing here may
+import jax, numpy-heavy code or equinox. (`equipax.core.knobs` is the machinery that applies `--set`
+overrides to any of them.)
 """
 
 import dataclasses

@@ -16,16 +16,16 @@ __all__ = ["count_params", "lm_param_counts", "transformer_lm_flops_per_token"]
 def transformer_lm_flops_per_token(cfg: TransformerConfig, *, vocab_size: int, seq_len: int) -> dict[str, float]:
     """FLOPs per token of a decoder-only LM (any family: tied or untied output, grouped heads).
 
-    A matmul `[m k] @ [k n]` counts `2 m k n`. Causal softmax attention counts half of the
-    full `QK^T` and `PV` products; with a sliding window of W < seq_len positions, the keys a
-    query sees on average, `W - W^2 / (2 seq_len)` (= seq_len / 2 at W = seq_len). Grouped-query
-    attention projects `num_heads + 2 num_kv_heads` heads; the attention products run over all
-    `num_heads` query heads. The output projection counts `2 d vocab` tied or untied. Linear
-    attention (`cfg.attention == "linear"`, causal and chunked) counts, per token and head, the
-    state update `phi(k) v^T` and read-out `phi(q)^T S` (`2 hd^2` each) plus the causal half of the quadratic products inside a
-    chunk of `min(seq_len, DEFAULT_CHUNK_SIZE)` positions; element-wise work (feature map,
-    normaliser) is not counted, as for softmax. Training is 3x forward (forward + backward). Remat
-    recomputation is reported as `remat` and is not part of the model FLOPs.
+    A matmul `[m k] @ [k n]` counts `2 m k n`. Causal softmax attention counts half of the full
+    `QK^T` and `PV` products; with a sliding window of W < seq_len positions, the keys a query sees
+    on average, `W - W^2 / (2 seq_len)` (= seq_len / 2 at W = seq_len). Grouped-query attention
+    projects `num_heads + 2 num_kv_heads` heads; the attention products run over all `num_heads`
+    query heads. The output projection counts `2 d vocab` tied or untied. Linear attention
+    (`cfg.attention == "linear"`, causal and chunked) counts, per token and head, the state update
+    `phi(k) v^T` and read-out `phi(q)^T S` (`2 hd^2` each) plus the causal half of the quadratic
+    products inside a chunk of `min(seq_len, DEFAULT_CHUNK_SIZE)` positions; element-wise work
+    (feature map, normaliser) is not counted, as for softmax. Training is 3x forward (forward +
+    backward). Remat recomputation is reported as `remat` and is not part of the model FLOPs.
 
     Arguments:
         cfg: transformer config.
