@@ -212,7 +212,7 @@ def check_tokenizer(cfg: ExperimentConfig, job_dir: Path) -> None:
     if (
         cfg.kind == "lm"
         and d.tokenizer == "sentencepiece"
-        and d.source != "synthetic"
+        and d.token_source.uses_tokenizer
         and not d.vocab_path
         and not (Path(job_dir) / TOKENIZER_FILE).exists()
     ):
