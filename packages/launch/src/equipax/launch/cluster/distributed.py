@@ -21,17 +21,21 @@ from jax.experimental import multihost_utils
 from rich.console import Console
 
 from equipax.core.knobs import ConfigError
+from equipax.core.configs import MeshConfig
+from equipax.launch.cluster.detect import ClusterJob, check_job, check_shape, detect_job
 from equipax.launch.errors import EXIT_USER_ERROR
 
 __all__ = [
     "any_process",
     "barrier",
+    "check_started",
     "DistributedArgs",
     "gather_host_states",
     "host_state",
     "HostConsole",
     "initialize",
     "is_primary",
+    "join_job",
     "parse_coordinator",
     "to_host",
     "WAIT_LOG_EVERY_S",
@@ -40,7 +44,11 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class DistributedArgs:
-    """How to join a multi-process job (all None/False: a single process)."""
+    """How to join a multi-process job (all None/False: a single process).
+
+    `auto` leaves the detection to JAX (Cloud TPU); a job equipax detected itself (SLURM, Open MPI:
+    `cluster.detect`) arrives as explicit values with `scheduler` naming where they came from.
+    """
 
     coordinator: str | None = None
     num_processes: int | None = None
@@ -48,6 +56,14 @@ class DistributedArgs:
     auto: bool = False
     heartbeat_timeout_s: int = 60
     coordinator_timeout_s: float = 300.0  # --coordinator-timeout: the wait for the job to start
+    local_device_ids: tuple[int, ...] | None = None  # None: every device of the host
+    scheduler: str | None = None
+
+    def joining(self, job: ClusterJob) -> "DistributedArgs":
+        """These flags with the detected job's coordinator, process count and index."""
+        return dataclasses.replace(self, auto=False, coordinator=job.coordinator, num_processes=job.num_processes,
+                                   process_id=job.process_id, local_device_ids=job.local_device_ids,
+                                   scheduler=job.scheduler)
 
     @property
     def requested(self) -> bool:
@@ -57,8 +73,9 @@ class DistributedArgs:
 def initialize(args: DistributedArgs, *, log: Callable[[str], object] | None = None) -> None:
     """Join the job (no-op for a single process). Must run before any JAX computation.
 
-    With explicit `coordinator`/`num_processes`/`process_id` these are used; with `auto`, JAX
-    detects Cloud TPU, SLURM or Open MPI from the environment. On CPUs, collectives use gloo.
+    With explicit `coordinator`/`num_processes`/`process_id` these are used (and JAX's own cluster
+    detection is off, so it cannot restrict a process to one GPU behind them); with `auto`, JAX
+    detects the job (Cloud TPU). On CPUs, collectives use gloo.
     A peer that disappears is detected by the coordination service's heartbeat after
     `heartbeat_timeout_s`, which stops the others with an error instead of hanging.
 
@@ -103,19 +120,58 @@ def initialize(args: DistributedArgs, *, log: Callable[[str], object] | None = N
             coordinator_address=args.coordinator,
             num_processes=args.num_processes,
             process_id=args.process_id,
+            local_device_ids=list(args.local_device_ids) if args.local_device_ids is not None else None,
+            cluster_detection_method=None if args.auto else "deactivate",
             # Ours fires first and exits cleanly; JAX's own timeout aborts the process.
             initialization_timeout=int(args.coordinator_timeout_s) + 60,
             heartbeat_timeout_seconds=args.heartbeat_timeout_s,
         )
     except (RuntimeError, ValueError) as e:
+        if args.auto and args.coordinator is None:
+            raise ConfigError(
+                f"--distributed-auto found no multi-host job to join ({e}): this process was not started by "
+                "srun (SLURM), by mpirun (Open MPI), nor on a Cloud TPU VM. Start it with one of these, give "
+                "--coordinator HOST:PORT --num-processes N --process-id I, or drop --distributed-auto for a "
+                "single process."
+            ) from None
         raise ConfigError(
             f"Could not join the distributed job (coordinator {args.coordinator or 'auto-detected'}, "
-            f"process {args.process_id} of {args.num_processes}): {e}. Check that every process "
+            f"process {args.process_id} of {args.num_processes}{_source(args)}): {e}. Check that every process "
             f"was started with the same --coordinator and --num-processes, and that the coordinator "
             f"(process 0) is reachable."
         ) from None
     finally:
         started.set()
+
+
+def join_job(args: DistributedArgs, mesh: MeshConfig | None, *, cpu_devices: int | None) -> DistributedArgs:
+    """With `--distributed-auto`, the SLURM / Open MPI job this process is in, checked against `mesh`.
+
+    Returns `args` unchanged without `auto`, or when no such job is found (JAX then detects Cloud
+    TPU), and otherwise the job's explicit coordinator, process count and index. Reads only the
+    environment: JAX has not started.
+
+    Raises:
+        ConfigError: the job cannot hold the mesh (`cluster.detect.check_job`), or its variables
+            cannot be read.
+    """
+    if not args.auto:
+        return args
+    job = detect_job(os.environ)
+    if job is None:
+        return args
+    if mesh is not None:
+        check_job(job, mesh, devices_per_process=cpu_devices or job.devices_per_process)
+    return args.joining(job)
+
+
+def check_started(mesh: MeshConfig) -> None:
+    """Right after joining: this job's processes x local devices must hold `mesh` (on every process).
+
+    Raises:
+        ConfigError: they do not; the message names both numbers and the fix.
+    """
+    check_shape(mesh, num_processes=jax.process_count(), local_devices=jax.local_device_count())
 
 
 WAIT_LOG_EVERY_S = 15.0
@@ -133,13 +189,17 @@ def parse_coordinator(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _source(args: DistributedArgs) -> str:
+    return f", from {args.scheduler}'s environment" if args.scheduler else ""
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
 def _watch_start(args: DistributedArgs, started: threading.Event, log: Callable[[str], object]) -> None:
     """Log while the job assembles; exit 2 with a message when it has not started in time."""
-    who = (f"process {args.process_id} of {args.num_processes}" if args.process_id is not None
+    who = (f"process {args.process_id} of {args.num_processes}{_source(args)}" if args.process_id is not None
            else "this process (auto-detected job)")
     where = args.coordinator or "auto-detected"
     timeout = args.coordinator_timeout_s
@@ -155,7 +215,11 @@ def _watch_start(args: DistributedArgs, started: threading.Event, log: Callable[
     if started.is_set():
         return
     reachable = _reachable(args.coordinator) if args.coordinator else None
-    if reachable is False:
+    if args.scheduler:
+        why = (f"not all {args.num_processes} processes of the {args.scheduler} job reached the coordinator "
+               f"{where} (process 0's node, port from the job id; JAX_COORDINATOR_PORT sets another): check "
+               "that every task runs the same command and that the port is open between the nodes")
+    elif reachable is False:
         why = (f"nothing accepts connections at {where}: check that process 0 was started with "
                f"--coordinator {where} on that machine, and that the host name resolves and the port "
                "is open between the machines")
