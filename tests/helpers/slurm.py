@@ -49,7 +49,9 @@ def _conf(root: Path, cpus: int) -> str:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={root}/munge/munge.socket",
+            # A requeued job may start again once the old run's credentials expire (cred_expire, 120 s by
+        # default, which SLURM also waits before it starts a requeued job): seconds here.
+        f"AuthInfo=socket={root}/munge/munge.socket,cred_expire=5",
             f"StateSaveLocation={root}/state",
             f"SlurmdSpoolDir={root}/spool",
             f"SlurmctldPidFile={root}/slurmctld.pid",

@@ -25,6 +25,7 @@ from equipax.launch.commands.convert_command import convert_app  # noqa: E402
 from equipax.launch.commands.data_command import data_app  # noqa: E402
 from equipax.launch.commands.decode_command import decode_cmd  # noqa: E402
 from equipax.launch.commands.eval_command import eval_cmd  # noqa: E402
+from equipax.launch.commands.k8s_command import k8s_cmd  # noqa: E402
 from equipax.launch.commands.pgle_command import pgle_app  # noqa: E402
 from equipax.launch.commands.slurm_command import slurm_cmd  # noqa: E402
 from equipax.launch.commands.train_command import list_cmd, run, show  # noqa: E402
@@ -55,6 +56,7 @@ app.command("eval")(eval_cmd)
 app.command("local-cluster", context_settings={"ignore_unknown_options": True,
                                                "allow_interspersed_args": False})(local_cluster)
 app.command("slurm")(slurm_cmd)
+app.command("k8s")(k8s_cmd)
 app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
 app.add_typer(pgle_app, name="pgle")

@@ -15,13 +15,23 @@ all of the node's devices; with several, each takes its share of the node's GPUs
 
 import dataclasses
 import importlib.util
+import os
 import re
 from collections.abc import Mapping
 
 from equipax.core.configs import MeshConfig
 from equipax.core.knobs import ConfigError
 
-__all__ = ["check_job", "check_layout", "check_shape", "ClusterJob", "detect_job", "first_host", "tasks_on_node"]
+__all__ = [
+    "check_job",
+    "check_layout",
+    "check_shape",
+    "ClusterJob",
+    "detect_job",
+    "find_job",
+    "first_host",
+    "tasks_on_node",
+]
 
 # JAX's choice (jax._src.clusters): a port in the top 4096 of the range, from the job id, so two
 # jobs on one node rarely collide and every process of a job computes the same one.
@@ -82,6 +92,28 @@ def detect_job(environ: Mapping[str, str]) -> ClusterJob | None:
             "HOST:PORT --num-processes N --process-id I explicitly."
         ) from None
     return None
+
+
+def find_job(
+    mesh: MeshConfig | None, *, cpu_devices: int | None, environ: Mapping[str, str] = os.environ
+) -> ClusterJob | None:
+    """`--distributed-auto`: the SLURM / Open MPI job of this process, checked against `mesh`.
+
+    None when there is no such job (JAX then detects Cloud TPU). Reads only the environment:
+    call it before JAX starts.
+
+    Arguments:
+        mesh: the experiment's mesh (None: nothing to check, e.g. a benchmark).
+        cpu_devices: `--cpu-devices`, the devices of each process when given.
+        environ: the environment.
+
+    Raises:
+        ConfigError: the job cannot hold the mesh (`check_job`), or its variables cannot be read.
+    """
+    job = detect_job(environ)
+    if job is not None and mesh is not None:
+        check_job(job, mesh, devices_per_process=cpu_devices or job.devices_per_process)
+    return job
 
 
 def _slurm(env: Mapping[str, str]) -> ClusterJob:
@@ -250,7 +282,8 @@ def check_layout(
                 fixes.append(f"give each process {mesh.num_devices // processes} devices")
             fixes.append("change the mesh (`launch show --exp NAME` prints it)")
             raise ConfigError(
-                f"The job has {processes_text} x {devices_per_process} devices each = {total} devices, but the "
+                f"The job has {processes_text} x {devices_per_process} device{'s' if devices_per_process != 1 else ''} "
+                f"each = {total} devices, but the "
                 f"experiment's mesh ({_mesh_text(mesh)}) needs {need}: {', or '.join(fixes)}."
             )
     # Each DCN block (a slice, or a group of hosts) is whole processes, or one process holds whole blocks.

@@ -21,21 +21,18 @@ from jax.experimental import multihost_utils
 from rich.console import Console
 
 from equipax.core.knobs import ConfigError
-from equipax.core.configs import MeshConfig
-from equipax.launch.cluster.detect import ClusterJob, check_job, check_shape, detect_job
+from equipax.launch.cluster.detect import ClusterJob
 from equipax.launch.errors import EXIT_USER_ERROR
 
 __all__ = [
     "any_process",
     "barrier",
-    "check_started",
     "DistributedArgs",
     "gather_host_states",
     "host_state",
     "HostConsole",
     "initialize",
     "is_primary",
-    "join_job",
     "parse_coordinator",
     "to_host",
     "WAIT_LOG_EVERY_S",
@@ -142,36 +139,6 @@ def initialize(args: DistributedArgs, *, log: Callable[[str], object] | None = N
         ) from None
     finally:
         started.set()
-
-
-def join_job(args: DistributedArgs, mesh: MeshConfig | None, *, cpu_devices: int | None) -> DistributedArgs:
-    """With `--distributed-auto`, the SLURM / Open MPI job this process is in, checked against `mesh`.
-
-    Returns `args` unchanged without `auto`, or when no such job is found (JAX then detects Cloud
-    TPU), and otherwise the job's explicit coordinator, process count and index. Reads only the
-    environment: JAX has not started.
-
-    Raises:
-        ConfigError: the job cannot hold the mesh (`cluster.detect.check_job`), or its variables
-            cannot be read.
-    """
-    if not args.auto:
-        return args
-    job = detect_job(os.environ)
-    if job is None:
-        return args
-    if mesh is not None:
-        check_job(job, mesh, devices_per_process=cpu_devices or job.devices_per_process)
-    return args.joining(job)
-
-
-def check_started(mesh: MeshConfig) -> None:
-    """Right after joining: this job's processes x local devices must hold `mesh` (on every process).
-
-    Raises:
-        ConfigError: they do not; the message names both numbers and the fix.
-    """
-    check_shape(mesh, num_processes=jax.process_count(), local_devices=jax.local_device_count())
 
 
 WAIT_LOG_EVERY_S = 15.0

@@ -117,7 +117,9 @@ class SlurmJob:
         )
 
 
-def sbatch_script(job: SlurmJob, *, exp: str, overrides: Sequence[str], job_log_dir: str, mesh: MeshConfig) -> str:
+def sbatch_script(
+    job: SlurmJob, *, exp: str, overrides: Sequence[str], job_log_dir: str, mesh: MeshConfig, made_by: str = ""
+) -> str:
     """The sbatch script for `exp` (with `overrides`) on `job`; `job.check(mesh)` first.
 
     Arguments:
@@ -126,6 +128,7 @@ def sbatch_script(job: SlurmJob, *, exp: str, overrides: Sequence[str], job_log_
         overrides: `--set` overrides, in order.
         job_log_dir: the job directory (relative paths are from the directory sbatch is run in).
         mesh: the experiment's mesh, after the overrides.
+        made_by: the command that wrote the script, for its first comment.
 
     Returns:
         The script's text.
@@ -146,7 +149,7 @@ def sbatch_script(job: SlurmJob, *, exp: str, overrides: Sequence[str], job_log_
     ]
     if job.cpu_devices is not None:
         run += ["--cpu-devices", str(job.cpu_devices)]
-    devices = f"{job.devices_per_task} {'CPU devices' if job.cpu_devices is not None else 'GPUs'}"
+    unit = "CPU device" if job.cpu_devices is not None else "GPU"
     shape = "x".join(str(n) for n in mesh.shape)
     options = [
         f"--job-name={exp}",
@@ -164,11 +167,13 @@ def sbatch_script(job: SlurmJob, *, exp: str, overrides: Sequence[str], job_log_
     ]
     lines = [
         "#!/bin/bash",
-        f"# {exp} on {job.nodes} node(s) x {job.tasks_per_node} task(s) x {devices} = mesh {shape} "
-        f"(ici_mesh_shape={mesh.ici_mesh_shape} x dcn_mesh_shape={mesh.dcn_mesh_shape}).",
-        "# Written by `launch slurm`; submit with `sbatch FILE`. SIGTERM (scancel --signal=TERM, the time limit's",
-        f"# warning {job.grace_s} s before, a preemption) makes `launch run` save a checkpoint and exit 75; the job",
-        "# is then requeued and resumes from that checkpoint.",
+        f"# Written by `{made_by or 'launch slurm'}`; submit it with `sbatch FILE`.",
+        f"# {exp}: {_count(job.nodes, 'node')} x {_count(job.tasks_per_node, 'task')} x "
+        f"{_count(job.devices_per_task, unit)} "
+        f"= {job.processes * job.devices_per_task} devices, mesh {shape} (ici_mesh_shape={mesh.ici_mesh_shape} x "
+        f"dcn_mesh_shape={mesh.dcn_mesh_shape}).",
+        f"# On SIGTERM (scancel --signal=TERM, {job.grace_s} s before the time limit, a preemption) `launch run` saves",
+        "# a checkpoint and exits 75; the job is then requeued and resumes from that checkpoint.",
         *[f"#SBATCH {o}" for o in options],
         "",
         *job.setup,
@@ -183,3 +188,7 @@ def sbatch_script(job: SlurmJob, *, exp: str, overrides: Sequence[str], job_log_
         'exit "$code"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def _count(n: int, unit: str) -> str:
+    return f"{n} {unit}{'s' if n != 1 else ''}"

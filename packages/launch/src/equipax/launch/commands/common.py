@@ -1,5 +1,6 @@
 """What every `launch` command shares: consoles, option types, resolving an experiment."""
 
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -10,6 +11,7 @@ from equipax.launch.errors import EXIT_USER_ERROR
 from equipax.launch.experiments import registry
 
 __all__ = [
+    "command_line",
     "CpuDevicesOption",
     "DEFAULT_EXPERIMENT",
     "err",
@@ -34,6 +36,29 @@ SetOption = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override a knob: KNOB=VALUE (repeatable), e.g. model.transformer.num_layers=2."),
 ]
+
+
+def command_line(name: str, command: Callable[..., Any], values: Mapping[str, Any]) -> str:
+    """`command` as a user would type it: `launch NAME` and the options in `values` that differ from
+    their defaults (`values`: the command's parameters, e.g. its `locals()`).
+
+    Files that a command writes (job scripts, manifests) name it, so they can be made again.
+    """
+    import inspect
+    import shlex
+    import typing
+
+    words = ["launch", name]
+    for param in inspect.signature(command).parameters.values():
+        value = values[param.name]
+        if value is None or value == param.default or value in ((), []):
+            continue
+        info = next(m for m in typing.get_args(param.annotation)[1:] if isinstance(m, typer.models.OptionInfo))
+        # With Annotated, typer takes the first flag as the option's `default` field.
+        flag = max((d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d.startswith("-")), key=len)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            words += [flag] if v is True else [flag, str(v)]
+    return shlex.join(words)
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:

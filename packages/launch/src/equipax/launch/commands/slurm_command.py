@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.commands.common import ExpOption, SetOption, err, fail, resolve
+from equipax.launch.commands.common import ExpOption, SetOption, command_line, err, fail, resolve
 
 __all__ = ["slurm_cmd"]
 
@@ -45,6 +45,7 @@ def slurm_cmd(
     ] = None,
 ) -> None:
     """Print an sbatch script for an experiment: `launch slurm --exp NAME --nodes N --gpus-per-node G`."""
+    given = dict(locals())
     from equipax.launch.cluster.slurm import SlurmJob, sbatch_script
 
     entry, cfg, _ = resolve(exp, set_)
@@ -64,7 +65,12 @@ def slurm_cmd(
             launcher=launcher,
         )
         script = sbatch_script(
-            job, exp=exp, overrides=list(set_ or []), job_log_dir=job_log_dir or f"runs/{cfg.name}", mesh=cfg.mesh
+            job,
+            exp=exp,
+            overrides=list(set_ or []),
+            job_log_dir=job_log_dir or f"runs/{cfg.name}",
+            mesh=cfg.mesh,
+            made_by=command_line("slurm", slurm_cmd, given),
         )
     except ConfigError as e:
         fail(str(e))

@@ -113,14 +113,17 @@ def run(
     entry, cfg, sources = resolve(exp, set_)  # a pure value: no device touched yet
     # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
     from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
-    from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, check_started, initialize, join_job
+    from equipax.launch.cluster.detect import check_shape, find_job
+    from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
     from equipax.launch.aot.flags import apply_compiler_flags
     from equipax.launch.training.profiling import set_xla_flags
     dist = DistributedArgs(coordinator, num_processes, process_id, auto=distributed_auto,
                            coordinator_timeout_s=coordinator_timeout)
     try:
         # --distributed-auto under SLURM / Open MPI: the job's shape is read (and checked) before JAX starts.
-        dist = join_job(dist, cfg.mesh if entry.kind == "train" else None, cpu_devices=cpu_devices)
+        job = find_job(cfg.mesh if entry.kind == "train" else None, cpu_devices=cpu_devices) if distributed_auto else None
+        if job is not None:
+            dist = dist.joining(job)
         if entry.kind == "train":  # refuse a device count the mesh cannot use before creating them
             check_cpu_devices(cpu_devices, cfg.mesh, num_processes=dist.num_processes or 1)
             # train.xla_flags / libtpu_init_args, then PGLE: read when the backend (libtpu) starts.
@@ -129,8 +132,10 @@ def run(
             set_xla_flags(cfg.train)
         use_cpu_devices(cpu_devices)
         initialize(dist)
-        if dist.requested and entry.kind == "train":
-            check_started(cfg.mesh)
+        if dist.requested and entry.kind == "train":  # every process, once the job has started
+            import jax
+
+            check_shape(cfg.mesh, num_processes=jax.process_count(), local_devices=jax.local_device_count())
     except ConfigError as e:
         fail(str(e))
     job_dir = job_log_dir or Path("runs") / cfg.name
