@@ -50,8 +50,8 @@ def _conf(root: Path, cpus: int) -> str:
             "AuthType=auth/munge",
             "CredType=cred/munge",
             # A requeued job may start again once the old run's credentials expire (cred_expire, 120 s by
-        # default, which SLURM also waits before it starts a requeued job): seconds here.
-        f"AuthInfo=socket={root}/munge/munge.socket,cred_expire=5",
+            # default, which SLURM also waits before it starts a requeued job): seconds here.
+            f"AuthInfo=socket={root}/munge/munge.socket,cred_expire=5",
             f"StateSaveLocation={root}/state",
             f"SlurmdSpoolDir={root}/spool",
             f"SlurmctldPidFile={root}/slurmctld.pid",

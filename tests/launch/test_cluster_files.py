@@ -190,7 +190,7 @@ def test_a_job_that_holds_the_mesh_passes():
 
 def test_after_discovery_every_process_checks_the_devices():
     from equipax.core.knobs import ConfigError
-    from equipax.launch.cluster.detect import check_shape
+    from equipax.launch.cluster.shape import check_shape
 
     check_shape(mesh((1, 64, 1), (2, 1, 1)), num_processes=32, local_devices=4)  # 2 x v5p-128
     with pytest.raises(ConfigError, match=r"16 processes x 4 devices each = 64 devices.*needs 128: run 32 processes"):

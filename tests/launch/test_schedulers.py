@@ -194,6 +194,7 @@ def test_slurm_job_trains_is_preempted_requeued_and_resumes_bit_for_bit(tmp_path
 
         wait_until(lambda: training_started(job), 240, "the SLURM job did not start training", show)
         subprocess.run(["scancel", "--signal=TERM", job_id], env=env, check=True)
+
         # exit 75 -> `scontrol requeue` in the script -> the job runs again (slurm.conf: cred_expire=5).
         def ended() -> bool:
             info = slurm.scontrol(env, "show", "job", job_id)

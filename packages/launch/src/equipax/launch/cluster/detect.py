@@ -6,7 +6,7 @@ before JAX starts, so a job that cannot run the experiment is refused at once wi
 cluster detection finds it: the first node of the SLURM step, or the host `mpirun` runs on, with
 the port derived from the job id (`JAX_COORDINATOR_PORT` overrides it). Cloud TPU VMs and GKE TPU
 pods are left to JAX, which reads the TPU metadata; their process and device counts are checked
-once the job has started (`check_shape`).
+once the job has started (`cluster.shape.check_shape`).
 
 Which devices a process sees (`ClusterJob.local_device_ids`): with one process per node it sees
 all of the node's devices; with several, each takes its share of the node's GPUs (SLURM's
@@ -21,17 +21,9 @@ from collections.abc import Mapping
 
 from equipax.core.configs import MeshConfig
 from equipax.core.knobs import ConfigError
+from equipax.launch.cluster.shape import check_layout
 
-__all__ = [
-    "check_job",
-    "check_layout",
-    "check_shape",
-    "ClusterJob",
-    "detect_job",
-    "find_job",
-    "first_host",
-    "tasks_on_node",
-]
+__all__ = ["check_job", "ClusterJob", "detect_job", "find_job", "first_host", "tasks_on_node"]
 
 # JAX's choice (jax._src.clusters): a port in the top 4096 of the range, from the job id, so two
 # jobs on one node rarely collide and every process of a job computes the same one.
@@ -237,64 +229,3 @@ def check_job(job: ClusterJob, mesh: MeshConfig, *, devices_per_process: int | N
         unit=unit,
         fix=fix,
     )
-
-
-def check_shape(mesh: MeshConfig, *, num_processes: int, local_devices: int) -> None:
-    """The same checks once the job has started (every process runs them): Cloud TPU, GKE, GPUs.
-
-    Raises:
-        ConfigError: the numbers do not fit; the message names both and the fix.
-    """
-    text = f"{num_processes} process{'es' if num_processes != 1 else ''}"
-    check_layout(mesh, processes=num_processes, devices_per_process=local_devices, processes_text=text)
-
-
-def check_layout(
-    mesh: MeshConfig,
-    *,
-    processes: int,
-    devices_per_process: int | None,
-    processes_text: str,
-    unit: str = "processes",
-    fix: str = "run {n} processes",
-) -> None:
-    """`processes` x `devices_per_process` must be the mesh's devices, in whole DCN blocks.
-
-    Arguments:
-        mesh: the experiment's mesh.
-        processes: the job's process count.
-        devices_per_process: each process's devices (None: check the DCN blocks only).
-        processes_text: how the message names the process count, e.g. "3 tasks (SLURM_NTASKS=3)".
-        unit: what the processes are called in the fix ("tasks", "ranks", "processes").
-        fix: the fix that changes the process count, with `{n}` for the right one.
-
-    Raises:
-        ConfigError: they do not fit; the message names both numbers and the fix.
-    """
-    if devices_per_process is not None:
-        total = processes * devices_per_process
-        if not (total == mesh.num_devices or (mesh.flexible and total % mesh.num_devices == 0)):
-            need = f"a multiple of {mesh.num_devices}" if mesh.flexible else str(mesh.num_devices)
-            fixes = []
-            if not mesh.flexible and mesh.num_devices % devices_per_process == 0:
-                fixes.append(fix.format(n=mesh.num_devices // devices_per_process))
-            if not mesh.flexible and mesh.num_devices % processes == 0:
-                fixes.append(f"give each process {mesh.num_devices // processes} devices")
-            fixes.append("change the mesh (`launch show --exp NAME` prints it)")
-            raise ConfigError(
-                f"The job has {processes_text} x {devices_per_process} device{'s' if devices_per_process != 1 else ''} "
-                f"each = {total} devices, but the "
-                f"experiment's mesh ({_mesh_text(mesh)}) needs {need}: {', or '.join(fixes)}."
-            )
-    # Each DCN block (a slice, or a group of hosts) is whole processes, or one process holds whole blocks.
-    slices = mesh.num_slices
-    if processes % slices and slices % processes:
-        raise ConfigError(
-            f"The job has {processes_text}, which do not split into the mesh's {slices} DCN blocks "
-            f"(dcn_mesh_shape={mesh.dcn_mesh_shape}: each block is whole processes): use a multiple of {slices} "
-            f"{unit}, or a dcn_mesh_shape whose product divides {processes}."
-        )
-
-
-def _mesh_text(mesh: MeshConfig) -> str:
-    return f"ici_mesh_shape={mesh.ici_mesh_shape} x dcn_mesh_shape={mesh.dcn_mesh_shape}"

@@ -26,6 +26,7 @@ from equipax.core.configs import MeshConfig
 from equipax.core.knobs import ConfigError
 from equipax.launch.aot.flags import apply_compiler_flags
 from equipax.launch.aot.tpu import TPU_SLICES, TpuSlice, lookup_slice
+from equipax.launch.cluster.shape import check_counts
 
 __all__ = ["GKE_ACCELERATORS", "jobset_manifest", "REPLICATED_JOB", "TpuJobSet"]
 
@@ -66,13 +67,9 @@ class TpuJobSet:
     launcher: str = "launch"
 
     def __post_init__(self) -> None:
-        for knob, value, least in (
-            ("--slices", self.slices, 1),
-            ("--max-restarts", self.max_restarts, 0),
-            ("--grace-s", self.grace_s, 1),
-        ):
-            if value < least:
-                raise ConfigError(f"{knob} must be >= {least}; got {value}.")
+        check_counts(
+            ("--slices", self.slices, 1), ("--max-restarts", self.max_restarts, 0), ("--grace-s", self.grace_s, 1)
+        )
         if not self.image.strip():
             raise ConfigError("--image is empty: give the container image that has equipax installed.")
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from equipax.core.configs import MeshConfig
 from equipax.core.knobs import ConfigError
-from equipax.launch.cluster.detect import check_layout
+from equipax.launch.cluster.shape import check_counts, check_layout
 
 __all__ = ["sbatch_script", "SlurmJob"]
 
@@ -51,14 +51,12 @@ class SlurmJob:
     launcher: str = "launch"
 
     def __post_init__(self) -> None:
-        for knob, value, least in (
+        check_counts(
             ("--nodes", self.nodes, 1),
             ("--tasks-per-node", self.tasks_per_node, 1),
             ("--gpus-per-node", self.gpus_per_node, 0),
             ("--grace-s", self.grace_s, 1),
-        ):
-            if value < least:
-                raise ConfigError(f"{knob} must be >= {least}; got {value}.")
+        )
         if self.cpu_devices is not None:
             if self.cpu_devices < 1:
                 raise ConfigError(f"--cpu-devices must be >= 1; got {self.cpu_devices}.")

@@ -1,6 +1,7 @@
 """What every `launch` command shares: consoles, option types, resolving an experiment."""
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -12,6 +13,7 @@ from equipax.launch.experiments import registry
 
 __all__ = [
     "command_line",
+    "emit",
     "CpuDevicesOption",
     "DEFAULT_EXPERIMENT",
     "err",
@@ -59,6 +61,24 @@ def command_line(name: str, command: Callable[..., Any], values: Mapping[str, An
         for v in value if isinstance(value, (list, tuple)) else [value]:
             words += [flag] if v is True else [flag, str(v)]
     return shlex.join(words)
+
+
+def emit(text: str, output: Path | None, *, then: str, mode: int = 0o644) -> None:
+    """Print a file a command made, or write it to `output` and say what to do with it.
+
+    Arguments:
+        text: the file's contents.
+        output: where to write it (None: print it).
+        then: the next step, with `{path}` for the file, e.g. "submit it with `sbatch {path}`".
+        mode: the written file's permissions.
+    """
+    if output is None:
+        print(text, end="")
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    output.chmod(mode)
+    err.print(f"Wrote {output}: {then.format(path=output)}.", highlight=False)
 
 
 def fail(message: str, code: int = EXIT_USER_ERROR) -> NoReturn:

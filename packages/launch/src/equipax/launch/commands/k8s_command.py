@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.commands.common import ExpOption, SetOption, command_line, err, fail, resolve
+from equipax.launch.commands.common import ExpOption, SetOption, command_line, emit, fail, resolve
 
 __all__ = ["k8s_cmd"]
 
@@ -69,11 +69,4 @@ def k8s_cmd(
         f"# Written by `{command_line('k8s', k8s_cmd, given)}`; start it with `kubectl apply -f FILE`.\n"
         + yaml.safe_dump(manifest, sort_keys=False, width=1000)
     )
-    if output is None:
-        print(text, end="")
-        return
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
-    err.print(
-        f"Wrote {output}: start it with `kubectl apply -f {output}` (JobSet controller installed).", highlight=False
-    )
+    emit(text, output, then="start it with `kubectl apply -f {path}` (the JobSet controller installed)")

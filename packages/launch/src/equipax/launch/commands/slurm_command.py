@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.commands.common import ExpOption, SetOption, command_line, err, fail, resolve
+from equipax.launch.commands.common import ExpOption, SetOption, command_line, emit, fail, resolve
 
 __all__ = ["slurm_cmd"]
 
@@ -74,10 +74,4 @@ def slurm_cmd(
         )
     except ConfigError as e:
         fail(str(e))
-    if output is None:
-        print(script, end="")
-        return
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(script)
-    output.chmod(0o755)
-    err.print(f"Wrote {output}: submit it with `sbatch {output}`.", highlight=False)
+    emit(script, output, then="submit it with `sbatch {path}`", mode=0o755)

@@ -113,7 +113,8 @@ def run(
     entry, cfg, sources = resolve(exp, set_)  # a pure value: no device touched yet
     # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
     from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
-    from equipax.launch.cluster.detect import check_shape, find_job
+    from equipax.launch.cluster.detect import find_job
+    from equipax.launch.cluster.shape import check_shape
     from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
     from equipax.launch.aot.flags import apply_compiler_flags
     from equipax.launch.training.profiling import set_xla_flags
