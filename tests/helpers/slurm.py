@@ -140,8 +140,24 @@ def local_slurm(root: Path, *, cpus: int = 4, timeout: float = 60.0) -> Iterator
         _wait(idle, timeout, "the SLURM node did not become idle", root)
         yield env
     finally:
+        if len(procs) == len(DAEMONS):  # job steps outlive slurmd: end what a failed test left running
+            _cancel_all(env)
         for proc in reversed(procs):
             _stop(proc)
+
+
+def _cancel_all(env: dict[str, str]) -> None:
+    jobs = subprocess.run([_which("squeue"), "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
+    if not jobs:
+        return
+    subprocess.run([_which("scancel"), "--full", "--signal=KILL", *jobs], env=env, capture_output=True)
+    subprocess.run([_which("scancel"), *jobs], env=env, capture_output=True)
+    deadline = time.monotonic() + 30
+    while (
+        time.monotonic() < deadline
+        and subprocess.run([_which("squeue"), "-h", "-o", "%i"], env=env, capture_output=True, text=True).stdout.split()
+    ):
+        time.sleep(0.5)
 
 
 def _wait(ready, timeout: float, what: str, root: Path) -> None:

@@ -122,9 +122,14 @@ def assert_resumed_exactly(job: Path, reference: dict, output: str) -> None:
     assert digest(job) == reference["digest"]
 
 
+NO_SLURM = slurm.missing()
+NO_MPI = (
+    None if shutil.which("mpirun") else "Open MPI is not installed (mpirun not found): `apt-get install openmpi-bin`"
+)
+
+
+@pytest.mark.skipif(NO_SLURM is not None, reason=str(NO_SLURM))
 def test_slurm_job_trains_is_preempted_requeued_and_resumes_bit_for_bit(tmp_path, reference):
-    if (why := slurm.missing()) is not None:
-        pytest.skip(why)
     from typer.testing import CliRunner
 
     from equipax.launch.cli import app
@@ -209,12 +214,8 @@ def test_slurm_job_trains_is_preempted_requeued_and_resumes_bit_for_bit(tmp_path
     assert_resumed_exactly(job, reference, output)
 
 
+@pytest.mark.skipif(NO_MPI is not None, reason=str(NO_MPI))
 def test_mpirun_job_trains_is_preempted_and_resumes_bit_for_bit(tmp_path, reference):
-    if shutil.which("mpirun") is None:
-        pytest.skip(
-            "Open MPI is not installed (mpirun not found): `apt-get install openmpi-bin` (.ci/run does) "
-            "to run the Open MPI test"
-        )
     job = tmp_path / "job"
     # Ranks on loopback only, unbound (XLA's threads may use every core), as root where the tests run so.
     mpirun = [
