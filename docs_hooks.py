@@ -94,7 +94,7 @@ def code_blocks(markdown: str) -> Iterator[CodeBlock]:
     for i, j, m in _fences(markdown):
         words = m["info"].split()
         indent = len(m["indent"])
-        body = "\n".join(re.sub(rf"^[ \t]{{0,{indent}}}", "", line) for line in lines[i + 1:j])
+        body = "\n".join(re.sub(rf"^[ \t]{{0,{indent}}}", "", line) for line in lines[i + 1 : j])
         yield CodeBlock(i + 1, words[0] if words else "", tuple(words[1:]), body + "\n" if j > i + 1 else "")
 
 
@@ -125,8 +125,7 @@ def figure_captions(markdown: str, manifest: dict[str, dict[str, Any]] | None = 
             return m[0]
         made = " then ".join(f"`{c}`" for c in entry["commands"]) or entry["source"]
         when = f" on {entry['made']} ({entry['machine']})" if entry["commands"] else f", {entry['made']}"
-        return (f"{m[0]}\n{m['indent']}*Made from {made}{when}; "
-                f"`{entry['regenerate']}` regenerates it.*")
+        return f"{m[0]}\n{m['indent']}*Made from {made}{when}; `{entry['regenerate']}` regenerates it.*"
 
     return _FIGURE.sub(caption, markdown)
 
@@ -187,16 +186,22 @@ def field_meanings(cls: type) -> dict[str, str]:
     for f in dataclasses.fields(cls):
         parts = [comments[f.name]] if f.name in comments else []
         named = [text for names, text in entries if f.name in names]
-        mentioned = [text for names, text in entries if f.name not in names
-                     and re.search(rf"(?<![\w.]){re.escape(f.name)}(?![\w])", text)]
+        mentioned = [
+            text
+            for names, text in entries
+            if f.name not in names and re.search(rf"(?<![\w.]){re.escape(f.name)}(?![\w])", text)
+        ]
         parts += named or mentioned
         out[f.name] = " ".join(dict.fromkeys(parts))
     return out
 
 
 def _dataclass_types(annotation: Any) -> list[type]:
-    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) or \
-        typing.get_origin(annotation) is typing.Union else (annotation,)
+    args = (
+        typing.get_args(annotation)
+        if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
+        else (annotation,)
+    )
     return [a for a in args if isinstance(a, type) and dataclasses.is_dataclass(a)]
 
 
@@ -249,8 +254,11 @@ def api_modules(package: str) -> list[str]:
     """Every public module of `equipax.<package>` (no `_private` part), sorted."""
     pkg = importlib.import_module(f"equipax.{package}")
     names = [pkg.__name__]
-    names += [m.name for m in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}.")
-              if not any(part.startswith("_") for part in m.name.split("."))]
+    names += [
+        m.name
+        for m in pkgutil.walk_packages(pkg.__path__, f"{pkg.__name__}.")
+        if not any(part.startswith("_") for part in m.name.split("."))
+    ]
     return sorted(names)
 
 

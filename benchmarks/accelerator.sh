@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator figures of issue 15, on one GPU or TPU host, in under 8 minutes:
+# The accelerator figures (benchmarks/README.md, "accelerator.sh"), on one GPU or TPU host, in under 8 minutes:
 #   1. the device and its measured bf16 matmul peak;
 #   2. tokens/s and MFU (PaLM definition: model FLOPs / datasheet peak; remat not counted) of the
 #      ~1B LM train step (c4_1b on synthetic tokens, all local chips) in bf16 with the best
@@ -7,8 +7,8 @@
 #   3. the attention kernels' speed (forward + backward, causal, bf16): xla vs the platform's
 #      fused kernel (cuDNN on GPU, splash on TPU);
 #   4. (GPU) both PGLE workflows of docs/pgle.md on a 4-layer, 1024-wide c4_1b: `launch pgle collect` writes a
-#      non-empty profile.pb, a `train.pgle=manual` run with it logs XLA's "Found profile" line, a
-#      `train.pgle=auto` run reports its recompile with the profile.
+#      non-empty profile.pb, a `train.pgle.mode=manual` run with it logs XLA's "Found profile" line, a
+#      `train.pgle.mode=auto` run reports its recompile with the profile.
 # Usage: from the repository root, `bash benchmarks/accelerator.sh [OUT_DIR]` after
 # `uv sync --extra cuda` (GPU) or `uv sync --extra tpu` (TPU). Prints tables; writes OUT_DIR/*.json.
 # Where the packages are installed without uv (an image with JAX already in it), set
@@ -57,7 +57,7 @@ run() {  # name, then extra --set knobs
   local name=$1; shift
   local sets=(--set data.source=synthetic --set data.packing=False --set "mesh.ici_mesh_shape=(1,-1,1)" --set train.num_steps="$STEPS"
               --set train.log_every=5 --set train.eval_every=100000 --set train.checkpoint_every=100000
-              --set train.sample_tokens=0 --set model.transformer.atten_logit_cap=None)
+              --set train.sample.tokens=0 --set model.transformer.atten_logit_cap=None)
   for s in "$@"; do sets+=(--set "$s"); done
   rm -rf "$OUT/$name"
   timeout "${RUN_TIMEOUT:-150}" $LAUNCH run --exp "$EXP" --job-log-dir "$OUT/$name" "${sets[@]}" > "$OUT/$name.log" 2>&1 \
@@ -127,7 +127,7 @@ part4() {
 echo "== 4. PGLE on a 4-layer, 1024-wide $EXP (synthetic tokens): manual (collect, then a run with the profile) and automatic"
 local sets=(--set data.source=synthetic --set data.packing=False --set "mesh.ici_mesh_shape=(1,-1,1)"
             --set model.transformer.num_layers=4 --set model.transformer.model_dims=1024 --set model.transformer.num_heads=8
-            --set model.transformer.hidden_dims=4096 --set train.sample_tokens=0 --set train.log_every=1
+            --set model.transformer.hidden_dims=4096 --set train.sample.tokens=0 --set train.log_every=1
             --set train.eval_every=100000 --set train.checkpoint_every=100000 --set model.dtype=bfloat16)
 rm -rf "$OUT/pgle_collect" "$OUT/pgle_manual" "$OUT/pgle_auto"
 timeout 150 $LAUNCH pgle collect --exp "$EXP" --warmup 2 --steps 3 --job-log-dir "$OUT/pgle_collect" "${sets[@]}" \
@@ -137,7 +137,7 @@ if [[ -s $OUT/pgle_collect/profile.pb ]]; then
   echo "profile.pb: $(stat -c %s "$OUT/pgle_collect/profile.pb") bytes"
   # XLA logs the profile's use at INFO level, which JAX hides unless TF_CPP_MIN_LOG_LEVEL=0.
   TF_CPP_MIN_LOG_LEVEL=0 timeout 150 $LAUNCH run --exp "$EXP" --job-log-dir "$OUT/pgle_manual" "${sets[@]}" \
-    --set train.num_steps=6 --set train.pgle=manual --set "train.pgle_profile_path=$OUT/pgle_collect/profile.pb" \
+    --set train.num_steps=6 --set train.pgle.mode=manual --set "train.pgle.profile_path=$OUT/pgle_collect/profile.pb" \
     > "$OUT/pgle_manual.log" 2>&1 || echo "pgle manual run: failed (see $OUT/pgle_manual.log)"
   # JAX 0.11.2's XLA: "Found profile for module jit_train_step, using profile guided latency estimator",
   # then warnings "Found N instructions from the profile" / "Missing M" when some are not in it.
@@ -147,7 +147,7 @@ else
   echo "profile.pb: missing or empty"
 fi
 timeout 150 $LAUNCH run --exp "$EXP" --job-log-dir "$OUT/pgle_auto" "${sets[@]}" \
-  --set train.num_steps=8 --set train.pgle=auto --set train.pgle_profiling_runs=2 \
+  --set train.num_steps=8 --set train.pgle.mode=auto --set train.pgle.profiling_runs=2 \
   > "$OUT/pgle_auto.log" 2>&1 || echo "pgle auto run: failed (see $OUT/pgle_auto.log)"
 echo "auto: $(grep -h 'recompiled with its PGLE profile' "$OUT/pgle_auto.log" || echo 'no recompile reported')"
 [[ -f $OUT/pgle_auto/metrics.jsonl ]] && $PY -c "import json, sys; print('auto: step times', [(r['step'], round(r['step_time_s'], 4)) for r in map(json.loads, open(sys.argv[1])) if r.get('split') == 'train'])" "$OUT/pgle_auto/metrics.jsonl"

@@ -56,8 +56,12 @@ def init_params(cfg: BaselineConfig, key: jax.Array) -> Params:
 
     layers = [
         {
-            "ln1": jnp.ones((d,)), "qkv": dense((d, 3, h, hd), d), "out": dense((h, hd, d), h * hd),
-            "ln2": jnp.ones((d,)), "up": dense((d, ff), d), "down": dense((ff, d), ff),
+            "ln1": jnp.ones((d,)),
+            "qkv": dense((d, 3, h, hd), d),
+            "out": dense((h, hd, d), h * hd),
+            "ln2": jnp.ones((d,)),
+            "up": dense((d, ff), d),
+            "down": dense((ff, d), ff),
         }
         for _ in range(cfg.num_layers)
     ]
@@ -66,8 +70,8 @@ def init_params(cfg: BaselineConfig, key: jax.Array) -> Params:
 
 def _layernorm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     # square(x) before mean(x): the other order (or a centred two-pass variance) makes XLA:CPU
-    # duplicate the backward fusions across deep stacks (PERF-NOTES.md); a baseline slowed by that
-    # trap would flatter equipax.
+    # duplicate the backward fusions across deep stacks (benchmarks/README.md, "The LayerNorm
+    # trap"); a baseline slowed by that trap would flatter equipax.
     mean_sq = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = mean_sq - jnp.square(mean)
@@ -113,8 +117,14 @@ def loss_fn(cfg: BaselineConfig, params: Params, batch: dict[str, jax.Array]) ->
 
 def make_optimizer(cfg: BaselineConfig, learning_rate: float | Callable[[Any], Any]) -> optax.GradientTransformation:
     """Global-norm clip (if set), then AdamW with decay on parameters of two or more dims."""
-    adamw = optax.adamw(learning_rate, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                        mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
+    adamw = optax.adamw(
+        learning_rate,
+        b1=cfg.b1,
+        b2=cfg.b2,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p),
+    )
     if cfg.clip_gradient_norm is None:
         return adamw
     return optax.chain(optax.clip_by_global_norm(cfg.clip_gradient_norm), adamw)

@@ -8,7 +8,8 @@ preset (default: 20m, the ~20M-parameter LM with its Adam state), the time of:
   - a restore with verification, and the same restore with verification switched off.
 Prints a table and writes JSON:
 
-    uv run python benchmarks/checkpoint_checksums.py --preset 20m --repeats 5 --out benchmarks/results/checkpoint_checksums.json
+    uv run python benchmarks/checkpoint_checksums.py --preset 20m --repeats 5 \
+        --out benchmarks/results/checkpoint_checksums.json
 """
 
 import argparse
@@ -37,10 +38,11 @@ def _median_s(fn: Any, repeats: int) -> float:
 
 def measure(preset_name: str, *, repeats: int) -> dict[str, Any]:
     """Median seconds of each operation on `preset_name`'s initial train state."""
-    import equipax.launch.jobdir.checkpoints as ckpt_module
-    from equipax.launch.jobdir.checkpoints import Checkpointer, flat_arrays
-    from equipax.launch.jobdir.checksums import array_checksums
     from train_step import PRESETS, preset_training
+
+    import equipax.launch.jobdir.checkpoints as ckpt_module
+    from equipax.launch.jobdir.checkpoints import Checkpointer
+    from equipax.launch.jobdir.checksums import array_checksums, flat_arrays
 
     training = preset_training(PRESETS[preset_name]())
     state = training.init_state()
@@ -62,20 +64,25 @@ def measure(preset_name: str, *, repeats: int) -> dict[str, Any]:
         assert latest is not None
         ckpt.restore(latest, state)  # warm
         restore_s = _median_s(lambda: jax.block_until_ready(ckpt.restore(latest, state)), repeats)
-        verify = getattr(ckpt_module, "verify")  # the restore's checksum check, switched off to time it
-        setattr(ckpt_module, "verify", lambda *args: None)
+        verify = ckpt_module.verify  # the restore's checksum check, switched off to time it
+        ckpt_module.verify = lambda *args: None
         try:
             unverified_s = _median_s(lambda: jax.block_until_ready(ckpt.restore(latest, state)), repeats)
         finally:
-            setattr(ckpt_module, "verify", verify)
+            ckpt_module.verify = verify
         ckpt.close()
     return {
-        "preset": preset_name, "device": jax.devices()[0].device_kind, "arrays": len(flat),
-        "state_mb": round(nbytes / 1e6, 1), "repeats": repeats,
-        "checksums_s": round(checksum_s, 4), "checksums_gb_per_s": round(nbytes / checksum_s / 1e9, 2),
+        "preset": preset_name,
+        "device": jax.devices()[0].device_kind,
+        "arrays": len(flat),
+        "state_mb": round(nbytes / 1e6, 1),
+        "repeats": repeats,
+        "checksums_s": round(checksum_s, 4),
+        "checksums_gb_per_s": round(nbytes / checksum_s / 1e9, 2),
         "save_with_checksums_s": round(save_s, 4),
         "checksums_share_of_save": round(checksum_s / save_s, 3),
-        "restore_verified_s": round(restore_s, 4), "restore_unverified_s": round(unverified_s, 4),
+        "restore_verified_s": round(restore_s, 4),
+        "restore_unverified_s": round(unverified_s, 4),
         "verify_share_of_restore": round((restore_s - unverified_s) / restore_s, 3),
     }
 

@@ -29,7 +29,8 @@ HEAVY = ("jax", "grain", "orbax", "optax", "equinox")
 # Runs the CLI, then reports which heavy top-level modules it imported (after the command's exit).
 PROBE = (
     "import atexit, sys\n"
-    "atexit.register(lambda: print('HEAVY=' + ','.join(sorted({m.split('.')[0] for m in sys.modules} & set(sys.argv[1].split(',')))), file=sys.stderr))\n"
+    "atexit.register(lambda: print('HEAVY=' + ','.join(sorted({m.split('.')[0] for m in sys.modules}"
+    " & set(sys.argv[1].split(',')))), file=sys.stderr))\n"
     "heavy = sys.argv.pop(1)\n"
     "from equipax.launch.cli import main\n"
     "sys.argv[0] = 'launch'\n"
@@ -61,9 +62,13 @@ def main(argv: list[str] | None = None) -> dict:
             heavy[name] = imported
     load_after = os.getloadavg()
     results = {
-        "load_before": load_before, "load_after": load_after, "repeats": args.repeats,
-        "commands": {name: {"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts),
-                            "heavy_imports": heavy[name]} for name, ts in times.items()},
+        "load_before": load_before,
+        "load_after": load_after,
+        "repeats": args.repeats,
+        "commands": {
+            name: {"median_s": statistics.median(ts), "min_s": min(ts), "max_s": max(ts), "heavy_imports": heavy[name]}
+            for name, ts in times.items()
+        },
     }
     print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f}; {args.repeats} processes each")
     print(f"{'command':32s} {'median s':>9s} {'min s':>7s} {'max s':>7s}  heavy imports")

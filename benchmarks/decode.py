@@ -34,8 +34,8 @@ import numpy as np
 from equipax.core.flops import count_params
 from equipax.core.nn import TransformerConfig
 from equipax.models.decode import decode, init_cache, prefill
-from equipax.models.lm import LMConfig, TransformerLM, generate
 from equipax.models.llama import LlamaConfig, LlamaLM
+from equipax.models.lm import LMConfig, TransformerLM, generate
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "decode.json"
 FAMILIES = ("lm", "llama")
@@ -46,17 +46,28 @@ def build_model(family: str, *, max_seq_len: int, tiny: bool) -> TransformerLM |
     vocab, layers, dims, heads, head_dim = (256, 2, 32, 2, 16) if tiny else (2048, 4, 192, 4, 48)
     if family == "lm":
         cfg = LMConfig(
-            vocab_size=vocab, max_seq_len=max_seq_len,
+            vocab_size=vocab,
+            max_seq_len=max_seq_len,
             transformer=TransformerConfig(
-                num_layers=layers, model_dims=dims, num_heads=heads, head_dim=head_dim,
-                hidden_dims=4 * dims, scan_layers=False,
+                num_layers=layers,
+                model_dims=dims,
+                num_heads=heads,
+                head_dim=head_dim,
+                hidden_dims=4 * dims,
+                scan_layers=False,
             ),
         )
         return TransformerLM(cfg, key=jr.key(0))
     llama = LlamaConfig(
-        vocab_size=vocab, max_seq_len=max_seq_len, num_layers=layers, model_dims=dims,
-        num_heads=heads, num_kv_heads=max(1, heads // 2), head_dim=head_dim,
-        hidden_dims=8 * dims // 3, scan_layers=False,
+        vocab_size=vocab,
+        max_seq_len=max_seq_len,
+        num_layers=layers,
+        model_dims=dims,
+        num_heads=heads,
+        num_kv_heads=max(1, heads // 2),
+        head_dim=head_dim,
+        hidden_dims=8 * dims // 3,
+        scan_layers=False,
     )
     return LlamaLM(llama, key=jr.key(0))
 
@@ -75,8 +86,7 @@ def _timed(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
 
 
 def benchmark_family(
-    family: str, *, prompt_len: int, new_tokens: int, batch: int, repeats: int,
-    uncached_repeats: int, tiny: bool,
+    family: str, *, prompt_len: int, new_tokens: int, batch: int, repeats: int, uncached_repeats: int, tiny: bool
 ) -> dict[str, Any]:
     """Time prefill, cached decode and the uncached reference for one model family."""
     model = build_model(family, max_seq_len=prompt_len + new_tokens, tiny=tiny)
@@ -84,9 +94,7 @@ def benchmark_family(
     prompts = jr.randint(jr.key(1), (batch, prompt_len), 0, vocab, dtype=jnp.int32)
     lengths = jnp.full((batch,), prompt_len, jnp.int32)
 
-    run_prefill = eqx.filter_jit(
-        lambda m, p, n: prefill(m, p, n, init_cache(m, batch, prompt_len + new_tokens))[0]
-    )
+    run_prefill = eqx.filter_jit(lambda m, p, n: prefill(m, p, n, init_cache(m, batch, prompt_len + new_tokens))[0])
     prefill_first, prefill_times = _timed(lambda: run_prefill(model, prompts, lengths), repeats)
 
     def cached():
@@ -118,9 +126,7 @@ def benchmark_family(
         "uncached_per_token_s": uncached_s / new_tokens,
         "uncached_tokens_per_s": generated / uncached_s,
         "speedup": uncached_s / cached_s,
-        "first_call_s": {
-            "prefill": prefill_first, "cached": cached_first, "uncached": uncached_first,
-        },
+        "first_call_s": {"prefill": prefill_first, "cached": cached_first, "uncached": uncached_first},
         "times_s": {"prefill": prefill_times, "cached": cached_times, "uncached": uncached_times},
         "greedy_tokens_match": bool(np.array_equal(np.asarray(tokens), reference)),
     }
@@ -128,14 +134,28 @@ def benchmark_family(
 
 def _table(results: dict[str, Any]) -> str:
     s = results["settings"]
-    headers = ("family", "params", "prefill ms", "prefill us/tok", "decode ms/tok",
-               "cached tok/s", "uncached tok/s", "speedup", "same tokens")
+    headers = (
+        "family",
+        "params",
+        "prefill ms",
+        "prefill us/tok",
+        "decode ms/tok",
+        "cached tok/s",
+        "uncached tok/s",
+        "speedup",
+        "same tokens",
+    )
     rows = [
         (
-            r["family"], f"{r['params'] / 1e6:.2f}M", f"{r['prefill_s'] * 1e3:.1f}",
-            f"{r['prefill_per_prompt_token_s'] * 1e6:.0f}", f"{r['decode_per_token_s'] * 1e3:.2f}",
-            f"{r['cached_tokens_per_s']:.0f}", f"{r['uncached_tokens_per_s']:.0f}",
-            f"{r['speedup']:.1f}x", "yes" if r["greedy_tokens_match"] else "NO",
+            r["family"],
+            f"{r['params'] / 1e6:.2f}M",
+            f"{r['prefill_s'] * 1e3:.1f}",
+            f"{r['prefill_per_prompt_token_s'] * 1e6:.0f}",
+            f"{r['decode_per_token_s'] * 1e3:.2f}",
+            f"{r['cached_tokens_per_s']:.0f}",
+            f"{r['uncached_tokens_per_s']:.0f}",
+            f"{r['speedup']:.1f}x",
+            "yes" if r["greedy_tokens_match"] else "NO",
         )
         for r in results["families"].values()
     ]
@@ -144,7 +164,8 @@ def _table(results: dict[str, Any]) -> str:
     lines = [
         f"decode: prompt {s['prompt_len']}, {s['new_tokens']} new tokens, batch {s['batch']}, "
         f"greedy; medians of {s['repeats']} (uncached: {s['uncached_repeats']}) timed calls",
-        fmt.format(*headers), fmt.format(*("-" * w for w in widths)),
+        fmt.format(*headers),
+        fmt.format(*("-" * w for w in widths)),
     ]
     lines += [fmt.format(*row) for row in rows]
     return "\n".join(lines)
@@ -183,20 +204,28 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for name in dict.fromkeys(names):
         print(f"[{name}] ...", file=sys.stderr, flush=True)
         per_family[name] = benchmark_family(
-            name, prompt_len=args.prompt_len, new_tokens=args.new_tokens, batch=args.batch,
-            repeats=args.repeats, uncached_repeats=args.uncached_repeats, tiny=args.tiny,
+            name,
+            prompt_len=args.prompt_len,
+            new_tokens=args.new_tokens,
+            batch=args.batch,
+            repeats=args.repeats,
+            uncached_repeats=args.uncached_repeats,
+            tiny=args.tiny,
         )
     results = {
         "benchmark": "decode",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "settings": {
-            "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "batch": args.batch,
-            "repeats": args.repeats, "uncached_repeats": args.uncached_repeats,
+            "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens,
+            "batch": args.batch,
+            "repeats": args.repeats,
+            "uncached_repeats": args.uncached_repeats,
             "tiny": args.tiny,
         },
         "families": per_family,

@@ -45,9 +45,18 @@ LOG_EVERY = 2
 
 def run_args(steps: int, tokenizer: str) -> list[str]:
     """The tiny run every process of every trial repeats (checkpoints every 2 steps)."""
-    return set_args([*TOY, f"train.num_steps={steps}", f"train.log_every={LOG_EVERY}", "train.eval_every=8",
-                     "train.checkpoint_every=2", "train.keep_checkpoints=2", "train.sample_tokens=0",
-                     f"data.tokenizer={tokenizer}"])
+    return set_args(
+        [
+            *TOY,
+            f"train.num_steps={steps}",
+            f"train.log_every={LOG_EVERY}",
+            "train.eval_every=8",
+            "train.checkpoint_every=2",
+            "train.keep_checkpoints=2",
+            "train.sample.tokens=0",
+            f"data.tokenizer={tokenizer}",
+        ]
+    )
 
 
 class Proc:
@@ -56,7 +65,11 @@ class Proc:
     def __init__(self, job: Path, args: list[str], env: dict[str, str]):
         self.popen = subprocess.Popen(
             [sys.executable, "-m", "equipax.launch.cli", "run", "--job-log-dir", str(job), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
         self.started = time.monotonic()
         self.lines: list[str] = []
         self.first_step = threading.Event()
@@ -86,10 +99,15 @@ class Proc:
 
 
 def env_for(cache_dir: Path) -> dict[str, str]:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1",
-               # Compiled programs are reused across the many short processes (same executables).
-               JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        PYTHONUNBUFFERED="1",
+        # Compiled programs are reused across the many short processes (same executables).
+        JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
     return env
 
 
@@ -123,10 +141,14 @@ def outcome(job: Path) -> dict:
     keys = [(r["step"], r["split"]) for r in records]
     # A SIGTERM also logs the step it stopped at; compare the records on the schedule (every 2).
     on_schedule = [r for r in records if r["step"] % LOG_EVERY == 0]
-    return {"state_digest": res["state_digest"], "final_train_loss": res["final_train_loss"],
-            "final_eval_loss": res["final_eval_loss"], "duplicate_records": len(keys) - len(set(keys)),
-            "logged": [(r["step"], r["split"]) for r in on_schedule],
-            "losses": [r["loss"] for r in on_schedule]}
+    return {
+        "state_digest": res["state_digest"],
+        "final_train_loss": res["final_train_loss"],
+        "final_eval_loss": res["final_eval_loss"],
+        "duplicate_records": len(keys) - len(set(keys)),
+        "logged": [(r["step"], r["split"]) for r in on_schedule],
+        "losses": [r["loss"] for r in on_schedule],
+    }
 
 
 def reference(work: Path, args: list[str], env: dict[str, str], timeout: float) -> tuple[dict, float, float]:
@@ -141,10 +163,23 @@ def reference(work: Path, args: list[str], env: dict[str, str], timeout: float) 
     return outcome(job), first, total - first
 
 
-def trial(work: Path, index: int, rng: random.Random, args: list[str], env: dict[str, str], *,
-          kills: int, steps: int, startup_s: float, train_s: float, timeout: float,
-          signals: list[str] | None = None, anchored: bool | None = None,
-          first_delay_s: float | None = None, bitflip: bool = False) -> dict:
+def trial(
+    work: Path,
+    index: int,
+    rng: random.Random,
+    args: list[str],
+    env: dict[str, str],
+    *,
+    kills: int,
+    steps: int,
+    startup_s: float,
+    train_s: float,
+    timeout: float,
+    signals: list[str] | None = None,
+    anchored: bool | None = None,
+    first_delay_s: float | None = None,
+    bitflip: bool = False,
+) -> dict:
     """One trial: `kills` interrupted runs, then one that finishes. Returns its record."""
     job = work / f"trial{index}"
     record = {"trial": index, "kills": [], "corrupt_found": 0, "partial_saves": 0, "bitflip": None}
@@ -171,8 +206,16 @@ def trial(work: Path, index: int, rng: random.Random, args: list[str], env: dict
             code = proc.wait(timeout)
             left = partial_saves(job)
             record["partial_saves"] += left
-            record["kills"].append({"signal": sig, "after_first_step": after_first, "delay_s": round(delay, 3),
-                                    "sent": sent, "exit": code, "partial_save_left": left})
+            record["kills"].append(
+                {
+                    "signal": sig,
+                    "after_first_step": after_first,
+                    "delay_s": round(delay, 3),
+                    "sent": sent,
+                    "exit": code,
+                    "partial_save_left": left,
+                }
+            )
             if sig == "SIGTERM" and sent and code not in (EXIT_PREEMPTED, 0, -signal.SIGTERM):
                 raise RuntimeError(f"SIGTERM gave exit {code}:\n{proc.output}")
         else:
@@ -183,8 +226,14 @@ def trial(work: Path, index: int, rng: random.Random, args: list[str], env: dict
         flipped = record["bitflip"]
         # The flipped checkpoint is read by the first run after the flip that gets to restore.
         if flipped is not None and not flipped.get("detected"):
-            line = next((ln.strip() for ln in proc.output.splitlines()
-                         if f"the checkpoint of step {flipped['step']} does not restore" in ln), "")
+            line = next(
+                (
+                    ln.strip()
+                    for ln in proc.output.splitlines()
+                    if f"the checkpoint of step {flipped['step']} does not restore" in ln
+                ),
+                "",
+            )
             flipped["detected"], flipped["message"] = bool(line), line
             found -= int(bool(line))
         record["corrupt_found"] += found
@@ -192,9 +241,20 @@ def trial(work: Path, index: int, rng: random.Random, args: list[str], env: dict
     return record
 
 
-def run_trials(trials: int, *, seed: int = 0, steps: int = 24, kills: int = 2, tokenizer: str = "sentencepiece",
-               work: Path | None = None, signals: list[str] | None = None, anchored: bool | None = None,
-               first_delay_s: float | None = None, timeout: float = 300.0, bitflips: bool = False) -> dict:
+def run_trials(
+    trials: int,
+    *,
+    seed: int = 0,
+    steps: int = 24,
+    kills: int = 2,
+    tokenizer: str = "sentencepiece",
+    work: Path | None = None,
+    signals: list[str] | None = None,
+    anchored: bool | None = None,
+    first_delay_s: float | None = None,
+    timeout: float = 300.0,
+    bitflips: bool = False,
+) -> dict:
     """Run the reference and `trials` fault trials; return the figures (and every trial's record)."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
@@ -205,21 +265,41 @@ def run_trials(trials: int, *, seed: int = 0, steps: int = 24, kills: int = 2, t
         rng = random.Random(seed)
         records = []
         for i in range(trials):
-            rec = trial(work, i, rng, args, env, kills=kills, steps=steps, startup_s=startup_s, train_s=train_s,
-                        timeout=timeout, signals=signals, anchored=anchored, first_delay_s=first_delay_s,
-                        bitflip=bitflips)
+            rec = trial(
+                work,
+                i,
+                rng,
+                args,
+                env,
+                kills=kills,
+                steps=steps,
+                startup_s=startup_s,
+                train_s=train_s,
+                timeout=timeout,
+                signals=signals,
+                anchored=anchored,
+                first_delay_s=first_delay_s,
+                bitflip=bitflips,
+            )
             rec["match"] = rec.pop("outcome") == ref
             records.append(rec)
             flip = rec["bitflip"]
-            flip_text = (f", bit flip in {flip['file']} {'detected' if flip['detected'] else 'not detected'}"
-                         if flip else "")
-            print(f"trial {i}: {[(k['signal'], k['exit']) for k in rec['kills']]} partial saves left "
-                  f"{rec['partial_saves']}, corrupt found {rec['corrupt_found']}{flip_text}, "
-                  f"{'match' if rec['match'] else 'MISMATCH'}", flush=True)
+            flip_text = (
+                f", bit flip in {flip['file']} {'detected' if flip['detected'] else 'not detected'}" if flip else ""
+            )
+            print(
+                f"trial {i}: {[(k['signal'], k['exit']) for k in rec['kills']]} partial saves left "
+                f"{rec['partial_saves']}, corrupt found {rec['corrupt_found']}{flip_text}, "
+                f"{'match' if rec['match'] else 'MISMATCH'}",
+                flush=True,
+            )
     sent = [k for r in records for k in r["kills"] if k["sent"]]
     flips = [r for r in records if r["bitflip"] is not None]
     return {
-        "trials": trials, "seed": seed, "steps": steps, "tokenizer": tokenizer,
+        "trials": trials,
+        "seed": seed,
+        "steps": steps,
+        "tokenizer": tokenizer,
         "kills_sent": len(sent),
         "sigkill": sum(k["signal"] == "SIGKILL" for k in sent),
         "sigterm": sum(k["signal"] == "SIGTERM" for k in sent),
@@ -229,7 +309,7 @@ def run_trials(trials: int, *, seed: int = 0, steps: int = 24, kills: int = 2, t
         "bitflips": len(flips),
         "bitflips_detected": sum(r["bitflip"]["detected"] for r in flips),
         "bitflips_in_array_files_detected": f"{sum(r['bitflip']['detected'] for r in flips if _array_file(r))}"
-                                            f"/{sum(1 for r in flips if _array_file(r))}",
+        f"/{sum(1 for r in flips if _array_file(r))}",
         "corrupt_restores": sum(not r["bitflip"]["detected"] and not r["match"] for r in flips),
         "mismatches": sum(not r["match"] for r in records),
         "uninterrupted_run_s": round(startup_s + train_s, 1),
@@ -251,12 +331,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--kills", type=int, default=2, help="interrupted runs per trial before the last one")
     p.add_argument("--tokenizer", choices=["sentencepiece", "byte"], default="sentencepiece")
-    p.add_argument("--bitflips", action=argparse.BooleanOptionalAction, default=True,
-                   help="flip one bit of the newest checkpoint before one resume of each trial")
+    p.add_argument(
+        "--bitflips",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="flip one bit of the newest checkpoint before one resume of each trial",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     a = p.parse_args()
-    figures = run_trials(a.trials, seed=a.seed, steps=a.steps, kills=a.kills, tokenizer=a.tokenizer,
-                         bitflips=a.bitflips)
+    figures = run_trials(
+        a.trials, seed=a.seed, steps=a.steps, kills=a.kills, tokenizer=a.tokenizer, bitflips=a.bitflips
+    )
     summary = {k: v for k, v in figures.items() if k != "records"}
     for k, v in summary.items():
         print(f"{k:28s} {v}")

@@ -31,8 +31,8 @@ from typing import Any
 
 from equipax.core.knobs import apply_overrides
 from equipax.data import BaseInput, DocumentLMInput, TextShards, find_shards, iter_text_documents, write_shards
-from equipax.launch.tasks.lm_data import build_lm_inputs, build_tokenizer
 from equipax.launch.experiments.registry import get_experiment
+from equipax.launch.tasks.lm_data import build_lm_inputs, build_tokenizer
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "input_pipeline.json"
@@ -50,9 +50,14 @@ def time_input(inp: BaseInput, batches: int, warmup: int) -> dict[str, float]:
         tokens += batch["ids"].size
         weighted += float(batch["weights"].sum())
     seconds = time.perf_counter() - start
-    return {"batches": batches, "seconds": seconds, "tokens_per_s": tokens / seconds,
-            "real_tokens_per_s": weighted / seconds, "batches_per_s": batches / seconds,
-            "real_fraction": weighted / tokens}
+    return {
+        "batches": batches,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "real_tokens_per_s": weighted / seconds,
+        "batches_per_s": batches / seconds,
+        "real_fraction": weighted / tokens,
+    }
 
 
 def step_rate(override: float | None) -> tuple[float | None, str]:
@@ -87,8 +92,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         tokenizer_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         inputs = build_lm_inputs(cfg, tokenizer)
-        cases["default"] = {"build_s": time.perf_counter() - t0,
-                            **time_input(inputs.train, args.batches, args.warmup)}
+        cases["default"] = {"build_s": time.perf_counter() - t0, **time_input(inputs.train, args.batches, args.warmup)}
 
         from equipax.data import list_plays, load_plays
 
@@ -105,10 +109,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for threads in (int(t) for t in args.threads.split(",")):
                 t0 = time.perf_counter()
                 shards = TextShards(find_shards(out, "c4-train.*"))
-                inp = DocumentLMInput(shards, tokenizer=tokenizer, seq_len=d.seq_len, batch_size=cfg.global_batch_size,
-                                      seed=d.seed, packing=True, read_threads=threads)
+                inp = DocumentLMInput(
+                    shards,
+                    tokenizer=tokenizer,
+                    seq_len=d.seq_len,
+                    batch_size=cfg.global_batch_size,
+                    seed=d.seed,
+                    packing=True,
+                    read_threads=threads,
+                )
                 cases[f"c4_packed_{fmt}_threads{threads}"] = {
-                    "build_s": time.perf_counter() - t0, **time_input(inp, args.batches, args.warmup)}
+                    "build_s": time.perf_counter() - t0,
+                    **time_input(inp, args.batches, args.warmup),
+                }
 
     rate, source = step_rate(args.step_tokens_per_s)
     for case in cases.values():

@@ -31,54 +31,61 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import datetime
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
 
-from equipax.core.knobs import set_knobs  # noqa: E402
-from equipax.core.mesh import build_mesh  # noqa: E402
-from equipax.core.nn import bubble_fraction  # noqa: E402
-from equipax.launch.experiments.registry import get_experiment  # noqa: E402
-from equipax.launch.training.build import build_training  # noqa: E402
+from equipax.core.knobs import set_knobs
+from equipax.core.mesh import build_mesh
+from equipax.core.nn import bubble_fraction
+from equipax.launch.experiments.registry import get_experiment
+from equipax.launch.training.build import build_training
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "pipeline_bubble.json"
 MESHES = {2: (2, 1, 2, 2), 4: (4, 1, 1, 2)}
 
 
-def build_step(stages: int, schedule: str, microbatches: int,
-               args: argparse.Namespace) -> tuple[Callable[[int], list[float]], int]:
+def build_step(
+    stages: int, schedule: str, microbatches: int, args: argparse.Namespace
+) -> tuple[Callable[[int], list[float]], int]:
     """The smoke's train step at this pipeline shape: `run(n)`, which times n more steps, and the
     global batch."""
     repeats = args.circular_repeats if schedule == "circular" else 1
-    cfg = set_knobs(get_experiment("c4_gpt3_xl_pipeline_smoke"), {
-        "mesh.ici_mesh_shape": MESHES[stages],
-        "model.transformer.pipeline_stages": stages,
-        "model.transformer.pipeline_schedule": schedule,
-        "model.transformer.pipeline_repeats": repeats,
-        "model.transformer.num_layers": stages * args.layers_per_stage,
-        "model.transformer.pipeline_microbatches": microbatches,
-        "model.transformer.pipeline_microbatch_size": None,
-        "model.transformer.model_dims": args.model_dims,
-        "model.transformer.hidden_dims": 4 * args.model_dims,
-        "model.transformer.head_dim": args.model_dims // 4,
-        "model.max_seq_len": args.seq,
-        "data.seq_len": args.seq,
-        "data.per_device_batch": args.per_device_batch,
-    })
+    cfg = set_knobs(
+        get_experiment("c4_gpt3_xl_pipeline_smoke"),
+        {
+            "mesh.ici_mesh_shape": MESHES[stages],
+            "model.transformer.pipeline_stages": stages,
+            "model.transformer.pipeline_schedule": schedule,
+            "model.transformer.pipeline_repeats": repeats,
+            "model.transformer.num_layers": stages * args.layers_per_stage,
+            "model.transformer.pipeline_microbatches": microbatches,
+            "model.transformer.pipeline_microbatch_size": None,
+            "model.transformer.model_dims": args.model_dims,
+            "model.transformer.hidden_dims": 4 * args.model_dims,
+            "model.transformer.head_dim": args.model_dims // 4,
+            "model.max_seq_len": args.seq,
+            "data.seq_len": args.seq,
+            "data.per_device_batch": args.per_device_batch,
+        },
+    )
     training = build_training(cfg, build_mesh(cfg.mesh))
     rng = np.random.default_rng(0)
     batch = {}
     for name, spec in training.abstract_batch().items():
-        host = (rng.integers(0, cfg.model.vocab_size, spec.shape).astype(spec.dtype)  # pyright: ignore
-                if name in ("ids", "labels") else np.ones(spec.shape, spec.dtype))
+        host = (
+            rng.integers(0, cfg.model.vocab_size, spec.shape).astype(spec.dtype)  # pyright: ignore
+            if name in ("ids", "labels")
+            else np.ones(spec.shape, spec.dtype)
+        )
         batch[name] = jax.device_put(host, training.batch_sharding)
     key = training.keys.step
     state = training.init_state()
@@ -112,8 +119,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--per-device-batch", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration per round")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds over all configurations (interleaved, so load drift hits all alike)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds over all configurations (interleaved, so load drift hits all alike)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after the compiling one")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -131,10 +142,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 run(1)
                 first = time.perf_counter() - start
                 run(args.warmup)
-                configs.append({"stages": stages, "schedule": schedule, "repeats": repeats, "microbatches": m,
-                                "global_batch": global_batch,
-                                "iterations": repeats * m + stages - 1, "first_step_s": first,
-                                "bubble_fraction": bubble_fraction(stages, m, repeats), "steps_s": [], "run": run})
+                configs.append(
+                    {
+                        "stages": stages,
+                        "schedule": schedule,
+                        "repeats": repeats,
+                        "microbatches": m,
+                        "global_batch": global_batch,
+                        "iterations": repeats * m + stages - 1,
+                        "first_step_s": first,
+                        "bubble_fraction": bubble_fraction(stages, m, repeats),
+                        "steps_s": [],
+                        "run": run,
+                    }
+                )
     for _ in range(args.rounds):
         for c in configs:
             c["steps_s"] += c["run"](args.steps)
@@ -144,8 +165,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         c["step_q1_s"], c["step_s"], c["step_q3_s"] = _quartiles(c["steps_s"])
         rows.append(c)
     for c in rows:
-        base = max((r for r in rows if (r["stages"], r["schedule"]) == (c["stages"], c["schedule"])),
-                   key=lambda r: r["microbatches"])
+        base = max(
+            (r for r in rows if (r["stages"], r["schedule"]) == (c["stages"], c["schedule"])),
+            key=lambda r: r["microbatches"],
+        )
         # Work of the pipelined stack ~ iterations / microbatch-stages = 1 / (1 - bubble).
         c["measured_vs_most_microbatches"] = c["step_s"] / base["step_s"]
         c["predicted_vs_most_microbatches"] = (1 - base["bubble_fraction"]) / (1 - c["bubble_fraction"])
@@ -158,14 +181,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "args": {k: str(v) for k, v in vars(args).items()},
         "rows": rows,
     }
-    print(f"{'stages':>6} {'schedule':>10} {'micro':>5} {'iters':>5} {'bubble':>7} {'step ms':>8} {'IQR ms':>11} "
-          f"{'ms/iter':>7} {'measured':>8} {'predicted':>9}  (time / time at most microbatches)")
+    print(
+        f"{'stages':>6} {'schedule':>10} {'micro':>5} {'iters':>5} {'bubble':>7} {'step ms':>8} {'IQR ms':>11} "
+        f"{'ms/iter':>7} {'measured':>8} {'predicted':>9}  (time / time at most microbatches)"
+    )
     for r in rows:
         sched = r["schedule"] + (f" R={r['repeats']}" if r["repeats"] > 1 else "")
         iqr = f"{1e3 * r['step_q1_s']:.0f}-{1e3 * r['step_q3_s']:.0f}"
-        print(f"{r['stages']:>6} {sched:>10} {r['microbatches']:>5} {r['iterations']:>5} {r['bubble_fraction']:>7.3f} "
-              f"{1e3 * r['step_s']:>8.1f} {iqr:>11} {r['ms_per_iteration']:>7.1f} "
-              f"{r['measured_vs_most_microbatches']:>8.2f} {r['predicted_vs_most_microbatches']:>9.2f}")
+        print(
+            f"{r['stages']:>6} {sched:>10} {r['microbatches']:>5} {r['iterations']:>5} {r['bubble_fraction']:>7.3f} "
+            f"{1e3 * r['step_s']:>8.1f} {iqr:>11} {r['ms_per_iteration']:>7.1f} "
+            f"{r['measured_vs_most_microbatches']:>8.2f} {r['predicted_vs_most_microbatches']:>9.2f}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     return result

@@ -1,10 +1,11 @@
 """Train-step benchmark: compile time, step time, tokens/s, model FLOP/s and MFU of the LM.
 
 Runs the real train step (`equipax.launch.training.build.build_training`: the step `launch run`
-executes, with the LM Task, the learner and the in-graph non-finite skip) on a fixed random batch, so the figures cover grad + optimizer update + metrics and nothing of
-the input pipeline. MFU is model FLOPs (analytic, `equipax.core.flops`, PaLM definition, no
-remat) per second over a peak: the rate of a jitted f32 `a @ b` measured in the same run, and a
-theoretical peak given on the command line (default: the 2-core Zen 3 figure in PERF-NOTES).
+executes, with the LM Task, the learner and the in-graph non-finite skip) on a fixed random
+batch, so the figures cover grad + optimizer update + metrics and nothing of the input pipeline.
+MFU is model FLOPs (analytic, `equipax.core.flops`, PaLM definition, no remat) per second over a
+peak: the rate of a jitted f32 `a @ b` measured in the same run, and a theoretical peak given on
+the command line (default: 156.5 GFLOP/s, a 2-core AVX2 Zen 3's f32 peak; benchmarks/README.md).
 
     uv run python benchmarks/train_step.py --presets default,20m,deep12 --steps 10 --warmup 2
 
@@ -29,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from equipax.core.flops import count_params, transformer_lm_flops_per_token
-from equipax.core.nn import TransformerConfig
 from equipax.core.mesh import build_mesh
+from equipax.core.nn import TransformerConfig
 from equipax.core.optim import LearnerConfig
 from equipax.core.step import Batch
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig
@@ -39,7 +40,7 @@ from equipax.models.lm import LMConfig
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "train_step.json"
 COMPARE_OUT = Path(__file__).resolve().parent / "results" / "train_step_compare.json"
-# 2 cores x 32 f32 FLOP/cycle (2 AVX2 FMA units x 8 lanes x 2) x 2.445 GHz (PERF-NOTES.md).
+# 2 cores x 32 f32 FLOP/cycle (2 AVX2 FMA units x 8 lanes x 2) x 2.445 GHz (benchmarks/README.md).
 THEORETICAL_PEAK_GFLOPS = 156.5
 
 
@@ -108,18 +109,42 @@ def _default_preset() -> Preset:
 PRESETS: dict[str, Callable[[], Preset]] = {
     "default": _default_preset,
     "20m": lambda: _toy(
-        "20m", "~20M-param LM (d 512, 6 layers)", vocab=2048, layers=6, dims=512, heads=8,
-        head_dim=64, hidden=2048, seq_len=256, batch_size=8,
+        "20m",
+        "~20M-param LM (d 512, 6 layers)",
+        vocab=2048,
+        layers=6,
+        dims=512,
+        heads=8,
+        head_dim=64,
+        hidden=2048,
+        seq_len=256,
+        batch_size=8,
     ),
-    # Guards the deep-unrolled LayerNorm trap (PERF-NOTES.md): a two-pass LayerNorm made this
+    # Guards the deep-unrolled LayerNorm trap (benchmarks/README.md): a two-pass LayerNorm made this
     # 1.65-1.75x slower with 3-4x the compile time.
     "deep12": lambda: _toy(
-        "deep12", "12-layer toy, unrolled LayerNorm stack", vocab=4096, layers=12, dims=256,
-        heads=4, head_dim=64, hidden=1024, seq_len=256, batch_size=4,
+        "deep12",
+        "12-layer toy, unrolled LayerNorm stack",
+        vocab=4096,
+        layers=12,
+        dims=256,
+        heads=4,
+        head_dim=64,
+        hidden=1024,
+        seq_len=256,
+        batch_size=4,
     ),
     "tiny": lambda: _toy(
-        "tiny", "2-layer smoke test", vocab=256, layers=2, dims=64, heads=2, head_dim=32,
-        hidden=256, seq_len=32, batch_size=2,
+        "tiny",
+        "2-layer smoke test",
+        vocab=256,
+        layers=2,
+        dims=64,
+        heads=2,
+        head_dim=32,
+        hidden=256,
+        seq_len=32,
+        batch_size=2,
     ),
 }
 
@@ -133,9 +158,7 @@ def _with_overrides(preset: Preset, *, scan: bool | None, remat: str | None) -> 
     if not changes:
         return preset
     transformer = dataclasses.replace(preset.model.transformer, **changes)
-    return dataclasses.replace(
-        preset, model=dataclasses.replace(preset.model, transformer=transformer)
-    )
+    return dataclasses.replace(preset, model=dataclasses.replace(preset.model, transformer=transformer))
 
 
 def _summary(times_s: Sequence[float]) -> dict[str, float]:
@@ -200,17 +223,15 @@ class _CompileTimer:
 def _random_batch(preset: Preset, key: jax.Array) -> Batch:
     shape = (preset.batch_size, preset.seq_len)
     ids = jax.random.randint(key, shape, 0, preset.model.vocab_size, jnp.int32)
-    return {
-        "ids": ids,
-        "labels": jnp.roll(ids, -1, axis=1),
-        "weights": jnp.ones(shape, jnp.float32),
-    }
+    return {"ids": ids, "labels": jnp.roll(ids, -1, axis=1), "weights": jnp.ones(shape, jnp.float32)}
 
 
 def preset_training(preset: Preset) -> Training:
     """The preset as a one-device experiment, built by `build_training` (the step `launch run` runs)."""
     cfg = ExperimentConfig(
-        name=preset.name, model=preset.model, learner=preset.learner,
+        name=preset.name,
+        model=preset.model,
+        learner=preset.learner,
         data=DataConfig(source="synthetic", tokenizer="byte", seq_len=preset.seq_len, batch_size=preset.batch_size),
     )
     return build_training(cfg, build_mesh(cfg.mesh))
@@ -220,7 +241,8 @@ def benchmark_preset(preset: Preset, *, steps: int, warmup: int) -> dict[str, An
     """Time the train step of one preset.
 
     The first call traces, compiles and runs one step (`first_step_s`); `compile_s` is the
-    part JAX records as tracing, lowering and XLA compilation. Then `warmup` untimed steps and `steps` timed ones, each blocked on.
+    part JAX records as tracing, lowering and XLA compilation. Then `warmup` untimed steps and
+    `steps` timed ones, each blocked on.
 
     Arguments:
         preset: the model and batch.
@@ -255,9 +277,7 @@ def benchmark_preset(preset: Preset, *, steps: int, warmup: int) -> dict[str, An
     stats = _summary(times)
 
     tcfg = preset.model.transformer
-    flops = transformer_lm_flops_per_token(
-        tcfg, vocab_size=preset.model.vocab_size, seq_len=preset.seq_len
-    )
+    flops = transformer_lm_flops_per_token(tcfg, vocab_size=preset.model.vocab_size, seq_len=preset.seq_len)
     tokens_per_step = preset.batch_size * preset.seq_len
     model_flops_per_step = flops["training"] * tokens_per_step
     return {
@@ -311,10 +331,16 @@ def baseline_for(preset: Preset) -> Any:
     """The plain-JAX `BaselineConfig` of the same math as `preset` (caps, clip, decay included)."""
     m, t, lr = preset.model, preset.model.transformer, preset.learner
     unsupported = {
-        "norm": (t.norm, "layernorm"), "activation": (t.activation, "gelu"), "gated": (t.gated, False),
-        "use_bias": (t.use_bias, False), "scan_layers": (t.scan_layers, False), "remat": (t.remat, "none"),
-        "attention": (t.attention, "softmax"), "position": (m.position, "sinusoidal"),
-        "dtype": (m.dtype, "float32"), "learner.kind": (lr.kind, "adamw"),
+        "norm": (t.norm, "layernorm"),
+        "activation": (t.activation, "gelu"),
+        "gated": (t.gated, False),
+        "use_bias": (t.use_bias, False),
+        "scan_layers": (t.scan_layers, False),
+        "remat": (t.remat, "none"),
+        "attention": (t.attention, "softmax"),
+        "position": (m.position, "sinusoidal"),
+        "dtype": (m.dtype, "float32"),
+        "learner.kind": (lr.kind, "adamw"),
     }
     bad = {k: found for k, (found, want) in unsupported.items() if found != want}
     if bad:
@@ -323,10 +349,21 @@ def baseline_for(preset: Preset) -> Any:
             "presets' unrolled pre-LN GELU LM with AdamW only. Drop --scan/--remat or pick another preset."
         )
     return _baseline_module().BaselineConfig(
-        vocab_size=m.vocab_size, num_layers=t.num_layers, model_dims=t.model_dims, num_heads=t.num_heads,
-        head_dim=t.head_dim, hidden_dims=t.hidden_dims, seq_len=preset.seq_len, batch_size=preset.batch_size,
-        atten_logit_cap=t.atten_logit_cap, output_logit_cap=m.output_logit_cap,
-        clip_gradient_norm=lr.clip_gradient_norm, weight_decay=lr.weight_decay, b1=lr.b1, b2=lr.b2, eps=lr.eps,
+        vocab_size=m.vocab_size,
+        num_layers=t.num_layers,
+        model_dims=t.model_dims,
+        num_heads=t.num_heads,
+        head_dim=t.head_dim,
+        hidden_dims=t.hidden_dims,
+        seq_len=preset.seq_len,
+        batch_size=preset.batch_size,
+        atten_logit_cap=t.atten_logit_cap,
+        output_logit_cap=m.output_logit_cap,
+        clip_gradient_norm=lr.clip_gradient_norm,
+        weight_decay=lr.weight_decay,
+        b1=lr.b1,
+        b2=lr.b2,
+        eps=lr.eps,
     )
 
 
@@ -334,8 +371,14 @@ def baseline_params(model: Any) -> dict[str, Any]:
     """The equipax `TransformerLM`'s parameters in the baseline's dict layout (copies)."""
     copy = lambda x: jnp.array(x, copy=True)  # noqa: E731 (both steps donate their inputs)
     layers = [
-        {"ln1": copy(b.atten_norm.scale), "qkv": copy(b.attention.qkv), "out": copy(b.attention.out),
-         "ln2": copy(b.ffn_norm.scale), "up": copy(b.ffn.up.weight), "down": copy(b.ffn.down.weight)}
+        {
+            "ln1": copy(b.atten_norm.scale),
+            "qkv": copy(b.attention.qkv),
+            "out": copy(b.attention.out),
+            "ln2": copy(b.ffn_norm.scale),
+            "up": copy(b.ffn.up.weight),
+            "down": copy(b.ffn.down.weight),
+        }
         for b in model.stack.layers
     ]
     return {"embed": copy(model.embedding.weight), "layers": layers, "final_ln": copy(model.final_norm.scale)}
@@ -408,8 +451,11 @@ def compare_preset(preset: Preset, *, steps: int, warmup: int) -> dict[str, Any]
     tokens = preset.batch_size * preset.seq_len
     for name in sides:
         med = statistics.median(times[name])
-        out[name] |= {"step_s": _summary(times[name]), "dispatch_ms": statistics.median(dispatch[name]) * 1e3,
-                      "tokens_per_s": tokens / med}
+        out[name] |= {
+            "step_s": _summary(times[name]),
+            "dispatch_ms": statistics.median(dispatch[name]) * 1e3,
+            "tokens_per_s": tokens / med,
+        }
     ratios = [b / e for b, e in zip(times["baseline"], times["equipax"])]
     q1, q3 = np.percentile(ratios, [25, 75])
     return {
@@ -426,23 +472,42 @@ def compare_preset(preset: Preset, *, steps: int, warmup: int) -> dict[str, Any]
 
 
 def _compare_table(results: dict[str, Any]) -> str:
-    headers = ["preset", "params", "equipax ms", "plain ms", "equipax tok/s", "plain tok/s", "ratio (IQR)",
-               "compile s eqx/plain", "dispatch ms eqx/plain", "first loss eqx/plain"]
+    headers = [
+        "preset",
+        "params",
+        "equipax ms",
+        "plain ms",
+        "equipax tok/s",
+        "plain tok/s",
+        "ratio (IQR)",
+        "compile s eqx/plain",
+        "dispatch ms eqx/plain",
+        "first loss eqx/plain",
+    ]
     rows = []
     for name, r in results["presets"].items():
         e, b = r["equipax"], r["baseline"]
-        rows.append([
-            name, f"{r['params'] / 1e6:.2f}M", f"{e['step_s']['median_s'] * 1e3:.1f}",
-            f"{b['step_s']['median_s'] * 1e3:.1f}", f"{e['tokens_per_s']:,.0f}", f"{b['tokens_per_s']:,.0f}",
-            f"{r['ratio']:.3f} ({r['ratio_iqr']:.3f})", f"{e['compile_s']:.2f}/{b['compile_s']:.2f}",
-            f"{e['dispatch_ms']:.2f}/{b['dispatch_ms']:.2f}", f"{e['first_loss']:.4f}/{b['first_loss']:.4f}",
-        ])
+        rows.append(
+            [
+                name,
+                f"{r['params'] / 1e6:.2f}M",
+                f"{e['step_s']['median_s'] * 1e3:.1f}",
+                f"{b['step_s']['median_s'] * 1e3:.1f}",
+                f"{e['tokens_per_s']:,.0f}",
+                f"{b['tokens_per_s']:,.0f}",
+                f"{r['ratio']:.3f} ({r['ratio_iqr']:.3f})",
+                f"{e['compile_s']:.2f}/{b['compile_s']:.2f}",
+                f"{e['dispatch_ms']:.2f}/{b['dispatch_ms']:.2f}",
+                f"{e['first_loss']:.4f}/{b['first_loss']:.4f}",
+            ]
+        )
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
     fmt = "  ".join(f"{{:>{w}}}" for w in widths)
     lines = [fmt.format(*headers), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*row) for row in rows]
-    lines.append("ratio: median over interleaved rounds of plain-JAX step time / equipax step time "
-                 "(> 1: equipax faster)")
+    lines.append(
+        "ratio: median over interleaved rounds of plain-JAX step time / equipax step time (> 1: equipax faster)"
+    )
     return "\n".join(lines)
 
 
@@ -451,72 +516,98 @@ def _parser() -> argparse.ArgumentParser:
         description="Benchmark the equipax LM train step (step time, tokens/s, model FLOP/s, MFU)."
     )
     p.add_argument(
-        "--presets", default="default,20m,deep12",
+        "--presets",
+        default="default,20m,deep12",
         help=f"comma-separated presets, from {', '.join(PRESETS)} (default: %(default)s)",
     )
     p.add_argument("--steps", type=int, default=10, help="timed steps per preset")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after the compiling one")
     p.add_argument(
-        "--scan", action=argparse.BooleanOptionalAction, default=None,
+        "--scan",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="override TransformerConfig.scan_layers for every preset (default: keep the preset's)",
     )
     p.add_argument(
-        "--remat", choices=("none", "full", "dots_saveable"), default=None,
+        "--remat",
+        choices=("none", "full", "dots_saveable"),
+        default=None,
         help="override TransformerConfig.remat for every preset (default: keep the preset's)",
     )
     p.add_argument("--matmul-n", type=int, default=2048, help="size of the peak-rate matmul")
     p.add_argument("--matmul-repeats", type=int, default=5, help="timed peak-rate matmuls")
     p.add_argument(
-        "--theoretical-peak-gflops", type=float, default=THEORETICAL_PEAK_GFLOPS,
+        "--theoretical-peak-gflops",
+        type=float,
+        default=THEORETICAL_PEAK_GFLOPS,
         help="theoretical f32 peak of the machine for the second MFU (default: %(default)s, "
-        "2-core Zen 3 from PERF-NOTES.md); 0 to omit",
+        "2-core Zen 3 of benchmarks/README.md); 0 to omit",
     )
     p.add_argument(
-        "--warm-process", action=argparse.BooleanOptionalAction, default=True,
+        "--warm-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="compile and run one step of the 'tiny' preset first, unreported, so the first "
         "preset's compile time does not carry the process's one-time XLA start-up (~1.5 s)",
     )
     p.add_argument(
-        "--compare", action="store_true",
+        "--compare",
+        action="store_true",
         help="time the equipax step against the plain-JAX baseline (benchmarks/baseline_lm.py), "
         "interleaved in this process, and print the ratio per preset",
     )
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"JSON results file (default: {DEFAULT_OUT}, or {COMPARE_OUT} with --compare)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"JSON results file (default: {DEFAULT_OUT}, or {COMPARE_OUT} with --compare)",
+    )
     return p
 
 
 def _table(results: dict[str, Any]) -> str:
     theo = results["theoretical_peak_gflops"]
     headers = [
-        "preset", "params", "scan", "remat", "tok/step", "compile s", "step ms", "IQR ms",
-        "tokens/s", "model GFLOP/s", "matmul GFLOP/s", "MFU meas", "MFU theo",
+        "preset",
+        "params",
+        "scan",
+        "remat",
+        "tok/step",
+        "compile s",
+        "step ms",
+        "IQR ms",
+        "tokens/s",
+        "model GFLOP/s",
+        "matmul GFLOP/s",
+        "MFU meas",
+        "MFU theo",
     ]
     rows = []
     for name, r in results["presets"].items():
-        rows.append([
-            name,
-            f"{r['params'] / 1e6:.2f}M",
-            "y" if r["config"]["scan_layers"] else "n",
-            r["config"]["remat"],
-            f"{r['tokens_per_step']}",
-            f"{r['compile_s']:.2f}",
-            f"{r['step_s']['median_s'] * 1e3:.1f}",
-            f"{r['step_s']['iqr_s'] * 1e3:.1f}",
-            f"{r['tokens_per_s']:,.0f}",
-            f"{r['model_gflops_per_s']:.1f}",
-            f"{r['matmul']['gflops']:.1f}",
-            f"{r['mfu_vs_measured']:.1%}",
-            f"{r['mfu_vs_theoretical']:.1%}" if r["mfu_vs_theoretical"] is not None else "-",
-        ])
+        rows.append(
+            [
+                name,
+                f"{r['params'] / 1e6:.2f}M",
+                "y" if r["config"]["scan_layers"] else "n",
+                r["config"]["remat"],
+                f"{r['tokens_per_step']}",
+                f"{r['compile_s']:.2f}",
+                f"{r['step_s']['median_s'] * 1e3:.1f}",
+                f"{r['step_s']['iqr_s'] * 1e3:.1f}",
+                f"{r['tokens_per_s']:,.0f}",
+                f"{r['model_gflops_per_s']:.1f}",
+                f"{r['matmul']['gflops']:.1f}",
+                f"{r['mfu_vs_measured']:.1%}",
+                f"{r['mfu_vs_theoretical']:.1%}" if r["mfu_vs_theoretical"] is not None else "-",
+            ]
+        )
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
     fmt = "  ".join(f"{{:>{w}}}" for w in widths)
     lines = [fmt.format(*headers), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*row) for row in rows]
     lines.append(
         f"matmul GFLOP/s: jitted f32 a @ b, n={results['matmul_n']}, measured before each preset; "
-        f"MFU meas = model GFLOP/s / that"
-        + (f"; MFU theo = model GFLOP/s / {theo:.1f}" if theo else "")
+        f"MFU meas = model GFLOP/s / that" + (f"; MFU theo = model GFLOP/s / {theo:.1f}" if theo else "")
     )
     return "\n".join(lines)
 
@@ -535,9 +626,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     names = [n.strip() for n in args.presets.split(",") if n.strip()]
     unknown = [n for n in names if n not in PRESETS]
     if unknown or not names:
-        raise SystemExit(
-            f"--presets: expected names from {list(PRESETS)}, found {unknown or names!r}."
-        )
+        raise SystemExit(f"--presets: expected names from {list(PRESETS)}, found {unknown or names!r}.")
     if args.steps < 1 or args.warmup < 0:
         raise SystemExit(f"--steps must be >= 1 and --warmup >= 0; got {args.steps}, {args.warmup}.")
 
@@ -568,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     results = {
         "benchmark": "train_step",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
         "device_kind": device.device_kind,
@@ -592,7 +681,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def _environment() -> dict[str, Any]:
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
@@ -608,8 +697,12 @@ def _main_compare(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
         preset = _with_overrides(PRESETS[name](), scan=args.scan, remat=args.remat)
         print(f"[{name}] {preset.description}: equipax vs plain JAX ...", file=sys.stderr, flush=True)
         per_preset[name] = compare_preset(preset, steps=args.steps, warmup=args.warmup)
-    results = {"benchmark": "train_step_compare", **_environment(),
-               "settings": {"steps": args.steps, "warmup": args.warmup}, "presets": per_preset}
+    results = {
+        "benchmark": "train_step_compare",
+        **_environment(),
+        "settings": {"steps": args.steps, "warmup": args.warmup},
+        "presets": per_preset,
+    }
     print(_compare_table(results))
     return _write(results, args.out or COMPARE_OUT)
 

@@ -1,8 +1,9 @@
 """Train your own Equinox model with equipax's train step: a small MLP regression.
 
-The model is any `eqx.Module`; the loss follows the loss contract (`equipax.core.step.LossFn`):
-`loss_fn(model, batch, *, key) -> (loss, aux)`. The learner, the jitted step (grad + update +
-metrics, state donated) and the sharding helpers come from `equipax.core`. Run it:
+The model is any `eqx.Module`; the loss is a plain function `loss_fn(model, batch, *, key) ->
+(loss, aux)`, given to the step as a Task with `LossFnTask(loss_fn)` (`equipax.core.step`). The
+learner, the jitted step (grad + update + metrics, state donated) and the sharding helpers come
+from `equipax.core`. Run it:
 
     uv run python examples/custom_model.py --steps 300
 """
@@ -17,7 +18,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from equipax.core.nn import Linear
 from equipax.core.optim import LearnerConfig, ScheduleConfig, make_learner
-from equipax.core.step import init_train_state, make_train_step
+from equipax.core.step import LossFnTask, init_train_state, make_train_step
 from equipax.core.task import Batch
 
 
@@ -57,7 +58,7 @@ def main(steps: int = 300, seed: int = 0) -> tuple[float, float]:
     model = MLP(2, 64, key=init_key)
     learner = make_learner(LearnerConfig(schedule=ScheduleConfig(peak_learning_rate=1e-2)))
     state = init_train_state(model, learner.optimizer)
-    train_step = make_train_step(loss_fn, learner.optimizer, learner.schedule)
+    train_step = make_train_step(LossFnTask(loss_fn), learner.optimizer, learner.schedule)
 
     rng = np.random.default_rng(seed)
     first = last = float("nan")

@@ -14,7 +14,7 @@ import numpy as np
 
 from equipax.core.nn import TransformerConfig
 from equipax.core.optim import LearnerConfig, ScheduleConfig, make_learner
-from equipax.core.step import TrainState, init_train_state, make_eval_step, make_train_step
+from equipax.core.step import LossFnTask, TrainState, init_train_state, make_eval_step, make_train_step
 from equipax.core.task import Batch
 from equipax.models import LMConfig, TransformerLM, generate, lm_loss
 
@@ -43,8 +43,9 @@ def main(steps: int = 200, seed: int = 0) -> float:
     learner = make_learner(LearnerConfig(schedule=ScheduleConfig(peak_learning_rate=3e-3)))
 
     state: TrainState[TransformerLM] = init_train_state(model, learner.optimizer)
-    train_step = make_train_step(lm_loss, learner.optimizer, learner.schedule)
-    eval_step = make_eval_step(lm_loss)
+    task = LossFnTask(lm_loss)  # the plain loss function as the Task the steps take
+    train_step = make_train_step(task, learner.optimizer, learner.schedule)
+    eval_step = make_eval_step(task)
 
     rng = np.random.default_rng(seed)
     for step in range(1, steps + 1):

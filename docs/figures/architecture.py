@@ -38,8 +38,9 @@ PAD = 10
 def package_modules(package: str) -> list[str]:
     """Public top-level modules of `equipax.<package>`; subpackages end with `/`."""
     pkg = importlib.import_module(f"equipax.{package}")
-    return sorted(m.name + ("/" if m.ispkg else "") for m in pkgutil.iter_modules(pkg.__path__)
-                  if not m.name.startswith("_"))
+    return sorted(
+        m.name + ("/" if m.ispkg else "") for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_")
+    )
 
 
 def _all_modules(package: str) -> list[str]:
@@ -57,8 +58,13 @@ def package_imports() -> set[tuple[str, str]]:
             if not path:
                 continue
             for node in ast.walk(ast.parse(Path(path).read_text())):
-                targets = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+                targets = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom) and node.level == 0
+                    else []
+                )
                 for target in targets:
                     parts = target.split(".")
                     if parts[0] == "equipax" and len(parts) > 1 and parts[1] in PACKAGES and parts[1] != package:
@@ -75,18 +81,27 @@ def defining_module(name: str) -> str:
             obj = getattr(module, name, None)
             if obj is None:
                 continue
-            if isinstance(obj, type) or callable(obj) and hasattr(obj, "__code__"):
+            if isinstance(obj, type) or (callable(obj) and hasattr(obj, "__code__")):
                 defined = obj.__module__ == mod_name
             else:  # a value (the CLI's typer app): assigned at the module's top level
                 tree = ast.parse(Path(module.__file__ or "").read_text())
-                defined = any(isinstance(n, (ast.Assign, ast.AnnAssign)) and name in
-                              [t.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
-                               if isinstance(t, ast.Name)] for n in tree.body)
+                defined = any(
+                    isinstance(n, (ast.Assign, ast.AnnAssign))
+                    and name
+                    in [
+                        t.id
+                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                        if isinstance(t, ast.Name)
+                    ]
+                    for n in tree.body
+                )
             if defined:
                 found.append(mod_name)
     if len(found) != 1:
-        raise SystemExit(f"architecture diagram: {name!r} is defined in {found or 'no module'}; "
-                         f"update ANCHORS in {Path(__file__).name}")
+        raise SystemExit(
+            f"architecture diagram: {name!r} is defined in {found or 'no module'}; "
+            f"update ANCHORS in {Path(__file__).name}"
+        )
     return found[0]
 
 
@@ -123,18 +138,32 @@ class _Svg:
         self.parts: list[str] = []
 
     def box(self, x: float, y: float, w: float, h: float, fill: str, stroke: str = "#444") -> None:
-        self.parts.append(f'<rect x="{x:.0f}" y="{y:.0f}" width="{w:.0f}" height="{h:.0f}" rx="6" '
-                          f'fill="{fill}" stroke="{stroke}"/>')
+        self.parts.append(
+            f'<rect x="{x:.0f}" y="{y:.0f}" width="{w:.0f}" height="{h:.0f}" rx="6" fill="{fill}" stroke="{stroke}"/>'
+        )
 
-    def text(self, x: float, y: float, s: str, *, bold: bool = False, size: int = FONT,
-             color: str = "#111", anchor: str = "start") -> None:
+    def text(
+        self,
+        x: float,
+        y: float,
+        s: str,
+        *,
+        bold: bool = False,
+        size: int = FONT,
+        color: str = "#111",
+        anchor: str = "start",
+    ) -> None:
         weight = ' font-weight="bold"' if bold else ""
-        self.parts.append(f'<text x="{x:.0f}" y="{y:.0f}" font-size="{size}"{weight} fill="{color}" '
-                          f'text-anchor="{anchor}">{escape(s)}</text>')
+        self.parts.append(
+            f'<text x="{x:.0f}" y="{y:.0f}" font-size="{size}"{weight} fill="{color}" '
+            f'text-anchor="{anchor}">{escape(s)}</text>'
+        )
 
     def arrow(self, x1: float, y1: float, x2: float, y2: float, color: str = "#555") -> None:
-        self.parts.append(f'<line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" y2="{y2:.0f}" stroke="{color}" '
-                          f'stroke-width="1.5" marker-end="url(#head)"/>')
+        self.parts.append(
+            f'<line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" y2="{y2:.0f}" stroke="{color}" '
+            f'stroke-width="1.5" marker-end="url(#head)"/>'
+        )
 
 
 def architecture_svg() -> str:
@@ -193,12 +222,16 @@ def architecture_svg() -> str:
             svg.arrow(rx + right_w / 2, ry + h, rx + right_w / 2, ry + h + 14)
         ry += h + 16
     width, height = rx + right_w + 10, max(left_h, ry - 16) + 10
-    head = ('<defs><marker id="head" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
-            'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>')
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans Mono, Menlo, Consolas, monospace">\n'
-            f'<title>equipax architecture: packages, modules and the path of a run</title>\n{head}\n'
-            f'<rect width="100%" height="100%" fill="white"/>\n' + "\n".join(svg.parts) + "\n</svg>\n")
+    head = (
+        '<defs><marker id="head" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+        'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>'
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="DejaVu Sans Mono, Menlo, Consolas, monospace">\n'
+        f"<title>equipax architecture: packages, modules and the path of a run</title>\n{head}\n"
+        f'<rect width="100%" height="100%" fill="white"/>\n' + "\n".join(svg.parts) + "\n</svg>\n"
+    )
 
 
 if __name__ == "__main__":

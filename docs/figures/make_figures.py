@@ -71,8 +71,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _series(records: list[dict[str, Any]], split: str, field: str) -> tuple[list[float], list[float]]:
-    pts = sorted((r["step"], r[field]) for r in records
-                 if r.get("split") == split and isinstance(r.get(field), (int, float)))
+    pts = sorted(
+        (r["step"], r[field]) for r in records if r.get("split") == split and isinstance(r.get(field), (int, float))
+    )
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
@@ -129,14 +130,26 @@ def draw_bubble(work: Path, out: Path) -> None:
     groups = list(dict.fromkeys((r["stages"], r["schedule"], r["repeats"]) for r in rows))
     fig, axes = plt.subplots(1, len(groups), figsize=(2.4 * len(groups), 3.4), sharey=True, squeeze=False)
     for ax, (stages, schedule, repeats) in zip(axes[0], groups):
-        sel = sorted((r for r in rows if (r["stages"], r["schedule"], r["repeats"]) == (stages, schedule, repeats)),
-                     key=lambda r: r["microbatches"])
+        sel = sorted(
+            (r for r in rows if (r["stages"], r["schedule"], r["repeats"]) == (stages, schedule, repeats)),
+            key=lambda r: r["microbatches"],
+        )
         ms = [r["microbatches"] for r in sel]
         x = range(len(sel))
-        ax.bar([i - 0.2 for i in x], [r["predicted_vs_most_microbatches"] for r in sel], 0.4,
-               color="#bbbbbb", label="formula")
-        ax.bar([i + 0.2 for i in x], [r["measured_vs_most_microbatches"] for r in sel], 0.4,
-               color="#1f77b4", label="measured")
+        ax.bar(
+            [i - 0.2 for i in x],
+            [r["predicted_vs_most_microbatches"] for r in sel],
+            0.4,
+            color="#bbbbbb",
+            label="formula",
+        )
+        ax.bar(
+            [i + 0.2 for i in x],
+            [r["measured_vs_most_microbatches"] for r in sel],
+            0.4,
+            color="#1f77b4",
+            label="measured",
+        )
         ax.set_xticks(list(x), [f"M={m}" for m in ms])
         ax.axhline(1.0, color="black", lw=0.6)
         name = schedule + (f" R={repeats}" if repeats > 1 else "")
@@ -174,12 +187,18 @@ def draw_h200(work: Path, out: Path) -> None:
     mfu = [r[3] for r in rows][::-1]
     bars = ax.barh(names, mfu, color=["#1f77b4" if "bf16" in n else "#999999" for n in names])
     for bar, (_, step, tflops, m) in zip(bars, rows[::-1]):
-        ax.text(bar.get_width() + 0.8, bar.get_y() + bar.get_height() / 2,
-                f"{m:.1f}%: {tflops:.0f} TFLOP/s, {step:.3f} s/step", va="center", fontsize=9)
+        ax.text(
+            bar.get_width() + 0.8,
+            bar.get_y() + bar.get_height() / 2,
+            f"{m:.1f}%: {tflops:.0f} TFLOP/s, {step:.3f} s/step",
+            va="center",
+            fontsize=9,
+        )
     ax.set_xlim(0, max(mfu) * 1.75)
     ax.set_xlabel("MFU (model FLOPs / 989 TFLOP/s datasheet bf16 peak)")
-    ax.set_title("c4_1b train step (1.1B params, 32 x 1024 tokens, full remat)\n"
-                 + heading.split(": ", 1)[1], fontsize=10)
+    ax.set_title(
+        "c4_1b train step (1.1B params, 32 x 1024 tokens, full remat)\n" + heading.split(": ", 1)[1], fontsize=10
+    )
     ax.grid(alpha=0.3, axis="x")
     save_png(fig, out)
 
@@ -193,22 +212,41 @@ def draw_architecture(work: Path, out: Path) -> None:
 
 CLI = "uv run launch"
 FIGURES = {
-    "quickstart": Figure("quickstart_loss.png", "quickstart.md",
-                         (f"{CLI} run --job-log-dir runs/figures/quickstart/job",), draw_quickstart),
-    "cnn": Figure("cnn_history.png", "tutorial_cnn.md",
-                  (f"{CLI} run --exp cnn_digits --job-log-dir runs/figures/cnn/job",), draw_cnn),
-    "attention": Figure("attention_speedup.png", "attention.md",
-                        (f"{CLI} bench attention --seq 128,256,512,1024,2048,4096 --repeats 5 "
-                         "--out runs/figures/attention/bench",), draw_attention),
-    "bubble": Figure("pipeline_bubble.png", "pipeline.md",
-                     ("uv run python benchmarks/pipeline_bubble.py --steps 8 --rounds 4 --warmup 2 "
-                      "--out runs/figures/bubble/pipeline_bubble.json",), draw_bubble),
+    "quickstart": Figure(
+        "quickstart_loss.png",
+        "quickstart.md",
+        (f"{CLI} run --job-log-dir runs/figures/quickstart/job",),
+        draw_quickstart,
+    ),
+    "cnn": Figure(
+        "cnn_history.png",
+        "tutorial_cnn.md",
+        (f"{CLI} run --exp cnn_digits --job-log-dir runs/figures/cnn/job",),
+        draw_cnn,
+    ),
+    "attention": Figure(
+        "attention_speedup.png",
+        "attention.md",
+        (f"{CLI} bench attention --seq 128,256,512,1024,2048,4096 --repeats 5 --out runs/figures/attention/bench",),
+        draw_attention,
+    ),
+    "bubble": Figure(
+        "pipeline_bubble.png",
+        "pipeline.md",
+        (
+            "uv run python benchmarks/pipeline_bubble.py --steps 8 --rounds 4 --warmup 2 "
+            "--out runs/figures/bubble/pipeline_bubble.json",
+        ),
+        draw_bubble,
+    ),
     "h200": Figure("h200_mfu.png", "attention.md", (), draw_h200),
     "architecture": Figure("architecture.svg", "index.md", (), draw_architecture),
 }
 # What a figure without a command is drawn from.
-SOURCES = {"h200": "benchmarks/README.md (the measured H200 table)",
-           "architecture": "the code: docs/figures/architecture.py reads the packages' modules and imports"}
+SOURCES = {
+    "h200": "benchmarks/README.md (the measured H200 table)",
+    "architecture": "the code: docs/figures/architecture.py reads the packages' modules and imports",
+}
 
 
 def _argv(command: str) -> list[str]:
@@ -235,11 +273,15 @@ def make(name: str, *, draw_only: bool = False) -> dict[str, Any]:
     print(f"[{name}] wrote {out.relative_to(ROOT)} ({out.stat().st_size / 1024:.0f} KB)", flush=True)
     import jax
 
-    return {"file": fig.file, "page": fig.page, "commands": list(fig.commands),
-            "source": SOURCES.get(name, "the commands' output under runs/figures/" + name),
-            "regenerate": f"uv run python docs/figures/make_figures.py {name}",
-            "made": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-            "machine": f"{os.cpu_count()} CPU cores ({_cpu()}), jax {jax.__version__}"}
+    return {
+        "file": fig.file,
+        "page": fig.page,
+        "commands": list(fig.commands),
+        "source": SOURCES.get(name, "the commands' output under runs/figures/" + name),
+        "regenerate": f"uv run python docs/figures/make_figures.py {name}",
+        "made": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} CPU cores ({_cpu()}), jax {jax.__version__}",
+    }
 
 
 def _cpu() -> str:
@@ -255,8 +297,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("names", nargs="*", help=f"figures (default: all): {', '.join(FIGURES)}")
     parser.add_argument("--list", action="store_true", help="list the figures and their commands")
-    parser.add_argument("--draw-only", action="store_true",
-                        help="redraw from the output already under runs/figures/ (no commands run)")
+    parser.add_argument(
+        "--draw-only", action="store_true", help="redraw from the output already under runs/figures/ (no commands run)"
+    )
     args = parser.parse_args()
     unknown = [n for n in args.names if n not in FIGURES]
     if unknown:

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+from jaxtyping import TypeCheckError
+
 from equipax.core import flops
 from equipax.core.nn import (
     TransformerConfig,
@@ -19,7 +21,6 @@ from equipax.core.nn import (
     reference_attention,
     reference_linear_attention,
 )
-from jaxtyping import TypeCheckError
 
 N = 13  # a prime: chunk sizes 1 and 13 divide it, 4 and 5 do not, 64 exceeds it
 
@@ -49,9 +50,7 @@ def test_linear_reference_matches_numpy(key):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "causal, chunk_size", [(False, 64), (True, 1), (True, 4), (True, 5), (True, 13), (True, 64)]
-)
+@pytest.mark.parametrize("causal, chunk_size", [(False, 64), (True, 1), (True, 4), (True, 5), (True, 13), (True, 64)])
 def test_linear_attention_matches_naive(key, causal, chunk_size):
     q, k, v = _qkv(key)
     ref = reference_linear_attention(q, k, v, causal=causal)
@@ -98,9 +97,7 @@ def test_softmax_fast_paths_match_reference(key, causal, logit_cap):
     ref = reference_attention(q, k, v, causal=causal, logit_cap=logit_cap)
     fns = [dot_product_attention] + ([jax_nn_attention] if logit_cap is None else [])
     for fn in fns:
-        np.testing.assert_allclose(
-            fn(q, k, v, causal=causal, logit_cap=logit_cap), ref, rtol=1e-5, atol=1e-5
-        )
+        np.testing.assert_allclose(fn(q, k, v, causal=causal, logit_cap=logit_cap), ref, rtol=1e-5, atol=1e-5)
         g_ref = _grads(reference_attention, q, k, v, causal=causal, logit_cap=logit_cap)
         g_fast = _grads(fn, q, k, v, causal=causal, logit_cap=logit_cap)
         for a, b in zip(g_fast, g_ref):
@@ -127,13 +124,10 @@ def test_transformer_config_attention_knob():
 def test_linear_attention_flops_are_linear_in_seq_len():
     cfg = TransformerConfig(num_layers=1, num_heads=2, head_dim=4, attention="linear")
     per_token = [
-        flops.transformer_lm_flops_per_token(cfg, vocab_size=8, seq_len=n)["attention"]
-        for n in (8, 64, 1024, 8192)
+        flops.transformer_lm_flops_per_token(cfg, vocab_size=8, seq_len=n)["attention"] for n in (8, 64, 1024, 8192)
     ]
     # State update + read-out 2 * 2 h hd^2, plus the causal half of a chunk's products.
     assert per_token[0] == 2 * 2 * 2 * 16 + 2 * 2 * 8 * 2 * 4 / 2
     assert per_token[1] == per_token[2] == per_token[3] == 2 * 2 * 2 * 16 + 2 * 2 * 64 * 2 * 4 / 2
     soft = dataclasses.replace(cfg, attention="softmax")
-    assert flops.transformer_lm_flops_per_token(soft, vocab_size=8, seq_len=8192)["attention"] > (
-        100 * per_token[3]
-    )
+    assert flops.transformer_lm_flops_per_token(soft, vocab_size=8, seq_len=8192)["attention"] > (100 * per_token[3])

@@ -5,20 +5,16 @@ tests/launch/test_launch.py). The splash kernel runs here in the Pallas interpre
 checked through the same `jax.nn` entry point with XLA (no GPU here); the TPU compile of splash is
 in tests/launch/test_compile_tpu.py."""
 
-
 import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+
 from equipax.core.knobs import ConfigError
 from equipax.core.nn import TransformerConfig
 from equipax.core.nn.attention import reference_attention, softmax_attention
-from equipax.core.nn.fused_attention import (
-    cudnn_attention,
-    resolve_attention_impl,
-    splash_attention,
-)
+from equipax.core.nn.fused_attention import cudnn_attention, resolve_attention_impl, splash_attention
 
 B, S, H, D = 2, 128, 2, 16  # splash blocks are multiples of 128, in the interpreter too
 
@@ -57,8 +53,9 @@ def test_splash_kernel_matches_reference_forward_and_gradients(case, key):
 
     splash = jax.jit(lambda q, k, v: splash_attention(q, k, v, interpret=True, **kw))
     np.testing.assert_allclose(splash(q, k, v), reference_attention(q, k, v, **kw), rtol=1e-5, atol=1e-5)
-    g_splash = jax.grad(lambda *a: loss(lambda *b, **c: splash_attention(*b, interpret=True, **c), *a),
-                        argnums=(0, 1, 2))(q, k, v)
+    g_splash = jax.grad(
+        lambda *a: loss(lambda *b, **c: splash_attention(*b, interpret=True, **c), *a), argnums=(0, 1, 2)
+    )(q, k, v)
     g_ref = jax.grad(lambda *a: loss(reference_attention, *a), argnums=(0, 1, 2))(q, k, v)
     for a, b in zip(g_splash, g_ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
@@ -77,19 +74,23 @@ def test_cudnn_call_matches_reference(segments, key):
 def test_auto_picks_per_platform():
     f32, bf16 = jnp.float32, jnp.bfloat16
     pick = lambda platform, **kw: resolve_attention_impl(  # noqa: E731
-        "auto", platform, **{"seq_len": 1024, "dtype": bf16, "logit_cap": None, **kw})
+        "auto", platform, **{"seq_len": 1024, "dtype": bf16, "logit_cap": None, **kw}
+    )
     assert pick("cpu") == "xla"
     assert pick("tpu") == "splash" and pick("tpu", seq_len=100) == "xla"
     assert pick("gpu") == "cudnn" and pick("gpu", dtype=f32) == "xla" and pick("gpu", logit_cap=50.0) == "xla"
 
 
-@pytest.mark.parametrize("impl, platform, kw, message", [
-    ("cudnn", "cpu", {}, "needs a CUDA GPU, but this program runs on cpu"),
-    ("cudnn", "gpu", {"dtype": jnp.float32}, "model.dtype='bfloat16'"),
-    ("cudnn", "gpu", {"logit_cap": 50.0}, "atten_logit_cap=None"),
-    ("splash", "cpu", {}, "is a TPU kernel, but this program runs on cpu"),
-    ("splash", "tpu", {"seq_len": 100}, "divisible by 128"),
-])
+@pytest.mark.parametrize(
+    "impl, platform, kw, message",
+    [
+        ("cudnn", "cpu", {}, "needs a CUDA GPU, but this program runs on cpu"),
+        ("cudnn", "gpu", {"dtype": jnp.float32}, "model.dtype='bfloat16'"),
+        ("cudnn", "gpu", {"logit_cap": 50.0}, "atten_logit_cap=None"),
+        ("splash", "cpu", {}, "is a TPU kernel, but this program runs on cpu"),
+        ("splash", "tpu", {"seq_len": 100}, "divisible by 128"),
+    ],
+)
 def test_a_kernel_the_platform_lacks_is_a_config_error(impl, platform, kw, message):
     args = {"seq_len": 1024, "dtype": jnp.bfloat16, "logit_cap": None, **kw}
     with pytest.raises(ConfigError, match="model.transformer.attention_impl") as e:
@@ -97,11 +98,14 @@ def test_a_kernel_the_platform_lacks_is_a_config_error(impl, platform, kw, messa
     assert message in str(e.value) and "'auto'" in str(e.value)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"attention_impl": "cudnn"}, "atten_logit_cap=None"),  # the default cap is 50
-    ({"attention_impl": "splash", "attention": "linear"}, "attention='softmax'"),
-    ({"attention_impl": "splash", "tensor_parallel": "shard_map"}, "cannot nest"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"attention_impl": "cudnn"}, "atten_logit_cap=None"),  # the default cap is 50
+        ({"attention_impl": "splash", "attention": "linear"}, "attention='softmax'"),
+        ({"attention_impl": "splash", "tensor_parallel": "shard_map"}, "cannot nest"),
+    ],
+)
 def test_contradicting_knobs_fail_when_the_config_is_built(overrides, message):
     with pytest.raises(ValueError, match=message):
         TransformerConfig(**overrides)
@@ -111,7 +115,6 @@ def test_softmax_attention_xla_is_the_einsum_path(key):
     q, k, v = _qkv(key)
     seg = _segments()
     out = softmax_attention(q, k, v, causal=True, logit_cap=3.0, segment_ids=seg, impl="auto")
-    np.testing.assert_allclose(out, reference_attention(q, k, v, causal=True, logit_cap=3.0, segment_ids=seg),
-                               rtol=1e-5, atol=1e-5)
-
-
+    np.testing.assert_allclose(
+        out, reference_attention(q, k, v, causal=True, logit_cap=3.0, segment_ids=seg), rtol=1e-5, atol=1e-5
+    )

@@ -43,8 +43,15 @@ def test_overrides_apply_and_record_sources():
 
     cfg, sources = apply_overrides(
         Outer(),
-        ["model.num_layers=4", "lr=3e-4", "use_thing=true", "model.mesh=[1,4,1]", "model.cap=None",
-         "model.activation=relu", "name=run1"],
+        [
+            "model.num_layers=4",
+            "lr=3e-4",
+            "use_thing=true",
+            "model.mesh=[1,4,1]",
+            "model.cap=None",
+            "model.activation=relu",
+            "name=run1",
+        ],
     )
     assert cfg.model.num_layers == 4 and cfg.lr == 3e-4 and cfg.use_thing is True
     assert cfg.model.mesh == (1, 4, 1) and cfg.model.cap is None and cfg.model.activation == "relu"
@@ -107,3 +114,35 @@ def test_format_knobs_marks_sources():
     assert "lr" in text and "0.5  # --set" in text
     line = next(ln for ln in text.splitlines() if ln.startswith("model.num_layers "))
     assert line.split("=", 1)[1].strip() == "2  # experiment"
+
+
+def test_moved_knobs_name_their_new_path_and_old_dicts_still_read():
+    """A class lists the knobs it moved (`RENAMED`): `--set` with an old path fails naming the new
+    one, and a saved dict with old keys reads them at their new place."""
+    import dataclasses
+    from typing import ClassVar
+
+    import pytest
+
+    from equipax.core.knobs import ConfigError, apply_overrides, from_dict, renamed_knob
+
+    @dataclasses.dataclass(frozen=True)
+    class Sample:
+        tokens: int = 1
+
+    @dataclasses.dataclass(frozen=True)
+    class Loop:
+        steps: int = 10
+        sample: Sample = dataclasses.field(default_factory=Sample)
+        RENAMED: ClassVar[dict[str, str]] = {"sample_tokens": "sample.tokens"}
+
+    @dataclasses.dataclass(frozen=True)
+    class Root:
+        train: Loop = dataclasses.field(default_factory=Loop)
+
+    assert renamed_knob(Root(), "train.sample_tokens") == "train.sample.tokens"
+    assert renamed_knob(Root(), "train.steps") is None
+    with pytest.raises(ConfigError, match=r"'train.sample_tokens': it moved. Did you mean 'train.sample.tokens'\?"):
+        apply_overrides(Root(), ["train.sample_tokens=3"])
+    assert from_dict(Root, {"train": {"steps": 4, "sample_tokens": 3}}) == Root(train=Loop(steps=4, sample=Sample(3)))
+    assert from_dict(Root, {"train": {"sample": {"tokens": 5}}}).train.sample.tokens == 5

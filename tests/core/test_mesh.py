@@ -12,9 +12,11 @@ def test_mesh_errors_name_the_numbers():
     with pytest.raises(ValueError, match="has 2 entries"):
         MeshConfig(ici_mesh_shape=(1, 4))
 
+
 def test_cpu_mesh_puts_dcn_outermost():
     # 2 slices x 4 devices: devices 0-3 form slice 0 (one host), 4-7 slice 1.
     import numpy as np
+
     from equipax.core.mesh import MeshConfig, _cpu_hybrid
 
     arr = _cpu_hybrid(np.arange(8), MeshConfig(ici_mesh_shape=(1, 4, 1), dcn_mesh_shape=(2, 1, 1)))

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+
 from equipax.core import flops
 from equipax.core.nn import (
     CausalSelfAttention,
@@ -23,9 +24,7 @@ from equipax.core.nn import (
     reference_attention,
 )
 
-TINY = TransformerConfig(
-    num_layers=2, model_dims=16, num_heads=2, head_dim=8, hidden_dims=32, atten_logit_cap=None
-)
+TINY = TransformerConfig(num_layers=2, model_dims=16, num_heads=2, head_dim=8, hidden_dims=32, atten_logit_cap=None)
 
 
 def test_layer_shapes(key):
@@ -82,11 +81,7 @@ def test_layernorm_matches_numpy(key):
     # An offset mean checks the one-pass variance is still accurate in float32.
     x = 3.0 + 2.0 * jr.normal(k1, (2, 7, 32))
     ln = LayerNorm(32, use_bias=True)
-    ln = eqx.tree_at(
-        lambda m: (m.scale, m.bias),
-        ln,
-        (jr.normal(k2, (32,)), jr.normal(k3, (32,))),
-    )
+    ln = eqx.tree_at(lambda m: (m.scale, m.bias), ln, (jr.normal(k2, (32,)), jr.normal(k3, (32,))))
     assert ln.bias is not None
     want = _np_layernorm(x, np.asarray(ln.scale), np.asarray(ln.bias), ln.eps)
     np.testing.assert_allclose(ln(x), want, rtol=1e-4, atol=1e-4)
@@ -117,12 +112,8 @@ def test_fast_attention_matches_reference(key, causal, logit_cap):
     def loss(fn, q, k, v):
         return jnp.sum(jnp.sin(fn(q, k, v, causal=causal, logit_cap=logit_cap)))
 
-    g_ref = jax.jit(jax.grad(lambda *a: loss(reference_attention, *a), argnums=(0, 1, 2)))(
-        q, k, v
-    )
-    g_fast = jax.jit(jax.grad(lambda *a: loss(dot_product_attention, *a), argnums=(0, 1, 2)))(
-        q, k, v
-    )
+    g_ref = jax.jit(jax.grad(lambda *a: loss(reference_attention, *a), argnums=(0, 1, 2)))(q, k, v)
+    g_fast = jax.jit(jax.grad(lambda *a: loss(dot_product_attention, *a), argnums=(0, 1, 2)))(q, k, v)
     for a, b in zip(g_fast, g_ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
@@ -191,9 +182,7 @@ _grad_and_out = eqx.filter_jit(
 
 def test_scan_equals_unrolled_with_remat(key, trees_close):
     k_model, k_x = jr.split(key)
-    cfg = dataclasses.replace(
-        TINY, gated=True, activation="silu", atten_logit_cap=20.0, use_bias=True
-    )
+    cfg = dataclasses.replace(TINY, gated=True, activation="silu", atten_logit_cap=20.0, use_bias=True)
     unrolled = TransformerStack(dataclasses.replace(cfg, scan_layers=False), key=k_model)
     assert isinstance(unrolled.layers, tuple)
     # Perturb the zero/one-initialised biases and scales so the check covers them too.
@@ -230,9 +219,7 @@ def test_transformer_config_validation():
 
 
 def test_flops_per_token():
-    cfg = TransformerConfig(
-        num_layers=2, model_dims=8, num_heads=2, head_dim=4, hidden_dims=16, gated=False
-    )
+    cfg = TransformerConfig(num_layers=2, model_dims=8, num_heads=2, head_dim=4, hidden_dims=16, gated=False)
     f = flops.transformer_lm_flops_per_token(cfg, vocab_size=10, seq_len=6)
     assert f["qkv_projection"] == 2 * (2 * 8 * 3 * 2 * 4)
     assert f["output_projection"] == 2 * (2 * 2 * 4 * 8)
@@ -242,14 +229,10 @@ def test_flops_per_token():
     assert f["training"] == 3 * f["forward"]
     assert f["remat"] == 0 and f["training_with_remat"] == f["training"]
 
-    gated = flops.transformer_lm_flops_per_token(
-        dataclasses.replace(cfg, gated=True), vocab_size=10, seq_len=6
-    )
+    gated = flops.transformer_lm_flops_per_token(dataclasses.replace(cfg, gated=True), vocab_size=10, seq_len=6)
     assert gated["mlp"] == 1.5 * f["mlp"]
 
-    full = flops.transformer_lm_flops_per_token(
-        dataclasses.replace(cfg, remat="full"), vocab_size=10, seq_len=6
-    )
+    full = flops.transformer_lm_flops_per_token(dataclasses.replace(cfg, remat="full"), vocab_size=10, seq_len=6)
     assert full["training"] == f["training"]  # remat is not model FLOPs
     assert full["remat"] == f["forward"] - f["unembedding"]
     dots = flops.transformer_lm_flops_per_token(
@@ -264,10 +247,7 @@ def test_flops_per_token():
     assert counts["per_layer"] * cfg.num_layers > matmul_params
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [{}, {"gated": True, "use_bias": True}, {"norm": "rmsnorm", "use_bias": True}],
-)
+@pytest.mark.parametrize("overrides", [{}, {"gated": True, "use_bias": True}, {"norm": "rmsnorm", "use_bias": True}])
 def test_param_counts_match_built_stack(key, overrides):
     cfg = dataclasses.replace(TINY, **overrides)
     counts = flops.lm_param_counts(cfg, vocab_size=37)
@@ -276,8 +256,6 @@ def test_param_counts_match_built_stack(key, overrides):
     assert flops.count_params(stack) == cfg.num_layers * counts["per_layer"]
     emb = eqx.filter_eval_shape(Embedding, 37, cfg.model_dims, key=key)
     assert flops.count_params(emb) == counts["embedding"]
-    assert counts["total"] == (
-        counts["embedding"] + cfg.num_layers * counts["per_layer"] + counts["final_norm"]
-    )
+    assert counts["total"] == (counts["embedding"] + cfg.num_layers * counts["per_layer"] + counts["final_norm"])
     # Static fields and integer arrays are not parameters.
     assert flops.count_params({"a": jnp.ones((3,), jnp.int32), "b": jnp.ones((2, 2))}) == 4

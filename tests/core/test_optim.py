@@ -5,13 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from equipax.core.optim import (
-    LearnerConfig,
-    ScheduleConfig,
-    clip_by_update_rms,
-    make_learner,
-    make_schedule,
-)
+
+from equipax.core.optim import LearnerConfig, ScheduleConfig, clip_by_update_rms, make_learner, make_schedule
 
 
 def _values(schedule, steps):
@@ -25,8 +20,7 @@ def test_constant_schedule():
 
 def test_warmup_cosine_schedule():
     cfg = ScheduleConfig(
-        kind="warmup_cosine", peak_learning_rate=1e-3, warmup_steps=10, decay_steps=100,
-        final_fraction=0.1,
+        kind="warmup_cosine", peak_learning_rate=1e-3, warmup_steps=10, decay_steps=100, final_fraction=0.1
     )
     got = _values(make_schedule(cfg), [0, 5, 10, 60, 110, 1000])
     # Mid-cosine (50 of 100 steps): peak * (alpha + (1 - alpha) * 0.5 * (1 + cos(pi / 2))).
@@ -37,8 +31,11 @@ def test_warmup_cosine_schedule():
 def test_exponential_decay_schedule_22b():
     # Pax's 22B: warmup 4000, decay from the end of warmup to 0.1x at step 300000.
     cfg = ScheduleConfig(
-        kind="linear_rampup_exponential_decay", peak_learning_rate=1e-3, warmup_steps=4000,
-        decay_steps=300_000, final_fraction=0.1,
+        kind="linear_rampup_exponential_decay",
+        peak_learning_rate=1e-3,
+        warmup_steps=4000,
+        decay_steps=300_000,
+        final_fraction=0.1,
     )
     mid = (4000 + 300_000) // 2
     got = _values(make_schedule(cfg), [0, 2000, 4000, mid, 300_000, 400_000])
@@ -48,8 +45,12 @@ def test_exponential_decay_schedule_22b():
 
 def test_exponential_decay_holds_peak_until_decay_start():
     cfg = ScheduleConfig(
-        kind="linear_rampup_exponential_decay", peak_learning_rate=2.0, warmup_steps=10,
-        decay_start=20, decay_steps=30, final_fraction=0.25,
+        kind="linear_rampup_exponential_decay",
+        peak_learning_rate=2.0,
+        warmup_steps=10,
+        decay_start=20,
+        decay_steps=30,
+        final_fraction=0.25,
     )
     got = _values(make_schedule(cfg), [5, 10, 15, 20, 25, 30, 99])
     np.testing.assert_allclose(got, [1.0, 2.0, 2.0, 2.0, 1.0, 0.5, 0.5], rtol=1e-6)
@@ -62,19 +63,12 @@ def test_exponential_decay_holds_peak_until_decay_start():
         (dict(warmup_steps=-1), "schedule.warmup_steps"),
         (dict(kind="warmup_cosine", decay_steps=0), "schedule.decay_steps"),
         (dict(kind="warmup_cosine", decay_steps=5, final_fraction=1.5), "schedule.final_fraction"),
+        (dict(kind="linear_rampup_exponential_decay", warmup_steps=10, decay_steps=5), "schedule.decay_steps"),
         (
-            dict(kind="linear_rampup_exponential_decay", warmup_steps=10, decay_steps=5),
-            "schedule.decay_steps",
-        ),
-        (
-            dict(kind="linear_rampup_exponential_decay", warmup_steps=10, decay_start=5,
-                 decay_steps=50),
+            dict(kind="linear_rampup_exponential_decay", warmup_steps=10, decay_start=5, decay_steps=50),
             "schedule.decay_start",
         ),
-        (
-            dict(kind="linear_rampup_exponential_decay", decay_steps=50, final_fraction=0.0),
-            "schedule.final_fraction",
-        ),
+        (dict(kind="linear_rampup_exponential_decay", decay_steps=50, final_fraction=0.0), "schedule.final_fraction"),
     ],
 )
 def test_bad_schedule_config_raises(kwargs, field):
@@ -111,17 +105,16 @@ def test_unknown_kind_raises():
 
 def _params(key):
     k1, k2 = jax.random.split(key)
-    return {
-        "w": jax.random.normal(k1, (8, 16)),
-        "b": jax.random.normal(k2, (16,)),
-        "big": jnp.ones((4, 4)),
-    }
+    return {"w": jax.random.normal(k1, (8, 16)), "b": jax.random.normal(k2, (16,)), "big": jnp.ones((4, 4))}
 
 
 def test_clip_by_update_rms_bounds_each_tensor(key):
     updates = {"big": 10.0 * jnp.ones((4, 4)), "small": jnp.full((3,), 0.01), "none": None}
     clipped, _ = clip_by_update_rms(0.5).update(updates, optax.EmptyState())
-    rms = lambda x: float(jnp.sqrt(jnp.mean(jnp.square(x))))
+
+    def rms(x):
+        return float(jnp.sqrt(jnp.mean(jnp.square(x))))
+
     assert rms(clipped["big"]) == pytest.approx(0.5, rel=1e-6)
     np.testing.assert_array_equal(clipped["small"], updates["small"])
     assert clipped["none"] is None
@@ -130,8 +123,7 @@ def test_clip_by_update_rms_bounds_each_tensor(key):
 def test_pax_adam_update_rms_clip_is_active(key):
     lr = 1.0
     cfg = LearnerConfig(
-        kind="pax_adam", clip_gradient_norm=None, clip_update_rms=0.1,
-        schedule=ScheduleConfig(peak_learning_rate=lr),
+        kind="pax_adam", clip_gradient_norm=None, clip_update_rms=0.1, schedule=ScheduleConfig(peak_learning_rate=lr)
     )
     opt = make_learner(cfg).optimizer
     params = _params(key)
@@ -147,7 +139,12 @@ def test_pax_adam_update_rms_clip_is_active(key):
 def test_pax_adam_matches_manual_adam_with_decay(key):
     lr, b1, b2, eps, wd = 0.01, 0.9, 0.99, 1e-6, 0.1
     cfg = LearnerConfig(
-        kind="pax_adam", b1=b1, b2=b2, eps=eps, weight_decay=wd, clip_gradient_norm=None,
+        kind="pax_adam",
+        b1=b1,
+        b2=b2,
+        eps=eps,
+        weight_decay=wd,
+        clip_gradient_norm=None,
         schedule=ScheduleConfig(peak_learning_rate=lr),
     )
     opt = make_learner(cfg).optimizer
@@ -177,9 +174,7 @@ def test_pax_adam_matches_manual_adam_with_decay(key):
 @pytest.mark.parametrize("kind", ["adamw", "pax_adam"])
 def test_weight_decay_only_on_matrices(kind, key):
     lr, wd = 0.1, 0.5
-    cfg = LearnerConfig(
-        kind=kind, weight_decay=wd, schedule=ScheduleConfig(peak_learning_rate=lr)
-    )
+    cfg = LearnerConfig(kind=kind, weight_decay=wd, schedule=ScheduleConfig(peak_learning_rate=lr))
     opt = make_learner(cfg).optimizer
     params = _params(key)
     zero_grads = jax.tree.map(jnp.zeros_like, params)

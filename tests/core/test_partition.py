@@ -1,21 +1,25 @@
-"""Sharding annotations: an undeclared weight is an error naming its path, and declared axes must fit the array."""
+"""Sharding annotations: an undeclared weight is an error naming its path, declared axes must fit the
+array, and the logical-to-mesh rules are a knob of the mesh config."""
 
 import re
 
 import pytest
+
 from helpers.partition import flat_specs, mesh
 
 
 def test_an_undeclared_weight_is_an_error_naming_its_path(key):
     import equinox as eqx
     import jax.numpy as jnp
-    from equipax.core.nn import Linear
     from jax.sharding import PartitionSpec as P
     from jaxtyping import Array
 
+    from equipax.core.nn import Linear
+
     blocks = {"blocks": [Linear(4, 8, axes=("embed", "hidden"), key=key), Linear(4, 8, key=key)]}
-    with pytest.raises(ValueError, match=re.escape("Parameter ['blocks'][1].weight of shape (4, 8) "
-                                                   "has no logical axes")) as e:
+    with pytest.raises(
+        ValueError, match=re.escape("Parameter ['blocks'][1].weight of shape (4, 8) has no logical axes")
+    ) as e:
         flat_specs(blocks, mesh())
     assert "Linear(..., axes=" in str(e.value)
 
@@ -27,8 +31,11 @@ def test_an_undeclared_weight_is_an_error_naming_its_path(key):
             self.table = jnp.zeros((4, 8))
             self.vector = jnp.zeros((8,))
 
-    with pytest.raises(ValueError, match=r"Parameter \.table .*Declare its logical axes in the "
-                                         r"layer that owns it: give Custom a method"):
+    with pytest.raises(
+        ValueError,
+        match=r"Parameter \.table .*Declare its logical axes in the "
+        r"layer that owns it: give Custom a method",
+    ):
         flat_specs(Custom(), mesh())
 
     class Declared(eqx.Module):
@@ -46,9 +53,11 @@ def test_an_undeclared_weight_is_an_error_naming_its_path(key):
     assert specs[".table"] == P("fsdp", "tensor")
     assert specs[".vector"] == P(None)  # an undeclared vector is replicated
 
+
 def test_declared_axes_must_fit_the_array(key):
     import equinox as eqx
     import jax
+
     from equipax.core.nn import Linear
 
     class Stacked(eqx.Module):  # vmapped Linears, but no {"layers": ("layers",)} declared
@@ -72,3 +81,40 @@ def test_declared_axes_must_fit_the_array(key):
 
     with pytest.raises(ValueError, match=r"Parameter \.weight declares unknown logical axes \['embd'\]"):
         flat_specs(Typo(), mesh())
+
+
+def test_logical_axis_rules_are_the_mesh_configs_knob(key):
+    """The rules decide the specs (FSDP off: nothing on `fsdp`), and an axis they do not map is an
+    error that names the knob, not a file to edit."""
+    from jax.sharding import PartitionSpec as P
+
+    from equipax.core.configs import DEFAULT_LOGICAL_AXIS_RULES, MeshConfig
+    from equipax.core.nn import Linear
+
+    layer = {"up": Linear(8, 16, axes=("embed", "hidden"), key=key)}
+    assert flat_specs(layer, mesh())["['up'].weight"] == P("fsdp", "tensor")
+    no_fsdp = tuple((logical, None if axis == "fsdp" else axis) for logical, axis in DEFAULT_LOGICAL_AXIS_RULES)
+    rules = dict(MeshConfig(logical_axis_rules=no_fsdp).logical_axis_rules)
+    assert flat_specs(layer, mesh(), rules)["['up'].weight"] == P(None, "tensor")
+    swapped = dict(DEFAULT_LOGICAL_AXIS_RULES) | {"embed": "tensor", "hidden": "fsdp"}
+    assert flat_specs(layer, mesh(), swapped)["['up'].weight"] == P("tensor", "fsdp")
+
+    without_hidden = {k: v for k, v in DEFAULT_LOGICAL_AXIS_RULES if k != "hidden"}
+    unmapped = r"unknown logical axes \['hidden'\] \(the mesh's rules do not map them\)"
+    with pytest.raises(ValueError, match=unmapped) as e:
+        flat_specs(layer, mesh(), without_hidden)
+    assert "mesh.logical_axis_rules" in str(e.value) and "equipax.core.partition" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "rules, message",
+    [
+        ((("embed", "fsdp"), ("embed", None)), "maps 'embed' more than once"),
+        ((("embed", "fdsp"),), "names the mesh axis 'fdsp', which is not one of"),
+    ],
+)
+def test_bad_logical_axis_rules_are_refused_when_the_config_is_built(rules, message):
+    from equipax.core.configs import MeshConfig
+
+    with pytest.raises(ValueError, match=message):
+        MeshConfig(logical_axis_rules=rules)

@@ -1,22 +1,12 @@
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from equipax.core.optim import (
-    LearnerConfig,
-    ScheduleConfig,
-    make_learner,
-    make_schedule,
-)
-from equipax.core.step import (
-    TrainState,
-    init_train_state,
-    make_eval_step,
-    make_train_step,
-)
 from jaxtyping import Array, Float
+
+from equipax.core.optim import LearnerConfig, ScheduleConfig, make_learner, make_schedule
+from equipax.core.step import LossFnTask, TrainState, init_train_state, make_eval_step, make_train_step
 
 IN, HIDDEN, OUT, BATCH = 4, 32, 1, 64
 
@@ -65,8 +55,11 @@ LEARNER = LearnerConfig(
     clip_gradient_norm=5.0,
     clip_update_rms=1.0,
     schedule=ScheduleConfig(
-        kind="linear_rampup_exponential_decay", peak_learning_rate=1e-2, warmup_steps=5,
-        decay_steps=100, final_fraction=0.1,
+        kind="linear_rampup_exponential_decay",
+        peak_learning_rate=1e-2,
+        warmup_steps=5,
+        decay_steps=100,
+        final_fraction=0.1,
     ),
 )
 
@@ -74,7 +67,7 @@ LEARNER = LearnerConfig(
 _OPTIMIZER = make_learner(LEARNER).optimizer
 _SCHEDULE = make_schedule(LEARNER.schedule)
 # One step function for the module, so it compiles once.
-_STEP = make_train_step(loss_fn, _OPTIMIZER, _SCHEDULE)
+_STEP = make_train_step(LossFnTask(loss_fn), _OPTIMIZER, _SCHEDULE)
 
 
 def setup(key):
@@ -124,7 +117,7 @@ def test_loss_decreases_and_metrics(key, batches):
     last = np.mean([float(m["loss"]) for m in history[-4:]])
     assert last < 0.5 * first, (first, last)
     # Eval on the trained model agrees with a direct deterministic evaluation.
-    aux = make_eval_step(loss_fn)(state.model, batches[0])
+    aux = make_eval_step(LossFnTask(loss_fn))(state.model, batches[0])
     _, want = loss_fn(state.model, batches[0], key=None)
     assert set(aux) == {"loss_sum", "num_examples"}
     np.testing.assert_allclose(aux["loss_sum"], want["loss_sum"], rtol=1e-5)
@@ -136,8 +129,9 @@ def test_step_is_deterministic(key, batches):
     b, _, _ = setup(key)
     a, ma = run(step_fn, a, batches, base_key, 3)
     b, mb = run(step_fn, b, batches, base_key, 3)
-    for x, y in zip(jax.tree.leaves(eqx.filter((a, ma), eqx.is_array)),
-                    jax.tree.leaves(eqx.filter((b, mb), eqx.is_array))):
+    for x, y in zip(
+        jax.tree.leaves(eqx.filter((a, ma), eqx.is_array)), jax.tree.leaves(eqx.filter((b, mb), eqx.is_array))
+    ):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
@@ -162,8 +156,7 @@ def test_resume_from_numpy_equals_uninterrupted(key, batches):
     del resumed
     resumed = from_numpy(leaves, treedef, static)
     assert int(resumed.step) == n
-    resumed, _ = run(step_fn, resumed, batches[n % len(batches):] + batches[: n % len(batches)],
-                     base_key, n)
+    resumed, _ = run(step_fn, resumed, batches[n % len(batches) :] + batches[: n % len(batches)], base_key, n)
 
     got, _, _ = to_numpy(resumed)
     want, _, _ = to_numpy(straight)
@@ -191,7 +184,7 @@ def test_reserved_aux_name_raises(key, batches):
 
     optimizer = make_learner(LearnerConfig()).optimizer
     state = init_train_state(MLP(key=key), optimizer)
-    step_fn = make_train_step(bad_loss, optimizer, make_schedule(ScheduleConfig()))
+    step_fn = make_train_step(LossFnTask(bad_loss), optimizer, make_schedule(ScheduleConfig()))
     with pytest.raises(ValueError, match="grad_norm"):
         step_fn(state, batches[0], key)
 
@@ -205,8 +198,9 @@ def test_train_state_fields(key):
 
 def test_train_step_skips_nonfinite_updates_in_graph(key):
     import equinox as eqx
+
     from equipax.core.optim import LearnerConfig, make_learner
-    from equipax.core.step import init_train_state, make_train_step
+    from equipax.core.step import LossFnTask, init_train_state, make_train_step
 
     model = eqx.nn.Linear(3, 2, key=key)
 
@@ -216,7 +210,7 @@ def test_train_step_skips_nonfinite_updates_in_graph(key):
 
     cfg = LearnerConfig()
     opt, sched = make_learner(cfg)
-    step = make_train_step(loss_fn, opt, sched, skip_nonfinite=True)
+    step = make_train_step(LossFnTask(loss_fn), opt, sched, skip_nonfinite=True)
     good = {"x": jnp.ones((4, 3)), "y": jnp.zeros((4, 2))}
     bad = {"x": jnp.full((4, 3), jnp.nan), "y": jnp.zeros((4, 2))}
     state = init_train_state(model, opt)

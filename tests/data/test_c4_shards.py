@@ -6,6 +6,7 @@ import json
 import logging
 
 import pytest
+
 from equipax.data import DataError, TextShards, find_shards, write_shards
 
 
@@ -18,7 +19,7 @@ def test_start_up_errors_name_the_problem(tmp_path):
     (tmp_path / "c4-train.00000-of-00001.jsonl").write_text("")
     with pytest.raises(DataError, match="has no documents: it is empty"):
         TextShards(find_shards(tmp_path, "c4-train.*"))
-    (tmp_path / "c4-train.00000-of-00001.jsonl").write_text("not json\n{\"url\": 1}\n")
+    (tmp_path / "c4-train.00000-of-00001.jsonl").write_text('not json\n{"url": 1}\n')
     with pytest.raises(DataError, match="all 2 lines are malformed"):
         TextShards(find_shards(tmp_path, "c4-train.*"))
     (tmp_path / "c4-train.00000-of-00001.jsonl").write_bytes(b"garbage")
@@ -29,7 +30,7 @@ def test_start_up_errors_name_the_problem(tmp_path):
 
 def test_malformed_lines_skipped_counted_logged_once(tmp_path, caplog):
     good = [json.dumps({"text": f"document {i}", "url": "x"}) for i in range(99)]
-    lines = good[:50] + ["{broken"] + good[50:] + ["", json.dumps({"text": 5})]
+    lines = [*good[:50], "{broken", *good[50:], "", json.dumps({"text": 5})]
     (tmp_path / "c4-train.00000-of-00001.json.gz").write_bytes(gzip.compress("\n".join(lines).encode()))
     with caplog.at_level(logging.WARNING, logger="equipax.data"):
         shards = TextShards(find_shards(tmp_path), max_malformed_fraction=0.05)
@@ -49,5 +50,3 @@ def test_arrayrecord_malformed_record_reads_empty(tmp_path):
     writer.close()
     shards = TextShards(find_shards(tmp_path), max_malformed_fraction=0.5)
     assert list(shards) == ["a", "b", ""]
-
-

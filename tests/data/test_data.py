@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+
 from equipax.data import (
     ByteTokenizer,
     SentencePieceTokenizer,
@@ -15,26 +16,9 @@ from equipax.data import (
     split_plays,
     unigram_entropy,
 )
+from helpers.inputs import assert_batches_equal, drain
 
 ODD_TEXT = "  Héllo,\tworld!  ✓ 日本語 🎭\n\nO Romeo, Romeo!  wherefore art thou Romeo?\n"
-
-
-def drain(inp, n=None):
-    out = []
-    while n is None or len(out) < n:
-        try:
-            out.append(inp.get_next())
-        except StopIteration:
-            break
-    return out
-
-
-def assert_batches_equal(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
 
 
 # --- tokenizers ---------------------------------------------------------------------------
@@ -90,8 +74,9 @@ def test_sentencepiece_errors(tmp_path):
     with pytest.raises(ValueError, match="no non-empty lines"):
         SentencePieceTokenizer.train(["", "  \n"], vocab_size=300, model_path=missing)
     with pytest.raises(ValueError, match="Increase vocab_size"):  # more distinct chars than room
-        SentencePieceTokenizer.train([ODD_TEXT + "".join(map(chr, range(0x4E00, 0x4E60)))],
-                                     vocab_size=300, model_path=missing)
+        SentencePieceTokenizer.train(
+            [ODD_TEXT + "".join(map(chr, range(0x4E00, 0x4E60)))], vocab_size=300, model_path=missing
+        )
 
 
 # --- Shakespeare --------------------------------------------------------------------------
@@ -158,8 +143,10 @@ def test_token_window_hosts_disjoint_and_cover_each_epoch():
     hosts = 3
     num_windows = 50
     per_host = num_windows // hosts  # 16 or 17; take whole batches below the smaller
-    inputs = [window_input(num_windows, num_infeed_hosts=hosts, infeed_host_index=h, batch_size=4, seed=7)
-              for h in range(hosts)]
+    inputs = [
+        window_input(num_windows, num_infeed_hosts=hosts, infeed_host_index=h, batch_size=4, seed=7)
+        for h in range(hosts)
+    ]
     firsts = [inp.get_next() for inp in inputs]
     assert not np.array_equal(firsts[0]["ids"], firsts[1]["ids"])
     seen = [set(b["example_id"].tolist()) for b in firsts]

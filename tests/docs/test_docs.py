@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers import REPO
 from helpers.toy import CNN_SHORT, SMOKE_SHORT, TOY_SHORT, set_args
 
 sys.path.insert(0, str(REPO))
-from docs_hooks import TEST_MARKERS, code_blocks  # noqa: E402
+from docs_hooks import TEST_MARKERS, code_blocks
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SKIP_MARKERS = {"no-run", "needs-hardware"}
@@ -36,14 +37,20 @@ def blocks():
 def test_fence_markers_are_known():
     """A misspelt marker (`no_run`) would run a block meant to be skipped, and break its fence on
     the site: every word after a fence's language is one of TEST_MARKERS."""
-    unknown = [f"{path.name}:{block.line}: {word!r}" for path in DOCS for block in code_blocks(path.read_text())
-               for word in block.markers if word not in TEST_MARKERS]
+    unknown = [
+        f"{path.name}:{block.line}: {word!r}"
+        for path in DOCS
+        for block in code_blocks(path.read_text())
+        for word in block.markers
+        if word not in TEST_MARKERS
+    ]
     assert not unknown, f"unknown code-fence markers (known: {sorted(TEST_MARKERS)}): {unknown}"
 
 
 def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     assert words[:3] == ["uv", "run", "launch"], (
         f"documented command {' '.join(words)!r} is not run by the docs tests; mark its block no-run"
@@ -61,8 +68,9 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
         args[args.index("--job-log-dir") + 1] = str(tmp_path / "job")  # the job the block's `launch run` wrote
     if "--cpu-devices" in args or args[:1] == ["compile"]:
         # The device count is fixed when JAX starts: run in a fresh process, as a user would.
-        proc = subprocess.run([sys.executable, "-m", "equipax.launch.cli", *args],
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True, timeout=600
+        )
         code, output = proc.returncode, proc.stdout + proc.stderr
     else:
         result = CliRunner().invoke(app, args)

@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
+
 from helpers import REPO
 
 
@@ -30,8 +31,14 @@ def site(tmp_path_factory):
         pytest.skip("mkdocs is not installed in this environment (dev dependency group)")
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run([exe, "build", "--strict", "--site-dir", str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [exe, "build", "--strict", "--site-dir", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return out
 
@@ -58,10 +65,9 @@ def test_api_reference_covers_every_public_name(site):
 
 def test_every_knob_has_a_meaning(site):
     sys.path.insert(0, str(REPO))
+    from docs_hooks import knob_rows
     from equipax.launch.configs.experiment import ExperimentConfig
     from equipax.launch.experiments.registry import get_experiment
-
-    from docs_hooks import knob_rows
 
     rows = [row for _, section in knob_rows(ExperimentConfig) for row in section]
     undocumented = [knob for knob, _, _, meaning in rows if not meaning]
@@ -175,7 +181,9 @@ def page_problems(page: Path, site: Path) -> list[str]:
         elif url.fragment and target.suffix == ".html":
             ids = parsed.ids if target == page else _ids(target)
             if unquote(url.fragment) not in ids:
-                problems.append(f"{here}: broken link {href!r} (no id {url.fragment!r} in {target.relative_to(site.resolve())})")
+                problems.append(
+                    f"{here}: broken link {href!r} (no id {url.fragment!r} in {target.relative_to(site.resolve())})"
+                )
     for src in parsed.assets:
         if urlsplit(src).scheme in ("http", "https") or src.startswith("//"):
             problems.append(f"{here}: loads {src!r}, which is not part of the site (it must work offline)")
@@ -212,8 +220,10 @@ def test_page_problems_sees_each_kind_of_breakage(tmp_path):
     """The checker fails on each kind of breakage it claims to see (and passes a clean page)."""
     (tmp_path / "a").mkdir()
     (tmp_path / "pic.png").write_bytes(b"png")
-    ok = '<h1 id="top">T</h1><p>Run <code>`x`</code>:</p><pre><code>```bash\n**x**</code></pre>' \
-         '<a href="a/">A</a> <a href="#top">top</a> <img src="pic.png"> <a href="https://x.org/">x</a>'
+    ok = (
+        '<h1 id="top">T</h1><p>Run <code>`x`</code>:</p><pre><code>```bash\n**x**</code></pre>'
+        '<a href="a/">A</a> <a href="#top">top</a> <img src="pic.png"> <a href="https://x.org/">x</a>'
+    )
     (tmp_path / "a" / "index.html").write_text('<p id="here">a</p>')
     page = tmp_path / "index.html"
     page.write_text(ok)
@@ -243,15 +253,18 @@ def test_page_problems_sees_each_kind_of_breakage(tmp_path):
 def test_search_index_holds_the_knobs_and_api_names(site):
     """The site's search finds every knob and every public API name."""
     sys.path.insert(0, str(REPO))
-    from equipax.launch.configs.experiment import ExperimentConfig
-
     from docs_hooks import api_modules, knob_rows
+    from equipax.launch.configs.experiment import ExperimentConfig
 
     index = json.loads((site / "search" / "search_index.json").read_text())
     text = "\n".join(f"{doc['location']} {doc['title']} {doc['text']}" for doc in index["docs"])
     knobs = [knob for _, section in knob_rows(ExperimentConfig) for knob, *_ in section]
-    names = [f"{name}.{public}" for pkg in ("core", "models", "data", "launch") for name in api_modules(pkg)
-             for public in getattr(importlib.import_module(name), "__all__", [])]
+    names = [
+        f"{name}.{public}"
+        for pkg in ("core", "models", "data", "launch")
+        for name in api_modules(pkg)
+        for public in getattr(importlib.import_module(name), "__all__", [])
+    ]
     missing = [n for n in knobs + names if n not in text and n.rsplit(".", 1)[-1] not in text]
     assert len(knobs) > 50 and len(names) > 100 and not missing, missing
 
@@ -277,10 +290,13 @@ def test_figures_are_made_by_their_commands():
         entry = manifest[name]
         assert (entry["file"], entry["page"], entry["commands"]) == (fig.file, fig.page, list(fig.commands)), (
             f"figures.json's {name!r} is not what make_figures.py makes now: "
-            f"uv run python docs/figures/make_figures.py {name}")
+            f"uv run python docs/figures/make_figures.py {name}"
+        )
         assert entry["commands"] or entry["source"], name
         assert (FIGURES_DIR / fig.file).stat().st_size < 80_000, f"{fig.file} is over 80 KB"
-        assert f"](figures/{fig.file})" in (REPO / "docs" / fig.page).read_text(), f"{fig.page} does not show {fig.file}"
+        assert f"](figures/{fig.file})" in (REPO / "docs" / fig.page).read_text(), (
+            f"{fig.page} does not show {fig.file}"
+        )
 
 
 def test_architecture_diagram_is_current():
@@ -290,7 +306,8 @@ def test_architecture_diagram_is_current():
 
     assert (FIGURES_DIR / "architecture.svg").read_text() == architecture_svg(), (
         "docs/figures/architecture.svg is out of date with the code: "
-        "uv run python docs/figures/make_figures.py architecture")
+        "uv run python docs/figures/make_figures.py architecture"
+    )
 
 
 def test_every_figure_is_shown_with_its_command(site):
@@ -386,8 +403,7 @@ def test_site_search_in_a_browser(site, browser):
     driver, base = browser
     for query, expect in (("num_layers", "knobs/"), ("build_training", "api/launch/")):
         driver.get(base + "?q=" + query)
-        WebDriverWait(driver, 30).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a"))
+        WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".md-search-result__item a"))
         links = [a.get_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")]
         assert any(expect in link for link in links), (query, links)
     errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]

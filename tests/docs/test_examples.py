@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from helpers import REPO
 
 
@@ -25,11 +26,13 @@ JAX_CAUSED = ("device: Unknown",)
 
 
 def test_examples_pass_pyright_strict():
-    proc = subprocess.run([_pyright(), "-p", "examples", "--outputjson"], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [_pyright(), "-p", "examples", "--outputjson"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     diagnostics = json.loads(proc.stdout)["generalDiagnostics"]
-    errors = [d for d in diagnostics if d["severity"] == "error"
-              and not any(marker in d["message"] for marker in JAX_CAUSED)]
+    errors = [
+        d for d in diagnostics if d["severity"] == "error" and not any(marker in d["message"] for marker in JAX_CAUSED)
+    ]
     assert not errors, "\n".join(f"{d['file']}:{d['range']['start']['line'] + 1}: {d['message']}" for d in errors)
 
 
@@ -51,5 +54,3 @@ def test_lm_example_trains():
 
 
 # ------------------------------------------------------------------ numpy ids, public API
-
-

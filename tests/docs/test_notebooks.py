@@ -8,6 +8,7 @@ build time). Refresh the committed outputs after a change:
 import os
 
 import pytest
+
 from helpers import REPO
 
 NOTEBOOKS = sorted((REPO / "docs" / "notebooks").glob("*.ipynb"))
@@ -26,8 +27,9 @@ def test_notebook_runs(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
     # One CPU device, float32, as the rest of the suite; the kernel is this interpreter's.
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute(env=env)  # raises CellExecutionError, with the cell and its traceback, on any error
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
@@ -44,7 +46,8 @@ def test_committed_notebook_has_its_outputs(path):
     counts = [c.get("execution_count") for c in code]
     assert counts == list(range(1, len(code) + 1)), (
         f"{path.name} was not saved after a full run in order (execution counts {counts}): "
-        "uv run jupyter nbconvert --to notebook --execute --inplace " + str(path.relative_to(REPO)))
+        "uv run jupyter nbconvert --to notebook --execute --inplace " + str(path.relative_to(REPO))
+    )
     for cell in code:
         kinds = {o.output_type for o in cell.get("outputs", [])}
         assert "error" not in kinds, cell.source

@@ -20,7 +20,10 @@ def run_with_devices(code: str, devices: int = 8, timeout: float = 300) -> str:
     )
     proc = subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
-        env=env, capture_output=True, text=True, timeout=timeout,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if proc.returncode != 0:
         raise AssertionError(f"child failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")

@@ -11,7 +11,7 @@ TOY = [
     "data.seq_len=32",
     "data.batch_size=4",
     "train.eval_batches=2",
-    "train.sample_tokens=8",
+    "train.sample.tokens=8",
     "learner.schedule.warmup_steps=2",
     "learner.schedule.decay_steps=60",
 ]
@@ -21,8 +21,13 @@ TOY_SHORT = [*TOY, "train.num_steps=4", "train.log_every=2", "train.eval_every=4
 
 
 # For `*_smoke` experiments, already toy-sized: just a few steps.
-SMOKE_SHORT = ["train.num_steps=2", "train.log_every=1", "train.eval_every=2", "train.checkpoint_every=2",
-               "train.eval_batches=1"]
+SMOKE_SHORT = [
+    "train.num_steps=2",
+    "train.log_every=1",
+    "train.eval_every=2",
+    "train.checkpoint_every=2",
+    "train.eval_batches=1",
+]
 
 
 def set_args(overrides):
@@ -54,8 +59,12 @@ def compile_cache_env(cache_dir) -> dict:
     bit-for-bit comparisons between the runs hold as before."""
     import os
 
-    return dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    return dict(
+        os.environ,
+        JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
 
 
 def persistent_compile_cache(cache_dir):
@@ -69,8 +78,11 @@ def persistent_compile_cache(cache_dir):
         import jax
         from jax._src import compilation_cache
 
-        settings = {"jax_compilation_cache_dir": str(cache_dir), "jax_persistent_cache_min_compile_time_secs": 0.0,
-                    "jax_persistent_cache_min_entry_size_bytes": 0}
+        settings = {
+            "jax_compilation_cache_dir": str(cache_dir),
+            "jax_persistent_cache_min_compile_time_secs": 0.0,
+            "jax_persistent_cache_min_entry_size_bytes": 0,
+        }
         before = {k: getattr(jax.config, k) for k in settings}
         for k, v in settings.items():
             jax.config.update(k, v)

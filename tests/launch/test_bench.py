@@ -7,8 +7,9 @@ TINY = ["--batch", "2", "--head-dim", "8", "--repeats", "2"]
 
 
 def invoke(*args):
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     return CliRunner().invoke(app, list(args))
 
@@ -21,8 +22,20 @@ def _rows(path):
 def test_bench_attention_writes_table_json_and_plot(tmp_path):
     impls = "softmax_reference,softmax,softmax_jax_nn,linear,linear_reference"
     out = tmp_path / "bench"
-    res = invoke("bench", "attention", "--seq", "16,32", *TINY, "--causal", "--chunk-size", "5",
-                 "--impl", impls, "--out", str(out))
+    res = invoke(
+        "bench",
+        "attention",
+        "--seq",
+        "16,32",
+        *TINY,
+        "--causal",
+        "--chunk-size",
+        "5",
+        "--impl",
+        impls,
+        "--out",
+        str(out),
+    )
     assert res.exit_code == 0, res.output
     assert "speed" in res.output or "x vs softmax" in res.output
     result, rows = _rows(out)
@@ -40,9 +53,23 @@ def test_bench_attention_writes_table_json_and_plot(tmp_path):
 def test_run_attention_bench_experiment_skips_what_does_not_fit(tmp_path):
     job = tmp_path / "job"
     # 50 MB: the [2 1 4096 4096] softmax logits (128 MiB) cannot fit, linear attention can.
-    res = invoke("run", "--exp", "attention_bench", "--job-log-dir", str(job),
-                 "--set", "seq_lens=(16, 4096)", "--set", "batch_size=2", "--set", "head_dim=8",
-                 "--set", "repeats=2", "--set", "memory_limit_gb=0.05")
+    res = invoke(
+        "run",
+        "--exp",
+        "attention_bench",
+        "--job-log-dir",
+        str(job),
+        "--set",
+        "seq_lens=(16, 4096)",
+        "--set",
+        "batch_size=2",
+        "--set",
+        "head_dim=8",
+        "--set",
+        "repeats=2",
+        "--set",
+        "memory_limit_gb=0.05",
+    )
     assert res.exit_code == 0, res.output
     result, rows = _rows(job)
     assert result["config"]["seq_lens"] == [16, 4096]
@@ -68,8 +95,7 @@ def test_out_of_memory_is_reported_not_raised(tmp_path, monkeypatch):
     cfg = bench.AttentionBenchConfig(seq_lens=(8,), batch_size=1, head_dim=4, repeats=1)
     result = bench.run_attention_bench(cfg, tmp_path)
     status = {r["implementation"]: r["status"] for r in result["results"]}
-    assert status == {"softmax_reference": "out_of_memory", "softmax": "ok",
-                      "softmax_jax_nn": "ok", "linear": "ok"}
+    assert status == {"softmax_reference": "out_of_memory", "softmax": "ok", "softmax_jax_nn": "ok", "linear": "ok"}
 
 
 def test_bench_user_errors_exit_2(tmp_path):

@@ -379,7 +379,7 @@ def test_the_jobset_is_valid_and_holds_the_mesh(exp, topology, slices, tmp_path)
     assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == tpu.topology.split(":")[1]
     assert pod["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"].startswith(f"tpu-{tpu.generation[:2]}")
     env = env_of(m)
-    assert env.get("LIBTPU_INIT_ARGS", "") == cfg.train.libtpu_init_args
+    assert env.get("LIBTPU_INIT_ARGS", "") == cfg.train.compiler.libtpu_init_args
     if slices > 1:
         assert env["MEGASCALE_NUM_SLICES"] == str(slices)
         assert "jobset.sigs.k8s.io/job-index" in env["MEGASCALE_SLICE_ID"]["fieldRef"]["fieldPath"]

@@ -1,20 +1,25 @@
-"""The `cnn_*` experiments end to end (digits run, mid-epoch resume, config errors) and checkpoints holding BatchNorm state."""
+"""The `cnn_*` experiments end to end (digits run, mid-epoch resume, config errors) and checkpoints
+holding BatchNorm state."""
 
 import json
 
 import numpy as np
 import pytest
+
 from helpers.toy import CNN_TOY, persistent_compile_cache, set_args
 
 
 def invoke(*args):
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     return CliRunner().invoke(app, list(args))
 
+
 def test_checkpoint_round_trip_includes_bn_state(one_step, tmp_path, trees_close):
     import jax
+
     from equipax.launch.jobdir.checkpoints import Checkpointer
 
     template, state, _, _, _ = one_step
@@ -29,11 +34,18 @@ def test_checkpoint_round_trip_includes_bn_state(one_step, tmp_path, trees_close
     trees_close(jax.tree.leaves(restored.model), jax.tree.leaves(state.model), rtol=0, atol=0)
     trees_close(jax.tree.leaves(restored.opt_state), jax.tree.leaves(state.opt_state), rtol=0, atol=0)
 
+
 @pytest.mark.slow
 def test_short_cnn_digits_run_learns_and_writes_job_dir(tmp_path):
     job = tmp_path / "job"
-    result = invoke("run", "--exp", "cnn_digits", "--job-log-dir", str(job),
-                    *set_args([*CNN_TOY, "train.num_epochs=2", "data.batch_size=32"]))
+    result = invoke(
+        "run",
+        "--exp",
+        "cnn_digits",
+        "--job-log-dir",
+        str(job),
+        *set_args([*CNN_TOY, "train.num_epochs=2", "data.batch_size=32"]),
+    )
     assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
     assert "Epoch 2/2: Loss:" in result.output and "Test Acc:" in result.output
     for name in ("config.json", "knobs.txt", "metrics.jsonl", "result.json", "plots/history.png"):
@@ -47,6 +59,7 @@ def test_short_cnn_digits_run_learns_and_writes_job_dir(tmp_path):
     assert res["final_test_accuracy"] > 0.8, res["history"]  # chance is 0.1
     assert res["history"]["test_accuracy"] == [r["test_accuracy"] for r in epochs]
 
+
 @pytest.mark.slow
 def test_resume_mid_epoch_equals_uninterrupted(tmp_path, monkeypatch):
     sets = set_args([*CNN_TOY, "train.num_epochs=2", "data.batch_size=128", "train.log_every=4"])
@@ -54,8 +67,9 @@ def test_resume_mid_epoch_equals_uninterrupted(tmp_path, monkeypatch):
     with persistent_compile_cache(tmp_path / "jax-cache"):
         _resume_mid_epoch(tmp_path, monkeypatch, sets)
 
+
 def _resume_mid_epoch(tmp_path, monkeypatch, sets):
-    import equipax.launch.training.loop as classify
+    import equipax.launch.training.step_loop as classify
     from equipax.data import ImageClassificationInput
     from equipax.launch.errors import EXIT_PREEMPTED
     from equipax.launch.training.preemption import StopRequest
@@ -87,6 +101,7 @@ def _resume_mid_epoch(tmp_path, monkeypatch, sets):
     b = json.loads((tmp_path / "split" / "result.json").read_text())
     assert a["state_digest"] == b["state_digest"]  # parameters, optimizer and BatchNorm state
     assert a["history"] == b["history"]  # epoch 2's train loss/accuracy survived the stop
+
 
 def test_classifier_config_errors_exit_2():
     result = invoke("run", "--exp", "cnn_digits", "--set", "model.in_channels=3")

@@ -8,8 +8,9 @@ import pytest
 
 
 def launch(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "equipax.launch.cli", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.slow
@@ -47,6 +48,7 @@ def test_smoke_compile_reports_the_real_models_parameter_count(tmp_path):
     assert report["memory_per_device"]["fits"]
 
     import jax
+
     from equipax.core.flops import count_params
     from equipax.launch.experiments.registry import get_experiment
     from equipax.models import TransformerLM
@@ -56,27 +58,32 @@ def test_smoke_compile_reports_the_real_models_parameter_count(tmp_path):
 
 
 def test_unknown_target_is_a_user_error():
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     result = CliRunner().invoke(app, ["compile", "--exp", "c4_1b", "--target", "tpu-v9"])
     assert result.exit_code == 2 and "Unknown --target 'tpu-v9'" in result.output
 
 
-@pytest.mark.parametrize("option, value, expected", [
-    ("--hbm-gib", "0", "--hbm-gib must be a number of GiB > 0"),
-    ("--hbm-gib", "-1", "--hbm-gib must be a number of GiB > 0"),
-    ("--hbm-gib", "nan", "--hbm-gib must be a number of GiB > 0"),
-    ("--hbm-gib", "inf", "--hbm-gib must be a number of GiB > 0"),
-    ("--assumed-mfu", "0", "--assumed-mfu must be in (0, 1]"),
-    ("--assumed-mfu", "-0.5", "--assumed-mfu must be in (0, 1]"),
-    ("--assumed-mfu", "1.5", "--assumed-mfu must be in (0, 1]"),
-    ("--assumed-mfu", "nan", "--assumed-mfu must be in (0, 1]"),
-    ("--slices", "0", "--slices must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "option, value, expected",
+    [
+        ("--hbm-gib", "0", "--hbm-gib must be a number of GiB > 0"),
+        ("--hbm-gib", "-1", "--hbm-gib must be a number of GiB > 0"),
+        ("--hbm-gib", "nan", "--hbm-gib must be a number of GiB > 0"),
+        ("--hbm-gib", "inf", "--hbm-gib must be a number of GiB > 0"),
+        ("--assumed-mfu", "0", "--assumed-mfu must be in (0, 1]"),
+        ("--assumed-mfu", "-0.5", "--assumed-mfu must be in (0, 1]"),
+        ("--assumed-mfu", "1.5", "--assumed-mfu must be in (0, 1]"),
+        ("--assumed-mfu", "nan", "--assumed-mfu must be in (0, 1]"),
+        ("--slices", "0", "--slices must be >= 1"),
+    ],
+)
 def test_bad_numbers_are_usage_errors_before_compiling(option, value, expected):
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     result = CliRunner().invoke(app, ["compile", "--exp", "c4_22b_2x", "--topology", "v4-128", option, value])
     assert result.exit_code == 2, result.output
@@ -84,8 +91,9 @@ def test_bad_numbers_are_usage_errors_before_compiling(option, value, expected):
 
 
 def test_budget_and_mfu_at_their_limits_are_accepted():
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     # Valid numbers pass the option checks and reach the experiment lookup (a misspelled name here).
     result = CliRunner().invoke(app, ["compile", "--exp", "no_such_exp", "--hbm-gib", "0.5", "--assumed-mfu", "1"])
@@ -95,17 +103,28 @@ def test_budget_and_mfu_at_their_limits_are_accepted():
 def test_collective_counting():
     from equipax.launch.aot.report import count_collectives
 
-    hlo = ("%a = all-gather(x)\n%b = all-reduce-start(y)\n%c = all-reduce-done(%b)\n%d = all-to-all(z)\n"
-           "%e = send(w), channel_id=1\n%f = send-done(%e)\n%g = recv(t)\n%h = recv-done(%g)")
-    assert count_collectives(hlo) == {"all-gather": 1, "reduce-scatter": 0, "all-reduce": 1,
-                                      "collective-permute": 0, "all-to-all": 1, "send": 1, "recv": 1}
+    hlo = (
+        "%a = all-gather(x)\n%b = all-reduce-start(y)\n%c = all-reduce-done(%b)\n%d = all-to-all(z)\n"
+        "%e = send(w), channel_id=1\n%f = send-done(%e)\n%g = recv(t)\n%h = recv-done(%g)"
+    )
+    assert count_collectives(hlo) == {
+        "all-gather": 1,
+        "reduce-scatter": 0,
+        "all-reduce": 1,
+        "collective-permute": 0,
+        "all-to-all": 1,
+        "send": 1,
+        "recv": 1,
+    }
 
 
 def test_compiler_out_of_memory_is_a_does_not_fit_figure():
     from equipax.launch.aot.memory import out_of_memory_figures
 
-    msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
-           "(34.65G) exceeds available HBM (30.75G). HLO module: jit_fn.")
+    msg = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries "
+        "(34.65G) exceeds available HBM (30.75G). HLO module: jit_fn."
+    )
     m = out_of_memory_figures(msg, state_bytes=6 * 2**30, batch_bytes=2**20)
     assert m is not None and m["compiler_refused"] == msg
     assert m["temp_bytes"] == int(34.65 * 2**30) and m["available_bytes"] == int(30.75 * 2**30)

@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 
 def launch(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "equipax.launch.cli", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def invoke(*args):
@@ -28,16 +29,22 @@ def test_small_experiment_compiles_for_a_v4_slice_with_xla_tpu(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "compile.json").read_text())
     assert report["compile"]["backend"] == "tpu" and report["compile"]["device_kind"] == "TPU v4"
-    assert report["topology"] == {"slice": "v4-16", "topology": "v4:2x2x2", "chip_config": "megacore",
-                                  "num_slices": 1, "chips_per_slice": 8}
+    assert report["topology"] == {
+        "slice": "v4-16",
+        "topology": "v4:2x2x2",
+        "chip_config": "megacore",
+        "num_slices": 1,
+        "chips_per_slice": 8,
+    }
     assert report["target"]["name"] == "tpu-v4" and report["memory_per_device"]["budget_gib"] == 32
     m = report["memory_per_device"]
     # The state is FSDP-sharded over 8 chips and donated: arguments alias outputs.
     assert m["argument_bytes"] >= report["params"]["per_device_param_bytes"] > 0
     assert 0 < m["alias_bytes"] <= m["argument_bytes"]
     assert m["generated_code_bytes"] > 0 and m["peak_bytes"] > 0
-    assert m["total_bytes"] == (m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
-                                + m["generated_code_bytes"])
+    assert m["total_bytes"] == (
+        m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"] + m["generated_code_bytes"]
+    )
     assert m["fits"] and "XLA:TPU" in m["note"]
     assert report["collectives"]["all-gather"] > 0  # FSDP gathers the weights
     assert "2 x v4-16" not in proc.stdout and "1 x v4-16 (v4:2x2x2, TPU v4)" in proc.stdout
@@ -61,8 +68,18 @@ def test_multislice_mesh_spans_the_slices(tmp_path):
 def test_xla_tpu_refusing_the_program_is_does_not_fit(tmp_path):
     # Twice c4_16b's per-device batch: XLA:TPU refuses the program (temporaries > 30.75 GiB of HBM)
     # within seconds, before the full compile; that refusal is the report's answer, and --strict exits 3.
-    args = ("compile", "--exp", "c4_16b", "--topology", "v4-64", "--set", "data.per_device_batch=32",
-            "--job-log-dir", str(tmp_path), "--strict")
+    args = (
+        "compile",
+        "--exp",
+        "c4_16b",
+        "--topology",
+        "v4-64",
+        "--set",
+        "data.per_device_batch=32",
+        "--job-log-dir",
+        str(tmp_path),
+        "--strict",
+    )
     proc = launch(*args)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     m = json.loads((tmp_path / "compile.json").read_text())["memory_per_device"]
@@ -93,14 +110,17 @@ def test_target_must_match_the_topology():
     assert result.exit_code == 2 and "does not match --topology v4-16" in " ".join(result.output.split())
 
 
-@pytest.mark.parametrize("name, topology, chip_config, chips, target", [
-    ("v4-8", "v4:2x2x1", "megacore", 4, "tpu-v4"),
-    ("v4-128", "v4:4x4x4", "megacore", 64, "tpu-v4"),
-    ("v5p-256", "v5p:4x4x8", "megacore", 128, "tpu-v5p"),
-    ("v5e-16", "v5e:4x4", "default", 16, "tpu-v5e"),
-    ("v5litepod-256", "v5e:16x16", "default", 256, "tpu-v5e"),
-    ("v6e-8", "v6e:2x4", "default", 8, "tpu-v6e"),
-])
+@pytest.mark.parametrize(
+    "name, topology, chip_config, chips, target",
+    [
+        ("v4-8", "v4:2x2x1", "megacore", 4, "tpu-v4"),
+        ("v4-128", "v4:4x4x4", "megacore", 64, "tpu-v4"),
+        ("v5p-256", "v5p:4x4x8", "megacore", 128, "tpu-v5p"),
+        ("v5e-16", "v5e:4x4", "default", 16, "tpu-v5e"),
+        ("v5litepod-256", "v5e:16x16", "default", 256, "tpu-v5e"),
+        ("v6e-8", "v6e:2x4", "default", 8, "tpu-v6e"),
+    ],
+)
 def test_slice_names_map_to_libtpu_topologies(name, topology, chip_config, chips, target):
     from equipax.launch.aot.tpu import lookup_slice
 
@@ -116,14 +136,23 @@ def test_every_generation_gives_its_devices():
         assert len(devices) == TPU_SLICES[name].chips and devices[0].device_kind == kind
 
 
-SPLASH = ("--set", "model.transformer.attention_impl=splash", "--set", "data.seq_len=128",
-          "--set", "model.max_seq_len=128")
+SPLASH = (
+    "--set",
+    "model.transformer.attention_impl=splash",
+    "--set",
+    "data.seq_len=128",
+    "--set",
+    "model.max_seq_len=128",
+)
 
 
-@pytest.mark.parametrize("exp, topology, mesh", [
-    ("c4_1b_smoke", "v5p-16", {"data": 1, "fsdp": 8, "tensor": 1}),
-    ("c4_16b_smoke", "v4-16", {"data": 1, "fsdp": 4, "tensor": 2}),  # heads split over `tensor`
-])
+@pytest.mark.parametrize(
+    "exp, topology, mesh",
+    [
+        ("c4_1b_smoke", "v5p-16", {"data": 1, "fsdp": 8, "tensor": 1}),
+        ("c4_16b_smoke", "v4-16", {"data": 1, "fsdp": 4, "tensor": 2}),  # heads split over `tensor`
+    ],
+)
 def test_splash_attention_lowers_and_compiles_for_a_tpu_slice(exp, topology, mesh, tmp_path):
     proc = launch("compile", "--exp", exp, "--topology", topology, *SPLASH, "--job-log-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,4 +1,4 @@
-"""`train.xla_flags` and `train.libtpu_init_args`: set in the environment before JAX starts by
+"""`train.compiler.xla_flags` and `train.compiler.libtpu_init_args`: set in the environment before JAX starts by
 `launch run` and `launch compile`, printed, and recorded with the other knobs."""
 
 import json
@@ -6,11 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from equipax.launch.aot.flags import (
-    SEED_C4_22B_LIBTPU_INIT_ARGS,
-    apply_compiler_flags,
-    merge_flags,
-)
+
+from equipax.launch.aot.flags import SEED_C4_22B_LIBTPU_INIT_ARGS, apply_compiler_flags, merge_flags
 from helpers.toy import TOY, set_args
 
 
@@ -26,30 +23,44 @@ def test_the_multislice_experiments_carry_the_seeds_libtpu_args():
     from equipax.launch.experiments.registry import get_experiment
 
     for name in ("c4_22b_1x", "c4_22b_2x", "c4_22b_2x_smoke"):
-        assert get_experiment(name).train.libtpu_init_args == SEED_C4_22B_LIBTPU_INIT_ARGS
+        assert get_experiment(name).train.compiler.libtpu_init_args == SEED_C4_22B_LIBTPU_INIT_ARGS
     assert "--xla_tpu_enable_latency_hiding_scheduler=true" in SEED_C4_22B_LIBTPU_INIT_ARGS
-    with pytest.raises(ValueError, match="train.xla_flags"):
-        from equipax.launch.configs.experiment import TrainConfig
+    with pytest.raises(ValueError, match="train.compiler.xla_flags"):
+        from equipax.launch.configs.train import CompilerConfig
 
-        TrainConfig(xla_flags="--xla_dump_to='unterminated")
+        CompilerConfig(xla_flags="--xla_dump_to='unterminated")
 
 
 def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.slow
 def test_launch_run_applies_xla_flags_before_jax_starts(tmp_path):
     dump = tmp_path / "dump"
     job = tmp_path / "job"
-    proc = _cli("run", "--job-log-dir", str(job),
-                *set_args([*TOY, "train.num_steps=2", "train.log_every=1", "train.eval_every=2",
-                           "train.checkpoint_every=2", "train.sample_tokens=0", f"train.xla_flags=--xla_dump_to={dump}"]))
+    proc = _cli(
+        "run",
+        "--job-log-dir",
+        str(job),
+        *set_args(
+            [
+                *TOY,
+                "train.num_steps=2",
+                "train.log_every=1",
+                "train.eval_every=2",
+                "train.checkpoint_every=2",
+                "train.sample.tokens=0",
+                f"train.compiler.xla_flags=--xla_dump_to={dump}",
+            ]
+        ),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"XLA_FLAGS=--xla_dump_to={dump}" in proc.stderr
     assert any(dump.iterdir()), "XLA did not see the flag: it was set after the backend started"
-    assert json.loads((job / "config.json").read_text())["train"]["xla_flags"] == f"--xla_dump_to={dump}"
+    assert json.loads((job / "config.json").read_text())["train"]["compiler"]["xla_flags"] == f"--xla_dump_to={dump}"
 
 
 def test_launch_compile_hands_the_seeds_libtpu_args_to_xla_tpu(tmp_path):
@@ -57,5 +68,5 @@ def test_launch_compile_hands_the_seeds_libtpu_args_to_xla_tpu(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"LIBTPU_INIT_ARGS={SEED_C4_22B_LIBTPU_INIT_ARGS}" in proc.stderr
     flags = json.loads((tmp_path / "compile.json").read_text())["compiler_flags"]
-    assert flags["train.libtpu_init_args"] == SEED_C4_22B_LIBTPU_INIT_ARGS
+    assert flags["train.compiler.libtpu_init_args"] == SEED_C4_22B_LIBTPU_INIT_ARGS
     assert flags["environment"]["LIBTPU_INIT_ARGS"].endswith(SEED_C4_22B_LIBTPU_INIT_ARGS)

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from helpers.cli import FAST, assert_one_paragraph, invoke, run, snapshot
 from helpers.toy import TOY, set_args
 
@@ -43,9 +44,15 @@ def job_copy(finished_job, tmp_path):
         # batch not divisible by the data-parallel size
         (["--set", "mesh.ici_mesh_shape=(3, 1, 1)"], ["not divisible by the data-parallel size 3"]),
         # conflicting eval settings
-        (["--set", "data.reset_for_eval=False", "--set", "train.eval_batches=0"], ["rolling eval", "train.eval_batches=0"]),
+        (
+            ["--set", "data.reset_for_eval=False", "--set", "train.eval_batches=0"],
+            ["rolling eval", "train.eval_batches=0"],
+        ),
         # a knob of another model: the CNN experiment has no transformer
-        (["--exp", "cnn_digits", "--set", "model.transformer.num_layers=2"], ["Unknown knob 'model.transformer.num_layers'"]),
+        (
+            ["--exp", "cnn_digits", "--set", "model.transformer.num_layers=2"],
+            ["Unknown knob 'model.transformer.num_layers'"],
+        ),
     ],
 )
 def test_config_errors_exit_2_and_write_nothing(args, needles, job_copy):
@@ -125,8 +132,13 @@ def test_disk_full_while_saving(job_copy, monkeypatch):
     monkeypatch.setattr(ocp.CheckpointManager, "save", full)
     code, out = run(job_copy, "train.num_steps=8")
     assert code == 2, out
-    assert_one_paragraph(out, "Could not write the checkpoint of step 6", "No space left on device",
-                         "step 4, is intact", "run the same command again")
+    assert_one_paragraph(
+        out,
+        "Could not write the checkpoint of step 6",
+        "No space left on device",
+        "step 4, is intact",
+        "run the same command again",
+    )
     assert snapshot(job_copy / "checkpoints") == before
     monkeypatch.undo()
     code, out = run(job_copy, "train.num_steps=8")  # space freed: resumes from the intact step
@@ -169,15 +181,14 @@ def test_sentencepiece_vocab_path(content, tmp_path):
     path = tmp_path / "vocab.model"
     if content is not None:
         path.write_bytes(content)
-    code, out = invoke("run", "--job-log-dir", tmp_path / "job",
-                       *set_args([*TOY, f"data.vocab_path='{path}'"]))
+    code, out = invoke("run", "--job-log-dir", tmp_path / "job", *set_args([*TOY, f"data.vocab_path='{path}'"]))
     assert code == 2, out
     assert_one_paragraph(out, "data.vocab_path", "not found" if content is None else "could not parse")
 
 
 def test_job_tokenizer_corrupt(tmp_path):
     job = tmp_path / "job"
-    code, out = invoke("run", "--job-log-dir", job, *set_args([*TOY, "train.num_steps=2", "train.sample_tokens=0"]))
+    code, out = invoke("run", "--job-log-dir", job, *set_args([*TOY, "train.num_steps=2", "train.sample.tokens=0"]))
     assert code == 0, out
     (job / "tokenizer.model").write_bytes(b"half a file")
     before = snapshot(job)
@@ -203,8 +214,9 @@ def test_nan_loss_abort_names_step_and_last_good_checkpoint(tmp_path):
     job = tmp_path / "job"
     code, out = run(job, "train.num_steps=6", "train.debug_nan_steps=(3,)", "train.on_nonfinite='abort'")
     assert code == 4, out
-    assert_one_paragraph(out, "Step 3: the loss is nan", "train.on_nonfinite='abort'",
-                         "The last good checkpoint is step 2")
+    assert_one_paragraph(
+        out, "Step 3: the loss is nan", "train.on_nonfinite='abort'", "The last good checkpoint is step 2"
+    )
     assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["2"]  # nothing saved past it
 
 
@@ -214,8 +226,15 @@ def test_too_many_consecutive_nonfinite_steps(tmp_path):
     assert code == 4, out
     assert "step 3: the loss is nan; the update was skipped" in out and "step 4:" in out
     # Checkpoint 4 was saved inside the streak (3, 4, 5): the last good one is from before it.
-    assert_one_paragraph(out, "Step 5: the loss is nan", "3 consecutive steps", "max_consecutive_nonfinite=2",
-                         "The run became unstable at step 3", "likely a bad batch", "The last good checkpoint is step 2")
+    assert_one_paragraph(
+        out,
+        "Step 5: the loss is nan",
+        "3 consecutive steps",
+        "max_consecutive_nonfinite=2",
+        "The run became unstable at step 3",
+        "likely a bad batch",
+        "The last good checkpoint is step 2",
+    )
     assert sorted(p.name for p in (job / "checkpoints").iterdir()) == ["2"]
     assert [p.name.split("-")[0] for p in (job / "unstable_checkpoints").iterdir()] == ["4"]
 
@@ -232,8 +251,9 @@ def test_unexpected_error_one_paragraph_and_debug_traceback(tmp_path, monkeypatc
     assert_one_paragraph(out, "Unexpected RuntimeError: something deep inside broke", "launch --debug")
     assert "second line" not in out
 
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     result = CliRunner().invoke(app, ["--debug", "run", "--job-log-dir", str(tmp_path / "job"), *set_args(FAST)])
     assert isinstance(result.exception, RuntimeError)  # --debug lets the traceback through

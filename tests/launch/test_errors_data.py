@@ -1,40 +1,36 @@
 """docs/errors.md, the data and benchmark entries: `launch data prepare`, shard files and
 `launch bench attention` through the CLI: the message, the exit code, and nothing damaged."""
 
-import hashlib
 import json
 from pathlib import Path
 
 import pytest
+
 from equipax.data import DataError, TextShards, find_shards, write_shards
+from helpers.cli import assert_one_paragraph, snapshot
 from helpers.toy import TOY, set_args
 
-FAST = [*TOY, "data.tokenizer=byte", "train.sample_tokens=0", "train.num_steps=2", "train.checkpoint_every=2"]
+FAST = [*TOY, "data.tokenizer=byte", "train.sample.tokens=0", "train.num_steps=2", "train.checkpoint_every=2"]
 
 
 def invoke(*args):
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     result = CliRunner().invoke(app, [str(a) for a in args])
     return result.exit_code, result.output
 
 
 def run_on_shards(job: Path, data: Path):
-    return invoke("run", "--exp", "shakespeare_tiny", "--job-log-dir", job,
-                  *set_args([*FAST, "data.source='c4'", f"data.path='{data}'"]))
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def assert_one_paragraph(output: str, *needles: str):
-    assert "Traceback" not in output, output
-    assert "error:" in output, output
-    for n in needles:
-        assert n in output, output
+    return invoke(
+        "run",
+        "--exp",
+        "shakespeare_tiny",
+        "--job-log-dir",
+        job,
+        *set_args([*FAST, "data.source='c4'", f"data.path='{data}'"]),
+    )
 
 
 def docs(split: str, n: int) -> list[str]:
@@ -50,7 +46,7 @@ def c4_like(tmp_path) -> Path:
     return root
 
 
-# --- 1: `data prepare` keeps C4 splits apart and never reads what it overwrites ----------------
+# --- `data prepare` keeps C4 splits apart and never reads what it overwrites ----------------
 
 
 @pytest.mark.parametrize("fmt", ["arrayrecord", "jsonl"])
@@ -100,7 +96,7 @@ def test_prepare_into_a_subdirectory_of_its_input_is_refused_on_the_rerun(tmp_pa
     assert snapshot(src) == before
 
 
-# --- 7: a broken symlink is named, not skipped ----------------------------------------------------
+# --- a broken symlink is named, not skipped ----------------------------------------------------
 
 
 def test_broken_symlink_shard_is_named_at_start_up(c4_like, tmp_path):
@@ -124,7 +120,7 @@ def test_broken_symlink_in_prepare_input_is_named(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-# --- 12: a corrupt ArrayRecord shard is a DataError naming the file -------------------------------
+# --- a corrupt ArrayRecord shard is a DataError naming the file -------------------------------
 
 
 def _arrayrecord_shards(root: Path) -> list[Path]:
@@ -167,7 +163,7 @@ def test_corrupt_arrayrecord_record_is_named_when_read(tmp_path):
     assert not list((job / "checkpoints").glob("*"))
 
 
-# --- 9 and 17: `launch bench attention` checks its arguments before the work ----------------------
+# --- `launch bench attention` checks its arguments before the work ----------------------
 
 
 def test_bench_attention_out_is_a_file(tmp_path, monkeypatch):
@@ -193,7 +189,7 @@ def test_bench_attention_seq_not_integers(seq):
     assert "--seq" in output and "128,512" in output, output
 
 
-# --- 17: `data prepare`'s advice names its own options ---------------------------------------------
+# --- `data prepare`'s advice names its own options ---------------------------------------------
 
 
 def test_prepare_malformed_records_advice_names_its_option(tmp_path):

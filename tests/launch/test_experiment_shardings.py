@@ -1,6 +1,8 @@
-"""Every registered experiment's weights declare logical axes that the rules map, and the Llama experiments' specs are the Megatron + FSDP layout."""
+"""Every registered experiment's weights declare logical axes that the rules map, and the Llama
+experiments' specs are the Megatron + FSDP layout."""
 
 import pytest
+
 from helpers.partition import flat_specs, mesh
 
 
@@ -10,15 +12,18 @@ def abstract_model(cfg):
     `register_family` is covered; one that cannot build its model fails the test."""
     import equinox as eqx
     import jax
+
     from equipax.launch.tasks import family
 
     task = family(cfg).make_task(cfg, None)
     model, _ = eqx.filter_eval_shape(task.init, jax.random.key(0))
     return type(model).__name__, model
 
+
 def test_every_registered_experiment_declares_the_axes_of_its_weights():
-    from equipax.launch.experiments.registry import entries
     from jax.sharding import PartitionSpec as P
+
+    from equipax.launch.experiments.registry import entries
 
     kinds = {"TransformerLM": [], "LlamaLM": [], "AdvancedCNN": []}
     for entry in entries():
@@ -35,16 +40,21 @@ def test_every_registered_experiment_declares_the_axes_of_its_weights():
         if kind == "LlamaLM":
             assert specs[".unembed.weight"] == P("fsdp", "tensor"), entry.name
     assert kinds["TransformerLM"] and kinds["AdvancedCNN"], kinds
-    assert {"shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama2_7b_smoke",
-            "llama3_8b_smoke"} <= set(kinds["LlamaLM"]), kinds
+    assert {"shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama2_7b_smoke", "llama3_8b_smoke"} <= set(
+        kinds["LlamaLM"]
+    ), kinds
+
 
 def declared_axes(model):
     """`{path: logical axes}` of every array leaf, each axis named by the layer that owns it."""
     import jax
+
     from equipax.core.partition import leaf_axes
 
-    return {jax.tree_util.keystr(p): leaf_axes(model, p, leaf)
-            for p, leaf in jax.tree_util.tree_flatten_with_path(model)[0]}
+    return {
+        jax.tree_util.keystr(p): leaf_axes(model, p, leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(model)[0]
+    }
+
 
 @pytest.mark.parametrize("name", ["shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama3_8b_smoke"])
 def test_every_llama_weight_declares_logical_axes_the_rules_map(name):
@@ -62,11 +72,13 @@ def test_every_llama_weight_declares_logical_axes_the_rules_map(name):
     for path, names in axes.items():
         assert None not in names and set(names) <= set(LOGICAL_TO_MESH), (path, names)
 
+
 def test_llama_specs_match_the_megatron_fsdp_layout():
     """Scanned Llama weights (as in llama3_8b): FSDP on `embed`, Megatron on heads / hidden,
     key/value heads split like the query heads, the untied output split over the vocabulary."""
-    from equipax.launch.experiments.registry import get_experiment
     from jax.sharding import PartitionSpec as P
+
+    from equipax.launch.experiments.registry import get_experiment
 
     _, model = abstract_model(get_experiment("llama3_8b"))
     specs = flat_specs(model, mesh(1, 8, 8))
@@ -80,3 +92,24 @@ def test_llama_specs_match_the_megatron_fsdp_layout():
     assert specs[".layers.ffn.down.weight"] == P(None, "tensor", "fsdp")
     assert specs[".layers.atten_norm.scale"] == P(None, None)
     assert specs[".final_norm.scale"] == P(None)
+
+
+def test_the_experiments_logical_axis_rules_reach_the_train_state_shardings(monkeypatch):
+    """`--set mesh.logical_axis_rules=...` is what build_training shards the train state by."""
+    import jax
+
+    import equipax.launch.training.build as build
+    from equipax.core.knobs import apply_overrides
+    from equipax.core.mesh import build_mesh
+    from equipax.launch.experiments.registry import get_experiment
+
+    seen = []
+    real = build.train_state_shardings
+    monkeypatch.setattr(build, "train_state_shardings", lambda *a: seen.append(a[3]) or real(*a))
+    rules = (
+        "(('embed', None), ('vocab', 'tensor'), ('heads', 'tensor'), ('hidden', 'tensor'), ('head_dim', None), "
+        "('qkv', None), ('layers', None), ('stage', 'stage'), ('norm', None))"
+    )
+    cfg, _ = apply_overrides(get_experiment("shakespeare_tiny"), [f"mesh.logical_axis_rules={rules}"])
+    build.build_training(cfg, build_mesh(cfg.mesh, jax.devices()[:1]))
+    assert seen == [dict(cfg.mesh.logical_axis_rules)] and seen[0]["embed"] is None

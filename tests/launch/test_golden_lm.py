@@ -63,8 +63,11 @@ def _batches(vocab: int, packed: bool) -> list[dict[str, np.ndarray]]:
     out = []
     for _ in range(STEPS):
         tokens = rng.integers(0, vocab, size=(BATCH, SEQ + 1), dtype=np.int32)
-        batch = {"ids": tokens[:, :-1], "labels": tokens[:, 1:],
-                 "weights": (rng.random((BATCH, SEQ)) < 0.9).astype(np.float32)}
+        batch = {
+            "ids": tokens[:, :-1],
+            "labels": tokens[:, 1:],
+            "weights": (rng.random((BATCH, SEQ)) < 0.9).astype(np.float32),
+        }
         if packed:
             batch |= _packing()
         out.append(batch)
@@ -82,9 +85,11 @@ def _packing() -> dict[str, np.ndarray]:
 def _summarise(logits) -> dict[str, np.ndarray]:
     import jax
 
-    return {"head": np.asarray(logits[..., :KEEP_VOCAB]),
-            "logsumexp": np.asarray(jax.nn.logsumexp(logits, axis=-1)),
-            "argmax": np.asarray(logits.argmax(-1)).astype(np.int32)}
+    return {
+        "head": np.asarray(logits[..., :KEEP_VOCAB]),
+        "logsumexp": np.asarray(jax.nn.logsumexp(logits, axis=-1)),
+        "argmax": np.asarray(logits.argmax(-1)).astype(np.int32),
+    }
 
 
 def compute(name: str) -> tuple[dict, dict[str, np.ndarray]]:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+
 from helpers.toy import TOY, persistent_compile_cache, set_args
 
 
@@ -13,8 +14,9 @@ def sets(*overrides):
 
 
 def invoke(*args):
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     return CliRunner().invoke(app, list(args))
 
@@ -78,8 +80,12 @@ def test_list_shows_default_experiment():
 @pytest.mark.slow
 def test_toy_run_learns_and_writes_job_dir(tmp_path):
     job = tmp_path / "job"
-    result = invoke("run", "--job-log-dir", str(job), *sets("train.num_steps=60", "train.log_every=10",
-                                                            "train.eval_every=30", "train.checkpoint_every=30"))
+    result = invoke(
+        "run",
+        "--job-log-dir",
+        str(job),
+        *sets("train.num_steps=60", "train.log_every=10", "train.eval_every=30", "train.checkpoint_every=30"),
+    )
     assert result.exit_code == 0, result.output
     for name in ("config.json", "knobs.txt", "metrics.jsonl", "tokenizer.model", "result.json", "plots/loss.png"):
         assert (job / name).exists(), name
@@ -126,7 +132,7 @@ def _resume_equals_uninterrupted(tmp_path):
 @pytest.mark.slow
 def test_resume_refuses_a_different_model_shape(tmp_path):
     job = str(tmp_path / "job")
-    ok = invoke("run", "--job-log-dir", job, *sets("train.num_steps=2", "train.sample_tokens=0"))
+    ok = invoke("run", "--job-log-dir", job, *sets("train.num_steps=2", "train.sample.tokens=0"))
     assert ok.exit_code == 0, ok.output
     bad = invoke("run", "--job-log-dir", job, *sets("train.num_steps=4", "model.transformer.hidden_dims=96"))
     assert bad.exit_code == 2
@@ -136,9 +142,17 @@ def test_resume_refuses_a_different_model_shape(tmp_path):
     assert json.loads((tmp_path / "job" / "config.json").read_text())["model"]["transformer"]["hidden_dims"] == 64
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["list"], ["show", "--exp", "shakespeare_tiny"],
-                                  ["show", "--exp", "c4_gpt3_xl_pipeline"], ["show", "--exp", "cnn_digits"],
-                                  ["show", "--exp", "shakespeare_tiny", "--set", "model.transformer.num_layer=3"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["list"],
+        ["show", "--exp", "shakespeare_tiny"],
+        ["show", "--exp", "c4_gpt3_xl_pipeline"],
+        ["show", "--exp", "cnn_digits"],
+        ["show", "--exp", "shakespeare_tiny", "--set", "model.transformer.num_layer=3"],
+    ],
+)
 def test_commands_that_do_not_train_do_not_import_jax(argv):
     """benchmarks/README.md, CLI latency: `--help`, `list`, `show` and knob errors answer without
     JAX, grain or orbax (seconds each): the config classes live in JAX-free `configs` modules."""
@@ -155,8 +169,9 @@ def test_commands_that_do_not_train_do_not_import_jax(argv):
 def test_progress_bar_on_a_terminal_and_plain_lines_otherwise():
     import io
 
-    from equipax.launch.training.progress import ProgressReporter
     from rich.console import Console
+
+    from equipax.launch.training.progress import ProgressReporter
 
     metrics = {"loss": 2.5, "learning_rate": 1e-3, "tokens_per_s": 1234.0}
     tty = io.StringIO()
@@ -173,12 +188,46 @@ def test_progress_bar_on_a_terminal_and_plain_lines_otherwise():
 
 
 def test_launch_run_with_cudnn_on_cpu_exits_2_naming_the_knob(tmp_path):
-    from equipax.launch.cli import app
-    from helpers.toy import TOY, set_args
     from typer.testing import CliRunner
 
-    knobs = [*TOY, "train.num_steps=2", "model.transformer.attention_impl=cudnn",
-             "model.transformer.atten_logit_cap=None"]
+    from equipax.launch.cli import app
+    from helpers.toy import TOY, set_args
+
+    knobs = [
+        *TOY,
+        "train.num_steps=2",
+        "model.transformer.attention_impl=cudnn",
+        "model.transformer.atten_logit_cap=None",
+    ]
     result = CliRunner().invoke(app, ["run", "--job-log-dir", str(tmp_path / "job"), *set_args(knobs)])
     assert result.exit_code == 2, result.output
     assert "attention_impl='cudnn' needs a CUDA GPU" in " ".join(result.output.split())
+
+
+def test_moved_train_knobs_are_refused_by_their_new_name_and_old_config_json_reads():
+    """The loop's sub-configs (train.sample/decode/profile/pgle/compiler): an old flat knob given
+    with --set is exit 2 naming its new path; a config.json written before the move reads."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from equipax.core.knobs import from_json, to_dict
+    from equipax.launch.cli import app
+    from equipax.launch.configs.experiment import ExperimentConfig
+    from equipax.launch.experiments.registry import get_experiment
+
+    for old, new in [
+        ("train.sample_tokens=0", "train.sample.tokens"),
+        ("train.pgle=auto", "train.pgle.mode"),
+        ("train.xla_flags=''", "train.compiler.xla_flags"),
+    ]:
+        result = CliRunner().invoke(app, ["show", "--set", old])
+        assert result.exit_code == 2 and f"Did you mean {new!r}?" in result.output, result.output
+    saved = to_dict(get_experiment("shakespeare_tiny"))
+    train = saved["train"]
+    for group in ("sample", "decode", "profile", "pgle", "compiler"):
+        del train[group]
+    train |= {"sample_tokens": 7, "decode_every": 5, "profile_steps": 2, "pgle": "auto", "libtpu_init_args": "--x=1"}
+    cfg = from_json(ExperimentConfig, json.dumps(saved))
+    assert (cfg.train.sample.tokens, cfg.train.decode.every, cfg.train.profile.steps) == (7, 5, 2)
+    assert cfg.train.pgle.mode == "auto" and cfg.train.compiler.libtpu_init_args == "--x=1"

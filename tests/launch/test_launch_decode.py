@@ -1,5 +1,5 @@
 """`launch decode` and `launch eval` on a short training run's job directory, their bad inputs
-(exit 2 with what to do), and decode during training (`train.decode_every`)."""
+(exit 2 with what to do), and decode during training (`train.decode.every`)."""
 
 import json
 import shutil
@@ -9,16 +9,25 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+
 from helpers.toy import TOY_SHORT, set_args
 
 # Two checkpoints (steps 2 and 4), decode during training at both, greedy.
-DECODE_RUN = [*TOY_SHORT, "data.tokenizer=byte", "train.checkpoint_every=2", "train.decode_every=2",
-              "train.decode_tokens=4", "train.decode_prompts=('ROMEO:', 'To be')", "train.sample_tokens=0"]
+DECODE_RUN = [
+    *TOY_SHORT,
+    "data.tokenizer=byte",
+    "train.checkpoint_every=2",
+    "train.decode.every=2",
+    "train.decode.tokens=4",
+    "train.decode.prompts=('ROMEO:', 'To be')",
+    "train.sample.tokens=0",
+]
 
 
 def invoke(*args):
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
 
@@ -48,33 +57,53 @@ def test_decode_restores_the_checkpoint_and_writes_json_lines(job, tmp_path):
     model restored, same KV-cache decoding); a prompts file decodes its lines as one batch."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("ROMEO:\n\nTo be\n")
-    result = invoke("decode", "--job-log-dir", job, "--prompts", prompts, "--step", 4, "--max-new-tokens", 4,
-                    "--output", "-")
+    result = invoke(
+        "decode", "--job-log-dir", job, "--prompts", prompts, "--step", 4, "--max-new-tokens", 4, "--output", "-"
+    )
     assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
     samples = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     during = [r for r in records(job / "metrics.jsonl", "decode") if r["step"] == 4]
     assert [(s["prompt"], s["tokens"], s["text"]) for s in samples] == [
-        (r["prompt"], r["tokens"], r["text"]) for r in during]
+        (r["prompt"], r["tokens"], r["text"]) for r in during
+    ]
     assert set(samples[0]) == {"prompt", "text", "tokens", "seconds_per_token"}
 
 
 def test_decode_samples_reproducibly_by_seed(job):
-    args = ("decode", "--job-log-dir", job, "--prompt", "ROMEO:", "--max-new-tokens", 6, "--temperature", 1.0,
-            "--top-k", 50, "--top-p", 0.9, "--output", "-")
+    args = (
+        "decode",
+        "--job-log-dir",
+        job,
+        "--prompt",
+        "ROMEO:",
+        "--max-new-tokens",
+        6,
+        "--temperature",
+        1.0,
+        "--top-k",
+        50,
+        "--top-p",
+        0.9,
+        "--output",
+        "-",
+    )
     first, again = invoke(*args, "--seed", 3), invoke(*args, "--seed", 3)
     assert first.exit_code == 0, f"{first.output}\n{first.exception!r}"
     tokens = [json.loads(r.stdout.splitlines()[-1])["tokens"] for r in (first, again)]
     assert tokens[0] == tokens[1] and len(tokens[0]) == 6
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--step", 3], "no checkpoint of step 3; it has steps 2, 4"),
-    (["--prompt", " "], "empty"),
-    (["--prompt", "x" * 40], "at most max_seq_len=32"),
-    ([], "either --prompt TEXT or --prompts FILE"),
-    (["--max-new-tokens", 0], "--max-new-tokens"),
-    (["--top-k", 100_000], "top_k must be in"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--step", 3], "no checkpoint of step 3; it has steps 2, 4"),
+        (["--prompt", " "], "empty"),
+        (["--prompt", "x" * 40], "at most max_seq_len=32"),
+        ([], "either --prompt TEXT or --prompts FILE"),
+        (["--max-new-tokens", 0], "--max-new-tokens"),
+        (["--top-k", 100_000], "top_k must be in"),
+    ],
+)
 def test_decode_bad_inputs_exit_2(job, args, message):
     if "--prompt" not in args and args:
         args = [*args, "--prompt", "ROMEO:"]
@@ -90,8 +119,21 @@ def test_decode_split_eval_writes_each_example_to_the_job_directory(job):
 
     from equipax.data import ByteTokenizer, build_lm_texts_tokens, split_plays
 
-    result = invoke("decode", "--job-log-dir", job, "--split", "eval", "--max-examples", 6, "--prompt-tokens", 8,
-                    "--max-new-tokens", 4, "--step", 2)
+    result = invoke(
+        "decode",
+        "--job-log-dir",
+        job,
+        "--split",
+        "eval",
+        "--max-examples",
+        6,
+        "--prompt-tokens",
+        8,
+        "--max-new-tokens",
+        4,
+        "--step",
+        2,
+    )
     assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
     folder = job / "decoder_out" / "2"
     assert "decoded 6 eval examples in 2 batches" in " ".join(result.output.split())
@@ -100,7 +142,7 @@ def test_decode_split_eval_writes_each_example_to_the_job_directory(job):
     # The eval input's windows (data.seq_len + 1 = 33 tokens each, in order, on one host).
     stream = build_lm_texts_tokens(split_plays(("hamlet", "the-tempest"))[1].values(), ByteTokenizer())
     for r in rows:
-        window = stream[33 * r["example_id"]: 33 * (r["example_id"] + 1)].tolist()
+        window = stream[33 * r["example_id"] : 33 * (r["example_id"] + 1)].tolist()
         assert r["prompt_tokens"] + r["reference_tokens"] == window[:12]
         assert r["prompt"] == ByteTokenizer().decode(window[:8]) and len(r["reference_tokens"]) == 4
         assert 1 <= len(r["tokens"]) <= 4 and isinstance(r["text"], str)
@@ -108,7 +150,8 @@ def test_decode_split_eval_writes_each_example_to_the_job_directory(job):
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["examples"] == 6 and summary["prompt_tokens"] == 8 and summary["max_new_tokens"] == 4
     assert summary["reference_token_match"] == pytest.approx(
-        sum(r["matching_tokens"] for r in rows) / sum(r["compared_tokens"] for r in rows))
+        sum(r["matching_tokens"] for r in rows) / sum(r["compared_tokens"] for r in rows)
+    )
     assert not (job / "decoder_out" / "4").exists()
 
 
@@ -116,27 +159,41 @@ def test_decode_split_drops_padding_rows():
     """A padded eval batch (rows of weight 0, so every host runs the same number of batches):
     the padding rows decode along (same program) but write no output."""
     import numpy as np
+
     from equipax.data import ByteTokenizer
     from equipax.launch.inference.decode_dataset import _records, prompt_rows
 
     ids = np.arange(2 * 6, dtype=np.int32).reshape(2, 6) + 40
-    batch = {"ids": ids, "labels": ids + 1, "weights": np.array([[1.0] * 6, [0.0] * 6], np.float32),
-             "example_id": np.array([7, -1])}
+    batch = {
+        "ids": ids,
+        "labels": ids + 1,
+        "weights": np.array([[1.0] * 6, [0.0] * 6], np.float32),
+        "example_id": np.array([7, -1]),
+    }
     prompts, lengths, real = prompt_rows(batch, 3)
     assert prompts.shape == (2, 3) and lengths.tolist() == [3, 1] and real.tolist() == [True, False]
-    rows = dict(prompts=prompts, lengths=lengths, real=real, labels=batch["labels"], weights=batch["weights"],
-                example_id=batch["example_id"])
+    rows = dict(
+        prompts=prompts,
+        lengths=lengths,
+        real=real,
+        labels=batch["labels"],
+        weights=batch["weights"],
+        example_id=batch["example_id"],
+    )
     records = _records(rows, np.array([[44, 1], [0, 0]]), np.array([2, 2]), ByteTokenizer(), 2)
     assert [r["example_id"] for r in records] == [7]
     assert records[0]["reference_tokens"] == [43, 44] and records[0]["matching_tokens"] == 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--split", "train"], "use --split eval"),
-    (["--split", "eval", "--prompt", "A"], "leave out --prompt"),
-    (["--split", "eval", "--prompt-tokens", 32], "--prompt-tokens 32 must be in [1, 31]"),
-    (["--split", "eval", "--max-examples", -1], "--max-examples"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--split", "train"], "use --split eval"),
+        (["--split", "eval", "--prompt", "A"], "leave out --prompt"),
+        (["--split", "eval", "--prompt-tokens", 32], "--prompt-tokens 32 must be in [1, 31]"),
+        (["--split", "eval", "--max-examples", -1], "--max-examples"),
+    ],
+)
 def test_decode_split_bad_inputs_exit_2(job, args, message):
     result = invoke("decode", "--job-log-dir", job, *args)
     assert result.exit_code == 2, f"{result.output}\n{result.exception!r}"
@@ -175,7 +232,7 @@ def test_eval_evaluates_every_checkpoint_without_touching_the_job(job):
     evaluated = records(job / "eval_job" / "metrics.jsonl", "eval_job")
     assert [r["step"] for r in evaluated] == [2, 4]
     # The run's own eval of its final state (same input, same batches): the same numbers.
-    final = [r for r in records(job / "metrics.jsonl", "eval") if r["step"] == 4][0]
+    final = next(r for r in records(job / "metrics.jsonl", "eval") if r["step"] == 4)
     assert evaluated[1]["loss"] == pytest.approx(final["loss"], rel=1e-6)
     assert evaluated[1]["tokens"] == final["tokens"]
     assert list((job / "summaries" / "eval_job").glob("events.out.tfevents.*"))
@@ -253,8 +310,16 @@ def test_end_of_run_sample_is_the_cached_decode_of_generate():
     from equipax.models import generate
     from equipax.models.llama import LlamaConfig, LlamaLM
 
-    cfg = LlamaConfig(vocab_size=64, max_seq_len=16, num_layers=2, model_dims=32, num_heads=4, num_kv_heads=2,
-                      head_dim=8, hidden_dims=48)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        max_seq_len=16,
+        num_layers=2,
+        model_dims=32,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        hidden_dims=48,
+    )
     model = LlamaLM(cfg, key=jr.key(2))
     prompt = [5, 6, 7]
     fits = cfg.max_seq_len - len(prompt)

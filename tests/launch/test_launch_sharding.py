@@ -1,4 +1,5 @@
-"""Experiments on a mesh: a batch the data-parallel size does not divide fails at config time; `launch run` on 8 simulated devices."""
+"""Experiments on a mesh: a batch the data-parallel size does not divide fails at config time;
+`launch run` on 8 simulated devices."""
 
 import pytest
 
@@ -10,6 +11,7 @@ def test_batch_not_divisible_by_data_parallel_size_fails_at_config_time():
     with pytest.raises(ConfigError, match="not divisible by the data-parallel size 8"):
         apply_overrides(get_experiment("shakespeare_tiny"), ["mesh.ici_mesh_shape=(2,4,1)", "data.batch_size=12"])
 
+
 @pytest.mark.slow
 def test_launch_run_on_a_simulated_mesh(tmp_path):
     import subprocess
@@ -17,10 +19,23 @@ def test_launch_run_on_a_simulated_mesh(tmp_path):
 
     from helpers.toy import TOY_SHORT, set_args
 
-    args = [sys.executable, "-m", "equipax.launch.cli", "run", "--cpu-devices", "8",
-            "--job-log-dir", str(tmp_path / "job"), *set_args(TOY_SHORT),
-            "--set", "mesh.ici_mesh_shape=(1,4,1)", "--set", "mesh.dcn_mesh_shape=(2,1,1)",
-            "--set", "data.batch_size=8"]
+    args = [
+        sys.executable,
+        "-m",
+        "equipax.launch.cli",
+        "run",
+        "--cpu-devices",
+        "8",
+        "--job-log-dir",
+        str(tmp_path / "job"),
+        *set_args(TOY_SHORT),
+        "--set",
+        "mesh.ici_mesh_shape=(1,4,1)",
+        "--set",
+        "mesh.dcn_mesh_shape=(2,1,1)",
+        "--set",
+        "data.batch_size=8",
+    ]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Final eval loss" in proc.stdout

@@ -7,15 +7,25 @@ import sys
 import time
 
 import pytest
+
 from helpers.toy import compile_cache_env
 
-SMOKE = ["--exp", "c4_22b_2x_smoke", "--set", "train.log_every=1", "--set", "train.eval_every=100",
-         "--set", "train.checkpoint_every=2"]
+SMOKE = [
+    "--exp",
+    "c4_22b_2x_smoke",
+    "--set",
+    "train.log_every=1",
+    "--set",
+    "train.eval_every=100",
+    "--set",
+    "train.checkpoint_every=2",
+]
 
 
 def launch(*args, timeout=300, env=None):
-    return subprocess.run([sys.executable, "-m", "equipax.launch.cli", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def train_losses(job):
@@ -24,8 +34,20 @@ def train_losses(job):
 
 
 def cluster(job, *sets, env=None):
-    return launch("local-cluster", "--processes", "2", "--cpu-devices", "4", "--", "run", *SMOKE,
-                  *[a for s in sets for a in ("--set", s)], "--job-log-dir", str(job), env=env)
+    return launch(
+        "local-cluster",
+        "--processes",
+        "2",
+        "--cpu-devices",
+        "4",
+        "--",
+        "run",
+        *SMOKE,
+        *[a for s in sets for a in ("--set", s)],
+        "--job-log-dir",
+        str(job),
+        env=env,
+    )
 
 
 @pytest.mark.slow
@@ -59,9 +81,29 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
 def test_a_killed_process_stops_the_cluster_with_a_message(tmp_path):
     job = tmp_path / "victim"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "equipax.launch.cli", "local-cluster", "--processes", "2", "--cpu-devices", "4",
-         "--grace-s", "5", "--", "run", *SMOKE, "--set", "train.num_steps=100000", "--job-log-dir", str(job)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "equipax.launch.cli",
+            "local-cluster",
+            "--processes",
+            "2",
+            "--cpu-devices",
+            "4",
+            "--grace-s",
+            "5",
+            "--",
+            "run",
+            *SMOKE,
+            "--set",
+            "train.num_steps=100000",
+            "--job-log-dir",
+            str(job),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = []
         assert proc.stdout is not None
@@ -69,8 +111,9 @@ def test_a_killed_process_stops_the_cluster_with_a_message(tmp_path):
             lines.append(line)
             if "[p1] step " in line:
                 break
-        pids = subprocess.run(["pgrep", "-f", "--", f"{job}.*--process-id 1"],
-                              capture_output=True, text=True).stdout.split()
+        pids = subprocess.run(
+            ["pgrep", "-f", "--", f"{job}.*--process-id 1"], capture_output=True, text=True
+        ).stdout.split()
         assert pids, "".join(lines[-20:])
         killed_at = time.monotonic()
         for pid in pids:
@@ -87,8 +130,9 @@ def test_a_killed_process_stops_the_cluster_with_a_message(tmp_path):
 
 
 def test_incomplete_distributed_flags_are_a_user_error():
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     result = CliRunner().invoke(app, ["run", "--num-processes", "2"])
     assert result.exit_code == 2
@@ -106,8 +150,9 @@ def test_host_states_round_trip_and_refuse_another_host_count():
 
 
 def test_local_cluster_needs_a_run_command():
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     result = CliRunner().invoke(app, ["local-cluster", "--processes", "2", "--", "show"])
     assert result.exit_code == 2 and "runs a `run` command" in result.output

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from helpers import REPO
 
 PAX = ["lm_cloud_2b", "lm_cloud_transformer", "c4_1b", "c4_16b", "c4_22b_1x", "c4_22b_2x"]
@@ -26,8 +27,9 @@ def get(name):
 
 
 def show_json(name):
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     result = CliRunner().invoke(app, ["show", "--exp", name, "--format", "json"])
     assert result.exit_code == 0, f"{name}: {result.output}\n{result.exception!r}"
@@ -75,7 +77,7 @@ def test_pax_configs_match_the_spec_table(name):
     assert t.scan_layers is scanned
     # Pax's repeated layers use CHECKPOINT_POLICY=SAVE_NOTHING: full rematerialisation.
     assert t.remat == ("full" if scanned else "none")
-    assert cfg.train.sample_tokens == 0
+    assert cfg.train.sample.tokens == 0
     # The data each Pax class names: synthetic for lm_cloud_*, packed C4 from a local directory.
     if name.startswith("c4_"):
         assert (cfg.data.source, cfg.data.packing, cfg.data.reset_for_eval) == ("c4", True, True)
@@ -170,6 +172,7 @@ def test_docs_list_every_registered_experiment():
     from equipax.launch.experiments.registry import entries
 
     text = (REPO / "docs" / "experiments.md").read_text()
-    missing = [e.name for e in entries() if e.path.startswith("equipax.launch.experiments.")
-               and f"| `{e.name}` |" not in text]
+    missing = [
+        e.name for e in entries() if e.path.startswith("equipax.launch.experiments.") and f"| `{e.name}` |" not in text
+    ]
     assert not missing, f"add these to the table in docs/experiments.md: {missing}"

@@ -1,21 +1,35 @@
-"""The pipelined experiment through the CLI: its knob errors, `launch show`'s and `launch compile`'s pipeline figures, and a bit-for-bit resume."""
+"""The pipelined experiment through the CLI: its knob errors, `launch show`'s and `launch
+compile`'s pipeline figures, and a bit-for-bit resume."""
 
 import json
 import subprocess
 import sys
 
 import pytest
+
 from helpers.toy import compile_cache_env
 
 
 def test_pipeline_errors_reach_the_cli():
     """A mismatched stage axis is a config error (exit 2) at `launch show`, naming the knobs."""
     proc = subprocess.run(
-        [sys.executable, "-m", "equipax.launch.cli", "show", "--exp", "c4_gpt3_xl_pipeline_smoke",
-         "--set", "model.transformer.pipeline_stages=4"],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "equipax.launch.cli",
+            "show",
+            "--exp",
+            "c4_gpt3_xl_pipeline_smoke",
+            "--set",
+            "model.transformer.pipeline_stages=4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "pipeline_stages=4 but the mesh's `stage` axis has size 2" in proc.stdout + proc.stderr
+
 
 def test_show_reports_stages_microbatches_and_bubble():
     from equipax.launch.experiments.registry import get_experiment
@@ -28,6 +42,7 @@ def test_show_reports_stages_microbatches_and_bubble():
     assert n["global_batch"] == 512
     assert n["params_per_stage"] == 6 * n["params_per_layer"]
 
+
 @pytest.mark.slow
 def test_compile_reports_one_stages_share_and_the_pipeline(tmp_path):
     """`launch compile` of the pipelined smoke (8 simulated devices): the report's pipeline section
@@ -36,8 +51,20 @@ def test_compile_reports_one_stages_share_and_the_pipeline(tmp_path):
     from equipax.launch.tasks import derived_numbers
 
     proc = subprocess.run(
-        [sys.executable, "-m", "equipax.launch.cli", "compile", "--exp", "c4_gpt3_xl_pipeline_smoke",
-         "--job-log-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "equipax.launch.cli",
+            "compile",
+            "--exp",
+            "c4_gpt3_xl_pipeline_smoke",
+            "--job-log-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "compile.json").read_text())
     p, params = report["pipeline"], report["params"]
@@ -53,11 +80,15 @@ def test_compile_reports_one_stages_share_and_the_pipeline(tmp_path):
     assert params["per_device_param_bytes"] == pytest.approx(stage_share, rel=0.05)
     assert params["per_device_param_bytes"] < 0.7 * 4 * params["total"] / 4  # not the whole model's share
     assert params["per_device_param_bytes"] + params["per_device_optimizer_bytes"] == pytest.approx(
-        p["stage_state_bytes_per_device"], rel=0.05)
+        p["stage_state_bytes_per_device"], rel=0.05
+    )
     assert "per device    params 0.00 GiB, optimizer state 0.00 GiB, one stage's share" in proc.stdout
-    assert ("pipeline      2 stages x 1 repeat (gpipe), 4 microbatches of 4 examples, bubble 20.0% = "
-            "(S - 1) / (R x M + S - 1)") in proc.stdout
+    assert (
+        "pipeline      2 stages x 1 repeat (gpipe), 4 microbatches of 4 examples, bubble 20.0% = "
+        "(S - 1) / (R x M + S - 1)"
+    ) in proc.stdout
     assert f"{n['params_per_stage']:,} params per stage; one stage's state per device" in proc.stdout
+
 
 def test_unpipelined_report_has_no_pipeline_section():
     from equipax.launch.aot.pipeline_report import pipeline_section
@@ -68,16 +99,40 @@ def test_unpipelined_report_has_no_pipeline_section():
     section = pipeline_section(derived_numbers(get_experiment("c4_gpt3_xl_pipeline")))
     assert section is not None and (section["stages"], section["microbatches"]) == (4, 32)
 
+
 @pytest.mark.slow
 def test_pipelined_smoke_resumes_bit_for_bit(tmp_path):
     """The pipelined smoke, 4 steps straight vs 2 + 2 through a checkpoint: identical state."""
+
     def run(job, steps):
         proc = subprocess.run(
-            [sys.executable, "-m", "equipax.launch.cli", "run", "--exp", "c4_gpt3_xl_pipeline_smoke",
-             "--cpu-devices", "8", "--job-log-dir", str(job), "--set", f"train.num_steps={steps}",
-             "--set", "train.checkpoint_every=2", "--set", "train.log_every=1", "--set", "train.eval_every=2",
-             "--set", "model.transformer.num_layers=2"],
-            capture_output=True, text=True, timeout=600, env=compile_cache_env(tmp_path / "jax-cache"))
+            [
+                sys.executable,
+                "-m",
+                "equipax.launch.cli",
+                "run",
+                "--exp",
+                "c4_gpt3_xl_pipeline_smoke",
+                "--cpu-devices",
+                "8",
+                "--job-log-dir",
+                str(job),
+                "--set",
+                f"train.num_steps={steps}",
+                "--set",
+                "train.checkpoint_every=2",
+                "--set",
+                "train.log_every=1",
+                "--set",
+                "train.eval_every=2",
+                "--set",
+                "model.transformer.num_layers=2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=compile_cache_env(tmp_path / "jax-cache"),
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 

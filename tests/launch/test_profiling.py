@@ -1,4 +1,4 @@
-"""The profiling window and the PGLE workflows (issue 16): traces, XLA flags, `launch pgle collect`."""
+"""The profiling window and the PGLE workflows: traces, XLA flags, `launch pgle collect`."""
 
 import gzip
 import json
@@ -6,26 +6,36 @@ import os
 import struct
 
 import pytest
+
 from helpers.toy import TOY, set_args
 
 
 def launch(*args):
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-SHORT = [*TOY, "train.num_steps=4", "train.log_every=2", "train.eval_every=4", "train.checkpoint_every=4",
-         "train.eval_batches=1", "train.sample_tokens=0"]
+SHORT = [
+    *TOY,
+    "train.num_steps=4",
+    "train.log_every=2",
+    "train.eval_every=4",
+    "train.checkpoint_every=4",
+    "train.eval_batches=1",
+    "train.sample.tokens=0",
+]
 
 
 def _step_annotations(trace_dir):
     """Step numbers of the `train` step annotations in a trace's Chrome-format events."""
     [path] = trace_dir.glob("*.trace.json.gz")
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
-    return sorted({int(e["args"]["step_num"]) for e in events
-                   if e.get("name") == "train" and "step_num" in e.get("args", {})})
+    return sorted(
+        {int(e["args"]["step_num"]) for e in events if e.get("name") == "train" and "step_num" in e.get("args", {})}
+    )
 
 
 def test_profile_window_writes_a_trace_with_step_annotations(tmp_path, monkeypatch):
@@ -43,18 +53,18 @@ def test_profile_window_writes_a_trace_with_step_annotations(tmp_path, monkeypat
 
 
 def test_profile_window_skips_the_compiling_step_unless_asked():
-    from equipax.launch.configs.experiment import TrainConfig
+    from equipax.launch.configs.train import ProfileConfig
     from equipax.launch.training.profiling import profile_window
 
     def window(start, total, **knobs):
-        return profile_window(TrainConfig(**knobs), start=start, total=total)
+        return profile_window(ProfileConfig(**knobs), start=start, total=total)
 
     assert window(0, 10) is None
-    assert window(0, 10, profile_steps=3) == (2, 4)  # the first step compiles: not in the default window
-    assert window(5, 10, profile_steps=3) == (7, 9)  # a resumed run: its own second step
-    assert window(0, 10, profile_steps=3, profile_start_step=1) == (1, 3)  # asked for
-    assert window(0, 10, profile_steps=5, profile_start_step=8) == (8, 10)  # cut at the last step
-    assert window(6, 10, profile_steps=2, profile_start_step=3) is None  # before this run's steps
+    assert window(0, 10, steps=3) == (2, 4)  # the first step compiles: not in the default window
+    assert window(5, 10, steps=3) == (7, 9)  # a resumed run: its own second step
+    assert window(0, 10, steps=3, start_step=1) == (1, 3)  # asked for
+    assert window(0, 10, steps=5, start_step=8) == (8, 10)  # cut at the last step
+    assert window(6, 10, steps=2, start_step=3) is None  # before this run's steps
 
 
 def test_profile_option_is_checked():
@@ -63,23 +73,28 @@ def test_profile_option_is_checked():
 
 
 def test_pgle_modes_set_exactly_the_readme_flags():
-    from equipax.launch.configs.experiment import TrainConfig
-    from equipax.launch.training.profiling import pgle_settings, set_xla_flags
+    from equipax.launch.configs.train import PGLEConfig
+    from equipax.launch.training.pgle import pgle_settings, set_xla_flags
 
-    assert pgle_settings(TrainConfig()).xla_flags == () and pgle_settings(TrainConfig()).jax_config == {}
-    auto = pgle_settings(TrainConfig(pgle="auto", pgle_profiling_runs=5, pgle_aggregation_percentile=85))
+    assert pgle_settings(PGLEConfig()).xla_flags == () and pgle_settings(PGLEConfig()).jax_config == {}
+    auto = pgle_settings(PGLEConfig(mode="auto", profiling_runs=5, aggregation_percentile=85))
     assert auto.xla_flags == ("--xla_gpu_enable_latency_hiding_scheduler=true",)
-    assert auto.jax_config == {"jax_enable_pgle": True, "jax_pgle_profiling_runs": 5,
-                               "jax_pgle_aggregation_percentile": 85}
-    manual = pgle_settings(TrainConfig(pgle="manual", pgle_profile_path="/p/profile.pb"))
-    assert manual.xla_flags == ("--xla_gpu_enable_latency_hiding_scheduler=true",
-                                "--xla_gpu_pgle_profile_file_or_directory_path=/p/profile.pb")
+    assert auto.jax_config == {
+        "jax_enable_pgle": True,
+        "jax_pgle_profiling_runs": 5,
+        "jax_pgle_aggregation_percentile": 85,
+    }
+    manual = pgle_settings(PGLEConfig(mode="manual", profile_path="/p/profile.pb"))
+    assert manual.xla_flags == (
+        "--xla_gpu_enable_latency_hiding_scheduler=true",
+        "--xla_gpu_pgle_profile_file_or_directory_path=/p/profile.pb",
+    )
     assert manual.jax_config == {}
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_gpu_enable_latency_hiding_scheduler=false"}
-    set_xla_flags(TrainConfig(pgle="manual", pgle_profile_path="/p/profile.pb"), env)
+    set_xla_flags(PGLEConfig(mode="manual", profile_path="/p/profile.pb"), env)
     assert env["XLA_FLAGS"].split() == ["--xla_force_host_platform_device_count=8", *manual.xla_flags]
-    with pytest.raises(ValueError, match="pgle_profile_path"):
-        TrainConfig(pgle="manual")
+    with pytest.raises(ValueError, match=r"train\.pgle\.profile_path"):
+        PGLEConfig(mode="manual")
 
 
 def test_manual_pgle_flags_are_recorded_and_said_to_do_nothing_on_cpu(tmp_path, monkeypatch):
@@ -87,17 +102,24 @@ def test_manual_pgle_flags_are_recorded_and_said_to_do_nothing_on_cpu(tmp_path, 
 
     monkeypatch.setenv("XLA_FLAGS", "")
     job, profile = tmp_path / "job", tmp_path / "profile.pb"
-    result = launch("run", "--exp", "shakespeare_tiny", *set_args([*SHORT, "train.num_steps=1", "train.pgle=manual",
-                                                                   f"train.pgle_profile_path={profile}"]),
-                    "--job-log-dir", job)
+    result = launch(
+        "run",
+        "--exp",
+        "shakespeare_tiny",
+        *set_args([*SHORT, "train.num_steps=1", "train.pgle.mode=manual", f"train.pgle.profile_path={profile}"]),
+        "--job-log-dir",
+        job,
+    )
     assert result.exit_code == 0, result.output
-    pgle_flags = ["--xla_gpu_enable_latency_hiding_scheduler=true",
-                  f"--xla_gpu_pgle_profile_file_or_directory_path={profile}"]
+    pgle_flags = [
+        "--xla_gpu_enable_latency_hiding_scheduler=true",
+        f"--xla_gpu_pgle_profile_file_or_directory_path={profile}",
+    ]
     assert os.environ["XLA_FLAGS"].split() == pgle_flags  # set by `launch run` before JAX's backend starts
     record = json.loads((job / "xla_flags.json").read_text())
     assert record["pgle"] == "manual" and record["pgle_xla_flags"] == pgle_flags
     assert record["platform"] == "cpu" and not record["pgle_in_effect"]
-    assert "train.pgle='manual' has no effect on cpu" in result.output
+    assert "train.pgle.mode='manual' has no effect on cpu" in result.output
 
 
 # JAX's automatic PGLE, forced on here on a CPU: XLA:CPU records no instruction latencies, so JAX
@@ -105,14 +127,20 @@ def test_manual_pgle_flags_are_recorded_and_said_to_do_nothing_on_cpu(tmp_path, 
 @pytest.mark.filterwarnings("ignore:PGLE collected an empty trace:RuntimeWarning")
 def test_auto_pgle_turns_on_jax_pgle_and_reports_the_recompile(tmp_path, monkeypatch):
     import jax
-    from equipax.launch.training import profiling
+
+    from equipax.launch.training import pgle
 
     monkeypatch.setenv("XLA_FLAGS", "")
-    monkeypatch.setattr(profiling, "device_platform", lambda: "gpu")
+    monkeypatch.setattr(pgle, "device_platform", lambda: "gpu")
     job = tmp_path / "job"
-    result = launch("run", "--exp", "shakespeare_tiny", *set_args([*SHORT, "train.pgle=auto",
-                                                                   "train.pgle_profiling_runs=2"]),
-                    "--job-log-dir", job)
+    result = launch(
+        "run",
+        "--exp",
+        "shakespeare_tiny",
+        *set_args([*SHORT, "train.pgle.mode=auto", "train.pgle.profiling_runs=2"]),
+        "--job-log-dir",
+        job,
+    )
     assert result.exit_code == 0, result.output
     assert "step 3: the train step was recompiled with its PGLE profile" in result.output
     record = json.loads((job / "xla_flags.json").read_text())
@@ -121,15 +149,26 @@ def test_auto_pgle_turns_on_jax_pgle_and_reports_the_recompile(tmp_path, monkeyp
 
 
 def test_compile_refuses_auto_pgle():
-    result = launch("compile", "--exp", "c4_1b_smoke", "--set", "train.pgle=auto")
+    result = launch("compile", "--exp", "c4_1b_smoke", "--set", "train.pgle.mode=auto")
     assert result.exit_code == 2
-    assert "train.pgle='auto' cannot be compiled ahead of time" in result.output
+    assert "train.pgle.mode='auto' cannot be compiled ahead of time" in result.output
 
 
 def test_pgle_collect_on_cpu(tmp_path):
     job = tmp_path / "collect"
-    result = launch("pgle", "collect", "--exp", "shakespeare_tiny", *set_args(TOY), "--steps", "2", "--warmup", "1",
-                    "--job-log-dir", job)
+    result = launch(
+        "pgle",
+        "collect",
+        "--exp",
+        "shakespeare_tiny",
+        *set_args(TOY),
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--job-log-dir",
+        job,
+    )
     assert result.exit_code == 0, result.output
     [trace] = (job / "profile" / "plugins" / "profile").iterdir()
     assert _step_annotations(trace) == [2, 3]  # after the warm-up step, which compiled
@@ -137,7 +176,7 @@ def test_pgle_collect_on_cpu(tmp_path):
     # XLA:CPU records no per-instruction latencies: the profile is empty here, and says so.
     assert profile.exists() and profile.stat().st_size == 0
     assert "only on NVIDIA GPUs" in result.output
-    assert f"--set train.pgle=manual --set train.pgle_profile_path={profile.resolve()}" in result.output
+    assert f"--set train.pgle.mode=manual --set train.pgle.profile_path={profile.resolve()}" in result.output
     again = launch("pgle", "collect", "--exp", "shakespeare_tiny", "--job-log-dir", job)
     assert again.exit_code == 2 and "is not empty" in again.output
 
@@ -152,16 +191,23 @@ H200_COMMAND_BUFFER_PROFILE = (
 
 
 def test_profiled_instructions_decodes_xla_profiles():
-    from equipax.launch.training.profiling import profiled_instructions
+    from equipax.launch.training.pgle import profiled_instructions
 
     costs = profiled_instructions(H200_COMMAND_BUFFER_PROFILE)
-    assert sorted(costs) == ["command_buffer_1", "command_buffer_12", "command_buffer_162", "command_buffer_42",
-                             "command_buffer_72"]
+    assert sorted(costs) == [
+        "command_buffer_1",
+        "command_buffer_12",
+        "command_buffer_162",
+        "command_buffer_42",
+        "command_buffer_72",
+    ]
     assert all(1.0 < c < 1000.0 for c in costs.values())  # microseconds
+
     # A hand-built profile: two instruction costs and a latency entry (field 2), which is skipped.
     def entry(name: bytes, us: float) -> bytes:
         body = b"\n" + bytes([len(name)]) + name + b"\x11" + struct.pack("<d", us)
         return b"\n" + bytes([len(body)]) + body
+
     proto = entry(b"fusion.3", 12.5) + b"\x12\x04\n\x02ab" + entry(b"all-gather-start", 70.25)
     assert profiled_instructions(proto) == {"fusion.3": 12.5, "all-gather-start": 70.25}
     assert profiled_instructions(b"") == {}
@@ -171,11 +217,27 @@ def test_profiled_instructions_decodes_xla_profiles():
 
 def test_pgle_collect_turns_command_buffers_off(tmp_path, monkeypatch):
     # XLA reads XLA_FLAGS when the backend starts: collect adds its flags (after the run's own
-    # train.xla_flags) before that, and XLA:CPU accepts them.
+    # train.compiler.xla_flags) before that, and XLA:CPU accepts them.
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")
-    result = launch("pgle", "collect", "--exp", "shakespeare_tiny", *set_args(TOY), "--steps", "1", "--warmup", "1",
-                    "--set", "train.xla_flags=--xla_cpu_enable_fast_math=false", "--job-log-dir", tmp_path / "c")
+    result = launch(
+        "pgle",
+        "collect",
+        "--exp",
+        "shakespeare_tiny",
+        *set_args(TOY),
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--set",
+        "train.compiler.xla_flags=--xla_cpu_enable_fast_math=false",
+        "--job-log-dir",
+        tmp_path / "c",
+    )
     assert result.exit_code == 0, result.output
     flags = os.environ["XLA_FLAGS"].split()
-    assert flags == ["--xla_cpu_enable_fast_math=false", "--xla_gpu_enable_latency_hiding_scheduler=true",
-                     "--xla_gpu_enable_command_buffer="]
+    assert flags == [
+        "--xla_cpu_enable_fast_math=false",
+        "--xla_gpu_enable_latency_hiding_scheduler=true",
+        "--xla_gpu_enable_command_buffer=",
+    ]

@@ -6,6 +6,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
 from helpers import REPO
 
 
@@ -91,8 +92,18 @@ def test_killed_and_preempted_runs_resume_bit_for_bit(tmp_path):
     sys.path.insert(0, str(REPO / "benchmarks"))
     from fault_injection import run_trials
 
-    figures = run_trials(1, seed=3, steps=12, kills=2, tokenizer="byte", work=tmp_path,
-                         signals=["SIGTERM", "SIGKILL"], anchored=True, first_delay_s=0.0, timeout=240)
+    figures = run_trials(
+        1,
+        seed=3,
+        steps=12,
+        kills=2,
+        tokenizer="byte",
+        work=tmp_path,
+        signals=["SIGTERM", "SIGKILL"],
+        anchored=True,
+        first_delay_s=0.0,
+        timeout=240,
+    )
     kills = figures["records"][0]["kills"]
     assert kills[0]["sent"] and kills[0]["exit"] == 75, kills  # graceful stop after a checkpoint
     assert figures["mismatches"] == 0, figures

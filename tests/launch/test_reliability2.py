@@ -1,4 +1,4 @@
-"""Reliability, round two (issue 19): nothing saved is ever wrong, every failure is named, and
+"""Reliability: nothing saved is ever wrong, every failure is named, and
 checkpoints verify themselves. Each test drives the CLI (in-process, or as a real process where
 signals, resource limits or `os._exit` are involved) and checks the exit code, the message and
 that nothing already in the job directory was damaged. docs/errors.md lists each case."""
@@ -12,10 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers.cli import FAST, assert_one_paragraph, invoke, run, snapshot
 from helpers.toy import persistent_compile_cache
 
-# As the issue's TINY runs; a model vocabulary larger than the byte tokenizer's 260 ids (defect 8).
+# One-layer toy runs, with a model vocabulary larger than the byte tokenizer's 260 ids.
 ONE_LAYER = ["model.transformer.num_layers=1", "model.vocab_size=512"]
 CACHE: dict[str, str] = {}  # JAX's persistent compilation cache of this module's runs (env form)
 
@@ -36,12 +37,21 @@ def launch_process(*args, env=None, file_size_limit: int | None = None) -> subpr
     `file_size_limit`: no file the process writes grows past this many bytes (EFBIG: what a
     full disk does to a write), set inside the child (no fork of this JAX process).
     """
-    limit = ("import resource; resource.setrlimit(resource.RLIMIT_FSIZE, ({0}, {0})); ".format(file_size_limit)
-             if file_size_limit else "")
-    entry = f"import runpy, sys; {limit}sys.argv[0] = 'launch'; runpy.run_module('equipax.launch.cli', run_name='__main__')"
-    return subprocess.Popen([sys.executable, "-c", entry, *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **CACHE, **(env or {})})
+    limit = (
+        f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, {file_size_limit})); "
+        if file_size_limit
+        else ""
+    )
+    entry = (
+        f"import runpy, sys; {limit}sys.argv[0] = 'launch'; runpy.run_module('equipax.launch.cli', run_name='__main__')"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", entry, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **CACHE, **(env or {})},
+    )
 
 
 def run_args(job, *overrides) -> list[str]:
@@ -55,7 +65,7 @@ def finished_job(tmp_path_factory):
     """A finished 4-step toy job with checkpoints 2 and 4 (copied by each test that uses it), and a
     hot sample over its 512 ids, 252 of which the byte tokenizer does not know."""
     job = tmp_path_factory.mktemp("finished2") / "job"
-    code, out = run(job, "train.num_steps=4", "train.sample_tokens=32", "train.sample_temperature=50.0", *ONE_LAYER)
+    code, out = run(job, "train.num_steps=4", "train.sample.tokens=32", "train.sample.temperature=50.0", *ONE_LAYER)
     assert code == 0, out
     return job
 
@@ -72,15 +82,20 @@ def train_records(job: Path) -> dict[int, dict]:
     return {r["step"]: r for r in records if r["split"] == "train"}
 
 
-# --- 2: the guard checks the update; "last good checkpoint" is one training continues from ---
+# --- the guard checks the update; "last good checkpoint" is one training continues from ---
 
 
 def test_overflowing_learning_rate_names_a_checkpoint_training_continues_from(job_copy):
     code, out = run(job_copy, "train.num_steps=10", "learner.schedule.peak_learning_rate=1e30", *ONE_LAYER)
     assert code == 4, out
-    assert_one_paragraph(out, "step 5: the update is not finite", "The run became unstable at step 5",
-                         "the learning rate is likely too high", "The last good checkpoint is step 4",
-                         "unstable_checkpoints")
+    assert_one_paragraph(
+        out,
+        "step 5: the update is not finite",
+        "The run became unstable at step 5",
+        "the learning rate is likely too high",
+        "The last good checkpoint is step 4",
+        "unstable_checkpoints",
+    )
     assert sorted(p.name for p in (job_copy / "checkpoints").iterdir()) == ["2", "4"]
     assert [p.name.split("-")[0] for p in (job_copy / "unstable_checkpoints").iterdir()] == ["6"]
     # The named checkpoint is one training continues from, with a sane learning rate.
@@ -99,16 +114,22 @@ def test_non_finite_learning_rate_refused(value, tmp_path):
     assert not (tmp_path / "job").exists()
 
 
-# --- 3 and 5: resuming checks what the saved state means --------------------------------------
+# --- resuming checks what the saved state means --------------------------------------
 
 
 def test_resume_refuses_changed_data_knobs_and_lists_them(job_copy):
     before = snapshot(job_copy)
-    code, out = run(job_copy, "train.num_steps=6", "data.batch_size=8", "data.seq_len=16", "data.seed=7",
-                    *ONE_LAYER)
+    code, out = run(job_copy, "train.num_steps=6", "data.batch_size=8", "data.seq_len=16", "data.seed=7", *ONE_LAYER)
     assert code == 2, out
-    assert_one_paragraph(out, "cannot be resumed with these knobs", "global batch", "4 -> 8",
-                         "data.seq_len: 32 -> 16", "data.seed: 1234 -> 7", "new directory")
+    assert_one_paragraph(
+        out,
+        "cannot be resumed with these knobs",
+        "global batch",
+        "4 -> 8",
+        "data.seq_len: 32 -> 16",
+        "data.seed: 1234 -> 7",
+        "new directory",
+    )
     assert snapshot(job_copy) == before
 
 
@@ -121,8 +142,9 @@ def test_resume_refuses_another_tokenizer(job_copy):
 
 
 def test_resume_accepts_learner_and_loop_changes(job_copy):
-    code, out = run(job_copy, "train.num_steps=6", "learner.schedule.peak_learning_rate=2e-3",
-                    "train.eval_batches=1", *ONE_LAYER)
+    code, out = run(
+        job_copy, "train.num_steps=6", "learner.schedule.peak_learning_rate=2e-3", "train.eval_batches=1", *ONE_LAYER
+    )
     assert code == 0 and "Resumed from step 4" in out, out
 
 
@@ -131,12 +153,13 @@ def test_config_json_deleted_another_experiment_refused(job_copy):
     before = snapshot(job_copy)
     code, out = run(job_copy, "train.num_steps=6", *ONE_LAYER, exp="shakespeare_tiny_linear")
     assert code == 2, out
-    assert_one_paragraph(out, "written by experiment 'shakespeare_tiny', not 'shakespeare_tiny_linear'",
-                         "--exp shakespeare_tiny")
+    assert_one_paragraph(
+        out, "written by experiment 'shakespeare_tiny', not 'shakespeare_tiny_linear'", "--exp shakespeare_tiny"
+    )
     assert snapshot(job_copy) == before
 
 
-# --- 4 and 10: checkpoints verify themselves; metrics lines that are not records --------------
+# --- checkpoints verify themselves; metrics lines that are not records --------------
 
 
 def flip_a_bit(step_dir: Path) -> Path:
@@ -164,11 +187,17 @@ def test_checksums_match_the_reference_and_see_every_flipped_bit():
     import jax
     import jax.numpy as jnp
     import numpy as np
+
     from equipax.launch.jobdir.checksums import array_checksums
 
-    arrays = {"f32": jax.random.normal(jax.random.key(0), (33, 7, 5)), "bf16": jnp.full((9, 4), 3, jnp.bfloat16),
-              "i32": jnp.arange(100, dtype=jnp.int32), "bool": jnp.array([True, False, True]),
-              "u8": jnp.arange(7, dtype=jnp.uint8), "scalar": jnp.asarray(2.5)}
+    arrays = {
+        "f32": jax.random.normal(jax.random.key(0), (33, 7, 5)),
+        "bf16": jnp.full((9, 4), 3, jnp.bfloat16),
+        "i32": jnp.arange(100, dtype=jnp.int32),
+        "bool": jnp.array([True, False, True]),
+        "u8": jnp.arange(7, dtype=jnp.uint8),
+        "scalar": jnp.asarray(2.5),
+    }
     sums = array_checksums(arrays)
     assert sums == {k: reference_checksum(v) for k, v in arrays.items()}
     bits = np.asarray(arrays["f32"]).reshape(-1).view(np.uint32)
@@ -193,7 +222,7 @@ def test_bit_flip_and_unreadable_metrics_lines_on_resume(job_copy):
     assert sorted(train_records(job_copy)) == [1, 2, 3, 4, 5, 6]
 
 
-# --- 6: a finished job rerun with fewer steps keeps its result --------------------------------
+# --- a finished job rerun with fewer steps keeps its result --------------------------------
 
 
 def test_fewer_steps_than_trained_keeps_the_result(job_copy):
@@ -204,7 +233,7 @@ def test_fewer_steps_than_trained_keeps_the_result(job_copy):
     assert snapshot(job_copy) == before
 
 
-# --- 8: a model vocabulary larger than the tokenizer's ----------------------------------------
+# --- a model vocabulary larger than the tokenizer's ----------------------------------------
 
 
 def test_vocab_larger_than_the_tokenizer_samples_and_finishes(finished_job):
@@ -212,15 +241,14 @@ def test_vocab_larger_than_the_tokenizer_samples_and_finishes(finished_job):
     assert result["final_step"] == 4 and isinstance(result["sample"], str) and result["sample"]
 
 
-# --- 11: checkpoint writes that fail ----------------------------------------------------------
+# --- checkpoint writes that fail ----------------------------------------------------------
 
 
 def test_file_size_limit_while_saving_names_the_step_without_tracebacks(tmp_path):
     job = tmp_path / "job"
     # Every file stops at 60 KB (Python ignores SIGXFSZ: writes fail with EFBIG, as on a full disk):
     # the small files fit, the checkpoint's array file does not.
-    proc = launch_process(*run_args(job, "train.num_steps=4", "train.log_every=4", *ONE_LAYER),
-                          file_size_limit=60_000)
+    proc = launch_process(*run_args(job, "train.num_steps=4", "train.log_every=4", *ONE_LAYER), file_size_limit=60_000)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, out
     assert_one_paragraph(out, "Could not write the checkpoint of step 2", "No complete checkpoint exists yet")
@@ -240,30 +268,41 @@ def test_checkpoints_path_is_a_file(tmp_path):
     assert "Compiled" not in out and (job / "checkpoints").read_text() == "not a directory"
 
 
-# --- 13: multi-host start-up ------------------------------------------------------------------
+# --- multi-host start-up ------------------------------------------------------------------
 
 
 def test_coordinator_that_never_appears(tmp_path):
     from equipax.launch.cluster.local_cluster import free_port
 
     port = free_port()
-    proc = launch_process(*run_args(tmp_path / "job"), "--coordinator", f"127.0.0.1:{port}", "--num-processes", 2,
-                          "--process-id", 1, "--coordinator-timeout", 2)
+    proc = launch_process(
+        *run_args(tmp_path / "job"),
+        "--coordinator",
+        f"127.0.0.1:{port}",
+        "--num-processes",
+        2,
+        "--process-id",
+        1,
+        "--coordinator-timeout",
+        2,
+    )
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2, out
     assert "Joining the distributed job as process 1 of 2: coordinator 127.0.0.1" in out, out
-    assert_one_paragraph(out, "did not start within 2 s", f"nothing accepts connections at 127.0.0.1:{port}",
-                         "--coordinator-timeout")
+    assert_one_paragraph(
+        out, "did not start within 2 s", f"nothing accepts connections at 127.0.0.1:{port}", "--coordinator-timeout"
+    )
 
 
 def test_malformed_coordinator(tmp_path):
-    code, out = invoke("run", "--job-log-dir", tmp_path / "job", "--coordinator", "not a host",
-                       "--num-processes", 2, "--process-id", 1)
+    code, out = invoke(
+        "run", "--job-log-dir", tmp_path / "job", "--coordinator", "not a host", "--num-processes", 2, "--process-id", 1
+    )
     assert code == 2, out
     assert_one_paragraph(out, "--coordinator 'not a host' is not HOST:PORT")
 
 
-# --- 14: signals outside the training steps ---------------------------------------------------
+# --- signals outside the training steps ---------------------------------------------------
 
 
 def test_ctrl_c_during_imports(tmp_path):
@@ -293,7 +332,7 @@ def test_sigterm_before_the_first_step(tmp_path):
     assert not (tmp_path / "job").exists()  # nothing was written: no empty job directory left
 
 
-# --- 16: platform and memory ------------------------------------------------------------------
+# --- platform and memory ------------------------------------------------------------------
 
 
 def test_unavailable_platform(tmp_path):
@@ -315,7 +354,7 @@ def test_out_of_memory_names_the_knobs(tmp_path, monkeypatch):
     assert_one_paragraph(out, "Out of memory", "data.batch_size", "launch compile")
 
 
-# --- 17: right exit code, right advice --------------------------------------------------------
+# --- right exit code, right advice --------------------------------------------------------
 
 
 def test_mesh_mismatch_suggests_only_existing_experiments(tmp_path):
@@ -323,8 +362,9 @@ def test_mesh_mismatch_suggests_only_existing_experiments(tmp_path):
     assert code == 2, out
     assert_one_paragraph(out, "The mesh needs 8 devices", "--cpu-devices 8")
     assert "_smoke_smoke" not in out and "so their product is" not in out
-    code, out = invoke("run", "--exp", "shakespeare_tiny", "--job-log-dir", tmp_path / "job",
-                       "--set", "mesh.ici_mesh_shape=(2, 1, 1)")
+    code, out = invoke(
+        "run", "--exp", "shakespeare_tiny", "--job-log-dir", tmp_path / "job", "--set", "mesh.ici_mesh_shape=(2, 1, 1)"
+    )
     assert code == 2 and "shakespeare_tiny_smoke" not in out, out
 
 
@@ -335,8 +375,15 @@ def test_cpu_devices_the_mesh_cannot_use_refused_at_once(tmp_path):
 
 
 def test_missing_c4_path_with_a_tokenizer_to_train(tmp_path):
-    code, out = invoke("run", "--job-log-dir", tmp_path / "job", "--set", "data.source=c4",
-                       "--set", f"data.path={tmp_path / 'nowhere'}")
+    code, out = invoke(
+        "run",
+        "--job-log-dir",
+        tmp_path / "job",
+        "--set",
+        "data.source=c4",
+        "--set",
+        f"data.path={tmp_path / 'nowhere'}",
+    )
     assert code == 2, out
     assert_one_paragraph(out, "does not exist")
     assert "Raise model.vocab_size" not in out
@@ -354,8 +401,13 @@ def test_huge_integer_is_named_as_an_integer(tmp_path):
     assert_one_paragraph(out, "Knob 'train.num_steps'", "an integer of 5000 digits")
 
 
-@pytest.mark.parametrize("error, shown", [(RuntimeError("it broke."), "Unexpected RuntimeError: it broke. This"),
-                                          (AssertionError(), "Unexpected AssertionError (no message). This")])
+@pytest.mark.parametrize(
+    "error, shown",
+    [
+        (RuntimeError("it broke."), "Unexpected RuntimeError: it broke. This"),
+        (AssertionError(), "Unexpected AssertionError (no message). This"),
+    ],
+)
 def test_unexpected_error_text(error, shown, tmp_path, monkeypatch):
     import equipax.launch.training.loop as loop
 
@@ -382,7 +434,7 @@ def test_a_signal_that_interrupted_an_import_is_still_exit_75(monkeypatch):
 
 
 def test_orbax_write_futures_without_orbax_frames_are_quiet():
-    """The flake behind issue 19's defect 11 seen once in CI: after a failed save, asyncio reported
+    """A flake seen once in CI: after a failed save, asyncio reported
     tensorstore write futures ("Future exception was never retrieved") whose exceptions carry no
     orbax frame, only the path of the checkpoint being written; those are dropped too, nothing else."""
     import logging
@@ -392,8 +444,10 @@ def test_orbax_write_futures_without_orbax_frames_are_quiet():
     def record(message, exc):
         return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, None, (type(exc), exc, None))
 
-    tensorstore = ValueError('OUT_OF_RANGE: Error writing ".opt_state/.zarray" in OCDBT database at local file '
-                             '"/job/checkpoints/2.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/"')
+    tensorstore = ValueError(
+        'OUT_OF_RANGE: Error writing ".opt_state/.zarray" in OCDBT database at local file '
+        '"/job/checkpoints/2.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/"'
+    )
     quiet = QuietOrbaxFutures()
     assert not quiet.filter(record("Future exception was never retrieved", tensorstore))
     assert quiet.filter(record("Future exception was never retrieved", ValueError("a user's own future")))

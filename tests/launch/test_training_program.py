@@ -8,20 +8,23 @@ import sys
 import textwrap
 
 import pytest
+
 from helpers import REPO
 from helpers.toy import CNN_TOY, SMOKE_SHORT, set_args
 
 
 def invoke(*args):
-    from equipax.launch.cli import app
     from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
 
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def launch(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "equipax.launch.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "equipax.launch.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_run_executes_the_program_compile_reports():
@@ -30,7 +33,8 @@ def test_run_executes_the_program_compile_reports():
     script = textwrap.dedent("""
         import hashlib, json, pathlib, tempfile
         import jax
-        from equipax.launch.aot.report import TARGETS, compile_report
+        from equipax.launch.aot.report import compile_report
+        from equipax.launch.cluster.accelerators import ACCELERATORS
         from equipax.launch.experiments.registry import get_experiment
         from equipax.launch.tasks import family
         from equipax.launch.training.build import build_training
@@ -44,7 +48,7 @@ def test_run_executes_the_program_compile_reports():
         host = inputs.train.get_next()
         batch = training.place(host)  # what the loop does with each batch
         dispatched = training.train_step.lower(state, batch, training.keys.step).as_text()
-        report = compile_report(cfg, target=TARGETS["tpu-v4"], mesh=mesh, log=lambda m: None)
+        report = compile_report(cfg, target=ACCELERATORS["tpu-v4"], mesh=mesh, log=lambda m: None)
         print(json.dumps({"run": hashlib.sha256(dispatched.encode()).hexdigest(),
                           "compile": report["stablehlo_sha256"]}))
     """)
@@ -57,6 +61,7 @@ def test_run_executes_the_program_compile_reports():
 
 def test_every_family_builds_through_build_training():
     import jax
+
     from equipax.core.mesh import build_mesh
     from equipax.core.step import TrainState
     from equipax.launch.experiments.registry import entries
@@ -85,8 +90,20 @@ def test_cnn_digits_data_parallel_on_4_devices_matches_1_device(tmp_path):
     assert json.loads((tmp_path / "four" / "config.json").read_text())["mesh"]["ici_mesh_shape"] == [4, 1, 1]
     # The same 4 devices as two hosts (real jax.distributed processes): each feeds its half of every
     # global batch, and the training is the same computation again.
-    hosts = launch("local-cluster", "--processes", 2, "--cpu-devices", 2, "--", "run", "--exp", "cnn_digits",
-                   "--job-log-dir", tmp_path / "hosts", *sets)
+    hosts = launch(
+        "local-cluster",
+        "--processes",
+        2,
+        "--cpu-devices",
+        2,
+        "--",
+        "run",
+        "--exp",
+        "cnn_digits",
+        "--job-log-dir",
+        tmp_path / "hosts",
+        *sets,
+    )
     assert hosts.returncode == 0, hosts.stdout[-4000:] + hosts.stderr[-2000:]
     a = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(x) for x in (tmp_path / "four" / "metrics.jsonl").read_text().splitlines()]
@@ -110,8 +127,15 @@ def test_cnn_digits_data_parallel_on_4_devices_matches_1_device(tmp_path):
 
 @pytest.mark.slow
 def test_cnn_nonfinite_policy_and_compile(tmp_path):
-    sets = set_args([*CNN_TOY, "train.num_epochs=1", "data.batch_size=128", "train.debug_nan_steps=(3,)",
-                     "train.on_nonfinite=abort"])
+    sets = set_args(
+        [
+            *CNN_TOY,
+            "train.num_epochs=1",
+            "data.batch_size=128",
+            "train.debug_nan_steps=(3,)",
+            "train.on_nonfinite=abort",
+        ]
+    )
     proc = launch("run", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "job", *sets)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "Step 3: the loss is nan" in proc.stderr
@@ -126,13 +150,20 @@ def test_a_live_run_owns_its_job_directory(tmp_path):
     job = tmp_path / "job"
     job.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import pathlib, sys, time
             from equipax.launch.jobdir.ownership import JobLock
             with JobLock(pathlib.Path({str(job)!r})):
                 print("locked", flush=True)
                 time.sleep(60)
-        """)], stdout=subprocess.PIPE, text=True)
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         result = invoke("run", "--job-log-dir", job, *set_args(SMOKE_SHORT))
@@ -160,19 +191,39 @@ def test_a_family_in_one_user_module_runs_from_the_cli(tmp_path):
     page = (REPO / "docs" / "extending.md").read_text()
     code = re.search(r"```python\n(import dataclasses\n.*?)```", page, re.S).group(1)
     part1_run, part2 = code.index("x, y = regression_data(64"), code.index("# --- Part 2")
-    definitions = code[:part1_run] + code[part2:code.index('cfg = ExperimentConfig(name="mlp_regression"')]
-    (tmp_path / "userfam.py").write_text(definitions + textwrap.dedent('''
+    part2_end = re.search(r'cfg = ExperimentConfig\(\s*name="mlp_regression"', code).start()
+    definitions = code[:part1_run] + code[part2:part2_end]
+    (tmp_path / "userfam.py").write_text(
+        definitions
+        + textwrap.dedent("""
         def mlp_regression() -> ExperimentConfig:
             return ExperimentConfig(name="mlp_regression", model=MLPConfig(), data=RegressionDataConfig(),
                                     train=TrainConfig(num_steps=20, log_every=10, eval_every=20, checkpoint_every=10))
-    '''))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     job = tmp_path / "job"
 
     def run(*extra):
-        return subprocess.run([sys.executable, "-m", "equipax.launch.cli", "run", "--exp", "userfam.mlp_regression",
-                               "--job-log-dir", str(job), "--set", "model.width=8", *extra],
-                              capture_output=True, text=True, env=env, timeout=300)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "equipax.launch.cli",
+                "run",
+                "--exp",
+                "userfam.mlp_regression",
+                "--job-log-dir",
+                str(job),
+                "--set",
+                "model.width=8",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
 
     first = run()
     assert first.returncode == 0, first.stdout + first.stderr
@@ -181,6 +232,11 @@ def test_a_family_in_one_user_module_runs_from_the_cli(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     assert "step 30/30" in again.stdout and "step 10/30" not in again.stdout  # resumed at 20
     assert json.loads((job / "result.json").read_text())["final_step"] == 30
-    missing = subprocess.run([sys.executable, "-m", "equipax.launch.cli", "run", "--exp", "userfam.nope"],
-                             capture_output=True, text=True, env=env, timeout=120)
+    missing = subprocess.run(
+        [sys.executable, "-m", "equipax.launch.cli", "run", "--exp", "userfam.nope"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert missing.returncode == 2 and "module userfam has no experiment function 'nope'" in missing.stderr

@@ -5,7 +5,8 @@ import functools
 
 import numpy as np
 import pytest
-from helpers.cnn import images, tiny_cnn
+
+from helpers.cnn import images, tiny_cnn, tiny_cnn_task
 
 
 @functools.cache
@@ -36,6 +37,7 @@ def test_batchnorm_stats_change_in_training_and_not_in_eval(key, trees_close):
 def test_batchnorm_normalises_with_batch_stats_and_updates_running_averages(key):
 
     import equinox as eqx
+
     from equipax.core.nn.conv import BatchNorm
 
     bn, state = eqx.nn.make_with_state(BatchNorm)(3, momentum=0.9)
@@ -70,14 +72,15 @@ def test_dropout_off_in_eval_and_keyed_in_training(key):
 
 def test_train_step_threads_bn_state_and_eval_is_deterministic(one_step, trees_close):
     import jax
+
     from equipax.core.step import make_eval_step
-    from equipax.models import classification_loss
 
     initial, state, metrics, batch, _ = one_step
     assert {"loss", "accuracy", "loss_sum", "correct_sum", "weight_sum", "grad_norm"} <= set(metrics)
-    assert all(not np.allclose(a, b)
-               for a, b in zip(jax.tree.leaves(initial.model_state), jax.tree.leaves(state.model_state)))
-    eval_step = make_eval_step(classification_loss)
+    assert all(
+        not np.allclose(a, b) for a, b in zip(jax.tree.leaves(initial.model_state), jax.tree.leaves(state.model_state))
+    )
+    eval_step = make_eval_step(tiny_cnn_task())
     first = eval_step(state.model, batch, state.model_state)
     second = eval_step(state.model, batch, state.model_state)
     trees_close(first, second, rtol=0, atol=0)
@@ -87,12 +90,26 @@ def test_train_step_threads_bn_state_and_eval_is_deterministic(one_step, trees_c
     assert float(eval_step(state.model, padded, state.model_state)["weight_sum"]) == 4.0
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(in_channels=1, stem_channels=8, stage_channels=(8, 16, 32),
-                                                blocks_per_stage=1, num_heads=2, hidden_dims=20, num_classes=3)])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        dict(
+            in_channels=1,
+            stem_channels=8,
+            stage_channels=(8, 16, 32),
+            blocks_per_stage=1,
+            num_heads=2,
+            hidden_dims=20,
+            num_classes=3,
+        ),
+    ],
+)
 def test_analytic_param_count_equals_the_traced_model(overrides):
     """`launch show` counts the CNN's parameters from the config (no JAX); it must match the model."""
     import equinox as eqx
     import jax
+
     from equipax.core.flops import count_params
     from equipax.models import AdvancedCNN, CNNConfig, cnn_param_count
 
@@ -103,12 +120,16 @@ def test_analytic_param_count_equals_the_traced_model(overrides):
 
 def test_first_batch_is_checked_against_the_task():
     import numpy as np
+
     from equipax.core.task import BatchError
     from equipax.models import CNNConfig, ImageClassificationTask
 
     task = ImageClassificationTask(CNNConfig(in_channels=1), (8, 8, 1))
-    good = {"images": np.zeros((4, 8, 8, 1), np.float32), "labels": np.zeros(4, np.int32),
-            "weights": np.ones(4, np.float32)}
+    good = {
+        "images": np.zeros((4, 8, 8, 1), np.float32),
+        "labels": np.zeros(4, np.int32),
+        "weights": np.ones(4, np.float32),
+    }
     task.check_batch(good, 4)
     with pytest.raises(BatchError, match="'images': expected shape \\(4, 8, 8, 1\\)"):
         task.check_batch({**good, "images": np.zeros((4, 9, 9, 1), np.float32)}, 4)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
+
 from equipax.core.nn import TransformerConfig
 from equipax.models import LMConfig, TransformerLM, generate
 from equipax.models.decode import decode, init_cache, sample_logits
@@ -17,13 +18,17 @@ WIDTH, NEW = 8, 8  # every decode here uses these shapes: one compile per model 
 LM_CFG = LMConfig(
     vocab_size=VOCAB,
     max_seq_len=WIDTH + NEW,
-    transformer=TransformerConfig(
-        num_layers=2, model_dims=32, num_heads=2, head_dim=16, hidden_dims=64, use_bias=True
-    ),
+    transformer=TransformerConfig(num_layers=2, model_dims=32, num_heads=2, head_dim=16, hidden_dims=64, use_bias=True),
 )
 LLAMA_CFG = LlamaConfig(
-    vocab_size=VOCAB, max_seq_len=WIDTH + NEW, num_layers=2, model_dims=32, num_heads=4,
-    num_kv_heads=2, head_dim=8, hidden_dims=48,
+    vocab_size=VOCAB,
+    max_seq_len=WIDTH + NEW,
+    num_layers=2,
+    model_dims=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    hidden_dims=48,
 )
 MODELS = {"lm": TransformerLM(LM_CFG, key=jr.key(1)), "llama": LlamaLM(LLAMA_CFG, key=jr.key(2))}
 ROWS = ([1, 2, 3, 4, 5, 6, 7, 8], [9, 8, 7], [20, 21, 22, 23, 24])
@@ -54,14 +59,13 @@ def test_cached_greedy_equals_uncached_generate_per_row(family):
     np.testing.assert_array_equal(num, [NEW] * 3)  # WIDTH + NEW = max_seq_len: the limit holds
     for b, row in enumerate(ROWS):
         ref = generate(model, jnp.array(row, jnp.int32), NEW)
-        np.testing.assert_array_equal(tokens[b], np.asarray(ref)[len(row):])
+        np.testing.assert_array_equal(tokens[b], np.asarray(ref)[len(row) :])
 
 
 def test_batch_equals_one_by_one(family):
     model, tokens, _ = family
     row = ROWS[1]
-    alone, _ = decode(model, jnp.array([row], jnp.int32), jnp.array([len(row)]),
-                      max_new_tokens=NEW)
+    alone, _ = decode(model, jnp.array([row], jnp.int32), jnp.array([len(row)]), max_new_tokens=NEW)
     np.testing.assert_array_equal(alone[0], tokens[1])
 
 
@@ -70,9 +74,7 @@ def test_unrolled_stack_decodes_like_scanned(family):
     if isinstance(model, LlamaLM):
         unrolled = LlamaLM(dataclasses.replace(LLAMA_CFG, scan_layers=False), key=jr.key(2))
     else:
-        cfg = dataclasses.replace(
-            LM_CFG, transformer=dataclasses.replace(LM_CFG.transformer, scan_layers=False)
-        )
+        cfg = dataclasses.replace(LM_CFG, transformer=dataclasses.replace(LM_CFG.transformer, scan_layers=False))
         unrolled = TransformerLM(cfg, key=jr.key(1))
     got, _ = decode(unrolled, *_padded(ROWS), max_new_tokens=NEW)
     np.testing.assert_array_equal(got, tokens)
@@ -165,5 +167,3 @@ def test_sample_logits_top_k_and_top_p_restrict_support():
     many = sample_logits(jnp.log(jnp.tile(probs, (8192, 1))), keys[2], temperature=1.0)
     freq = np.bincount(np.asarray(many), minlength=4) / 8192
     np.testing.assert_allclose(freq, probs[0], atol=0.03)
-
-

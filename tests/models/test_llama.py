@@ -11,12 +11,10 @@ import jax.random as jr
 import numpy as np
 import optax
 import pytest
+from jaxtyping import TypeCheckError
+
 from equipax.core.flops import count_params, transformer_lm_flops_per_token
-from equipax.core.nn import (
-    TransformerConfig,
-    dot_product_attention,
-    reference_attention,
-)
+from equipax.core.nn import TransformerConfig, dot_product_attention, reference_attention
 from equipax.core.nn.gqa_attention import (
     GroupedQueryAttention,
     cached_attention,
@@ -25,26 +23,39 @@ from equipax.core.nn.gqa_attention import (
 )
 from equipax.core.nn.rotary import apply_rotary, reference_rotary, rotary_angles
 from equipax.models import lm_loss
-from equipax.models.llama import (
-    LlamaConfig,
-    LlamaLM,
-    llama_flops_per_token,
-    llama_param_counts,
-)
-from jaxtyping import TypeCheckError
+from equipax.models.llama import LlamaConfig, LlamaLM, llama_flops_per_token, llama_param_counts
 
 VOCAB = 64
 CFG = LlamaConfig(
-    vocab_size=VOCAB, max_seq_len=16, num_layers=2, model_dims=32, num_heads=4,
-    num_kv_heads=2, head_dim=8, hidden_dims=48,
+    vocab_size=VOCAB,
+    max_seq_len=16,
+    num_layers=2,
+    model_dims=32,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    hidden_dims=48,
 )
 LLAMA3_8B = LlamaConfig(
-    vocab_size=128256, max_seq_len=8192, num_layers=32, model_dims=4096, num_heads=32,
-    num_kv_heads=8, head_dim=128, hidden_dims=14336, rope_theta=500_000.0,
+    vocab_size=128256,
+    max_seq_len=8192,
+    num_layers=32,
+    model_dims=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    hidden_dims=14336,
+    rope_theta=500_000.0,
 )
 LLAMA2_7B = LlamaConfig(
-    vocab_size=32000, max_seq_len=4096, num_layers=32, model_dims=4096, num_heads=32,
-    num_kv_heads=32, head_dim=128, hidden_dims=11008,
+    vocab_size=32000,
+    max_seq_len=4096,
+    num_layers=32,
+    model_dims=4096,
+    num_heads=32,
+    num_kv_heads=32,
+    head_dim=128,
+    hidden_dims=11008,
 )
 
 _forward = eqx.filter_jit(lambda model, ids: model(ids))
@@ -64,16 +75,13 @@ def test_rope_matches_complex_reference_and_is_relative(key):
     pos = _positions(2, 7, offset=3)
     for theta in (10_000.0, 500_000.0):
         sin, cos = rotary_angles(pos, 16, theta)
-        np.testing.assert_allclose(
-            apply_rotary(x, sin, cos), reference_rotary(x, pos, theta), rtol=1e-5, atol=1e-5
-        )
+        np.testing.assert_allclose(apply_rotary(x, sin, cos), reference_rotary(x, pos, theta), rtol=1e-5, atol=1e-5)
     # Position 0 is the identity; rotations keep norms.
     sin0, cos0 = rotary_angles(jnp.zeros((2, 7), jnp.int32), 16, 1e4)
     np.testing.assert_array_equal(apply_rotary(x, sin0, cos0), x)
     sin, cos = rotary_angles(pos, 16, 1e4)
     np.testing.assert_allclose(
-        jnp.linalg.norm(apply_rotary(x, sin, cos), axis=-1), jnp.linalg.norm(x, axis=-1),
-        rtol=1e-5,
+        jnp.linalg.norm(apply_rotary(x, sin, cos), axis=-1), jnp.linalg.norm(x, axis=-1), rtol=1e-5
     )
     # q.k depends only on the distance between their positions.
     q, k = x[:1, :1], x[1:, :1]
@@ -93,26 +101,20 @@ def test_gqa_matches_reference(key, kv_heads):
     q = jr.normal(kq, (2, 9, 6, 8))
     k, v = jr.normal(kk, (2, 9, kv_heads, 8)), jr.normal(kv, (2, 9, kv_heads, 8))
     seg = jnp.sort(jr.randint(ks, (2, 9), 0, 3), axis=1)
-    for kw in (dict(causal=True), dict(causal=False, logit_cap=2.0),
-               dict(causal=True, segment_ids=seg)):
+    for kw in (dict(causal=True), dict(causal=False, logit_cap=2.0), dict(causal=True, segment_ids=seg)):
         np.testing.assert_allclose(
-            gqa_attention(q, k, v, **kw), reference_gqa_attention(q, k, v, **kw),
-            rtol=1e-5, atol=1e-5,
+            gqa_attention(q, k, v, **kw), reference_gqa_attention(q, k, v, **kw), rtol=1e-5, atol=1e-5
         )
     # The reference repeats key/value head h // group for query head h.
     group = 6 // kv_heads
-    by_hand = reference_attention(
-        q, jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2), causal=True
-    )
+    by_hand = reference_attention(q, jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2), causal=True)
     np.testing.assert_allclose(reference_gqa_attention(q, k, v, causal=True), by_hand)
     if kv_heads == 6:  # plain multi-head attention
         np.testing.assert_allclose(
-            gqa_attention(q, k, v, causal=True), dot_product_attention(q, k, v, causal=True),
-            rtol=1e-5, atol=1e-5,
+            gqa_attention(q, k, v, causal=True), dot_product_attention(q, k, v, causal=True), rtol=1e-5, atol=1e-5
         )
     with pytest.raises(ValueError, match="num_kv_heads"):
-        gqa_attention(q, k[:, :, :1].repeat(4, axis=2), v[:, :, :1].repeat(4, axis=2),
-                      causal=True)
+        gqa_attention(q, k[:, :, :1].repeat(4, axis=2), v[:, :, :1].repeat(4, axis=2), causal=True)
 
 
 def test_cached_attention_is_causal_attention_over_slots(key):
@@ -169,10 +171,8 @@ def test_scan_equals_loop_and_remat_keeps_gradients(model, key):
 
     scanned_remat = LlamaLM(dataclasses.replace(CFG, remat="dots_saveable"), key=jr.key(0))
     want = grads(model).layers.ffn.up.weight
-    np.testing.assert_allclose(grads(scanned_remat).layers.ffn.up.weight, want,
-                               rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(grads(loop).layers[1].ffn.up.weight, want[1], rtol=1e-4,
-                               atol=1e-6)
+    np.testing.assert_allclose(grads(scanned_remat).layers.ffn.up.weight, want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grads(loop).layers[1].ffn.up.weight, want[1], rtol=1e-4, atol=1e-6)
 
 
 def test_lm_loss_starts_near_log_vocab_and_goes_down(model, key):
@@ -184,9 +184,7 @@ def test_lm_loss_starts_near_log_vocab_and_goes_down(model, key):
 
     @jax.jit
     def step(params, opt_state):
-        loss, grads = jax.value_and_grad(lambda p: lm_loss(eqx.combine(p, static), batch)[0])(
-            params
-        )
+        loss, grads = jax.value_and_grad(lambda p: lm_loss(eqx.combine(p, static), batch)[0])(params)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -202,8 +200,7 @@ def test_param_counts_exact():
     assert llama_param_counts(LLAMA3_8B)["total"] == 8_030_261_248
     assert llama_param_counts(LLAMA2_7B)["total"] == 6_738_415_616
     # The analytic count is the model's: abstract init (no memory), small and full size.
-    for cfg in (CFG, dataclasses.replace(CFG, scan_layers=False, num_kv_heads=1), LLAMA3_8B,
-                LLAMA2_7B):
+    for cfg in (CFG, dataclasses.replace(CFG, scan_layers=False, num_kv_heads=1), LLAMA3_8B, LLAMA2_7B):
         abstract = eqx.filter_eval_shape(LlamaLM, cfg, key=jr.key(0))
         assert count_params(abstract) == llama_param_counts(cfg)["total"], cfg
 
@@ -212,8 +209,14 @@ def test_flops_match_the_gpt_accounting_when_heads_are_not_grouped():
     for remat in ("none", "full", "dots_saveable"):
         mha = dataclasses.replace(LLAMA2_7B, remat=remat)
         gpt = TransformerConfig(
-            num_layers=32, model_dims=4096, num_heads=32, head_dim=128, hidden_dims=11008,
-            gated=True, activation="silu", remat=remat,
+            num_layers=32,
+            model_dims=4096,
+            num_heads=32,
+            head_dim=128,
+            hidden_dims=11008,
+            gated=True,
+            activation="silu",
+            remat=remat,
         )
         want = transformer_lm_flops_per_token(gpt, vocab_size=32000, seq_len=4096)
         assert llama_flops_per_token(mha, seq_len=4096) == want
@@ -226,9 +229,10 @@ def test_flops_match_the_gpt_accounting_when_heads_are_not_grouped():
 
 
 def test_abstract_params_get_sharding_specs():
-    from equipax.core.partition import param_specs
     from jax.sharding import AbstractMesh
     from jax.sharding import PartitionSpec as P
+
+    from equipax.core.partition import param_specs
 
     mesh = AbstractMesh((2, 4, 2), ("data", "fsdp", "tensor"))
     for cfg in (LLAMA3_8B, dataclasses.replace(CFG, scan_layers=False, num_kv_heads=1)):

@@ -10,20 +10,17 @@ import jax.random as jr
 import numpy as np
 import optax
 import pytest
+
 from equipax.core import flops
 from equipax.core.knobs import ConfigError
-from equipax.core.nn import (
-    TransformerConfig,
-)
+from equipax.core.nn import TransformerConfig
 from equipax.models import LMConfig, TransformerLM, generate, lm_loss
 
 VOCAB = 64
 CFG = LMConfig(
     vocab_size=VOCAB,
     max_seq_len=16,
-    transformer=TransformerConfig(
-        num_layers=2, model_dims=16, num_heads=2, head_dim=8, hidden_dims=32
-    ),
+    transformer=TransformerConfig(num_layers=2, model_dims=16, num_heads=2, head_dim=8, hidden_dims=32),
 )
 
 # Module-level jitted entry points: compiled once per model structure for the whole file.
@@ -38,11 +35,7 @@ def model():
 
 def _batch(key, batch=4, seq=12):
     tokens = jr.randint(key, (batch, seq + 1), 0, VOCAB, dtype=jnp.int32)
-    return {
-        "ids": tokens[:, :-1],
-        "labels": tokens[:, 1:],
-        "weights": jnp.ones((batch, seq), jnp.float32),
-    }
+    return {"ids": tokens[:, :-1], "labels": tokens[:, 1:], "weights": jnp.ones((batch, seq), jnp.float32)}
 
 
 def test_forward_shape_and_dtype(model):
@@ -168,9 +161,7 @@ def test_lm_config_validation():
 def test_linear_lm_is_causal_and_trains(key):
     model = TransformerLM(LINEAR_LM, key=jr.key(0))
     soft = TransformerLM(
-        dataclasses.replace(
-            LINEAR_LM, transformer=dataclasses.replace(LINEAR_LM.transformer, attention="softmax")
-        ),
+        dataclasses.replace(LINEAR_LM, transformer=dataclasses.replace(LINEAR_LM.transformer, attention="softmax")),
         key=jr.key(0),
     )
     tokens = jr.randint(key, (4, 13), 0, 64, dtype=jnp.int32)
@@ -187,9 +178,7 @@ def test_linear_lm_is_causal_and_trains(key):
 
     @jax.jit
     def step(params, opt_state):
-        loss, grads = jax.value_and_grad(lambda p: lm_loss(eqx.combine(p, static), batch)[0])(
-            params
-        )
+        loss, grads = jax.value_and_grad(lambda p: lm_loss(eqx.combine(p, static), batch)[0])(params)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -210,8 +199,9 @@ def test_lm_with_a_missing_kernel_fails_on_cpu_and_auto_equals_xla(key):
     forward = eqx.filter_jit(lambda m, ids: m(ids))
 
     def model(impl):
-        return TransformerLM(dataclasses.replace(cfg, transformer=dataclasses.replace(tcfg, attention_impl=impl)),
-                             key=key)
+        return TransformerLM(
+            dataclasses.replace(cfg, transformer=dataclasses.replace(tcfg, attention_impl=impl)), key=key
+        )
 
     np.testing.assert_array_equal(forward(model("auto"), ids), forward(model("xla"), ids))
     with pytest.raises(ConfigError, match="attention_impl='splash' is a TPU kernel"):
@@ -222,8 +212,11 @@ def test_language_model_takes_numpy_ids_and_checks_rank(key):
     from equipax.core.nn import TransformerConfig
     from equipax.models import LMConfig, TransformerLM, generate
 
-    cfg = LMConfig(vocab_size=16, max_seq_len=8, transformer=TransformerConfig(
-        num_layers=1, model_dims=8, num_heads=2, head_dim=4, hidden_dims=16))
+    cfg = LMConfig(
+        vocab_size=16,
+        max_seq_len=8,
+        transformer=TransformerConfig(num_layers=1, model_dims=8, num_heads=2, head_dim=4, hidden_dims=16),
+    )
     model = TransformerLM(cfg, key=key)
     ids = np.arange(6, dtype=np.int32)
     assert model(ids[None]).shape == (1, 6, 16)

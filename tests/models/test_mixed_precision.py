@@ -1,8 +1,7 @@
 """`model.dtype="bfloat16"` is mixed precision (docs/knobs.md, "Mixed precision"): matmuls and
 attention take bfloat16 inputs; norm statistics, softmax statistics, the logits (cast after their
-bfloat16 matmul) and the loss are float32; parameters, gradients and optimizer state stay float32. And a bf16 run of the default
-experiment learns like the f32 one."""
-
+bfloat16 matmul) and the loss are float32; parameters, gradients and optimizer state stay float32
+(that a bf16 run of the default experiment learns like the f32 one: tests/launch/test_bf16_run.py)."""
 
 import equinox as eqx
 import jax
@@ -10,12 +9,17 @@ import jax.extend
 import jax.numpy as jnp
 import jax.random as jr
 import optax
+
 from equipax.core.nn import TransformerConfig
 from equipax.core.step import init_train_state
 from equipax.models import LMConfig, TransformerLM, lm_loss
 
-CFG = LMConfig(vocab_size=64, max_seq_len=16, dtype="bfloat16",
-               transformer=TransformerConfig(num_layers=2, model_dims=16, num_heads=2, head_dim=8, hidden_dims=32))
+CFG = LMConfig(
+    vocab_size=64,
+    max_seq_len=16,
+    dtype="bfloat16",
+    transformer=TransformerConfig(num_layers=2, model_dims=16, num_heads=2, head_dim=8, hidden_dims=32),
+)
 
 
 def _batch():
@@ -38,7 +42,8 @@ def test_bf16_computes_matmuls_in_bf16_and_statistics_in_f32():
     eqns = list(_eqns(jaxpr.jaxpr))
     dots = [e for e in eqns if e.primitive.name == "dot_general"]
     assert dots and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars), [
-        tuple(v.aval.dtype for v in e.invars) for e in dots]
+        tuple(v.aval.dtype for v in e.invars) for e in dots
+    ]
     # Softmax and log-softmax exponents, logs and the norms' rsqrt: all float32.
     stats = [e for e in eqns if e.primitive.name in ("exp", "log", "rsqrt")]
     assert stats and all(e.outvars[0].aval.dtype == jnp.float32 for e in stats)
@@ -54,5 +59,3 @@ def test_bf16_keeps_parameters_and_optimizer_state_in_f32():
     state = init_train_state(model, optax.adamw(1e-3))
     dtypes = {leaf.dtype for leaf in jax.tree.leaves(eqx.filter((state.model, state.opt_state), eqx.is_inexact_array))}
     assert dtypes == {jnp.dtype(jnp.float32)}
-
-

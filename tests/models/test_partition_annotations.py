@@ -7,11 +7,17 @@ from helpers.partition import flat_specs, mesh
 
 def tiny_lm(**transformer):
     import jax
+
     from equipax.core.nn import TransformerConfig
     from equipax.models import LMConfig, TransformerLM
 
-    cfg = LMConfig(vocab_size=64, max_seq_len=16, transformer=TransformerConfig(
-        num_layers=2, model_dims=32, num_heads=4, head_dim=8, hidden_dims=64, **transformer))
+    cfg = LMConfig(
+        vocab_size=64,
+        max_seq_len=16,
+        transformer=TransformerConfig(
+            num_layers=2, model_dims=32, num_heads=4, head_dim=8, hidden_dims=64, **transformer
+        ),
+    )
     return TransformerLM(cfg, key=jax.random.key(0))
 
 
@@ -41,13 +47,15 @@ def test_a_dimension_that_does_not_divide_its_mesh_axis_is_replicated():
 
 def test_scanned_stack_prepends_layers_and_unrolled_does_not():
     import jax
+
     from equipax.core.partition import leaf_axes
 
-    for scan, path in ((True, ".stack.layers.attention.qkv"),
-                       (False, ".stack.layers[1].attention.qkv")):
+    for scan, path in ((True, ".stack.layers.attention.qkv"), (False, ".stack.layers[1].attention.qkv")):
         model = tiny_lm(scan_layers=scan)
-        axes = {jax.tree_util.keystr(p): leaf_axes(model, p, leaf)
-                for p, leaf in jax.tree_util.tree_flatten_with_path(model)[0]}
+        axes = {
+            jax.tree_util.keystr(p): leaf_axes(model, p, leaf)
+            for p, leaf in jax.tree_util.tree_flatten_with_path(model)[0]
+        }
         expected = ("embed", "qkv", "heads", "head_dim")
         assert axes[path] == (("layers", *expected) if scan else expected)
 
@@ -55,11 +63,11 @@ def test_scanned_stack_prepends_layers_and_unrolled_does_not():
 def test_cnn_weights_are_declared_and_replicated():
     import equinox as eqx
     import jax
+
     from equipax.models.cnn import AdvancedCNN, CNNConfig
 
     cfg = CNNConfig(in_channels=1, stem_channels=8, stage_channels=(8, 16), hidden_dims=16)
-    model = eqx.filter_eval_shape(
-        lambda k: eqx.nn.make_with_state(AdvancedCNN)(cfg, key=k), jax.random.key(0))[0]
+    model = eqx.filter_eval_shape(lambda k: eqx.nn.make_with_state(AdvancedCNN)(cfg, key=k), jax.random.key(0))[0]
     specs = flat_specs(model, mesh())
     assert ".stages[1][0].conv1.weight" in specs and ".head.weight" in specs
     assert all(all(a is None for a in spec) for spec in specs.values()), specs
@@ -70,10 +78,11 @@ def test_train_state_shardings_replicate_model_state_and_follow_params_in_the_op
     import jax
     import numpy as np
     import optax
-    from equipax.core.partition import train_state_shardings
-    from equipax.models.cnn import AdvancedCNN, CNNConfig
     from jax.sharding import Mesh
     from jax.sharding import PartitionSpec as P
+
+    from equipax.core.partition import train_state_shardings
+    from equipax.models.cnn import AdvancedCNN, CNNConfig
 
     class State(eqx.Module):
         step: jax.Array
@@ -84,8 +93,9 @@ def test_train_state_shardings_replicate_model_state_and_follow_params_in_the_op
     cfg = CNNConfig(in_channels=1, stem_channels=8, stage_channels=(8, 16), hidden_dims=16)
     model, model_state = eqx.nn.make_with_state(AdvancedCNN)(cfg, key=key)
     opt = optax.adam(1e-3)
-    state = State(jax.numpy.zeros((), jax.numpy.int32), model,
-                  opt.init(eqx.filter(model, eqx.is_inexact_array)), model_state)
+    state = State(
+        jax.numpy.zeros((), jax.numpy.int32), model, opt.init(eqx.filter(model, eqx.is_inexact_array)), model_state
+    )
     m = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
     shardings = train_state_shardings(state, opt, m)
     leaves = jax.tree.leaves(shardings)

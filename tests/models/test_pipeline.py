@@ -64,7 +64,9 @@ def test_pipelined_equals_unpipelined_gpipe_and_circular():
     """2 and 4 stages, GPipe and circular, composed with data/fsdp/tensor axes inside the stages:
     2 Adam steps give the unpipelined losses (rel 1e-5) and gradients (max abs diff 1e-5; the
     largest gradient entries are ~0.09; measured: loss rel <= 2.3e-7, gradients <= 2e-7)."""
-    out = run_with_devices(_MODEL + textwrap.dedent("""
+    out = run_with_devices(
+        _MODEL
+        + textwrap.dedent("""
     ref_losses, ref_grads, _ = train(BASE, None)
     results = {}
     # (stages, schedule, mesh (stage, data, fsdp, tensor)).
@@ -75,7 +77,8 @@ def test_pipelined_equals_unpipelined_gpipe_and_circular():
         diff = max(float(np.max(np.abs(a - b))) for g, r in zip(grads, ref_grads) for a, b in zip(g, r))
         results[f"{stages}-{schedule}"] = (rel, diff)
     print(json.dumps({"ref": ref_losses, "results": results}))
-    """))
+    """)
+    )
     report = json.loads(out.strip().splitlines()[-1])
     assert report["ref"][-1] < report["ref"][0]  # the steps train
     for name, (rel, diff) in report["results"].items():
@@ -86,7 +89,9 @@ def test_pipelined_equals_unpipelined_gpipe_and_circular():
 def test_stage_weights_are_split_over_stage_and_sharded_inside():
     """Each stage's devices hold only its layers; inside a stage FSDP and tensor shard them as
     unpipelined; activations cross stages by collective-permute (the ppermute)."""
-    out = run_with_devices(_MODEL + textwrap.dedent("""
+    out = run_with_devices(
+        _MODEL
+        + textwrap.dedent("""
     cfg = pipelined(2, "gpipe")
     mesh = pipeline_mesh((2, 1, 2, 2))
     model = TransformerLM(cfg, key=jax.random.key(0))
@@ -102,7 +107,8 @@ def test_stage_weights_are_split_over_stage_and_sharded_inside():
     hlo = loss.lower(params, jax.device_put(BATCH, batch_sharding(mesh))).compile().as_text()
     print(json.dumps({"qkv": list(qkv), "down": list(down), "shard": shard_shape, "full": full_shape,
                       "permute": hlo.count("collective-permute"), "emb": list(specs.embedding.weight)}))
-    """))
+    """)
+    )
     r = json.loads(out.strip().splitlines()[-1])
     assert r["qkv"][0] == "stage" and "fsdp" in r["qkv"] and "tensor" in r["qkv"], r
     assert r["down"] == ["stage", None, None, "tensor", "fsdp"], r
@@ -110,5 +116,3 @@ def test_stage_weights_are_split_over_stage_and_sharded_inside():
     assert r["shard"][3:] == [r["full"][3] // 2, r["full"][4] // 2], r
     assert r["permute"] >= 1
     assert "stage" not in r["emb"]  # the embedding is outside the pipeline: replicated over stage
-
-

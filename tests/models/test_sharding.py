@@ -4,6 +4,7 @@ one device, shardings follow the rules, shard_map blocks == GSPMD."""
 import json
 
 import pytest
+
 from helpers.multidevice import run_with_devices
 
 # Trains a small LM for 3 steps on one device and on a mesh; prints losses and max param diff.
@@ -14,7 +15,7 @@ from equipax.core.mesh import MeshConfig, build_mesh
 from equipax.core.nn import TransformerConfig
 from equipax.core.optim import LearnerConfig, make_learner, make_schedule
 from equipax.core.partition import batch_sharding
-from equipax.core.step import init_sharded_train_state, make_train_step
+from equipax.core.step import LossFnTask, init_sharded_train_state, make_train_step
 from equipax.models import LMConfig, TransformerLM, lm_loss
 
 def train(mesh_cfg, tp):
@@ -25,7 +26,8 @@ def train(mesh_cfg, tp):
     opt, sched = make_learner(learner)
     state, shard = init_sharded_train_state(lambda k: TransformerLM(cfg, key=k), opt, mesh, jax.random.key(0))
     bs = batch_sharding(mesh)
-    step = make_train_step(functools.partial(lm_loss, mesh=mesh), opt, sched, state_sharding=shard, batch_sharding=bs)
+    task = LossFnTask(functools.partial(lm_loss, mesh=mesh))
+    step = make_train_step(task, opt, sched, state_sharding=shard, batch_sharding=bs)
     rng, losses = np.random.default_rng(0), []
     for _ in range(3):
         ids = rng.integers(0, 64, (8, 17)).astype(np.int32)
@@ -111,7 +113,8 @@ def test_shard_map_block_equals_gspmd_forward_and_gradients():
         model = TransformerLM(cfg, key=jax.random.key(0))
         return eqx.filter_shard(model, named(param_specs(eqx.filter(model, eqx.is_array), mesh), mesh))
     ids = np.random.default_rng(0).integers(0, 64, (8, 17)).astype(np.int32)
-    batch = jax.device_put({"ids": ids[:, :-1], "labels": ids[:, 1:], "weights": np.ones((8, 16), np.float32)}, batch_sharding(mesh))
+    batch = {"ids": ids[:, :-1], "labels": ids[:, 1:], "weights": np.ones((8, 16), np.float32)}
+    batch = jax.device_put(batch, batch_sharding(mesh))
     grads = {}
     for tp in ("gspmd", "shard_map"):
         f = eqx.filter_jit(eqx.filter_value_and_grad(functools.partial(lm_loss, mesh=mesh), has_aux=True))
@@ -128,5 +131,3 @@ def test_shard_map_block_equals_gspmd_forward_and_gradients():
     print("ok")
     """
     assert run_with_devices(code).strip().endswith("ok")
-
-

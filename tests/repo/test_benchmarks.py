@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from helpers import REPO
 
 BENCHMARKS = REPO / "benchmarks"
@@ -24,11 +25,23 @@ def _load_script():
 def test_train_step_benchmark_tiny(tmp_path):
     bench = _load_script()
     out = tmp_path / "train_step.json"
-    results = bench.main([
-        "--presets", "tiny", "--steps", "2", "--warmup", "1",
-        "--matmul-n", "128", "--matmul-repeats", "2", "--no-warm-process",
-        "--out", str(out),
-    ])
+    results = bench.main(
+        [
+            "--presets",
+            "tiny",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--matmul-n",
+            "128",
+            "--matmul-repeats",
+            "2",
+            "--no-warm-process",
+            "--out",
+            str(out),
+        ]
+    )
 
     assert json.loads(out.read_text()) == results
     for key in ("date", "jax_version", "device_kind", "presets"):
@@ -37,8 +50,12 @@ def test_train_step_benchmark_tiny(tmp_path):
     assert tiny["matmul"]["gflops"] > 0
     assert tiny["params"] > 0 and tiny["tokens_per_step"] == 2 * 32
     for key in (
-        "first_step_s", "tokens_per_s", "model_gflops_per_s", "mfu_vs_measured",
-        "mfu_vs_theoretical", "model_flops_per_token",
+        "first_step_s",
+        "tokens_per_s",
+        "model_gflops_per_s",
+        "mfu_vs_measured",
+        "mfu_vs_theoretical",
+        "model_flops_per_token",
     ):
         assert math.isfinite(tiny[key]) and tiny[key] > 0, key
     assert tiny["step_s"]["median_s"] > 0 and tiny["step_s"]["iqr_s"] >= 0
@@ -49,10 +66,9 @@ def test_train_step_benchmark_tiny(tmp_path):
 def test_compare_mode_runs_both_steps_on_the_same_numbers(tmp_path):
     bench = _load_script()
     out = tmp_path / "compare.json"
-    results = bench.main([
-        "--compare", "--presets", "tiny", "--steps", "2", "--warmup", "0", "--no-warm-process",
-        "--out", str(out),
-    ])
+    results = bench.main(
+        ["--compare", "--presets", "tiny", "--steps", "2", "--warmup", "0", "--no-warm-process", "--out", str(out)]
+    )
 
     assert json.loads(out.read_text()) == results
     tiny = results["presets"]["tiny"]
@@ -83,8 +99,24 @@ def test_input_pipeline_benchmark_smoke(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "input.json"
-    results = bench.main(["--batches", "3", "--warmup", "1", "--threads", "0", "--shards", "2",
-                          "--set", "data.tokenizer=byte", "--step-tokens-per-s", "1000", "--out", str(out)])
+    results = bench.main(
+        [
+            "--batches",
+            "3",
+            "--warmup",
+            "1",
+            "--threads",
+            "0",
+            "--shards",
+            "2",
+            "--set",
+            "data.tokenizer=byte",
+            "--step-tokens-per-s",
+            "1000",
+            "--out",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text()) == results
     assert set(results["cases"]) == {"default", "c4_packed_jsonl_threads0", "c4_packed_arrayrecord_threads0"}
     for case in results["cases"].values():
@@ -104,15 +136,34 @@ def test_decode_benchmark_smoke(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "decode.json"
-    results = bench.main([
-        "--families", "llama", "--tiny", "--prompt-len", "4", "--new-tokens", "4",
-        "--repeats", "1", "--uncached-repeats", "1", "--out", str(out),
-    ])
+    results = bench.main(
+        [
+            "--families",
+            "llama",
+            "--tiny",
+            "--prompt-len",
+            "4",
+            "--new-tokens",
+            "4",
+            "--repeats",
+            "1",
+            "--uncached-repeats",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text()) == results
     row = results["families"]["llama"]
     assert row["greedy_tokens_match"] is True
-    for key in ("prefill_s", "cached_total_s", "uncached_total_s", "speedup",
-                "cached_tokens_per_s", "decode_per_token_s"):
+    for key in (
+        "prefill_s",
+        "cached_total_s",
+        "uncached_total_s",
+        "speedup",
+        "cached_tokens_per_s",
+        "decode_per_token_s",
+    ):
         assert row[key] >= 0, key
 
 
@@ -124,13 +175,38 @@ def test_bubble_benchmark_tiny(tmp_path):
     script = BENCHMARKS / "pipeline_bubble.py"
     out = tmp_path / "bubble.json"
     proc = subprocess.run(
-        [sys.executable, str(script), "--stages", "2", "--schedules", "circular", "--microbatches", "2,4",
-         "--model-dims", "32", "--seq", "16", "--steps", "2", "--rounds", "2", "--warmup", "0", "--out", str(out)],
-        capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            str(script),
+            "--stages",
+            "2",
+            "--schedules",
+            "circular",
+            "--microbatches",
+            "2,4",
+            "--model-dims",
+            "32",
+            "--seq",
+            "16",
+            "--steps",
+            "2",
+            "--rounds",
+            "2",
+            "--warmup",
+            "0",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [(r["schedule"], r["repeats"], r["microbatches"], r["iterations"]) for r in rows] == [
-        ("circular", 2, 2, 5), ("circular", 2, 4, 9)]
+        ("circular", 2, 2, 5),
+        ("circular", 2, 4, 9),
+    ]
     assert [r["bubble_fraction"] for r in rows] == pytest.approx([1 / 5, 1 / 9])
     assert rows[0]["predicted_vs_most_microbatches"] == pytest.approx(10 / 9)
     assert rows[1]["measured_vs_most_microbatches"] == 1.0

@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from helpers import REPO
 from helpers.toy import TOY, set_args
 
@@ -39,8 +40,17 @@ def venv(tmp_path_factory) -> Path:
     python = str(tmp / "venv" / "bin" / "python")
     # The lock's versions, so the venv holds what the workspace was tested with.
     constraints = tmp / "constraints.txt"
-    exported = run("export", "--frozen", "--no-hashes", "--no-emit-workspace", "--no-dev", "--project", str(REPO),
-                   "-o", str(constraints))
+    exported = run(
+        "export",
+        "--frozen",
+        "--no-hashes",
+        "--no-emit-workspace",
+        "--no-dev",
+        "--project",
+        str(REPO),
+        "-o",
+        str(constraints),
+    )
     assert exported.returncode == 0, exported.stderr[-2000:]
     install = ["pip", "install", "-q", "--python", python, "-c", str(constraints), *wheels]
     done = run(*install, "--offline")
@@ -63,8 +73,9 @@ def test_wheels_carry_license_readme_and_pinned_siblings(venv):
         assert any(n.endswith("licenses/LICENSE") for n in names), wheel.name
         assert "License-Expression: Apache-2.0" in meta and "Description-Content-Type: text/markdown" in meta
         assert "Classifier: Typing :: Typed" in meta
-        requires[wheel.name.split("-")[0]] = [line.removeprefix("Requires-Dist: ") for line in meta.splitlines()
-                                              if line.startswith("Requires-Dist: ")]
+        requires[wheel.name.split("-")[0]] = [
+            line.removeprefix("Requires-Dist: ") for line in meta.splitlines() if line.startswith("Requires-Dist: ")
+        ]
     assert {"jax<0.12,>=0.11.2", "jaxlib<0.12,>=0.11.2"} <= set(requires["equipax_core"]), requires["equipax_core"]
     siblings = [r for rs in requires.values() for r in rs if r.startswith("equipax-")]
     assert siblings and all(r.endswith("~=0.1.0") for r in siblings), siblings
@@ -80,8 +91,14 @@ def test_launch_runs_the_default_experiment_in_a_clean_venv(venv, tmp_path):
     assert "shakespeare_tiny" in listed.stdout
     toy = [*TOY, "train.num_steps=2", "train.log_every=1", "train.eval_every=2", "train.checkpoint_every=2"]
     job = tmp_path / "job"
-    ran = subprocess.run([launch, "run", "--job-log-dir", str(job), *set_args(toy)], capture_output=True,
-                         text=True, timeout=600, env=env, cwd=tmp_path)
+    ran = subprocess.run(
+        [launch, "run", "--job-log-dir", str(job), *set_args(toy)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+    )
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
     assert json.loads((job / "result.json").read_text())
     assert (job / "metrics.jsonl").exists() and (job / "checkpoints").exists()
@@ -91,7 +108,7 @@ def test_launch_runs_the_default_experiment_in_a_clean_venv(venv, tmp_path):
 # in the public interface must be.
 KNOWN_UNKNOWN = {
     # equinox types `StateIndex`'s value parameter with a TypeVar pyright leaves unsolved.
-    "equipax.core.nn.conv.BatchNorm.running": 'Type argument 1 for class "StateIndex" has unknown type',
+    "equipax.core.nn.conv.BatchNorm.running": 'Type argument 1 for class "StateIndex" has unknown type'
 }
 
 
@@ -101,9 +118,22 @@ def test_verifytypes(venv, pkg):
     if exe is None:
         pytest.skip("pyright is not installed in this environment (dev dependency group)")
     env = {**os.environ, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.run([exe, "--verifytypes", f"equipax.{pkg}", "--ignoreexternal", "--outputjson",
-                           "--pythonpath", str(venv / "bin" / "python")],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=venv.parent)
+    proc = subprocess.run(
+        [
+            exe,
+            "--verifytypes",
+            f"equipax.{pkg}",
+            "--ignoreexternal",
+            "--outputjson",
+            "--pythonpath",
+            str(venv / "bin" / "python"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=venv.parent,
+    )
     report = json.loads(proc.stdout)
     problems = []
     for symbol in report["typeCompleteness"]["symbols"]:

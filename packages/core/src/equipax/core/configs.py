@@ -1,7 +1,7 @@
 """The config classes of `equipax.core`: frozen dataclasses, validated when built, and no JAX.
 
-`MeshConfig`, `ScheduleConfig`, `LearnerConfig` and `TransformerConfig` are defined here and
-re-exported where they are used (`equipax.core.mesh`, `equipax.core.optim`,
+`ScheduleConfig`, `LearnerConfig` and `TransformerConfig` are defined here, `MeshConfig` and the
+mesh-axis names in `_mesh_config.py` (re-exported here); all are re-exported where they are used (`equipax.core.mesh`, `equipax.core.optim`,
 `equipax.core.nn`): a module that only builds or prints configs (the CLI's `list`, `show` and
 knob errors) imports this one and does not pay for importing JAX (benchmarks/README.md,
 "CLI latency"). Keep it that way: nothing here may import jax, numpy-heavy code or equinox.
@@ -14,14 +14,29 @@ from typing import Any, Literal
 
 from equipax.core.knobs import ConfigError
 
+from equipax.core._mesh_config import (
+    AXES,
+    BATCH_AXES,
+    DATA,
+    DEFAULT_LOGICAL_AXIS_RULES,
+    FSDP,
+    PIPELINE_AXES,
+    STAGE,
+    TENSOR,
+    LogicalAxisRules,
+    MeshConfig,
+)
+
 __all__ = [
     "AXES",
     "LINEAR_ATTENTION_CHUNK_SIZE",
     "BATCH_AXES",
     "DATA",
+    "DEFAULT_LOGICAL_AXIS_RULES",
     "FSDP",
     "LearnerConfig",
     "LearnerKind",
+    "LogicalAxisRules",
     "MeshConfig",
     "PIPELINE_AXES",
     "ScheduleConfig",
@@ -38,101 +53,6 @@ __all__ = [
 # Positions per chunk of the chunked causal linear attention (`attention="linear"`;
 # `equipax.core.nn.linear_attention.DEFAULT_CHUNK_SIZE`, and the FLOP count of `equipax.core.flops`).
 LINEAR_ATTENTION_CHUNK_SIZE = 64
-
-# Axis vocabulary (docs/sharding.md). Pax: replica -> data, data -> fsdp, mdl -> tensor.
-DATA = "data"
-FSDP = "fsdp"
-TENSOR = "tensor"
-AXES = (DATA, FSDP, TENSOR)
-# Pipeline parallelism (Pax's `stage`): layers split into consecutive stages along this axis.
-STAGE = "stage"
-PIPELINE_AXES = (STAGE, DATA, FSDP, TENSOR)
-# Axes the batch is split over. As in Pax, a pipelined mesh also splits the batch over `stage`
-# outside the pipeline (embedding, logits); `stage` comes last so that each microbatch keeps an
-# even share on every (data, fsdp) device (equipax.core.nn.pipeline). Absent axes count 1.
-BATCH_AXES = (DATA, FSDP, STAGE)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MeshConfig:
-    """The device mesh of an experiment.
-
-    ici_mesh_shape: devices per slice along `axis_names`. One entry may be -1 (as
-        MaxText's `ici_*_parallelism=-1`): that axis takes all devices the others leave, fixed
-        when the run starts (`fit`); until then it counts as 1.
-    dcn_mesh_shape: slices (or hosts, on GPU clusters) along the same axes.
-    axis_names: (data, fsdp, tensor), or `PIPELINE_AXES` (stage, data, fsdp, tensor) for a
-        pipelined model (`model.transformer.pipeline_stages` > 1).
-    """
-
-    ici_mesh_shape: tuple[int, ...] = (1, 1, 1)
-    dcn_mesh_shape: tuple[int, ...] = (1, 1, 1)
-    axis_names: tuple[str, ...] = AXES
-
-    def __post_init__(self) -> None:
-        n = len(self.axis_names)
-        for name in ("ici_mesh_shape", "dcn_mesh_shape"):
-            shape = getattr(self, name)
-            if len(shape) != n:
-                raise ValueError(
-                    f"mesh.{name}={shape} has {len(shape)} entries but mesh.axis_names="
-                    f"{self.axis_names} has {n}; give one size per axis."
-                )
-            if any(s < 1 for s in shape) and (name == "dcn_mesh_shape" or any(s < -1 or s == 0 for s in shape)
-                                              or list(shape).count(-1) > 1):
-                raise ValueError(f"mesh.{name}={shape}: every size must be >= 1"
-                                 + (" (or one -1: all devices left)." if name == "ici_mesh_shape" else "."))
-        if len(set(self.axis_names)) != n:
-            raise ValueError(f"mesh.axis_names={self.axis_names} repeats a name.")
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The device mesh shape (ICI x DCN, elementwise; an unfitted -1 counts as 1)."""
-        return tuple(max(i, 1) * d for i, d in zip(self.ici_mesh_shape, self.dcn_mesh_shape))
-
-    @property
-    def flexible(self) -> bool:
-        """True while an ICI axis is -1 (sized by `fit` from the devices present)."""
-        return -1 in self.ici_mesh_shape
-
-    def fit(self, num_devices: int) -> "MeshConfig":
-        """This mesh with its -1 axis sized to use `num_devices` devices (unchanged if none is -1).
-
-        Raises:
-            ConfigError: the fixed axes do not divide `num_devices`.
-        """
-        if not self.flexible:
-            return self
-        fixed = math.prod(self.shape)
-        if num_devices % fixed:
-            raise ConfigError(
-                f"mesh.ici_mesh_shape={self.ici_mesh_shape} x dcn_mesh_shape={self.dcn_mesh_shape} needs a "
-                f"multiple of {fixed} devices for its -1 axis; {num_devices} are available.")
-        ici = tuple(num_devices // fixed if s == -1 else s for s in self.ici_mesh_shape)
-        return dataclasses.replace(self, ici_mesh_shape=ici)
-
-    @property
-    def num_devices(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def num_slices(self) -> int:
-        return math.prod(self.dcn_mesh_shape)
-
-    def axis_size(self, *names: str) -> int:
-        """Product of the sizes of the named axes (missing names count 1)."""
-        sizes = dict(zip(self.axis_names, self.shape))
-        return math.prod(sizes.get(n, 1) for n in names)
-
-    @property
-    def batch_parallelism(self) -> int:
-        """How many ways the global batch is split (data x fsdp, x stage when pipelined)."""
-        return self.axis_size(*BATCH_AXES)
-
-    @property
-    def num_stages(self) -> int:
-        """Size of the `stage` axis (1 when the mesh has none)."""
-        return self.axis_size(STAGE)
 
 
 ScheduleKind = Literal["constant", "warmup_cosine", "linear_rampup_exponential_decay"]

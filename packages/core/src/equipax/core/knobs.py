@@ -30,6 +30,7 @@ __all__ = [
     "parse_literal",
     "parse_override",
     "register_config",
+    "renamed_knob",
     "set_knob",
     "set_knobs",
     "suggest",
@@ -269,10 +270,32 @@ def _rebuild(cls: type, kwargs: dict[str, Any], path: str) -> Any:
         raise ConfigError(f"Invalid config{where}: {e}") from None
 
 
+def renamed_knob(cfg: Any, path: str) -> str | None:
+    """The path a knob that moved has now, or None.
+
+    A config class that moved some of its knobs lists them in a class attribute
+    `RENAMED: ClassVar[dict[str, str]]`, old field -> new dotted path below the same class (e.g.
+    `{"sample_tokens": "sample.tokens"}`).
+    """
+    node, prefix, parts = cfg, "", path.split(".")
+    for i, part in enumerate(parts):
+        moved = getattr(type(node), "RENAMED", None) or {}
+        rest = ".".join(parts[i:])
+        if rest in moved:
+            return prefix + moved[rest]
+        if not is_config(node) or part not in {f.name for f in dataclasses.fields(node)}:
+            return None
+        node, prefix = getattr(node, part), prefix + part + "."
+    return None
+
+
 def _check_path(cfg: Any, path: str) -> None:
     knobs = flatten(cfg)
     if path in knobs:
         return
+    new = renamed_knob(cfg, path)
+    if new is not None:
+        raise ConfigError(f"Unknown knob {path!r}: it moved. Did you mean {new!r}? (--set {new}=VALUE)")
     groups = _groups(cfg)
     if path in groups:
         fields = [k for k in knobs if k.startswith(path + ".")]
@@ -384,10 +407,13 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 def from_dict(cls: type[C], data: Mapping[str, Any], *, _path: str = "") -> C:
     """Build a config of type `cls` from a nested dict (the inverse of `to_dict`).
 
-    Unknown keys are an error with a "did you mean" hint; missing keys take defaults.
+    Unknown keys are an error with a "did you mean" hint; missing keys take defaults. Keys a
+    class lists as moved (`RENAMED`, see `renamed_knob`) are read at their new place, so a config
+    saved before the move still reads.
     """
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    data = _moved(cls, data)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in names:
@@ -396,6 +422,27 @@ def from_dict(cls: type[C], data: Mapping[str, Any], *, _path: str = "") -> C:
             )
         kwargs[key] = coerce(value, hints[key], _path + key)
     return _rebuild(cls, kwargs, _path)
+
+
+def _moved(cls: type, data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`data` with the keys `cls.RENAMED` lists moved to their new nested place."""
+    moved: dict[str, str] = getattr(cls, "RENAMED", None) or {}
+    old = [k for k in data if k in moved and not isinstance(data[k], Mapping)]
+    if not old:
+        return data
+    out: dict[str, Any] = {k: v for k, v in data.items() if k not in old}
+    for key in old:
+        *groups, leaf = moved[key].split(".")
+        node = out
+        for g in groups:
+            child = node.get(g, {})
+            if not isinstance(child, Mapping):  # not a group here: leave the old key to fail by name
+                out[key] = data[key]
+                break
+            node[g] = node = dict(child)
+        else:
+            node.setdefault(leaf, data[key])
+    return out
 
 
 def to_json(cfg: Any) -> str:

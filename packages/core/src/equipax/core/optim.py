@@ -1,7 +1,7 @@
 """Learners: learning-rate schedules and optax optimizer chains built from frozen configs.
 
 Two learners:
-- `adamw`: the German tutorial's `chain(clip_by_global_norm, adamw(schedule))`.
+- `adamw`: the CNN tutorial's `chain(clip_by_global_norm, adamw(schedule))` (docs/tutorial_cnn.md).
 - `pax_adam`: Pax's Adam as used by the 22B experiment: global-norm clip -> Adam moments ->
   per-tensor update-RMS clip -> decoupled weight decay -> learning rate.
 

@@ -1,8 +1,8 @@
 """Sharding rules, all in one place: parameters, optimizer state and batches.
 
 Each layer declares the *logical* axes of its own weights (embed, vocab, heads, hidden, ...)
-in a `logical_axes` method next to the weights; `LOGICAL_TO_MESH` maps logical axes to mesh
-axes:
+in a `logical_axes` method next to the weights; the mesh config's `logical_axis_rules` map
+logical axes to mesh axes (`LOGICAL_TO_MESH` is their default, `DEFAULT_LOGICAL_AXIS_RULES`):
 
 - FSDP: every large weight is sharded over `fsdp` on its `embed` dimension (ZeRO-3 style;
   XLA all-gathers it for the matmul and reduce-scatters its gradient);
@@ -46,7 +46,8 @@ import optax
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
-from equipax.core.mesh import BATCH_AXES, FSDP, STAGE, TENSOR
+from equipax.core.configs import DEFAULT_LOGICAL_AXIS_RULES
+from equipax.core.mesh import BATCH_AXES, TENSOR
 
 __all__ = [
     "Axes",
@@ -58,6 +59,7 @@ __all__ = [
     "LOGICAL_TO_MESH",
     "named",
     "param_specs",
+    "Rules",
     "spec_for",
     "train_state_shardings",
 ]
@@ -67,26 +69,9 @@ PyTree = Any
 Axes = tuple[str | None, ...]
 """The logical axis of each dimension of an array, in order; `None` = replicated."""
 
-# Logical axis -> mesh axis (None = replicated).
-LOGICAL_TO_MESH: dict[str, str | None] = {
-    # Transformer weights.
-    "embed": FSDP,
-    "vocab": TENSOR,
-    "heads": TENSOR,
-    "hidden": TENSOR,
-    "head_dim": None,
-    "qkv": None,
-    "layers": None,
-    # A pipelined stack's stage index (PipelinedStack: stage, repeat, layer within the stage).
-    "stage": STAGE,
-    # Norm scales and biases: small, so replicated.
-    "norm": None,
-    # Convolutions and the CNN's dense head: small, so replicated (data parallel).
-    "kernel_height": None,
-    "kernel_width": None,
-    "in_channels": None,
-    "out_channels": None,
-}
+# The default logical axis -> mesh axis rules (None = replicated), as a mapping.
+LOGICAL_TO_MESH: Mapping[str, str | None] = dict(DEFAULT_LOGICAL_AXIS_RULES)
+Rules = Mapping[str, str | None]
 
 
 def declared_axes(module: Any) -> Mapping[str, Axes]:
@@ -134,21 +119,23 @@ def _is_param(x: Any) -> bool:
     return _is_array(x) and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-def leaf_axes(root: PyTree, path: Sequence[Any], leaf: Any) -> Axes:
+def leaf_axes(root: PyTree, path: Sequence[Any], leaf: Any, rules: Rules | None = None) -> Axes:
     """The logical axes of the array `leaf` found at `path` in `root`.
 
     Arguments:
         root: the model (or a filtered / abstract copy of it).
         path: the leaf's key path, as `jax.tree_util.tree_map_with_path` gives it.
         leaf: the array (or `jax.ShapeDtypeStruct`) at `path`.
+        rules: logical axis -> mesh axis (default `LOGICAL_TO_MESH`): the axes it knows.
 
     Returns:
         One logical axis name (or None) per dimension of `leaf`.
 
     Raises:
         ValueError: a parameter of two or more dimensions declares no axes, declares the
-            wrong number of them, or names an axis `LOGICAL_TO_MESH` does not know.
+            wrong number of them, or names an axis `rules` does not map.
     """
+    rules = LOGICAL_TO_MESH if rules is None else rules
     name, shape = jax.tree_util.keystr(tuple(path)), tuple(leaf.shape)
     prefix, axes, owner = _lookup(root, path)
     if axes is None:
@@ -165,7 +152,7 @@ def leaf_axes(root: PyTree, path: Sequence[Any], leaf: Any) -> Axes:
             raise ValueError(
                 f"Parameter {name} of shape {shape} has no logical axes, so it cannot be "
                 f"sharded. Declare its logical axes in the layer that owns it: {how}, with one "
-                f"name from {sorted(LOGICAL_TO_MESH)} (or None) per dimension "
+                f"name from {sorted(rules)} (or None) per dimension "
                 f"(docs/sharding.md)."
             )
         axes = (None,) * own
@@ -177,16 +164,17 @@ def leaf_axes(root: PyTree, path: Sequence[Any], leaf: Any) -> Axes:
             f"or vmapped sub-layer needs its owner to declare the leading axis, e.g. "
             f"{{'layers': ('layers',)}})."
         )
-    unknown = [a for a in axes if a is not None and a not in LOGICAL_TO_MESH]
+    unknown = [a for a in axes if a is not None and a not in rules]
     if unknown:
         raise ValueError(
-            f"Parameter {name} declares unknown logical axes {unknown}; use names from "
-            f"{sorted(LOGICAL_TO_MESH)} or add them to equipax.core.partition.LOGICAL_TO_MESH."
+            f"Parameter {name} declares unknown logical axes {unknown} (the mesh's rules do not map them); "
+            f"use names from {sorted(rules)}, or add a rule for each to the mesh.logical_axis_rules knob "
+            f"(e.g. --set \"mesh.logical_axis_rules=(..., ({unknown[0]!r}, None))\" to replicate it)."
         )
     return axes
 
 
-def spec_for(axes: Axes, shape: tuple[int, ...], mesh: Mesh | AbstractMesh) -> P:
+def spec_for(axes: Axes, shape: tuple[int, ...], mesh: Mesh | AbstractMesh, rules: Rules | None = None) -> P:
     """The PartitionSpec of an array of `shape` with logical `axes` on `mesh`.
 
     Each mesh axis shards at most one dimension; a dimension not divisible by its mesh axis
@@ -196,14 +184,16 @@ def spec_for(axes: Axes, shape: tuple[int, ...], mesh: Mesh | AbstractMesh) -> P
         axes: one logical axis name (or None) per dimension.
         shape: the array's shape.
         mesh: the device mesh (an `AbstractMesh` needs no devices).
+        rules: logical axis -> mesh axis (default `LOGICAL_TO_MESH`).
 
     Returns:
         One mesh axis (or None) per dimension.
     """
+    rules = LOGICAL_TO_MESH if rules is None else rules
     entries: list[str | None] = []
     used: set[str] = set()
     for dim, logical in zip(shape, axes, strict=True):
-        mesh_axis = LOGICAL_TO_MESH[logical] if logical is not None else None
+        mesh_axis = rules[logical] if logical is not None else None
         if mesh_axis is None or mesh_axis not in mesh.shape or mesh_axis in used:
             entries.append(None)
             continue
@@ -216,13 +206,15 @@ def spec_for(axes: Axes, shape: tuple[int, ...], mesh: Mesh | AbstractMesh) -> P
     return P(*entries)
 
 
-def param_specs(params: PyTree, mesh: Mesh | AbstractMesh) -> PyTree:
+def param_specs(params: PyTree, mesh: Mesh | AbstractMesh, rules: Rules | None = None) -> PyTree:
     """PartitionSpecs for every array leaf of `params` from its layers' logical axes.
 
     Arguments:
         params: a model or a filtered copy of it (`eqx.filter(model, eqx.is_array)`), with
             concrete arrays or `jax.ShapeDtypeStruct` leaves (`eqx.filter_eval_shape`).
         mesh: the device mesh.
+        rules: logical axis -> mesh axis (default `LOGICAL_TO_MESH`; an experiment's are
+            `dict(cfg.mesh.logical_axis_rules)`).
 
     Returns:
         The same structure with a PartitionSpec per array leaf (None elsewhere).
@@ -235,7 +227,7 @@ def param_specs(params: PyTree, mesh: Mesh | AbstractMesh) -> PyTree:
     def one(path, leaf):
         if not _is_array(leaf):
             return None
-        return spec_for(leaf_axes(params, path, leaf), tuple(leaf.shape), mesh)
+        return spec_for(leaf_axes(params, path, leaf, rules), tuple(leaf.shape), mesh, rules)
 
     return jax.tree_util.tree_map_with_path(one, params)
 
@@ -245,7 +237,9 @@ def named(specs: PyTree, mesh: Mesh) -> PyTree:
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
 
-def train_state_shardings(state: PyTree, optimizer: optax.GradientTransformation, mesh: Mesh) -> PyTree:
+def train_state_shardings(
+    state: PyTree, optimizer: optax.GradientTransformation, mesh: Mesh, rules: Rules | None = None
+) -> PyTree:
     """NamedShardings for a TrainState, concrete or abstract (`eqx.filter_eval_shape`).
 
     Parameters follow their layers' logical axes; the optimizer state follows the parameters it belongs to
@@ -255,16 +249,17 @@ def train_state_shardings(state: PyTree, optimizer: optax.GradientTransformation
         state: an `equipax.core.step.TrainState`.
         optimizer: the optimizer that built `state.opt_state`.
         mesh: the device mesh.
+        rules: logical axis -> mesh axis (default `LOGICAL_TO_MESH`).
 
     Returns:
         The structure of `eqx.filter(state, is_array)` with a NamedSharding per array.
     """
-    model_specs = param_specs(eqx.filter(state.model, _is_array), mesh)
+    model_specs = param_specs(eqx.filter(state.model, _is_array), mesh, rules)
     opt_specs = optax.tree_map_params(
         optimizer,
         lambda _, spec: spec,
         state.opt_state,
-        param_specs(eqx.filter(state.model, _is_param), mesh),
+        param_specs(eqx.filter(state.model, _is_param), mesh, rules),
         transform_non_params=lambda x: P() if _is_array(x) else None,
         is_leaf=lambda x: isinstance(x, P),
     )

@@ -1,35 +1,45 @@
 """The train state and the one jitted train step (grad + update + metrics), plus the eval step.
 
-A loss function has the signature `loss_fn(model, batch, *, key) -> (loss, aux)`: `loss` is the
-scalar that is differentiated, `aux` a dict of scalar metrics. `key=None` means deterministic
-(no dropout); the eval step always passes None.
+The steps take a Task (`equipax.core.task.AbstractTask`) and call only its `loss` (training)
+and `eval_sums` (evaluation): `task.loss(model, batch, *, key, model_state) -> (loss, aux,
+new_model_state)`, with `loss` the scalar that is differentiated, `aux` a dict of scalar metrics,
+`key=None` for deterministic evaluation (no dropout, non-trained state unchanged) and
+`model_state` the model's non-trained state (BatchNorm statistics in an `eqx.nn.State`, kept in
+`TrainState.model_state`; None for a stateless model). That is the one loss contract.
 
-A model with non-trained state (BatchNorm running statistics, an `eqx.nn.State` kept in
-`TrainState.model_state`) has a loss function that also takes and returns that state:
-`loss_fn(model, batch, *, key, model_state) -> (loss, aux, new_model_state)`. The steps call
-it this way exactly when `model_state` is not None; with `key=None` it must not change the state.
+A plain loss function `loss_fn(model, batch, *, key) -> (loss, aux)` (a stateless model built by
+the caller, as in docs/library.md) becomes a Task with `LossFnTask(loss_fn)`.
 """
 
 from collections.abc import Callable, Iterable, Mapping
-import inspect
-from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, Generic, TypeVar
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import Mesh
-from jaxtyping import Array, Int, PRNGKeyArray, Scalar
+from jaxtyping import Array, Int, PRNGKeyArray
 
+from equipax.core._loss_contract import (
+    LOSS_CONTRACT,
+    RESERVED_METRICS,
+    LossContractError,
+    LossFn,
+    LossFnTask,
+    as_task,
+    call_loss,
+    check_aux,
+    contract_error,
+)
 from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics, ModelT
 
 __all__ = [
     "LOSS_CONTRACT",
     "LossContractError",
     "LossFn",
+    "LossFnTask",
     "RESERVED_METRICS",
-    "StatefulLossFn",
     "TrainState",
     "TrainStep",
     "init_sharded_train_state",
@@ -39,55 +49,11 @@ __all__ = [
     "mean_eval_metrics",
 ]
 
-# Metric names the train step writes itself; a loss function's aux may not reuse them.
-RESERVED_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate", "nonfinite", "update_norm")
 
-LOSS_CONTRACT = (
-    "The loss contract (equipax.core.step.LossFn): `loss_fn(model, batch, *, key) -> (loss, aux)` "
-    "with `loss` a scalar array, `aux` a dict of scalar metrics whose names are not "
-    f"{', '.join(RESERVED_METRICS)}, and `key` a PRNG key or None (deterministic evaluation); a model "
-    "with non-trained state uses `loss_fn(model, batch, *, key, model_state) -> (loss, aux, "
-    "new_model_state)` (StatefulLossFn); a Task's `loss` is always the stateful form."
-)
-
-_ModelT_contra = TypeVar("_ModelT_contra", contravariant=True)
 # The model type of the state a step is called with (a subtype of what its loss takes: a step
 # built from `lm_loss`, which takes any `LanguageModel`, trains a `TrainState[TransformerLM]`
 # and returns one); the step hands back the type it was given.
 _StateModelT = TypeVar("_StateModelT")
-
-
-class LossContractError(TypeError, ValueError):
-    """A loss function (or Task) broke the loss contract; the message says what was found, the
-    contract (`LOSS_CONTRACT`) and the fix."""
-
-
-def _contract_error(found: str, fix: str) -> LossContractError:
-    return LossContractError(f"{found} {fix}\n{LOSS_CONTRACT}")
-
-
-@runtime_checkable
-class LossFn(Protocol[_ModelT_contra]):
-    """`loss_fn(model, batch, *, key) -> (loss, aux)`: `loss` the scalar that is differentiated,
-    `aux` a dict of scalar metrics; `key=None` means deterministic (evaluation)."""
-
-    def __call__(
-        self, model: _ModelT_contra, batch: Batch, /, *, key: PRNGKeyArray | None
-    ) -> tuple[Scalar, Mapping[str, Array]]:
-        """The loss and its metrics on one batch."""
-        ...
-
-
-@runtime_checkable
-class StatefulLossFn(Protocol[_ModelT_contra]):
-    """`loss_fn(model, batch, *, key, model_state) -> (loss, aux, new_model_state)`: the loss of a
-    model with non-trained state (BatchNorm statistics in an `eqx.nn.State`)."""
-
-    def __call__(
-        self, model: _ModelT_contra, batch: Batch, /, *, key: PRNGKeyArray | None, model_state: eqx.nn.State
-    ) -> tuple[Scalar, Mapping[str, Array], eqx.nn.State]:
-        """The loss, its metrics and the new non-trained state on one batch."""
-        ...
 
 
 class TrainState(eqx.Module, Generic[ModelT]):
@@ -106,60 +72,6 @@ class TrainState(eqx.Module, Generic[ModelT]):
     model: ModelT
     opt_state: Any  # a pytree (optax's state)
     model_state: eqx.nn.State | None = None
-
-
-def _check_signature(loss_fn: Any) -> None:
-    """Refuse, before anything is traced, a loss function that cannot take `key=` by keyword."""
-    if isinstance(loss_fn, AbstractTask):
-        return
-    if not callable(loss_fn):
-        raise _contract_error(f"The loss function is a {type(loss_fn).__name__}, not a callable.",
-                              "Pass a function (or a Task).")
-    try:
-        params = inspect.signature(loss_fn).parameters.values()
-    except (TypeError, ValueError):  # no introspectable signature (a builtin): checked when called
-        return
-    kinds = {p.name: p.kind for p in params}
-    if inspect.Parameter.VAR_KEYWORD in kinds.values():
-        return
-    if kinds.get("key") not in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
-        raise _contract_error(
-            f"The loss function {getattr(loss_fn, '__qualname__', loss_fn)!r} takes no `key` keyword "
-            f"(its parameters: {', '.join(kinds) or 'none'}).",
-            "Add `*, key: PRNGKeyArray | None = None` (and ignore it if the model is deterministic).")
-
-
-def _call_loss(
-    loss_fn: "LossFn[Any] | StatefulLossFn[Any] | AbstractTask[Any]", model: Any, batch: Batch, key: Any,
-    model_state: Any,
-) -> tuple[Scalar, Metrics, Any]:
-    """Call a Task's loss, or a plain (`model_state` None) or stateful loss function, and check
-    what it returns against the contract; `(loss, aux, model_state)`."""
-    stateful = isinstance(loss_fn, AbstractTask) or model_state is not None
-    if isinstance(loss_fn, AbstractTask):
-        out: Any = loss_fn.loss(model, batch, key=key, model_state=model_state)
-    elif model_state is None:
-        out = cast(LossFn[Any], loss_fn)(model, batch, key=key)
-    else:
-        out = cast(StatefulLossFn[Any], loss_fn)(model, batch, key=key, model_state=model_state)
-    want = 3 if stateful else 2
-    if not isinstance(out, tuple) or len(cast(tuple[Any, ...], out)) != want:
-        shape = (f"a tuple of {len(cast(tuple[Any, ...], out))}" if isinstance(out, tuple)
-                 else f"an array of shape {jnp.shape(out)}" if hasattr(out, "shape") else type(out).__name__)
-        raise _contract_error(
-            f"The loss function returned {shape}; expected a tuple of {want} "
-            f"({'(loss, aux, new_model_state)' if stateful else '(loss, aux)'}).",
-            "Return `loss, {}` when there are no metrics." if not stateful else
-            "Return the state the model's layers gave back as the third element.")
-    loss, aux = out[0], out[1]
-    if not isinstance(aux, Mapping):
-        raise _contract_error(f"The loss function's aux is a {type(aux).__name__}, not a dict.",
-                              "Return a dict of scalar metrics (`{}` for none).")
-    if jnp.shape(loss) != ():
-        raise _contract_error(
-            f"The loss function's loss has shape {jnp.shape(loss)}; expected a scalar.",
-            "Reduce it to one number (e.g. `jnp.mean`).")
-    return loss, dict(cast(Mapping[str, Array], aux)), out[2] if stateful else None
 
 
 def init_train_state(
@@ -196,16 +108,8 @@ def _copy_arrays(tree: _T) -> _T:
     return jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, tree)
 
 
-def _check_aux(aux: Metrics) -> None:
-    clash = sorted(set(aux) & set(RESERVED_METRICS))
-    if clash:
-        raise _contract_error(
-            f"The loss function's aux uses the metric name(s) {clash}, which the train step writes itself.",
-            "Rename these aux entries.")
-
-
 def make_train_step(
-    loss_fn: LossFn[ModelT] | StatefulLossFn[ModelT] | AbstractTask[ModelT],
+    task: AbstractTask[ModelT],
     optimizer: optax.GradientTransformation,
     schedule: optax.Schedule,
     *,
@@ -220,14 +124,12 @@ def make_train_step(
     its buffers, so the model it was built from stays usable. The batch and the key are not
     donated.
 
-    A loss function that breaks the contract (`LOSS_CONTRACT`: no `key` keyword, a wrong number
-    of return values, a non-scalar loss, aux names the step writes itself) raises
-    `LossContractError`, here or when the step is first traced; so does a call with `key=None`.
+    A Task whose loss breaks the contract (`LOSS_CONTRACT`: a wrong number of return values, a
+    non-scalar loss, aux names the step writes itself) raises `LossContractError` when the step is
+    first traced; so does a call with `key=None`, or a plain function given instead of a Task.
 
     Arguments:
-        loss_fn: a Task (`equipax.core.task.AbstractTask`, its `loss`), or
-            `loss_fn(model, batch, *, key) -> (loss, aux)`; for a state with a `model_state`,
-            `loss_fn(model, batch, *, key, model_state) -> (loss, aux, new_state)`.
+        task: the Task whose `loss` is trained (`LossFnTask(loss_fn)` for a plain loss function).
         optimizer: the optimizer the state was initialised with.
         schedule: the optimizer's learning-rate schedule (for the `learning_rate` metric).
         state_sharding: shardings of the state's arrays (`partition.train_state_shardings`);
@@ -247,16 +149,16 @@ def make_train_step(
         parameters the loss was computed with) and `learning_rate` (for this update).
     """
 
-    _check_signature(loss_fn)
+    task = as_task(task)
 
     def loss_and_aux(model: Any, batch: Batch, key: PRNGKeyArray, model_state: Any) -> Any:
-        loss, aux, new_model_state = _call_loss(loss_fn, model, batch, key, model_state)
+        loss, aux, new_model_state = call_loss(task, model, batch, key, model_state)
         return loss, (aux, new_model_state)
 
     def step(inputs: tuple[Batch, PRNGKeyArray | None], state: TrainState[Any]) -> Any:
         batch, key = inputs
         if key is None:
-            raise _contract_error(
+            raise contract_error(
                 "The train step was called with key=None; training needs a PRNG key (its loss gets "
                 "`fold_in(key, step)`).",
                 "Pass `jax.random.key(seed)`; for deterministic evaluation use `make_eval_step`.")
@@ -271,7 +173,7 @@ def make_train_step(
         (loss, (aux, model_state)), grads = eqx.filter_value_and_grad(loss_and_aux, has_aux=True)(
             state.model, batch, step_key, state.model_state
         )
-        _check_aux(aux)
+        check_aux(aux)
         params = eqx.filter(state.model, eqx.is_inexact_array)
         grad_norm, param_norm = optax.tree.norm(grads), optax.tree.norm(params)
         # The update overwrites the parameters' donated buffers in place. Nothing orders the
@@ -331,6 +233,9 @@ def _is_abstract_array(x: Any) -> bool:
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
+_ModelT_contra = TypeVar("_ModelT_contra", contravariant=True)
+
+
 class TrainStep(Generic[_ModelT_contra]):
     """`train_step(state, batch, key) -> (new_state, metrics)`; `.lower(...)` for AOT compiles.
 
@@ -338,7 +243,7 @@ class TrainStep(Generic[_ModelT_contra]):
     of the state, its tree structure and any non-array leaves, is bound once per structure), so
     `lower` on abstract arguments gives exactly the program a call with concrete arguments runs.
     A call costs one C++ tree flatten and a dictionary lookup on the host, not `eqx.filter_jit`'s
-    per-call filtering (PERF-NOTES: ~0.7 ms more per call; several ms on a loaded machine).
+    per-call filtering (~0.7 ms more per call, benchmarks/README.md; several ms on a loaded machine).
     """
 
     def __init__(self, step: Callable[..., Any]) -> None:
@@ -386,29 +291,22 @@ def _unflatten(structure: tuple[Any, tuple[bool, ...], tuple[Any, ...]], arrays:
     return jax.tree.unflatten(treedef, [next(arrays_it) if a else next(static_it) for a in is_array])
 
 
-def make_eval_step(
-    loss_fn: LossFn[ModelT] | StatefulLossFn[ModelT] | AbstractTask[ModelT],
-) -> Callable[..., Metrics]:
+def make_eval_step(task: AbstractTask[ModelT]) -> Callable[..., Metrics]:
     """Build the jitted eval step.
 
     Arguments:
-        loss_fn: a Task (its `eval_sums`), or `loss_fn(model, batch, *, key) -> (loss, aux)`;
-            called with `key=None`.
-            Its aux entries should be sums (e.g. summed loss and example weight) so that results
-            over batches combine by addition. With a `model_state`, the stateful signature
-            (module docstring); the state it returns is discarded.
+        task: the Task whose `eval_sums` are computed (deterministic: `key=None`, the model state
+            unchanged); sums, so that results over batches combine by addition.
+            `LossFnTask(loss_fn)` gives a plain loss function's aux.
 
     Returns:
-        `eval_step(model, batch, model_state=None) -> aux`.
+        `eval_step(model, batch, model_state=None) -> sums`.
     """
-    _check_signature(loss_fn)
+    task = as_task(task)
 
     @eqx.filter_jit
     def eval_step(model: ModelT, batch: Batch, model_state: eqx.nn.State | None = None) -> Metrics:
-        if isinstance(loss_fn, AbstractTask):
-            return loss_fn.eval_sums(model, batch, model_state=model_state)
-        _, aux, _ = _call_loss(loss_fn, model, batch, None, model_state)
-        return dict(aux)
+        return task.eval_sums(model, batch, model_state=model_state)
 
     return eval_step
 
@@ -418,6 +316,7 @@ def init_sharded_train_state(
     optimizer: optax.GradientTransformation,
     mesh: Mesh,
     key: PRNGKeyArray,
+    rules: Mapping[str, str | None] | None = None,
 ) -> tuple[TrainState[ModelT], Any]:
     """Build the train state directly in its sharded layout (no full copy on one device).
 
@@ -429,6 +328,7 @@ def init_sharded_train_state(
         optimizer: the optimizer.
         mesh: the device mesh.
         key: the init key.
+        rules: logical axis -> mesh axis (default `equipax.core.partition.LOGICAL_TO_MESH`).
 
     Returns:
         `(state, state_sharding)`; pass the sharding to `make_train_step`.
@@ -439,7 +339,7 @@ def init_sharded_train_state(
         return init_train_state(make_model(k), optimizer)
 
     abstract = eqx.filter_eval_shape(make_state, key)
-    sharding = train_state_shardings(abstract, optimizer, mesh)
+    sharding = train_state_shardings(abstract, optimizer, mesh, rules)
     state = eqx.filter_jit(lambda k: eqx.filter_shard(make_state(k), sharding))(key)
     return state, sharding
 

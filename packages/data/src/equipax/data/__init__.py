@@ -1,6 +1,6 @@
 """equipax.data: inputs (Pax BaseInput semantics on grain), tokenizers and sources."""
 
-from equipax.data.base import Batch, BaseInput, Documents
+from equipax.data.base import BaseInput, Batch, Documents
 from equipax.data.documents import DocumentLMInput
 from equipax.data.eval import RollingEvalInput, make_eval_input
 from equipax.data.lm_input import TokenWindowInput, build_lm_texts_tokens, unigram_entropy

@@ -103,9 +103,7 @@ class BaseInput(abc.ABC):
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore a state from `get_state`: the following batches are those the original would emit next."""
 
-    def ids_to_strings(
-        self, ids: np.ndarray, lengths: Sequence[int] | np.ndarray | None = None
-    ) -> list[str]:
+    def ids_to_strings(self, ids: np.ndarray, lengths: Sequence[int] | np.ndarray | None = None) -> list[str]:
         """Decode a `[batch, seq]` (or `[seq]`) array of token ids to one string per row.
 
         **Arguments:**

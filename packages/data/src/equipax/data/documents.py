@@ -7,7 +7,7 @@ import grain
 import numpy as np
 from grain.experimental import ConcatThenSplitIterDataset
 
-from equipax.data.base import Batch, BaseInput, Documents, check_positive
+from equipax.data.base import BaseInput, Batch, Documents, check_positive
 from equipax.data.tokenizers import Tokenizer
 
 __all__ = ["DocumentLMInput"]
@@ -76,8 +76,14 @@ class DocumentLMInput(BaseInput):
         packing: bool = True,
         read_threads: int = 1,
     ) -> None:
-        super().__init__(batch_size=batch_size, num_infeed_hosts=num_infeed_hosts,
-                         infeed_host_index=infeed_host_index, seed=seed, repeat=repeat, tokenizer=tokenizer)
+        super().__init__(
+            batch_size=batch_size,
+            num_infeed_hosts=num_infeed_hosts,
+            infeed_host_index=infeed_host_index,
+            seed=seed,
+            repeat=repeat,
+            tokenizer=tokenizer,
+        )
         check_positive("seq_len", seq_len)
         if len(documents) == 0:
             raise ValueError("documents is empty: an input needs at least one document.")
@@ -199,8 +205,9 @@ class DocumentLMInput(BaseInput):
     def set_state(self, state: Mapping[str, Any]) -> None:
         name = type(self).__name__
         if not isinstance(state, Mapping) or set(state) != {"grain", "batches"}:
-            raise ValueError(f"{name}.set_state expects the dict from {name}.get_state() "
-                             f"(keys ['batches', 'grain']), got {state!r}.")
+            raise ValueError(
+                f"{name}.set_state expects the dict from {name}.get_state() (keys ['batches', 'grain']), got {state!r}."
+            )
         batches = state["batches"]
         if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
             raise ValueError(f"{name} state field 'batches' must be a non-negative int, got {batches!r}.")
@@ -214,4 +221,3 @@ class DocumentLMInput(BaseInput):
             ) from None
         self._iter = it
         self._batches = batches
-

@@ -3,7 +3,7 @@
 from collections.abc import Mapping
 from typing import Any
 
-from equipax.data.base import Batch, BaseInput, check_positive
+from equipax.data.base import BaseInput, Batch, check_positive
 
 __all__ = ["make_eval_input", "RollingEvalInput"]
 
@@ -29,9 +29,14 @@ class RollingEvalInput(BaseInput):
                 f"has repeat=False and would run dry. Build it with repeat=True, or use reset_for_eval=True."
             )
         check_positive("num_batches (eval_loop_num_batches)", num_batches)
-        super().__init__(batch_size=source.batch_size, num_infeed_hosts=source.num_infeed_hosts,
-                         infeed_host_index=source.infeed_host_index, seed=source.seed, repeat=False,
-                         tokenizer=source.tokenizer)
+        super().__init__(
+            batch_size=source.batch_size,
+            num_infeed_hosts=source.num_infeed_hosts,
+            infeed_host_index=source.infeed_host_index,
+            seed=source.seed,
+            repeat=False,
+            tokenizer=source.tokenizer,
+        )
         self.source = source
         self.num_batches: int = int(num_batches)
         self._taken = 0

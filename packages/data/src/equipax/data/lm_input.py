@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 from jaxtyping import Int, Integer
 
-from equipax.data.base import Batch, BaseInput, check_positive, check_state_keys
+from equipax.data.base import BaseInput, Batch, check_positive, check_state_keys
 from equipax.data.tokenizers import Tokenizer
 
 __all__ = ["build_lm_texts_tokens", "lm_batch", "TokenWindowInput", "unigram_entropy"]
@@ -33,12 +33,7 @@ def lm_batch(
     weights[:n] = 1.0
     ids = np.full((batch_size,), -1, dtype=np.int64)
     ids[:n] = example_ids
-    return {
-        "ids": padded[:, :-1].copy(),
-        "labels": padded[:, 1:].copy(),
-        "weights": weights,
-        "example_id": ids,
-    }
+    return {"ids": padded[:, :-1].copy(), "labels": padded[:, 1:].copy(), "weights": weights, "example_id": ids}
 
 
 class TokenWindowInput(BaseInput):
@@ -190,9 +185,7 @@ def unigram_entropy(tokens: Integer[np.ndarray, " stream"], vocab_size: int) -> 
     if flat.size == 0:
         raise ValueError("tokens is empty; the unigram entropy is undefined.")
     if flat.min() < 0 or flat.max() >= vocab_size:
-        raise ValueError(
-            f"tokens must lie in [0, vocab_size={vocab_size}), found range [{flat.min()}, {flat.max()}]."
-        )
+        raise ValueError(f"tokens must lie in [0, vocab_size={vocab_size}), found range [{flat.min()}, {flat.max()}].")
     counts = np.bincount(flat, minlength=vocab_size).astype(np.float64)
     p = counts[counts > 0] / flat.size
     return float(-(p * np.log(p)).sum())

@@ -130,9 +130,7 @@ class SentencePieceTokenizer(Tokenizer):
         **Returns:** the loaded tokenizer.
         """
         if vocab_size <= 260:
-            raise ValueError(
-                f"vocab_size must exceed 260 (4 specials + 256 byte-fallback pieces), got {vocab_size}."
-            )
+            raise ValueError(f"vocab_size must exceed 260 (4 specials + 256 byte-fallback pieces), got {vocab_size}.")
         if max_sentences < 1:
             raise ValueError(f"max_sentences must be positive, got {max_sentences}.")
         lines = [line for text in texts for line in text.splitlines() if line.strip()]

@@ -3,7 +3,7 @@
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from equipax.data.base import Batch, BaseInput
+from equipax.data.base import BaseInput, Batch
 
 __all__ = ["MappedInput"]
 
@@ -23,9 +23,14 @@ class MappedInput(BaseInput):
     """
 
     def __init__(self, source: BaseInput, fn: Callable[[Batch], Batch]) -> None:
-        super().__init__(batch_size=source.batch_size, num_infeed_hosts=source.num_infeed_hosts,
-                         infeed_host_index=source.infeed_host_index, seed=source.seed, repeat=source.repeat,
-                         tokenizer=source.tokenizer)
+        super().__init__(
+            batch_size=source.batch_size,
+            num_infeed_hosts=source.num_infeed_hosts,
+            infeed_host_index=source.infeed_host_index,
+            seed=source.seed,
+            repeat=source.repeat,
+            tokenizer=source.tokenizer,
+        )
         self.source = source
         self.fn = fn
 

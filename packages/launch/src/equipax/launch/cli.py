@@ -14,22 +14,22 @@ INTERRUPTS = EarlyInterrupts()
 if __name__ == "__main__" or Path(sys.argv[0]).name == "launch":
     INTERRUPTS.install()
 
-from typing import Annotated  # noqa: E402
+from typing import Annotated
 
-import typer  # noqa: E402
+import typer
 
-from equipax.launch.commands.bench_command import bench_app  # noqa: E402
-from equipax.launch.commands.local_cluster_command import local_cluster  # noqa: E402
-from equipax.launch.commands.compile_command import compile_cmd  # noqa: E402
-from equipax.launch.commands.convert_command import convert_app  # noqa: E402
-from equipax.launch.commands.data_command import data_app  # noqa: E402
-from equipax.launch.commands.decode_command import decode_cmd  # noqa: E402
-from equipax.launch.commands.eval_command import eval_cmd  # noqa: E402
-from equipax.launch.commands.k8s_command import k8s_cmd  # noqa: E402
-from equipax.launch.commands.pgle_command import pgle_app  # noqa: E402
-from equipax.launch.commands.slurm_command import slurm_cmd  # noqa: E402
-from equipax.launch.commands.train_command import list_cmd, run, show  # noqa: E402
-from equipax.launch.errors import EXIT_PREEMPTED, GuardedGroup, describe  # noqa: E402
+from equipax.launch.commands.bench_command import bench_app
+from equipax.launch.commands.compile_command import compile_cmd
+from equipax.launch.commands.convert_command import convert_app
+from equipax.launch.commands.data_command import data_app
+from equipax.launch.commands.decode_command import decode_cmd
+from equipax.launch.commands.eval_command import eval_cmd
+from equipax.launch.commands.k8s_command import k8s_cmd
+from equipax.launch.commands.local_cluster_command import local_cluster
+from equipax.launch.commands.pgle_command import pgle_app
+from equipax.launch.commands.slurm_command import slurm_cmd
+from equipax.launch.commands.train_command import list_cmd, run, show
+from equipax.launch.errors import EXIT_PREEMPTED, GuardedGroup, describe
 
 app: typer.Typer = typer.Typer(
     help="Configure and run ML experiments on JAX (equipax).",
@@ -53,8 +53,9 @@ app.command()(run)
 app.command("compile")(compile_cmd)
 app.command("decode")(decode_cmd)
 app.command("eval")(eval_cmd)
-app.command("local-cluster", context_settings={"ignore_unknown_options": True,
-                                               "allow_interspersed_args": False})(local_cluster)
+app.command("local-cluster", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})(
+    local_cluster
+)
 app.command("slurm")(slurm_cmd)
 app.command("k8s")(k8s_cmd)
 app.add_typer(bench_app, name="bench")

@@ -22,7 +22,11 @@ from typer.exceptions import Abort, Exit, TyperException
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.exit_codes import (
-    EXIT_DOES_NOT_FIT, EXIT_NONFINITE, EXIT_PREEMPTED, EXIT_UNEXPECTED, EXIT_USER_ERROR,
+    EXIT_DOES_NOT_FIT,
+    EXIT_NONFINITE,
+    EXIT_PREEMPTED,
+    EXIT_UNEXPECTED,
+    EXIT_USER_ERROR,
 )
 from equipax.launch.training.preemption import Interrupted
 
@@ -45,6 +49,7 @@ class Preempted(Exception):
         super().__init__(f"stopped after step {step}")
         self.step = step
 
+
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
 
@@ -62,12 +67,14 @@ def describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, Preempted):
         return "", EXIT_PREEMPTED  # the loop said where the checkpoint is
     if isinstance(exc, Interrupted):
-        return (f"Stopped by {exc.signal_name} outside the training steps (while starting up, or after "
-                "the last step); nothing was half-written. Run the same command again: it resumes from the "
-                "newest checkpoint, or starts the job if there is none."), EXIT_PREEMPTED
+        return (
+            f"Stopped by {exc.signal_name} outside the training steps (while starting up, or after "
+            "the last step); nothing was half-written. Run the same command again: it resumes from the "
+            "newest checkpoint, or starts the job if there is none."
+        ), EXIT_PREEMPTED
     from equipax.core.task import BatchError
     from equipax.data import DataError
-    from equipax.launch.jobdir.checkpoints import CheckpointSaveError
+    from equipax.launch.jobdir.save_errors import CheckpointSaveError
     from equipax.launch.training.nonfinite import NonFiniteError
 
     if isinstance(exc, NonFiniteError):
@@ -77,32 +84,40 @@ def describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, DataError):
         return f"data: {exc}", EXIT_USER_ERROR
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
-        return (f"Out of disk space writing {exc.filename or 'a file'} ({exc.strerror}). Free space "
-                "and run the same command again: finished checkpoints are intact and it resumes "
-                "from the newest."), EXIT_USER_ERROR
+        return (
+            f"Out of disk space writing {exc.filename or 'a file'} ({exc.strerror}). Free space "
+            "and run the same command again: finished checkpoints are intact and it resumes "
+            "from the newest."
+        ), EXIT_USER_ERROR
     if isinstance(exc, OSError) and exc.errno in _NO_PERMISSION:
-        return (f"No permission to write {exc.filename or 'a file'} ({exc.strerror}). Fix the "
-                "permissions or choose another --job-log-dir."), EXIT_USER_ERROR
+        return (
+            f"No permission to write {exc.filename or 'a file'} ({exc.strerror}). Fix the "
+            "permissions or choose another --job-log-dir."
+        ), EXIT_USER_ERROR
     if isinstance(exc, MemoryError) or _is_out_of_memory(exc):
-        return (f"Out of memory ({type(exc).__name__}: {_first_line(exc).rstrip('.')}). Reduce what one "
-                "step holds: data.batch_size (or data.per_device_batch), data.seq_len, the model's size "
-                "(e.g. model.transformer.num_layers), or model.transformer.remat='full'; `launch compile "
-                "--exp NAME` reports the step's memory without running it."), EXIT_USER_ERROR
+        return (
+            f"Out of memory ({type(exc).__name__}: {_first_line(exc).rstrip('.')}). Reduce what one "
+            "step holds: data.batch_size (or data.per_device_batch), data.seq_len, the model's size "
+            "(e.g. model.transformer.num_layers), or model.transformer.remat='full'; `launch compile "
+            "--exp NAME` reports the step's memory without running it."
+        ), EXIT_USER_ERROR
     backend = _backend_error(exc)
     if backend:
         return backend, EXIT_USER_ERROR
     text = _first_line(exc).rstrip(".")
-    return (f"Unexpected {type(exc).__name__}{': ' + text if text else ' (no message)'}. This is not a "
-            "known user mistake; it may be a bug in equipax or an unsupported setup. Rerun with "
-            "`launch --debug ...` to see the full traceback (and include it in a bug report)."
-            ), EXIT_UNEXPECTED
+    return (
+        f"Unexpected {type(exc).__name__}{': ' + text if text else ' (no message)'}. This is not a "
+        "known user mistake; it may be a bug in equipax or an unsupported setup. Rerun with "
+        "`launch --debug ...` to see the full traceback (and include it in a bug report)."
+    ), EXIT_UNEXPECTED
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
     """XLA's allocation failures (host or device): `RESOURCE_EXHAUSTED: Out of memory ...`."""
     text = str(exc)
     return type(exc).__name__ in ("XlaRuntimeError", "JaxRuntimeError", "RuntimeError") and (
-        "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text)
+        "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+    )
 
 
 def _backend_error(exc: BaseException) -> str:
@@ -111,13 +126,22 @@ def _backend_error(exc: BaseException) -> str:
 
     text = str(exc)
     requested = os.environ.get("JAX_PLATFORMS", "")
-    if "Unable to initialize backend" in text or "Unknown backend" in text or (
-            requested and requested != "cpu" and isinstance(exc, (AssertionError, RuntimeError))
-            and _platform_missing(requested)):
-        return (f"JAX could not start the platform(s) JAX_PLATFORMS={requested or '(unset)'!r} on this "
-                f"machine ({type(exc).__name__}{': ' + _first_line(exc).rstrip('.') if str(exc).strip() else ''}). "
-                "Unset JAX_PLATFORMS (JAX picks what is present), set it to 'cpu', or install the "
-                "jax plugin for the accelerator (e.g. jax[cuda12]).")
+    if (
+        "Unable to initialize backend" in text
+        or "Unknown backend" in text
+        or (
+            requested
+            and requested != "cpu"
+            and isinstance(exc, (AssertionError, RuntimeError))
+            and _platform_missing(requested)
+        )
+    ):
+        return (
+            f"JAX could not start the platform(s) JAX_PLATFORMS={requested or '(unset)'!r} on this "
+            f"machine ({type(exc).__name__}{': ' + _first_line(exc).rstrip('.') if str(exc).strip() else ''}). "
+            "Unset JAX_PLATFORMS (JAX picks what is present), set it to 'cpu', or install the "
+            "jax plugin for the accelerator (e.g. jax[cuda12])."
+        )
     return ""
 
 

@@ -1,5 +1,5 @@
-"""The German tutorial's image classifier, `AdvancedCNN`: residual conv blocks with BatchNorm,
-global mean pooling, multi-head self-attention and a dropout-regularised head.
+"""The CNN tutorial's image classifier (docs/tutorial_cnn.md), `AdvancedCNN`: residual conv blocks
+with BatchNorm, global mean pooling, multi-head self-attention and a dropout-regularised head.
 
 conv 3x3 (32) + ReLU -> ResidualBlock(64) x2 -> max-pool 2x2 -> ResidualBlock(128) x2 -> mean
 over height and width -> a length-1 sequence through 4-head self-attention (dim 128) -> dense

@@ -46,7 +46,7 @@ class LayerNorm(eqx.Module):
         xf = x.astype(jnp.float32)
         # One pass, and square(x) *before* mean(x): the centred two-pass variance
         # makes XLA:CPU duplicate the backward fusions across deep stacks
-        # (PERF-NOTES.md, "LayerNorm op order").
+        # (benchmarks/README.md, "The LayerNorm trap").
         mean_sq = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
         mean = jnp.mean(xf, axis=-1, keepdims=True)
         var = jnp.maximum(mean_sq - jnp.square(mean), 0.0)

@@ -182,8 +182,14 @@ class TextShards(_TextSequence):
       command-line option), named in the error message.
     """
 
-    def __init__(self, files: Sequence[str | Path], *, text_field: str = "text", max_malformed_fraction: float = 0.01,
-                 fraction_setting: str = "data.max_malformed_fraction") -> None:
+    def __init__(
+        self,
+        files: Sequence[str | Path],
+        *,
+        text_field: str = "text",
+        max_malformed_fraction: float = 0.01,
+        fraction_setting: str = "data.max_malformed_fraction",
+    ) -> None:
         if not files:
             raise DataError("TextShards needs at least one shard file.")
         if not 0.0 <= max_malformed_fraction <= 1.0:
@@ -217,8 +223,11 @@ class TextShards(_TextSequence):
                 if shard.lines == 0:
                     size = 0
             if size == 0:
-                detail = (f"all {shard.lines} lines are malformed (no JSON object with a string "
-                          f"{text_field!r} field)" if isinstance(shard, _JsonLinesShard) and shard.lines else "it is empty")
+                detail = (
+                    f"all {shard.lines} lines are malformed (no JSON object with a string {text_field!r} field)"
+                    if isinstance(shard, _JsonLinesShard) and shard.lines
+                    else "it is empty"
+                )
                 raise DataError(
                     f"Shard {str(path)!r} has no documents: {detail}. Remove it from the directory "
                     f"or regenerate it (`launch data prepare`)."
@@ -241,8 +250,13 @@ class TextShards(_TextSequence):
             )
         if not self._logged:
             self._logged = True
-            log.warning("Skipped %d malformed record(s) of %d %s (tolerated up to %.1f%%).",
-                        self.malformed, self._records_read, where, 100 * self.max_malformed_fraction)
+            log.warning(
+                "Skipped %d malformed record(s) of %d %s (tolerated up to %.1f%%).",
+                self.malformed,
+                self._records_read,
+                where,
+                100 * self.max_malformed_fraction,
+            )
 
     def __len__(self) -> int:
         return int(self._offsets[-1])
@@ -278,8 +292,7 @@ class TextShards(_TextSequence):
                     )
                 if not self._logged:
                     self._logged = True
-                    log.warning("Malformed ArrayRecord record %d of %s read as an empty document.",
-                                j, self.files[s])
+                    log.warning("Malformed ArrayRecord record %d of %s read as an empty document.", j, self.files[s])
         return "" if text is None else text
 
 
@@ -354,8 +367,7 @@ def iter_text_documents(
     """
     for f in input_files(paths, c4_split=c4_split):
         if is_shard(f):
-            yield from TextShards([f], max_malformed_fraction=max_malformed_fraction,
-                                  fraction_setting=fraction_setting)
+            yield from TextShards([f], max_malformed_fraction=max_malformed_fraction, fraction_setting=fraction_setting)
             continue
         try:
             text = f.read_text(encoding="utf-8")

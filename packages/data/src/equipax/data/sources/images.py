@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float, Int
 
-from equipax.data.base import Batch, BaseInput, check_positive, check_state_keys
+from equipax.data.base import BaseInput, Batch, check_positive, check_state_keys
 
 __all__ = ["ImageClassificationInput", "synthetic_images"]
 
@@ -68,14 +68,20 @@ class ImageClassificationInput(BaseInput):
         repeat: bool = True,
         shuffle: bool = True,
     ) -> None:
-        super().__init__(batch_size=batch_size, num_infeed_hosts=num_infeed_hosts,
-                         infeed_host_index=infeed_host_index, seed=seed, repeat=repeat)
+        super().__init__(
+            batch_size=batch_size,
+            num_infeed_hosts=num_infeed_hosts,
+            infeed_host_index=infeed_host_index,
+            seed=seed,
+            repeat=repeat,
+        )
         if len(images) != len(labels):
             raise ValueError(f"images and labels differ in length: {len(images)} vs {len(labels)}.")
         if repeat and len(images) < self.global_batch_size:
             raise ValueError(
                 f"A training input needs at least one full global batch: {len(images)} images, "
-                f"global batch {self.global_batch_size}. Lower the batch size or add images.")
+                f"global batch {self.global_batch_size}. Lower the batch size or add images."
+            )
         self.images: np.ndarray = np.asarray(images, np.float32)
         self.labels: np.ndarray = np.asarray(labels, np.int32)
         self.shuffle: bool = bool(shuffle)

@@ -66,9 +66,7 @@ def load_plays(*, clean: bool = True) -> dict[str, str]:
     return out
 
 
-def split_plays(
-    validation_plays: Sequence[str], *, clean: bool = True
-) -> tuple[dict[str, str], dict[str, str]]:
+def split_plays(validation_plays: Sequence[str], *, clean: bool = True) -> tuple[dict[str, str], dict[str, str]]:
     """Split the corpus by play into `(train, validation)`; no play is in both.
 
     **Arguments:**

@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from equipax.data.base import Batch, BaseInput, check_positive, check_state_keys
+from equipax.data.base import BaseInput, Batch, check_positive, check_state_keys
 from equipax.data.lm_input import lm_batch
 
 __all__ = ["SyntheticLMInput"]
@@ -61,10 +61,14 @@ class SyntheticLMInput(BaseInput):
         example_ids = np.arange(first, first + self.batch_size, dtype=np.int64)
         # Each example is drawn from its own (seed, example id) stream, so the global batch is
         # the same whatever the number of hosts that share it.
-        windows = np.stack([
-            np.random.default_rng([self.seed, int(i)]).integers(0, self.vocab_size, self.seq_len + 1, dtype=np.int32)
-            for i in example_ids
-        ])
+        windows = np.stack(
+            [
+                np.random.default_rng([self.seed, int(i)]).integers(
+                    0, self.vocab_size, self.seq_len + 1, dtype=np.int32
+                )
+                for i in example_ids
+            ]
+        )
         self._step += 1
         return lm_batch(windows, example_ids, batch_size=self.batch_size, pad_id=0)
 

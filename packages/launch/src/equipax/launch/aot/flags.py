@@ -1,4 +1,4 @@
-"""Compiler flags as experiment knobs: `train.xla_flags` -> `XLA_FLAGS`, `train.libtpu_init_args` ->
+"""Compiler flags as experiment knobs: `train.compiler.xla_flags` -> `XLA_FLAGS`, `train.compiler.libtpu_init_args` ->
 `LIBTPU_INIT_ARGS` (docs/compile.md, "Compiler flags").
 
 XLA reads `XLA_FLAGS` when JAX starts a backend, and libtpu reads `LIBTPU_INIT_ARGS` when it loads
@@ -34,14 +34,15 @@ def merge_flags(current: str, added: str) -> str:
     return " ".join(kept + new)
 
 
-def apply_compiler_flags(xla_flags: str, libtpu_init_args: str,
-                         environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+def apply_compiler_flags(
+    xla_flags: str, libtpu_init_args: str, environ: MutableMapping[str, str] | None = None
+) -> dict[str, str]:
     """Add the knobs' flags to `XLA_FLAGS` and `LIBTPU_INIT_ARGS`; call before JAX starts a backend.
 
     Arguments:
-        xla_flags: `train.xla_flags` (XLA's own flags, for every backend; XLA:CPU aborts on a flag
+        xla_flags: `train.compiler.xla_flags` (XLA's own flags, for every backend; XLA:CPU aborts on a flag
             it does not know, so TPU-only flags belong in `libtpu_init_args`).
-        libtpu_init_args: `train.libtpu_init_args` (read by libtpu only: TPU runs and TPU compiles).
+        libtpu_init_args: `train.compiler.libtpu_init_args` (read by libtpu only: TPU runs and TPU compiles).
         environ: the environment to change (default: this process's).
 
     Returns:

@@ -6,10 +6,14 @@ from typing import Any
 __all__ = ["memory_figures", "MEMORY_NOTES", "out_of_memory_figures"]
 
 MEMORY_NOTES = {
-    "cpu": ("XLA:CPU's temporaries are an upper bound for an accelerator (no HBM-aware "
-            "scheduling or fusion of the accelerator backend)."),
-    "tpu": ("XLA:TPU's buffer assignment for one chip; total = arguments + outputs - aliased + "
-            "temporaries + generated code; peak = XLA:TPU's simulated heap peak (without code)."),
+    "cpu": (
+        "XLA:CPU's temporaries are an upper bound for an accelerator (no HBM-aware "
+        "scheduling or fusion of the accelerator backend)."
+    ),
+    "tpu": (
+        "XLA:TPU's buffer assignment for one chip; total = arguments + outputs - aliased + "
+        "temporaries + generated code; peak = XLA:TPU's simulated heap peak (without code)."
+    ),
 }
 
 
@@ -20,6 +24,7 @@ def memory_figures(mem: Any) -> dict[str, int]:
     program's code, which also lives in device memory. `peak_bytes` is the backend's own heap
     peak where it reports one (XLA:TPU does; 0 otherwise).
     """
+
     def get(name: str) -> int:
         return int(getattr(mem, name, 0) or 0)
 
@@ -31,8 +36,13 @@ def memory_figures(mem: Any) -> dict[str, int]:
         "generated_code_bytes": get("generated_code_size_in_bytes"),
         "peak_bytes": get("peak_memory_in_bytes"),
     }
-    memory["total_bytes"] = (memory["argument_bytes"] + memory["output_bytes"] - memory["alias_bytes"]
-                             + memory["temp_bytes"] + memory["generated_code_bytes"])
+    memory["total_bytes"] = (
+        memory["argument_bytes"]
+        + memory["output_bytes"]
+        - memory["alias_bytes"]
+        + memory["temp_bytes"]
+        + memory["generated_code_bytes"]
+    )
     return memory
 
 

@@ -20,8 +20,10 @@ _KEYS = {
     "stage_state_bytes_per_device": "stage_state_bytes_per_device",
 }
 
-PER_DEVICE_NOTE = ("params.per_device_param_bytes and params.per_device_optimizer_bytes are one stage's share: "
-                   "the stage's layers and the embedding (every stage holds it), split over fsdp x tensor")
+PER_DEVICE_NOTE = (
+    "params.per_device_param_bytes and params.per_device_optimizer_bytes are one stage's share: "
+    "the stage's layers and the embedding (every stage holds it), split over fsdp x tensor"
+)
 
 
 def pipeline_section(numbers: dict[str, Any]) -> dict[str, Any] | None:

@@ -9,7 +9,6 @@ FLOPs, ideal step times on a target accelerator, the collectives XLA inserted, a
 own cost.
 """
 
-import dataclasses
 import hashlib
 import math
 import re
@@ -26,6 +25,7 @@ from equipax.core.knobs import ConfigError
 from equipax.core.mesh import build_mesh
 from equipax.launch.aot.memory import MEMORY_NOTES, memory_figures, out_of_memory_figures
 from equipax.launch.aot.pipeline_report import pipeline_lines, pipeline_section
+from equipax.launch.cluster.accelerators import Accelerator
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.tasks import family
 from equipax.launch.training.build import build_training
@@ -39,33 +39,10 @@ __all__ = [
     "format_report",
     "GIB",
     "stablehlo_fingerprint",
-    "Target",
-    "TARGETS",
 ]
 
 GIB = 2**30
 
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """An accelerator: dense bf16 peak per chip and HBM per chip."""
-
-    name: str
-    peak_tflops: float
-    hbm_gib: float
-
-
-TARGETS = {
-    t.name: t
-    for t in (
-        Target("tpu-v4", 275.0, 32.0),
-        Target("tpu-v5e", 197.0, 16.0),
-        Target("tpu-v5p", 459.0, 95.0),
-        Target("tpu-v6e", 918.0, 32.0),
-        Target("h100", 989.0, 80.0),
-        Target("h200", 989.0, 141.0),
-    )
-}
 
 # send/recv: XLA:TPU moves data between slices (over DCN) with them.
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "collective-permute", "all-to-all", "send", "recv")
@@ -107,7 +84,7 @@ def stablehlo_fingerprint(lowered: Any) -> str:
 def compile_report(
     cfg: ExperimentConfig,
     *,
-    target: Target,
+    target: Accelerator,
     hbm_gib: float | None = None,
     assumed_mfu: float = 0.5,
     mesh: Mesh | None = None,
@@ -158,7 +135,7 @@ def compile_report(
         "experiment": cfg.name,
         "devices": mesh.size,
         "mesh": dict(mesh.shape),
-        "target": dataclasses.asdict(target),
+        "target": {"name": target.name, "peak_tflops": target.peak_tflops, "hbm_gib": target.hbm_gib},
         "params": {
             "total": numbers["params_total"],
             "embedding": numbers.get("params_embedding"),
@@ -194,8 +171,9 @@ def compile_report(
     return report
 
 
-def _flops_and_projection(cfg: ExperimentConfig, numbers: dict[str, Any], devices: int, target: Target,
-                          assumed_mfu: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def _flops_and_projection(
+    cfg: ExperimentConfig, numbers: dict[str, Any], devices: int, target: Accelerator, assumed_mfu: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Model FLOPs (PaLM: no remat) and the step time they imply on `target`."""
     from equipax.launch.tasks.lm_family import flops_per_token  # the families with model FLOPs are LMs
 
@@ -236,10 +214,12 @@ def format_report(r: dict[str, Any]) -> str:
     if p["embedding"] is not None:
         params += f", {p['embedding'] / 1e6:.1f}M embedding, {p['per_layer'] / 1e6:.1f}M per layer"
     topo = r.get("topology")
-    where = (f"{topo['num_slices']} x {topo['slice']} ({topo['topology']}, {c['device_kind']})"
-             if topo else f"simulated {c['backend']} devices")
-    peak = (f"; {c['backend'].upper()} heap peak {m['peak_bytes'] / GIB:.2f} GiB + code"
-            if m.get("peak_bytes") else "")
+    where = (
+        f"{topo['num_slices']} x {topo['slice']} ({topo['topology']}, {c['device_kind']})"
+        if topo
+        else f"simulated {c['backend']} devices"
+    )
+    peak = f"; {c['backend'].upper()} heap peak {m['peak_bytes'] / GIB:.2f} GiB + code" if m.get("peak_bytes") else ""
     lines = [
         f"{r['experiment']} on {r['devices']} devices {r['mesh']}: {where}",
         f"  target        {t['name']}: {t['peak_tflops']:.0f} TFLOP/s bf16, {t['hbm_gib']:.0f} GiB HBM per chip",
@@ -251,7 +231,8 @@ def format_report(r: dict[str, Any]) -> str:
         f"GiB (aliased {m['alias_bytes'] / GIB:.2f}), temporaries {m['temp_bytes'] / GIB:.2f} GiB, "
         f"code {m.get('generated_code_bytes', 0) / GIB:.2f} GiB",
         f"                total {m['total_bytes'] / GIB:.2f} GiB of {m['budget_gib']:g} GiB: "
-        + ("fits" if m["fits"] else "DOES NOT FIT") + peak,
+        + ("fits" if m["fits"] else "DOES NOT FIT")
+        + peak,
         f"                ({m['note']})",
     ]
     if "compiler_refused" in m:
@@ -268,8 +249,12 @@ def format_report(r: dict[str, Any]) -> str:
         ]
     collectives = r["collectives"]
     lines += [
-        "  collectives   " + (", ".join(f"{k} {v}" for k, v in collectives.items()) if collectives is not None
-                              else "(none: the program was not compiled)"),
+        "  collectives   "
+        + (
+            ", ".join(f"{k} {v}" for k, v in collectives.items())
+            if collectives is not None
+            else "(none: the program was not compiled)"
+        ),
         "  custom calls  " + (", ".join(f"{k} {v}" for k, v in r.get("custom_calls", {}).items()) or "none"),
         f"  program       StableHLO sha256 {r['stablehlo_sha256'][:16]}... (the step `launch run` executes)",
         f"  compile       lower {c['lower_s']:.1f} s + compile {c['compile_s']:.1f} s "

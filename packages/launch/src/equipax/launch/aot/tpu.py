@@ -59,8 +59,19 @@ class TpuSlice:
 
 
 # Chip grids of the slice shapes Cloud TPU offers (chips per axis).
-_CUBES = ((2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4), (4, 4, 4), (4, 4, 8), (4, 8, 8), (8, 8, 8),
-          (8, 8, 16), (8, 16, 16), (16, 16, 16))
+_CUBES = (
+    (2, 2, 1),
+    (2, 2, 2),
+    (2, 2, 4),
+    (2, 4, 4),
+    (4, 4, 4),
+    (4, 4, 8),
+    (4, 8, 8),
+    (8, 8, 8),
+    (8, 8, 16),
+    (8, 16, 16),
+    (16, 16, 16),
+)
 _GRIDS = ((1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16))
 
 
@@ -97,9 +108,7 @@ def lookup_slice(name: str) -> TpuSlice:
     key = key.replace("v5litepod-", "v5e-").replace("v6e-lite-", "v6e-")
     if key in TPU_SLICES:
         return TPU_SLICES[key]
-    raise ConfigError(
-        f"Unknown --topology {name!r}. Valid TPU slices: {valid_slices_text()}."
-    )
+    raise ConfigError(f"Unknown --topology {name!r}. Valid TPU slices: {valid_slices_text()}.")
 
 
 def valid_slices_text() -> str:

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from equipax.core.knobs import ConfigError, to_dict
+
 # The config lives with the registered experiment, in a module without JAX.
 from equipax.launch.experiments.attention_bench import IMPLEMENTATIONS, AttentionBenchConfig
 
@@ -35,7 +36,10 @@ PLOT_FILE = "attention_bench.png"
 
 def _kernel(name: str, cfg: AttentionBenchConfig) -> Callable[..., Any]:
     from equipax.core.nn import (
-        dot_product_attention, jax_nn_attention, linear_attention, reference_attention,
+        dot_product_attention,
+        jax_nn_attention,
+        linear_attention,
+        reference_attention,
         reference_linear_attention,
     )
 
@@ -147,17 +151,14 @@ def _check_out_dir(out_dir: Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        what = ("is a file" if out_dir.is_file() else
-                f"cannot be created or written ({e.strerror or type(e).__name__})")
+        what = "is a file" if out_dir.is_file() else f"cannot be created or written ({e.strerror or type(e).__name__})"
         raise ConfigError(
             f"The output directory {str(out_dir)!r} {what}; the benchmark writes {RESULT_FILE} and "
             f"{PLOT_FILE} into a directory. Pass --out (or --job-log-dir) naming a new or writable directory."
         ) from None
 
 
-def run_attention_bench(
-    cfg: AttentionBenchConfig, out_dir: Path, *, console: Console | None = None
-) -> dict[str, Any]:
+def run_attention_bench(cfg: AttentionBenchConfig, out_dir: Path, *, console: Console | None = None) -> dict[str, Any]:
     """Run the benchmark; write `attention_bench.json` and `attention_bench.png` to `out_dir`.
 
     Arguments:
@@ -196,15 +197,16 @@ def run_attention_bench(
             # Without a configured limit, what is available now (other processes come and go).
             point_limit = limit if cfg.memory_limit_gb is not None else _available_bytes()
             if point_limit is not None and row["analytic_bytes"] > point_limit:
-                row.update(status="skipped", reason=(
-                    f"needs ~{row['analytic_bytes'] / 2**30:.1f} GiB, "
-                    f"limit {point_limit / 2**30:.1f} GiB"))
+                row.update(
+                    status="skipped",
+                    reason=(f"needs ~{row['analytic_bytes'] / 2**30:.1f} GiB, limit {point_limit / 2**30:.1f} GiB"),
+                )
             else:
                 console.print(f"seq {n:>6}  {name:<18}", end=" ", highlight=False)
                 try:
                     row.update(_measure(name, cfg, qkv))
                     console.print(f"{row['time_ms']['median']:10.3f} ms", highlight=False)
-                except Exception as e:  # noqa: BLE001 - only out-of-memory errors are absorbed
+                except Exception as e:
                     if not _is_oom(e):
                         raise
                     row.update(status="out_of_memory", reason=str(e).splitlines()[0][:200])
@@ -247,22 +249,50 @@ def results_table(result: dict[str, Any]) -> Table:
         A table with one row per (length, implementation).
     """
     cfg = result["config"]
-    title = (f"Attention forward, batch {cfg['batch_size']}, heads {cfg['num_heads']}, "
-             f"head_dim {cfg['head_dim']}, {'causal' if cfg['causal'] else 'non-causal'}, "
-             f"{cfg['repeats']} repeats, {result['device']}; times in ms, memory in MiB")
+    title = (
+        f"Attention forward, batch {cfg['batch_size']}, heads {cfg['num_heads']}, "
+        f"head_dim {cfg['head_dim']}, {'causal' if cfg['causal'] else 'non-causal'}, "
+        f"{cfg['repeats']} repeats, {result['device']}; times in ms, memory in MiB"
+    )
     table = Table(title=title)
-    for col in ("seq", "implementation", "mean", "std", "median", f"x vs {result['baseline']}",
-                "XLA temp", "estimate", "RSS peak"):
-        table.add_column(col, justify="left" if col == "implementation" else "right",
-                         min_width=len(col), overflow="fold")
+    for col in (
+        "seq",
+        "implementation",
+        "mean",
+        "std",
+        "median",
+        f"x vs {result['baseline']}",
+        "XLA temp",
+        "estimate",
+        "RSS peak",
+    ):
+        table.add_column(
+            col, justify="left" if col == "implementation" else "right", min_width=len(col), overflow="fold"
+        )
     for r in result["results"]:
         if r["status"] != "ok":
-            table.add_row(str(r["seq_len"]), r["implementation"], f"{r['status']}: {r['reason']}",
-                          "", "", "", "", _mib(r["analytic_bytes"]), "")
+            table.add_row(
+                str(r["seq_len"]),
+                r["implementation"],
+                f"{r['status']}: {r['reason']}",
+                "",
+                "",
+                "",
+                "",
+                _mib(r["analytic_bytes"]),
+                "",
+            )
             continue
         t, s = r["time_ms"], r["speedup_vs_baseline"]
-        table.add_row(str(r["seq_len"]), r["implementation"], f"{t['mean']:.3f}", f"{t['std']:.3f}",
-                      f"{t['median']:.3f}", "-" if s is None else f"{s:.2f}",
-                      _mib(r["xla_temp_bytes"]), _mib(r["analytic_bytes"]),
-                      _mib(r["rss_peak_delta_bytes"]))
+        table.add_row(
+            str(r["seq_len"]),
+            r["implementation"],
+            f"{t['mean']:.3f}",
+            f"{t['std']:.3f}",
+            f"{t['median']:.3f}",
+            "-" if s is None else f"{s:.2f}",
+            _mib(r["xla_temp_bytes"]),
+            _mib(r["analytic_bytes"]),
+            _mib(r["rss_peak_delta_bytes"]),
+        )
     return table

@@ -54,8 +54,11 @@ def check_cpu_devices(n: int | None, mesh: MeshConfig, *, num_processes: int = 1
         return
     processes = f" x {num_processes} processes" if num_processes > 1 else ""
     need = f"a multiple of {mesh.num_devices}" if mesh.flexible else str(mesh.num_devices)
-    fix = ("" if mesh.flexible or mesh.num_devices % num_processes else
-           f"use --cpu-devices {mesh.num_devices // num_processes}, or ")
+    fix = (
+        ""
+        if mesh.flexible or mesh.num_devices % num_processes
+        else f"use --cpu-devices {mesh.num_devices // num_processes}, or "
+    )
     raise ConfigError(
         f"--cpu-devices {n}{processes} gives {total} devices, but the experiment's mesh (ici_mesh_shape="
         f"{mesh.ici_mesh_shape} x dcn_mesh_shape={mesh.dcn_mesh_shape}) needs {need}: {fix}change the mesh "

@@ -22,7 +22,7 @@ from rich.console import Console
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.cluster.detect import ClusterJob
-from equipax.launch.errors import EXIT_USER_ERROR
+from equipax.launch.exit_codes import EXIT_USER_ERROR
 
 __all__ = [
     "any_process",
@@ -58,9 +58,15 @@ class DistributedArgs:
 
     def joining(self, job: ClusterJob) -> "DistributedArgs":
         """These flags with the detected job's coordinator, process count and index."""
-        return dataclasses.replace(self, auto=False, coordinator=job.coordinator, num_processes=job.num_processes,
-                                   process_id=job.process_id, local_device_ids=job.local_device_ids,
-                                   scheduler=job.scheduler)
+        return dataclasses.replace(
+            self,
+            auto=False,
+            coordinator=job.coordinator,
+            num_processes=job.num_processes,
+            process_id=job.process_id,
+            local_device_ids=job.local_device_ids,
+            scheduler=job.scheduler,
+        )
 
     @property
     def requested(self) -> bool:
@@ -90,8 +96,15 @@ def initialize(args: DistributedArgs, *, log: Callable[[str], object] | None = N
     if not args.requested:
         return
     if not args.auto:
-        missing = [n for n, v in (("--coordinator", args.coordinator), ("--num-processes", args.num_processes),
-                                  ("--process-id", args.process_id)) if v is None]
+        missing = [
+            n
+            for n, v in (
+                ("--coordinator", args.coordinator),
+                ("--num-processes", args.num_processes),
+                ("--process-id", args.process_id),
+            )
+            if v is None
+        ]
         if missing:
             raise ConfigError(
                 f"Multi-process run: {', '.join(missing)} missing. Give all of --coordinator HOST:PORT "
@@ -166,36 +179,51 @@ def _stderr(message: str) -> None:
 
 def _watch_start(args: DistributedArgs, started: threading.Event, log: Callable[[str], object]) -> None:
     """Log while the job assembles; exit 2 with a message when it has not started in time."""
-    who = (f"process {args.process_id} of {args.num_processes}{_source(args)}" if args.process_id is not None
-           else "this process (auto-detected job)")
+    who = (
+        f"process {args.process_id} of {args.num_processes}{_source(args)}"
+        if args.process_id is not None
+        else "this process (auto-detected job)"
+    )
     where = args.coordinator or "auto-detected"
     timeout = args.coordinator_timeout_s
-    log(f"Joining the distributed job as {who}: coordinator {where}; waiting up to {timeout:.0f} s "
-        "(--coordinator-timeout).")
+    log(
+        f"Joining the distributed job as {who}: coordinator {where}; waiting up to {timeout:.0f} s "
+        "(--coordinator-timeout)."
+    )
     t0 = time.monotonic()
     while not started.wait(min(WAIT_LOG_EVERY_S, max(timeout - (time.monotonic() - t0), 0.0))):
         waited = time.monotonic() - t0
         if waited >= timeout:
             break
-        log(f"Still waiting for the distributed job to start ({who}, coordinator {where}): "
-            f"{waited:.0f} s of {timeout:.0f} s.")
+        log(
+            f"Still waiting for the distributed job to start ({who}, coordinator {where}): "
+            f"{waited:.0f} s of {timeout:.0f} s."
+        )
     if started.is_set():
         return
     reachable = _reachable(args.coordinator) if args.coordinator else None
     if args.scheduler:
-        why = (f"not all {args.num_processes} processes of the {args.scheduler} job reached the coordinator "
-               f"{where} (process 0's node, port from the job id; JAX_COORDINATOR_PORT sets another): check "
-               "that every task runs the same command and that the port is open between the nodes")
+        why = (
+            f"not all {args.num_processes} processes of the {args.scheduler} job reached the coordinator "
+            f"{where} (process 0's node, port from the job id; JAX_COORDINATOR_PORT sets another): check "
+            "that every task runs the same command and that the port is open between the nodes"
+        )
     elif reachable is False:
-        why = (f"nothing accepts connections at {where}: check that process 0 was started with "
-               f"--coordinator {where} on that machine, and that the host name resolves and the port "
-               "is open between the machines")
+        why = (
+            f"nothing accepts connections at {where}: check that process 0 was started with "
+            f"--coordinator {where} on that machine, and that the host name resolves and the port "
+            "is open between the machines"
+        )
     else:
-        why = (f"the coordinator {where} is reachable but not all {args.num_processes or 'the'} processes "
-               "joined: check that each was started with the same --coordinator and --num-processes "
-               "and a distinct --process-id")
-    message = (f"The distributed job did not start within {timeout:.0f} s ({who}): {why}. "
-               "--coordinator-timeout SECONDS sets how long to wait.")
+        why = (
+            f"the coordinator {where} is reachable but not all {args.num_processes or 'the'} processes "
+            "joined: check that each was started with the same --coordinator and --num-processes "
+            "and a distinct --process-id"
+        )
+    message = (
+        f"The distributed job did not start within {timeout:.0f} s ({who}): {why}. "
+        "--coordinator-timeout SECONDS sets how long to wait."
+    )
     sys.stderr.write(f"error: {message}\n")
     sys.stderr.flush()
     os._exit(EXIT_USER_ERROR)  # JAX's join blocks in C++ and would abort the process later

@@ -5,7 +5,7 @@ TPU host. Every pod runs `launch run --distributed-auto`: JAX reads the slice's 
 host's index from the variables GKE gives TPU pods (TPU_WORKER_HOSTNAMES, TPU_WORKER_ID), and for
 several slices the manifest adds the multislice ones (MEGASCALE_NUM_SLICES, MEGASCALE_SLICE_ID from
 the pod's Job index, MEGASCALE_COORDINATOR_ADDRESS from the JobSet's coordinator pod, slice 0 host 0).
-The experiment's compiler flags (`train.xla_flags`, `train.libtpu_init_args`) are set as
+The experiment's compiler flags (`train.compiler.xla_flags`, `train.compiler.libtpu_init_args`) are set as
 XLA_FLAGS / LIBTPU_INIT_ARGS in every container.
 
 Node selectors pick the node pools of the slice type and topology (`cloud.google.com/gke-tpu-
@@ -127,8 +127,8 @@ def jobset_manifest(
         overrides: `--set` overrides, in order.
         job_log_dir: the job directory: storage every host shares (a bucket or filestore mount).
         mesh: the experiment's mesh, after the overrides.
-        xla_flags: the experiment's `train.xla_flags`.
-        libtpu_init_args: the experiment's `train.libtpu_init_args`.
+        xla_flags: the experiment's `train.compiler.xla_flags`.
+        libtpu_init_args: the experiment's `train.compiler.libtpu_init_args`.
 
     Returns:
         The manifest, as the YAML/JSON object `kubectl apply -f` takes.

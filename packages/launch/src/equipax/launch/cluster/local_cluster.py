@@ -71,12 +71,23 @@ def run_local_cluster(
                 write(line if line.startswith(f"[p{i}]") else f"[p{i}] {line}")
 
     for i in range(num_processes):
-        cmd = [sys.executable, "-m", "equipax.launch.cli", *args, "--coordinator", f"127.0.0.1:{port}",
-               "--num-processes", str(num_processes), "--process-id", str(i)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "equipax.launch.cli",
+            *args,
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--num-processes",
+            str(num_processes),
+            "--process-id",
+            str(i),
+        ]
         if cpu_devices is not None:
             cmd += ["--cpu-devices", str(cpu_devices)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                bufsize=1, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env, start_new_session=True
+        )
         procs.append(proc)
         tails.append(collections.deque(maxlen=15))
     threads = [threading.Thread(target=forward, args=(i, p.stdout), daemon=True) for i, p in enumerate(procs)]
@@ -116,8 +127,10 @@ def run_local_cluster(
     codes = [p.wait() for p in procs]
     if failed is not None:
         i, code = failed
-        write(f"local-cluster: process {i} (pid {procs[i].pid}) failed: {describe_exit(code)}; "
-              f"stopped the other {num_processes - 1}. Its last lines:")
+        write(
+            f"local-cluster: process {i} (pid {procs[i].pid}) failed: {describe_exit(code)}; "
+            f"stopped the other {num_processes - 1}. Its last lines:"
+        )
         for line in tails[i]:
             write(f"    {line}")
         return code if code > 0 else 1

@@ -28,25 +28,27 @@ _DEFAULT = AttentionBenchConfig()
 
 @bench_app.command("attention")
 def attention_cmd(
-    seq: Annotated[str, typer.Option(help="Comma-separated sequence lengths.")] =
-        ",".join(map(str, _DEFAULT.seq_lens)),
+    seq: Annotated[str, typer.Option(help="Comma-separated sequence lengths.")] = ",".join(map(str, _DEFAULT.seq_lens)),
     batch: Annotated[int, typer.Option(help="Batch size.")] = _DEFAULT.batch_size,
-    head_dim: Annotated[int, typer.Option("--head-dim", help="Width of each head (d_k).")] =
-        _DEFAULT.head_dim,
+    head_dim: Annotated[int, typer.Option("--head-dim", help="Width of each head (d_k).")] = _DEFAULT.head_dim,
     heads: Annotated[int, typer.Option(help="Number of heads.")] = _DEFAULT.num_heads,
     repeats: Annotated[int, typer.Option(help="Timed forward passes per point.")] = _DEFAULT.repeats,
     causal: Annotated[bool, typer.Option("--causal", help="Causal masking.")] = False,
-    impl: Annotated[str, typer.Option(help=f"Comma-separated, from: {', '.join(IMPLEMENTATIONS)}.")] =
-        ",".join(_DEFAULT.implementations),
-    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Causal linear chunk.")] =
-        _DEFAULT.chunk_size,
+    impl: Annotated[str, typer.Option(help=f"Comma-separated, from: {', '.join(IMPLEMENTATIONS)}.")] = ",".join(
+        _DEFAULT.implementations
+    ),
+    chunk_size: Annotated[int, typer.Option("--chunk-size", help="Causal linear chunk.")] = _DEFAULT.chunk_size,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/attention_bench"),
 ) -> None:
     """Time softmax vs linear attention forward passes by sequence length."""
     try:
         cfg = AttentionBenchConfig(
             seq_lens=_parse_lengths(seq),
-            batch_size=batch, num_heads=heads, head_dim=head_dim, repeats=repeats, causal=causal,
+            batch_size=batch,
+            num_heads=heads,
+            head_dim=head_dim,
+            repeats=repeats,
+            causal=causal,
             implementations=tuple(s.strip() for s in impl.split(",") if s.strip()),
             chunk_size=chunk_size,
         )

@@ -13,9 +13,9 @@ from equipax.launch.experiments import registry
 
 __all__ = [
     "command_line",
-    "emit",
     "CpuDevicesOption",
     "DEFAULT_EXPERIMENT",
+    "emit",
     "err",
     "ExpOption",
     "fail",
@@ -31,8 +31,7 @@ err: Console = Console(stderr=True, soft_wrap=True)
 
 ExpOption = Annotated[str, typer.Option("--exp", "-e", help="Experiment: short name or dotted path.")]
 CpuDevicesOption = Annotated[
-    int | None,
-    typer.Option("--cpu-devices", help="Simulate N devices on this CPU host (e.g. 8 for a _smoke mesh)."),
+    int | None, typer.Option("--cpu-devices", help="Simulate N devices on this CPU host (e.g. 8 for a _smoke mesh).")
 ]
 SetOption = Annotated[
     list[str] | None,
@@ -57,7 +56,9 @@ def command_line(name: str, command: Callable[..., Any], values: Mapping[str, An
             continue
         info = next(m for m in typing.get_args(param.annotation)[1:] if isinstance(m, typer.models.OptionInfo))
         # With Annotated, typer takes the first flag as the option's `default` field.
-        flag = max((d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d.startswith("-")), key=len)
+        flag = max(
+            (d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d.startswith("-")), key=len
+        )
         for v in value if isinstance(value, (list, tuple)) else [value]:
             words += [flag] if v is True else [flag, str(v)]
     return shlex.join(words)
@@ -95,4 +96,3 @@ def resolve(exp: str, overrides: list[str] | None) -> tuple[registry.Entry, Any,
         return entry, cfg, sources
     except ConfigError as e:
         fail(str(e))
-        raise AssertionError("unreachable")

@@ -1,5 +1,6 @@
 """`launch compile`: AOT-compile an experiment's exact train step for its full mesh on this host."""
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -19,19 +20,25 @@ def compile_cmd(
     set_: SetOption = None,
     topology: Annotated[
         str | None,
-        typer.Option("--topology", help="Compile with XLA:TPU for this TPU slice (v4-128, v5e-16, v5p-64, "
-                                        "v6e-256, ...) instead of simulated CPU devices."),
+        typer.Option(
+            "--topology",
+            help="Compile with XLA:TPU for this TPU slice (v4-128, v5e-16, v5p-64, "
+            "v6e-256, ...) instead of simulated CPU devices.",
+        ),
     ] = None,
     slices: Annotated[
         int | None, typer.Option("--slices", help="Slices of --topology (default: the mesh's DCN size).")
     ] = None,
     target: Annotated[
         str | None,
-        typer.Option("--target", help="tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100 or h200 "
-                                      "(default: the --topology's chip, else tpu-v4)."),
+        typer.Option(
+            "--target",
+            help="tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100 or h200 (default: the --topology's chip, else tpu-v4).",
+        ),
     ] = None,
     hbm_gib: Annotated[
-        float | None, typer.Option("--hbm-gib", help="Memory budget per device in GiB, > 0 (default: the target's HBM).")
+        float | None,
+        typer.Option("--hbm-gib", help="Memory budget per device in GiB, > 0 (default: the target's HBM)."),
     ] = None,
     assumed_mfu: Annotated[
         float, typer.Option("--assumed-mfu", help="MFU for the realistic step-time projection, in (0, 1].")
@@ -45,7 +52,7 @@ def compile_cmd(
 
     With --topology, for a real TPU slice with libtpu's XLA:TPU; without, on simulated CPU devices.
     """
-    from equipax.launch.aot.report import TARGETS
+    from equipax.launch.cluster.accelerators import ACCELERATORS
 
     # Options first: a bad number is a usage error before anything is built or compiled.
     if hbm_gib is not None and not (math.isfinite(hbm_gib) and hbm_gib > 0):
@@ -56,8 +63,8 @@ def compile_cmd(
         fail(f"--slices must be >= 1; got {slices}.")
     if slices is not None and topology is None:
         fail("--slices needs --topology (e.g. --topology v4-128 --slices 2).")
-    if target is not None and target not in TARGETS:
-        fail(f"Unknown --target {target!r}; choose one of {', '.join(TARGETS)}.")
+    if target is not None and target not in ACCELERATORS:
+        fail(f"Unknown --target {target!r}; choose one of {', '.join(ACCELERATORS)}.")
     if topology is not None:
         from equipax.launch.aot.tpu import lookup_slice
 
@@ -69,14 +76,14 @@ def compile_cmd(
     entry, cfg, _ = resolve(exp, set_)
     if entry.kind != "train":
         fail(f"{cfg.name} is a benchmark, not a training experiment; there is no train step to compile.")
-    if cfg.train.pgle == "auto":  # JAX recompiles an auto-PGLE step after profiling it: no AOT
-        from equipax.launch.training.profiling import PGLE_AUTO_AOT
+    if cfg.train.pgle.mode == "auto":  # JAX recompiles an auto-PGLE step after profiling it: no AOT
+        from equipax.launch.training.pgle import PGLE_AUTO_AOT
 
         fail(PGLE_AUTO_AOT)
     from equipax.launch.aot.flags import apply_compiler_flags
 
     # Before JAX starts its backend and libtpu loads: both read their flags once.
-    flags = apply_compiler_flags(cfg.train.xla_flags, cfg.train.libtpu_init_args)
+    flags = apply_compiler_flags(cfg.train.compiler.xla_flags, cfg.train.compiler.libtpu_init_args)
     for var, value in flags.items():
         _log(f"{var}={value}")
     try:
@@ -87,8 +94,11 @@ def compile_cmd(
     except ConfigError as e:
         fail(str(e))
         return
-    report["compiler_flags"] = {"train.xla_flags": cfg.train.xla_flags,
-                                "train.libtpu_init_args": cfg.train.libtpu_init_args, "environment": flags}
+    report["compiler_flags"] = {
+        "train.compiler.xla_flags": cfg.train.compiler.xla_flags,
+        "train.compiler.libtpu_init_args": cfg.train.compiler.libtpu_init_args,
+        "environment": flags,
+    }
     job_dir = job_log_dir or Path("runs") / cfg.name
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "compile.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -98,7 +108,9 @@ def compile_cmd(
         err.print(
             f"warning: {cfg.name} needs {report['memory_per_device']['total_bytes'] / 2**30:.1f} GiB per "
             f"device, over the {report['memory_per_device']['budget_gib']:g} GiB budget: use more "
-            "devices (a larger fsdp axis), full remat, or a smaller per-device batch.", highlight=False)
+            "devices (a larger fsdp axis), full remat, or a smaller per-device batch.",
+            highlight=False,
+        )
         if strict:
             raise typer.Exit(EXIT_DOES_NOT_FIT)
 
@@ -114,24 +126,29 @@ def _format(report: dict) -> str:
 
 
 def _compile_simulated(cfg, target: str, hbm_gib: float | None, assumed_mfu: float) -> dict:
-    from equipax.launch.aot.report import TARGETS, check_compile_devices, compile_report
+    from equipax.launch.aot.report import check_compile_devices, compile_report
+    from equipax.launch.cluster.accelerators import ACCELERATORS
     from equipax.launch.cluster.devices import use_cpu_devices
 
     # The mesh is simulated with CPU devices; this must happen before JAX starts.
     use_cpu_devices(cfg.mesh.num_devices)
     check_compile_devices(cfg)
-    return compile_report(cfg, target=TARGETS[target], hbm_gib=hbm_gib, assumed_mfu=assumed_mfu, log=_log)
+    return compile_report(cfg, target=ACCELERATORS[target], hbm_gib=hbm_gib, assumed_mfu=assumed_mfu, log=_log)
 
 
-def _compile_topology(cfg, topology: str, slices: int | None, target: str | None, hbm_gib: float | None,
-                      assumed_mfu: float) -> dict:
-    from equipax.launch.aot.report import TARGETS, compile_report
+def _compile_topology(
+    cfg, topology: str, slices: int | None, target: str | None, hbm_gib: float | None, assumed_mfu: float
+) -> dict:
+    from equipax.launch.aot.report import compile_report
     from equipax.launch.aot.tpu import lookup_slice, topology_devices
+    from equipax.launch.cluster.accelerators import ACCELERATORS
 
     tpu = lookup_slice(topology)
     if target is not None and target != tpu.target_name:
-        raise ConfigError(f"--target {target} does not match --topology {tpu.name} (a {tpu.target_name} "
-                          "slice); drop --target, the topology sets it.")
+        raise ConfigError(
+            f"--target {target} does not match --topology {tpu.name} (a {tpu.target_name} "
+            "slice); drop --target, the topology sets it."
+        )
     num_slices = slices if slices is not None else cfg.mesh.num_slices
     _host_only_jax()
     devices = topology_devices(tpu, num_slices=num_slices)
@@ -141,21 +158,35 @@ def _compile_topology(cfg, topology: str, slices: int | None, target: str | None
             f"{cfg.name}'s mesh needs {mesh_cfg.num_devices} devices (ici_mesh_shape={mesh_cfg.ici_mesh_shape} x "
             f"dcn_mesh_shape={mesh_cfg.dcn_mesh_shape}) but {num_slices} x {tpu.name} has {len(devices)} "
             "chips. Pick a topology of that size, or change the mesh with "
-            "--set mesh.ici_mesh_shape=... / mesh.dcn_mesh_shape=...")
+            "--set mesh.ici_mesh_shape=... / mesh.dcn_mesh_shape=..."
+        )
     if mesh_cfg.num_slices not in (1, num_slices):
         raise ConfigError(
             f"{cfg.name}'s dcn_mesh_shape={mesh_cfg.dcn_mesh_shape} spans {mesh_cfg.num_slices} slices but "
-            f"--slices is {num_slices}; the DCN axes must run across the slices.")
+            f"--slices is {num_slices}; the DCN axes must run across the slices."
+        )
     import dataclasses
 
     from equipax.core.mesh import build_mesh
 
     cfg = dataclasses.replace(cfg, mesh=mesh_cfg)
     mesh = build_mesh(cfg.mesh, devices)
-    info = {"slice": tpu.name, "topology": tpu.topology, "chip_config": tpu.chip_config,
-            "num_slices": num_slices, "chips_per_slice": tpu.chips}
-    return compile_report(cfg, target=TARGETS[tpu.target_name], hbm_gib=hbm_gib, assumed_mfu=assumed_mfu,
-                          mesh=mesh, topology=info, log=_log)
+    info = {
+        "slice": tpu.name,
+        "topology": tpu.topology,
+        "chip_config": tpu.chip_config,
+        "num_slices": num_slices,
+        "chips_per_slice": tpu.chips,
+    }
+    return compile_report(
+        cfg,
+        target=ACCELERATORS[tpu.target_name],
+        hbm_gib=hbm_gib,
+        assumed_mfu=assumed_mfu,
+        mesh=mesh,
+        topology=info,
+        log=_log,
+    )
 
 
 def _host_only_jax() -> None:
@@ -163,7 +194,5 @@ def _host_only_jax() -> None:
     TPU VM must not take its chips from a running job)."""
     import jax
 
-    try:
+    with contextlib.suppress(RuntimeError):  # JAX already started (in-process tests): its backend is not used here
         jax.config.update("jax_platforms", "cpu")
-    except RuntimeError:
-        pass  # JAX already started (e.g. in-process tests); its backend is not used here

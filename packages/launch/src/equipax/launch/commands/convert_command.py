@@ -16,7 +16,9 @@ from equipax.launch.translators.maxtext import SCALE_RULES, to_equipax, to_maxte
 
 __all__ = ["convert_app", "convert_maxtext", "DEFAULT_BASE", "print_maxtext", "read_maxtext"]
 
-convert_app: typer.Typer = typer.Typer(help="Translate other frameworks' configs into equipax knobs.", no_args_is_help=True)
+convert_app: typer.Typer = typer.Typer(
+    help="Translate other frameworks' configs into equipax knobs.", no_args_is_help=True
+)
 
 DEFAULT_BASE = "c4_1b"
 
@@ -61,11 +63,17 @@ def convert_maxtext(
     overrides: Annotated[
         list[str] | None, typer.Argument(help="MaxText overrides key=value, as on MaxText's command line.")
     ] = None,
-    exp: Annotated[str, typer.Option("--exp", "-e", help="The equipax experiment the overrides apply to.")] = DEFAULT_BASE,
+    exp: Annotated[
+        str, typer.Option("--exp", "-e", help="The equipax experiment the overrides apply to.")
+    ] = DEFAULT_BASE,
     format: Annotated[str, typer.Option("--format", help="set (--set lines) or json.")] = "set",
     scale_rule: Annotated[
-        str, typer.Option("--scale-rule", help="global_parameter_scale: 'linear' (every base size x scale, MaxText's "
-                                               "first release, the Pax README) or 'doubling' (MaxText today).")
+        str,
+        typer.Option(
+            "--scale-rule",
+            help="global_parameter_scale: 'linear' (every base size x scale, MaxText's "
+            "first release, the Pax README) or 'doubling' (MaxText today).",
+        ),
     ] = "linear",
 ) -> None:
     """Print a MaxText config as equipax overrides, and each key that has no translation and why."""

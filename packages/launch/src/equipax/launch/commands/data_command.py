@@ -14,16 +14,7 @@ from equipax.core.knobs import ConfigError
 from equipax.launch.commands.common import err, out
 from equipax.launch.commands.common import fail as _fail
 
-__all__ = [
-    "batch_report",
-    "data_app",
-    "InputOption",
-    "inspect",
-    "MalformedOption",
-    "prepare",
-    "SplitByOption",
-    "vocab",
-]
+__all__ = ["batch_report", "data_app", "InputOption", "inspect", "MalformedOption", "prepare", "SplitByOption", "vocab"]
 
 data_app: typer.Typer = typer.Typer(
     help="Prepare C4-format shards and SentencePiece vocabularies; inspect an experiment's batches.",
@@ -33,17 +24,19 @@ data_app: typer.Typer = typer.Typer(
 )
 
 InputOption = Annotated[
-    list[Path],
-    typer.Option("--input", "-i", help="Text files, shard files or directories (repeatable)."),
+    list[Path], typer.Option("--input", "-i", help="Text files, shard files or directories (repeatable).")
 ]
 SplitByOption = Annotated[
-    str, typer.Option("--split-by", help="'file' (a file is one document) or 'blank-line' (blocks between blank lines).")
+    str,
+    typer.Option("--split-by", help="'file' (a file is one document) or 'blank-line' (blocks between blank lines)."),
 ]
 MalformedOption = Annotated[
     float,
-    typer.Option("--max-malformed-fraction",
-                 help="Shard inputs: malformed records (not JSON with a string 'text') are skipped up to "
-                      "this fraction of a file's records, then an error."),
+    typer.Option(
+        "--max-malformed-fraction",
+        help="Shard inputs: malformed records (not JSON with a string 'text') are skipped up to "
+        "this fraction of a file's records, then an error.",
+    ),
 ]
 
 
@@ -55,12 +48,16 @@ def _documents(inputs: list[Path], split_by: str, max_malformed_fraction: float)
     if not 0.0 <= max_malformed_fraction <= 1.0:
         _fail(f"--max-malformed-fraction must be in [0, 1]; got {max_malformed_fraction}.")
     try:
-        docs = list(iter_text_documents(inputs, split="file" if split_by == "file" else "blank-line",
-                                        max_malformed_fraction=max_malformed_fraction,
-                                        fraction_setting="--max-malformed-fraction"))
+        docs = list(
+            iter_text_documents(
+                inputs,
+                split="file" if split_by == "file" else "blank-line",
+                max_malformed_fraction=max_malformed_fraction,
+                fraction_setting="--max-malformed-fraction",
+            )
+        )
     except ValueError as e:
         _fail(str(e))
-        raise AssertionError("unreachable")
     if not docs:
         _fail(f"No non-empty documents in {[str(p) for p in inputs]}.")
     return docs
@@ -75,16 +72,21 @@ def _split_files(inputs: list[Path], split: str) -> list[Path]:
         left_out = sorted(set(input_files(inputs)) - set(files))
     except ValueError as e:
         _fail(str(e))
-        raise AssertionError("unreachable")
     if left_out:
         splits = sorted({str(shard_split(f)) for f in left_out})
-        found = (f"{len(left_out)} C4 shard(s) of split(s) {', '.join(splits)} in the input directories "
-                 f"(e.g. {left_out[0].name})")
+        found = (
+            f"{len(left_out)} C4 shard(s) of split(s) {', '.join(splits)} in the input directories "
+            f"(e.g. {left_out[0].name})"
+        )
         if not files:
-            _fail(f"No input for --split {split}: there are only {found}. Pass --split {splits[0]} "
-                  f"(one split per run), or name the files with --input.")
-        err.print(f"note: left out {found}, which are not --split {split}; convert them with "
-                  f"--split {splits[0]}.", highlight=False)
+            _fail(
+                f"No input for --split {split}: there are only {found}. Pass --split {splits[0]} "
+                f"(one split per run), or name the files with --input."
+            )
+        err.print(
+            f"note: left out {found}, which are not --split {split}; convert them with --split {splits[0]}.",
+            highlight=False,
+        )
     return files
 
 
@@ -96,9 +98,11 @@ def _check_not_replacing_inputs(files: list[Path], output: Path, split: str) -> 
     for f in files:
         for path in (Path(os.path.abspath(f)), f.resolve()):
             if path.parent in out_dirs and shard_split(path) == split:
-                _fail(f"--input reads {str(f)!r}, which --output {str(output)!r} would replace (this command "
-                      f"writes the c4-{split}.* shards there). Write to another directory, e.g. "
-                      f"--output {str(output).rstrip('/')}-new, and move the shards over when it is done.")
+                _fail(
+                    f"--input reads {str(f)!r}, which --output {str(output)!r} would replace (this command "
+                    f"writes the c4-{split}.* shards there). Write to another directory, e.g. "
+                    f"--output {str(output).rstrip('/')}-new, and move the shards over when it is done."
+                )
 
 
 @data_app.command()
@@ -107,7 +111,9 @@ def prepare(
     output: Annotated[Path, typer.Option("--output", "-o", help="Directory for the shards.")],
     format: Annotated[str, typer.Option("--format", help="jsonl, jsonl.gz or arrayrecord.")] = "jsonl",
     shards: Annotated[int, typer.Option("--shards", help="Number of shard files.")] = 1,
-    split: Annotated[str, typer.Option("--split", help="Split name in the file names: c4-<split>.00000-of-0000N.")] = "train",
+    split: Annotated[
+        str, typer.Option("--split", help="Split name in the file names: c4-<split>.00000-of-0000N.")
+    ] = "train",
     split_by: SplitByOption = "file",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace existing shards of this split.")] = False,
     max_malformed_fraction: MalformedOption = 0.01,
@@ -129,10 +135,12 @@ def prepare(
         paths = write_shards(docs, output, prefix=f"c4-{split}", num_shards=shards, format=fmt, overwrite=overwrite)
     except ValueError as e:
         _fail(str(e))
-        raise AssertionError("unreachable")
     size = sum(p.stat().st_size for p in paths)
-    out.print(f"Wrote {len(docs):,} documents to {len(paths)} shard(s) in {output} ({size / 1e6:.2f} MB): "
-              f"{paths[0].name} ... {paths[-1].name}", highlight=False)
+    out.print(
+        f"Wrote {len(docs):,} documents to {len(paths)} shard(s) in {output} ({size / 1e6:.2f} MB): "
+        f"{paths[0].name} ... {paths[-1].name}",
+        highlight=False,
+    )
 
 
 @data_app.command()
@@ -154,16 +162,22 @@ def vocab(
         _fail(f"--output should end in .model (SentencePiece's file name convention); got {str(output)!r}.")
     docs = _documents(input, split_by, max_malformed_fraction)
     try:
-        tok = SentencePieceTokenizer.train(docs, vocab_size=vocab_size, model_path=output,
-                                           model_type="bpe" if model_type == "bpe" else "unigram",
-                                           max_sentences=max_sentences)
+        tok = SentencePieceTokenizer.train(
+            docs,
+            vocab_size=vocab_size,
+            model_path=output,
+            model_type="bpe" if model_type == "bpe" else "unigram",
+            max_sentences=max_sentences,
+        )
     except ValueError as e:
         _fail(str(e))
-        raise AssertionError("unreachable")
     sample = docs[0][:2000]
     ratio = len(sample.encode("utf-8")) / max(len(tok.encode(sample)), 1)
-    out.print(f"Wrote {output}: {tok.vocab_size} pieces ({model_type}) from {len(docs):,} documents; "
-              f"{ratio:.2f} bytes per token on the first document.", highlight=False)
+    out.print(
+        f"Wrote {output}: {tok.vocab_size} pieces ({model_type}) from {len(docs):,} documents; "
+        f"{ratio:.2f} bytes per token on the first document.",
+        highlight=False,
+    )
 
 
 def batch_report(inp: Any, batch: Mapping[str, Any], index: int, rows: int) -> dict[str, Any]:
@@ -189,7 +203,9 @@ def batch_report(inp: Any, batch: Mapping[str, Any], index: int, rows: int) -> d
 
 @data_app.command()
 def inspect(
-    exp: Annotated[str, typer.Option("--exp", "-e", help="Experiment: short name or dotted path.")] = "shakespeare_tiny",
+    exp: Annotated[
+        str, typer.Option("--exp", "-e", help="Experiment: short name or dotted path.")
+    ] = "shakespeare_tiny",
     set_: Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a knob: KNOB=VALUE.")] = None,
     split: Annotated[str, typer.Option("--split", help="train or eval.")] = "train",
     host: Annotated[int, typer.Option("--host", help="Infeed host index to simulate.")] = 0,
@@ -219,8 +235,9 @@ def inspect(
     try:
         cfg, _ = apply_overrides(registry.get_experiment(exp), set_ or [])
         if registry.lookup(exp).kind != "train" or cfg.kind != "lm":
-            raise ConfigError(f"`launch data inspect` shows the token batches of language-model "
-                              f"experiments; {exp!r} is not one.")
+            raise ConfigError(
+                f"`launch data inspect` shows the token batches of language-model experiments; {exp!r} is not one."
+            )
         job_dir = job_log_dir or Path("runs") / cfg.name
         with tempfile.TemporaryDirectory() as tmp:
             # Reuse a job's vocabulary when there is one; never write into a job directory.
@@ -230,7 +247,6 @@ def inspect(
             inputs = build_lm_inputs(cfg, tokenizer, num_infeed_hosts=hosts, infeed_host_index=host)
     except ConfigError as e:
         _fail(str(e))
-        raise AssertionError("unreachable")
     inp = inputs.train if split == "train" else inputs.eval
     inp.reset() if split == "eval" else None
     reports = []
@@ -240,23 +256,34 @@ def inspect(
         except StopIteration:
             break
         reports.append(batch_report(inp, batch, i, rows))
-    summary = {"experiment": cfg.name, "split": split, "host": host, "hosts": hosts,
-               "per_host_batch": inp.batch_size, "global_batch": inp.global_batch_size,
-               "eval_batches_per_pass": getattr(inp, "num_batches", None) if split == "eval" else None,
-               "batches": reports}
+    summary = {
+        "experiment": cfg.name,
+        "split": split,
+        "host": host,
+        "hosts": hosts,
+        "per_host_batch": inp.batch_size,
+        "global_batch": inp.global_batch_size,
+        "eval_batches_per_pass": getattr(inp, "num_batches", None) if split == "eval" else None,
+        "batches": reports,
+    }
     if format == "json":
         print(json.dumps(summary, indent=2, ensure_ascii=False))
         return
-    out.print(f"[bold]{cfg.name}[/] {split} data, host {host} of {hosts}: per-host batch {inp.batch_size}, "
-              f"global batch {inp.global_batch_size}", highlight=False)
+    out.print(
+        f"[bold]{cfg.name}[/] {split} data, host {host} of {hosts}: per-host batch {inp.batch_size}, "
+        f"global batch {inp.global_batch_size}",
+        highlight=False,
+    )
     if summary["eval_batches_per_pass"] is not None:
         out.print(f"eval run: {summary['eval_batches_per_pass']} batches on every host", highlight=False)
     for r in reports:
         arrays = ", ".join(f"{k} {tuple(v['shape'])} {v['dtype']}" for k, v in r["arrays"].items())
         out.print(f"[bold]batch {r['batch']}[/]: {arrays}", highlight=False)
         if "weight_sum" in r:
-            line = (f"  weights: sum {r['weight_sum']:,.0f} ({r['weight_fraction']:.1%} of positions), "
-                    f"padding rows {r['padding_rows']}")
+            line = (
+                f"  weights: sum {r['weight_sum']:,.0f} ({r['weight_fraction']:.1%} of positions), "
+                f"padding rows {r['padding_rows']}"
+            )
             if "segments_per_row" in r:
                 line += f", documents per row {r['segments_per_row']:.2f}"
             out.print(line, highlight=False)

@@ -26,18 +26,30 @@ def decode_cmd(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate per prompt, >= 1.")] = 64,
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; > 0 samples.")] = 0.0,
     top_k: Annotated[int | None, typer.Option("--top-k", help="Sample among the K most likely tokens.")] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p", help="Nucleus sampling: the smallest set of tokens "
-                                                                "whose probability reaches P, in (0, 1].")] = None,
+    top_p: Annotated[
+        float | None,
+        typer.Option(
+            "--top-p", help="Nucleus sampling: the smallest set of tokens whose probability reaches P, in (0, 1]."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed (the same seed gives the same samples).")] = 0,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts decoded together, >= 1.")] = 16,
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="Write JSON lines (prompt, text, tokens, seconds_per_token) "
-                                                         "to this file; '-' for stdout.")
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="Write JSON lines (prompt, text, tokens, seconds_per_token) to this file; '-' for stdout.",
+        ),
     ] = None,
     split: Annotated[
-        str | None, typer.Option("--split", help="Decode the job's eval split instead of prompts ('eval'): each "
-                                                 "example's first --prompt-tokens tokens continued, one JSON line "
-                                                 "per example in <job>/decoder_out/<step>/outputs.jsonl.")
+        str | None,
+        typer.Option(
+            "--split",
+            help="Decode the job's eval split instead of prompts ('eval'): each "
+            "example's first --prompt-tokens tokens continued, one JSON line "
+            "per example in <job>/decoder_out/<step>/outputs.jsonl.",
+        ),
     ] = None,
     max_examples: Annotated[
         int, typer.Option("--max-examples", help="--split: decode at most this many examples (0 = all).")
@@ -50,13 +62,17 @@ def decode_cmd(
     """Continue prompts with a trained language model's checkpoint (KV cache; model only, no optimizer state)."""
     if split is not None:
         if prompt is not None or prompts is not None or output is not None:
-            fail("--split decodes the job's own eval examples and writes them to the job directory; leave out "
-                 "--prompt, --prompts and --output (or drop --split to decode your own prompts).")
+            fail(
+                "--split decodes the job's own eval examples and writes them to the job directory; leave out "
+                "--prompt, --prompts and --output (or drop --split to decode your own prompts)."
+            )
         if split != "eval":
             fail(f"--split {split!r} is not a split `launch decode` reads; use --split eval (the job's eval input).")
         if max_examples < 0 or prompt_tokens < 0:
-            fail(f"--max-examples and --prompt-tokens must be >= 0 (0 = all / half an example); got {max_examples} "
-                 f"and {prompt_tokens}.")
+            fail(
+                f"--max-examples and --prompt-tokens must be >= 0 (0 = all / half an example); got {max_examples} "
+                f"and {prompt_tokens}."
+            )
         texts: list[str] = []
     else:
         texts = _read_prompts(prompt, prompts)
@@ -74,16 +90,38 @@ def decode_cmd(
 
     cfg = load_config(job_log_dir)  # ConfigError -> exit 2 with what to do (errors.py)
     if cfg.kind != "lm":
-        fail(f"{job_log_dir} holds a {cfg.kind} job ({cfg.name}): there is no text to decode. `launch decode` "
-             "samples from language-model jobs; evaluate this one with `launch eval --job-log-dir "
-             f"{job_log_dir}`.")
+        fail(
+            f"{job_log_dir} holds a {cfg.kind} job ({cfg.name}): there is no text to decode. `launch decode` "
+            "samples from language-model jobs; evaluate this one with `launch eval --job-log-dir "
+            f"{job_log_dir}`."
+        )
     use_cpu_devices(cpu_devices)
     if split is not None:
-        _decode_split(cfg, job_log_dir, step=step, max_examples=max_examples, prompt_tokens=prompt_tokens,
-                      max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        _decode_split(
+            cfg,
+            job_log_dir,
+            step=step,
+            max_examples=max_examples,
+            prompt_tokens=prompt_tokens,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+        )
         return
-    samples = _decode(cfg, job_log_dir, texts, step=step, max_new_tokens=max_new_tokens, temperature=temperature,
-                      top_k=top_k, top_p=top_p, seed=seed, batch_size=batch_size)
+    samples = _decode(
+        cfg,
+        job_log_dir,
+        texts,
+        step=step,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        batch_size=batch_size,
+    )
     if output is None:
         for s in samples:
             out.print(f"[bold]{s.prompt}[/]", end="", highlight=False)
@@ -106,9 +144,12 @@ def _decode_split(cfg, job_dir: Path, *, step: int | None, **settings) -> None:
     folder = decode_split(cfg, job_dir, step, DecodeSettings(**settings), log=lambda m: err.print(m, highlight=False))
     if (folder / "summary.json").exists():  # process 0 writes it
         s = json.loads((folder / "summary.json").read_text())
-        out.print(f"{cfg.name}: step {step}: decoded {s['examples']} eval examples in {s['batches']} batches "
-                  f"({s['seconds']:.1f} s); {s['reference_token_match']:.1%} of the generated tokens match the "
-                  f"reference -> {folder / 'outputs.jsonl'}", highlight=False)
+        out.print(
+            f"{cfg.name}: step {step}: decoded {s['examples']} eval examples in {s['batches']} batches "
+            f"({s['seconds']:.1f} s); {s['reference_token_match']:.1%} of the generated tokens match the "
+            f"reference -> {folder / 'outputs.jsonl'}",
+            highlight=False,
+        )
 
 
 def _read_prompts(prompt: str | None, prompts: Path | None) -> list[str]:
@@ -127,15 +168,26 @@ def _read_prompts(prompt: str | None, prompts: Path | None) -> list[str]:
     return texts
 
 
-def _decode(cfg, job_dir: Path, texts: list[str], *, step: int | None, max_new_tokens: int, temperature: float,
-            top_k: int | None, top_p: float | None, seed: int, batch_size: int) -> list:
+def _decode(
+    cfg,
+    job_dir: Path,
+    texts: list[str],
+    *,
+    step: int | None,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int,
+    batch_size: int,
+) -> list:
     import jax
 
     from equipax.launch.configs.experiment import as_lm
-    from equipax.launch.training.build import build_training
     from equipax.launch.inference.sampling import decode_texts, encode_prompts
-    from equipax.launch.tasks.lm_data import build_tokenizer
     from equipax.launch.inference.trained_job import check_tokenizer, local_mesh, pick_step, restore_model
+    from equipax.launch.tasks.lm_data import build_tokenizer
+    from equipax.launch.training.build import build_training
 
     step = pick_step(job_dir, step)
     check_tokenizer(cfg, job_dir)
@@ -143,9 +195,11 @@ def _decode(cfg, job_dir: Path, texts: list[str], *, step: int | None, max_new_t
     tokenizer = build_tokenizer(lm, job_dir, log=lambda m: None)
     ids, _ = encode_prompts(tokenizer, texts, lm.model.max_seq_len)  # empty or too long: exit 2 before restoring
     if ids.shape[1] + max_new_tokens > lm.model.max_seq_len:
-        err.print(f"note: the model reads at most max_seq_len={lm.model.max_seq_len} tokens: prompts of "
-                  f"{ids.shape[1]} tokens get at most {lm.model.max_seq_len - ids.shape[1]} new tokens.",
-                  highlight=False)
+        err.print(
+            f"note: the model reads at most max_seq_len={lm.model.max_seq_len} tokens: prompts of "
+            f"{ids.shape[1]} tokens get at most {lm.model.max_seq_len - ids.shape[1]} new tokens.",
+            highlight=False,
+        )
     cfg, mesh, note = local_mesh(cfg)
     if note:
         err.print(note, highlight=False)
@@ -156,9 +210,16 @@ def _decode(cfg, job_dir: Path, texts: list[str], *, step: int | None, max_new_t
     samples = []
     for i in range(0, len(texts), batch_size):
         try:
-            samples += decode_texts(model, tokenizer, texts[i: i + batch_size], max_new_tokens=max_new_tokens,
-                                    temperature=temperature, top_k=top_k, top_p=top_p,
-                                    key=jax.random.fold_in(key, i))
+            samples += decode_texts(
+                model,
+                tokenizer,
+                texts[i : i + batch_size],
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                key=jax.random.fold_in(key, i),
+            )
         except ValueError as e:  # a sampling knob the model refuses (e.g. --top-k above its vocabulary)
             fail(str(e))
     return samples

@@ -26,11 +26,15 @@ EVAL_DIR = "eval_job"
 
 def eval_cmd(
     job_log_dir: JobDirOption,
-    follow: Annotated[bool, typer.Option("--follow", help="Keep evaluating new checkpoints until the job finishes.")]
-    = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Keep evaluating new checkpoints until the job finishes.")
+    ] = False,
     eval_batches: Annotated[
-        int | None, typer.Option("--eval-batches", help="Batches per checkpoint (0 = the whole eval set; default: "
-                                                        "the job's train.eval_batches).")
+        int | None,
+        typer.Option(
+            "--eval-batches",
+            help="Batches per checkpoint (0 = the whole eval set; default: the job's train.eval_batches).",
+        ),
     ] = None,
     poll_seconds: Annotated[float, typer.Option("--poll-seconds", help="--follow: seconds between looks.")] = 30.0,
     idle_timeout: Annotated[
@@ -86,16 +90,22 @@ class EvalJob:
                     last_new = time.monotonic()
                 if not follow:
                     if not todo:
-                        out.print(f"Every checkpoint of {self.job_dir} is already evaluated ({self.path}).",
-                                  highlight=False)
+                        out.print(
+                            f"Every checkpoint of {self.job_dir} is already evaluated ({self.path}).", highlight=False
+                        )
                     return
                 if self.finished():
-                    out.print(f"The training job finished; evaluated {len(self.done)} checkpoint(s) -> {self.path}.",
-                              highlight=False)
+                    out.print(
+                        f"The training job finished; evaluated {len(self.done)} checkpoint(s) -> {self.path}.",
+                        highlight=False,
+                    )
                     return
                 if time.monotonic() - last_new > idle_timeout:
-                    out.print(f"No new checkpoint for {idle_timeout:.0f} s and the job has not finished; stopping "
-                              "(run the same command again to carry on).", highlight=False)
+                    out.print(
+                        f"No new checkpoint for {idle_timeout:.0f} s and the job has not finished; stopping "
+                        "(run the same command again to carry on).",
+                        highlight=False,
+                    )
                     return
                 time.sleep(poll_seconds)
         finally:
@@ -120,9 +130,9 @@ class EvalJob:
     def _build(self) -> None:
         from tensorboardX import SummaryWriter
 
+        from equipax.launch.inference.trained_job import check_tokenizer, local_mesh
         from equipax.launch.tasks import family
         from equipax.launch.training.build import build_training
-        from equipax.launch.inference.trained_job import check_tokenizer, local_mesh
 
         check_tokenizer(self.cfg, self.job_dir)
         cfg, mesh, note = local_mesh(self.cfg)
@@ -137,8 +147,8 @@ class EvalJob:
     def evaluate(self, step: int, *, vanished_ok: bool) -> None:
         """Restore checkpoint `step` (model only), evaluate it, record it."""
         from equipax.core.knobs import ConfigError
-        from equipax.launch.training.hooks import eval_pass
         from equipax.launch.inference.trained_job import restore_model
+        from equipax.launch.training.builtin_hooks import eval_pass
 
         if self.program is None:
             self._build()
@@ -149,19 +159,30 @@ class EvalJob:
             model, model_state = restore_model(self.job_dir, step, training.abstract_state)
         except ConfigError:
             if vanished_ok and not (self.job_dir / "checkpoints" / str(step)).exists():
-                err.print(f"note: checkpoint {step} was removed before it could be evaluated (the run keeps "
-                          f"train.keep_checkpoints={self.cfg.train.keep_checkpoints}); skipped.", highlight=False)
+                err.print(
+                    f"note: checkpoint {step} was removed before it could be evaluated (the run keeps "
+                    f"train.keep_checkpoints={self.cfg.train.keep_checkpoints}); skipped.",
+                    highlight=False,
+                )
                 self.done.add(step)
                 return
             raise
         m = eval_pass(training, eval_input, model, model_state, limit=self.cfg.train.eval_batches)
-        record = {"loss": m["loss"], "accuracy": m["accuracy"], unit: m["weight"], "batches": m["batches"],
-                  "seconds": time.monotonic() - start}
+        record = {
+            "loss": m["loss"],
+            "accuracy": m["accuracy"],
+            unit: m["weight"],
+            "batches": m["batches"],
+            "seconds": time.monotonic() - start,
+        }
         with self.path.open("a") as f:
             f.write(json.dumps({"step": step, "split": EVAL_DIR, **record}) + "\n")
         for k, v in record.items():
             self.tb.add_scalar(k, v, step)
         self.tb.flush()
         self.done.add(step)
-        out.print(f"step {step}: eval loss {m['loss']:.4f}, accuracy {m['accuracy']:.3f} on {m['weight']:,.0f} "
-                  f"{unit} ({record['seconds']:.1f} s)", highlight=False)
+        out.print(
+            f"step {step}: eval loss {m['loss']:.4f}, accuracy {m['accuracy']:.3f} on {m['weight']:,.0f} "
+            f"{unit} ({record['seconds']:.1f} s)",
+            highlight=False,
+        )

@@ -60,8 +60,8 @@ def k8s_cmd(
             overrides=list(set_ or []),
             job_log_dir=job_log_dir or f"runs/{cfg.name}",
             mesh=cfg.mesh,
-            xla_flags=cfg.train.xla_flags,
-            libtpu_init_args=cfg.train.libtpu_init_args,
+            xla_flags=cfg.train.compiler.xla_flags,
+            libtpu_init_args=cfg.train.compiler.libtpu_init_args,
         )
     except ConfigError as e:
         fail(str(e))

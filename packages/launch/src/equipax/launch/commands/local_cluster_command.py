@@ -25,6 +25,7 @@ def local_cluster(
         fail("local-cluster runs a `run` command: launch local-cluster --processes 2 -- run --exp NAME ...")
     if processes < 1:
         fail(f"--processes must be >= 1; got {processes}.")
-    code = run_local_cluster(processes, args, cpu_devices=cpu_devices, grace_s=grace_s,
-                             write=lambda line: print(line, flush=True))
+    code = run_local_cluster(
+        processes, args, cpu_devices=cpu_devices, grace_s=grace_s, write=lambda line: print(line, flush=True)
+    )
     raise typer.Exit(code)

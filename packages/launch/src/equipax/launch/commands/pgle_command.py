@@ -12,14 +12,22 @@ import typer
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.commands.common import (
-    DEFAULT_EXPERIMENT, CpuDevicesOption, ExpOption, SetOption, err, fail, out, resolve,
+    DEFAULT_EXPERIMENT,
+    CpuDevicesOption,
+    ExpOption,
+    SetOption,
+    err,
+    fail,
+    out,
+    resolve,
 )
 from equipax.launch.errors import EXIT_USER_ERROR
 
 __all__ = ["collect", "pgle_app", "PROFILE_FILE"]
 
-pgle_app: typer.Typer = typer.Typer(help="Profile-guided latency estimation (XLA:GPU): collect a profile for manual PGLE.",
-                       no_args_is_help=True)
+pgle_app: typer.Typer = typer.Typer(
+    help="Profile-guided latency estimation (XLA:GPU): collect a profile for manual PGLE.", no_args_is_help=True
+)
 
 PROFILE_FILE = "profile.pb"
 
@@ -37,29 +45,37 @@ def collect(
     ] = None,
     cpu_devices: CpuDevicesOption = None,
 ) -> None:
-    """Profile STEPS train steps after WARMUP and write <job>/profile.pb for train.pgle=manual."""
+    """Profile STEPS train steps after WARMUP and write <job>/profile.pb for train.pgle.mode=manual."""
     from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
 
-    overrides = [*(set_ or []), "train.pgle=off", f"train.num_steps={warmup + steps}",
-                 f"train.profile_start_step={warmup + 1}", f"train.profile_steps={steps}",
-                 f"train.checkpoint_every={warmup + steps}", f"train.eval_every={warmup + steps}",
-                 "train.eval_batches=1"]
+    overrides = [
+        *(set_ or []),
+        "train.pgle.mode=off",
+        f"train.num_steps={warmup + steps}",
+        f"train.profile.start_step={warmup + 1}",
+        f"train.profile.steps={steps}",
+        f"train.checkpoint_every={warmup + steps}",
+        f"train.eval_every={warmup + steps}",
+        "train.eval_batches=1",
+    ]
     entry, cfg, sources = resolve(exp, overrides)
     if entry.kind != "train":
         fail(f"{cfg.name} is a benchmark, not a training experiment; there is no train step to profile.")
     job_dir = job_log_dir or Path("runs") / f"{cfg.name}_pgle"
     if job_dir.exists() and any(job_dir.iterdir()):
-        fail(f"{job_dir} is not empty: a profile must come from a fresh run (a resumed one would start past "
-             "its window). Pass a new --job-log-dir or remove that directory.")
+        fail(
+            f"{job_dir} is not empty: a profile must come from a fresh run (a resumed one would start past "
+            "its window). Pass a new --job-log-dir or remove that directory."
+        )
     from equipax.launch.aot.flags import apply_compiler_flags, merge_flags
-    from equipax.launch.training.profiling import COLLECT_XLA_FLAGS
+    from equipax.launch.training.pgle import COLLECT_XLA_FLAGS
 
     try:
         check_cpu_devices(cpu_devices, cfg.mesh)
         # The run's own compiler flags plus the collection's (command buffers off: see
         # COLLECT_XLA_FLAGS), set before JAX starts its backend, as `launch run` does.
-        flags = merge_flags(cfg.train.xla_flags, " ".join(COLLECT_XLA_FLAGS))
-        for var, value in apply_compiler_flags(flags, cfg.train.libtpu_init_args).items():
+        flags = merge_flags(cfg.train.compiler.xla_flags, " ".join(COLLECT_XLA_FLAGS))
+        for var, value in apply_compiler_flags(flags, cfg.train.compiler.libtpu_init_args).items():
             err.print(f"{var}={value}", highlight=False, markup=False)
         use_cpu_devices(cpu_devices)
     except ConfigError as e:
@@ -69,7 +85,8 @@ def collect(
     from jax.experimental.profiler import get_profiled_instructions_proto
 
     from equipax.launch.training.loop import run_experiment
-    from equipax.launch.training.profiling import PROFILE_DIR, latest_trace, profiled_instructions
+    from equipax.launch.training.pgle import profiled_instructions
+    from equipax.launch.training.profiling import PROFILE_DIR, latest_trace
 
     run_experiment(cfg, job_dir=job_dir, sources=sources, console=out)
     trace = latest_trace(job_dir / PROFILE_DIR)
@@ -83,18 +100,30 @@ def collect(
     costs = profiled_instructions(proto)
     instructions = [name for name in costs if not name.startswith("command_buffer")]
     if not instructions:
-        message = (f"Wrote {path}, but it names no instruction ({len(proto):,} bytes"
-                   + (f", only {len(costs)} command buffers" if costs else "") + "): XLA records "
-                   f"per-instruction latencies for PGLE only on NVIDIA GPUs (this host runs on {platform}).")
+        message = (
+            f"Wrote {path}, but it names no instruction ({len(proto):,} bytes"
+            + (f", only {len(costs)} command buffers" if costs else "")
+            + "): XLA records "
+            f"per-instruction latencies for PGLE only on NVIDIA GPUs (this host runs on {platform})."
+        )
         if platform == "gpu":
-            fail(message + " On a GPU the usual causes are another tool holding CUPTI (e.g. Nsight Systems; run "
-                 "without it) or XLA_FLAGS turning command buffers back on (--xla_gpu_enable_command_buffer, "
-                 "which collect turns off).", EXIT_USER_ERROR)
+            fail(
+                message + " On a GPU the usual causes are another tool holding CUPTI (e.g. Nsight Systems; run "
+                "without it) or XLA_FLAGS turning command buffers back on (--xla_gpu_enable_command_buffer, "
+                "which collect turns off).",
+                EXIT_USER_ERROR,
+            )
         out.print(message + " Collect on the GPU host that will train.", highlight=False)
     else:
-        out.print(f"Wrote the PGLE profile ({len(instructions):,} instructions, {len(proto):,} bytes) to {path}.",
-                  highlight=False)
-    out.print(f"Use it: launch run --exp {cfg.name} --set train.pgle=manual --set train.pgle_profile_path={path}\n"
-              "XLA logs at INFO level what it matched (shown with TF_CPP_MIN_LOG_LEVEL=0): \"Found profile for "
-              "module jit_train_step, using profile guided latency estimator\" then, if some instructions are not in the "
-              "profile, \"Found N instructions from the profile\".", highlight=False, markup=False)
+        out.print(
+            f"Wrote the PGLE profile ({len(instructions):,} instructions, {len(proto):,} bytes) to {path}.",
+            highlight=False,
+        )
+    out.print(
+        f"Use it: launch run --exp {cfg.name} --set train.pgle.mode=manual --set train.pgle.profile_path={path}\n"
+        'XLA logs at INFO level what it matched (shown with TF_CPP_MIN_LOG_LEVEL=0): "Found profile for '
+        'module jit_train_step, using profile guided latency estimator" then, if some instructions are not in the '
+        'profile, "Found N instructions from the profile".',
+        highlight=False,
+        markup=False,
+    )

@@ -9,7 +9,14 @@ from rich.table import Table
 
 from equipax.core.knobs import ConfigError, format_knobs, to_dict
 from equipax.launch.commands.common import (
-    DEFAULT_EXPERIMENT, CpuDevicesOption, ExpOption, SetOption, err, fail, out, resolve,
+    DEFAULT_EXPERIMENT,
+    CpuDevicesOption,
+    ExpOption,
+    SetOption,
+    err,
+    fail,
+    out,
+    resolve,
 )
 from equipax.launch.experiments import registry
 
@@ -39,8 +46,7 @@ def list_cmd() -> None:
         data = cfg.data.source + (" images" if cfg.kind == "image_classification" else "")
         table.add_row(entry.name, _count(derived_numbers(cfg)["params_total"]), mesh, data, _count(cfg.num_steps))
     out.print(table)
-    out.print("mesh = data x fsdp x tensor devices; `launch show --exp NAME` for everything else.",
-              highlight=False)
+    out.print("mesh = data x fsdp x tensor devices; `launch show --exp NAME` for everything else.", highlight=False)
 
 
 def show(
@@ -55,8 +61,11 @@ def show(
     entry, cfg, sources = resolve(exp, set_)
     numbers = derived_numbers(cfg) if entry.kind == "train" else {}
     if "devices_required" in numbers and cpu_devices is not None and cpu_devices != numbers["devices_required"]:
-        err.print(f"note: the mesh needs {numbers['devices_required']} devices; --cpu-devices {cpu_devices} "
-                  "would not run it.", highlight=False)
+        err.print(
+            f"note: the mesh needs {numbers['devices_required']} devices; --cpu-devices {cpu_devices} "
+            "would not run it.",
+            highlight=False,
+        )
     if format == "json":
         print(json.dumps({"config": to_dict(cfg), "derived": numbers, "sources": sources}, indent=2))
     elif format == "text":
@@ -75,12 +84,14 @@ def show(
 
 
 def profile_overrides(text: str) -> list[str]:
-    """`--profile START:COUNT` as the knobs it sets (train.profile_start_step, train.profile_steps)."""
+    """`--profile START:COUNT` as the knobs it sets (train.profile.start_step, train.profile.steps)."""
     start, sep, count = text.partition(":")
     if not sep or not count.strip().isdigit() or not (start.strip().isdigit() or not start.strip()):
-        fail(f"--profile takes START:COUNT (e.g. 5:3 traces steps 5, 6 and 7; :3 starts at the run's second "
-             f"step); got {text!r}.")
-    return [f"train.profile_start_step={start.strip() or None}", f"train.profile_steps={count.strip()}"]
+        fail(
+            f"--profile takes START:COUNT (e.g. 5:3 traces steps 5, 6 and 7; :3 starts at the run's second "
+            f"step); got {text!r}."
+        )
+    return [f"train.profile.start_step={start.strip() or None}", f"train.profile.steps={count.strip()}"]
 
 
 def run(
@@ -96,15 +107,26 @@ def run(
     num_processes: Annotated[int | None, typer.Option("--num-processes", help="Multi-process: N.")] = None,
     process_id: Annotated[int | None, typer.Option("--process-id", help="Multi-process: this process, 0..N-1.")] = None,
     distributed_auto: Annotated[
-        bool, typer.Option("--distributed-auto", help="Join a multi-host job detected from the environment (Cloud TPU, SLURM, Open MPI).")
+        bool,
+        typer.Option(
+            "--distributed-auto",
+            help="Join a multi-host job detected from the environment (Cloud TPU, SLURM, Open MPI).",
+        ),
     ] = False,
     coordinator_timeout: Annotated[
-        float, typer.Option("--coordinator-timeout", min=1,
-                            help="Multi-process: seconds to wait for the coordinator and the other processes.")
+        float,
+        typer.Option(
+            "--coordinator-timeout",
+            min=1,
+            help="Multi-process: seconds to wait for the coordinator and the other processes.",
+        ),
     ] = 300.0,
     profile: Annotated[
-        str | None, typer.Option("--profile", help="START:COUNT: trace COUNT steps from step START into "
-                                                   "<job>/profile (':COUNT' = from the second step).")
+        str | None,
+        typer.Option(
+            "--profile",
+            help="START:COUNT: trace COUNT steps from step START into <job>/profile (':COUNT' = from the second step).",
+        ),
     ] = None,
 ) -> None:
     """Train an experiment; rerun the same command to resume from its last checkpoint."""
@@ -112,25 +134,31 @@ def run(
         set_ = [*(set_ or []), *profile_overrides(profile)]
     entry, cfg, sources = resolve(exp, set_)  # a pure value: no device touched yet
     # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
-    from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
-    from equipax.launch.cluster.detect import find_job
-    from equipax.launch.cluster.shape import check_shape
-    from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
     from equipax.launch.aot.flags import apply_compiler_flags
-    from equipax.launch.training.profiling import set_xla_flags
-    dist = DistributedArgs(coordinator, num_processes, process_id, auto=distributed_auto,
-                           coordinator_timeout_s=coordinator_timeout)
+    from equipax.launch.cluster.detect import find_job
+    from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
+    from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
+    from equipax.launch.cluster.shape import check_shape
+    from equipax.launch.training.pgle import set_xla_flags
+
+    dist = DistributedArgs(
+        coordinator, num_processes, process_id, auto=distributed_auto, coordinator_timeout_s=coordinator_timeout
+    )
     try:
         # --distributed-auto under SLURM / Open MPI: the job's shape is read (and checked) before JAX starts.
-        job = find_job(cfg.mesh if entry.kind == "train" else None, cpu_devices=cpu_devices) if distributed_auto else None
+        job = (
+            find_job(cfg.mesh if entry.kind == "train" else None, cpu_devices=cpu_devices) if distributed_auto else None
+        )
         if job is not None:
             dist = dist.joining(job)
         if entry.kind == "train":  # refuse a device count the mesh cannot use before creating them
             check_cpu_devices(cpu_devices, cfg.mesh, num_processes=dist.num_processes or 1)
-            # train.xla_flags / libtpu_init_args, then PGLE: read when the backend (libtpu) starts.
-            for var, value in apply_compiler_flags(cfg.train.xla_flags, cfg.train.libtpu_init_args).items():
+            # train.compiler.xla_flags / libtpu_init_args, then PGLE: read when the backend (libtpu) starts.
+            for var, value in apply_compiler_flags(
+                cfg.train.compiler.xla_flags, cfg.train.compiler.libtpu_init_args
+            ).items():
                 err.print(f"{var}={value}", highlight=False, markup=False)
-            set_xla_flags(cfg.train)
+            set_xla_flags(cfg.train.pgle)
         use_cpu_devices(cpu_devices)
         initialize(dist)
         if dist.requested and entry.kind == "train":  # every process, once the job has started

@@ -8,7 +8,7 @@ experiment's model can read it (`check_model`). Pure values: nothing here touche
 import dataclasses
 from typing import ClassVar, Literal
 
-from equipax.models.configs import CNNConfig, LMConfig, LlamaConfig
+from equipax.models.configs import CNNConfig, LlamaConfig, LMConfig
 
 __all__ = [
     "BYTE_VOCAB_SIZE",
@@ -90,7 +90,8 @@ class DataConfig:
         if not isinstance(model, (LMConfig, LlamaConfig)):
             raise ValueError(
                 f"The experiment's data is token data (data.source={self.source!r}) but its model is "
-                f"a {type(model).__name__}; language-model data needs an LMConfig or LlamaConfig model.")
+                f"a {type(model).__name__}; language-model data needs an LMConfig or LlamaConfig model."
+            )
         if self.seq_len > model.max_seq_len:
             raise ValueError(
                 f"data.seq_len={self.seq_len} exceeds model.max_seq_len={model.max_seq_len}; "
@@ -100,8 +101,7 @@ class DataConfig:
             return  # random ids below model.vocab_size: no tokenizer involved
         if self.tokenizer == "byte" and model.vocab_size < BYTE_VOCAB_SIZE:
             raise ValueError(
-                f"data.tokenizer='byte' needs model.vocab_size >= {BYTE_VOCAB_SIZE}; "
-                f"got {model.vocab_size}."
+                f"data.tokenizer='byte' needs model.vocab_size >= {BYTE_VOCAB_SIZE}; got {model.vocab_size}."
             )
         if self.tokenizer == "sentencepiece" and model.vocab_size < BYTE_VOCAB_SIZE + 4:
             raise ValueError(
@@ -127,9 +127,7 @@ class DataConfig:
                 f"got data.source={self.source!r}. Set data.packing=False."
             )
         if not 0.0 <= self.max_malformed_fraction <= 1.0:
-            raise ValueError(
-                f"data.max_malformed_fraction must be in [0, 1]; got {self.max_malformed_fraction}."
-            )
+            raise ValueError(f"data.max_malformed_fraction must be in [0, 1]; got {self.max_malformed_fraction}.")
         if self.source == "shakespeare" and not self.validation_plays:
             raise ValueError(
                 "data.validation_plays is empty: name at least one play to hold out, "
@@ -179,15 +177,18 @@ class ImageDataConfig:
         if not isinstance(model, CNNConfig):
             raise ValueError(
                 f"The experiment's data is labelled images (data.source={self.source!r}) but its model "
-                f"is a {type(model).__name__}; image classification needs a CNNConfig model.")
+                f"is a {type(model).__name__}; image classification needs a CNNConfig model."
+            )
         if model.in_channels != self.input_channels:
             raise ValueError(
                 f"model.in_channels={model.in_channels} but data.source={self.source!r} "
-                f"yields {self.input_channels}-channel images; set model.in_channels={self.input_channels}.")
+                f"yields {self.input_channels}-channel images; set model.in_channels={self.input_channels}."
+            )
         if model.num_classes != self.input_classes:
             raise ValueError(
                 f"model.num_classes={model.num_classes} but data.source={self.source!r} "
-                f"has {self.input_classes} classes; set model.num_classes={self.input_classes}.")
+                f"has {self.input_classes} classes; set model.num_classes={self.input_classes}."
+            )
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

@@ -1,9 +1,11 @@
-"""The German tutorial's image classifier (AdvancedCNN): on its synthetic images, and on digits."""
+"""The CNN tutorial's image classifier (AdvancedCNN, docs/tutorial_cnn.md): on its synthetic images,
+and on digits."""
 
 import dataclasses
 
 from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
-from equipax.launch.configs.experiment import ExperimentConfig, ImageDataConfig, TrainConfig
+from equipax.launch.configs.experiment import ExperimentConfig, ImageDataConfig
+from equipax.launch.configs.train import TrainConfig
 from equipax.launch.experiments.registry import register
 from equipax.models.configs import CNNConfig
 
@@ -15,8 +17,9 @@ TUTORIAL_LEARNER = LearnerConfig(
     kind="adamw",
     weight_decay=1e-4,
     clip_gradient_norm=1.0,
-    schedule=ScheduleConfig(kind="warmup_cosine", peak_learning_rate=1e-3, warmup_steps=50,
-                            decay_steps=500, final_fraction=0.1),
+    schedule=ScheduleConfig(
+        kind="warmup_cosine", peak_learning_rate=1e-3, warmup_steps=50, decay_steps=500, final_fraction=0.1
+    ),
 )
 
 
@@ -28,10 +31,18 @@ def cnn_tutorial() -> ExperimentConfig:
     """
     return ExperimentConfig(
         name="cnn_tutorial",
-        description="The German tutorial's AdvancedCNN on its synthetic images (random labels).",
+        description="The CNN tutorial's AdvancedCNN on its synthetic images (random labels).",
         model=CNNConfig(num_classes=10, in_channels=3),
-        data=ImageDataConfig(source="synthetic", batch_size=32, num_train=1000, num_test=200,
-                             image_size=32, channels=3, num_classes=10, shuffle=False),
+        data=ImageDataConfig(
+            source="synthetic",
+            batch_size=32,
+            num_train=1000,
+            num_test=200,
+            image_size=32,
+            channels=3,
+            num_classes=10,
+            shuffle=False,
+        ),
         learner=TUTORIAL_LEARNER,
         train=TrainConfig(num_epochs=5, log_every=10, eval_batches=0),
         # Data parallel over every device present (`--cpu-devices 4`, a GPU host, ...).

@@ -14,7 +14,8 @@ point it at a 128,256-piece SentencePiece model, or leave it empty to train one 
 import dataclasses
 
 from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
-from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, TrainConfig
+from equipax.launch.configs.experiment import DataConfig, ExperimentConfig
+from equipax.launch.configs.train import SampleConfig, TrainConfig
 from equipax.launch.experiments.pax_knobs import C4_PATH
 from equipax.launch.experiments.registry import register
 from equipax.launch.experiments.shakespeare_lms import shakespeare_tiny
@@ -34,21 +35,47 @@ __all__ = [
 # Meta's Llama recipe (Llama 2 paper, section 2.2): AdamW b1 0.9, b2 0.95, eps 1e-5, weight decay
 # 0.1, 2000 warmup steps, cosine decay to 10% of the peak, gradient clipping at 1.0.
 LLAMA_LEARNER = LearnerConfig(
-    kind="adamw", b1=0.9, b2=0.95, eps=1e-5, weight_decay=0.1, clip_gradient_norm=1.0,
-    schedule=ScheduleConfig(kind="warmup_cosine", peak_learning_rate=3e-4, warmup_steps=2000,
-                            decay_steps=500_000, final_fraction=0.1),
+    kind="adamw",
+    b1=0.9,
+    b2=0.95,
+    eps=1e-5,
+    weight_decay=0.1,
+    clip_gradient_norm=1.0,
+    schedule=ScheduleConfig(
+        kind="warmup_cosine", peak_learning_rate=3e-4, warmup_steps=2000, decay_steps=500_000, final_fraction=0.1
+    ),
 )
 
 LLAMA2_7B = LlamaConfig(
-    vocab_size=32_000, max_seq_len=4096, num_layers=32, model_dims=4096, num_heads=32,
-    num_kv_heads=32, head_dim=128, hidden_dims=11_008, rope_theta=10_000.0, norm_eps=1e-5,
-    scan_layers=True, remat="full", dtype="bfloat16",
+    vocab_size=32_000,
+    max_seq_len=4096,
+    num_layers=32,
+    model_dims=4096,
+    num_heads=32,
+    num_kv_heads=32,
+    head_dim=128,
+    hidden_dims=11_008,
+    rope_theta=10_000.0,
+    norm_eps=1e-5,
+    scan_layers=True,
+    remat="full",
+    dtype="bfloat16",
 )
 
 LLAMA3_8B = LlamaConfig(
-    vocab_size=128_256, max_seq_len=8192, num_layers=32, model_dims=4096, num_heads=32,
-    num_kv_heads=8, head_dim=128, hidden_dims=14_336, rope_theta=500_000.0, norm_eps=1e-5,
-    scan_layers=True, remat="full", dtype="bfloat16",
+    vocab_size=128_256,
+    max_seq_len=8192,
+    num_layers=32,
+    model_dims=4096,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    hidden_dims=14_336,
+    rope_theta=500_000.0,
+    norm_eps=1e-5,
+    scan_layers=True,
+    remat="full",
+    dtype="bfloat16",
 )
 
 
@@ -70,21 +97,44 @@ def shakespeare_llama_tiny() -> ExperimentConfig:
         base,
         name="shakespeare_llama_tiny",
         description="Llama-style LM (RoPE, SwiGLU, GQA, RMSNorm) on Shakespeare.",
-        model=LlamaConfig(vocab_size=2048, max_seq_len=128, num_layers=4, model_dims=192, num_heads=4,
-                          num_kv_heads=2, head_dim=48, hidden_dims=512, scan_layers=False),
+        model=LlamaConfig(
+            vocab_size=2048,
+            max_seq_len=128,
+            num_layers=4,
+            model_dims=192,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=48,
+            hidden_dims=512,
+            scan_layers=False,
+        ),
     )
 
 
-def _full_size(model: LlamaConfig, *, seq_len: int, per_device_batch: int, ici: tuple[int, int, int],
-               num_steps: int) -> dict:
+def _full_size(
+    model: LlamaConfig, *, seq_len: int, per_device_batch: int, ici: tuple[int, int, int], num_steps: int
+) -> dict:
     return dict(
         model=model,
-        data=DataConfig(source="c4", path=C4_PATH, tokenizer="sentencepiece", seq_len=seq_len,
-                        per_device_batch=per_device_batch, packing=True),
-        learner=dataclasses.replace(LLAMA_LEARNER, schedule=dataclasses.replace(
-            LLAMA_LEARNER.schedule, decay_steps=num_steps)),
-        train=TrainConfig(num_steps=num_steps, log_every=100, eval_every=1000, eval_batches=50,
-                          checkpoint_every=1000, sample_tokens=0),
+        data=DataConfig(
+            source="c4",
+            path=C4_PATH,
+            tokenizer="sentencepiece",
+            seq_len=seq_len,
+            per_device_batch=per_device_batch,
+            packing=True,
+        ),
+        learner=dataclasses.replace(
+            LLAMA_LEARNER, schedule=dataclasses.replace(LLAMA_LEARNER.schedule, decay_steps=num_steps)
+        ),
+        train=TrainConfig(
+            num_steps=num_steps,
+            log_every=100,
+            eval_every=1000,
+            eval_batches=50,
+            checkpoint_every=1000,
+            sample=SampleConfig(tokens=0),
+        ),
         mesh=MeshConfig(ici_mesh_shape=ici),
     )
 
@@ -118,12 +168,22 @@ def _smoke(cfg: ExperimentConfig, ici: tuple[int, int, int]) -> ExperimentConfig
         cfg,
         name=f"{cfg.name}_smoke",
         description=f"`{cfg.name}` at toy size (2 layers, d 64) on 8 devices.",
-        model=dataclasses.replace(model, vocab_size=512, max_seq_len=32, num_layers=2, model_dims=64,
-                                  num_heads=4, num_kv_heads=4 // min(group, 4), head_dim=16, hidden_dims=128,
-                                  dtype="float32"),
+        model=dataclasses.replace(
+            model,
+            vocab_size=512,
+            max_seq_len=32,
+            num_layers=2,
+            model_dims=64,
+            num_heads=4,
+            num_kv_heads=4 // min(group, 4),
+            head_dim=16,
+            hidden_dims=128,
+            dtype="float32",
+        ),
         data=DataConfig(source="synthetic", seq_len=32, per_device_batch=2),
-        train=TrainConfig(num_steps=4, log_every=1, eval_every=4, eval_batches=1, checkpoint_every=4,
-                          sample_tokens=0),
+        train=TrainConfig(
+            num_steps=4, log_every=1, eval_every=4, eval_batches=1, checkpoint_every=4, sample=SampleConfig(tokens=0)
+        ),
         mesh=MeshConfig(ici_mesh_shape=ici),
     )
 

@@ -60,9 +60,7 @@ def c4_1b() -> ExperimentConfig:
 
 @register
 def c4_1b_smoke() -> ExperimentConfig:
-    return smoke(C4_SPMD_1B_ADAM_4_REPLICAS, ici_mesh_shape=(1, 8, 1)).build(
-        "c4_1b_smoke", smoke_description("c4_1b")
-    )
+    return smoke(C4_SPMD_1B_ADAM_4_REPLICAS, ici_mesh_shape=(1, 8, 1)).build("c4_1b_smoke", smoke_description("c4_1b"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,17 +130,20 @@ C4_SPMD_22B_ADAM_1X_V4_128 = dataclasses.replace(
 
 
 def _seed_libtpu_args(cfg: ExperimentConfig) -> ExperimentConfig:
-    """The seed's LIBTPU_INIT_ARGS for the multislice runs, as the `train.libtpu_init_args` knob."""
+    """The seed's LIBTPU_INIT_ARGS for the multislice runs, as the `train.compiler.libtpu_init_args` knob."""
     from equipax.launch.aot.flags import SEED_C4_22B_LIBTPU_INIT_ARGS
 
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, libtpu_init_args=SEED_C4_22B_LIBTPU_INIT_ARGS))
+    compiler = dataclasses.replace(cfg.train.compiler, libtpu_init_args=SEED_C4_22B_LIBTPU_INIT_ARGS)
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compiler=compiler))
 
 
 @register
 def c4_22b_1x() -> ExperimentConfig:
-    return _seed_libtpu_args(C4_SPMD_22B_ADAM_1X_V4_128.build(
-        "c4_22b_1x", "Pax C4Spmd22BAdam1xv4_128: 22B GPT on C4, 64-way FSDP on one v4-128 slice, bf16."
-    ))
+    return _seed_libtpu_args(
+        C4_SPMD_22B_ADAM_1X_V4_128.build(
+            "c4_22b_1x", "Pax C4Spmd22BAdam1xv4_128: 22B GPT on C4, 64-way FSDP on one v4-128 slice, bf16."
+        )
+    )
 
 
 @register
@@ -162,13 +163,17 @@ C4_SPMD_22B_ADAM_2X_V4_128 = dataclasses.replace(C4_SPMD_22B_ADAM_1X_V4_128, dcn
 
 @register
 def c4_22b_2x() -> ExperimentConfig:
-    return _seed_libtpu_args(C4_SPMD_22B_ADAM_2X_V4_128.build(
-        "c4_22b_2x", "Pax C4Spmd22BAdam2xv4_128: 22B GPT on C4, 2 slices x 64-way FSDP (2x v4-128), bf16."
-    ))
+    return _seed_libtpu_args(
+        C4_SPMD_22B_ADAM_2X_V4_128.build(
+            "c4_22b_2x", "Pax C4Spmd22BAdam2xv4_128: 22B GPT on C4, 2 slices x 64-way FSDP (2x v4-128), bf16."
+        )
+    )
 
 
 @register
 def c4_22b_2x_smoke() -> ExperimentConfig:
-    return _seed_libtpu_args(smoke(
-        C4_SPMD_22B_ADAM_2X_V4_128, ici_mesh_shape=(1, 4, 1), dcn_mesh_shape=(2, 1, 1), num_heads=2
-    ).build("c4_22b_2x_smoke", smoke_description("c4_22b_2x")))
+    return _seed_libtpu_args(
+        smoke(C4_SPMD_22B_ADAM_2X_V4_128, ici_mesh_shape=(1, 4, 1), dcn_mesh_shape=(2, 1, 1), num_heads=2).build(
+            "c4_22b_2x_smoke", smoke_description("c4_22b_2x")
+        )
+    )

@@ -9,7 +9,8 @@ import dataclasses
 from typing import Literal
 
 from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig, TransformerConfig
-from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, TrainConfig
+from equipax.launch.configs.experiment import DataConfig, ExperimentConfig
+from equipax.launch.configs.train import SampleConfig, TrainConfig
 from equipax.models.configs import LMConfig
 
 __all__ = ["C4_PATH", "PAX_NUM_TRAIN_STEPS", "PaxLM", "smoke", "smoke_description"]
@@ -148,7 +149,7 @@ class PaxLM:
                 eval_batches=self.eval_loop_num_batches,
                 checkpoint_every=self.checkpoint_every_n_steps,
                 keep_checkpoints=self.checkpoint_max_to_keep,
-                sample_tokens=0,
+                sample=SampleConfig(tokens=0),
             ),
             mesh=MeshConfig(ici_mesh_shape=self.ici_mesh_shape, dcn_mesh_shape=self.dcn_mesh_shape),
         )
@@ -199,5 +200,3 @@ def smoke(
 
 def smoke_description(parent: str) -> str:
     return f"{parent} shrunk to seconds on 8 CPU devices (--cpu-devices 8): same code path and mesh axes."
-
-

@@ -35,7 +35,7 @@ Pax knobs no experiment here can express (same for all of them; each experiment 
 import dataclasses
 
 from equipax.launch.configs.experiment import ExperimentConfig
-from equipax.launch.experiments.pax_knobs import PaxLM, smoke, smoke_description, C4_PATH
+from equipax.launch.experiments.pax_knobs import C4_PATH, PaxLM, smoke, smoke_description
 from equipax.launch.experiments.registry import register
 
 __all__ = [

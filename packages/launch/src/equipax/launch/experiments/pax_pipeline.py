@@ -117,8 +117,9 @@ class PaxPipeline:
             base,
             model=dataclasses.replace(base.model, transformer=transformer),
             learner=dataclasses.replace(base.learner, schedule=schedule),
-            mesh=MeshConfig(ici_mesh_shape=self.ici_mesh_shape, dcn_mesh_shape=self.dcn_mesh_shape,
-                            axis_names=PIPELINE_AXES),
+            mesh=MeshConfig(
+                ici_mesh_shape=self.ici_mesh_shape, dcn_mesh_shape=self.dcn_mesh_shape, axis_names=PIPELINE_AXES
+            ),
         )
 
 
@@ -163,9 +164,11 @@ GPT3_XL_PIPELINE_64 = PaxPipeline(num_stages=4, microbatch_size=16, ici_mesh_sha
 @register
 def c4_gpt3_xl_pipeline() -> ExperimentConfig:
     return GPT3_XL_PIPELINE_64.build(
-        C4_SPMD_PIPELINE_GPT3_SMALL_ADAM, "c4_gpt3_xl_pipeline",
+        C4_SPMD_PIPELINE_GPT3_SMALL_ADAM,
+        "c4_gpt3_xl_pipeline",
         "Pax C4SpmdPipelineGpt3SmallAdam8Replicas (README: ...64Replicas): GPT3-XL on C4, 4 pipeline "
-        "stages x 4-way FSDP x 4-way tensor on 64 chips (TPU v4-128), 32 microbatches, bf16.")
+        "stages x 4-way FSDP x 4-way tensor on 64 chips (TPU v4-128), 32 microbatches, bf16.",
+    )
 
 
 @register
@@ -175,8 +178,20 @@ def c4_gpt3_xl_pipeline_smoke() -> ExperimentConfig:
     # tokens only teach the unigram) so that the loss visibly falls.
     knobs = dataclasses.replace(
         smoke(C4_SPMD_PIPELINE_GPT3_SMALL_ADAM, ici_mesh_shape=(1, 1, 1)),
-        data_source="shakespeare", num_layers=4, num_train_steps=30, learning_rate=3e-3, summary_interval_steps=5,
-        eval_interval_steps=30, checkpoint_every_n_steps=30)
-    pipeline = PaxPipeline(num_stages=2, microbatch_size=4, ici_mesh_shape=(2, 1, 2, 2),
-                           lr_cos_warmup=3, lr_cos_decay_start=4, lr_cos_decay_end=30)
+        data_source="shakespeare",
+        num_layers=4,
+        num_train_steps=30,
+        learning_rate=3e-3,
+        summary_interval_steps=5,
+        eval_interval_steps=30,
+        checkpoint_every_n_steps=30,
+    )
+    pipeline = PaxPipeline(
+        num_stages=2,
+        microbatch_size=4,
+        ici_mesh_shape=(2, 1, 2, 2),
+        lr_cos_warmup=3,
+        lr_cos_decay_start=4,
+        lr_cos_decay_end=30,
+    )
     return pipeline.build(knobs, "c4_gpt3_xl_pipeline_smoke", smoke_description("c4_gpt3_xl_pipeline"))

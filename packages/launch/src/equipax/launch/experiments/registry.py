@@ -92,16 +92,14 @@ def lookup(name: str) -> Entry:
         return matches[0]
     if len(matches) > 1:
         raise ConfigError(
-            f"Experiment name {name!r} is ambiguous: {', '.join(e.path for e in matches)}. "
-            "Use a longer dotted path."
+            f"Experiment name {name!r} is ambiguous: {', '.join(e.path for e in matches)}. Use a longer dotted path."
         )
     if "." in name and (entry := _from_module(name)) is not None:
         return entry
     close = suggest(name.rsplit(".", 1)[-1], list(by_name))
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     raise ConfigError(
-        f"Unknown experiment {name!r}.{hint} Run `launch list` to see all "
-        f"{len(all_entries)} registered experiments."
+        f"Unknown experiment {name!r}.{hint} Run `launch list` to see all {len(all_entries)} registered experiments."
     )
 
 

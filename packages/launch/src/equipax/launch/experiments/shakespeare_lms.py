@@ -3,7 +3,8 @@
 import dataclasses
 
 from equipax.core.configs import LearnerConfig, ScheduleConfig, TransformerConfig
-from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, TrainConfig, as_lm
+from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
+from equipax.launch.configs.train import TrainConfig
 from equipax.launch.experiments.registry import register
 from equipax.models.configs import LMConfig
 
@@ -36,12 +37,10 @@ def shakespeare_tiny() -> ExperimentConfig:
             weight_decay=1e-4,
             clip_gradient_norm=1.0,
             schedule=ScheduleConfig(
-                kind="warmup_cosine", peak_learning_rate=3e-3, warmup_steps=50, decay_steps=400,
-                final_fraction=0.1,
+                kind="warmup_cosine", peak_learning_rate=3e-3, warmup_steps=50, decay_steps=400, final_fraction=0.1
             ),
         ),
-        train=TrainConfig(num_steps=450, log_every=20, eval_every=150, eval_batches=16,
-                          checkpoint_every=150),
+        train=TrainConfig(num_steps=450, log_every=20, eval_every=150, eval_batches=16, checkpoint_every=150),
     )
 
 

@@ -60,18 +60,24 @@ def _check(cfg: Any, s: DecodeSettings) -> tuple[int, int, str]:
     seq_len, max_len = cfg.data.seq_len, cfg.model.max_seq_len
     prompt = s.prompt_tokens or max(seq_len // 2, 1)
     if not 1 <= prompt < min(seq_len, max_len):
-        raise ConfigError(f"--prompt-tokens {prompt} must be in [1, {min(seq_len, max_len) - 1}]: each example is "
-                          f"data.seq_len={seq_len} tokens, the model reads max_seq_len={max_len}, and the prompt "
-                          "must leave room for a reference and a new token.")
+        raise ConfigError(
+            f"--prompt-tokens {prompt} must be in [1, {min(seq_len, max_len) - 1}]: each example is "
+            f"data.seq_len={seq_len} tokens, the model reads max_seq_len={max_len}, and the prompt "
+            "must leave room for a reference and a new token."
+        )
     new = min(s.max_new_tokens, max_len - prompt)
-    note = "" if new == s.max_new_tokens else (
-        f"note: the model reads at most max_seq_len={max_len} tokens: prompts of {prompt} tokens get at most "
-        f"{new} new tokens (lower --prompt-tokens for more).")
+    note = (
+        ""
+        if new == s.max_new_tokens
+        else (
+            f"note: the model reads at most max_seq_len={max_len} tokens: prompts of {prompt} tokens get at most "
+            f"{new} new tokens (lower --prompt-tokens for more)."
+        )
+    )
     return prompt, new, note
 
 
-def decode_split(cfg: Any, job_dir: Path, step: int, settings: DecodeSettings, *,
-                 log: Callable[[str], object]) -> Path:
+def decode_split(cfg: Any, job_dir: Path, step: int, settings: DecodeSettings, *, log: Callable[[str], object]) -> Path:
     """Decode the job's eval split at checkpoint `step`; returns the outputs' directory.
 
     Arguments:
@@ -85,9 +91,9 @@ def decode_split(cfg: Any, job_dir: Path, step: int, settings: DecodeSettings, *
     Raises:
         ConfigError: a bad option, or the checkpoint does not restore (exit 2 with what to do).
     """
+    from equipax.launch.inference.trained_job import check_tokenizer, local_mesh, restore_model
     from equipax.launch.tasks import family
     from equipax.launch.training.build import build_training
-    from equipax.launch.inference.trained_job import check_tokenizer, local_mesh, restore_model
     from equipax.models.decode import decode
 
     prompt_tokens, new_tokens, note = _check(cfg, settings)
@@ -115,21 +121,43 @@ def decode_split(cfg: Any, job_dir: Path, step: int, settings: DecodeSettings, *
         prompts, lengths, real = prompt_rows(batch, prompt_tokens)
         place = lambda x: jax.make_array_from_process_local_data(training.batch_sharding, x)  # noqa: E731
         try:
-            tokens, counts = decode(model, place(prompts), place(lengths), max_new_tokens=new_tokens,
-                                    temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-                                    eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
-                                    key=jax.random.fold_in(key, batches))
+            tokens, counts = decode(
+                model,
+                place(prompts),
+                place(lengths),
+                max_new_tokens=new_tokens,
+                temperature=settings.temperature,
+                top_k=settings.top_k,
+                top_p=settings.top_p,
+                eos_id=tokenizer.eos_id,
+                pad_id=tokenizer.pad_id,
+                key=jax.random.fold_in(key, batches),
+            )
         except ValueError as e:  # a sampling knob the model refuses (e.g. --top-k above its vocabulary)
             raise ConfigError(str(e)) from None
-        rows = {k: _gather(v) for k, v in dict(prompts=prompts, lengths=lengths, real=real,
-                                                labels=batch["labels"], weights=batch["weights"],
-                                                example_id=batch["example_id"]).items()}
+        rows = {
+            k: _gather(v)
+            for k, v in dict(
+                prompts=prompts,
+                lengths=lengths,
+                real=real,
+                labels=batch["labels"],
+                weights=batch["weights"],
+                example_id=batch["example_id"],
+            ).items()
+        }
         records += _records(rows, host_array(tokens), host_array(counts), tokenizer, new_tokens)
         batches += 1
     seconds = time.monotonic() - start
     records = sorted(records, key=lambda r: r["example_id"])[: settings.max_examples or None]
-    return _write(Path(job_dir), step, records, batches=batches, seconds=seconds,
-                  settings=dataclasses.replace(settings, prompt_tokens=prompt_tokens, max_new_tokens=new_tokens))
+    return _write(
+        Path(job_dir),
+        step,
+        records,
+        batches=batches,
+        seconds=seconds,
+        settings=dataclasses.replace(settings, prompt_tokens=prompt_tokens, max_new_tokens=new_tokens),
+    )
 
 
 def _gather(x: np.ndarray) -> np.ndarray:
@@ -146,30 +174,37 @@ def _text(tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode([i for i in ids if i < tokenizer.vocab_size and i != tokenizer.eos_id])
 
 
-def _records(rows: dict[str, np.ndarray], tokens: np.ndarray, counts: np.ndarray, tokenizer: Any,
-             new_tokens: int) -> list[dict[str, Any]]:
+def _records(
+    rows: dict[str, np.ndarray], tokens: np.ndarray, counts: np.ndarray, tokenizer: Any, new_tokens: int
+) -> list[dict[str, Any]]:
     out = []
     for b in np.flatnonzero(rows["real"]):
         n = int(rows["lengths"][b])
         prompt = rows["prompts"][b, :n].tolist()
         # labels[t] is the token after ids[t]: the reference continues from the prompt's last token.
-        ref = rows["labels"][b, n - 1: n - 1 + new_tokens]
-        ref = ref[rows["weights"][b, n - 1: n - 1 + new_tokens] > 0].tolist()
+        ref = rows["labels"][b, n - 1 : n - 1 + new_tokens]
+        ref = ref[rows["weights"][b, n - 1 : n - 1 + new_tokens] > 0].tolist()
         generated = tokens[b, : int(counts[b])].tolist()
         compared = min(len(ref), len(generated))
-        out.append({
-            "example_id": int(rows["example_id"][b]),
-            "prompt": _text(tokenizer, prompt), "prompt_tokens": prompt,
-            "text": _text(tokenizer, generated), "tokens": generated,
-            "reference": _text(tokenizer, ref), "reference_tokens": ref,
-            "matching_tokens": int(sum(g == r for g, r in zip(generated[:compared], ref[:compared]))),
-            "compared_tokens": compared,
-        })
+        out.append(
+            {
+                "example_id": int(rows["example_id"][b]),
+                "prompt": _text(tokenizer, prompt),
+                "prompt_tokens": prompt,
+                "text": _text(tokenizer, generated),
+                "tokens": generated,
+                "reference": _text(tokenizer, ref),
+                "reference_tokens": ref,
+                "matching_tokens": int(sum(g == r for g, r in zip(generated[:compared], ref[:compared]))),
+                "compared_tokens": compared,
+            }
+        )
     return out
 
 
-def _write(job_dir: Path, step: int, records: list[dict[str, Any]], *, batches: int, seconds: float,
-           settings: DecodeSettings) -> Path:
+def _write(
+    job_dir: Path, step: int, records: list[dict[str, Any]], *, batches: int, seconds: float, settings: DecodeSettings
+) -> Path:
     folder = job_dir / DECODER_OUT / str(step)
     if jax.process_index() != 0:
         return folder
@@ -178,8 +213,12 @@ def _write(job_dir: Path, step: int, records: list[dict[str, Any]], *, batches: 
     compared = sum(r["compared_tokens"] for r in records)
     generated = sum(len(r["tokens"]) for r in records)
     summary = {
-        "step": step, "split": "eval", "examples": len(records), "batches": batches,
-        "generated_tokens": generated, "seconds": seconds,
+        "step": step,
+        "split": "eval",
+        "examples": len(records),
+        "batches": batches,
+        "generated_tokens": generated,
+        "seconds": seconds,
         # Greedy decoding scored against the eval text: the share of generated tokens equal to the
         # reference token at the same position (0 when nothing was compared).
         "reference_token_match": sum(r["matching_tokens"] for r in records) / compared if compared else 0.0,

@@ -16,12 +16,9 @@ import jax
 import numpy as np
 
 from equipax.core.knobs import ConfigError
+from equipax.launch.training.compile_events import CompileEvents
 
 __all__ = ["decode_texts", "encode_prompts", "host_array", "Sample"]
-
-# What JAX reports while tracing and compiling (jax._src.dispatch): kept out of the timing.
-_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,22 +43,6 @@ class Sample:
         return dataclasses.asdict(self)
 
 
-class _CompileSeconds:
-    """Seconds JAX spent tracing and compiling inside the `with` block."""
-
-    def __enter__(self) -> "_CompileSeconds":
-        self.seconds = 0.0
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
-        return self
-
-    def _on_event(self, event: str, duration_secs: float, **kwargs: str | int) -> None:
-        if event in _COMPILE_EVENTS:
-            self.seconds += duration_secs
-
-    def __exit__(self, *exc: object) -> None:
-        jax.monitoring.unregister_event_duration_listener(self._on_event)
-
-
 def encode_prompts(tokenizer: Any, prompts: Sequence[str], max_seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Token ids of `prompts`, right-padded into `[batch width]`, and each row's length.
 
@@ -77,7 +58,8 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], max_seq_len: int) -> 
         if len(ids) >= max_seq_len:
             raise ConfigError(
                 f"{where} is {len(ids)} tokens, but the model reads at most max_seq_len={max_seq_len} tokens "
-                f"(prompt + generated): shorten it to at most {max_seq_len - 1} tokens.")
+                f"(prompt + generated): shorten it to at most {max_seq_len - 1} tokens."
+            )
         rows.append(ids)
     width = max(len(r) for r in rows)
     ids = np.full((len(rows), width), tokenizer.pad_id, np.int32)
@@ -95,9 +77,17 @@ def host_array(x: jax.Array) -> np.ndarray:
     return np.asarray(x)
 
 
-def decode_texts(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
-                 temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                 key: Any = None) -> list[Sample]:
+def decode_texts(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    key: Any = None,
+) -> list[Sample]:
     """Continue each prompt by up to `max_new_tokens` tokens (fewer where the model's
     `max_seq_len` leaves less room; a row stops after the tokenizer's EOS).
 
@@ -116,10 +106,19 @@ def decode_texts(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_
     ids, lengths = encode_prompts(tokenizer, prompts, max_seq_len)
     new = min(max_new_tokens, max_seq_len - ids.shape[1])
     start = time.monotonic()
-    with _CompileSeconds() as compiling:
-        tokens, counts = decode(model, jax.numpy.asarray(ids), jax.numpy.asarray(lengths), max_new_tokens=new,
-                                temperature=temperature, top_k=top_k, top_p=top_p, eos_id=tokenizer.eos_id,
-                                pad_id=tokenizer.pad_id, key=key)
+    with CompileEvents() as compiling:
+        tokens, counts = decode(
+            model,
+            jax.numpy.asarray(ids),
+            jax.numpy.asarray(lengths),
+            max_new_tokens=new,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_id=tokenizer.eos_id,
+            pad_id=tokenizer.pad_id,
+            key=key,
+        )
         tokens, counts = host_array(tokens), host_array(counts)
     seconds = max(time.monotonic() - start - compiling.seconds, 0.0)
     per_token = seconds / max(int(counts.max()), 1)

@@ -42,12 +42,15 @@ def load_config(job_dir: Path) -> ExperimentConfig:
     """The experiment a job directory trained (its `config.json`); ConfigError when there is none."""
     job_dir = Path(job_dir)
     if not job_dir.is_dir():
-        raise ConfigError(f"--job-log-dir {job_dir} does not exist; point it at the directory "
-                          "`launch run --job-log-dir` wrote.")
+        raise ConfigError(
+            f"--job-log-dir {job_dir} does not exist; point it at the directory `launch run --job-log-dir` wrote."
+        )
     path = job_dir / "config.json"
     if not path.exists():
-        raise ConfigError(f"{job_dir} is not a training job's directory (no config.json); point "
-                          "--job-log-dir at the directory `launch run --job-log-dir` wrote.")
+        raise ConfigError(
+            f"{job_dir} is not a training job's directory (no config.json); point "
+            "--job-log-dir at the directory `launch run --job-log-dir` wrote."
+        )
     try:
         return from_json(ExperimentConfig, path.read_text())
     except (ConfigError, ValueError) as e:
@@ -68,13 +71,16 @@ def pick_step(job_dir: Path, step: int | None) -> int:
     if not steps:
         raise ConfigError(
             f"{job_dir} has no checkpoint yet (nothing in {Path(job_dir) / 'checkpoints'}). Wait for the "
-            "run to save one (every train.checkpoint_every steps), or train it with `launch run`.")
+            "run to save one (every train.checkpoint_every steps), or train it with `launch run`."
+        )
     if step is None:
         return steps[-1]
     if step not in steps:
-        raise ConfigError(f"{job_dir} has no checkpoint of step {step}; it has steps "
-                          f"{', '.join(map(str, steps))}. Pass one of them to --step, or leave --step out "
-                          "for the newest.")
+        raise ConfigError(
+            f"{job_dir} has no checkpoint of step {step}; it has steps "
+            f"{', '.join(map(str, steps))}. Pass one of them to --step, or leave --step out "
+            "for the newest."
+        )
     return step
 
 
@@ -92,9 +98,11 @@ def local_mesh(cfg: ExperimentConfig) -> tuple[ExperimentConfig, jax.sharding.Me
         one = dataclasses.replace(cfg, mesh=MeshConfig())
     except ValueError as e:
         raise ConfigError(f"The job's experiment does not fit this host's devices: {e}") from None
-    note = (f"note: the job trained on {cfg.mesh.num_devices} devices ({cfg.mesh.shape}); this process has "
-            f"{n}, so the model is restored onto one device (pass --cpu-devices "
-            f"{cfg.mesh.num_devices} to use the job's mesh on simulated CPU devices).")
+    note = (
+        f"note: the job trained on {cfg.mesh.num_devices} devices ({cfg.mesh.shape}); this process has "
+        f"{n}, so the model is restored onto one device (pass --cpu-devices "
+        f"{cfg.mesh.num_devices} to use the job's mesh on simulated CPU devices)."
+    )
     return one, build_mesh(one.mesh, jax.devices()[:1]), note
 
 
@@ -155,15 +163,21 @@ def restore_model(job_dir: Path, step: int, abstract_state: Any) -> tuple[Any, A
         with _quiet_orbax(), ocp.PyTreeCheckpointer() as reader:
             saved = reader.metadata(folder / "state")
             saved = dict(getattr(saved, "item_metadata", None) or saved)
-            diffs = [f"  {k}: checkpoint {tuple(saved[k].shape) if k in saved else 'missing'}, this model "
-                     f"{tuple(v.shape)}" for k, v in wanted.items()
-                     if k not in saved or tuple(saved[k].shape) != tuple(v.shape)]
+            diffs = [
+                f"  {k}: checkpoint {tuple(saved[k].shape) if k in saved else 'missing'}, this model {tuple(v.shape)}"
+                for k, v in wanted.items()
+                if k not in saved or tuple(saved[k].shape) != tuple(v.shape)
+            ]
             if diffs:
-                raise ConfigError(f"{where} does not hold this job's model ({len(diffs)} arrays differ):\n"
-                                  + "\n".join(diffs[:10]))
-            flat = reader.restore(folder / "state", args=ocp.args.PyTreeRestore(  # pyright: ignore[reportCallIssue]
-                item=wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
-                partial_restore=True))
+                raise ConfigError(
+                    f"{where} does not hold this job's model ({len(diffs)} arrays differ):\n" + "\n".join(diffs[:10])
+                )
+            flat = reader.restore(
+                folder / "state",
+                args=ocp.args.PyTreeRestore(  # pyright: ignore[reportCallIssue]
+                    item=wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted), partial_restore=True
+                ),
+            )
     except ConfigError:
         raise
     except Exception as e:
@@ -185,7 +199,8 @@ def _verify(folder: Path, step: int, flat: dict[str, Any]) -> None:
     if bad:
         raise ConfigError(
             f"The checkpoint of step {step} in {folder.parent} is damaged: {len(bad)} array(s) differ from the "
-            f"checksums recorded when it was saved ({', '.join(bad[:3])}). Pick another --step.")
+            f"checksums recorded when it was saved ({', '.join(bad[:3])}). Pick another --step."
+        )
 
 
 def check_tokenizer(cfg: ExperimentConfig, job_dir: Path) -> None:
@@ -194,7 +209,14 @@ def check_tokenizer(cfg: ExperimentConfig, job_dir: Path) -> None:
     from equipax.launch.tasks.lm_data import TOKENIZER_FILE
 
     d: Any = cfg.data
-    if cfg.kind == "lm" and d.tokenizer == "sentencepiece" and d.source != "synthetic" and not d.vocab_path \
-            and not (Path(job_dir) / TOKENIZER_FILE).exists():
-        raise ConfigError(f"{job_dir} has no {TOKENIZER_FILE} (the vocabulary the job trained with); copy it back "
-                          "from where the job ran.")
+    if (
+        cfg.kind == "lm"
+        and d.tokenizer == "sentencepiece"
+        and d.source != "synthetic"
+        and not d.vocab_path
+        and not (Path(job_dir) / TOKENIZER_FILE).exists()
+    ):
+        raise ConfigError(
+            f"{job_dir} has no {TOKENIZER_FILE} (the vocabulary the job trained with); copy it back "
+            "from where the job ran."
+        )

@@ -22,28 +22,24 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.cluster.distributed import barrier as barrier_all
-from equipax.launch.jobdir.checksums import ALGORITHM, ChecksumMismatch, array_checksums, json_checksum, verify
+from equipax.launch.jobdir.checksums import (
+    ALGORITHM,
+    ChecksumMismatch,
+    array_checksums,
+    flat_arrays,
+    json_checksum,
+    verify,
+)
 from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process
+from equipax.launch.jobdir.save_errors import CheckpointSaveError, save_error
 
-__all__ = ["Checkpointer", "CheckpointSaveError", "ChecksumMismatch", "flat_arrays", "read_json"]
+__all__ = ["Checkpointer", "ChecksumMismatch", "read_json"]
 
 PyTree = Any
-
-
-class CheckpointSaveError(Exception):
-    """Writing a checkpoint failed (disk full, permissions); the message says what is intact."""
-
-
-    """The array leaves of `tree` as `{keystr(path): array}` (what a checkpoint stores)."""
-def flat_arrays(tree: PyTree) -> dict[str, Any]:
-    arrays = eqx.filter(tree, eqx.is_array)
-    flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
-    return {jax.tree_util.keystr(path): leaf for path, leaf in flat}
 
 
 def _unflatten_into(template: PyTree, flat: dict[str, Any]) -> PyTree:
@@ -72,9 +68,9 @@ class Checkpointer:
         quiet_process()  # for the process: orbax's callbacks and futures outlive this checkpointer
         self._manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                                 enable_async_checkpointing=True,
-                                                 cleanup_tmp_directories=True),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep, create=True, enable_async_checkpointing=True, cleanup_tmp_directories=True
+            ),
             item_handlers={
                 "state": ocp.StandardCheckpointHandler(),
                 "data": ocp.JsonCheckpointHandler(),
@@ -91,8 +87,9 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
-    def save(self, step: int, state: PyTree, data_state: dict[str, Any],
-             loop_state: dict[str, Any] | None = None) -> None:
+    def save(
+        self, step: int, state: PyTree, data_state: dict[str, Any], loop_state: dict[str, Any] | None = None
+    ) -> None:
         """Start an asynchronous save of `state`, `data_state` and `loop_state` at `step`.
 
         Raises:
@@ -101,8 +98,13 @@ class Checkpointer:
         self.wait()  # a failure of the previous asynchronous save is reported with its own step
         flat = flat_arrays(state)
         loop_state = loop_state or {}
-        digests = {"algorithm": ALGORITHM, "arrays": array_checksums(flat), "data": json_checksum(data_state),
-                   "loop": json_checksum(loop_state), "meta": json_checksum(self.meta)}
+        digests = {
+            "algorithm": ALGORITHM,
+            "arrays": array_checksums(flat),
+            "data": json_checksum(data_state),
+            "loop": json_checksum(loop_state),
+            "meta": json_checksum(self.meta),
+        }
         try:
             self._manager.save(
                 step,
@@ -125,16 +127,7 @@ class Checkpointer:
             intact = self._manager.latest_step()
         except Exception:
             intact = None
-        what = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
-        kept = (f"The newest complete checkpoint, step {intact}, is intact" if intact is not None
-                else "No complete checkpoint exists yet")
-        reason = (str(e).strip().splitlines() or [""])[0].rstrip(".")
-        if len(reason) > 400:  # orbax's text names every path; the OS error is at its end
-            reason = f"{reason[:150]} (...) {reason[-250:]}"
-        return CheckpointSaveError(
-            f"Could not write {what} to {self.directory}: {type(e).__name__}: {reason}. {kept}. "
-            "Free disk space (or fix the directory's permissions) and run the same command again to resume."
-        )
+        return save_error(self.directory, step, e, intact=intact)
 
     def wait(self) -> None:
         """Block until every started save is complete on disk.
@@ -149,7 +142,10 @@ class Checkpointer:
             raise self._save_error(step, e) from e
 
     def restore_latest(
-        self, template: PyTree, *, log: Callable[[str], object] = print,
+        self,
+        template: PyTree,
+        *,
+        log: Callable[[str], object] = print,
         check_meta: Callable[[dict[str, Any], int], None] | None = None,
     ) -> tuple[int, PyTree, dict[str, Any], dict[str, Any]] | None:
         """Restore the newest checkpoint that restores and verifies; None when there is none.
@@ -189,8 +185,7 @@ class Checkpointer:
     def _read_json(self, step: int, item: str) -> dict[str, Any] | None:
         if not self._has(step, item):
             return None  # written before checkpoints had this item
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()}))  # pyright: ignore[reportCallIssue]
+        restored = self._manager.restore(step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()}))  # pyright: ignore[reportCallIssue]
         return dict(restored[item] or {})
 
     def _read_meta(self, step: int) -> dict[str, Any] | None:
@@ -208,8 +203,10 @@ class Checkpointer:
             shutil.move(str(source), str(target))
         self._manager.reload()
         first = (str(e).strip().splitlines() or [""])[0][:200]
-        log(f"warning: the checkpoint of step {step} does not restore ({type(e).__name__}: {first}); "
-            f"moved it to {target} and trying the previous one.")
+        log(
+            f"warning: the checkpoint of step {step} does not restore ({type(e).__name__}: {first}); "
+            f"moved it to {target} and trying the previous one."
+        )
 
     def set_aside_from(self, step: int) -> tuple[int | None, list[int], str]:
         """Move the checkpoints of `step` and later to `<job>/unstable_checkpoints/` (kept, never
@@ -267,11 +264,12 @@ class Checkpointer:
     def _restore_verified(self, step: int, template: PyTree) -> tuple[PyTree, dict[str, Any], dict[str, Any]]:
         self.check_compatible(step, template)
         abstract = {
-            k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding)
-            for k, v in flat_arrays(template).items()
+            k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in flat_arrays(template).items()
         }
-        items: dict[str, Any] = {"state": ocp.args.StandardRestore(abstract),  # pyright: ignore[reportCallIssue]
-                                 "data": ocp.args.JsonRestore()}  # pyright: ignore[reportCallIssue]
+        items: dict[str, Any] = {
+            "state": ocp.args.StandardRestore(abstract),  # pyright: ignore[reportCallIssue]
+            "data": ocp.args.JsonRestore(),
+        }  # pyright: ignore[reportCallIssue]
         for name in ("loop", "digests"):  # absent from checkpoints written before they existed
             if self._has(step, name):
                 items[name] = ocp.args.JsonRestore()  # pyright: ignore[reportCallIssue]

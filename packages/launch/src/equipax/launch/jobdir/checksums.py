@@ -17,11 +17,21 @@ import hashlib
 import json
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["ALGORITHM", "ChecksumMismatch", "array_checksums", "differences", "json_checksum", "tree_digest", "verify"]
+__all__ = [
+    "ALGORITHM",
+    "array_checksums",
+    "ChecksumMismatch",
+    "differences",
+    "flat_arrays",
+    "json_checksum",
+    "tree_digest",
+    "verify",
+]
 
 ALGORITHM = "sum32x2-v2"
 
@@ -83,24 +93,34 @@ class ChecksumMismatch(Exception):
     """What was read back is not what was saved (the files changed after the save)."""
 
 
-def verify(digests: dict[str, Any], flat: dict[str, Any], data_state: dict[str, Any],
-            loop_state: dict[str, Any]) -> None:
+def verify(
+    digests: dict[str, Any], flat: dict[str, Any], data_state: dict[str, Any], loop_state: dict[str, Any]
+) -> None:
     """Raise ChecksumMismatch unless what was restored has the checksums recorded at save time."""
     if digests.get("algorithm") != ALGORITHM:
         return  # recorded by another version: nothing to compare with
     bad = differences(digests.get("arrays", {}), array_checksums(flat))
-    bad += [name for name, value in (("data", data_state), ("loop", loop_state))
-            if digests.get(name) not in (None, json_checksum(value))]
+    bad += [
+        name
+        for name, value in (("data", data_state), ("loop", loop_state))
+        if digests.get(name) not in (None, json_checksum(value))
+    ]
     if bad:
         raise ChecksumMismatch(
             f"{len(bad)} saved item(s) do not match the checksums recorded when it was saved "
-            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): its files changed after the save")
+            f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): its files changed after the save"
+        )
+
+
+def flat_arrays(tree: Any) -> dict[str, Any]:
+    """The array leaves of `tree` by key path (`.model.layers[0].weight`): what a checkpoint saves."""
+    arrays = eqx.filter(tree, eqx.is_array)
+    flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
+    return {jax.tree_util.keystr(path): leaf for path, leaf in flat}
 
 
 def tree_digest(tree: Any) -> str:
     """A short hash of all array leaves (to compare runs bit for bit in logs/tests)."""
-    from equipax.launch.jobdir.checkpoints import flat_arrays
-
     h = hashlib.sha256()
     for k, v in sorted(flat_arrays(tree).items()):
         h.update(k.encode())

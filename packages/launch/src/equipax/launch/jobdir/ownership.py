@@ -106,11 +106,17 @@ class JobLock:
             ) from None
         previous = os.read(fd, 4096)
         if previous.strip():
-            self.log(f"warning: took over the job directory's lock left by {_owner(previous)}, which is "
-                     "no longer running.")
+            self.log(
+                f"warning: took over the job directory's lock left by {_owner(previous)}, which is no longer running."
+            )
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                  "started": time.strftime("%Y-%m-%d %H:%M:%S")}).encode(), 0)
+        os.pwrite(
+            fd,
+            json.dumps(
+                {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            ).encode(),
+            0,
+        )
         self._fd = fd
         return self
 

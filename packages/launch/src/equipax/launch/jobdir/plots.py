@@ -8,9 +8,8 @@ import matplotlib
 __all__ = ["plot_attention_bench", "plot_classifier_history", "plot_loss"]
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
-
+import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -21,6 +20,7 @@ def _save(fig: Any, path: Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
 
 def plot_loss(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
     """Train and eval loss against step, from metrics.jsonl records; writes a PNG.
@@ -35,8 +35,11 @@ def plot_loss(records: list[dict[str, Any]], path: Path, *, title: str = "") -> 
     """
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for split, style in (("train", "-"), ("eval", "o-")):
-        pts = [(r["step"], r["loss"]) for r in records
-               if r.get("split") == split and isinstance(r.get("loss"), (int, float))]
+        pts = [
+            (r["step"], r["loss"])
+            for r in records
+            if r.get("split") == split and isinstance(r.get("loss"), (int, float))
+        ]
         if pts:
             xs, ys = zip(*sorted(pts))
             ax.plot(xs, ys, style, label=f"{split} loss")
@@ -59,19 +62,26 @@ def plot_attention_bench(result: dict[str, Any], path: Path) -> Path:
     Returns:
         The path written.
     """
-    fig, (ax_t, ax_r) = plt.subplots(2, 1, figsize=(7, 7), dpi=100, sharex=True,
-                                     gridspec_kw={"height_ratios": [2, 1]})
+    fig, (ax_t, ax_r) = plt.subplots(2, 1, figsize=(7, 7), dpi=100, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     ok = [r for r in result["results"] if r["status"] == "ok"]
     for name in dict.fromkeys(r["implementation"] for r in result["results"]):
         rows = sorted((r for r in ok if r["implementation"] == name), key=lambda r: r["seq_len"])
         if not rows:
             continue
         xs = [r["seq_len"] for r in rows]
-        bars = ax_t.errorbar(xs, [r["time_ms"]["mean"] for r in rows],
-                             yerr=[r["time_ms"]["std"] for r in rows], marker="o", capsize=3,
-                             label=name)
-        ratio = [(r["seq_len"], r["speedup_vs_baseline"]) for r in rows
-                 if r["speedup_vs_baseline"] is not None and name != result.get("baseline")]
+        bars = ax_t.errorbar(
+            xs,
+            [r["time_ms"]["mean"] for r in rows],
+            yerr=[r["time_ms"]["std"] for r in rows],
+            marker="o",
+            capsize=3,
+            label=name,
+        )
+        ratio = [
+            (r["seq_len"], r["speedup_vs_baseline"])
+            for r in rows
+            if r["speedup_vs_baseline"] is not None and name != result.get("baseline")
+        ]
         if ratio:
             ax_r.plot(*zip(*ratio), "o-", color=bars[0].get_color(), label=name)
     cfg = result["config"]
@@ -79,8 +89,10 @@ def plot_attention_bench(result: dict[str, Any], path: Path) -> Path:
         ax_t.set_xscale("log")
         ax_t.set_yscale("log")
     ax_t.set_ylabel("forward time (ms, mean ± std)")
-    ax_t.set_title(f"attention, batch {cfg['batch_size']}, head_dim {cfg['head_dim']}, "
-                   f"{'causal' if cfg['causal'] else 'non-causal'} ({result['device']})")
+    ax_t.set_title(
+        f"attention, batch {cfg['batch_size']}, head_dim {cfg['head_dim']}, "
+        f"{'causal' if cfg['causal'] else 'non-causal'} ({result['device']})"
+    )
     ax_t.grid(alpha=0.3, which="both")
     ax_t.legend()
     ax_r.axhline(1.0, color="grey", lw=0.8)
@@ -96,7 +108,7 @@ def plot_attention_bench(result: dict[str, Any], path: Path) -> Path:
 
 
 def plot_classifier_history(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
-    """The German tutorial's figure: training loss (left), train and test accuracy (right) by epoch.
+    """The CNN tutorial's figure (docs/tutorial_cnn.md): training loss (left), train and test accuracy (right) by epoch.
 
     Arguments:
         records: metrics.jsonl records of split `epoch` (`epoch`, `train_loss`,

@@ -21,8 +21,17 @@ __all__ = ["check_resume", "resume_meta", "SAFE_DATA_KNOBS"]
 
 # Data knobs a resumed run may change: they touch evaluation, or only the training of a
 # vocabulary the job already has. Every other `data.*` knob is part of the saved state's meaning.
-SAFE_DATA_KNOBS = frozenset({"eval_files", "reset_for_eval", "max_malformed_fraction",
-                             "tokenizer_max_sentences", "num_test", "batch_size", "per_device_batch"})
+SAFE_DATA_KNOBS = frozenset(
+    {
+        "eval_files",
+        "reset_for_eval",
+        "max_malformed_fraction",
+        "tokenizer_max_sentences",
+        "num_test",
+        "batch_size",
+        "per_device_batch",
+    }
+)
 
 
 def _file_digest(path: Path) -> str | None:
@@ -63,10 +72,18 @@ def resume_meta(cfg: ExperimentConfig, job_dir: Path, *, hosts: int) -> dict[str
         hosts: the number of processes (each has its own saved input position).
     """
     data = {f"data.{k}": v for k, v in dataclasses.asdict(cfg.data).items() if k not in SAFE_DATA_KNOBS}
-    knobs = {**data, "global batch (data.batch_size or data.per_device_batch x devices)": cfg.global_batch_size,
-             "model.vocab_size": getattr(cfg.model, "vocab_size", None), "hosts (processes)": hosts}
-    return {"experiment": cfg.name, "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
-            "train_shards": _train_shards(cfg), "vocabulary": _vocabulary(cfg, job_dir)}
+    knobs = {
+        **data,
+        "global batch (data.batch_size or data.per_device_batch x devices)": cfg.global_batch_size,
+        "model.vocab_size": getattr(cfg.model, "vocab_size", None),
+        "hosts (processes)": hosts,
+    }
+    return {
+        "experiment": cfg.name,
+        "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
+        "train_shards": _train_shards(cfg),
+        "vocabulary": _vocabulary(cfg, job_dir),
+    }
 
 
 def check_resume(saved: dict[str, Any], current: dict[str, Any], *, step: int, where: Path) -> list[str]:
@@ -97,8 +114,10 @@ def check_resume(saved: dict[str, Any], current: dict[str, Any], *, step: int, w
     notes = []
     same_shards = saved.get("train_shards") is not None and saved.get("train_shards") == current["train_shards"]
     if "data.path" in diffs and same_shards:
-        notes.append(f"data.path changed ({diffs.pop('data.path')[0]!r} -> {new['data.path']!r}) but holds "
-                     "the same training shards (names and sizes): resuming.")
+        notes.append(
+            f"data.path changed ({diffs.pop('data.path')[0]!r} -> {new['data.path']!r}) but holds "
+            "the same training shards (names and sizes): resuming."
+        )
     elif saved.get("train_shards") != current["train_shards"] and "data.path" not in diffs:
         diffs["training shards under data.path (names and sizes)"] = ("as saved", "changed")
     if saved.get("vocabulary") != current["vocabulary"] and not {"data.tokenizer", "data.vocab_path"} & set(diffs):
@@ -111,5 +130,5 @@ def check_resume(saved: dict[str, Any], current: dict[str, Any], *, step: int, w
         f"saved data position or token ids mean, so the run would mix two datasets. Differences "
         f"(checkpoint -> this run):\n{lines}\nRestore these knobs (the job's config.json records them), or "
         "point --job-log-dir at a new directory to start fresh. Learner, train.*, eval and mesh knobs may "
-        "change on resume (docs/errors.md, \"Resuming with changed knobs\")."
+        'change on resume (docs/errors.md, "Resuming with changed knobs").'
     )

@@ -54,10 +54,12 @@ class MetricsWriter:
             elif record.get("step", 0) <= step:
                 kept.append(raw.decode("utf-8"))
         if dropped:
-            self.log(f"warning: dropped {len(dropped)} unreadable line(s) of {self.path} (line "
-                     f"{', '.join(map(str, dropped[:5]))}{', ...' if len(dropped) > 5 else ''}): not a JSON "
-                     "object in UTF-8 (cut short by a killed run, or damaged). The steps they held are logged "
-                     "again where this run trains them.")
+            self.log(
+                f"warning: dropped {len(dropped)} unreadable line(s) of {self.path} (line "
+                f"{', '.join(map(str, dropped[:5]))}{', ...' if len(dropped) > 5 else ''}): not a JSON "
+                "object in UTF-8 (cut short by a killed run, or damaged). The steps they held are logged "
+                "again where this run trains them."
+            )
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text("".join(ln + "\n" for ln in kept))
         tmp.replace(self.path)  # atomic: a kill here never loses the earlier records

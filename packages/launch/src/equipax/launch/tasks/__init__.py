@@ -70,8 +70,10 @@ def family(cfg: Any) -> ModuleType | Any:
     """The implementation of `cfg`'s task family."""
     impl = FAMILIES.get(cfg.kind)
     if impl is None:
-        raise KeyError(f"No task family {cfg.kind!r} is registered (known: {sorted(FAMILIES)}); "
-                       "call equipax.launch.tasks.register_family first.")
+        raise KeyError(
+            f"No task family {cfg.kind!r} is registered (known: {sorted(FAMILIES)}); "
+            "call equipax.launch.tasks.register_family first."
+        )
     return importlib.import_module(f"{__name__}.{impl}") if isinstance(impl, str) else impl
 
 

@@ -59,14 +59,17 @@ def build_inputs(cfg: ExperimentConfig, job_dir: Path, *, log: Callable[[str], o
         test_x, test_y = synthetic_images(d.num_test, seed=d.seed + 1, **shape)
     n, i = jax.process_count(), jax.process_index()
     per_host = cfg.global_batch_size // n
-    train = ImageClassificationInput(train_x, train_y, batch_size=per_host, seed=d.seed, shuffle=d.shuffle,
-                                     num_infeed_hosts=n, infeed_host_index=i)
-    test = ImageClassificationInput(test_x, test_y, batch_size=per_host, repeat=False, shuffle=False,
-                                    num_infeed_hosts=n, infeed_host_index=i)
+    train = ImageClassificationInput(
+        train_x, train_y, batch_size=per_host, seed=d.seed, shuffle=d.shuffle, num_infeed_hosts=n, infeed_host_index=i
+    )
+    test = ImageClassificationInput(
+        test_x, test_y, batch_size=per_host, repeat=False, shuffle=False, num_infeed_hosts=n, infeed_host_index=i
+    )
     return Inputs(train, test, info={"train_images": len(train_x), "test_images": len(test_x)})
 
 
-def finish(cfg: ExperimentConfig, model: Any, inputs: Inputs, *, key: Any,
-           log: Callable[[str], object]) -> dict[str, Any]:
+def finish(
+    cfg: ExperimentConfig, model: Any, inputs: Inputs, *, key: Any, log: Callable[[str], object]
+) -> dict[str, Any]:
     """Nothing to add after training."""
     return {}

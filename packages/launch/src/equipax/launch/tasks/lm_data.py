@@ -14,8 +14,8 @@ from equipax.data import (
     SentencePieceTokenizer,
     SyntheticLMInput,
     TextShards,
-    TokenWindowInput,
     Tokenizer,
+    TokenWindowInput,
     build_lm_texts_tokens,
     find_shards,
     make_eval_input,
@@ -24,14 +24,7 @@ from equipax.data import (
 )
 from equipax.launch.configs.experiment import LMExperiment
 
-__all__ = [
-    "build_lm_inputs",
-    "build_tokenizer",
-    "LMInputs",
-    "open_c4_split",
-    "per_host_batch_size",
-    "TOKENIZER_FILE",
-]
+__all__ = ["build_lm_inputs", "build_tokenizer", "LMInputs", "open_c4_split", "per_host_batch_size", "TOKENIZER_FILE"]
 
 TOKENIZER_FILE = "tokenizer.model"
 
@@ -123,7 +116,9 @@ def build_tokenizer(cfg: LMExperiment, job_dir: Path, log: Callable[[str], objec
     log(f"Training a {cfg.model.vocab_size}-piece SentencePiece BPE vocabulary on the training {what}...")
     try:
         return SentencePieceTokenizer.train(
-            _tokenizer_texts(cfg), vocab_size=cfg.model.vocab_size, model_path=path,
+            _tokenizer_texts(cfg),
+            vocab_size=cfg.model.vocab_size,
+            model_path=path,
             max_sentences=cfg.data.tokenizer_max_sentences,
         )
     except ConfigError:
@@ -164,18 +159,48 @@ def build_lm_inputs(
     evaluation: BaseInput
     try:
         if d.source == "synthetic":
-            train = SyntheticLMInput(vocab_size=cfg.model.vocab_size, seq_len=d.seq_len, batch_size=b,
-                                     num_infeed_hosts=n, infeed_host_index=h, seed=d.seed, repeat=True)
-            evaluation = SyntheticLMInput(vocab_size=cfg.model.vocab_size, seq_len=d.seq_len, batch_size=b,
-                                          num_infeed_hosts=n, infeed_host_index=h, seed=d.seed + 1,
-                                          repeat=eval_repeat, num_batches=max(cfg.train.eval_batches, 1))
+            train = SyntheticLMInput(
+                vocab_size=cfg.model.vocab_size,
+                seq_len=d.seq_len,
+                batch_size=b,
+                num_infeed_hosts=n,
+                infeed_host_index=h,
+                seed=d.seed,
+                repeat=True,
+            )
+            evaluation = SyntheticLMInput(
+                vocab_size=cfg.model.vocab_size,
+                seq_len=d.seq_len,
+                batch_size=b,
+                num_infeed_hosts=n,
+                infeed_host_index=h,
+                seed=d.seed + 1,
+                repeat=eval_repeat,
+                num_batches=max(cfg.train.eval_batches, 1),
+            )
         elif d.source == "c4":
-            train = DocumentLMInput(open_c4_split(cfg, "train"), tokenizer=tokenizer, seq_len=d.seq_len,
-                                    batch_size=b, num_infeed_hosts=n, infeed_host_index=h, seed=d.seed,
-                                    repeat=True, packing=d.packing)
-            evaluation = DocumentLMInput(open_c4_split(cfg, "eval"), tokenizer=tokenizer, seq_len=d.seq_len,
-                                         batch_size=b, num_infeed_hosts=n, infeed_host_index=h, seed=d.seed + 1,
-                                         repeat=eval_repeat, packing=d.packing)
+            train = DocumentLMInput(
+                open_c4_split(cfg, "train"),
+                tokenizer=tokenizer,
+                seq_len=d.seq_len,
+                batch_size=b,
+                num_infeed_hosts=n,
+                infeed_host_index=h,
+                seed=d.seed,
+                repeat=True,
+                packing=d.packing,
+            )
+            evaluation = DocumentLMInput(
+                open_c4_split(cfg, "eval"),
+                tokenizer=tokenizer,
+                seq_len=d.seq_len,
+                batch_size=b,
+                num_infeed_hosts=n,
+                infeed_host_index=h,
+                seed=d.seed + 1,
+                repeat=eval_repeat,
+                packing=d.packing,
+            )
         else:
             train_texts, eval_texts = _shakespeare_split(cfg)
             train_stream = build_lm_texts_tokens(train_texts.values(), tokenizer)
@@ -185,10 +210,26 @@ def build_lm_inputs(
                     f"The tokenizer emits ids up to {int(np.max(train_stream))} but model.vocab_size="
                     f"{cfg.model.vocab_size}; raise model.vocab_size."
                 )
-            train = TokenWindowInput(train_stream, seq_len=d.seq_len, batch_size=b, num_infeed_hosts=n,
-                                     infeed_host_index=h, seed=d.seed, repeat=True, tokenizer=tokenizer)
-            evaluation = TokenWindowInput(eval_stream, seq_len=d.seq_len, batch_size=b, num_infeed_hosts=n,
-                                          infeed_host_index=h, seed=d.seed, repeat=eval_repeat, tokenizer=tokenizer)
+            train = TokenWindowInput(
+                train_stream,
+                seq_len=d.seq_len,
+                batch_size=b,
+                num_infeed_hosts=n,
+                infeed_host_index=h,
+                seed=d.seed,
+                repeat=True,
+                tokenizer=tokenizer,
+            )
+            evaluation = TokenWindowInput(
+                eval_stream,
+                seq_len=d.seq_len,
+                batch_size=b,
+                num_infeed_hosts=n,
+                infeed_host_index=h,
+                seed=d.seed,
+                repeat=eval_repeat,
+                tokenizer=tokenizer,
+            )
             train_tokens = int(train_stream.size)
             entropy = unigram_entropy(train_stream, tokenizer.vocab_size)
         evaluation = make_eval_input(evaluation, reset_for_eval=d.reset_for_eval, num_batches=cfg.train.eval_batches)

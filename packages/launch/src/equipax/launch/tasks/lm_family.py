@@ -13,8 +13,16 @@ if TYPE_CHECKING:  # JAX and the models load when a run builds its Task, not for
 
     from equipax.models.lm_task import LMTask
 
-__all__ = ["build_inputs", "continue_ids", "finish", "flops_per_token", "make_task", "numbers", "UNIT",
-           "units_per_example"]
+__all__ = [
+    "build_inputs",
+    "continue_ids",
+    "finish",
+    "flops_per_token",
+    "make_task",
+    "numbers",
+    "UNIT",
+    "units_per_example",
+]
 
 UNIT = "tokens"
 
@@ -92,24 +100,25 @@ def build_inputs(cfg: ExperimentConfig, job_dir: Path, *, log: Callable[[str], o
     tokenizer = build_tokenizer(as_lm(cfg), job_dir, log=log) if is_primary() else None
     barrier("tokenizer")
     tokenizer = tokenizer or build_tokenizer(as_lm(cfg), job_dir)
-    lm = build_lm_inputs(as_lm(cfg), tokenizer, num_infeed_hosts=jax.process_count(),
-                         infeed_host_index=jax.process_index())
-    return Inputs(lm.train, lm.eval, info={"unigram_entropy": lm.unigram_entropy},
-                  extra={"tokenizer": tokenizer})
+    lm = build_lm_inputs(
+        as_lm(cfg), tokenizer, num_infeed_hosts=jax.process_count(), infeed_host_index=jax.process_index()
+    )
+    return Inputs(lm.train, lm.eval, info={"unigram_entropy": lm.unigram_entropy}, extra={"tokenizer": tokenizer})
 
 
-def finish(cfg: ExperimentConfig, model: Any, inputs: Inputs, *, key: Any,
-           log: Callable[[str], object]) -> dict[str, Any]:
-    """Generate `train.sample_tokens` tokens after `train.sample_prompt` with the KV cache
-    (greedy at `train.sample_temperature` 0, else sampled; single process only)."""
+def finish(
+    cfg: ExperimentConfig, model: Any, inputs: Inputs, *, key: Any, log: Callable[[str], object]
+) -> dict[str, Any]:
+    """Generate `train.sample.tokens` tokens after `train.sample.prompt` with the KV cache
+    (greedy at `train.sample.temperature` 0, else sampled; single process only)."""
     import jax
     import numpy as np
 
-    if cfg.train.sample_tokens == 0 or jax.process_count() > 1:
+    if cfg.train.sample.tokens == 0 or jax.process_count() > 1:
         return {"sample": None}
     tokenizer = inputs.extra["tokenizer"]
-    prompt = tokenizer.encode(cfg.train.sample_prompt) or [tokenizer.bos_id]
-    out = continue_ids(model, prompt, cfg.train.sample_tokens, temperature=cfg.train.sample_temperature, key=key)
+    prompt = tokenizer.encode(cfg.train.sample.prompt) or [tokenizer.bos_id]
+    out = continue_ids(model, prompt, cfg.train.sample.tokens, temperature=cfg.train.sample.temperature, key=key)
     # model.vocab_size may exceed the tokenizer's vocabulary (docs/data.md): ids past it were never
     # a training target, but sampling can still pick one, and no text decodes from it.
     ids = [i for i in np.asarray(out).tolist() if i < tokenizer.vocab_size]
@@ -139,9 +148,14 @@ def continue_ids(model: Any, prompt: list[int], num_tokens: int, *, temperature:
         context = (list(prompt) + generated)[-half:] if rounds else ids
         room = max_len - len(context)
         sub = None if key is None or temperature == 0 else (jax.random.fold_in(key, rounds) if rounds else key)
-        tokens, _ = decode(model, jnp.asarray([context], jnp.int32), jnp.asarray([len(context)], jnp.int32),
-                           max_new_tokens=room if rounds else min(room, num_tokens), temperature=temperature,
-                           key=sub)
+        tokens, _ = decode(
+            model,
+            jnp.asarray([context], jnp.int32),
+            jnp.asarray([len(context)], jnp.int32),
+            max_new_tokens=room if rounds else min(room, num_tokens),
+            temperature=temperature,
+            key=sub,
+        )
         generated += jax.device_get(tokens)[0].tolist()[: num_tokens - len(generated)]
         rounds += 1
     return list(prompt) + generated

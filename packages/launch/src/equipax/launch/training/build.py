@@ -67,6 +67,7 @@ class Training:
 
     def init_state(self) -> TrainState[Any]:
         """The initial train state, built directly in its sharded layout (no full copy on one device)."""
+
         def make(key: PRNGKeyArray) -> TrainState[Any]:
             return eqx.filter_shard(_initial_state(self.task, self.learner.optimizer, key), self.state_sharding)
 
@@ -74,13 +75,18 @@ class Training:
 
     def place(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
         """This host's rows of the fields the task reads -> global arrays split over the mesh."""
-        return {k: jax.make_array_from_process_local_data(self.batch_sharding, batch[k])
-                for k in self.task.abstract_batch(1) if k in batch}
+        return {
+            k: jax.make_array_from_process_local_data(self.batch_sharding, batch[k])
+            for k in self.task.abstract_batch(1)
+            if k in batch
+        }
 
     def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
         """One global batch as sharded `ShapeDtypeStruct`s (for AOT lowering)."""
-        return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
-                for k, v in self.task.abstract_batch(self.cfg.global_batch_size).items()}
+        return {
+            k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
+            for k, v in self.task.abstract_batch(self.cfg.global_batch_size).items()
+        }
 
     def lower(self) -> Any:
         """Lower the train step on abstract arguments: nothing is allocated."""
@@ -115,10 +121,25 @@ def build_training(cfg: ExperimentConfig, mesh: Mesh) -> Training:
     learner = make_learner(cfg.learner)
     keys = Keys.from_seed(cfg.train.seed)
     abstract = eqx.filter_eval_shape(_initial_state, task, learner.optimizer, keys.init)
-    state_sharding = train_state_shardings(abstract, learner.optimizer, mesh)
+    state_sharding = train_state_shardings(abstract, learner.optimizer, mesh, dict(cfg.mesh.logical_axis_rules))
     data_sharding = batch_sharding(mesh)
-    train_step = make_train_step(task, learner.optimizer, learner.schedule, state_sharding=state_sharding,
-                                 batch_sharding=data_sharding, skip_nonfinite=True)
-    return Training(cfg=cfg, mesh=mesh, task=task, learner=learner, keys=keys,
-                    abstract_state=_with_shardings(abstract, state_sharding), state_sharding=state_sharding,
-                    batch_sharding=data_sharding, train_step=train_step, eval_step=make_eval_step(task))
+    train_step = make_train_step(
+        task,
+        learner.optimizer,
+        learner.schedule,
+        state_sharding=state_sharding,
+        batch_sharding=data_sharding,
+        skip_nonfinite=True,
+    )
+    return Training(
+        cfg=cfg,
+        mesh=mesh,
+        task=task,
+        learner=learner,
+        keys=keys,
+        abstract_state=_with_shardings(abstract, state_sharding),
+        state_sharding=state_sharding,
+        batch_sharding=data_sharding,
+        train_step=train_step,
+        eval_step=make_eval_step(task),
+    )

@@ -2,17 +2,18 @@
 
 import dataclasses
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from rich.console import Console
 
 from equipax.launch.jobdir.checksums import tree_digest
-from equipax.launch.training.hooks import Hook, evaluate
 from equipax.launch.jobdir.ownership import write_text_atomic
 from equipax.launch.jobdir.plots import plot_loss
 from equipax.launch.jobdir.summaries import read_metrics
-
-if TYPE_CHECKING:
-    from equipax.launch.training.loop import Run
+from equipax.launch.training.builtin_hooks import evaluate
+from equipax.launch.training.hooks import Hook, RunContext
 
 __all__ = ["finish", "RunResult"]
 
@@ -31,34 +32,64 @@ class RunResult:
     extra: dict[str, Any]  # the family's (unigram_entropy, sample) and the epoch history
 
 
+def finish(
+    run: RunContext,
+    hooks: Sequence[Hook],
+    state: Any,
+    fam: Any,
+    *,
+    last_train: Mapping[str, float],
+    outputs: Mapping[str, Any],
+    console: Console,
+) -> RunResult:
+    """After the last step: final eval numbers, the family's extras, result.json and plots.
 
-def finish(run: "Run", hooks: list[Hook], state: Any, fam: Any, log: Any) -> RunResult:
-    """After the last step: final eval numbers, the family's extras, result.json and plots."""
+    Arguments:
+        run: the finished run.
+        hooks: its hooks (each adds its `result`).
+        state: the final train state.
+        fam: the task family (its `finish` adds the LM's sample).
+        last_train: the newest train record.
+        outputs: every hook's newest output (the final eval is the eval hook's).
+        console: where the sample is printed.
+    """
+    last_eval = outputs.get("eval", {})
     if run.start == run.total:
         # Resumed from the final checkpoint (killed after it): report what the finished run did.
-        run.last_train = next((r for r in reversed(read_metrics(run.writer.path)) if r.get("split") == "train"),
-                              {}) if run.writer.path.exists() else {}
-        run.last_eval = evaluate(run, state)
+        last_train = (
+            next((r for r in reversed(read_metrics(run.writer.path)) if r.get("split") == "train"), {})
+            if run.writer.path.exists()
+            else {}
+        )
+        last_eval = evaluate(run, state)
+    log = lambda m: console.print(m, highlight=False)  # noqa: E731
     extra = dict(run.inputs.info)
     extra |= fam.finish(run.cfg, state.model, run.inputs, key=run.training.keys.sample, log=log)
     if extra.get("sample") is not None:
         run.writer.add_text("eval", "sample", extra["sample"], run.total)
         log("[bold]Sample:[/]")
-        run.progress.console.print(extra["sample"], highlight=False, markup=False)
+        console.print(extra["sample"], highlight=False, markup=False)
     for hook in hooks:
-        extra |= hook.result(run)
+        extra |= hook.result(run, outputs)
     run.writer.close()
-    result = RunResult(job_dir=run.job_dir, start_step=run.start, final_step=run.total,
-                       final_train_loss=run.last_train.get("loss"), final_eval_loss=run.last_eval.get("loss"),
-                       final_eval_accuracy=run.last_eval.get("accuracy"), state_digest=tree_digest(state),
-                       extra=extra)
+    result = RunResult(
+        job_dir=run.job_dir,
+        start_step=run.start,
+        final_step=run.total,
+        final_train_loss=last_train.get("loss"),
+        final_eval_loss=last_eval.get("loss"),
+        final_eval_accuracy=last_eval.get("accuracy"),
+        state_digest=tree_digest(state),
+        extra=extra,
+    )
     if run.primary:
         plot_loss(read_metrics(run.writer.path), run.job_dir / "plots" / "loss.png", title=run.cfg.name)
-        summary = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()
-                   if k != "extra"} | extra
+        summary = {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items() if k != "extra"
+        } | extra
         write_text_atomic(run.job_dir / "result.json", json.dumps(summary, indent=2) + "\n")
     if result.final_eval_loss is not None:
-        line = (f"Final eval loss {result.final_eval_loss:.4f}, accuracy {result.final_eval_accuracy:.4f}")
+        line = f"Final eval loss {result.final_eval_loss:.4f}, accuracy {result.final_eval_accuracy:.4f}"
         if extra.get("unigram_entropy") is not None:
             line += f" (nats/token; unigram entropy of the training tokens: {extra['unigram_entropy']:.4f})"
         log(line)

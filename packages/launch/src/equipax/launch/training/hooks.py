@@ -1,207 +1,197 @@
-"""The loop's hooks: logging, evaluation, epoch summaries and checkpoints.
+"""The hook protocol of the training loop (docs/extending.md, "Writing a hook").
 
-The loop (`loop.py`) calls each hook's `before_step`, dispatches one step, and then calls each
-hook's `after_step` in order. Hooks read device values only where the loop syncs anyway (logged steps, eval,
-checkpoints), so the device never waits for the host. A hook with state that must survive a
-restart (running epoch sums) returns it from `state()` and gets it back through `load()`; the
-checkpoint hook saves it with the train state.
+A hook is an object the loop (`loop.py`) calls around each step. It sees the run through a
+read-only `RunContext` and each step through a read-only `StepContext`; what it produces it
+returns (its output, which later hooks of the step and the end of the run read by the hook's
+`name`) or records (metrics.jsonl and TensorBoard through `run.writer`, lines through `run.log`).
+
+- `every`: `after_step` runs on the steps divisible by it (0: never periodically); a hook with
+  more occasions (the run's last step, a stop, an epoch's end) says so in `due`.
+- `waits_for_device`: the hook reads device values (eval, sampling, checkpoints). Before it runs
+  the loop writes the step's train record and lets the step's device work finish, so that wait
+  counts as the step's; whatever time the hooks take is kept out of the step time the loop reports.
+- Order: hooks run in the order given, except that a hook runs after the hooks named in its
+  `after` (`"*"`: after every other hook, as checkpoints must, to save their final state) and
+  before those naming it; `first` hooks run before all others (the profile window brackets the
+  step's dispatch). `order_hooks` sorts a list so, and rejects what cannot be satisfied.
 """
 
-import math
-import time
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
-
-from equipax.core.step import mean_eval_metrics
-from equipax.data import BaseInput
-from equipax.core.task import EVAL_SUMS
-from equipax.launch.cluster.distributed import gather_host_states, to_host
-from equipax.launch.jobdir.plots import plot_classifier_history
-from equipax.launch.jobdir.summaries import read_metrics
-
 if TYPE_CHECKING:
+    from equipax.launch.configs.experiment import ExperimentConfig
+    from equipax.launch.jobdir.checkpoints import Checkpointer
+    from equipax.launch.jobdir.summaries import MetricsWriter
+    from equipax.launch.tasks import Inputs
     from equipax.launch.training.build import Training
-    from equipax.launch.training.loop import Run
 
-__all__ = ["CheckpointHook", "EpochHook", "EvalHook", "evaluate", "Hook", "LogHook", "StepTimer"]
+__all__ = ["Hook", "order_hooks", "RunContext", "StepContext"]
+
+ALL = "*"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+    """What a run is, fixed from its first step to its last (read-only).
+
+    Attributes:
+        cfg: the resolved experiment.
+        job_dir: the job directory.
+        training: the built program (`build_training`): mesh, steps, keys, task.
+        inputs: this host's train and eval inputs (the eval input is reset before each eval).
+        start: the step this run starts after (0, or the step resumed from).
+        total: the last step (`cfg.num_steps`).
+        unit: what the family counts (tokens, examples).
+        primary: True on process 0, which writes the job directory's files.
+        writer: metrics.jsonl and TensorBoard (writes only on process 0).
+        checkpointer: the job's checkpoints.
+        log: prints a line above the progress bar.
+        check_nonfinite: applies `train.on_nonfinite` to the steps up to the one given (raises to
+            stop the run); call it before saving anything that could hold a skipped step's state.
+    """
+
+    cfg: "ExperimentConfig"
+    job_dir: Path
+    training: "Training"
+    inputs: "Inputs"
+    start: int
+    total: int
+    unit: str
+    primary: bool
+    writer: "MetricsWriter"
+    checkpointer: "Checkpointer"
+    log: Callable[[str], None]
+    check_nonfinite: Callable[[int], None]
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.cfg.steps_per_epoch or 0
+
+    def epoch_end(self, step: int) -> bool:
+        """True after the last step of an epoch of a `train.num_epochs` run."""
+        return self.cfg.train.num_epochs is not None and step % self.steps_per_epoch == 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """One step as the hooks see it, after its dispatch (read-only).
+
+    Attributes:
+        run: the run.
+        step: the step just dispatched (1-based).
+        state: the train state after it (device arrays, still being computed).
+        metrics: its metrics (device arrays: reading one waits for the step).
+        stopping: the loop stops after this step (SIGTERM/SIGINT on some process).
+        outputs: the newest output of every hook that produced one, by hook name (the outputs of
+            hooks earlier in this step included).
+        train: the newest train record written (host numbers: loss, learning rate, step time,
+            throughput, MFU; empty before the first one).
+        compile_seconds: seconds XLA spent compiling while this step was dispatched (a recompile).
+        loop_state: the JSON-ready state of the loop and its hooks as of now (saved with a
+            checkpoint; `Hook.state` of each, and the non-finite counts).
+    """
+
+    run: RunContext
+    step: int
+    state: Any
+    metrics: Mapping[str, Any]
+    stopping: bool
+    outputs: Mapping[str, Any]
+    train: Mapping[str, float]
+    compile_seconds: float
+    loop_state: Callable[[], dict[str, Any]]
+
+    @property
+    def final(self) -> bool:
+        """The run's last step (`train.num_steps`)."""
+        return self.step == self.run.total
+
+    @property
+    def epoch_end(self) -> bool:
+        return self.run.epoch_end(self.step)
 
 
 class Hook:
-    """A step hook; every method is optional."""
+    """A training-loop hook; every method is optional (see the module docstring for the protocol)."""
 
-    def before_step(self, run: "Run", step: int) -> None:
-        """Called just before step `step` is dispatched (its batch is fetched)."""
+    name: str = ""  # the key of its output in `StepContext.outputs` (default: the class name)
+    every: int = 1
+    waits_for_device: bool = False
+    first: bool = False
+    after: tuple[str, ...] = ()
 
-    def after_step(self, run: "Run", step: int, state: Any, metrics: dict[str, Any]) -> None:
-        """Called after step `step` was dispatched (its metrics are still on the device)."""
+    @property
+    def key(self) -> str:
+        return self.name or type(self).__name__
 
-    def state(self) -> dict[str, Any]:
-        """JSON-ready state saved with each checkpoint."""
-        return {}
+    def due(self, ctx: StepContext) -> bool:
+        """Whether `after_step` runs at this step: every `every` steps."""
+        return self.every > 0 and ctx.step % self.every == 0
 
     def load(self, state: dict[str, Any]) -> None:
-        """Restore `state()` of the run this one resumes."""
+        """Restore `state()` of the run this one resumes (called before `start`)."""
 
-    def close(self, run: "Run") -> None:
+    def start(self, run: RunContext) -> None:
+        """Before the first step: check settings (a bad one raises a ConfigError), open files."""
+
+    def before_step(self, run: RunContext, step: int) -> None:
+        """Just before step `step` is dispatched, every step (its batch is fetched); keep it cheap."""
+
+    def after_step(self, ctx: StepContext) -> Any:
+        """After the step's dispatch, where `due`: act, and return the output (None: none)."""
+
+    def state(self) -> dict[str, Any]:
+        """JSON-ready state saved with each checkpoint (its keys shared with the other hooks')."""
+        return {}
+
+    def close(self, run: RunContext) -> None:
         """The loop is over (finished or stopped): flush what is pending."""
 
-    def result(self, run: "Run") -> dict[str, Any]:
-        """What this hook adds to result.json of a finished run."""
+    def result(self, run: RunContext, outputs: Mapping[str, Any]) -> dict[str, Any]:
+        """What this hook adds to result.json of a finished run (`outputs`: every hook's newest)."""
         return {}
 
 
-def eval_pass(training: "Training", eval_input: BaseInput, model: Any, model_state: Any, *,
-              limit: int) -> dict[str, float]:
-    """Weighted mean loss and accuracy of `model` over an eval run of `eval_input` (reset first):
-    `limit` batches, or the whole pass when 0. Also `weight` (tokens or examples) and `batches`."""
-    eval_input.reset()
+def order_hooks(hooks: Sequence[Hook]) -> list[Hook]:
+    """`hooks` in the order they run: `first` ones first, each after the hooks its `after` names
+    (`"*"`: after all the others), otherwise as given.
 
-    def sums():
-        count = 0
-        while limit == 0 or count < limit:
-            try:
-                batch = eval_input.get_next()
-            except StopIteration:
-                return
-            yield to_host(training.eval_step(model, training.place(batch), model_state))
-            count += 1
-
-    return mean_eval_metrics(sums())
-
-
-def evaluate(run: "Run", state: Any) -> dict[str, float]:
-    """The run's eval (`train.eval_batches`; 0 = a whole pass): loss, accuracy, tokens/examples, batches."""
-    m = eval_pass(run.training, run.inputs.eval, state.model, state.model_state, limit=run.cfg.train.eval_batches)
-    return {"loss": m["loss"], "accuracy": m["accuracy"], run.unit: m["weight"], "batches": m["batches"]}
-
-
-class LogHook(Hook):
-    """Writes train metrics every `train.log_every` steps, read back one step late."""
-
-    def __init__(self) -> None:
-        self.pending: tuple[int, dict[str, Any]] | None = None
-
-    def after_step(self, run: "Run", step: int, state: Any, metrics: dict[str, Any]) -> None:
-        self.flush(run)  # the previous logged step: the device has moved on to this one
-        if step % run.cfg.train.log_every == 0 or step == run.total or run.stopping:
-            self.pending = (step, metrics)
-
-    def flush(self, run: "Run") -> None:
-        if self.pending is None:
-            return
-        step, device_metrics = self.pending
-        self.pending = None
-        run.check_nonfinite(step)
-        values = {k: float(v) for k, v in to_host(device_metrics).items()}
-        step_time = run.timer.lap(step)
-        record = {k: values.get(k, math.nan) for k in ("loss", "accuracy", "learning_rate", "grad_norm",
-                                                          "param_norm")}
-        record |= {"step_time_s": step_time, f"{run.unit}_per_s": run.units_per_step / step_time}
-        if run.flops_per_step is not None:
-            record["tflops_per_s_per_device"] = run.flops_per_step / step_time / run.training.mesh.size / 1e12
-            if run.peak_tflops is not None:
-                record["mfu"] = record["tflops_per_s_per_device"] / run.peak_tflops
-        record["nonfinite_steps"] = run.nonfinite.total  # skipped updates so far (train.on_nonfinite)
-        run.last_train = record
-        run.writer.write(step, "train", record)
-        run.progress.update(step, record)
-
-    def close(self, run: "Run") -> None:
-        self.flush(run)
-
-
-class EvalHook(Hook):
-    """Evaluates every `train.eval_every` steps, at the end, and at each epoch's end."""
-
-    def __init__(self, log: LogHook) -> None:
-        self.log = log
-
-    def after_step(self, run: "Run", step: int, state: Any, metrics: dict[str, Any]) -> None:
-        if not (step % run.cfg.train.eval_every == 0 or step == run.total or run.epoch_end(step)):
-            return
-        self.log.flush(run)
-        run.last_eval = evaluate(run, state)
-        run.last_eval_step = step
-        run.writer.write(step, "eval", run.last_eval)
-        run.progress.message(f"step {step}: eval loss {run.last_eval['loss']:.4f}, accuracy "
-                             f"{run.last_eval['accuracy']:.3f} on {run.last_eval[run.unit]:,.0f} {run.unit}")
-        run.timer.restart(step)  # keep eval time out of the next step-time reading
-
-
-class EpochHook(Hook):
-    """`train.num_epochs` runs: the epoch's train loss/accuracy (summed on the device, no sync per
-    step) and the eval at its end become an `epoch` record, printed as the tutorial does."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, Any] = {k: jnp.zeros((), jnp.float32) for k in EVAL_SUMS}
-
-    def after_step(self, run: "Run", step: int, state: Any, metrics: dict[str, Any]) -> None:
-        self.sums = {k: self.sums[k] + metrics[k] for k in EVAL_SUMS}
-        if not run.epoch_end(step):
-            return
-        host = {k: float(v) for k, v in jax.device_get(self.sums).items()}
-        weight = max(host["weight_sum"], 1e-9)
-        epoch = step // run.steps_per_epoch
-        record = {"epoch": epoch, "train_loss": host["loss_sum"] / weight,
-                  "train_accuracy": host["correct_sum"] / weight,
-                  "test_loss": run.last_eval["loss"], "test_accuracy": run.last_eval["accuracy"]}
-        run.writer.write(step, "epoch", record)
-        run.progress.message(
-            f"Epoch {epoch}/{run.cfg.train.num_epochs}: Loss: {record['train_loss']:.4f}, "
-            f"Train Acc: {record['train_accuracy']:.4f}, Test Acc: {record['test_accuracy']:.4f}")
-        self.sums = {k: jnp.zeros((), jnp.float32) for k in EVAL_SUMS}
-
-    def state(self) -> dict[str, Any]:
-        return {"epoch_sums": {k: float(v) for k, v in jax.device_get(self.sums).items()}}
-
-    def load(self, state: dict[str, Any]) -> None:
-        if "epoch_sums" in state:
-            self.sums = {k: jnp.asarray(state["epoch_sums"][k], jnp.float32) for k in EVAL_SUMS}
-
-    def result(self, run: "Run") -> dict[str, Any]:
-        epochs = sorted((r for r in read_metrics(run.writer.path) if r.get("split") == "epoch"),
-                        key=lambda r: r["epoch"]) if run.writer.path.exists() else []
-        history = {k: [float(r[k]) for r in epochs]
-                   for k in ("train_loss", "train_accuracy", "test_loss", "test_accuracy")}
-        if run.primary:
-            plot_classifier_history(epochs, run.job_dir / "plots" / "history.png", title=run.cfg.name)
-        last = epochs[-1] if epochs else {}
-        return {"num_epochs": run.cfg.train.num_epochs, "history": history,
-                **{f"final_{k}": last.get(k) for k in history}}
-
-
-class CheckpointHook(Hook):
-    """Saves every `train.checkpoint_every` steps, at each epoch's end, at the end and on a stop."""
-
-    def __init__(self, hooks: list[Hook]) -> None:
-        self.hooks = hooks
-
-    def after_step(self, run: "Run", step: int, state: Any, metrics: dict[str, Any]) -> None:
-        if step % run.cfg.train.checkpoint_every and step != run.total and not run.stopping \
-                and not run.epoch_end(step):
-            return
-        run.check_nonfinite(step)  # never save past an unchecked step
-        loop_state = dict(run.nonfinite.state())
-        for hook in self.hooks:
-            loop_state |= hook.state()
-        run.checkpointer.save(step, state, gather_host_states(run.inputs.train.get_state()),
-                              loop_state=loop_state)
-
-
-class StepTimer:
-    """Seconds per step between two reads (eval and compilation kept out)."""
-
-    def __init__(self, step: int) -> None:
-        self.restart(step)
-
-    def restart(self, step: int) -> None:
-        self.t: float = time.monotonic()
-        self.step: int = step
-
-    def lap(self, step: int) -> float:
-        now = time.monotonic()
-        per_step = (now - self.t) / max(step - self.step, 1)
-        self.t, self.step = now, step
-        return per_step
+    Raises:
+        ValueError: two hooks share a name, an `after` names no hook, or the constraints form a circle.
+    """
+    names = [h.key for h in hooks]
+    if dup := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(
+            f"Two hooks are named {dup[0]!r}: give one of them another `name` (hook outputs are kept by name)."
+        )
+    index = {n: i for i, n in enumerate(names)}
+    last = {i for i, h in enumerate(hooks) if ALL in h.after}
+    before: dict[int, set[int]] = {i: set() for i in range(len(hooks))}  # i runs after each of before[i]
+    for i, h in enumerate(hooks):
+        for name in h.after:
+            if name == ALL:
+                before[i] |= {j for j in range(len(hooks)) if j not in last}
+            elif name not in index:
+                raise ValueError(
+                    f"Hook {h.key!r} runs after {name!r}, but no hook has that name (hooks: {', '.join(names)})."
+                )
+            else:
+                before[i].add(index[name])
+        if h.first:
+            before[i] = {j for j in before[i] if hooks[j].first}
+        else:
+            before[i] |= {j for j, other in enumerate(hooks) if other.first}
+        before[i].discard(i)
+    order: list[int] = []
+    while len(order) < len(hooks):
+        ready = [i for i in range(len(hooks)) if i not in order and before[i] <= set(order)]
+        if not ready:
+            stuck = [names[i] for i in range(len(hooks)) if i not in order]
+            raise ValueError(
+                f"The order constraints of hooks {', '.join(stuck)} form a circle (`after`, `first`): drop one of them."
+            )
+        order.append(ready[0])
+    return [hooks[i] for i in order]

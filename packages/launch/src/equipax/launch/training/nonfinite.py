@@ -41,8 +41,7 @@ class NonFiniteError(Exception):
 
 def poison_batch(batch: Mapping[str, Any]) -> dict[str, Any]:
     """FOR TESTS (`train.debug_nan_steps`): the batch with every floating array set to NaN."""
-    return {k: np.full_like(v, np.nan) if np.issubdtype(v.dtype, np.floating) else v
-            for k, v in batch.items()}
+    return {k: np.full_like(v, np.nan) if np.issubdtype(v.dtype, np.floating) else v for k, v in batch.items()}
 
 
 # `rollback(unstable_from) -> (newest checkpoint before that step or None, steps set aside, where to)`.
@@ -58,8 +57,9 @@ class NonFiniteMonitor:
         state: `state()` of the run this one resumes (counts carried over), or None.
     """
 
-    def __init__(self, mode: Literal["skip", "abort"], max_consecutive: int,
-                 state: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, mode: Literal["skip", "abort"], max_consecutive: int, state: dict[str, Any] | None = None
+    ) -> None:
         self.mode = mode
         self.max_consecutive = max_consecutive
         self.total: int = int((state or {}).get("nonfinite_total", 0))
@@ -70,8 +70,11 @@ class NonFiniteMonitor:
 
     def state(self) -> dict[str, Any]:
         """The counts, JSON-ready, for the checkpoint."""
-        return {"nonfinite_total": self.total, "nonfinite_consecutive": self.consecutive,
-                "nonfinite_streak_start": self.streak_start}
+        return {
+            "nonfinite_total": self.total,
+            "nonfinite_consecutive": self.consecutive,
+            "nonfinite_streak_start": self.streak_start,
+        }
 
     def record(self, step: int, metrics: dict[str, Any]) -> None:
         """Keep step `step`'s device metrics until the next `check` (no device sync)."""
@@ -106,8 +109,10 @@ class NonFiniteMonitor:
             if self.mode == "abort" or self.consecutive > self.max_consecutive:
                 self._pending.clear()
                 raise self._error(s, quantity, rollback, where)
-            log(f"step {s}: {quantity}; the update was skipped ({self.consecutive} in a row, "
-                f"{self.total} in all; train.max_consecutive_nonfinite={self.max_consecutive}).")
+            log(
+                f"step {s}: {quantity}; the update was skipped ({self.consecutive} in a row, "
+                f"{self.total} in all; train.max_consecutive_nonfinite={self.max_consecutive})."
+            )
 
     def _unstable_from(self) -> tuple[int, str]:
         """The step the run became unstable at, and what likely caused it."""
@@ -123,37 +128,50 @@ class NonFiniteMonitor:
         before = _median_grad_norm(start, seen)
         loss, grad_norm = first.get("loss", float("nan")), first.get("grad_norm", float("nan"))
         if np.isfinite(loss) and np.isfinite(grad_norm) and (not np.isfinite(update) or update > params):
-            cause = (f"the updates outgrew the parameters (update norm {update:.3g} against parameter norm "
-                     f"{params:.3g} at learning rate {lr:.3g}): the learning rate is likely too high")
+            cause = (
+                f"the updates outgrew the parameters (update norm {update:.3g} against parameter norm "
+                f"{params:.3g} at learning rate {lr:.3g}): the learning rate is likely too high"
+            )
         elif np.isfinite(loss) and before is not None and not grad_norm <= GRAD_BLOWUP_FACTOR * before:
-            cause = (f"the gradient norm blew up ({first.get('grad_norm'):.3g} against a median of "
-                     f"{before:.3g} before): lower the learning rate or clip the gradients")
+            cause = (
+                f"the gradient norm blew up ({first.get('grad_norm'):.3g} against a median of "
+                f"{before:.3g} before): lower the learning rate or clip the gradients"
+            )
         else:
-            cause = ("a non-finite loss or gradient with no growth before it: likely a bad batch near "
-                     "that step, or an overflow inside the model")
+            cause = (
+                "a non-finite loss or gradient with no growth before it: likely a bad batch near "
+                "that step, or an overflow inside the model"
+            )
         return start, cause
 
     def _error(self, step: int, quantity: str, rollback: Rollback, where: str) -> NonFiniteError:
         if self.mode == "abort":
             why = "train.on_nonfinite='abort' stops at the first non-finite step"
         else:
-            why = (f"{self.consecutive} consecutive steps were non-finite, more than "
-                   f"train.max_consecutive_nonfinite={self.max_consecutive}")
+            why = (
+                f"{self.consecutive} consecutive steps were non-finite, more than "
+                f"train.max_consecutive_nonfinite={self.max_consecutive}"
+            )
         start, cause = self._unstable_from()
         good, moved, moved_to = rollback(start)
         unstable = f"The run became unstable at step {start}; likely cause: {cause}."
         if moved:
-            unstable += (f" The checkpoint(s) saved since (step {', '.join(map(str, moved))}) were moved to "
-                         f"{moved_to} (kept, not resumed from).")
-        saved = (f"The last good checkpoint is step {good} in {where}; rerunning the same command resumes "
-                 "from it" if good is not None else
-                 "No checkpoint from before that step remains; rerunning starts from step 0")
+            unstable += (
+                f" The checkpoint(s) saved since (step {', '.join(map(str, moved))}) were moved to "
+                f"{moved_to} (kept, not resumed from)."
+            )
+        saved = (
+            f"The last good checkpoint is step {good} in {where}; rerunning the same command resumes from it"
+            if good is not None
+            else "No checkpoint from before that step remains; rerunning starts from step 0"
+        )
         return NonFiniteError(
             f"Step {step}: {quantity}; {why}. No non-finite update was applied and no checkpoint holds a "
             f"non-finite state. {unstable} {saved}. Lower learner.schedule.peak_learning_rate or "
             "learner.clip_gradient_norm, check the data near that step, or use --set "
             "train.on_nonfinite=skip (and train.max_consecutive_nonfinite) to step over rare bad batches.",
-            step=step, last_checkpoint=good,
+            step=step,
+            last_checkpoint=good,
         )
 
 
@@ -163,8 +181,10 @@ def _quantity(v: dict[str, float]) -> str:
         return f"the loss is {loss}"
     if not np.isfinite(grad_norm):
         return f"the gradient norm is {grad_norm} (loss {loss:.4g})"
-    return (f"the update is not finite (update norm {v.get('update_norm', float('nan'))}, learning rate "
-            f"{v.get('learning_rate', float('nan')):.3g}; loss {loss:.4g}, gradient norm {grad_norm:.4g})")
+    return (
+        f"the update is not finite (update norm {v.get('update_norm', float('nan'))}, learning rate "
+        f"{v.get('learning_rate', float('nan')):.3g}; loss {loss:.4g}, gradient norm {grad_norm:.4g})"
+    )
 
 
 def _median_grad_norm(step: int, seen: dict[int, dict[str, float]]) -> float | None:

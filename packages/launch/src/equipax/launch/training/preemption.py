@@ -36,8 +36,10 @@ class EarlyInterrupts:
     raises `Interrupted`, which the command reports the same way.
     """
 
-    def __init__(self, message: str = "error: Stopped by {signal} while starting up; nothing was written. "
-                                      "Run the same command again.") -> None:
+    def __init__(
+        self,
+        message: str = "error: Stopped by {signal} while starting up; nothing was written. Run the same command again.",
+    ) -> None:
         self.message = message
         self.armed = False
 
@@ -57,7 +59,6 @@ class EarlyInterrupts:
     def arm(self) -> None:
         """From now on a signal raises `Interrupted` (the command is running)."""
         self.armed: bool = True
-
 
 
 class StopRequest:

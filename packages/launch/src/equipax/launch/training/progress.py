@@ -39,12 +39,13 @@ class ProgressReporter:
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
         """Report metrics read back at `step`."""
-        rate = (f"{metrics['examples_per_s']:,.0f} examples/s" if "examples_per_s" in metrics
-                else f"{metrics.get('tokens_per_s', 0.0):,.0f} tok/s")
+        rate = (
+            f"{metrics['examples_per_s']:,.0f} examples/s"
+            if "examples_per_s" in metrics
+            else f"{metrics.get('tokens_per_s', 0.0):,.0f} tok/s"
+        )
         info = (
-            f"loss {metrics.get('loss', float('nan')):.4f}  "
-            f"lr {metrics.get('learning_rate', float('nan')):.2e}  "
-            f"{rate}"
+            f"loss {metrics.get('loss', float('nan')):.4f}  lr {metrics.get('learning_rate', float('nan')):.2e}  {rate}"
         )
         if self._bar is not None:
             self._bar.update(self._task, completed=step, info=info)

@@ -12,9 +12,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from equipax.launch.translators.maxtext_rules import (
-    MESH_AXES, OTHER_AXES, RULES, SCALE_RULES, Skip, Values,
-)
+from equipax.launch.translators.maxtext_converters import MESH_AXES, OTHER_AXES, SCALE_RULES, Skip, Values
+from equipax.launch.translators.maxtext_rules import RULES
 
 __all__ = ["NOT_TRANSLATED", "RULES", "SCALE_RULES", "Translation", "markdown_table", "to_equipax", "to_maxtext"]
 
@@ -22,11 +21,11 @@ NOT_TRANSLATED = {
     "run_name": "the job directory is `launch run --job-log-dir`",
     "base_output_directory": "the job directory is `launch run --job-log-dir`",
     "decoder_block": "equipax translates into Pax's GPT decoder (LayerNorm, sinusoidal positions); for Llama blocks "
-                     "see the llama* experiments",
+    "see the llama* experiments",
     "model_name": "MaxText's model presets are not read: give their keys",
     "enable_checkpointing": "equipax always checkpoints (every train.checkpoint_every steps, at the end, on a stop)",
     "log_period": "MaxText flushes TensorBoard every log_period steps; equipax's train.log_every is how often "
-                  "metrics are read back (a different trade-off)",
+    "metrics are read back (a different trade-off)",
     "init_weights_seed": "equipax splits one train.seed into init, data and step keys",
     "data_shuffle_seed": "equipax splits one train.seed into init, data and step keys",
     "tokenizer_path": "the C4 input reads Pax's SentencePiece vocabulary (data knobs)",
@@ -35,8 +34,14 @@ NOT_TRANSLATED = {
     "hardware": "the platform is JAX's (JAX_PLATFORMS)",
     "dropout_rate": "equipax's Pax LM has no dropout",
 }
-_QUIET = {("enable_checkpointing", True), ("weight_dtype", "float32"), ("adam_eps_root", 0), ("dropout_rate", 0),
-          ("adam_eps_root", 0.0), ("dropout_rate", 0.0)}  # values that already mean what equipax does
+_QUIET = {
+    ("enable_checkpointing", True),
+    ("weight_dtype", "float32"),
+    ("adam_eps_root", 0),
+    ("dropout_rate", 0),
+    ("adam_eps_root", 0.0),
+    ("dropout_rate", 0.0),
+}  # values that already mean what equipax does
 
 
 @dataclasses.dataclass
