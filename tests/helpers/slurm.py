@@ -34,7 +34,10 @@ def missing() -> str | None:
             "(.ci/run does) to run the SLURM tests"
         )
     if os.geteuid() != 0:
-        return "slurmd starts job steps as their user and must run as root; these tests run it only as root"
+        return (
+            f"the test SLURM needs root (this process runs as uid {os.geteuid()}): slurmd starts each job step as "
+            "its user and must run as root"
+        )
     return None
 
 

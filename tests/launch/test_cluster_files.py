@@ -289,6 +289,15 @@ def test_a_job_shape_that_cannot_hold_the_mesh_is_refused(args, needles):
     assert_one_paragraph(out, *needles)
 
 
+@pytest.mark.parametrize("command", ["slurm", "k8s"])
+def test_a_benchmark_has_no_job_file(command, tmp_path):
+    shape = ["--nodes", "1", "--gpus-per-node", "1"] if command == "slurm" else ["--topology", "v5e-4", "--image", "i"]
+    code, out = invoke(command, "--exp", "attention_bench", *shape, "-o", tmp_path / "job")
+    assert code == 2, out
+    assert_one_paragraph(out, "attention_bench is a benchmark, not a training experiment")
+    assert not (tmp_path / "job").exists()
+
+
 @pytest.mark.parametrize("srun_exit, requeued, script_exit", [(75, True, 0), (0, False, 0), (1, False, 1)])
 def test_exit_75_becomes_a_requeue(tmp_path, srun_exit, requeued, script_exit):
     """The script's tail with stand-ins for srun and scontrol on PATH."""

@@ -66,16 +66,36 @@ def training_started(job: Path) -> bool:
     return (job / "metrics.jsonl").exists() and bool(train_losses(job))
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """One process x 4 devices, and `local-cluster` 2 processes x 2 devices, of the same run."""
-    root = tmp_path_factory.mktemp("reference")
-    env = dict(
-        compile_cache_env(root.parent / "jax-cache"),
+def launch_env(cache: Path) -> dict[str, str]:
+    """The environment of every `launch` process here: one compile cache, this venv's `launch` on PATH."""
+    return dict(
+        compile_cache_env(cache),
         PYTHONUNBUFFERED="1",
         TERM="dumb",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     )
+
+
+# Ranks on loopback only, unbound (XLA's threads may use every core), as root where the tests run so.
+MPIRUN = [
+    "mpirun",
+    "-np",
+    "2",
+    "--oversubscribe",
+    "--bind-to",
+    "none",
+    "--mca",
+    "oob_tcp_if_include",
+    "lo",
+    *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One process x 4 devices, and `local-cluster` 2 processes x 2 devices, of the same run."""
+    root = tmp_path_factory.mktemp("reference")
+    env = launch_env(root.parent / "jax-cache")
     one = subprocess.run(
         [*LAUNCH, "run", *RUN, "--cpu-devices", "4", "--job-log-dir", str(root / "one")],
         env=env,
@@ -122,10 +142,30 @@ def assert_resumed_exactly(job: Path, reference: dict, output: str) -> None:
     assert digest(job) == reference["digest"]
 
 
+def mpi_missing() -> str | None:
+    """Why mpirun cannot run here (None: it can)."""
+    if shutil.which("mpirun") is None:
+        return "Open MPI is not installed (mpirun not found): `apt-get install openmpi-bin` (.ci/run does)"
+    return None
+
+
 NO_SLURM = slurm.missing()
-NO_MPI = (
-    None if shutil.which("mpirun") else "Open MPI is not installed (mpirun not found): `apt-get install openmpi-bin`"
-)
+NO_MPI = mpi_missing()
+
+
+def test_a_skip_says_what_is_missing_and_how_to_install_it(monkeypatch):
+    """Where the packages are absent the scheduler tests skip with these reasons (`pytest -rs` shows them)."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: None if name in ("slurmd", "mpirun") else "/x")
+    assert slurm.missing() == (
+        "SLURM is not installed (slurmd not found): `apt-get install slurm-wlm munge` (.ci/run does) to run the "
+        "SLURM tests"
+    )
+    assert "mpirun not found" in str(mpi_missing()) and "apt-get install openmpi-bin" in str(mpi_missing())
+    monkeypatch.setattr(shutil, "which", lambda name, path=None: "/x")
+    assert slurm.missing() is None and mpi_missing() is None
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "must run as root" in str(slurm.missing())
 
 
 @pytest.mark.skipif(NO_SLURM is not None, reason=str(NO_SLURM))
@@ -217,20 +257,7 @@ def test_slurm_job_trains_is_preempted_requeued_and_resumes_bit_for_bit(tmp_path
 @pytest.mark.skipif(NO_MPI is not None, reason=str(NO_MPI))
 def test_mpirun_job_trains_is_preempted_and_resumes_bit_for_bit(tmp_path, reference):
     job = tmp_path / "job"
-    # Ranks on loopback only, unbound (XLA's threads may use every core), as root where the tests run so.
-    mpirun = [
-        "mpirun",
-        "-np",
-        "2",
-        "--oversubscribe",
-        "--bind-to",
-        "none",
-        "--mca",
-        "oob_tcp_if_include",
-        "lo",
-        *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
-    ]
-    cmd = [*mpirun, *LAUNCH, "run", *RUN, "--distributed-auto", "--cpu-devices", "2", "--job-log-dir", str(job)]
+    cmd = [*MPIRUN, *LAUNCH, "run", *RUN, "--distributed-auto", "--cpu-devices", "2", "--job-log-dir", str(job)]
     first = subprocess.Popen(
         cmd, env=reference["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -251,3 +278,21 @@ def test_mpirun_job_trains_is_preempted_and_resumes_bit_for_bit(tmp_path, refere
     second = subprocess.run(cmd, env=reference["env"], capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout[-4000:]
     assert_resumed_exactly(job, reference, second.stdout)
+
+
+@pytest.mark.skipif(NO_MPI is not None, reason=str(NO_MPI))
+def test_mpirun_ranks_short_of_the_mesh_stop_right_after_discovery(tmp_path):
+    """Open MPI does not say how many devices a rank has, so the count is checked once the job has
+    started: without --cpu-devices each rank has 1 CPU device, 2 in all for the 4-device mesh, and
+    every rank stops with exit 2 before training (each rank's code echoed; mpirun lets both finish)."""
+    job = tmp_path / "job"
+    rank = '"$@"; echo "rank $OMPI_COMM_WORLD_RANK exited $?"'
+    cmd = [*MPIRUN, "--mca", "orte_abort_on_non_zero_status", "0", "bash", "-c", rank, "-", *LAUNCH]
+    cmd += ["run", *RUN, "--distributed-auto", "--job-log-dir", str(job)]
+    done = subprocess.run(cmd, env=launch_env(tmp_path / "jax-cache"), capture_output=True, text=True, timeout=180)
+    out = done.stdout + done.stderr
+    assert sorted(re.findall(r"rank \d exited \d+", out)) == ["rank 0 exited 2", "rank 1 exited 2"], out[-4000:]
+    assert out.count("The job has 2 processes x 1 device each = 2 devices") == 2, out[-4000:]
+    assert "needs 4: run 4 processes, or give each process 2 devices" in out and "Traceback" not in out
+    assert out.count("from Open MPI's environment") == 2  # both joined: the check came after discovery
+    assert not (job / "metrics.jsonl").exists()

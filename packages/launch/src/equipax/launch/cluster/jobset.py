@@ -26,7 +26,7 @@ from equipax.core.configs import MeshConfig
 from equipax.core.knobs import ConfigError
 from equipax.launch.aot.flags import apply_compiler_flags
 from equipax.launch.aot.tpu import TPU_SLICES, TpuSlice, lookup_slice
-from equipax.launch.cluster.shape import check_counts
+from equipax.launch.cluster.shape import check_counts, run_command
 
 __all__ = ["GKE_ACCELERATORS", "jobset_manifest", "REPLICATED_JOB", "TpuJobSet"]
 
@@ -140,16 +140,7 @@ def jobset_manifest(
     name = job.name or exp.lower().replace("_", "-").replace(".", "-")
     _check_name(name, job.slices, job.hosts_per_slice)
     tpu = job.tpu
-    command = [
-        *job.launcher.split(),
-        "run",
-        "--distributed-auto",
-        "--exp",
-        exp,
-        *[a for o in overrides for a in ("--set", o)],
-        "--job-log-dir",
-        job_log_dir,
-    ]
+    command = run_command(job.launcher, exp=exp, overrides=overrides, job_log_dir=job_log_dir)
     env: list[dict[str, Any]] = [
         {"name": k, "value": v} for k, v in apply_compiler_flags(xla_flags, libtpu_init_args, environ={}).items()
     ]

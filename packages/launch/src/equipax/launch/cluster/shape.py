@@ -1,4 +1,5 @@
-"""Does a job hold the experiment's mesh? The checks every launch path shares (exit 2, both numbers, the fix).
+"""Does a job hold the experiment's mesh? The checks every launch path shares (exit 2, both numbers, the fix),
+and the command each process of a job that `launch slurm` / `launch k8s` writes runs (`run_command`).
 
 A job is processes x devices per process; the mesh is `ici_mesh_shape` x `dcn_mesh_shape`. The two
 must have the same number of devices, and each DCN block (a slice, or a group of hosts) must be
@@ -7,10 +8,26 @@ two 2-device hosts). `cluster.detect.check_job` runs them on a SLURM / Open MPI 
 starts, `check_shape` on any job once it has started, `launch slurm` on the job it writes.
 """
 
+import shlex
+from collections.abc import Sequence
+
 from equipax.core.configs import MeshConfig
 from equipax.core.knobs import ConfigError
 
-__all__ = ["check_counts", "check_layout", "check_shape"]
+__all__ = ["check_counts", "check_layout", "check_shape", "run_command"]
+
+
+def run_command(launcher: str, *, exp: str, overrides: Sequence[str], job_log_dir: str) -> list[str]:
+    """`launch run --distributed-auto` for `exp` (with its `--set` overrides, in order) in `job_log_dir`.
+
+    Arguments:
+        launcher: the shell words that run `launch` where the job runs (e.g. "launch", ".venv/bin/launch").
+        exp: the experiment, as `launch run --exp` takes it.
+        overrides: `--set` overrides.
+        job_log_dir: the job directory, the same for every process and every restart (so a restart resumes).
+    """
+    sets = [a for o in overrides for a in ("--set", o)]
+    return [*shlex.split(launcher), "run", "--distributed-auto", "--exp", exp, *sets, "--job-log-dir", job_log_dir]
 
 
 def check_counts(*counts: tuple[str, int, int]) -> None:

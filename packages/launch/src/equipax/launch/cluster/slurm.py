@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from equipax.core.configs import MeshConfig
 from equipax.core.knobs import ConfigError
-from equipax.launch.cluster.shape import check_counts, check_layout
+from equipax.launch.cluster.shape import check_counts, check_layout, run_command
 
 __all__ = ["sbatch_script", "SlurmJob"]
 
@@ -135,16 +135,7 @@ def sbatch_script(
         ConfigError: the job cannot hold the mesh.
     """
     job.check(mesh)
-    run = [
-        *shlex.split(job.launcher),
-        "run",
-        "--distributed-auto",
-        "--exp",
-        exp,
-        *[a for o in overrides for a in ("--set", o)],
-        "--job-log-dir",
-        job_log_dir,
-    ]
+    run = run_command(job.launcher, exp=exp, overrides=overrides, job_log_dir=job_log_dir)
     if job.cpu_devices is not None:
         run += ["--cpu-devices", str(job.cpu_devices)]
     unit = "CPU device" if job.cpu_devices is not None else "GPU"

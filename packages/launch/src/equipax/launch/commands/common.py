@@ -21,6 +21,7 @@ __all__ = [
     "fail",
     "out",
     "resolve",
+    "resolve_train",
     "SetOption",
 ]
 
@@ -96,3 +97,13 @@ def resolve(exp: str, overrides: list[str] | None) -> tuple[registry.Entry, Any,
         return entry, cfg, sources
     except ConfigError as e:
         fail(str(e))
+
+
+def resolve_train(
+    exp: str, overrides: list[str] | None, *, for_what: str
+) -> tuple[registry.Entry, Any, dict[str, str]]:
+    """`resolve` for a command that needs a train step (`for_what`: "to compile"); a benchmark is exit 2."""
+    entry, cfg, sources = resolve(exp, overrides)
+    if entry.kind != "train":
+        fail(f"{cfg.name} is a benchmark, not a training experiment; there is no train step {for_what}.")
+    return entry, cfg, sources

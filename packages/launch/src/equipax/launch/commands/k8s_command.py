@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.commands.common import ExpOption, SetOption, command_line, emit, fail, resolve
+from equipax.launch.commands.common import ExpOption, SetOption, command_line, emit, fail, resolve_train
 
 __all__ = ["k8s_cmd"]
 
@@ -41,9 +41,7 @@ def k8s_cmd(
 
     from equipax.launch.cluster.jobset import TpuJobSet, jobset_manifest
 
-    entry, cfg, _ = resolve(exp, set_)
-    if entry.kind != "train":
-        fail(f"launch k8s runs training experiments; {entry.name!r} is a {entry.kind}.")
+    _, cfg, _ = resolve_train(exp, set_, for_what="to run on Kubernetes")
     try:
         job = TpuJobSet(
             topology=topology,

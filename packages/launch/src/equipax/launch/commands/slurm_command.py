@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.commands.common import ExpOption, SetOption, command_line, emit, fail, resolve
+from equipax.launch.commands.common import ExpOption, SetOption, command_line, emit, fail, resolve_train
 
 __all__ = ["slurm_cmd"]
 
@@ -48,9 +48,7 @@ def slurm_cmd(
     given = dict(locals())
     from equipax.launch.cluster.slurm import SlurmJob, sbatch_script
 
-    entry, cfg, _ = resolve(exp, set_)
-    if entry.kind != "train":
-        fail(f"launch slurm runs training experiments; {entry.name!r} is a {entry.kind}.")
+    _, cfg, _ = resolve_train(exp, set_, for_what="to run on SLURM")
     try:
         job = SlurmJob(
             nodes=nodes,
