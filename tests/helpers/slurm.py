@@ -65,6 +65,9 @@ def _conf(root: Path, cpus: int) -> str:
             "TaskPlugin=task/none",
             "MpiDefault=none",
             "SchedulerType=sched/builtin",
+            # The main scheduling loop starts a pending job whose begin time has come (a requeued one): every
+            # 60 s by default, every 2 s here.
+            "SchedulerParameters=sched_interval=2",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "ReturnToService=2",
