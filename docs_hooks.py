@@ -224,7 +224,9 @@ def knob_rows(cls: type, prefix: str = "") -> list[tuple[str, list[tuple[str, st
         if sub:
             for sub_cls in sub:
                 nested += knob_rows(sub_cls, f"{prefix}{f.name}.")
-            continue
+            if type(None) not in typing.get_args(hints[f.name]):
+                continue
+            # An optional group (e.g. model.rope_scaling): None is a value of the knob itself.
         if f.default is not dataclasses.MISSING:
             default = repr(f.default)
         elif f.default_factory is not dataclasses.MISSING:

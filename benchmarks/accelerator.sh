@@ -22,6 +22,9 @@ STEPS=${STEPS:-20}
 EXP=${EXP:-c4_1b}    # EXP=c4_1b_smoke PARTS=2: a dry run of part 2 on a CPU
 PARTS=${PARTS:-1234}
 RUNS=${RUNS:-"bf16_auto bf16_xla f32_xla"}
+# EXTRA: more knobs for every part-2 run, e.g. the Llama-style 1B at c4_1b's batch shape:
+#   EXP=llama3_2_1b EXTRA="data.seq_len=1024 data.per_device_batch=32" PARTS=2 bash benchmarks/accelerator.sh
+EXTRA=${EXTRA:-}
 PY=${PY:-uv run python}
 LAUNCH=${LAUNCH:-uv run launch}
 export PYTHONUNBUFFERED=1
@@ -58,7 +61,7 @@ run() {  # name, then extra --set knobs
   local sets=(--set data.source=synthetic --set data.packing=False --set "mesh.ici_mesh_shape=(1,-1,1)" --set train.num_steps="$STEPS"
               --set train.log_every=5 --set train.eval_every=100000 --set train.checkpoint_every=100000
               --set train.sample.tokens=0 --set model.transformer.atten_logit_cap=None)
-  for s in "$@"; do sets+=(--set "$s"); done
+  for s in "$@" $EXTRA; do sets+=(--set "$s"); done
   rm -rf "$OUT/$name"
   timeout "${RUN_TIMEOUT:-150}" $LAUNCH run --exp "$EXP" --job-log-dir "$OUT/$name" "${sets[@]}" > "$OUT/$name.log" 2>&1 \
     || echo "$name: failed (see $OUT/$name.log)"

@@ -1,11 +1,13 @@
 """A plain-JAX reference LM train step: what a user would write by hand, no Equinox, no equipax.
 
-The same math as equipax's `TransformerLM` + `lm_loss` + AdamW learner (pre-LN, fused QKV,
-GELU MLP, tied embedding scaled by sqrt(d), sinusoidal positions, optional tanh logit caps,
-global-norm clipping, decoupled weight decay on matrices), written the obvious way: parameters in
-a dict of arrays, one `jax.jit` with the parameters and optimizer state donated, and the loss as
-the only metric. `benchmarks/train_step.py --compare` times it against the equipax step, in one
-process, interleaved, on the same batch.
+The same math as equipax's `TransformerLM` + `lm_loss` + AdamW learner, for two families:
+`family="gpt"` (pre-LN, fused QKV, GELU MLP, tied embedding scaled by sqrt(d), sinusoidal
+positions, optional tanh logit caps) and `family="llama"` (RMSNorm, separate query and key/value
+projections with grouped key/value heads repeated for their query heads, rotary positions, SwiGLU,
+untied output projection); both with global-norm clipping and decoupled weight decay on matrices,
+written the obvious way: parameters in a dict of arrays, one `jax.jit` with the parameters and
+optimizer state donated, and the loss as the only metric. `benchmarks/train_step.py --compare` times
+it against the equipax step, in one process, interleaved, on the same batch.
 
 This module imports only jax, numpy and optax, so the comparison cannot borrow anything from
 equipax by accident.
@@ -43,17 +45,42 @@ class BaselineConfig:
     b2: float = 0.999
     eps: float = 1e-8
     layernorm_eps: float = 1e-6
+    family: str = "gpt"
+    num_kv_heads: int | None = None  # llama: key/value heads (None = num_heads)
+    rope_theta: float = 10_000.0
 
 
 def init_params(cfg: BaselineConfig, key: jax.Array) -> Params:
     """Random parameters: `embed [vocab d]`, per layer `ln1, qkv [d 3 h hd], out [h hd d], ln2,
-    up [d ff], down [ff d]`, and `final_ln`."""
+    up [d ff], down [ff d]`, and `final_ln` (llama: `q [d h hd]`, `kv [d 2 kv hd]`, `gate`, and
+    `unembed [d vocab]`)."""
     d, h, hd, ff = cfg.model_dims, cfg.num_heads, cfg.head_dim, cfg.hidden_dims
-    keys = iter(jax.random.split(key, 1 + 4 * cfg.num_layers))
+    keys = iter(jax.random.split(key, 2 + 6 * cfg.num_layers))
 
     def dense(shape: tuple[int, ...], fan_in: int) -> jax.Array:
         return jax.random.normal(next(keys), shape, jnp.float32) / math.sqrt(fan_in)
 
+    if cfg.family == "llama":
+        kv = cfg.num_kv_heads or h
+        blocks = [
+            {
+                "ln1": jnp.ones((d,)),
+                "q": dense((d, h, hd), d),
+                "kv": dense((d, 2, kv, hd), d),
+                "out": dense((h, hd, d), h * hd),
+                "ln2": jnp.ones((d,)),
+                "gate": dense((d, ff), d),
+                "up": dense((d, ff), d),
+                "down": dense((ff, d), ff),
+            }
+            for _ in range(cfg.num_layers)
+        ]
+        return {
+            "embed": jax.random.normal(next(keys), (cfg.vocab_size, d)),
+            "layers": blocks,
+            "final_ln": jnp.ones((d,)),
+            "unembed": dense((d, cfg.vocab_size), d),
+        }
     layers = [
         {
             "ln1": jnp.ones((d,)),
@@ -89,8 +116,43 @@ def _positions(seq_len: int, dims: int) -> jax.Array:
     return jnp.pad(jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], 1), ((0, 0), (0, dims % 2)))
 
 
+def _rmsnorm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps) * scale[None, None]
+
+
+def _rope(x: jax.Array, theta: float) -> jax.Array:
+    """Rotate each head's halves by position x frequency (the "rotate half" layout)."""
+    seq, half = x.shape[1], x.shape[-1] // 2
+    inv = theta ** -(jnp.arange(half, dtype=jnp.float32) * 2 / x.shape[-1])
+    angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv[None, :]
+    sin, cos = jnp.sin(angles)[None, :, None], jnp.cos(angles)[None, :, None]
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def _llama_forward(cfg: BaselineConfig, params: Params, ids: jax.Array) -> jax.Array:
+    seq = ids.shape[1]
+    x = params["embed"][ids]
+    causal = jnp.tril(jnp.ones((seq, seq), bool))[None, None]
+    group = cfg.num_heads // (cfg.num_kv_heads or cfg.num_heads)
+    for layer in params["layers"]:
+        h = _rmsnorm(x, layer["ln1"], cfg.layernorm_eps)
+        q = _rope(jnp.einsum("bsd,dhk->bshk", h, layer["q"]), cfg.rope_theta)
+        kv = jnp.einsum("bsd,dtnk->bstnk", h, layer["kv"])
+        k = jnp.repeat(_rope(kv[:, :, 0], cfg.rope_theta), group, axis=2)
+        v = jnp.repeat(kv[:, :, 1], group, axis=2)
+        logits = jnp.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(cfg.head_dim)
+        attn = jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(jnp.where(causal, logits, -1e30), axis=-1), v)
+        x = x + jnp.einsum("bqhk,hkd->bqd", attn, layer["out"])
+        h = _rmsnorm(x, layer["ln2"], cfg.layernorm_eps)
+        x = x + (jax.nn.silu(h @ layer["gate"]) * (h @ layer["up"])) @ layer["down"]
+    return _rmsnorm(x, params["final_ln"], cfg.layernorm_eps) @ params["unembed"]
+
+
 def forward(cfg: BaselineConfig, params: Params, ids: jax.Array) -> jax.Array:
     """Logits `[batch seq vocab]` of the token ids `[batch seq]`."""
+    if cfg.family == "llama":
+        return _llama_forward(cfg, params, ids)
     seq = ids.shape[1]
     x = params["embed"][ids] * math.sqrt(cfg.model_dims) + _positions(seq, cfg.model_dims)[None]
     causal = jnp.tril(jnp.ones((seq, seq), bool))[None, None]

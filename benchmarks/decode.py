@@ -34,14 +34,13 @@ import numpy as np
 from equipax.core.flops import count_params
 from equipax.core.nn import TransformerConfig
 from equipax.models.decode import decode, init_cache, prefill
-from equipax.models.llama import LlamaConfig, LlamaLM
 from equipax.models.lm import LMConfig, TransformerLM, generate
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "decode.json"
 FAMILIES = ("lm", "llama")
 
 
-def build_model(family: str, *, max_seq_len: int, tiny: bool) -> TransformerLM | LlamaLM:
+def build_model(family: str, *, max_seq_len: int, tiny: bool) -> TransformerLM:
     """The benchmarked model of `family` (`tiny`: a 2-layer d 32 model for smoke tests)."""
     vocab, layers, dims, heads, head_dim = (256, 2, 32, 2, 16) if tiny else (2048, 4, 192, 4, 48)
     if family == "lm":
@@ -58,18 +57,32 @@ def build_model(family: str, *, max_seq_len: int, tiny: bool) -> TransformerLM |
             ),
         )
         return TransformerLM(cfg, key=jr.key(0))
-    llama = LlamaConfig(
+    # The Llama block (as shakespeare_llama_tiny): RoPE, RMSNorm, SwiGLU, grouped-query attention.
+    llama = LMConfig(
         vocab_size=vocab,
         max_seq_len=max_seq_len,
-        num_layers=layers,
-        model_dims=dims,
-        num_heads=heads,
-        num_kv_heads=max(1, heads // 2),
-        head_dim=head_dim,
-        hidden_dims=8 * dims // 3,
-        scan_layers=False,
+        transformer=TransformerConfig(
+            num_layers=layers,
+            model_dims=dims,
+            num_heads=heads,
+            num_kv_heads=max(1, heads // 2),
+            head_dim=head_dim,
+            hidden_dims=8 * dims // 3,
+            activation="silu",
+            gated=True,
+            norm="rmsnorm",
+            norm_eps=1e-5,
+            fused_qkv=False,
+            atten_logit_cap=None,
+            scan_layers=False,
+        ),
+        output_logit_cap=None,
+        position="rope",
+        tie_embeddings=False,
+        embedding_multiplier=None,
+        embedding_init_std=1.0,
     )
-    return LlamaLM(llama, key=jr.key(0))
+    return TransformerLM(llama, key=jr.key(0))
 
 
 def _timed(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:

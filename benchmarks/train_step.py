@@ -90,15 +90,15 @@ def _toy(
     )
 
 
-def _default_preset() -> Preset:
+def _registered_preset(name: str, experiment: str, description: str) -> Preset:
     # Imported here: the registry pulls in the launch package (data, CLI), which the
     # toy presets don't need.
     from equipax.launch.experiments.registry import get_experiment
 
-    exp = get_experiment("shakespeare_tiny")
+    exp = get_experiment(experiment)
     return Preset(
-        name="default",
-        description="shakespeare_tiny (the default experiment), from the registry",
+        name=name,
+        description=description,
         model=exp.model,
         batch_size=exp.data.batch_size,
         seq_len=exp.data.seq_len,
@@ -107,7 +107,12 @@ def _default_preset() -> Preset:
 
 
 PRESETS: dict[str, Callable[[], Preset]] = {
-    "default": _default_preset,
+    "default": lambda: _registered_preset(
+        "default", "shakespeare_tiny", "shakespeare_tiny (the default experiment), from the registry"
+    ),
+    "llama": lambda: _registered_preset(
+        "llama", "shakespeare_llama_tiny", "shakespeare_llama_tiny (the Llama block: RoPE, GQA 4/2, SwiGLU, RMSNorm)"
+    ),
     "20m": lambda: _toy(
         "20m",
         "~20M-param LM (d 512, 6 layers)",
@@ -146,7 +151,35 @@ PRESETS: dict[str, Callable[[], Preset]] = {
         seq_len=32,
         batch_size=2,
     ),
+    "llama_tiny": lambda: _llama_tiny(),
 }
+
+
+def _llama_tiny() -> Preset:
+    """2-layer Llama-block smoke test (GQA 4/2), the same learner as `tiny`."""
+    tiny = PRESETS["tiny"]()
+    t = dataclasses.replace(
+        tiny.model.transformer,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        activation="silu",
+        gated=True,
+        norm="rmsnorm",
+        norm_eps=1e-5,
+        fused_qkv=False,
+        atten_logit_cap=None,
+    )
+    model = dataclasses.replace(
+        tiny.model,
+        transformer=t,
+        position="rope",
+        output_logit_cap=None,
+        tie_embeddings=False,
+        embedding_multiplier=None,
+        embedding_init_std=1.0,
+    )
+    return dataclasses.replace(tiny, name="llama_tiny", description="2-layer Llama-block smoke test", model=model)
 
 
 def _with_overrides(preset: Preset, *, scan: bool | None, remat: str | None) -> Preset:
@@ -330,23 +363,34 @@ def _baseline_module() -> Any:
 def baseline_for(preset: Preset) -> Any:
     """The plain-JAX `BaselineConfig` of the same math as `preset` (caps, clip, decay included)."""
     m, t, lr = preset.model, preset.model.transformer, preset.learner
-    unsupported = {
-        "norm": (t.norm, "layernorm"),
-        "activation": (t.activation, "gelu"),
-        "gated": (t.gated, False),
+    llama = m.position == "rope"
+    shared = {
         "use_bias": (t.use_bias, False),
         "scan_layers": (t.scan_layers, False),
         "remat": (t.remat, "none"),
         "attention": (t.attention, "softmax"),
-        "position": (m.position, "sinusoidal"),
         "dtype": (m.dtype, "float32"),
         "learner.kind": (lr.kind, "adamw"),
+        "qk_norm": (t.qk_norm, False),
+        "sliding_window": (t.sliding_window, None),
     }
-    bad = {k: found for k, (found, want) in unsupported.items() if found != want}
+    family = {  # the block each family's baseline writes out
+        "norm": (t.norm, "rmsnorm" if llama else "layernorm"),
+        "activation": (t.activation, "silu" if llama else "gelu"),
+        "gated": (t.gated, llama),
+        "fused_qkv": (t.fused_qkv, not llama),
+        "tie_embeddings": (m.tie_embeddings, not llama),
+        "rope_scaling": (m.rope_scaling, None),
+        "embedding_multiplier": (m.embedding_multiplier, None if llama else "sqrt_model_dims"),
+        "position": (m.position, "rope" if llama else "sinusoidal"),
+    } | (
+        {"atten_logit_cap": (t.atten_logit_cap, None), "output_logit_cap": (m.output_logit_cap, None)} if llama else {}
+    )
+    bad = {k: found for k, (found, want) in (shared | family).items() if found != want}
     if bad:
         raise SystemExit(
-            f"--compare: preset {preset.name!r} has {bad}; the plain-JAX baseline implements the "
-            "presets' unrolled pre-LN GELU LM with AdamW only. Drop --scan/--remat or pick another preset."
+            f"--compare: preset {preset.name!r} has {bad}; the plain-JAX baseline implements the presets' "
+            "unrolled pre-LN GELU GPT and Llama-block LM with AdamW only. Drop --scan/--remat or pick another preset."
         )
     return _baseline_module().BaselineConfig(
         vocab_size=m.vocab_size,
@@ -364,12 +408,36 @@ def baseline_for(preset: Preset) -> Any:
         b1=lr.b1,
         b2=lr.b2,
         eps=lr.eps,
+        layernorm_eps=t.norm_eps,
+        family="llama" if llama else "gpt",
+        num_kv_heads=t.num_kv_heads,
+        rope_theta=m.rope_theta,
     )
 
 
 def baseline_params(model: Any) -> dict[str, Any]:
     """The equipax `TransformerLM`'s parameters in the baseline's dict layout (copies)."""
     copy = lambda x: jnp.array(x, copy=True)  # noqa: E731 (both steps donate their inputs)
+    if model.unembed is not None:  # the Llama block
+        blocks = [
+            {
+                "ln1": copy(b.atten_norm.scale),
+                "q": copy(b.attention.q),
+                "kv": copy(b.attention.kv),
+                "out": copy(b.attention.out),
+                "ln2": copy(b.ffn_norm.scale),
+                "gate": copy(b.ffn.gate.weight),
+                "up": copy(b.ffn.up.weight),
+                "down": copy(b.ffn.down.weight),
+            }
+            for b in model.stack.layers
+        ]
+        return {
+            "embed": copy(model.embedding.weight),
+            "layers": blocks,
+            "final_ln": copy(model.final_norm.scale),
+            "unembed": copy(model.unembed.weight),
+        }
     layers = [
         {
             "ln1": copy(b.atten_norm.scale),

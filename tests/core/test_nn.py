@@ -11,7 +11,7 @@ import pytest
 
 from equipax.core import flops
 from equipax.core.nn import (
-    CausalSelfAttention,
+    Attention,
     Embedding,
     FeedForward,
     LayerNorm,
@@ -48,10 +48,14 @@ def test_layer_shapes(key):
     for ffn in (plain, gated):
         assert eqx.filter_eval_shape(ffn, x).shape == x.shape
 
-    attn = CausalSelfAttention(16, 2, 8, atten_logit_cap=50.0, use_bias=True, key=ks[4])
-    assert attn.qkv.shape == (16, 3, 2, 8)
+    attn = Attention(16, 2, 8, logit_cap=50.0, use_bias=True, key=ks[4])
+    assert attn.qkv is not None and attn.qkv.shape == (16, 3, 2, 8)
     assert attn.out.shape == (2, 8, 16)
-    assert eqx.filter_eval_shape(attn, x).shape == x.shape
+    assert eqx.filter_eval_shape(attn, x)[0].shape == x.shape
+    gqa = Attention(16, 4, 8, num_kv_heads=1, fused_qkv=False, key=ks[4])  # multi-query
+    assert gqa.q is not None and gqa.kv is not None and gqa.qkv is None
+    assert (gqa.q.shape, gqa.kv.shape) == ((16, 4, 8), (16, 2, 1, 8))
+    assert eqx.filter_eval_shape(gqa, x)[0].shape == x.shape
 
 
 def test_gated_ffn_matches_formula(key):
@@ -149,7 +153,8 @@ def test_causal_mask_blocks_the_future(key, fn):
 
 def test_self_attention_is_causal(key):
     k1, k2, k3 = jr.split(key, 3)
-    attn = eqx.filter_jit(CausalSelfAttention(16, 2, 8, atten_logit_cap=50.0, key=k1))
+    layer = Attention(16, 2, 8, logit_cap=50.0, key=k1)
+    attn = eqx.filter_jit(lambda x: layer(x)[0])
     x = jr.normal(k2, (2, 6, 16))
     x2 = x.at[:, 4:].set(jr.normal(k3, (2, 2, 16)))
     np.testing.assert_allclose(attn(x)[:, :4], attn(x2)[:, :4], rtol=1e-6, atol=1e-6)

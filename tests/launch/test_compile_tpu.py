@@ -151,6 +151,8 @@ SPLASH = (
     [
         ("c4_1b_smoke", "v5p-16", {"data": 1, "fsdp": 8, "tensor": 1}),
         ("c4_16b_smoke", "v4-16", {"data": 1, "fsdp": 4, "tensor": 2}),  # heads split over `tensor`
+        # Grouped-query heads (4 over 1) and a sliding window of 8: splash's GQA and LocalMask.
+        ("mistral_7b_smoke", "v5p-16", {"data": 1, "fsdp": 8, "tensor": 1}),
     ],
 )
 def test_splash_attention_lowers_and_compiles_for_a_tpu_slice(exp, topology, mesh, tmp_path):

@@ -1,5 +1,5 @@
-"""Every registered experiment's weights declare logical axes that the rules map, and the Llama
-experiments' specs are the Megatron + FSDP layout."""
+"""Every registered experiment's weights declare logical axes that the rules map, and the Llama-style
+experiments' specs (Llama, Qwen3, Mistral: one `TransformerLM`) are the Megatron + FSDP layout."""
 
 import pytest
 
@@ -25,7 +25,7 @@ def test_every_registered_experiment_declares_the_axes_of_its_weights():
 
     from equipax.launch.experiments.registry import entries
 
-    kinds = {"TransformerLM": [], "LlamaLM": [], "AdvancedCNN": []}
+    kinds = {"TransformerLM": [], "AdvancedCNN": []}
     for entry in entries():
         if getattr(entry, "kind", "train") != "train":
             continue
@@ -34,15 +34,24 @@ def test_every_registered_experiment_declares_the_axes_of_its_weights():
             specs = flat_specs(model, m)  # raises, naming the weight, if one is undeclared
             assert specs, entry.name
         kinds.setdefault(kind, []).append(entry.name)
-        if kind in ("TransformerLM", "LlamaLM"):  # the big weights really are sharded, not replicated
+        if kind == "TransformerLM":  # the big weights really are sharded, not replicated
             specs = flat_specs(model, mesh())
             assert specs[".embedding.weight"] == P("tensor", "fsdp"), entry.name
-        if kind == "LlamaLM":
-            assert specs[".unembed.weight"] == P("fsdp", "tensor"), entry.name
-    assert kinds["TransformerLM"] and kinds["AdvancedCNN"], kinds
-    assert {"shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama2_7b_smoke", "llama3_8b_smoke"} <= set(
-        kinds["LlamaLM"]
-    ), kinds
+            if not model.cfg.tie_embeddings:
+                assert specs[".unembed.weight"] == P("fsdp", "tensor"), entry.name
+    assert kinds["AdvancedCNN"], kinds
+    assert {
+        "shakespeare_tiny",
+        "c4_22b_2x",
+        "shakespeare_llama_tiny",
+        "llama2_7b",
+        "llama3_8b",
+        "llama3_1_8b",
+        "llama3_2_1b",
+        "qwen3_8b",
+        "mistral_7b",
+        "llama3_8b_smoke",
+    } <= set(kinds["TransformerLM"]), kinds
 
 
 def declared_axes(model):
@@ -56,19 +65,25 @@ def declared_axes(model):
     }
 
 
-@pytest.mark.parametrize("name", ["shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama3_8b_smoke"])
-def test_every_llama_weight_declares_logical_axes_the_rules_map(name):
-    """No LlamaLM array falls back to "undeclared, replicated": every dimension of every weight
-    (norm scales included) names a logical axis that `LOGICAL_TO_MESH` maps."""
+@pytest.mark.parametrize(
+    "name",
+    ["shakespeare_llama_tiny", "llama2_7b", "llama3_8b", "llama3_8b_smoke", "llama3_2_1b", "qwen3_8b", "mistral_7b"],
+)
+def test_every_llama_style_weight_declares_logical_axes_the_rules_map(name):
+    """No array of a Llama-style model falls back to "undeclared, replicated": every dimension of
+    every weight (norm scales included) names a logical axis that `LOGICAL_TO_MESH` maps."""
     from equipax.core.partition import LOGICAL_TO_MESH
     from equipax.launch.experiments.registry import get_experiment
 
     kind, model = abstract_model(get_experiment(name))
-    assert kind == "LlamaLM"
+    assert kind == "TransformerLM"
     axes = declared_axes(model)
-    # embedding, final norm, unembedding + 8 arrays per block (one stacked block when scanned)
-    blocks = 1 if model.cfg.scan_layers else model.cfg.num_layers
-    assert len(axes) == 3 + 8 * blocks, sorted(axes)
+    # embedding, final norm (+ unembedding when untied) + 8 arrays per block (+ 2 QK-norm scales);
+    # one stacked block when scanned
+    t = model.cfg.transformer
+    blocks = 1 if t.scan_layers else t.num_layers
+    want = 2 + (0 if model.cfg.tie_embeddings else 1) + (8 + 2 * t.qk_norm) * blocks
+    assert len(axes) == want, sorted(axes)
     for path, names in axes.items():
         assert None not in names and set(names) <= set(LOGICAL_TO_MESH), (path, names)
 
@@ -84,13 +99,13 @@ def test_llama_specs_match_the_megatron_fsdp_layout():
     specs = flat_specs(model, mesh(1, 8, 8))
     assert specs[".embedding.weight"] == P("tensor", "fsdp")
     assert specs[".unembed.weight"] == P("fsdp", "tensor")
-    assert specs[".layers.attention.q"] == P(None, "fsdp", "tensor", None)
-    assert specs[".layers.attention.kv"] == P(None, "fsdp", None, "tensor", None)
-    assert specs[".layers.attention.out"] == P(None, "tensor", None, "fsdp")
-    assert specs[".layers.ffn.gate.weight"] == P(None, "fsdp", "tensor")
-    assert specs[".layers.ffn.up.weight"] == P(None, "fsdp", "tensor")
-    assert specs[".layers.ffn.down.weight"] == P(None, "tensor", "fsdp")
-    assert specs[".layers.atten_norm.scale"] == P(None, None)
+    assert specs[".stack.layers.attention.q"] == P(None, "fsdp", "tensor", None)
+    assert specs[".stack.layers.attention.kv"] == P(None, "fsdp", None, "tensor", None)
+    assert specs[".stack.layers.attention.out"] == P(None, "tensor", None, "fsdp")
+    assert specs[".stack.layers.ffn.gate.weight"] == P(None, "fsdp", "tensor")
+    assert specs[".stack.layers.ffn.up.weight"] == P(None, "fsdp", "tensor")
+    assert specs[".stack.layers.ffn.down.weight"] == P(None, "tensor", "fsdp")
+    assert specs[".stack.layers.atten_norm.scale"] == P(None, None)
     assert specs[".final_norm.scale"] == P(None)
 
 

@@ -306,11 +306,11 @@ def test_end_of_run_sample_is_the_cached_decode_of_generate():
     """`launch run`'s final sample (tasks.lm_family.continue_ids, KV cache): greedy, it is `generate`'s
     output while the sample fits the model's max_seq_len; longer samples continue in rounds to the
     requested length; sampling is reproducible by key."""
+    from equipax.launch.experiments.decoder_presets import decoder_lm
     from equipax.launch.tasks.lm_family import continue_ids
-    from equipax.models import generate
-    from equipax.models.llama import LlamaConfig, LlamaLM
+    from equipax.models import TransformerLM, generate
 
-    cfg = LlamaConfig(
+    cfg = decoder_lm(
         vocab_size=64,
         max_seq_len=16,
         num_layers=2,
@@ -319,8 +319,11 @@ def test_end_of_run_sample_is_the_cached_decode_of_generate():
         num_kv_heads=2,
         head_dim=8,
         hidden_dims=48,
+        rope_theta=1e4,
+        remat="none",
+        dtype="float32",
     )
-    model = LlamaLM(cfg, key=jr.key(2))
+    model = TransformerLM(cfg, key=jr.key(2))
     prompt = [5, 6, 7]
     fits = cfg.max_seq_len - len(prompt)
     out = continue_ids(model, prompt, fits, temperature=0.0, key=jr.key(0))

@@ -1,17 +1,20 @@
-"""KV-cache decoding: cached == uncached `generate` (greedy) for both LM families, per-row
-prompt lengths, EOS and length limits, sampling by seed, top-k / top-p."""
+"""KV-cache decoding: cached == uncached `generate` (greedy) for every LM family (Pax's GPT,
+Llama 3.1 with RoPE scaling, Qwen3 with QK-norm and tied embeddings, Mistral with a sliding window
+shorter than the decoded length), per-row prompt lengths, EOS and length limits, sampling by seed,
+top-k / top-p."""
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
 
+from equipax.core.configs import RopeScalingConfig
 from equipax.core.nn import TransformerConfig
 from equipax.models import LMConfig, TransformerLM, generate
 from equipax.models.decode import decode, init_cache, sample_logits
-from equipax.models.llama import LlamaConfig, LlamaLM
 
 VOCAB = 64
 WIDTH, NEW = 8, 8  # every decode here uses these shapes: one compile per model and knob set
@@ -20,17 +23,56 @@ LM_CFG = LMConfig(
     max_seq_len=WIDTH + NEW,
     transformer=TransformerConfig(num_layers=2, model_dims=32, num_heads=2, head_dim=16, hidden_dims=64, use_bias=True),
 )
-LLAMA_CFG = LlamaConfig(
-    vocab_size=VOCAB,
-    max_seq_len=WIDTH + NEW,
-    num_layers=2,
-    model_dims=32,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    hidden_dims=48,
-)
-MODELS = {"lm": TransformerLM(LM_CFG, key=jr.key(1)), "llama": LlamaLM(LLAMA_CFG, key=jr.key(2))}
+
+
+def _decoder(tie=False, scaling=None, theta=10_000.0, **block):
+    """A Llama-style block (RoPE, RMSNorm, SwiGLU, GQA 4/2) with the family's options."""
+    return LMConfig(
+        vocab_size=VOCAB,
+        max_seq_len=WIDTH + NEW,
+        transformer=TransformerConfig(
+            num_layers=2,
+            model_dims=32,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            hidden_dims=48,
+            activation="silu",
+            gated=True,
+            norm="rmsnorm",
+            norm_eps=1e-5,
+            fused_qkv=False,
+            atten_logit_cap=None,
+            **block,
+        ),
+        output_logit_cap=None,
+        position="rope",
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_embeddings=tie,
+        embedding_multiplier=None,
+        embedding_init_std=1.0,
+    )
+
+
+CONFIGS = {
+    "lm": LM_CFG,
+    "llama": _decoder(scaling=RopeScalingConfig(factor=4.0, original_max_seq_len=8)),
+    "qwen3": _decoder(tie=True, theta=1e6, qk_norm=True),
+    "mistral": _decoder(sliding_window=4),  # decoded rows run to 16 positions: past the window
+}
+SEEDS = {name: i + 1 for i, name in enumerate(CONFIGS)}
+MODELS = {name: TransformerLM(cfg, key=jr.key(SEEDS[name])) for name, cfg in CONFIGS.items()}
+
+
+def _rebuilt(name, **block):
+    """Family `name`'s model with block knobs changed; the same weights where the shapes agree."""
+    cfg = CONFIGS[name]
+    return TransformerLM(
+        dataclasses.replace(cfg, transformer=dataclasses.replace(cfg.transformer, **block)), key=jr.key(SEEDS[name])
+    )
+
+
 ROWS = ([1, 2, 3, 4, 5, 6, 7, 8], [9, 8, 7], [20, 21, 22, 23, 24])
 
 
@@ -42,19 +84,29 @@ def _padded(rows, fill=63):
     return jnp.asarray(prompts), jnp.array([len(r) for r in rows], jnp.int32)
 
 
-@pytest.fixture(scope="module", params=["lm", "llama"])
-def family(request):
+@functools.cache
+def _decoded(name):
     """A model and its greedy decode of ROWS (computed once)."""
-    model = MODELS[request.param]
+    model = MODELS[name]
     prompts, lengths = _padded(ROWS)
     tokens, num = decode(model, prompts, lengths, max_new_tokens=NEW)
     return model, np.asarray(tokens), np.asarray(num)
 
 
-def test_cached_greedy_equals_uncached_generate_per_row(family):
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def every_family(request):
+    return _decoded(request.param)
+
+
+@pytest.fixture(scope="module", params=["lm", "llama"])
+def family(request):
+    return _decoded(request.param)
+
+
+def test_cached_greedy_equals_uncached_generate_per_row(every_family):
     """Prompts of different lengths in one batch: each row is the uncached reference's
     greedy continuation of that prompt alone."""
-    model, tokens, num = family
+    model, tokens, num = every_family
     assert tokens.shape == (3, NEW) and tokens.dtype == np.int32
     np.testing.assert_array_equal(num, [NEW] * 3)  # WIDTH + NEW = max_seq_len: the limit holds
     for b, row in enumerate(ROWS):
@@ -69,14 +121,10 @@ def test_batch_equals_one_by_one(family):
     np.testing.assert_array_equal(alone[0], tokens[1])
 
 
-def test_unrolled_stack_decodes_like_scanned(family):
-    model, tokens, _ = family
-    if isinstance(model, LlamaLM):
-        unrolled = LlamaLM(dataclasses.replace(LLAMA_CFG, scan_layers=False), key=jr.key(2))
-    else:
-        cfg = dataclasses.replace(LM_CFG, transformer=dataclasses.replace(LM_CFG.transformer, scan_layers=False))
-        unrolled = TransformerLM(cfg, key=jr.key(1))
-    got, _ = decode(unrolled, *_padded(ROWS), max_new_tokens=NEW)
+@pytest.mark.parametrize("name", ["lm", "mistral"])
+def test_unrolled_stack_decodes_like_scanned(name):
+    _, tokens, _ = _decoded(name)
+    got, _ = decode(_rebuilt(name, scan_layers=False), *_padded(ROWS), max_new_tokens=NEW)
     np.testing.assert_array_equal(got, tokens)
 
 
@@ -141,8 +189,16 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
 
 def test_cache_holds_kv_heads():
     cache = init_cache(MODELS["llama"], 3, 10)
-    assert cache.keys.shape == (2, 3, 2, 10, 8) and cache.max_len == 10
-    assert init_cache(MODELS["lm"], 3, 10).values.shape == (2, 3, 2, 10, 16)
+    assert cache.keys.shape == (2, 3, 2, 10, 8) and cache.max_len == 10  # pyright: ignore[reportAttributeAccessIssue]
+    assert init_cache(MODELS["lm"], 3, 10).values.shape == (2, 3, 2, 10, 16)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def test_a_window_the_decode_ignored_would_change_the_tokens():
+    """Mutation: the same Mistral weights without the window (attending to the whole prefix)
+    decode other tokens, so the cached == uncached check above sees the window in both paths."""
+    _, tokens, _ = _decoded("mistral")
+    got, _ = decode(_rebuilt("mistral", sliding_window=None), *_padded(ROWS), max_new_tokens=NEW)
+    assert not np.array_equal(np.asarray(got), tokens)
 
 
 def test_sample_logits_top_k_and_top_p_restrict_support():

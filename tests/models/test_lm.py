@@ -221,7 +221,7 @@ def test_language_model_takes_numpy_ids_and_checks_rank(key):
     ids = np.arange(6, dtype=np.int32)
     assert model(ids[None]).shape == (1, 6, 16)
     assert generate(model, ids[:2], 3).shape == (5,)
-    from equipax.models.llama import token_ids
+    from equipax.models.lm import token_ids
 
     with pytest.raises(ValueError, match=r"shape \[batch seq\]; got shape \(6,\)"):
         token_ids(ids)

@@ -63,15 +63,17 @@ def test_train_step_benchmark_tiny(tmp_path):
     assert math.isfinite(tiny["last_loss"])
 
 
-def test_compare_mode_runs_both_steps_on_the_same_numbers(tmp_path):
+@pytest.mark.parametrize("preset", ["tiny", "llama_tiny"])
+def test_compare_mode_runs_both_steps_on_the_same_numbers(tmp_path, preset):
+    """GPT and the Llama block: the plain-JAX baseline of each family computes the same loss."""
     bench = _load_script()
     out = tmp_path / "compare.json"
     results = bench.main(
-        ["--compare", "--presets", "tiny", "--steps", "2", "--warmup", "0", "--no-warm-process", "--out", str(out)]
+        ["--compare", "--presets", preset, "--steps", "2", "--warmup", "0", "--no-warm-process", "--out", str(out)]
     )
 
     assert json.loads(out.read_text()) == results
-    tiny = results["presets"]["tiny"]
+    tiny = results["presets"][preset]
     # The plain-JAX step starts from the equipax model's parameters: the same math gives the same loss.
     assert tiny["max_first_loss_diff"] < 1e-5, (tiny["equipax"]["first_loss"], tiny["baseline"]["first_loss"])
     for side in ("equipax", "baseline"):

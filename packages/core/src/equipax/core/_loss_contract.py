@@ -1,5 +1,6 @@
-"""The one loss contract of the steps (public in `equipax.core.step`, which re-exports it): a Task, its `loss` checked against the
-contract, and `LossFnTask`, the adapter that makes a plain loss function a Task.
+"""The one loss contract of the steps (public in `equipax.core.step`, which re-exports it): a Task,
+its `loss` checked against the contract, and `LossFnTask`, the adapter that makes a plain loss
+function a Task.
 
 The steps call only a Task's `loss(model, batch, *, key, model_state) -> (loss, aux,
 new_model_state)` (training) and `eval_sums` (evaluation); `LOSS_CONTRACT` says it in full and
@@ -44,12 +45,15 @@ LOSS_CONTRACT = (
 
 _ModelT_contra = TypeVar("_ModelT_contra", contravariant=True)
 
+
 class LossContractError(TypeError, ValueError):
     """A loss function (or Task) broke the loss contract; the message says what was found, the
     contract (`LOSS_CONTRACT`) and the fix."""
 
+
 def contract_error(found: str, fix: str) -> LossContractError:
     return LossContractError(f"{found} {fix}\n{LOSS_CONTRACT}")
+
 
 @runtime_checkable
 class LossFn(Protocol[_ModelT_contra]):
@@ -61,6 +65,7 @@ class LossFn(Protocol[_ModelT_contra]):
     ) -> tuple[Scalar, Mapping[str, Array]]:
         """The loss and its metrics on one batch."""
         ...
+
 
 def _check_signature(loss_fn: Any) -> None:
     """Refuse, before anything is traced, a loss function that cannot take `key=` by keyword."""
@@ -81,6 +86,7 @@ def _check_signature(loss_fn: Any) -> None:
             f"(its parameters: {', '.join(kinds) or 'none'}).",
             "Add `*, key: PRNGKeyArray | None = None` (and ignore it if the model is deterministic).",
         )
+
 
 def checked_loss(out: Any, want: int) -> tuple[Scalar, Metrics, Any]:
     """What a loss returned, checked against the contract: `(loss, aux, model_state or None)`."""
@@ -112,6 +118,7 @@ def checked_loss(out: Any, want: int) -> tuple[Scalar, Metrics, Any]:
         )
     return loss, dict(cast(Mapping[str, Array], aux)), out[2] if want == 3 else None
 
+
 class LossFnTask(AbstractTask[ModelT]):
     """A plain loss function as the Task the steps take: `LossFnTask(loss_fn)`, for a stateless
     model the caller builds (docs/library.md). The steps call only a Task's `loss` and `eval_sums`;
@@ -137,8 +144,7 @@ class LossFnTask(AbstractTask[ModelT]):
 
     def abstract_batch(self, global_batch: int) -> dict[str, jax.ShapeDtypeStruct]:
         raise NotImplementedError(
-            "LossFnTask wraps a loss function and does not know its batch; write a Task for that "
-            "(docs/extending.md)."
+            "LossFnTask wraps a loss function and does not know its batch; write a Task for that (docs/extending.md)."
         )
 
     def loss(
@@ -157,6 +163,7 @@ class LossFnTask(AbstractTask[ModelT]):
     def eval_sums(self, model: ModelT, batch: Batch, *, model_state: eqx.nn.State | None) -> Metrics:
         return self.loss(model, batch, key=None, model_state=model_state)[1]
 
+
 def as_task(task: Any) -> AbstractTask[Any]:
     if isinstance(task, AbstractTask):
         return task
@@ -167,15 +174,18 @@ def as_task(task: Any) -> AbstractTask[Any]:
         )
     raise contract_error(f"The steps take a Task; got a {type(task).__name__}.", "Pass a Task.")
 
+
 def call_loss(
     task: AbstractTask[Any], model: Any, batch: Batch, key: Any, model_state: Any
 ) -> tuple[Scalar, Metrics, Any]:
     """`task.loss`, with what it returns checked against the contract: `(loss, aux, model_state)`."""
     return checked_loss(task.loss(model, batch, key=key, model_state=model_state), 3)
 
+
 def check_aux(aux: Metrics) -> None:
     clash = sorted(set(aux) & set(RESERVED_METRICS))
     if clash:
         raise contract_error(
             f"The loss function's aux uses the metric name(s) {clash}, which the train step writes itself.",
-            "Rename these aux entries.")
+            "Rename these aux entries.",
+        )

@@ -59,6 +59,7 @@ DEFAULT_LOGICAL_AXIS_RULES: LogicalAxisRules = (
     ("out_channels", None),
 )
 
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MeshConfig:
     """The device mesh of an experiment.
@@ -90,20 +91,26 @@ class MeshConfig:
                     f"mesh.{name}={shape} has {len(shape)} entries but mesh.axis_names="
                     f"{self.axis_names} has {n}; give one size per axis."
                 )
-            if any(s < 1 for s in shape) and (name == "dcn_mesh_shape" or any(s < -1 or s == 0 for s in shape)
-                                              or list(shape).count(-1) > 1):
-                raise ValueError(f"mesh.{name}={shape}: every size must be >= 1"
-                                 + (" (or one -1: all devices left)." if name == "ici_mesh_shape" else "."))
+            if any(s < 1 for s in shape) and (
+                name == "dcn_mesh_shape" or any(s < -1 or s == 0 for s in shape) or list(shape).count(-1) > 1
+            ):
+                raise ValueError(
+                    f"mesh.{name}={shape}: every size must be >= 1"
+                    + (" (or one -1: all devices left)." if name == "ici_mesh_shape" else ".")
+                )
         if len(set(self.axis_names)) != n:
             raise ValueError(f"mesh.axis_names={self.axis_names} repeats a name.")
         logical = [rule[0] for rule in self.logical_axis_rules]
         if repeated := sorted({a for a in logical if logical.count(a) > 1}):
-            raise ValueError(f"mesh.logical_axis_rules maps {repeated[0]!r} more than once; give one rule per "
-                             "logical axis.")
+            raise ValueError(
+                f"mesh.logical_axis_rules maps {repeated[0]!r} more than once; give one rule per logical axis."
+            )
         known = {*self.axis_names, *PIPELINE_AXES}
         if bad := [rule for rule in self.logical_axis_rules if rule[1] is not None and rule[1] not in known]:
-            raise ValueError(f"mesh.logical_axis_rules: {bad[0]} names the mesh axis {bad[0][1]!r}, which is not "
-                             f"one of {sorted(known)}; map each logical axis to one of them or to None (replicated).")
+            raise ValueError(
+                f"mesh.logical_axis_rules: {bad[0]} names the mesh axis {bad[0][1]!r}, which is not "
+                f"one of {sorted(known)}; map each logical axis to one of them or to None (replicated)."
+            )
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -127,7 +134,8 @@ class MeshConfig:
         if num_devices % fixed:
             raise ConfigError(
                 f"mesh.ici_mesh_shape={self.ici_mesh_shape} x dcn_mesh_shape={self.dcn_mesh_shape} needs a "
-                f"multiple of {fixed} devices for its -1 axis; {num_devices} are available.")
+                f"multiple of {fixed} devices for its -1 axis; {num_devices} are available."
+            )
         ici = tuple(num_devices // fixed if s == -1 else s for s in self.ici_mesh_shape)
         return dataclasses.replace(self, ici_mesh_shape=ici)
 

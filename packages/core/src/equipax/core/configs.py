@@ -1,18 +1,17 @@
 """The config classes of `equipax.core`: frozen dataclasses, validated when built, and no JAX.
 
-`ScheduleConfig`, `LearnerConfig` and `TransformerConfig` are defined here, `MeshConfig` and the
-mesh-axis names in `_mesh_config.py` (re-exported here); all are re-exported where they are used (`equipax.core.mesh`, `equipax.core.optim`,
-`equipax.core.nn`): a module that only builds or prints configs (the CLI's `list`, `show` and
-knob errors) imports this one and does not pay for importing JAX (benchmarks/README.md,
-"CLI latency"). Keep it that way: nothing here may import jax, numpy-heavy code or equinox.
-(`equipax.core.knobs` is the machinery that applies `--set` overrides to any of them.)
+`ScheduleConfig`, `LearnerConfig`, `TransformerConfig` and `RopeScalingConfig` are defined here,
+`MeshConfig` and the mesh-axis names in `_mesh_config.py` (re-exported here); all are re-exported
+where they are used (`equipax.core.mesh`, `equipax.core.optim`, `equipax.core.nn`): a module that
+only builds or prints configs (the CLI's `list`, `show` and knob errors) imports this one and does
+not pay for importing JAX (benchmarks/README.md, "CLI latency"). Keep it that way: nothing here may
+import jax, numpy-heavy code or equinox. (`equipax.core.knobs` is the machinery that applies `--set`
+overrides to any of them.)
 """
 
 import dataclasses
 import math
 from typing import Any, Literal
-
-from equipax.core.knobs import ConfigError
 
 from equipax.core._mesh_config import (
     AXES,
@@ -26,6 +25,7 @@ from equipax.core._mesh_config import (
     LogicalAxisRules,
     MeshConfig,
 )
+from equipax.core.knobs import ConfigError
 
 __all__ = [
     "AXES",
@@ -39,6 +39,7 @@ __all__ = [
     "LogicalAxisRules",
     "MeshConfig",
     "PIPELINE_AXES",
+    "RopeScalingConfig",
     "ScheduleConfig",
     "ScheduleKind",
     "STAGE",
@@ -114,16 +115,10 @@ class ScheduleConfig:
         if self.kind == "linear_rampup_exponential_decay":
             if not 0 < self.final_fraction <= 1:
                 raise _bad(
-                    "schedule.final_fraction",
-                    "a number in (0, 1] for an exponential decay",
-                    self.final_fraction,
+                    "schedule.final_fraction", "a number in (0, 1] for an exponential decay", self.final_fraction
                 )
             if self.decay_start and self.decay_start < self.warmup_steps:
-                raise _bad(
-                    "schedule.decay_start",
-                    f"0 or >= warmup_steps ({self.warmup_steps})",
-                    self.decay_start,
-                )
+                raise _bad("schedule.decay_start", f"0 or >= warmup_steps ({self.warmup_steps})", self.decay_start)
             if self.decay_steps <= self.effective_decay_start:
                 raise _bad(
                     "schedule.decay_steps",
@@ -174,16 +169,10 @@ class LearnerConfig:
         if not 0 <= self.weight_decay < math.inf:
             raise _bad("learner.weight_decay", "a finite number >= 0", self.weight_decay)
         if self.clip_gradient_norm is not None and not self.clip_gradient_norm > 0:
-            raise _bad(
-                "learner.clip_gradient_norm", "a number > 0, or None for no clip",
-                self.clip_gradient_norm,
-            )
+            raise _bad("learner.clip_gradient_norm", "a number > 0, or None for no clip", self.clip_gradient_norm)
         if self.clip_update_rms is not None:
             if not self.clip_update_rms > 0:
-                raise _bad(
-                    "learner.clip_update_rms", "a number > 0, or None for no clip",
-                    self.clip_update_rms,
-                )
+                raise _bad("learner.clip_update_rms", "a number > 0, or None for no clip", self.clip_update_rms)
             if self.kind != "pax_adam":
                 raise _bad(
                     "learner.clip_update_rms",
@@ -204,18 +193,31 @@ _SCHEDULES = ("gpipe", "circular")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TransformerConfig:
-    """Hyperparameters of a decoder-only transformer stack.
+    """Hyperparameters of a decoder-only transformer stack: one block for every LM family.
+
+    The defaults are Pax's GPT block; a Llama, Qwen or Mistral block is the same class with other
+    values (docs/extending.md, "Adding a family").
 
     Attributes:
         num_layers: transformer blocks in the stack.
         model_dims: width of the residual stream (`embed`).
-        num_heads: attention heads per block.
+        num_heads: attention (query) heads per block.
+        num_kv_heads: key/value heads, shared by groups of `num_heads / num_kv_heads` query heads
+            (grouped-query attention; 1 = multi-query); None = `num_heads` (multi-head).
         head_dim: dimensions per head (`num_heads * head_dim` need not equal `model_dims`).
         hidden_dims: width of the feed-forward layer's hidden activations.
         activation: the feed-forward nonlinearity.
-        gated: a gated feed-forward (GLU: `act(x W1) * (x W2)`, then the output projection).
+        gated: a gated feed-forward (GLU: `act(x W1) * (x W2)`, then the output projection);
+            with activation="silu" this is SwiGLU (Llama).
         norm: the normalisation before attention and before the feed-forward (pre-norm).
-        use_bias: biases in the attention and feed-forward projections.
+        norm_eps: the norms' epsilon (added to the variance / mean square).
+        use_bias: biases in the attention and feed-forward projections (and the LayerNorms).
+        fused_qkv: one `[embed 3 heads head_dim]` projection for queries, keys and values (Pax's
+            COMBINE_QKV layout; needs num_kv_heads == num_heads); False: separate query and
+            key/value projections (Llama's layout). The same numbers either way.
+        qk_norm: RMSNorm over each head's queries and keys before the rotation (Qwen3).
+        sliding_window: each query attends to itself and the `sliding_window - 1` positions
+            before it (Mistral); None = the whole causal prefix.
         atten_logit_cap: soft cap on the attention logits, `cap * tanh(logits / cap)`; None = off.
         scan_layers: run the blocks as one `jax.lax.scan` over stacked weights (compile time
             independent of depth) instead of a Python loop.
@@ -226,12 +228,17 @@ class TransformerConfig:
     num_layers: int = 4
     model_dims: int = 256
     num_heads: int = 4
+    num_kv_heads: int | None = None
     head_dim: int = 64
     hidden_dims: int = 1024
     activation: Literal["gelu", "relu", "silu"] = "gelu"
     gated: bool = False
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = 1e-6
     use_bias: bool = False
+    fused_qkv: bool = True
+    qk_norm: bool = False
+    sliding_window: int | None = None
     atten_logit_cap: float | None = 50.0
     scan_layers: bool = True
     remat: Literal["none", "full", "dots_saveable"] = "none"
@@ -258,14 +265,25 @@ class TransformerConfig:
     pipeline_schedule: Literal["gpipe", "circular"] = "gpipe"
     pipeline_repeats: int = 1
 
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads per block (`num_kv_heads`, or `num_heads` when None)."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
     def __post_init__(self) -> None:
-        for name in ("num_layers", "model_dims", "num_heads", "head_dim", "hidden_dims",
-                     "pipeline_stages", "pipeline_repeats"):
+        for name in (
+            "num_layers",
+            "model_dims",
+            "num_heads",
+            "head_dim",
+            "hidden_dims",
+            "pipeline_stages",
+            "pipeline_repeats",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(
-                    f"TransformerConfig.{name} must be a positive int, got {value!r}; "
-                    f"set {name}=<int >= 1>."
+                    f"TransformerConfig.{name} must be a positive int, got {value!r}; set {name}=<int >= 1>."
                 )
         for name, allowed in (
             ("activation", _ACTIVATIONS),
@@ -278,16 +296,104 @@ class TransformerConfig:
         ):
             value = getattr(self, name)
             if value not in allowed:
-                raise ValueError(
-                    f"TransformerConfig.{name} must be one of {allowed}, got {value!r}."
-                )
+                raise ValueError(f"TransformerConfig.{name} must be one of {allowed}, got {value!r}.")
         cap = self.atten_logit_cap
         if cap is not None and not cap > 0:
+            raise ValueError(f"TransformerConfig.atten_logit_cap must be > 0 or None (no cap), got {cap!r}.")
+        if not 0 < self.norm_eps < 1:
             raise ValueError(
-                f"TransformerConfig.atten_logit_cap must be > 0 or None (no cap), got {cap!r}."
+                f"{_KNOB}.norm_eps must be a number in (0, 1), got {self.norm_eps!r} "
+                "(Pax's LayerNorm uses 1e-6, Llama's RMSNorm 1e-5)."
             )
+        _check_heads(self)
         check_pipeline_knobs(self)
         _check_attention_impl(self)
+
+
+def _check_heads(cfg: "TransformerConfig") -> None:
+    """Raise ValueError for key/value heads, windows and layouts that do not fit together."""
+    kv = cfg.num_kv_heads
+    if kv is not None:
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1:
+            raise ValueError(f"{_KNOB}.num_kv_heads must be a positive int or None (= num_heads), got {kv!r}.")
+        if cfg.num_heads % kv:
+            divisors = [d for d in range(1, cfg.num_heads + 1) if cfg.num_heads % d == 0]
+            raise ValueError(
+                f"{_KNOB}.num_kv_heads={kv} does not divide num_heads={cfg.num_heads}: each key/value head "
+                f"serves a group of query heads. Use one of {divisors} (num_heads = multi-head, 1 = "
+                "multi-query)."
+            )
+    if cfg.fused_qkv and cfg.kv_heads != cfg.num_heads:
+        raise ValueError(
+            f"{_KNOB}.fused_qkv=True packs queries, keys and values of num_heads heads each, but "
+            f"num_kv_heads={kv} < num_heads={cfg.num_heads}; set {_KNOB}.fused_qkv=False (separate query and "
+            "key/value projections) for grouped-query attention."
+        )
+    window = cfg.sliding_window
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(
+                f"{_KNOB}.sliding_window must be a positive int (keys each query sees, itself "
+                f"included) or None for the whole causal prefix; got {window!r}."
+            )
+        if cfg.attention != "softmax":
+            raise ValueError(
+                f"{_KNOB}.sliding_window={window} needs softmax attention ({_KNOB}.attention="
+                f"{cfg.attention!r} has no window); set attention='softmax' or sliding_window=None."
+            )
+    if cfg.attention == "linear" and cfg.kv_heads != cfg.num_heads:
+        raise ValueError(
+            f"{_KNOB}.attention='linear' runs multi-head attention only (num_kv_heads="
+            f"{kv} < num_heads={cfg.num_heads}); set num_kv_heads=None or attention='softmax'."
+        )
+
+
+_ROPE_KINDS = ("llama3",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RopeScalingConfig:
+    """Rescaled rotary frequencies for contexts longer than pre-training's (`model.rope_scaling`).
+
+    kind "llama3" (Llama 3.1/3.2; the numbers Hugging Face transformers' `rope_type="llama3"`
+    computes): wavelengths `2 pi / freq` shorter than `original_max_seq_len / high_freq_factor` keep
+    their frequency, longer than `original_max_seq_len / low_freq_factor` are divided by `factor`,
+    and those between interpolate smoothly between the two (equipax.core.nn.rotary).
+
+    Attributes:
+        kind: the scaling rule.
+        factor: how much longer the new context is (8 for Llama 3.1).
+        low_freq_factor, high_freq_factor: the band edges, as fractions of the original context
+            per wavelength (1 and 4 for Llama 3.1).
+        original_max_seq_len: the context length the frequencies were trained for (8192).
+    """
+
+    kind: Literal["llama3"] = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_seq_len: int = 8192
+
+    def __post_init__(self) -> None:
+        knob = "model.rope_scaling"
+        if self.kind not in _ROPE_KINDS:
+            raise ValueError(f"{knob}.kind must be one of {_ROPE_KINDS}, got {self.kind!r}.")
+        if not 1.0 <= self.factor < math.inf:
+            raise ValueError(
+                f"{knob}.factor must be a finite number >= 1 (how many times longer the context is), "
+                f"got {self.factor!r}; set model.rope_scaling=None for no scaling."
+            )
+        if not 0 < self.low_freq_factor < self.high_freq_factor < math.inf:
+            raise ValueError(
+                f"{knob}: expected 0 < low_freq_factor < high_freq_factor, found low_freq_factor="
+                f"{self.low_freq_factor!r} and high_freq_factor={self.high_freq_factor!r} (Llama 3.1: 1 and 4)."
+            )
+        value = self.original_max_seq_len
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{knob}.original_max_seq_len must be a positive int (the pre-training context, "
+                f"8192 for Llama 3), got {value!r}."
+            )
 
 
 def _check_attention_impl(cfg: "TransformerConfig") -> None:
@@ -297,15 +403,21 @@ def _check_attention_impl(cfg: "TransformerConfig") -> None:
         return
     fix = f"set {_KNOB}.attention_impl='xla' (or 'auto')"
     if cfg.attention != "softmax":
-        raise ValueError(f"{_KNOB}.attention_impl={impl!r} is a softmax kernel but {_KNOB}.attention="
-                         f"{cfg.attention!r}; {fix}, or attention='softmax'.")
+        raise ValueError(
+            f"{_KNOB}.attention_impl={impl!r} is a softmax kernel but {_KNOB}.attention="
+            f"{cfg.attention!r}; {fix}, or attention='softmax'."
+        )
     if impl == "cudnn" and cfg.atten_logit_cap is not None:
-        raise ValueError(f"{_KNOB}.attention_impl='cudnn' has no tanh logit cap ({_KNOB}.atten_logit_cap="
-                         f"{cfg.atten_logit_cap}); set {_KNOB}.atten_logit_cap=None, or {fix}.")
+        raise ValueError(
+            f"{_KNOB}.attention_impl='cudnn' has no tanh logit cap ({_KNOB}.atten_logit_cap="
+            f"{cfg.atten_logit_cap}); set {_KNOB}.atten_logit_cap=None, or {fix}."
+        )
     if impl == "splash" and (cfg.pipeline_stages > 1 or cfg.tensor_parallel != "gspmd"):
-        raise ValueError(f"{_KNOB}.attention_impl='splash' runs in its own shard_map and cannot nest in a "
-                         f"pipeline stage or tensor_parallel='shard_map' (pipeline_stages={cfg.pipeline_stages}, "
-                         f"tensor_parallel={cfg.tensor_parallel!r}); {fix}.")
+        raise ValueError(
+            f"{_KNOB}.attention_impl='splash' runs in its own shard_map and cannot nest in a "
+            f"pipeline stage or tensor_parallel='shard_map' (pipeline_stages={cfg.pipeline_stages}, "
+            f"tensor_parallel={cfg.tensor_parallel!r}); {fix}."
+        )
 
 
 def check_pipeline_knobs(cfg: TransformerConfig) -> None:
@@ -314,21 +426,25 @@ def check_pipeline_knobs(cfg: TransformerConfig) -> None:
     if cfg.pipeline_schedule == "gpipe" and r != 1:
         raise ValueError(
             f"{_KNOB}.pipeline_repeats={r} needs pipeline_schedule='circular' (GPipe visits each "
-            "stage once); set pipeline_schedule='circular' or pipeline_repeats=1.")
+            "stage once); set pipeline_schedule='circular' or pipeline_repeats=1."
+        )
     if cfg.pipeline_schedule == "circular" and r < 2:
         raise ValueError(
             f"{_KNOB}.pipeline_schedule='circular' needs pipeline_repeats >= 2 (virtual stages per "
-            f"device), got {r}; set pipeline_repeats=2 (or more) or pipeline_schedule='gpipe'.")
+            f"device), got {r}; set pipeline_repeats=2 (or more) or pipeline_schedule='gpipe'."
+        )
     if cfg.num_layers % (s * r):
         raise ValueError(
             f"{_KNOB}.num_layers={cfg.num_layers} is not divisible by pipeline_stages x "
             f"pipeline_repeats = {s} x {r} = {s * r}: every (virtual) stage needs the same number "
             f"of layers. Use num_layers a multiple of {s * r}, or change pipeline_stages / "
-            "pipeline_repeats.")
+            "pipeline_repeats."
+        )
     if cfg.pipeline_microbatches is not None and cfg.pipeline_microbatch_size is not None:
         raise ValueError(
             f"{_KNOB}.pipeline_microbatches={cfg.pipeline_microbatches} and pipeline_microbatch_size="
-            f"{cfg.pipeline_microbatch_size} are both set; set one of them (the other = None).")
+            f"{cfg.pipeline_microbatch_size} are both set; set one of them (the other = None)."
+        )
     for name in ("pipeline_microbatches", "pipeline_microbatch_size"):
         value = getattr(cfg, name)
         if value is not None and value < 1:
@@ -336,7 +452,8 @@ def check_pipeline_knobs(cfg: TransformerConfig) -> None:
     if s > 1 and cfg.tensor_parallel == "shard_map":
         raise ValueError(
             f"{_KNOB}.pipeline_stages={s} runs its stages inside a shard_map over `stage`; "
-            "tensor_parallel='shard_map' cannot nest in it. Use tensor_parallel='gspmd'.")
+            "tensor_parallel='shard_map' cannot nest in it. Use tensor_parallel='gspmd'."
+        )
 
 
 def bubble_fraction(num_stages: int, num_microbatches: int, num_repeats: int = 1) -> float:
@@ -377,15 +494,15 @@ def check_pipeline(cfg: TransformerConfig, mesh: MeshConfig, global_batch: int) 
     stage_unfitted = STAGE in names and mesh.ici_mesh_shape[names.index(STAGE)] == -1
     if stages != axis and not stage_unfitted:
         if STAGE not in names:
-            fix = (f"use mesh.axis_names={('stage',) + tuple(names)} with the stage axis first, sized "
-                   f"{stages} (ici x dcn)")
+            fix = f"use mesh.axis_names={('stage', *names)} with the stage axis first, sized {stages} (ici x dcn)"
         else:
             fix = f"make the `stage` axis of mesh.ici_mesh_shape x mesh.dcn_mesh_shape {stages}"
         if stages == 1:
             fix = f"set {_KNOB}.pipeline_stages={axis}, or drop the `stage` axis from the mesh"
         raise ConfigError(
             f"{_KNOB}.pipeline_stages={stages} but the mesh's `stage` axis has size {axis} "
-            f"(axes {names}, shape {mesh.shape}); {fix}.")
+            f"(axes {names}, shape {mesh.shape}); {fix}."
+        )
     if stages == 1 or mesh.flexible:
         return  # a -1 axis: the global batch is known once the mesh is fitted to the devices
     m = num_microbatches(cfg, global_batch)
@@ -393,19 +510,23 @@ def check_pipeline(cfg: TransformerConfig, mesh: MeshConfig, global_batch: int) 
         raise ConfigError(
             f"The global batch {global_batch} is not divisible into microbatches of "
             f"{_KNOB}.pipeline_microbatch_size={cfg.pipeline_microbatch_size}; use a divisor of "
-            f"{global_batch}, or change data.batch_size / data.per_device_batch.")
+            f"{global_batch}, or change data.batch_size / data.per_device_batch."
+        )
     if global_batch % m:
         raise ConfigError(
             f"The global batch {global_batch} is not divisible into {m} microbatches "
-            f"({_KNOB}.pipeline_microbatches); use a divisor of {global_batch}.")
+            f"({_KNOB}.pipeline_microbatches); use a divisor of {global_batch}."
+        )
     dp = mesh.axis_size(*(a for a in BATCH_AXES if a != STAGE))
     if (global_batch // m) % dp:
         raise ConfigError(
             f"A microbatch of {global_batch // m} examples (global batch {global_batch} / {m} "
             f"microbatches) does not split evenly over the {dp} data x fsdp devices of a stage; "
-            f"use fewer {_KNOB}.pipeline_microbatches (or a microbatch size that is a multiple of {dp}).")
+            f"use fewer {_KNOB}.pipeline_microbatches (or a microbatch size that is a multiple of {dp})."
+        )
     if cfg.pipeline_schedule == "circular" and m < stages:
         raise ConfigError(
             f"The circular schedule needs at least as many microbatches as stages (a microbatch's "
             f"next round starts on stage 0 after it left the last stage): {m} microbatches < "
-            f"{_KNOB}.pipeline_stages={stages}. Raise {_KNOB}.pipeline_microbatches.")
+            f"{_KNOB}.pipeline_stages={stages}. Raise {_KNOB}.pipeline_microbatches."
+        )

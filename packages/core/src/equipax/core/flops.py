@@ -7,23 +7,25 @@ from the config instead.
 import math
 from typing import Any
 
-from equipax.core.configs import LINEAR_ATTENTION_CHUNK_SIZE as DEFAULT_CHUNK_SIZE, TransformerConfig
+from equipax.core.configs import LINEAR_ATTENTION_CHUNK_SIZE as DEFAULT_CHUNK_SIZE
+from equipax.core.configs import TransformerConfig
 
 __all__ = ["count_params", "lm_param_counts", "transformer_lm_flops_per_token"]
 
 
-def transformer_lm_flops_per_token(
-    cfg: TransformerConfig, *, vocab_size: int, seq_len: int
-) -> dict[str, float]:
-    """FLOPs per token of a decoder-only LM with tied embeddings.
+def transformer_lm_flops_per_token(cfg: TransformerConfig, *, vocab_size: int, seq_len: int) -> dict[str, float]:
+    """FLOPs per token of a decoder-only LM (any family: tied or untied output, grouped heads).
 
-    A matmul `[m k] @ [k n]` counts `2 m k n`. Causal softmax attention counts half of the
-    full `QK^T` and `PV` products. Linear attention (`cfg.attention == "linear"`, causal and
-    chunked) counts, per token and head, the state update `phi(k) v^T` and read-out
-    `phi(q)^T S` (`2 hd^2` each) plus the causal half of the quadratic products inside a
-    chunk of `min(seq_len, DEFAULT_CHUNK_SIZE)` positions; element-wise work (feature map,
-    normaliser) is not counted, as for softmax. Training is 3x forward (forward + backward). Remat
-    recomputation is reported as `remat` and is not part of the model FLOPs.
+    A matmul `[m k] @ [k n]` counts `2 m k n`. Causal softmax attention counts half of the full
+    `QK^T` and `PV` products; with a sliding window of W < seq_len positions, the keys a query sees
+    on average, `W - W^2 / (2 seq_len)` (= seq_len / 2 at W = seq_len). Grouped-query attention
+    projects `num_heads + 2 num_kv_heads` heads; the attention products run over all `num_heads`
+    query heads. The output projection counts `2 d vocab` tied or untied. Linear attention
+    (`cfg.attention == "linear"`, causal and chunked) counts, per token and head, the state update
+    `phi(k) v^T` and read-out `phi(q)^T S` (`2 hd^2` each) plus the causal half of the quadratic
+    products inside a chunk of `min(seq_len, DEFAULT_CHUNK_SIZE)` positions; element-wise work
+    (feature map, normaliser) is not counted, as for softmax. Training is 3x forward (forward +
+    backward). Remat recomputation is reported as `remat` and is not part of the model FLOPs.
 
     Arguments:
         cfg: transformer config.
@@ -36,22 +38,19 @@ def transformer_lm_flops_per_token(
         model FLOPs), `remat` (extra forward work recomputed in the backward pass under
         `cfg.remat`) and `training_with_remat` (what the hardware executes).
     """
-    d, h, hd, f, n = (
-        cfg.model_dims,
-        cfg.num_heads,
-        cfg.head_dim,
-        cfg.hidden_dims,
-        cfg.num_layers,
-    )
-    qkv = 2.0 * d * 3 * h * hd
+    d, h, hd, f, n = (cfg.model_dims, cfg.num_heads, cfg.head_dim, cfg.hidden_dims, cfg.num_layers)
+    qkv = 2.0 * d * (h + 2 * cfg.kv_heads) * hd
     out_proj = 2.0 * h * hd * d
     mlp = 2.0 * d * f * (3 if cfg.gated else 2)
     if cfg.attention == "linear":
         chunk = min(seq_len, DEFAULT_CHUNK_SIZE)
         attention = 2.0 * 2.0 * hd * hd * h + 2.0 * 2.0 * chunk * h * hd / 2.0
     else:
-        # QK^T and PV: 2 matmuls of 2 * seq * h * hd per token, halved by the causal mask.
-        attention = 2.0 * 2.0 * seq_len * h * hd / 2.0
+        # QK^T and PV: 2 matmuls of 2 * keys * h * hd per token, keys = seq / 2 under the causal
+        # mask (the average over queries), fewer under a sliding window.
+        w = cfg.sliding_window
+        keys = seq_len / 2.0 if w is None or w >= seq_len else w - w * w / (2.0 * seq_len)
+        attention = 2.0 * 2.0 * keys * h * hd
     unembedding = 2.0 * d * vocab_size
     layers_forward = n * (qkv + out_proj + mlp + attention)
     forward = layers_forward + unembedding
@@ -101,26 +100,33 @@ def count_params(tree: Any) -> int:
     return sum(math.prod(x.shape) for x in leaves)
 
 
-def lm_param_counts(cfg: TransformerConfig, vocab_size: int) -> dict[str, int]:
-    """Analytic parameter counts of a transformer LM with tied embeddings and final norm.
+def lm_param_counts(cfg: TransformerConfig, vocab_size: int, *, tie_embeddings: bool = True) -> dict[str, int]:
+    """Analytic parameter counts of a transformer LM (embedding, blocks, final norm, output).
 
     Arguments:
         cfg: transformer config.
         vocab_size: vocabulary size.
+        tie_embeddings: the output logits reuse the input table (else a second `[embed vocab]`
+            table).
 
     Returns:
-        `embedding` (the tied table), `per_layer` (one block), `final_norm` and `total`.
+        `embedding` (the input table, plus the output projection when untied), `unembedding`
+        (the output projection alone; 0 when tied), `per_layer` (one block), `final_norm` and
+        `total`.
     """
-    d, h, hd, f = cfg.model_dims, cfg.num_heads, cfg.head_dim, cfg.hidden_dims
+    d, h, kv, hd, f = cfg.model_dims, cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.hidden_dims
     bias = cfg.use_bias
     norm = d * (2 if (cfg.norm == "layernorm" and bias) else 1)
-    attention = d * 3 * h * hd + h * hd * d + (3 * h * hd + d if bias else 0)
+    attention = d * (h + 2 * kv) * hd + h * hd * d + ((h + 2 * kv) * hd + d if bias else 0)
+    attention += 2 * hd if cfg.qk_norm else 0
     num_in = 2 if cfg.gated else 1
     mlp = num_in * d * f + f * d + (num_in * f + d if bias else 0)
     per_layer = 2 * norm + attention + mlp
-    embedding = vocab_size * d
+    unembedding = 0 if tie_embeddings else d * vocab_size
+    embedding = vocab_size * d + unembedding
     return {
         "embedding": embedding,
+        "unembedding": unembedding,
         "per_layer": per_layer,
         "final_norm": norm,
         "total": embedding + cfg.num_layers * per_layer + norm,

@@ -14,7 +14,7 @@ import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 __all__ = [
     "apply_overrides",
@@ -38,7 +38,6 @@ __all__ = [
     "to_json",
 ]
 
-C = TypeVar("C")
 
 EXPERIMENT = "experiment"
 OVERRIDE = "--set"
@@ -181,7 +180,8 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
             classes = [a for a in args if dataclasses.is_dataclass(a) and isinstance(a, type)]
             if classes:
                 classes += [c for c in _REGISTERED if c not in classes]
-            fits = [a for a in classes if set(value) <= _field_names(a)]
+            # A class that moved some of the keys (`RENAMED`) is meant too: it reads or names them.
+            fits = [a for a in classes if set(value) <= _field_names(a) | set(getattr(a, "RENAMED", None) or {})]
             if len(fits) > 1:  # several hold the keys: the one with exactly these fields (to_dict's output)
                 fits = [a for a in fits if set(value) == _field_names(a)] or fits
             if len(fits) == 1:
@@ -194,9 +194,7 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
                 return coerce(value, arg, path)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(
-            f"Knob {path!r} expects {_type_name(tp)}; got {value!r} ({type(value).__name__})."
-        )
+        raise ConfigError(f"Knob {path!r} expects {_type_name(tp)}; got {value!r} ({type(value).__name__}).")
     if tp is type(None):
         if value is None:
             return None
@@ -236,8 +234,7 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
             if container is tuple and args and args[-1] is not Ellipsis:
                 if len(args) != len(value):
                     raise ConfigError(
-                        f"Knob {path!r} expects {len(args)} values ({_type_name(tp)}); "
-                        f"got {len(value)}: {value!r}."
+                        f"Knob {path!r} expects {len(args)} values ({_type_name(tp)}); got {len(value)}: {value!r}."
                     )
                 items = [coerce(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(value, args))]
             else:
@@ -255,9 +252,7 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
             return from_dict(tp, value, _path=path + ".")
     elif isinstance(tp, type) and isinstance(value, tp):
         return value
-    raise ConfigError(
-        f"Knob {path!r} expects {_type_name(tp)}; got {value!r} ({type(value).__name__})."
-    )
+    raise ConfigError(f"Knob {path!r} expects {_type_name(tp)}; got {value!r} ({type(value).__name__}).")
 
 
 def _rebuild(cls: type, kwargs: dict[str, Any], path: str) -> Any:
@@ -300,13 +295,12 @@ def _check_path(cfg: Any, path: str) -> None:
     if path in groups:
         fields = [k for k in knobs if k.startswith(path + ".")]
         raise ConfigError(
-            f"{path!r} is a group of knobs, not a knob; set one of its fields, "
-            f"e.g. {', '.join(fields[:4])}."
+            f"{path!r} is a group of knobs, not a knob; set one of its fields, e.g. {', '.join(fields[:4])}."
         )
     raise ConfigError(f"Unknown knob {path!r}.{_did_you_mean(path, list(knobs))}")
 
 
-def set_knobs(cfg: C, values: Mapping[str, Any]) -> C:
+def set_knobs[C](cfg: C, values: Mapping[str, Any]) -> C:
     """Return `cfg` with the knobs at the dotted paths in `values` replaced (type-checked).
 
     All values are applied first and validation runs once on the result, so knobs that
@@ -347,7 +341,7 @@ def _with_changes(node: Any, changes: "_Changes", path: str) -> Any:
     return _rebuild(type(node), kwargs, path)
 
 
-def set_knob(cfg: C, path: str, value: Any) -> C:
+def set_knob[C](cfg: C, path: str, value: Any) -> C:
     """Return `cfg` with the knob at dotted `path` replaced by `value` (type-checked)."""
     return set_knobs(cfg, {path: value})
 
@@ -368,7 +362,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"Knob {path!r}: {e}") from None
 
 
-def apply_overrides(cfg: C, overrides: Sequence[str]) -> tuple[C, dict[str, str]]:
+def apply_overrides[C](cfg: C, overrides: Sequence[str]) -> tuple[C, dict[str, str]]:
     """Apply `--set KNOB=VALUE` overrides in order.
 
     Arguments:
@@ -404,22 +398,25 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return conv(cfg)
 
 
-def from_dict(cls: type[C], data: Mapping[str, Any], *, _path: str = "") -> C:
+def from_dict[C](cls: type[C], data: Mapping[str, Any], *, _path: str = "") -> C:
     """Build a config of type `cls` from a nested dict (the inverse of `to_dict`).
 
     Unknown keys are an error with a "did you mean" hint; missing keys take defaults. Keys a
     class lists as moved (`RENAMED`, see `renamed_knob`) are read at their new place, so a config
-    saved before the move still reads.
+    saved before the move still reads, unless the class refuses that saved layout
+    (`saved_layout_error(data) -> message or None`: a layout whose meaning changed, not only its
+    paths).
     """
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    refuse = getattr(cls, "saved_layout_error", None)
+    if refuse is not None and (message := refuse(data)):
+        raise ConfigError(message)
     data = _moved(cls, data)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in names:
-            raise ConfigError(
-                f"Unknown knob {_path + key!r}.{_did_you_mean(key, names)}"
-            )
+            raise ConfigError(f"Unknown knob {_path + key!r}.{_did_you_mean(key, names)}")
         kwargs[key] = coerce(value, hints[key], _path + key)
     return _rebuild(cls, kwargs, _path)
 
@@ -450,7 +447,7 @@ def to_json(cfg: Any) -> str:
     return json.dumps(to_dict(cfg), indent=2, sort_keys=False)
 
 
-def from_json(cls: type[C], text: str) -> C:
+def from_json[C](cls: type[C], text: str) -> C:
     """Parse a config of type `cls` from `to_json` output."""
     return from_dict(cls, json.loads(text))
 

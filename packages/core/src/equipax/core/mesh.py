@@ -17,8 +17,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from equipax.core.knobs import ConfigError
 from equipax.core.configs import AXES, BATCH_AXES, DATA, FSDP, PIPELINE_AXES, STAGE, TENSOR, MeshConfig
+from equipax.core.knobs import ConfigError
 
 __all__ = [
     "AXES",
@@ -32,6 +32,7 @@ __all__ = [
     "PIPELINE_AXES",
     "STAGE",
 ]
+
 
 def check_device_count(cfg: MeshConfig, num_devices: int, *, hint: str = "") -> None:
     """Raise ConfigError unless the mesh uses exactly `num_devices` devices."""

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+
 from equipax.core.configs import LearnerConfig, LearnerKind, ScheduleConfig, ScheduleKind
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "ScheduleConfig",
     "ScheduleKind",
 ]
+
 
 def make_schedule(cfg: ScheduleConfig) -> optax.Schedule:
     """Build the learning-rate schedule described by `cfg`.
@@ -126,14 +128,7 @@ def make_learner(cfg: LearnerConfig) -> Learner:
         parts.append(optax.clip_by_global_norm(cfg.clip_gradient_norm))
     if cfg.kind == "adamw":
         parts.append(
-            optax.adamw(
-                schedule,
-                b1=cfg.b1,
-                b2=cfg.b2,
-                eps=cfg.eps,
-                weight_decay=cfg.weight_decay,
-                mask=decay_mask,
-            )
+            optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=decay_mask)
         )
     else:
         parts.append(optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps))

@@ -43,7 +43,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from equipax.core.configs import DEFAULT_LOGICAL_AXIS_RULES
@@ -169,7 +170,7 @@ def leaf_axes(root: PyTree, path: Sequence[Any], leaf: Any, rules: Rules | None 
         raise ValueError(
             f"Parameter {name} declares unknown logical axes {unknown} (the mesh's rules do not map them); "
             f"use names from {sorted(rules)}, or add a rule for each to the mesh.logical_axis_rules knob "
-            f"(e.g. --set \"mesh.logical_axis_rules=(..., ({unknown[0]!r}, None))\" to replicate it)."
+            f'(e.g. --set "mesh.logical_axis_rules=(..., ({unknown[0]!r}, None))" to replicate it).'
         )
     return axes
 
@@ -269,8 +270,7 @@ def train_state_shardings(
         (model_specs, opt_specs),
         is_leaf=lambda x: x is None,
     )
-    specs = jax.tree.map(lambda x: x if isinstance(x, P) else P(), specs,
-                         is_leaf=lambda x: isinstance(x, P))
+    specs = jax.tree.map(lambda x: x if isinstance(x, P) else P(), specs, is_leaf=lambda x: isinstance(x, P))
     return named(specs, mesh)
 
 

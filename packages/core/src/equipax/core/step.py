@@ -51,8 +51,8 @@ __all__ = [
 
 
 # The model type of the state a step is called with (a subtype of what its loss takes: a step
-# built from `lm_loss`, which takes any `LanguageModel`, trains a `TrainState[TransformerLM]`
-# and returns one); the step hands back the type it was given.
+# built from a loss over a model interface trains a state of the concrete model and returns
+# one); the step hands back the type it was given.
 _StateModelT = TypeVar("_StateModelT")
 
 
@@ -75,10 +75,7 @@ class TrainState(eqx.Module, Generic[ModelT]):
 
 
 def init_train_state(
-    model: ModelT,
-    optimizer: optax.GradientTransformation,
-    *,
-    model_state: eqx.nn.State | None = None,
+    model: ModelT, optimizer: optax.GradientTransformation, *, model_state: eqx.nn.State | None = None
 ) -> TrainState[ModelT]:
     """A train state at step 0 for `model`, owning its own buffers.
 
@@ -97,14 +94,10 @@ def init_train_state(
     model = _copy_arrays(model)
     model_state = _copy_arrays(model_state)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
-    return TrainState(step=jnp.zeros((), jnp.int32), model=model, opt_state=opt_state,
-                      model_state=model_state)
+    return TrainState(step=jnp.zeros((), jnp.int32), model=model, opt_state=opt_state, model_state=model_state)
 
 
-_T = TypeVar("_T")
-
-
-def _copy_arrays(tree: _T) -> _T:
+def _copy_arrays[T](tree: T) -> T:
     return jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, tree)
 
 
@@ -161,7 +154,8 @@ def make_train_step(
             raise contract_error(
                 "The train step was called with key=None; training needs a PRNG key (its loss gets "
                 "`fold_in(key, step)`).",
-                "Pass `jax.random.key(seed)`; for deterministic evaluation use `make_eval_step`.")
+                "Pass `jax.random.key(seed)`; for deterministic evaluation use `make_eval_step`.",
+            )
         if state_sharding is not None:
             state = eqx.filter_shard(state, state_sharding)
         if batch_sharding is not None:
@@ -190,9 +184,7 @@ def make_train_step(
             "param_norm": param_norm,
             "learning_rate": jnp.asarray(schedule(state.step), jnp.float32),
         }
-        new_state = TrainState(
-            step=state.step + 1, model=model, opt_state=opt_state, model_state=model_state
-        )
+        new_state = TrainState(step=state.step + 1, model=model, opt_state=opt_state, model_state=model_state)
         if skip_nonfinite:
             # Pax's in-graph skip of invalid steps. The counter still advances, so step numbers,
             # step keys and the schedule stay aligned with the batches consumed (and on resume).
@@ -222,7 +214,7 @@ def make_train_step(
     return TrainStep(step)
 
 
-def _select(pred: Array, on_true: _T, on_false: _T) -> _T:
+def _select[T](pred: Array, on_true: T, on_false: T) -> T:
     """`on_true` where the scalar `pred` holds, else `on_false`, leaf by leaf (same structure)."""
     a, static = eqx.partition(on_true, eqx.is_array)
     b, _ = eqx.partition(on_false, eqx.is_array)
@@ -257,6 +249,7 @@ class TrainStep(Generic[_ModelT_contra]):
         structure = (treedef, is_array, static)
         fn = self._jitted.get(structure)
         if fn is None:
+
             def train_step(arrays, batch, key):  # XLA module jit_train_step (profiles, logs)
                 new_state, metrics = self._step((batch, key), _unflatten(structure, arrays))
                 new_leaves, new_treedef = jax.tree.flatten(new_state)

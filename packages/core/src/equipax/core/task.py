@@ -103,7 +103,8 @@ class AbstractTask(eqx.Module, Generic[ModelT]):
         if missing:
             raise BatchError(
                 f"The input's batches lack the field(s) {missing} that {type(self).__name__} reads "
-                f"(found {sorted(batch)}); make the input emit them.")
+                f"(found {sorted(batch)}); make the input emit them."
+            )
         for name, want in expected.items():
             got = batch[name]
             shape, dtype = tuple(np.shape(got)), np.asarray(got).dtype if not hasattr(got, "dtype") else got.dtype
@@ -111,4 +112,5 @@ class AbstractTask(eqx.Module, Generic[ModelT]):
                 raise BatchError(
                     f"Batch field {name!r}: expected shape {tuple(want.shape)} of {np.dtype(want.dtype)}, "
                     f"found {shape} of {np.dtype(dtype)}. The input and the model config disagree "
-                    "(check data.seq_len / data.batch_size / the image size against the model).")
+                    "(check data.seq_len / data.batch_size / the image size against the model)."
+                )

@@ -14,16 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from equipax.models.classifier import ImageClassificationTask, classification_loss, classification_metrics
     from equipax.models.cnn import AdvancedCNN, ResidualBlock, SelfAttention
-    from equipax.models.configs import (
-        CNNConfig,
-        LlamaConfig,
-        LMConfig,
-        cnn_param_count,
-        llama_flops_per_token,
-        llama_param_counts,
-    )
-    from equipax.models.llama import LlamaLM
-    from equipax.models.lm import LanguageModel, TransformerLM, generate, lm_loss
+    from equipax.models.configs import CNNConfig, LMConfig, RopeScalingConfig, cnn_param_count
+    from equipax.models.lm import TransformerLM, generate, lm_loss
     from equipax.models.lm_task import LMTask
 
 # Where each public name is defined.
@@ -33,18 +25,14 @@ _HOMES = {
     "ImageClassificationTask": "classifier",
     "LMConfig": "configs",
     "LMTask": "lm_task",
-    "LanguageModel": "lm",
-    "LlamaConfig": "configs",
-    "LlamaLM": "llama",
     "ResidualBlock": "cnn",
+    "RopeScalingConfig": "configs",
     "SelfAttention": "cnn",
     "TransformerLM": "lm",
     "classification_loss": "classifier",
     "classification_metrics": "classifier",
     "cnn_param_count": "configs",
     "generate": "lm",
-    "llama_flops_per_token": "configs",
-    "llama_param_counts": "configs",
     "lm_loss": "lm",
 }
 
@@ -54,18 +42,14 @@ __all__ = [
     "ImageClassificationTask",
     "LMConfig",
     "LMTask",
-    "LanguageModel",
-    "LlamaConfig",
-    "LlamaLM",
     "ResidualBlock",
+    "RopeScalingConfig",
     "SelfAttention",
     "TransformerLM",
     "classification_loss",
     "classification_metrics",
     "cnn_param_count",
     "generate",
-    "llama_flops_per_token",
-    "llama_param_counts",
     "lm_loss",
 ]
 

@@ -20,21 +20,14 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, Scalar
 from equipax.core.task import AbstractTask, Batch, Metrics
 from equipax.models.cnn import AdvancedCNN, CNNConfig
 
-__all__ = [
-    "classification_loss",
-    "classification_metrics",
-    "ImageClassificationTask",
-    "ImageClassifier",
-]
+__all__ = ["classification_loss", "classification_metrics", "ImageClassificationTask", "ImageClassifier"]
 
 # `model(images, state, *, key, inference) -> (logits, state)`, e.g. `AdvancedCNN`.
 ImageClassifier = Callable[..., tuple[Float[Array, "batch classes"], eqx.nn.State]]
 
 
 def classification_metrics(
-    logits: Float[Array, "batch classes"],
-    labels: Int[Array, " batch"],
-    weights: Float[Array, " batch"],
+    logits: Float[Array, "batch classes"], labels: Int[Array, " batch"], weights: Float[Array, " batch"]
 ) -> tuple[Scalar, dict[str, Array]]:
     """Weighted mean cross-entropy, and summed metrics that combine over batches by addition.
 
@@ -53,8 +46,7 @@ def classification_metrics(
     denom = jnp.maximum(weight_sum, 1e-9)
     loss_sum = jnp.sum(losses * weights)
     correct_sum = jnp.sum(correct * weights)
-    aux = {"accuracy": correct_sum / denom, "loss_sum": loss_sum, "correct_sum": correct_sum,
-           "weight_sum": weight_sum}
+    aux = {"accuracy": correct_sum / denom, "loss_sum": loss_sum, "correct_sum": correct_sum, "weight_sum": weight_sum}
     return loss_sum / denom, aux
 
 
@@ -78,8 +70,7 @@ def classification_loss(
     """
     images = jnp.asarray(batch["images"])
     labels = jnp.asarray(batch["labels"])
-    weights = (jnp.asarray(batch["weights"], jnp.float32) if "weights" in batch
-               else jnp.ones(labels.shape, jnp.float32))
+    weights = jnp.asarray(batch["weights"], jnp.float32) if "weights" in batch else jnp.ones(labels.shape, jnp.float32)
     logits, new_state = model(images, model_state, key=key, inference=key is None)
     loss, aux = classification_metrics(logits, labels, weights)
     return loss, aux, new_state
@@ -98,8 +89,10 @@ class ImageClassificationTask(AbstractTask[AdvancedCNN]):
 
     def __check_init__(self) -> None:
         if self.image_shape[-1] != self.config.in_channels:
-            raise ValueError(f"images have {self.image_shape[-1]} channels but the model reads "
-                             f"in_channels={self.config.in_channels}.")
+            raise ValueError(
+                f"images have {self.image_shape[-1]} channels but the model reads "
+                f"in_channels={self.config.in_channels}."
+            )
 
     def init(self, key: PRNGKeyArray) -> tuple[AdvancedCNN, eqx.nn.State]:
         """The model and its BatchNorm state (`eqx.nn.make_with_state`)."""

@@ -34,8 +34,7 @@ class ResidualBlock(eqx.Module):
     bn2: BatchNorm
     shortcut: Conv2d | None
 
-    def __init__(self, in_channels: int, channels: int, *, bn_momentum: float = 0.99,
-                 key: PRNGKeyArray) -> None:
+    def __init__(self, in_channels: int, channels: int, *, bn_momentum: float = 0.99, key: PRNGKeyArray) -> None:
         """Arguments:
         in_channels: channels of the input.
         channels: channels of the output (the tutorial's `features`).
@@ -120,8 +119,7 @@ class AdvancedCNN(eqx.Module):
         self.attention = SelfAttention(channels, cfg.num_heads, key=next(keys))
         axes = ("in_channels", "out_channels")  # replicated: the CNN trains data parallel
         self.hidden = Linear(channels, cfg.hidden_dims, use_bias=True, axes=axes, key=next(keys))
-        self.head = Linear(cfg.hidden_dims, cfg.num_classes, use_bias=True, axes=axes,
-                           key=next(keys))
+        self.head = Linear(cfg.hidden_dims, cfg.num_classes, use_bias=True, axes=axes, key=next(keys))
         self.dropout_rate = cfg.dropout_rate
 
     def __call__(
@@ -155,8 +153,9 @@ class AdvancedCNN(eqx.Module):
         x = jax.nn.relu(self.hidden(x))
         if not inference and self.dropout_rate > 0:
             if key is None:
-                raise ValueError("AdvancedCNN in training mode needs a dropout `key`; pass "
-                                 "key=... or inference=True for evaluation.")
+                raise ValueError(
+                    "AdvancedCNN in training mode needs a dropout `key`; pass key=... or inference=True for evaluation."
+                )
             keep = 1.0 - self.dropout_rate
             mask = jr.bernoulli(key, keep, x.shape)
             x = jnp.where(mask, x / keep, 0.0)

@@ -1,45 +1,103 @@
 """The config classes of `equipax.models`: frozen dataclasses, validated when built, and no JAX.
 
-`LMConfig`, `LlamaConfig` and `CNNConfig` (and the analytic Llama parameter and FLOP counts) are
-defined here and re-exported by the model modules (`equipax.models.lm`, `.llama`, `.cnn`), so
-that building or printing an experiment (`launch list`, `launch show`, knob errors) does not
-import JAX (benchmarks/README.md, "CLI latency"). Nothing here may import jax or equinox.
+`LMConfig` (every language-model family: Pax's GPT, Llama, Qwen, Mistral are presets of it) and
+`CNNConfig` are defined here and re-exported by the model modules (`equipax.models.lm`,
+`.cnn`), so that building or printing an experiment (`launch list`, `launch show`, knob errors)
+does not import JAX (benchmarks/README.md, "CLI latency"). Nothing here may import jax or equinox.
 """
 
 import dataclasses
-from typing import Literal
+import math
+from typing import Any, ClassVar, Literal
 
-from equipax.core.configs import MeshConfig, TransformerConfig, check_pipeline
+from equipax.core.configs import MeshConfig, RopeScalingConfig, TransformerConfig, check_pipeline
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
 
-__all__ = ["CNNConfig", "cnn_param_count", "DTYPES", "LMConfig", "LlamaConfig", "llama_flops_per_token", "llama_param_counts"]
+__all__ = ["CNNConfig", "cnn_param_count", "DTYPES", "LMConfig", "RopeScalingConfig"]
 
 # Activation dtypes a model config may name (`dtype`); the model modules map them to jnp dtypes.
 DTYPES = ("float32", "bfloat16")
-_REMATS = ("none", "full", "dots_saveable")
+_POSITIONS = ("sinusoidal", "rope", "none")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LMConfig:
-    """Hyperparameters of the transformer language model.
+    """Hyperparameters of a decoder-only language model: every family is a value of this class.
+
+    Pax's GPT is the default (tied embedding scaled by sqrt(model_dims), sinusoidal positions,
+    output logit cap); a Llama-style model sets rotary positions, untied embeddings and no
+    multiplier (`equipax.launch.experiments` has the presets; docs/extending.md, "Adding a family").
 
     Attributes:
         vocab_size: token ids are in `[0, vocab_size)`: the embedding table's rows (and the
             size the SentencePiece tokenizer is trained to).
-        max_seq_len: the longest sequence the model takes (the sinusoidal table's length).
+        max_seq_len: the longest sequence the model takes (prompt and generated tokens together).
         transformer: the block stack's hyperparameters.
         output_logit_cap: soft cap on the output logits, `cap * tanh(logits / cap)` (Pax's
             soft-capped logits); None = off.
-        position: "sinusoidal" position embeddings added to the token embeddings, or "none".
+        position: "sinusoidal" position embeddings added to the token embeddings (Pax), "rope"
+            (rotary positions in every attention layer: Llama, Qwen, Mistral), or "none".
+        rope_theta: base of the rotary frequencies (1e4 Llama 2, 5e5 Llama 3, 1e6 Qwen3).
+        rope_scaling: rescaled rotary frequencies for a longer context (Llama 3.1's "llama3"
+            rule); None = none.
+        tie_embeddings: the output logits use the input embedding table (Pax, Llama 3.2, Qwen3
+            0.6B); False = a separate `[embed vocab]` output projection (Llama 2/3/3.1, Mistral).
+        embedding_multiplier: the token embeddings are multiplied by this: "sqrt_model_dims" (Pax,
+            Gemma), a number, or None (x 1: Llama).
+        embedding_init_std: standard deviation of the input table's initial entries; None =
+            1/sqrt(model_dims) (Pax's shared softmax). 1.0 (torchtitan's Llama init) starts the
+            residual stream at unit RMS when there is no multiplier (the scale of what each block
+            adds to it). Initialisation only.
         dtype: the activations' dtype; parameters and logits stay float32.
     """
+
+    # Knobs the Llama experiments had before the LM families shared this config, and where they are
+    # now: `--set` of an old path names the new one (docs/knobs.md, "Renamed knobs").
+    RENAMED: ClassVar[dict[str, str]] = {
+        name: f"transformer.{name}"
+        for name in (
+            "num_layers",
+            "model_dims",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "hidden_dims",
+            "norm_eps",
+            "scan_layers",
+            "remat",
+        )
+    }
 
     vocab_size: int = 2048
     max_seq_len: int = 128
     transformer: TransformerConfig = dataclasses.field(default_factory=TransformerConfig)
     output_logit_cap: float | None = 30.0
-    position: Literal["sinusoidal", "none"] = "sinusoidal"
+    position: Literal["sinusoidal", "rope", "none"] = "sinusoidal"
+    rope_theta: float = 10_000.0
+    rope_scaling: RopeScalingConfig | None = None
+    tie_embeddings: bool = True
+    embedding_multiplier: float | Literal["sqrt_model_dims"] | None = "sqrt_model_dims"
+    embedding_init_std: float | None = None
     dtype: Literal["float32", "bfloat16"] = "float32"
+
+    @classmethod
+    def saved_layout_error(cls, data: Any) -> str | None:
+        """Why a saved config dict in the earlier Llama layout does not read (None: it reads).
+
+        Its flat block knobs would move to `transformer`, but the Llama block it described (RMSNorm,
+        SwiGLU, rotary positions, untied output) was implied by its class and is not in the dict, and
+        its checkpoints hold another parameter layout: read as this class it would be another model.
+        """
+        old = sorted(k for k in cls.RENAMED if k in data and not isinstance(data[k], dict))
+        if not old:
+            return None
+        return (
+            f"This model config was saved by an earlier equipax whose Llama model had its own config class "
+            f"(flat knobs {', '.join(f'model.{k}' for k in old)}; now under model.transformer, docs/knobs.md "
+            "\"Renamed knobs\"). Its job's checkpoints hold that model's parameter layout, which this version "
+            "does not read: retrain the experiment (e.g. `launch run --exp llama3_8b`), or use the earlier "
+            "equipax for that job. Nothing in the job directory was changed."
+        )
 
     def __post_init__(self) -> None:
         for name, low in (("vocab_size", 2), ("max_seq_len", 1)):
@@ -48,21 +106,50 @@ class LMConfig:
                 raise ValueError(f"LMConfig.{name} must be an int >= {low}, got {value!r}.")
         if not isinstance(self.transformer, TransformerConfig):
             raise ValueError(
-                f"LMConfig.transformer must be a TransformerConfig, "
-                f"got {type(self.transformer).__name__}."
+                f"LMConfig.transformer must be a TransformerConfig, got {type(self.transformer).__name__}."
             )
         cap = self.output_logit_cap
         if cap is not None and not cap > 0:
             raise ValueError(f"LMConfig.output_logit_cap must be > 0 or None, got {cap!r}.")
-        if self.position not in ("sinusoidal", "none"):
-            raise ValueError(
-                f"LMConfig.position must be 'sinusoidal' or 'none', got {self.position!r}."
-            )
+        if self.position not in _POSITIONS:
+            raise ValueError(f"model.position must be one of {_POSITIONS}, got {self.position!r}.")
         if self.dtype not in DTYPES:
+            raise ValueError(f"LMConfig.dtype must be one of {DTYPES}, got {self.dtype!r}; use 'float32' on CPU.")
+        self._check_positions()
+        self._check_embedding()
+
+    def _check_positions(self) -> None:
+        if not 0 < self.rope_theta < math.inf:
+            raise ValueError(f"model.rope_theta must be a finite number > 0, got {self.rope_theta!r}.")
+        head_dim = self.transformer.head_dim
+        if self.position == "rope" and head_dim % 2:
             raise ValueError(
-                f"LMConfig.dtype must be one of {DTYPES}, got {self.dtype!r}; "
-                "use 'float32' on CPU."
+                f"model.position='rope' rotates pairs of each head's dimensions, but model.transformer.head_dim="
+                f"{head_dim} is odd; use an even head_dim, or model.position='sinusoidal' / 'none'."
             )
+        if self.rope_scaling is not None and self.position != "rope":
+            raise ValueError(
+                f"model.rope_scaling rescales rotary frequencies, but model.position={self.position!r}; set "
+                "model.position='rope', or model.rope_scaling=None."
+            )
+
+    def _check_embedding(self) -> None:
+        m = self.embedding_multiplier
+        if m is not None and m != "sqrt_model_dims" and not (isinstance(m, (int, float)) and 0 < m < math.inf):
+            raise ValueError(
+                f"model.embedding_multiplier must be 'sqrt_model_dims', a finite number > 0 or None (x 1), got {m!r}."
+            )
+        std = self.embedding_init_std
+        if std is not None and not 0 < std < math.inf:
+            raise ValueError(
+                f"model.embedding_init_std must be a finite number > 0, or None for 1/sqrt(model_dims), got {std!r}."
+            )
+
+    @property
+    def embedding_scale(self) -> float | None:
+        """The number the token embeddings are multiplied by (None: not multiplied)."""
+        m = self.embedding_multiplier
+        return math.sqrt(self.transformer.model_dims) if m == "sqrt_model_dims" else m  # pyright: ignore[reportReturnType]
 
     def check_mesh(self, mesh: MeshConfig, global_batch: int) -> None:
         """Raise ConfigError unless the pipeline knobs fit `mesh` and `global_batch`."""
@@ -74,164 +161,12 @@ class LMConfig:
         return self.transformer.pipeline_stages
 
     def param_counts(self) -> dict[str, int]:
-        """Analytic parameter counts: `total`, `embedding` (tied table), `per_layer`, ..."""
-        return lm_param_counts(self.transformer, self.vocab_size)
+        """Analytic parameter counts: `total`, `embedding` (both tables when untied), `per_layer`, ..."""
+        return lm_param_counts(self.transformer, self.vocab_size, tie_embeddings=self.tie_embeddings)
 
     def flops_per_token(self, *, seq_len: int) -> dict[str, float]:
         """Model FLOPs per token (`training`, `attention`, `remat`, ...) at `seq_len`."""
         return transformer_lm_flops_per_token(self.transformer, vocab_size=self.vocab_size, seq_len=seq_len)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LlamaConfig:
-    """Hyperparameters of the Llama-style decoder (defaults: a tiny CPU model).
-
-    Attributes:
-        vocab_size: token ids are in `[0, vocab_size)` (embedding and unembedding rows).
-        max_seq_len: the longest sequence the model takes.
-        num_layers: decoder blocks.
-        model_dims: width of the residual stream (`embed`).
-        num_heads: query heads per block.
-        head_dim: dimensions per head.
-        rope_theta: base of the rotary position frequencies.
-        norm_eps: epsilon of the RMS norms.
-        embedding_init_std: standard deviation of the input embedding's initial entries. 1.0
-            (torchtitan's Llama init) starts the residual stream at unit RMS, the scale of
-            what each block adds to it (projections are initialised with variance 1/fan_in)
-            and the scale of the GPT's `embedding x sqrt(model_dims)`; 1/sqrt(model_dims)
-            lets the blocks drown the token identity at first and learns worse (measured in
-            equipax.launch.experiments.llama_lms). Initialisation only: the weights' shapes and
-            the forward pass are the same whatever its value.
-        scan_layers: run the blocks as one `jax.lax.scan` over stacked weights.
-        remat: recompute each block in the backward pass: "none", "full" or "dots_saveable".
-        dtype: the activations' dtype; parameters and logits stay float32.
-    """
-
-    vocab_size: int = 2048
-    max_seq_len: int = 128
-    num_layers: int = 4
-    model_dims: int = 256
-    num_heads: int = 4
-    # Key/value heads shared by groups of query heads: num_heads = MHA, 1 = MQA.
-    num_kv_heads: int = 2
-    head_dim: int = 64
-    # SwiGLU width (each of gate, up and down has model_dims x hidden_dims weights).
-    hidden_dims: int = 688
-    rope_theta: float = 10_000.0
-    norm_eps: float = 1e-5
-    embedding_init_std: float = 1.0
-    scan_layers: bool = True
-    remat: Literal["none", "full", "dots_saveable"] = "none"
-    dtype: Literal["float32", "bfloat16"] = "float32"
-
-    def __post_init__(self) -> None:
-        for name, low in (
-            ("vocab_size", 2), ("max_seq_len", 1), ("num_layers", 1), ("model_dims", 1),
-            ("num_heads", 1), ("num_kv_heads", 1), ("head_dim", 2), ("hidden_dims", 1),
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(
-                    f"LlamaConfig.{name} must be an int >= {low}, got {value!r}; "
-                    f"set {name}=<int >= {low}>."
-                )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"LlamaConfig.num_heads={self.num_heads} must be a multiple of "
-                f"num_kv_heads={self.num_kv_heads} (each key/value head serves a group of "
-                "query heads); pick num_kv_heads among the divisors of num_heads."
-            )
-        if self.head_dim % 2:
-            raise ValueError(
-                f"LlamaConfig.head_dim must be even for rotary embeddings, got {self.head_dim}."
-            )
-        for name in ("rope_theta", "norm_eps", "embedding_init_std"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"LlamaConfig.{name} must be a number > 0, got {value!r}.")
-        if self.remat not in _REMATS:
-            raise ValueError(f"LlamaConfig.remat must be one of {_REMATS}, got {self.remat!r}.")
-        if self.dtype not in DTYPES:
-            raise ValueError(
-                f"LlamaConfig.dtype must be one of {DTYPES}, got {self.dtype!r}; "
-                "use 'float32' on CPU."
-            )
-
-    # The same derived numbers as LMConfig's, so the launcher never asks which LM family it has.
-    pipeline_stages = 1  # Llama's stack is not pipelined
-
-    def param_counts(self) -> dict[str, int]:
-        """Analytic parameter counts; `embedding` counts both tables (untied input and output)."""
-        counts = llama_param_counts(self)
-        return counts | {"embedding": counts["embedding"] + counts["unembedding"]}
-
-    def flops_per_token(self, *, seq_len: int) -> dict[str, float]:
-        """Model FLOPs per token (`training`, `attention`, `remat`, ...) at `seq_len`."""
-        return llama_flops_per_token(self, seq_len=seq_len)
-
-
-def llama_param_counts(cfg: LlamaConfig) -> dict[str, int]:
-    """Analytic parameter counts of `LlamaLM`.
-
-    Arguments:
-        cfg: model config.
-
-    Returns:
-        `embedding` (input table), `unembedding` (output projection), `per_layer` (one
-        block: two norms, attention, SwiGLU), `final_norm` and `total`.
-    """
-    d, hd, f = cfg.model_dims, cfg.head_dim, cfg.hidden_dims
-    attention = d * cfg.num_heads * hd * 2 + d * 2 * cfg.num_kv_heads * hd
-    per_layer = 2 * d + attention + 3 * d * f
-    counts = {
-        "embedding": cfg.vocab_size * d,
-        "unembedding": d * cfg.vocab_size,
-        "per_layer": per_layer,
-        "final_norm": d,
-    }
-    counts["total"] = (
-        counts["embedding"] + counts["unembedding"] + cfg.num_layers * per_layer + d
-    )
-    return counts
-
-
-def llama_flops_per_token(cfg: LlamaConfig, *, seq_len: int) -> dict[str, float]:
-    """FLOPs per token of `LlamaLM`, with the accounting of
-    `equipax.core.flops.transformer_lm_flops_per_token` (a matmul `[m k] @ [k n]` counts
-    `2 m k n`; causal attention half of `QK^T` and `PV`; training 3x forward).
-
-    Grouped-query attention projects `num_heads + 2 num_kv_heads` heads; the attention
-    products themselves run over all `num_heads` query heads.
-
-    Arguments:
-        cfg: model config.
-        seq_len: sequence length (for the attention term).
-
-    Returns:
-        Per-token FLOPs, all layers summed: `qkv_projection`, `output_projection`, `mlp`,
-        `attention`, `unembedding`, `forward`, `training` (the model FLOPs), `remat` (extra
-        forward work recomputed under `cfg.remat`) and `training_with_remat`.
-    """
-    d, h, hd, n = cfg.model_dims, cfg.num_heads, cfg.head_dim, cfg.num_layers
-    qkv = 2.0 * d * (h + 2 * cfg.num_kv_heads) * hd
-    out_proj = 2.0 * h * hd * d
-    mlp = 2.0 * d * cfg.hidden_dims * 3
-    attention = 2.0 * 2.0 * seq_len * h * hd / 2.0
-    unembedding = 2.0 * d * cfg.vocab_size
-    layers_forward = n * (qkv + out_proj + mlp + attention)
-    forward = layers_forward + unembedding
-    remat = {"full": layers_forward, "dots_saveable": n * attention}.get(cfg.remat, 0.0)
-    return {
-        "qkv_projection": n * qkv,
-        "output_projection": n * out_proj,
-        "mlp": n * mlp,
-        "attention": n * attention,
-        "unembedding": unembedding,
-        "forward": forward,
-        "training": 3.0 * forward,
-        "remat": remat,
-        "training_with_remat": 3.0 * forward + remat,
-    }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -261,20 +196,21 @@ class CNNConfig:
     bn_momentum: float = 0.99
 
     def __post_init__(self) -> None:
-        for name in ("num_classes", "in_channels", "stem_channels", "blocks_per_stage", "num_heads",
-                     "hidden_dims"):
+        for name in ("num_classes", "in_channels", "stem_channels", "blocks_per_stage", "num_heads", "hidden_dims"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"model.{name} must be a positive int; got {value!r}.")
         if self.num_classes < 2:
             raise ValueError(f"model.num_classes must be >= 2; got {self.num_classes}.")
         if not self.stage_channels or any(c < 1 for c in self.stage_channels):
-            raise ValueError(f"model.stage_channels must be positive channel counts, e.g. (64, 128); "
-                             f"got {self.stage_channels!r}.")
+            raise ValueError(
+                f"model.stage_channels must be positive channel counts, e.g. (64, 128); got {self.stage_channels!r}."
+            )
         if self.stage_channels[-1] % self.num_heads:
             raise ValueError(
                 f"model.num_heads={self.num_heads} must divide the attention width "
-                f"model.stage_channels[-1]={self.stage_channels[-1]}; change either.")
+                f"model.stage_channels[-1]={self.stage_channels[-1]}; change either."
+            )
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"model.dropout_rate must be in [0, 1); got {self.dropout_rate}.")
         if not 0.0 <= self.bn_momentum < 1.0:

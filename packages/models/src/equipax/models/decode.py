@@ -1,16 +1,15 @@
-"""KV-cache decoding for both LM families (`TransformerLM`, `LlamaLM`).
+"""KV-cache decoding for every LM family, through the model's own modules.
 
-The cache holds every layer's keys and values, preallocated to a maximum length; slot `j` of a
-row holds the token at position `j`. `prefill` runs the (right-padded) prompts through the model
-in one pass and fills the cache; `decode_step` feeds one new token per row, each at its own
-position, and attends over the slots up to it. `decode` runs prefill and the token loop
+The cache holds every layer's keys and values, preallocated to a maximum length (`KVCache`, made
+by `TransformerLM.init_cache`); slot `j` of a row holds the token at position `j`. `prefill` runs
+the (right-padded) prompts through the model in one pass and fills the cache; `decode_step` feeds
+one new token per row, each at its own position, and attends over the slots up to it. Both call
+`TransformerLM.cached`: the same embedding, attention modules (with their positions, QK-norm and
+sliding window) and output projection as training. `decode` runs prefill and the token loop
 (`jax.lax.while_loop`, stopping at EOS in every row or at `max_new_tokens`) inside one jitted
-function. The layers' weights are read here, from outside the layer modules, so the training
-forward passes stay as they are; `equipax.models.lm.generate` (no cache) is the reference that
-greedy decoding must reproduce token for token.
+function. `equipax.models.lm.generate` (no cache) is the reference that greedy decoding must
+reproduce token for token.
 """
-
-import math
 
 import equinox as eqx
 import jax
@@ -18,161 +17,33 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from equipax.core.nn.gqa_attention import cached_attention
-from equipax.core.nn.linear import expand_to
-from equipax.core.nn.rotary import rotary_angles
-from equipax.core.nn.transformer import TransformerBlock, TransformerStack
-from equipax.models.lm import _DTYPES, LanguageModel, TransformerLM, sinusoidal_positions
-from equipax.models.llama import LlamaBlock, LlamaLM
+from equipax.core.nn.self_attention import AttentionCache
+from equipax.core.nn.transformer import StackCache
+from equipax.models.lm import TransformerLM
 
-__all__ = ["decode", "decode_step", "init_cache", "KVCache", "prefill", "sample_logits"]
+__all__ = ["AttentionCache", "decode", "decode_step", "init_cache", "KVCache", "prefill", "sample_logits"]
 
-
-class KVCache(eqx.Module):
-    """Keys and values of every layer; slot `j` of a row holds its token at position `j`.
-
-    Head-major (`[..., kv_heads, seq, head_dim]`): attention over the cache is then two plain
-    batched matmuls that read the keys and values in place.
-    """
-
-    keys: Float[Array, "layers batch kv_heads seq head_dim"]
-    values: Float[Array, "layers batch kv_heads seq head_dim"]
-
-    @property
-    def max_len(self) -> int:
-        """Number of slots per row."""
-        return self.keys.shape[3]
+KVCache = StackCache
+"""A model's KV cache: one `AttentionCache` (`keys`, `values` `[layers batch kv_heads slots
+head_dim]`) for scanned layers, or one per layer."""
 
 
-def _layout(model: LanguageModel) -> tuple[int, int, int]:
-    """`(num_layers, kv_heads, head_dim)` of the model's attention layers."""
-    if isinstance(model, LlamaLM):
-        return model.cfg.num_layers, model.cfg.num_kv_heads, model.cfg.head_dim
-    cfg = model.cfg.transformer
-    return cfg.num_layers, cfg.num_heads, cfg.head_dim
-
-
-def init_cache(model: LanguageModel, batch_size: int, max_len: int) -> KVCache:
+def init_cache(model: TransformerLM, batch_size: int, max_len: int) -> KVCache:
     """An empty (zero) cache for `batch_size` rows of up to `max_len` tokens.
 
     Arguments:
-        model: the language model (either family); the cache takes its compute dtype.
+        model: the language model; the cache takes its compute dtype.
         batch_size: number of rows.
         max_len: slots per row: prompt plus generated tokens; at most `model.cfg.max_seq_len`.
 
     Returns:
-        A zero `KVCache`; with grouped-query attention it holds `num_kv_heads` heads.
+        A zero cache; with grouped-query attention it holds `num_kv_heads` heads.
     """
-    if max_len > model.cfg.max_seq_len:
-        raise ValueError(
-            f"a cache of {max_len} tokens exceeds the model's max_seq_len="
-            f"{model.cfg.max_seq_len}; shorten the prompt or max_new_tokens, or raise "
-            "max_seq_len."
-        )
-    layers, kv_heads, head_dim = _layout(model)
-    shape = (layers, batch_size, kv_heads, max_len, head_dim)
-    dtype = _DTYPES[model.cfg.dtype]
-    return KVCache(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype))
-
-
-def _lm_block(block: TransformerBlock, x: Array, attend) -> Array:
-    """`TransformerBlock.__call__` with the attention kernel replaced by `attend(q, k, v)`."""
-    attn = block.attention
-    h = block.atten_norm(x)
-    qkv = jnp.einsum("bse,ethd->bsthd", h, attn.qkv.astype(h.dtype))
-    if attn.qkv_bias is not None:
-        qkv = qkv + expand_to(attn.qkv_bias.astype(h.dtype), qkv.ndim)
-    o = attend(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], attn.atten_logit_cap)
-    y = jnp.einsum("bshd,hde->bse", o, attn.out.astype(h.dtype))
-    if attn.out_bias is not None:
-        y = y + expand_to(attn.out_bias.astype(y.dtype), y.ndim)
-    x = x + y
-    return x + block.ffn(block.ffn_norm(x))
-
-
-def _llama_block(block: LlamaBlock, x: Array, attend, sin: Array, cos: Array) -> Array:
-    """`LlamaBlock.__call__` with the attention kernel replaced by `attend(q, k, v)`."""
-    q, k, v = block.attention.project(block.atten_norm(x), sin, cos)
-    x = x + block.attention.output(attend(q, k, v, None))
-    return x + block.ffn(block.ffn_norm(x))
-
-
-def _forward(
-    model: LanguageModel, ids: Array, positions: Array, cache: KVCache
-) -> tuple[Array, KVCache]:
-    """Hidden states (after the final norm) of `ids` at `positions`, writing their keys and
-    values into the cache first so that each token attends to itself and earlier slots."""
-    if isinstance(model, TransformerLM) and model.cfg.transformer.attention != "softmax":
-        raise ValueError(
-            f"KV-cache decoding needs softmax attention; this model has attention="
-            f"{model.cfg.transformer.attention!r}. Use generate() for it."
-        )
-    rows = jnp.arange(ids.shape[0])[:, None]
-    dtype = _DTYPES[model.cfg.dtype]
-    if isinstance(model, LlamaLM):
-        layers = model.layers
-        sin, cos = rotary_angles(positions, model.cfg.head_dim, model.cfg.rope_theta)
-        x = model.embedding(ids).astype(dtype)
-
-        def block_fn(block, x, attend):
-            return _llama_block(block, x, attend, sin, cos)
-    else:
-        # A pipelined stack (`pipeline_stages > 1`) decodes its blocks in model order, unpipelined.
-        stack = model.stack
-        layers = stack.layers if isinstance(stack, TransformerStack) else stack.in_layer_order()
-        dims = model.cfg.transformer.model_dims
-        x = model.embedding(ids) * math.sqrt(dims)
-        if model.cfg.position == "sinusoidal":
-            table = sinusoidal_positions(cache.max_len, dims)
-            x = x + jnp.take(table, positions, axis=0)
-        x = x.astype(dtype)
-        block_fn = _lm_block
-
-    def layer(block, x, i, keys, values):
-        def attend(q, k, v, logit_cap):
-            nonlocal keys, values
-            # Advanced indices around a slice: the indexed shape is [b s kv_heads d], as k's.
-            keys = keys.at[i, rows, :, positions].set(k.astype(keys.dtype))
-            values = values.at[i, rows, :, positions].set(v.astype(values.dtype))
-            return cached_attention(
-                q, keys[i], values[i], query_positions=positions, logit_cap=logit_cap
-            )
-
-        x = block_fn(block, x, attend)
-        return x, keys, values
-
-    keys, values = cache.keys, cache.values
-    if isinstance(layers, (TransformerBlock, LlamaBlock)):
-        params, static = eqx.partition(layers, eqx.is_array)
-
-        def body(carry, xs):
-            x, keys, values = carry
-            layer_params, i = xs
-            return layer(eqx.combine(layer_params, static), x, i, keys, values), None
-
-        num_layers = cache.keys.shape[0]
-        (x, keys, values), _ = jax.lax.scan(
-            body, (x, keys, values), (params, jnp.arange(num_layers))
-        )
-    else:
-        for i, block in enumerate(layers):
-            x, keys, values = layer(block, x, i, keys, values)
-    return model.final_norm(x), KVCache(keys=keys, values=values)
-
-
-def _logits(model: LanguageModel, h: Array) -> Array:
-    if isinstance(model, LlamaLM):
-        return model.unembed(h).astype(jnp.float32)
-    logits = model.embedding.attend(h).astype(jnp.float32)
-    cap = model.cfg.output_logit_cap
-    return logits if cap is None else cap * jnp.tanh(logits / cap)
+    return model.init_cache(batch_size, max_len)
 
 
 def prefill(
-    model: LanguageModel,
-    prompts: Int[Array, "batch seq"],
-    lengths: Int[Array, " batch"],
-    cache: KVCache,
+    model: TransformerLM, prompts: Int[Array, "batch seq"], lengths: Int[Array, " batch"], cache: KVCache
 ) -> tuple[Float[Array, "batch vocab"], KVCache]:
     """Run the prompts through the model in one pass, filling slots `0 .. seq-1` of the cache.
 
@@ -188,16 +59,13 @@ def prefill(
     """
     batch, seq = prompts.shape
     positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
-    h, cache = _forward(model, prompts, positions, cache)
+    h, cache = model.cached(prompts, positions, cache)
     last = jnp.take_along_axis(h, (lengths - 1)[:, None, None].astype(jnp.int32), axis=1)
-    return _logits(model, last[:, 0]), cache
+    return model.logits(last[:, 0]), cache
 
 
 def decode_step(
-    model: LanguageModel,
-    tokens: Int[Array, " batch"],
-    positions: Int[Array, " batch"],
-    cache: KVCache,
+    model: TransformerLM, tokens: Int[Array, " batch"], positions: Int[Array, " batch"], cache: KVCache
 ) -> tuple[Float[Array, "batch vocab"], KVCache]:
     """Feed one token per row at its own position; it attends to the row's slots up to it.
 
@@ -211,8 +79,8 @@ def decode_step(
         `(logits, cache)`: float32 logits for the token after each row's, and the cache with
         this token's keys and values written.
     """
-    h, cache = _forward(model, tokens[:, None], positions[:, None].astype(jnp.int32), cache)
-    return _logits(model, h[:, 0]), cache
+    h, cache = model.cached(tokens[:, None], positions[:, None].astype(jnp.int32), cache)
+    return model.logits(h[:, 0]), cache
 
 
 def sample_logits(
@@ -254,7 +122,7 @@ def sample_logits(
 
 @eqx.filter_jit
 def _decode(
-    model: LanguageModel,
+    model: TransformerLM,
     prompts: Array,
     lengths: Array,
     key: PRNGKeyArray | None,
@@ -269,7 +137,8 @@ def _decode(
     batch, seq = prompts.shape
     lengths = lengths.astype(jnp.int32)
     lengths = eqx.error_if(
-        lengths, (lengths < 1) | (lengths > seq),
+        lengths,
+        (lengths < 1) | (lengths > seq),
         f"decode: every prompt length must be in [1, {seq}] (the prompts' width).",
     )
     cache = init_cache(model, batch, seq + max_new_tokens)
@@ -280,9 +149,7 @@ def _decode(
         if key is None:
             return sample_logits(logits, None), None
         key, sub = jr.split(key)
-        return sample_logits(
-            logits, sub, temperature=temperature, top_k=top_k, top_p=top_p
-        ), key
+        return sample_logits(logits, sub, temperature=temperature, top_k=top_k, top_p=top_p), key
 
     def stopped(tokens: Array) -> Array:
         return tokens == eos_id
@@ -309,7 +176,7 @@ def _decode(
 
 
 def decode(
-    model: LanguageModel,
+    model: TransformerLM,
     prompts: Int[Array, "batch seq"],
     lengths: Int[Array, " batch"],
     *,
@@ -328,7 +195,7 @@ def decode(
     Greedy decoding gives the tokens of `generate` (which recomputes the whole prefix).
 
     Arguments:
-        model: the language model (`TransformerLM` with softmax attention, or `LlamaLM`).
+        model: the language model (softmax attention: any family).
         prompts: right-padded prompts (pad with anything): row `b` is `prompts[b, :lengths[b]]`.
         lengths: prompt length of each row, in `[1, seq]`.
         max_new_tokens: the most tokens to generate per row (>= 1); `seq + max_new_tokens`
@@ -351,8 +218,7 @@ def decode(
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")
     if prompts.ndim != 2 or lengths.shape != (prompts.shape[0],):
         raise ValueError(
-            f"decode takes prompts [batch seq] and lengths [batch]; got shapes "
-            f"{prompts.shape} and {lengths.shape}."
+            f"decode takes prompts [batch seq] and lengths [batch]; got shapes {prompts.shape} and {lengths.shape}."
         )
     total = prompts.shape[1] + max_new_tokens
     if total > model.cfg.max_seq_len:
@@ -373,7 +239,14 @@ def decode(
         if value is not None and not 0 <= value < vocab:
             raise ValueError(f"{name} must be a token id in [0, {vocab}), got {value}.")
     return _decode(
-        model, prompts, lengths, key if temperature > 0 else None, int(max_new_tokens),
-        float(temperature), top_k, top_p, jnp.int32(-1 if eos_id is None else eos_id),
+        model,
+        prompts,
+        lengths,
+        key if temperature > 0 else None,
+        int(max_new_tokens),
+        float(temperature),
+        top_k,
+        top_p,
+        jnp.int32(-1 if eos_id is None else eos_id),
         jnp.int32(pad_id),
     )

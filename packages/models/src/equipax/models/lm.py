@@ -1,4 +1,11 @@
-"""Decoder-only transformer language model (Pax `TransformerLm`): model, loss, sampling."""
+"""Decoder-only transformer language model (Pax `TransformerLm`) for every family: model, loss,
+sampling.
+
+`TransformerLM` is one class for Pax's GPT, Llama, Qwen and Mistral: an `LMConfig` says which
+(token embedding with an optional multiplier, sinusoidal or rotary positions, the block stack of
+`equipax.core.nn`, final norm, tied or untied output projection, optional output logit cap).
+Decoding with a KV cache (`TransformerLM.cached`, `equipax.models.decode`) runs the same modules.
+"""
 
 import math
 
@@ -9,31 +16,53 @@ import jax.random as jr
 from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
-from equipax.core.nn import Embedding, LayerNorm, RMSNorm, TransformerStack
+from equipax.core.nn import Embedding, LayerNorm, Linear, RMSNorm, TransformerStack
 from equipax.core.nn.pipeline import PipelinedStack, make_stack
-from equipax.core.nn.transformer import make_norm
+from equipax.core.nn.rotary import rotary_angles
+from equipax.core.nn.self_attention import Rotary
+from equipax.core.nn.transformer import StackCache, make_norm
 from equipax.core.partition import constrain_batch, constrain_batch_and_last
 from equipax.core.task import Batch
 from equipax.models.configs import LMConfig
-from equipax.models.llama import LlamaLM, token_ids
 
-__all__ = [
-    "generate",
-    "LanguageModel",
-    "lm_loss",
-    "LMConfig",
-    "sinusoidal_positions",
-    "TransformerLM",
-]
+__all__ = ["generate", "lm_loss", "LMConfig", "sinusoidal_embedding", "token_ids", "TransformerLM"]
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-def sinusoidal_positions(seq_len: int, dims: int) -> Float[Array, "seq embed"]:
-    """Pax sinusoidal position embeddings `[sin | cos]`, timescales 1 to 1e4.
+def token_ids(
+    ids: ArrayLike, segment_ids: ArrayLike | None = None, positions: ArrayLike | None = None
+) -> tuple[Int[Array, "batch seq"], Int[Array, "batch seq"] | None, Int[Array, "batch seq"] | None]:
+    """`ids` (and the optional packing fields) as int arrays of rank 2, e.g. from numpy.
 
     Arguments:
-        seq_len: number of positions.
+        ids: token ids `[batch seq]`.
+        segment_ids, positions: optional, the same shape as `ids`.
+
+    Returns:
+        The three as jax arrays (None stays None).
+
+    Raises:
+        ValueError: `ids` is not of rank 2 (one sequence is `ids[None]`).
+    """
+    arr = jnp.asarray(ids)
+    if arr.ndim != 2:
+        raise ValueError(
+            f"a language model takes token ids of shape [batch seq]; got shape {arr.shape}. "
+            "For one sequence pass `ids[None]`."
+        )
+    return (
+        arr,
+        None if segment_ids is None else jnp.asarray(segment_ids),
+        None if positions is None else jnp.asarray(positions),
+    )
+
+
+def sinusoidal_embedding(positions: Int[Array, "batch seq"], dims: int) -> Float[Array, "batch seq embed"]:
+    """Pax sinusoidal position embeddings `[sin | cos]` of each position, timescales 1 to 1e4.
+
+    Arguments:
+        positions: each token's position.
         dims: embedding width.
 
     Returns:
@@ -42,17 +71,18 @@ def sinusoidal_positions(seq_len: int, dims: int) -> Float[Array, "seq embed"]:
     num_timescales = dims // 2
     log_inc = math.log(1.0e4) / max(num_timescales - 1, 1)
     inv_timescales = jnp.exp(jnp.arange(num_timescales, dtype=jnp.float32) * -log_inc)
-    scaled = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_timescales[None, :]
-    pos = jnp.concatenate([jnp.sin(scaled), jnp.cos(scaled)], axis=1)
-    return jnp.pad(pos, ((0, 0), (0, dims % 2)))
+    scaled = positions.astype(jnp.float32)[..., None] * inv_timescales[None, None, :]
+    pos = jnp.concatenate([jnp.sin(scaled), jnp.cos(scaled)], axis=-1)
+    return jnp.pad(pos, ((0, 0), (0, 0), (0, dims % 2)))
 
 
 class TransformerLM(eqx.Module):
-    """Embedding (x sqrt(model_dims)) + positions -> transformer stack -> norm -> tied logits."""
+    """Embedding (x multiplier) + positions -> transformer stack -> norm -> tied or untied logits."""
 
     embedding: Embedding
     stack: TransformerStack | PipelinedStack
     final_norm: LayerNorm | RMSNorm
+    unembed: Linear | None
     cfg: LMConfig = eqx.field(static=True)
 
     def __init__(self, cfg: LMConfig, *, key: PRNGKeyArray) -> None:
@@ -60,14 +90,65 @@ class TransformerLM(eqx.Module):
         cfg: model config.
         key: PRNG key.
         """
-        k_emb, k_stack = jr.split(key)
+        d = cfg.transformer.model_dims
+        # Tied: (embedding, stack); untied: (embedding, stack, output) keys: the splits the two
+        # families' models were first written with, so their initial weights are unchanged.
+        keys = jr.split(key, 2 if cfg.tie_embeddings else 3)
         self.cfg = cfg
-        self.embedding = Embedding(cfg.vocab_size, cfg.transformer.model_dims, key=k_emb)
-        self.stack = make_stack(cfg.transformer, key=k_stack)  # pipelined if pipeline_stages > 1
+        table = Embedding(cfg.vocab_size, d, key=keys[0])  # N(0, 1/model_dims)
+        if cfg.embedding_init_std is not None:
+            table = eqx.tree_at(lambda e: e.weight, table, table.weight * (cfg.embedding_init_std * math.sqrt(d)))
+        self.embedding = table
+        self.stack = make_stack(cfg.transformer, key=keys[1])  # pipelined if pipeline_stages > 1
         self.final_norm = make_norm(cfg.transformer)
+        self.unembed = None if cfg.tie_embeddings else Linear(d, cfg.vocab_size, axes=("embed", "vocab"), key=keys[2])
+
+    def embed(
+        self, ids: Int[Array, "batch seq"], positions: Int[Array, "batch seq"]
+    ) -> tuple[Float[Array, "batch seq embed"], Rotary | None]:
+        """The stack's input (token embedding x multiplier, + sinusoidal positions) in the
+        model's dtype, and the rotary angles of `positions` (None unless `position="rope"`)."""
+        cfg = self.cfg
+        x = self.embedding(ids)
+        scale = cfg.embedding_scale
+        if scale is not None:
+            x = x * scale
+        if cfg.position == "sinusoidal":
+            x = x + sinusoidal_embedding(positions, cfg.transformer.model_dims)
+        rotary = None
+        if cfg.position == "rope":
+            rotary = rotary_angles(positions, cfg.transformer.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        return x.astype(DTYPES[cfg.dtype]), rotary
+
+    def logits(self, h: Float[Array, "*batch embed"], mesh: Mesh | None = None) -> Float[Array, "*batch vocab"]:
+        """Next-token logits of final hidden states (after `final_norm`), float32, capped.
+
+        Mixed precision (docs/knobs.md): the logits matmul runs in the model's dtype and its result
+        is cast to float32 for the softmax and the loss (Pax; MaxText's logits_dot_in_fp32=False). A
+        float32-output matmul here (einsum_f32) cost c4_22b_2x 2 GiB more per chip on XLA:TPU
+        (temporaries 29.06 vs 27.03 GiB: over a v4's HBM).
+        """
+        out = self.embedding.attend(h) if self.unembed is None else self.unembed(h)
+        logits = constrain_batch_and_last(out.astype(jnp.float32), mesh)  # vocab split over `tensor`
+        cap = self.cfg.output_logit_cap
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
+
+    def _positions(self, ids: Array, positions: Array | None) -> Array:
+        seq_len = ids.shape[1]
+        if seq_len > self.cfg.max_seq_len:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds LMConfig.max_seq_len="
+                f"{self.cfg.max_seq_len}; shorten the inputs or raise max_seq_len."
+            )
+        if positions is None:
+            return jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), ids.shape)
+        return positions
 
     def __call__(
-        self, ids: Int[ArrayLike, "batch seq"], *, key: PRNGKeyArray | None = None,
+        self,
+        ids: Int[ArrayLike, "batch seq"],
+        *,
+        key: PRNGKeyArray | None = None,
         mesh: Mesh | None = None,
         segment_ids: Int[ArrayLike, "batch seq"] | None = None,
         positions: Int[ArrayLike, "batch seq"] | None = None,
@@ -77,49 +158,63 @@ class TransformerLM(eqx.Module):
         Arguments:
             ids: token ids, at most `max_seq_len` per row.
             key: unused (no dropout); `None` means deterministic.
-            mesh: the device mesh, for `tensor_parallel="shard_map"` (see TransformerStack).
+            mesh: the device mesh: activations are pinned to its batch axes, and
+                `tensor_parallel="shard_map"` and the pipeline run on it (see TransformerStack).
             segment_ids: packed rows: token t attends only to earlier tokens of its own
                 segment (one document each); `None` = one sequence per row.
-            positions: each token's position within its segment (restarting at 0), indexing
-                the sinusoidal table; `None` = `0 .. seq-1`.
+            positions: each token's position within its segment (restarting at 0), for the
+                sinusoidal table or the rotary angles; `None` = `0 .. seq-1`.
 
         Returns:
             Float32 logits; `logits[:, t]` predicts the token after `ids[:, t]`.
         """
         del key
         ids, segment_ids, positions = token_ids(ids, segment_ids, positions)
-        seq_len = ids.shape[1]
-        if seq_len > self.cfg.max_seq_len:
+        x, rotary = self.embed(ids, self._positions(ids, positions))
+        x = self.stack(constrain_batch(x, mesh), mesh=mesh, segment_ids=segment_ids, rotary=rotary)
+        return self.logits(self.final_norm(x), mesh)
+
+    def cached(
+        self, ids: Int[Array, "batch seq"], positions: Int[Array, "batch seq"], cache: StackCache
+    ) -> tuple[Float[Array, "batch seq embed"], StackCache]:
+        """Final hidden states (after `final_norm`) of `ids` at `positions`, attending over the KV
+        cache: each token's keys and values are written to its slot first, so it sees itself and
+        the earlier slots of its row (`equipax.models.decode`: a prompt, then one token a call).
+
+        Arguments:
+            ids: token ids.
+            positions: each token's position (its cache slot), below the cache's length.
+            cache: the stack's cache (`init_cache`).
+
+        Returns:
+            `(hidden states, the updated cache)`; `logits(hidden)` gives the next-token logits.
+        """
+        x, rotary = self.embed(ids, positions)
+        x, cache = self.stack.cached(x, cache, positions, rotary=rotary)
+        return self.final_norm(x), cache
+
+    def init_cache(self, batch_size: int, max_len: int) -> StackCache:
+        """An empty (zero) KV cache for `batch_size` rows of up to `max_len` tokens.
+
+        Arguments:
+            batch_size: number of rows.
+            max_len: slots per row: prompt plus generated tokens; at most `cfg.max_seq_len`.
+
+        Returns:
+            The cache, in the model's dtype; with grouped-query attention it holds
+            `num_kv_heads` heads.
+        """
+        if max_len > self.cfg.max_seq_len:
             raise ValueError(
-                f"sequence length {seq_len} exceeds LMConfig.max_seq_len="
-                f"{self.cfg.max_seq_len}; shorten the inputs or raise max_seq_len."
+                f"a cache of {max_len} tokens exceeds the model's max_seq_len="
+                f"{self.cfg.max_seq_len}; shorten the prompt or max_new_tokens, or raise "
+                "max_seq_len."
             )
-        dims = self.cfg.transformer.model_dims
-        x = self.embedding(ids) * math.sqrt(dims)
-        if self.cfg.position == "sinusoidal":
-            table = sinusoidal_positions(seq_len, dims)
-            x = x + (table[None] if positions is None else jnp.take(table, positions, axis=0))
-        x = constrain_batch(x.astype(_DTYPES[self.cfg.dtype]), mesh)
-        x = self.final_norm(self.stack(x, mesh=mesh, segment_ids=segment_ids))
-        # Mixed precision (docs/knobs.md): the logits matmul runs in `dtype` and its result is cast
-        # to float32 for the softmax and the loss (Pax; MaxText's logits_dot_in_fp32=False). A
-        # float32-output matmul here (einsum_f32) cost c4_22b_2x 2 GiB more per chip on XLA:TPU
-        # (temporaries 29.06 vs 27.03 GiB: over a v4's HBM).
-        logits = self.embedding.attend(x).astype(jnp.float32)
-        logits = constrain_batch_and_last(logits, mesh)  # vocab split over `tensor`
-        cap = self.cfg.output_logit_cap
-        if cap is not None:
-            logits = cap * jnp.tanh(logits / cap)
-        return logits
-
-
-# Every LM family: same call signature (ids, key, mesh, segment_ids, positions) -> logits.
-LanguageModel = TransformerLM | LlamaLM
+        return self.stack.init_cache(batch_size, max_len, DTYPES[self.cfg.dtype])
 
 
 def lm_loss(
-    model: LanguageModel, batch: Batch, *, key: PRNGKeyArray | None = None,
-    mesh: Mesh | None = None,
+    model: TransformerLM, batch: Batch, *, key: PRNGKeyArray | None = None, mesh: Mesh | None = None
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
     """Weighted mean next-token cross-entropy.
 
@@ -135,8 +230,9 @@ def lm_loss(
         `(loss, aux)` with aux scalars `loss_sum`, `weight_sum`, `correct_sum` (weighted
         count of argmax == label) and `accuracy`.
     """
-    logits = model(batch["ids"], key=key, mesh=mesh, segment_ids=batch.get("segment_ids"),
-                   positions=batch.get("positions"))
+    logits = model(
+        batch["ids"], key=key, mesh=mesh, segment_ids=batch.get("segment_ids"), positions=batch.get("positions")
+    )
     labels, weights = jnp.asarray(batch["labels"]), jnp.asarray(batch["weights"], jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
@@ -145,22 +241,13 @@ def lm_loss(
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
     correct_sum = jnp.sum(correct * weights)
     denom = jnp.maximum(weight_sum, 1e-8)
-    aux = {
-        "loss_sum": loss_sum,
-        "weight_sum": weight_sum,
-        "correct_sum": correct_sum,
-        "accuracy": correct_sum / denom,
-    }
+    aux = {"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum, "accuracy": correct_sum / denom}
     return loss_sum / denom, aux
 
 
 @eqx.filter_jit
 def _generate(
-    model: LanguageModel,
-    prompt: Array,
-    num_tokens: int,
-    temperature: float,
-    key: PRNGKeyArray | None,
+    model: TransformerLM, prompt: Array, num_tokens: int, temperature: float, key: PRNGKeyArray | None
 ) -> Array:
     prompt_len = prompt.shape[0]
     total = prompt_len + num_tokens
@@ -186,7 +273,7 @@ def _generate(
 
 
 def generate(
-    model: LanguageModel,
+    model: TransformerLM,
     prompt: Int[ArrayLike, " seq"],
     num_tokens: int,
     *,
@@ -210,8 +297,10 @@ def generate(
     """
     prompt = jnp.asarray(prompt)
     if prompt.ndim != 1:
-        raise ValueError(f"generate takes one prompt of shape [seq]; got shape {prompt.shape}. "
-                         "Generate for each row of a batch separately.")
+        raise ValueError(
+            f"generate takes one prompt of shape [seq]; got shape {prompt.shape}. "
+            "Generate for each row of a batch separately."
+        )
     if prompt.shape[0] < 1:
         raise ValueError("generate needs a prompt of at least one token.")
     if num_tokens < 0:
@@ -220,6 +309,4 @@ def generate(
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}.")
     if temperature > 0 and key is None:
         raise ValueError("sampling with temperature > 0 needs a PRNG key: pass key=...")
-    return _generate(
-        model, prompt, int(num_tokens), float(temperature), key if temperature > 0 else None
-    )
+    return _generate(model, prompt, int(num_tokens), float(temperature), key if temperature > 0 else None)

@@ -1,4 +1,4 @@
-"""The language-modelling Task: a decoder LM (`TransformerLM` or `LlamaLM`) + next-token
+"""The language-modelling Task: a decoder LM (`TransformerLM`, any family) + next-token
 cross-entropy on token batches."""
 
 import equinox as eqx
@@ -8,24 +8,22 @@ from jax.sharding import Mesh
 from jaxtyping import PRNGKeyArray, Scalar
 
 from equipax.core.task import AbstractTask, Batch, Metrics
-from equipax.models.llama import LlamaConfig, LlamaLM
-from equipax.models.lm import LanguageModel, LMConfig, TransformerLM, lm_loss
+from equipax.models.lm import LMConfig, TransformerLM, lm_loss
 
 __all__ = ["LMTask"]
 
 
-class LMTask(AbstractTask[LanguageModel]):
-    """Train a decoder LM on `[batch seq]` token windows (Pax's LanguageModel task).
+class LMTask(AbstractTask[TransformerLM]):
+    """Train a decoder LM on `[batch seq]` token windows (Pax's TransformerLM task).
 
     Attributes:
-        config: the model's hyperparameters: an `LMConfig` (Pax's GPT, `TransformerLM`) or a
-            `LlamaConfig` (`LlamaLM`).
+        config: the model's hyperparameters (an `LMConfig`: any family).
         seq_len: tokens per example.
         packed: batches carry `segment_ids` and `positions` (documents packed into rows).
         mesh: the device mesh the model pins its activations' batch dimension to (None: none).
     """
 
-    config: LMConfig | LlamaConfig = eqx.field(static=True)
+    config: LMConfig = eqx.field(static=True)
     seq_len: int = eqx.field(static=True)
     packed: bool = eqx.field(static=True, default=False)
     mesh: Mesh | None = eqx.field(static=True, default=None)
@@ -34,14 +32,12 @@ class LMTask(AbstractTask[LanguageModel]):
         if self.seq_len > self.config.max_seq_len:
             raise ValueError(f"seq_len={self.seq_len} exceeds the model's max_seq_len={self.config.max_seq_len}.")
 
-    def init(self, key: PRNGKeyArray) -> tuple[LanguageModel, None]:
+    def init(self, key: PRNGKeyArray) -> tuple[TransformerLM, None]:
         """A freshly initialised model; a language model has no non-trained state."""
-        if isinstance(self.config, LlamaConfig):
-            return LlamaLM(self.config, key=key), None
         return TransformerLM(self.config, key=key), None
 
     def loss(
-        self, model: LanguageModel, batch: Batch, *, key: PRNGKeyArray | None, model_state: None
+        self, model: TransformerLM, batch: Batch, *, key: PRNGKeyArray | None, model_state: None
     ) -> tuple[Scalar, Metrics, None]:
         """`lm_loss` (weighted mean next-token cross-entropy) with the model's state passed through."""
         loss, aux = lm_loss(model, batch, key=key, mesh=self.mesh)

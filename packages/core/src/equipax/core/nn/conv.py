@@ -53,14 +53,9 @@ class Conv2d(eqx.Module):
 
     def logical_axes(self) -> dict[str, Axes]:
         """Kernel and bias (replicated by `LOGICAL_TO_MESH`: convolutions here are small)."""
-        return {
-            "weight": ("kernel_height", "kernel_width", "in_channels", "out_channels"),
-            "bias": ("out_channels",),
-        }
+        return {"weight": ("kernel_height", "kernel_width", "in_channels", "out_channels"), "bias": ("out_channels",)}
 
-    def __call__(
-        self, x: Float[Array, "batch height width cin"]
-    ) -> Float[Array, "batch height width cout"]:
+    def __call__(self, x: Float[Array, "batch height width cin"]) -> Float[Array, "batch height width cout"]:
         """Convolve; the output has the input's height and width.
 
         Arguments:
@@ -70,7 +65,10 @@ class Conv2d(eqx.Module):
             Feature maps with `out_channels` channels.
         """
         y = jax.lax.conv_general_dilated(
-            x, self.weight.astype(x.dtype), window_strides=(1, 1), padding="SAME",
+            x,
+            self.weight.astype(x.dtype),
+            window_strides=(1, 1),
+            padding="SAME",
             dimension_numbers=("NHWC", "HWIO", "NHWC"),
         )
         if self.bias is not None:
@@ -105,20 +103,14 @@ class BatchNorm(eqx.Module):
         self.eps = eps
         self.scale = jnp.ones((channels,), jnp.float32)
         self.bias = jnp.zeros((channels,), jnp.float32)
-        self.running = eqx.nn.StateIndex(
-            (jnp.zeros((channels,), jnp.float32), jnp.ones((channels,), jnp.float32))
-        )
+        self.running = eqx.nn.StateIndex((jnp.zeros((channels,), jnp.float32), jnp.ones((channels,), jnp.float32)))
 
     def logical_axes(self) -> dict[str, Axes]:
         """Small vectors: replicated (the running statistics are model state, not parameters)."""
         return {"scale": ("norm",), "bias": ("norm",)}
 
     def __call__(
-        self,
-        x: Float[Array, "*batch channels"],
-        state: eqx.nn.State,
-        *,
-        inference: bool,
+        self, x: Float[Array, "*batch channels"], state: eqx.nn.State, *, inference: bool
     ) -> tuple[Float[Array, "*batch channels"], eqx.nn.State]:
         """Normalise `x` per channel.
 
@@ -139,8 +131,10 @@ class BatchNorm(eqx.Module):
             mean = jnp.mean(xf, axis=axes)
             var = jnp.maximum(jnp.mean(jnp.square(xf), axis=axes) - jnp.square(mean), 0.0)
             m = self.momentum
-            new = (m * running_mean + (1 - m) * jax.lax.stop_gradient(mean),
-                   m * running_var + (1 - m) * jax.lax.stop_gradient(var))
+            new = (
+                m * running_mean + (1 - m) * jax.lax.stop_gradient(mean),
+                m * running_var + (1 - m) * jax.lax.stop_gradient(var),
+            )
             state = state.set(self.running, new)
         inv = jax.lax.rsqrt(var + self.eps) * self.scale
         y = (xf - expand_to(mean, x.ndim)) * expand_to(inv, x.ndim) + expand_to(self.bias, x.ndim)

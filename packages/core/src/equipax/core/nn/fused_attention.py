@@ -9,7 +9,8 @@
 
 The platform is the one the program is lowered for: the mesh's devices (an ahead-of-time compile
 for a TPU topology lowers for TPU on a CPU host), else JAX's default backend. All kernels take
-the same arguments as `reference_attention` and agree with it (tests/core/test_attention_impl.py).
+the same arguments as `reference_attention` (grouped-query heads, packed segments, a sliding
+window) and agree with it (tests/core/test_attention_impl.py, tests/core/test_attention_kernels.py).
 """
 
 import math
@@ -18,11 +19,12 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
-from equipax.core.knobs import ConfigError
 from equipax.core.configs import BATCH_AXES, TENSOR
+from equipax.core.knobs import ConfigError
 
 __all__ = [
     "AttentionImpl",
@@ -44,10 +46,7 @@ def mesh_platform(mesh: Mesh | None) -> str:
         mesh: the device mesh (its devices may be compile-only TPU topology devices), or None for
             JAX's default backend.
     """
-    if mesh is not None and mesh.devices.size:
-        platform = str(mesh.devices.flat[0].platform)
-    else:
-        platform = jax.default_backend()
+    platform = str(mesh.devices.flat[0].platform) if mesh is not None and mesh.devices.size else jax.default_backend()
     return "gpu" if platform in ("cuda", "rocm") else platform
 
 
@@ -64,7 +63,7 @@ def splash_block_size(seq_len: int) -> int | None:
 
 
 def resolve_attention_impl(
-    impl: str, platform: str, *, seq_len: int, dtype: Any, logit_cap: float | None,
+    impl: str, platform: str, *, seq_len: int, dtype: Any, logit_cap: float | None
 ) -> Literal["xla", "cudnn", "splash"]:
     """The kernel `impl` runs as on `platform`, or a ConfigError saying why it cannot run there.
 
@@ -90,98 +89,130 @@ def resolve_attention_impl(
         if platform != "gpu":
             raise ConfigError(
                 f"{_KNOB}='cudnn' needs a CUDA GPU, but this program runs on {platform}. Set "
-                f"{_KNOB}='auto' (picks the best kernel this platform has) or 'xla'.")
+                f"{_KNOB}='auto' (picks the best kernel this platform has) or 'xla'."
+            )
         if not low_precision:
             raise ConfigError(
                 f"{_KNOB}='cudnn' takes bfloat16 or float16 inputs, found {jnp.dtype(dtype).name}; set "
-                f"model.dtype='bfloat16', or {_KNOB}='auto' / 'xla'.")
+                f"model.dtype='bfloat16', or {_KNOB}='auto' / 'xla'."
+            )
         if logit_cap is not None:
             raise ConfigError(
                 f"{_KNOB}='cudnn' has no tanh logit cap (model.transformer.atten_logit_cap={logit_cap}); "
-                f"set model.transformer.atten_logit_cap=None, or {_KNOB}='auto' / 'xla'.")
+                f"set model.transformer.atten_logit_cap=None, or {_KNOB}='auto' / 'xla'."
+            )
         return "cudnn"
     if impl == "splash":
         if platform != "tpu":
             raise ConfigError(
                 f"{_KNOB}='splash' is a TPU kernel, but this program runs on {platform}. Set "
                 f"{_KNOB}='auto' (picks the best kernel this platform has) or 'xla'; "
-                "`launch compile --topology v5p-8` lowers it for a TPU on any host.")
+                "`launch compile --topology v5p-8` lowers it for a TPU on any host."
+            )
         if splash_block_size(seq_len) is None:
             raise ConfigError(
                 f"{_KNOB}='splash' needs a sequence length divisible by 128 (its block size), found "
-                f"{seq_len}; change data.seq_len, or set {_KNOB}='auto' / 'xla'.")
+                f"{seq_len}; change data.seq_len, or set {_KNOB}='auto' / 'xla'."
+            )
         return "splash"
     return "xla"
 
 
-def segment_mask(segment_ids: Int[Array, "batch seq"]) -> Array:
-    """Bool `[b 1 q k]`: a query sees only keys of its own segment (packed documents). Shared with
-    `equipax.core.nn.attention` (which imports this module)."""
-    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
-
-
 def cudnn_attention(
     q: Float[Array, "batch seq heads head_dim"],
-    k: Float[Array, "batch seq heads head_dim"],
-    v: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq kv_heads head_dim"],
+    v: Float[Array, "batch seq kv_heads head_dim"],
     *,
     causal: bool,
     segment_ids: Int[Array, "batch seq"] | None = None,
+    window: int | None = None,
     implementation: Literal["cudnn", "xla"] = "cudnn",
 ) -> Float[Array, "batch seq heads head_dim"]:
     """Softmax attention through `jax.nn.dot_product_attention` (cuDNN flash attention on GPU).
 
-    Packed segments become a boolean mask (cuDNN then reads a dense `[q k]` mask).
+    Grouped-query heads go in as they are (cuDNN reads each key/value head once per group); a
+    sliding window is cuDNN's own (`local_window_size`, left side only); packed segments become a
+    boolean mask (cuDNN then reads a dense `[q k]` mask).
 
     Arguments:
-        q, k, v: queries, keys and values (bfloat16 or float16 for cuDNN).
+        q: queries (bfloat16 or float16 for cuDNN).
+        k, v: keys and values; `heads` must be a multiple of `kv_heads`.
         causal: mask keys after each query's position.
         segment_ids: packed sequences: positions attend only within their own segment.
+        window: with `causal`, each query sees itself and the `window - 1` keys before it.
         implementation: "cudnn", or "xla" to run the same call on any platform (tests).
 
     Returns:
         Attention outputs in `v.dtype`.
     """
-    mask = None if segment_ids is None else segment_mask(segment_ids)
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation=implementation)
+    mask = None if segment_ids is None else (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+    local = None if window is None else (window - 1, 0)
+    out = jax.nn.dot_product_attention(
+        q, k, v, mask=mask, is_causal=causal, local_window_size=local, implementation=implementation
+    )
     return out.astype(v.dtype)
 
 
-def _splash_kernel(heads: int, seq_len: int, *, causal: bool, logit_cap: float | None, interpret: bool) -> Any:
+def _splash_kernel(
+    heads: int, seq_len: int, *, causal: bool, window: int | None, logit_cap: float | None, interpret: bool
+) -> Any:
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     block = splash_block_size(seq_len)
     if block is None:
         raise ConfigError(f"{_KNOB}='splash' needs a sequence length divisible by 128, found {seq_len}.")
     shape = (seq_len, seq_len)
-    one = sa.CausalMask(shape) if causal else sa.FullMask(shape)
-    sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                          block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-    return sa.make_splash_mha(sa.MultiHeadMask([one] * heads), block_sizes=sizes, head_shards=1,
-                              q_seq_shards=1, attn_logits_soft_cap=logit_cap, interpret=interpret)
+    if window is not None:
+        # Left side `window - 1` keys, none to the right: causal within the window (Mistral).
+        one = sa.LocalMask(shape, window_size=(window - 1, 0), offset=0)
+    else:
+        one = sa.CausalMask(shape) if causal else sa.FullMask(shape)
+    sizes = sa.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
+    return sa.make_splash_mha(
+        sa.MultiHeadMask([one] * heads),
+        block_sizes=sizes,
+        head_shards=1,
+        q_seq_shards=1,
+        attn_logits_soft_cap=logit_cap,
+        interpret=interpret,
+    )
 
 
 def splash_attention(
     q: Float[Array, "batch seq heads head_dim"],
-    k: Float[Array, "batch seq heads head_dim"],
-    v: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq kv_heads head_dim"],
+    v: Float[Array, "batch seq kv_heads head_dim"],
     *,
     causal: bool,
     logit_cap: float | None = None,
     segment_ids: Int[Array, "batch seq"] | None = None,
+    window: int | None = None,
     mesh: Mesh | None = None,
     interpret: bool = False,
 ) -> Float[Array, "batch seq heads head_dim"]:
     """Softmax attention with the Pallas TPU splash kernel (flash attention with block sparsity).
 
-    With a mesh of more than one device, each device runs the kernel on its own rows (batch over
-    the batch axes) and heads (over `tensor` when it divides them) inside `jax.shard_map`.
+    Grouped-query heads are the kernel's own (each key/value head serves its group of query
+    heads); a sliding window is its `LocalMask` (blocks outside the window are skipped). With a
+    mesh of more than one device, each device runs the kernel on its own rows (batch over the
+    batch axes) and heads (over `tensor` when it divides both head counts) inside `jax.shard_map`.
 
     Arguments:
-        q, k, v: queries, keys and values.
+        q: queries.
+        k, v: keys and values; `heads` must be a multiple of `kv_heads`.
         causal: mask keys after each query's position (the kernel skips fully masked blocks).
         logit_cap: if set, logits become `cap * tanh(logits / cap)` before masking.
         segment_ids: packed sequences: positions attend only within their own segment.
+        window: with `causal`, each query sees itself and the `window - 1` keys before it.
         mesh: the device mesh the inputs are sharded over, or None (one device).
         interpret: run the kernel in the Pallas interpreter (any platform; slow: for tests).
 
@@ -190,14 +221,17 @@ def splash_attention(
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
+    if window is not None and not causal:
+        raise ValueError("a sliding window limits the causal prefix: pass causal=True with window.")
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     seg = jnp.zeros(q.shape[:2], jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
 
     def local(q: Array, k: Array, v: Array, seg: Array) -> Array:
-        kernel = _splash_kernel(q.shape[2], q.shape[1], causal=causal, logit_cap=logit_cap, interpret=interpret)
+        kernel = _splash_kernel(
+            q.shape[2], q.shape[1], causal=causal, window=window, logit_cap=logit_cap, interpret=interpret
+        )
         heads_first = lambda t: jnp.swapaxes(t, 1, 2)  # noqa: E731  [b s h d] <-> [b h s d]
-        out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v),
-                               segment_ids=sa.SegmentIds(q=seg, kv=seg))
+        out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v), segment_ids=sa.SegmentIds(q=seg, kv=seg))
         return heads_first(out).astype(v.dtype)
 
     if mesh is None or mesh.size == 1:
@@ -207,8 +241,11 @@ def splash_attention(
     if q.shape[0] % batch_size:
         batch = ()
     tp = mesh.shape.get(TENSOR, 1)
-    heads = TENSOR if tp > 1 and q.shape[2] % tp == 0 else None
+    # Query heads split over `tensor` keep their key/value heads on the same device only when
+    # both counts divide: query head h reads key/value head h // group.
+    heads = TENSOR if tp > 1 and q.shape[2] % tp == 0 and k.shape[2] % tp == 0 else None
     qkv_spec = P(batch or None, None, heads, None)
     seg_spec = P(batch or None, None)
-    return jax.shard_map(local, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, seg_spec),
-                         out_specs=qkv_spec, check_vma=False)(q, k, v, seg)
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, seg_spec), out_specs=qkv_spec, check_vma=False
+    )(q, k, v, seg)

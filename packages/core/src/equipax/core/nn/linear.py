@@ -14,11 +14,7 @@ __all__ = ["expand_to", "fan_in_init", "Linear"]
 
 
 def fan_in_init(
-    key: PRNGKeyArray,
-    shape: tuple[int, ...],
-    *,
-    in_axes: Sequence[int],
-    dtype: DTypeLike = jnp.float32,
+    key: PRNGKeyArray, shape: tuple[int, ...], *, in_axes: Sequence[int], dtype: DTypeLike = jnp.float32
 ) -> Array:
     """Truncated-normal init with variance 1/fan_in, fan_in = product of `in_axes` dims.
 
@@ -33,9 +29,7 @@ def fan_in_init(
     """
     in_axes = tuple(a % len(shape) for a in in_axes)
     out_axes = tuple(a for a in range(len(shape)) if a not in in_axes)
-    init = jax.nn.initializers.variance_scaling(
-        1.0, "fan_in", "truncated_normal", in_axis=in_axes, out_axis=out_axes
-    )
+    init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal", in_axis=in_axes, out_axis=out_axes)
     return init(key, shape, dtype)
 
 

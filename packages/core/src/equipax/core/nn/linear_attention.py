@@ -15,17 +15,11 @@ O(N d + chunk^2 + d^2). All kernels share the softmax kernels' interface:
 
 import jax
 import jax.numpy as jnp
-
-from equipax.core.configs import LINEAR_ATTENTION_CHUNK_SIZE
 from jaxtyping import Array, Float
 
-__all__ = [
-    "DEFAULT_CHUNK_SIZE",
-    "DEFAULT_EPS",
-    "elu_feature_map",
-    "linear_attention",
-    "reference_linear_attention",
-]
+from equipax.core.configs import LINEAR_ATTENTION_CHUNK_SIZE
+
+__all__ = ["DEFAULT_CHUNK_SIZE", "DEFAULT_EPS", "elu_feature_map", "linear_attention", "reference_linear_attention"]
 
 # Default positions per chunk in causal linear attention (also used by equipax.core.flops).
 DEFAULT_CHUNK_SIZE = LINEAR_ATTENTION_CHUNK_SIZE
@@ -102,9 +96,7 @@ def _causal_chunked(pq: Array, pk: Array, v: Array, chunk_size: int, eps: float)
         cq, ck, cv = xs
         w = jnp.where(tril, jnp.einsum("bqhd,bkhd->bhqk", cq, ck), 0.0)
         num = jnp.einsum("bhqk,bkhe->bqhe", w, cv) + jnp.einsum("bqhd,bhde->bqhe", cq, state)
-        den = jnp.transpose(jnp.sum(w, axis=-1), (0, 2, 1)) + jnp.einsum(
-            "bqhd,bhd->bqh", cq, k_sum
-        )
+        den = jnp.transpose(jnp.sum(w, axis=-1), (0, 2, 1)) + jnp.einsum("bqhd,bhd->bqh", cq, k_sum)
         out = num / (den + eps)[..., None]
         state = state + jnp.einsum("bkhd,bkhe->bhde", ck, cv)
         k_sum = k_sum + jnp.sum(ck, axis=1)
@@ -145,8 +137,5 @@ def linear_attention(
         raise ValueError(f"linear_attention chunk_size must be >= 1, got {chunk_size}.")
     pq, pk = (elu_feature_map(t.astype(jnp.float32)) for t in (q, k))
     vf = v.astype(jnp.float32)
-    if causal:
-        out = _causal_chunked(pq, pk, vf, chunk_size, eps)
-    else:
-        out = _noncausal(pq, pk, vf, eps)
+    out = _causal_chunked(pq, pk, vf, chunk_size, eps) if causal else _noncausal(pq, pk, vf, eps)
     return out.astype(v.dtype)

@@ -43,19 +43,13 @@ class FeedForward(eqx.Module):
         key: PRNG key.
         """
         if activation not in _ACTIVATIONS:
-            raise ValueError(
-                f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
-            )
+            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
         k_up, k_gate, k_down = jr.split(key, 3)
         self.activation = activation
         # Up and gate are column-split over the hidden units, down is row-split (Megatron).
         up_axes, down_axes = ("embed", "hidden"), ("hidden", "embed")
         self.up = Linear(model_dims, hidden_dims, use_bias=use_bias, axes=up_axes, key=k_up)
-        self.gate = (
-            Linear(model_dims, hidden_dims, use_bias=use_bias, axes=up_axes, key=k_gate)
-            if gated
-            else None
-        )
+        self.gate = Linear(model_dims, hidden_dims, use_bias=use_bias, axes=up_axes, key=k_gate) if gated else None
         self.down = Linear(hidden_dims, model_dims, use_bias=use_bias, axes=down_axes, key=k_down)
 
     def __call__(self, x: Float[Array, "*batch embed"]) -> Float[Array, "*batch embed"]:
@@ -68,8 +62,5 @@ class FeedForward(eqx.Module):
             Outputs of the same shape and dtype.
         """
         act = _ACTIVATIONS[self.activation]
-        if self.gate is None:
-            h = act(self.up(x))
-        else:
-            h = act(self.gate(x)) * self.up(x)
+        h = act(self.up(x)) if self.gate is None else act(self.gate(x)) * self.up(x)
         return self.down(h)

@@ -51,15 +51,21 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.configs import bubble_fraction, check_pipeline, check_pipeline_knobs, num_microbatches
 from equipax.core.mesh import BATCH_AXES, STAGE
+from equipax.core.nn.self_attention import Rotary
 from equipax.core.nn.transformer import (
+    StackCache,
     TransformerBlock,
     TransformerConfig,
     TransformerStack,
+    init_stack_cache,
+    run_cached_layers,
     run_stacked_layers,
 )
 from equipax.core.partition import Axes
@@ -97,8 +103,7 @@ class PipelinedStack(eqx.Module):
         s, r = cfg.pipeline_stages, cfg.pipeline_repeats
         per = cfg.num_layers // (s * r)
         # [layer] -> [repeat, stage, layer in stage] -> [stage, repeat, layer in stage].
-        self.stages = jax.tree.map(
-            lambda w: jnp.swapaxes(w.reshape(r, s, per, *w.shape[1:]), 0, 1), layers)
+        self.stages = jax.tree.map(lambda w: jnp.swapaxes(w.reshape(r, s, per, *w.shape[1:]), 0, 1), layers)
 
     def logical_axes(self) -> dict[str, Axes]:
         """Every stacked array: `stage` (split over the `stage` mesh axis), repeat, layer."""
@@ -107,12 +112,16 @@ class PipelinedStack(eqx.Module):
     def in_layer_order(self) -> TransformerBlock:
         """The blocks stacked `[num_layers, ...]` in the order the model applies them."""
         return jax.tree.map(
-            lambda w: jnp.swapaxes(w, 0, 1).reshape(-1, *w.shape[3:]) if eqx.is_array(w) else w,
-            self.stages)
+            lambda w: jnp.swapaxes(w, 0, 1).reshape(-1, *w.shape[3:]) if eqx.is_array(w) else w, self.stages
+        )
 
     def __call__(
-        self, x: Float[Array, "batch seq embed"], *, mesh: Mesh | None = None,
+        self,
+        x: Float[Array, "batch seq embed"],
+        *,
+        mesh: Mesh | None = None,
         segment_ids: Int[Array, "batch seq"] | None = None,
+        rotary: Rotary | None = None,
     ) -> Float[Array, "batch seq embed"]:
         """Run all layers: pipelined over `mesh`'s `stage` axis, else one after another.
 
@@ -120,6 +129,7 @@ class PipelinedStack(eqx.Module):
             x: inputs.
             mesh: the device mesh; with a `stage` axis, it must have `pipeline_stages` slices.
             segment_ids: packed sequences: attention stays within each segment.
+            rotary: `(sin, cos)` of each token's position (rotary positions), or None.
 
         Returns:
             Outputs of the same shape and dtype.
@@ -127,14 +137,48 @@ class PipelinedStack(eqx.Module):
         cfg = self.cfg
         if mesh is None or STAGE not in mesh.shape:
             params, static = eqx.partition(self.in_layer_order(), eqx.is_array)
-            return run_stacked_layers(params, static, x, remat=cfg.remat, scan=cfg.scan_layers,
-                                      mesh=mesh, segment_ids=segment_ids)
+            return run_stacked_layers(
+                params,
+                static,
+                x,
+                remat=cfg.remat,
+                scan=cfg.scan_layers,
+                mesh=mesh,
+                segment_ids=segment_ids,
+                rotary=rotary,
+            )
         if mesh.shape[STAGE] != cfg.pipeline_stages:
             raise ValueError(
                 f"The mesh's `stage` axis has {mesh.shape[STAGE]} devices but {_KNOB}.pipeline_stages="
-                f"{cfg.pipeline_stages}; make them equal.")
+                f"{cfg.pipeline_stages}; make them equal."
+            )
         params, static = eqx.partition(self.stages, eqx.is_array)
-        return _pipeline(params, static, x, segment_ids, cfg=cfg, mesh=mesh)
+        return _pipeline(params, static, x, segment_ids, rotary, cfg=cfg, mesh=mesh)
+
+    def cached(
+        self,
+        x: Float[Array, "batch seq embed"],
+        cache: StackCache,
+        positions: Int[Array, "batch seq"],
+        *,
+        rotary: Rotary | None = None,
+    ) -> tuple[Float[Array, "batch seq embed"], StackCache]:
+        """Run all layers with a KV cache, in model order on the local devices (not pipelined).
+
+        Arguments:
+            x: inputs.
+            cache: the stack's cache (`init_cache`; stacked in model order).
+            positions: each token's position (its cache slot).
+            rotary: `(sin, cos)` of each token's position, or None.
+
+        Returns:
+            `(outputs, the updated cache)`.
+        """
+        return run_cached_layers(self.in_layer_order(), x, cache, positions, scan=self.cfg.scan_layers, rotary=rotary)
+
+    def init_cache(self, batch_size: int, max_len: int, dtype: DTypeLike) -> StackCache:
+        """A zero KV cache for `batch_size` rows of `max_len` tokens (layers in model order)."""
+        return init_stack_cache(self.in_layer_order(), batch_size, max_len, dtype)
 
 
 def make_stack(cfg: TransformerConfig, *, key: PRNGKeyArray) -> TransformerStack | PipelinedStack:
@@ -163,8 +207,16 @@ def _from_microbatches(x: Array, dp: int) -> Array:
     return x.reshape(m * mb, *x.shape[3:])
 
 
-def _pipeline(params: TransformerBlock, static: TransformerBlock, x: Array, segment_ids: Array | None,
-              *, cfg: TransformerConfig, mesh: Mesh) -> Array:
+def _pipeline(
+    params: TransformerBlock,
+    static: TransformerBlock,
+    x: Array,
+    segment_ids: Array | None,
+    rotary: Rotary | None,
+    *,
+    cfg: TransformerConfig,
+    mesh: Mesh,
+) -> Array:
     """The schedule of the module docstring, as a shard_map manual over `stage` only."""
     s_count, repeats = cfg.pipeline_stages, cfg.pipeline_repeats
     m_count = num_microbatches(cfg, x.shape[0])
@@ -172,16 +224,20 @@ def _pipeline(params: TransformerBlock, static: TransformerBlock, x: Array, segm
     if x.shape[0] % (m_count * dp):
         raise ValueError(
             f"A batch of {x.shape[0]} does not split into {m_count} microbatches over {dp} data x fsdp "
-            f"devices; set {_KNOB}.pipeline_microbatches (or _size) to fit the batch.")
+            f"devices; set {_KNOB}.pipeline_microbatches (or _size) to fit the batch."
+        )
     xs = _to_microbatches(x, m_count, dp)
     segs = None if segment_ids is None else _to_microbatches(segment_ids, m_count, dp)
+    rots = (
+        None if rotary is None else (_to_microbatches(rotary[0], m_count, dp), _to_microbatches(rotary[1], m_count, dp))
+    )
     # Forward to stage s + 1; circular also closes the ring (last stage -> stage 0).
     ring = [(i, (i + 1) % s_count) for i in range(s_count if repeats > 1 else s_count - 1)]
     # Item k of a stage = round k // M of microbatch k % M; stage s works on item t - s.
     num_items = m_count * repeats
     num_iterations = num_items + s_count - 1
 
-    def one_stage(params: TransformerBlock, xs: Array, segs: Array | None) -> Array:
+    def one_stage(params: TransformerBlock, xs: Array, segs: Array | None, rots: tuple[Array, Array] | None) -> Array:
         params = jax.tree.map(lambda w: w[0], params)  # this stage's [repeat, layer, ...]
         stage = jax.lax.axis_index(STAGE)
         # The two sums over `stage` (the outputs below, and the inputs' gradient: the transpose
@@ -198,8 +254,16 @@ def _pipeline(params: TransformerBlock, static: TransformerBlock, x: Array, segm
             first = xs[micro] if returned is None else jnp.where(rnd == 0, xs[micro], returned[micro])
             h = jnp.where(stage == 0, first, received)
             layers = jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, rnd, 0, keepdims=False), params)
-            y = run_stacked_layers(layers, static, h, remat=cfg.remat, scan=cfg.scan_layers, mesh=mesh,
-                                   segment_ids=None if segs is None else segs[micro])
+            y = run_stacked_layers(
+                layers,
+                static,
+                h,
+                remat=cfg.remat,
+                scan=cfg.scan_layers,
+                mesh=mesh,
+                segment_ids=None if segs is None else segs[micro],
+                rotary=None if rots is None else (rots[0][micro], rots[1][micro]),
+            )
             sent = jax.lax.ppermute(y, STAGE, ring)
             if returned is not None:
                 # What stage 0 just received is the last stage's item t - (S - 1): keep it for
@@ -216,10 +280,11 @@ def _pipeline(params: TransformerBlock, static: TransformerBlock, x: Array, segm
         # The last stage finishes microbatch i's final round in iteration T - M + i, so the
         # last M iterations of the last stage are the outputs; the sum over stages (zeros
         # elsewhere) hands them to every stage.
-        ys = ys[num_iterations - m_count:]
+        ys = ys[num_iterations - m_count :]
         ys = jnp.where(stage == s_count - 1, ys, jnp.zeros_like(ys)).astype(jnp.float32)
         return jax.lax.psum(ys, STAGE).astype(x.dtype)
 
-    out = jax.shard_map(one_stage, mesh=mesh, in_specs=(P(STAGE), P(), P()), out_specs=P(),
-                        axis_names={STAGE})(params, xs, segs)
+    out = jax.shard_map(one_stage, mesh=mesh, in_specs=(P(STAGE), P(), P(), P()), out_specs=P(), axis_names={STAGE})(
+        params, xs, segs, rots
+    )
     return _from_microbatches(out, dp)

@@ -20,8 +20,9 @@ from typing import Any
 
 import equinox as eqx
 import jax
-from jax.sharding import Mesh, PartitionSpec as P
-from jaxtyping import Array, Float
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, Float, Int
 
 from equipax.core.mesh import BATCH_AXES, FSDP, TENSOR
 
@@ -43,13 +44,25 @@ def _gather_fsdp(params: Any, specs: Any) -> Any:
     return jax.tree.map(gather, params, specs, is_leaf=lambda x: x is None)
 
 
-def shard_map_block(block: eqx.Module, x: Float[Array, "batch seq embed"], mesh: Mesh) -> Float[Array, "batch seq embed"]:
-    """Apply a pre-LN TransformerBlock with explicit FSDP + tensor-parallel collectives.
+def shard_map_block(
+    block: eqx.Module,
+    x: Float[Array, "batch seq embed"],
+    mesh: Mesh,
+    *,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+    rotary: Any = None,
+) -> Float[Array, "batch seq embed"]:
+    """Apply a pre-norm TransformerBlock with explicit FSDP + tensor-parallel collectives.
+
+    The block's own forward pass runs on each device's heads and hidden units; its `reduce` hook
+    all-reduces each sub-layer's partial sum over `tensor` before the residual add.
 
     Arguments:
         block: a `TransformerBlock` (one layer's parameters, sharded by the partition rules).
         x: activations, batch split over (data, fsdp).
         mesh: the device mesh with axes (data, fsdp, tensor).
+        segment_ids: packed sequences (split over the batch like `x`).
+        rotary: `(sin, cos)` of each token's position (split over the batch like `x`), or None.
 
     Returns:
         The block's output, sharded like `x`.
@@ -59,26 +72,43 @@ def shard_map_block(block: eqx.Module, x: Float[Array, "batch seq embed"], mesh:
     params, static = eqx.partition(block, eqx.is_array)
     specs = param_specs(params, mesh)
     batch_axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
-    x_spec = P(batch_axes, None, None)
-    has_tensor = TENSOR in mesh.shape and mesh.shape[TENSOR] > 1
+    x_spec, row_spec = P(batch_axes, None, None), P(batch_axes, None)
+    tp = mesh.shape.get(TENSOR, 1)
+    if tp > 1:
+        _check_divisible(block, tp)
 
-    def local(params, x):
+    def local(params, x, segment_ids, rotary):
         blk = eqx.combine(_gather_fsdp(params, specs), static)
-        attn, ffn = blk.attention, blk.ffn  # pyright: ignore[reportAttributeAccessIssue]
-        if has_tensor and (attn.out_bias is not None or ffn.down.bias is not None):
-            raise ValueError(
-                "tensor_parallel='shard_map' does not support output biases (each tensor shard "
-                "would add them once); set use_bias=False or use tensor_parallel='gspmd'."
-            )
-        # Attention over this device's heads; the output projection yields a partial sum.
-        y = attn(blk.atten_norm(x))  # pyright: ignore[reportAttributeAccessIssue]
-        if has_tensor:
-            y = jax.lax.psum(y, TENSOR)  # all-reduce of the row-split output projection
-        x = x + y
-        # MLP over this device's hidden units; the down projection yields a partial sum.
-        y = ffn(blk.ffn_norm(x))  # pyright: ignore[reportAttributeAccessIssue]
-        if has_tensor:
-            y = jax.lax.psum(y, TENSOR)  # all-reduce of the row-split down projection
-        return x + y
+        # The row-split output and down projections yield partial sums: all-reduce each.
+        reduce = (lambda y: jax.lax.psum(y, TENSOR)) if tp > 1 else None
+        y, _ = blk(x, segment_ids, rotary=rotary, reduce=reduce)  # pyright: ignore[reportCallIssue]
+        return y
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(specs, x_spec), out_specs=x_spec)(params, x)
+    rot_spec = P() if rotary is None else (x_spec, x_spec)
+    seg_spec = P() if segment_ids is None else row_spec
+    return jax.shard_map(local, mesh=mesh, in_specs=(specs, x_spec, seg_spec, rot_spec), out_specs=x_spec)(
+        params, x, segment_ids, rotary
+    )
+
+
+def _check_divisible(block: Any, tp: int) -> None:
+    """Raise ValueError for a block whose heads or hidden units do not split over `tensor` (each
+    device's partial sum would then repeat whole heads), or that has output biases."""
+    attn, ffn = block.attention, block.ffn
+    knob = "model.transformer"
+    if attn.out_bias is not None or ffn.down.bias is not None:
+        raise ValueError(
+            "tensor_parallel='shard_map' does not support output biases (each tensor shard "
+            f"would add them once); set {knob}.use_bias=False or {knob}.tensor_parallel='gspmd'."
+        )
+    for name, count in (
+        ("num_heads", attn.num_heads),
+        ("num_kv_heads", attn.num_kv_heads),
+        ("hidden_dims", ffn.down.in_features),
+    ):
+        if count % tp:
+            raise ValueError(
+                f"tensor_parallel='shard_map' splits {knob}.{name}={count} over the {tp} devices of the "
+                f"`tensor` axis, which does not divide it; use {knob}.tensor_parallel='gspmd' (it "
+                "replicates what does not split) or a `tensor` axis that divides it."
+            )

@@ -1,35 +1,49 @@
-"""Pre-LN transformer block and layer stack (scanned or unrolled, with remat policies).
+"""The pre-norm transformer block and layer stack of every LM family (scanned or unrolled, with
+remat policies, shard_map tensor parallelism and the residual-stream sharding constraint).
 
-A stack with `pipeline_stages > 1` is built as `equipax.core.nn.pipeline.PipelinedStack`
-(`make_stack`); its knobs are validated here with the rest of the config.
+`TransformerConfig` says which family's block it is (docs/extending.md): GPT's LayerNorm, fused
+QKV, GELU and logit cap, or Llama's RMSNorm, grouped-query attention and SwiGLU, Qwen3's QK-norm,
+Mistral's sliding window. A stack with `pipeline_stages > 1` is built as
+`equipax.core.nn.pipeline.PipelinedStack` (`make_stack`); its knobs are validated with the rest of
+the config. Decoding runs the same blocks with a KV cache (`TransformerStack.cached`).
 """
 
 from collections.abc import Callable
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import jax.random as jr
 from jax.sharding import Mesh
+from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.configs import TransformerConfig
-from equipax.core.nn.attention import CausalSelfAttention
 from equipax.core.nn.fused_attention import AttentionImpl
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.norm import LayerNorm, RMSNorm
+from equipax.core.nn.self_attention import Attention, AttentionCache, Rotary
 from equipax.core.nn.tensor_parallel import shard_map_block
 from equipax.core.partition import Axes, constrain_batch_and_last
 
 __all__ = [
+    "make_feed_forward",
     "make_norm",
+    "run_cached_layers",
     "run_stacked_layers",
+    "StackCache",
     "TransformerBlock",
     "TransformerConfig",
     "TransformerStack",
 ]
 
+StackCache = AttentionCache | tuple[AttentionCache, ...]
+"""A stack's KV cache: one `AttentionCache` with a leading layer axis (stacked layers), or one
+per layer (unrolled)."""
+
+
 def make_norm(cfg: TransformerConfig) -> LayerNorm | RMSNorm:
-    """The normalisation layer `cfg.norm` of width `cfg.model_dims`.
+    """The normalisation layer `cfg.norm` of width `cfg.model_dims` (epsilon `cfg.norm_eps`).
 
     Arguments:
         cfg: transformer config.
@@ -38,8 +52,23 @@ def make_norm(cfg: TransformerConfig) -> LayerNorm | RMSNorm:
         A fresh norm layer.
     """
     if cfg.norm == "layernorm":
-        return LayerNorm(cfg.model_dims, use_bias=cfg.use_bias)
-    return RMSNorm(cfg.model_dims)
+        return LayerNorm(cfg.model_dims, use_bias=cfg.use_bias, eps=cfg.norm_eps)
+    return RMSNorm(cfg.model_dims, eps=cfg.norm_eps)
+
+
+def make_feed_forward(cfg: TransformerConfig, *, key: PRNGKeyArray) -> FeedForward:
+    """The block's feed-forward layer: the one place a block's MLP is chosen.
+
+    Arguments:
+        cfg: transformer config (`hidden_dims`, `activation`, `gated`, `use_bias`).
+        key: PRNG key.
+
+    Returns:
+        A fresh feed-forward layer.
+    """
+    return FeedForward(
+        cfg.model_dims, cfg.hidden_dims, activation=cfg.activation, gated=cfg.gated, use_bias=cfg.use_bias, key=key
+    )
 
 
 def _attention_impl(cfg: TransformerConfig) -> AttentionImpl:
@@ -50,10 +79,10 @@ def _attention_impl(cfg: TransformerConfig) -> AttentionImpl:
 
 
 class TransformerBlock(eqx.Module):
-    """Pre-LN block: `x + attn(norm(x))`, then `x + ffn(norm(x))`."""
+    """Pre-norm block: `x + attn(norm(x))`, then `x + ffn(norm(x))`."""
 
     atten_norm: LayerNorm | RMSNorm
-    attention: CausalSelfAttention
+    attention: Attention
     ffn_norm: LayerNorm | RMSNorm
     ffn: FeedForward
 
@@ -64,51 +93,70 @@ class TransformerBlock(eqx.Module):
         """
         k_att, k_ffn = jr.split(key)
         self.atten_norm = make_norm(cfg)
-        self.attention = CausalSelfAttention(
+        self.attention = Attention(
             cfg.model_dims,
             cfg.num_heads,
             cfg.head_dim,
-            atten_logit_cap=cfg.atten_logit_cap,
+            num_kv_heads=cfg.num_kv_heads,
+            fused_qkv=cfg.fused_qkv,
             use_bias=cfg.use_bias,
+            qk_norm=cfg.qk_norm,
+            norm_eps=cfg.norm_eps,
+            logit_cap=cfg.atten_logit_cap,
+            window=cfg.sliding_window,
             kernel=cfg.attention,
             impl=_attention_impl(cfg),
             key=k_att,
         )
         self.ffn_norm = make_norm(cfg)
-        self.ffn = FeedForward(
-            cfg.model_dims,
-            cfg.hidden_dims,
-            activation=cfg.activation,
-            gated=cfg.gated,
-            use_bias=cfg.use_bias,
-            key=k_ffn,
-        )
+        self.ffn = make_feed_forward(cfg, key=k_ffn)
 
     def __call__(
-        self, x: Float[Array, "batch seq embed"], segment_ids: Int[Array, "batch seq"] | None = None,
-        *, mesh: Mesh | None = None,
-    ) -> Float[Array, "batch seq embed"]:
+        self,
+        x: Float[Array, "batch seq embed"],
+        segment_ids: Int[Array, "batch seq"] | None = None,
+        *,
+        rotary: Rotary | None = None,
+        mesh: Mesh | None = None,
+        cache: AttentionCache | None = None,
+        positions: Int[Array, "batch seq"] | None = None,
+        reduce: Callable[[Array], Array] | None = None,
+    ) -> tuple[Float[Array, "batch seq embed"], AttentionCache | None]:
         """Apply the block.
 
         Arguments:
             x: inputs.
             segment_ids: packed sequences: attention stays within each segment.
+            rotary: `(sin, cos)` of each token's position (rotary positions), or None.
             mesh: the device mesh, for the attention kernel (`attention_impl`).
+            cache, positions: decoding with a KV cache (`Attention.__call__`).
+            reduce: applied to each sub-layer's output before it is added to the residual
+                stream: the all-reduce of a tensor-parallel block's row-split projections
+                (`shard_map_block`); None = as computed.
 
         Returns:
-            Outputs of the same shape and dtype.
+            `(outputs, cache)`: outputs of the same shape and dtype, and the updated cache (None
+            without one).
         """
-        x = x + self.attention(self.atten_norm(x), segment_ids, mesh=mesh)
-        return x + self.ffn(self.ffn_norm(x))
+        y, cache = self.attention(
+            self.atten_norm(x), segment_ids, rotary=rotary, mesh=mesh, cache=cache, positions=positions
+        )
+        x = x + (y if reduce is None else reduce(y))
+        y = self.ffn(self.ffn_norm(x))
+        return x + (y if reduce is None else reduce(y)), cache
 
 
 def _block_apply(
-    remat: str, static: TransformerBlock, mesh: Mesh | None = None,
-    segment_ids: Array | None = None, shard_map: bool = False,
+    remat: str,
+    static: TransformerBlock,
+    mesh: Mesh | None = None,
+    segment_ids: Array | None = None,
+    shard_map: bool = False,
+    rotary: Rotary | None = None,
 ) -> Callable[[TransformerBlock, Array], Array]:
     """`(block params, x) -> block(x)`, wrapped in the remat policy.
 
-    With a `mesh`, the output's batch dimension is pinned to (data, fsdp) and its width to
+    With a `mesh`, the output's batch dimension is pinned to the batch axes and its width to
     `tensor` (the residual stream that remat saves per layer is split, not replicated); with
     `shard_map`, the block runs as `shard_map_block` (explicit collectives) on that mesh.
     """
@@ -116,27 +164,32 @@ def _block_apply(
     def apply(params: TransformerBlock, x: Array) -> Array:
         block = eqx.combine(params, static)
         if shard_map and mesh is not None:
-            if segment_ids is not None:
-                raise ValueError(
-                    "tensor_parallel='shard_map' does not take packed batches (segment_ids) yet; "
-                    "use tensor_parallel='gspmd' or data.packing=False."
-                )
-            return shard_map_block(block, x, mesh)
-        return constrain_batch_and_last(block(x, segment_ids, mesh=mesh), mesh)
+            return shard_map_block(block, x, mesh, segment_ids=segment_ids, rotary=rotary)
+        y, _ = block(x, segment_ids, rotary=rotary, mesh=mesh)
+        return constrain_batch_and_last(y, mesh)
 
     if remat == "full":
         return jax.checkpoint(apply, policy=None)
     if remat == "dots_saveable":
-        return jax.checkpoint(
-            apply, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-        )
+        return jax.checkpoint(apply, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
     return apply
 
 
+def _layer(params: TransformerBlock, i: int) -> TransformerBlock:
+    return jax.tree.map(lambda w: w[i], params)
+
+
 def run_stacked_layers(
-    params: TransformerBlock, static: TransformerBlock, x: Array, *, remat: str,
-    scan: bool, mesh: Mesh | None = None, segment_ids: Array | None = None,
+    params: TransformerBlock,
+    static: TransformerBlock,
+    x: Array,
+    *,
+    remat: str,
+    scan: bool,
+    mesh: Mesh | None = None,
+    segment_ids: Array | None = None,
     shard_map: bool = False,
+    rotary: Rotary | None = None,
 ) -> Array:
     """Apply blocks whose parameters are stacked on a leading layer axis, in order.
 
@@ -146,19 +199,78 @@ def run_stacked_layers(
         x: the activations entering the first layer.
         remat: the remat policy applied to each layer.
         scan: `jax.lax.scan` over the layers (one compiled body) or an unrolled loop.
-        mesh, segment_ids, shard_map: as for `TransformerStack.__call__`.
+        mesh, segment_ids, shard_map, rotary: as for `TransformerStack.__call__`.
 
     Returns:
         The activations leaving the last layer.
     """
-    apply = _block_apply(remat, static, mesh, segment_ids, shard_map)
+    apply = _block_apply(remat, static, mesh, segment_ids, shard_map, rotary)
     if scan:
         x, _ = jax.lax.scan(lambda h, p: (apply(p, h), None), x, params)
         return x
     num_layers = jax.tree.leaves(params)[0].shape[0]
     for i in range(num_layers):
-        x = apply(jax.tree.map(lambda w: w[i], params), x)
+        x = apply(_layer(params, i), x)
     return x
+
+
+def run_cached_layers(
+    layers: TransformerBlock | tuple[TransformerBlock, ...],
+    x: Array,
+    cache: StackCache,
+    positions: Array,
+    *,
+    scan: bool,
+    rotary: Rotary | None = None,
+) -> tuple[Array, StackCache]:
+    """Apply the blocks in order with their KV caches (decoding; no remat, one device's numbers).
+
+    Arguments:
+        layers: one stacked block (leading layer axis) or a tuple of blocks.
+        x: the activations entering the first layer.
+        cache: the matching cache: stacked for a stacked block, else one per block.
+        positions: each token's position (its cache slot).
+        scan: for a stacked block, `jax.lax.scan` over the layers or an unrolled loop.
+        rotary: `(sin, cos)` of each token's position, or None.
+
+    Returns:
+        `(activations leaving the last layer, the updated cache)`.
+    """
+    if isinstance(layers, tuple):
+        assert isinstance(cache, tuple)
+        new: list[AttentionCache] = []
+        for block, c in zip(layers, cache, strict=True):
+            x, updated = block(x, rotary=rotary, cache=c, positions=positions)
+            assert updated is not None
+            new.append(updated)
+        return x, tuple(new)
+    assert isinstance(cache, AttentionCache)
+    params, static = eqx.partition(layers, eqx.is_array)
+
+    def step(h: Array, p: TransformerBlock, c: AttentionCache) -> tuple[Array, AttentionCache]:
+        h, updated = eqx.combine(p, static)(h, rotary=rotary, cache=c, positions=positions)
+        assert updated is not None
+        return h, updated
+
+    if scan:
+        return jax.lax.scan(lambda h, pc: step(h, *pc), x, (params, cache))
+    num_layers = cache.keys.shape[0]
+    caches = []
+    for i in range(num_layers):
+        x, c = step(x, _layer(params, i), _layer(cache, i))  # pyright: ignore[reportArgumentType]
+        caches.append(c)
+    return x, jax.tree.map(lambda *cs: jnp.stack(cs), *caches)
+
+
+def init_stack_cache(
+    layers: TransformerBlock | tuple[TransformerBlock, ...], batch_size: int, max_len: int, dtype: DTypeLike
+) -> StackCache:
+    """A zero cache for `layers` (stacked block: one cache with a leading layer axis)."""
+    if isinstance(layers, tuple):
+        return tuple(b.attention.init_cache(batch_size, max_len, dtype) for b in layers)
+    num_layers = jax.tree.leaves(eqx.filter(layers, eqx.is_array))[0].shape[0]
+    one = layers.attention.init_cache(batch_size, max_len, dtype)
+    return jax.tree.map(lambda a: jnp.zeros((num_layers, *a.shape), a.dtype), one)
 
 
 class TransformerStack(eqx.Module):
@@ -189,8 +301,12 @@ class TransformerStack(eqx.Module):
         return {"layers": ("layers",)} if isinstance(self.layers, TransformerBlock) else {}
 
     def __call__(
-        self, x: Float[Array, "batch seq embed"], *, mesh: Mesh | None = None,
+        self,
+        x: Float[Array, "batch seq embed"],
+        *,
+        mesh: Mesh | None = None,
         segment_ids: Int[Array, "batch seq"] | None = None,
+        rotary: Rotary | None = None,
     ) -> Float[Array, "batch seq embed"]:
         """Run all layers in order.
 
@@ -200,6 +316,7 @@ class TransformerStack(eqx.Module):
                 `tensor_parallel="shard_map"` runs on it. Without it, the same numbers on
                 one device.
             segment_ids: packed sequences: attention stays within each segment.
+            rotary: `(sin, cos)` of each token's position (rotary positions), or None.
 
         Returns:
             Outputs of the same shape and dtype.
@@ -207,9 +324,43 @@ class TransformerStack(eqx.Module):
         shard_map = self.cfg.tensor_parallel == "shard_map"
         if isinstance(self.layers, TransformerBlock):
             params, static = eqx.partition(self.layers, eqx.is_array)
-            return run_stacked_layers(params, static, x, remat=self.cfg.remat, scan=True, mesh=mesh,
-                                      segment_ids=segment_ids, shard_map=shard_map)
+            return run_stacked_layers(
+                params,
+                static,
+                x,
+                remat=self.cfg.remat,
+                scan=True,
+                mesh=mesh,
+                segment_ids=segment_ids,
+                shard_map=shard_map,
+                rotary=rotary,
+            )
         for block in self.layers:
             params, static = eqx.partition(block, eqx.is_array)
-            x = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map)(params, x)
+            x = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map, rotary)(params, x)
         return x
+
+    def cached(
+        self,
+        x: Float[Array, "batch seq embed"],
+        cache: StackCache,
+        positions: Int[Array, "batch seq"],
+        *,
+        rotary: Rotary | None = None,
+    ) -> tuple[Float[Array, "batch seq embed"], StackCache]:
+        """Run all layers with a KV cache (decoding: a prompt, then one token per call).
+
+        Arguments:
+            x: inputs.
+            cache: the stack's cache (`init_cache`).
+            positions: each token's position (its cache slot).
+            rotary: `(sin, cos)` of each token's position, or None.
+
+        Returns:
+            `(outputs, the updated cache)`.
+        """
+        return run_cached_layers(self.layers, x, cache, positions, scan=True, rotary=rotary)
+
+    def init_cache(self, batch_size: int, max_len: int, dtype: DTypeLike) -> StackCache:
+        """A zero KV cache for `batch_size` rows of `max_len` tokens, in `dtype`."""
+        return init_stack_cache(self.layers, batch_size, max_len, dtype)

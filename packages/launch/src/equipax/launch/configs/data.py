@@ -8,7 +8,7 @@ experiment's model can read it (`check_model`). Pure values: nothing here touche
 import dataclasses
 from typing import ClassVar, Literal
 
-from equipax.models.configs import CNNConfig, LlamaConfig, LMConfig
+from equipax.models.configs import CNNConfig, LMConfig
 
 __all__ = [
     "BYTE_VOCAB_SIZE",
@@ -86,11 +86,11 @@ class DataConfig:
             )
 
     def check_model(self, model: object) -> None:
-        """Raise ValueError unless `model` is an LM config (either family) that can read this data."""
-        if not isinstance(model, (LMConfig, LlamaConfig)):
+        """Raise ValueError unless `model` is an LM config (any family) that can read this data."""
+        if not isinstance(model, LMConfig):
             raise ValueError(
                 f"The experiment's data is token data (data.source={self.source!r}) but its model is "
-                f"a {type(model).__name__}; language-model data needs an LMConfig or LlamaConfig model."
+                f"a {type(model).__name__}; language-model data needs an LMConfig model."
             )
         if self.seq_len > model.max_seq_len:
             raise ValueError(

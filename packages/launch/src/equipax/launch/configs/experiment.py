@@ -1,7 +1,7 @@
 """The experiment config: task (model + data) + learner + training loop + mesh, fully resolved.
 
-One shape for every experiment: `model` and `data` are the task part (an `LMConfig` or a
-`LlamaConfig` with token `DataConfig`, or a `CNNConfig` with an `ImageDataConfig`); the learner, the loop and the mesh
+One shape for every experiment: `model` and `data` are the task part (an `LMConfig`, any LM family,
+with token `DataConfig`, or a `CNNConfig` with an `ImageDataConfig`); the learner, the loop and the mesh
 are the same knobs for all. An experiment is a pure value: building it never touches devices or
 files. Derived numbers (parameters, tokens per step) come from `equipax.launch.tasks`.
 """
@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Protocol, cast, runtime_checkable
 from equipax.core.configs import LearnerConfig, MeshConfig
 from equipax.launch.configs.data import BYTE_VOCAB_SIZE, DataConfig, ImageDataConfig
 from equipax.launch.configs.train import TrainConfig
-from equipax.models.configs import CNNConfig, LlamaConfig, LMConfig
+from equipax.models.configs import CNNConfig, LMConfig
 
 __all__ = [
     "BYTE_VOCAB_SIZE",
@@ -61,7 +61,7 @@ class ExperimentConfig:
 
     name: str
     description: str = ""
-    model: LMConfig | LlamaConfig | CNNConfig | FamilyModelConfig = dataclasses.field(default_factory=LMConfig)
+    model: LMConfig | CNNConfig | FamilyModelConfig = dataclasses.field(default_factory=LMConfig)
     data: DataConfig | ImageDataConfig | FamilyDataConfig = dataclasses.field(default_factory=DataConfig)
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
@@ -138,7 +138,7 @@ class LMExperiment(Protocol):
     @property
     def name(self) -> str: ...
     @property
-    def model(self) -> LMConfig | LlamaConfig: ...
+    def model(self) -> LMConfig: ...
     @property
     def data(self) -> DataConfig: ...
     @property

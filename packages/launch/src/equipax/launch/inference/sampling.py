@@ -92,7 +92,7 @@ def decode_texts(
     `max_seq_len` leaves less room; a row stops after the tokenizer's EOS).
 
     Arguments:
-        model: a `TransformerLM` or `LlamaLM`.
+        model: a `TransformerLM` (any family).
         tokenizer: the job's tokenizer (`training.lm_inputs.build_tokenizer`).
         prompts: the texts to continue, decoded together as one batch.
         max_new_tokens, temperature, top_k, top_p, key: as `equipax.models.decode.decode`.
