@@ -3,6 +3,8 @@
 from equipax.data.sources.c4 import (
     DataError,
     TextShards,
+    check_complete_sets,
+    check_shard_output,
     find_shards,
     input_files,
     iter_text_documents,
@@ -19,6 +21,8 @@ __all__ = [
     "ImageClassificationInput",
     "SyntheticLMInput",
     "TextShards",
+    "check_complete_sets",
+    "check_shard_output",
     "clean_markdown",
     "find_shards",
     "input_files",

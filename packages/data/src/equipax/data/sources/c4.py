@@ -11,6 +11,8 @@ import json
 import logging
 import os
 import re
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -18,10 +20,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from equipax.core.paths import output_problem
 from equipax.data.base import Documents
 
 __all__ = [
     "ARRAY_RECORD_SUFFIXES",
+    "check_complete_sets",
+    "check_shard_output",
     "check_not_dangling",
     "DataError",
     "find_shards",
@@ -75,10 +80,54 @@ def check_not_dangling(path: Path, what: str = "Shard") -> None:
         )
 
 
-def find_shards(path: str | Path, pattern: str = "*") -> list[Path]:
+_NUMBERED = re.compile(r"(?P<stem>.+)\.(?P<index>\d+)-of-(?P<count>\d+)\.(?P<ext>.+)")
+
+
+def check_complete_sets(files: Sequence[Path], *, partial_setting: str = "data.allow_partial_shards") -> None:
+    """Raise DataError when numbered shards (`NAME.00001-of-00003.EXT`) are not a whole set.
+
+    A set read with shards missing (a copy or a `launch data prepare` cut short) would train on
+    part of the data as if it were all of it; the message names the missing shards.
+    `partial_setting`: how the caller's user accepts a partial set on purpose.
+    """
+    sets: dict[tuple[str, int, str], set[int]] = {}
+    for f in files:
+        m = _NUMBERED.fullmatch(Path(f).name)
+        if m:
+            key = (m["stem"], int(m["count"]), m["ext"])
+            sets.setdefault(key, set()).add(int(m["index"]))
+    for (stem, count, ext), present in sorted(sets.items()):
+        width = max(5, len(str(count)))
+        missing = [f"{stem}.{i:0{width}d}-of-{count:0{width}d}.{ext}" for i in range(count) if i not in present]
+        beyond = sorted(i for i in present if i >= count)
+        if not missing and not beyond:
+            continue
+        where = str(Path(files[0]).parent)
+        problem = (
+            f"{len(missing)} shard(s) missing: {', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}"
+            if missing
+            else f"shard number(s) {beyond[:4]} are beyond the count {count}"
+        )
+        raise DataError(
+            f"The shard set {stem}.*-of-{count:0{width}d}.{ext} in {where!r} is incomplete: {problem} "
+            f"({count - len(missing)} of {count} present). Reading it would train on part of the data as if it were "
+            f"all of it. Restore the missing shards (copy them again, or rerun `launch data prepare`), or "
+            f"set {partial_setting}=true to read the shards present on purpose (e.g. a downloaded part of C4)."
+        )
+
+
+def find_shards(
+    path: str | Path,
+    pattern: str = "*",
+    *,
+    allow_partial: bool = False,
+    partial_setting: str = "data.allow_partial_shards",
+) -> list[Path]:
     """The shard files in directory `path` whose names match the glob `pattern`, sorted.
 
-    Raises DataError for a missing directory or when no shard file matches.
+    Raises DataError for a missing directory, when no shard file matches, or (unless
+    `allow_partial`) when numbered shards `NAME.i-of-N.EXT` are not all N of their set
+    (`check_complete_sets`; `partial_setting` is named in its message).
     """
     root = Path(path).expanduser()
     if not root.is_dir():
@@ -101,6 +150,8 @@ def find_shards(path: str | Path, pattern: str = "*") -> list[Path]:
             f"(it holds {present or 'nothing'}). Fix data.path or the file pattern knob "
             f"(data.train_files / data.eval_files)."
         )
+    if not allow_partial:
+        check_complete_sets(files, partial_setting=partial_setting)
     return files
 
 
@@ -388,6 +439,27 @@ def shard_names(prefix: str, num_shards: int, format: Literal["jsonl", "jsonl.gz
     return [f"{prefix}.{i:05d}-of-{num_shards:05d}.{ext}" for i in range(num_shards)]
 
 
+def check_shard_output(
+    output: str | Path, prefix: str, *, output_setting: str = "--output", prefix_setting: str = "--split"
+) -> None:
+    """Raise DataError unless shards named `prefix.*` can be written into directory `output`.
+
+    Checked before any work (`write_shards` checks again): `output` must be a directory or
+    creatable as one, and `prefix` a plain name (letters, digits, "-", "_"; it starts each file
+    name). `output_setting` / `prefix_setting` name how the caller's user sets them.
+    """
+    if not re.fullmatch(r"(c4-)?[A-Za-z0-9_-]+", prefix) or prefix == "c4-":
+        raise DataError(
+            f"{prefix_setting} must be a plain name (letters, digits, '-' or '_'), e.g. train or validation; "
+            f"got {prefix.removeprefix('c4-')!r}. It becomes part of each file name: c4-train.00000-of-00001.jsonl."
+        )
+    problem = output_problem(output, kind="directory")
+    if problem:
+        raise DataError(
+            f"{output_setting} {str(output)!r} {problem}. Pass a directory for the shards (it is created if missing)."
+        )
+
+
 def write_shards(
     documents: Documents,
     output: str | Path,
@@ -399,13 +471,17 @@ def write_shards(
 ) -> list[Path]:
     """Write documents as C4-format shards: consecutive runs of documents, one run per shard.
 
-    Reading the shards back in sorted order gives the documents in their original order.
+    Reading the shards back in sorted order gives the documents in their original order. The
+    write is all or nothing: the shards are written into a hidden temporary directory (beside
+    `output` when it does not exist yet, inside it otherwise) and moved into place only when all
+    are complete, so a full disk or a kill leaves no partial set (and, with `overwrite`, the old
+    shards stay until the new set is complete).
 
     **Arguments:**
 
     - `documents`: the texts.
     - `output`: the directory (created if needed).
-    - `prefix`: file-name prefix, e.g. "c4-train" or "c4-validation".
+    - `prefix`: file-name prefix, e.g. "c4-train" or "c4-validation" (no "/", not empty).
     - `num_shards`: number of files; at most the number of documents.
     - `format`: "jsonl", "jsonl.gz" or "arrayrecord".
     - `overwrite`: replace existing shards with the same prefix (otherwise an error).
@@ -420,31 +496,57 @@ def write_shards(
             f"every shard must hold at least one document."
         )
     out = Path(output).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    existing = sorted(p.name for p in out.glob(f"{prefix}.*") if is_shard(p))
+    check_shard_output(out, prefix)
+    existing = sorted(p.name for p in out.glob(f"{prefix}.*") if is_shard(p)) if out.is_dir() else []
     if existing and not overwrite:
         raise DataError(
             f"{str(out)!r} already holds {len(existing)} shard(s) named {prefix}.* (e.g. {existing[0]}); "
             f"choose another --output or pass --overwrite."
         )
-    for name in existing:
-        (out / name).unlink()
-    bounds = np.linspace(0, len(documents), num_shards + 1).round().astype(int)
-    paths = []
-    for name, lo, hi in zip(shard_names(prefix, num_shards, format), bounds[:-1], bounds[1:]):
-        path = out / name
-        records = [json.dumps({"text": doc}, ensure_ascii=False) for doc in (documents[i] for i in range(lo, hi))]
-        tmp = path.with_name("." + path.name + ".tmp")
-        if format == "arrayrecord":
-            from array_record.python.array_record_module import ArrayRecordWriter
-
-            writer = ArrayRecordWriter(str(tmp), "group_size:1")
-            for r in records:
-                writer.write(r.encode("utf-8"))
-            writer.close()
+    new_dir = not out.is_dir()
+    if new_dir:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(
+        tempfile.mkdtemp(
+            prefix=f".{out.name}.partial-" if new_dir else f".{prefix}.partial-", dir=out.parent if new_dir else out
+        )
+    )
+    try:
+        names = shard_names(prefix, num_shards, format)
+        bounds = np.linspace(0, len(documents), num_shards + 1).round().astype(int)
+        for name, lo, hi in zip(names, bounds[:-1], bounds[1:]):
+            _write_shard(tmp / name, [documents[i] for i in range(lo, hi)], format)
+        if new_dir:
+            tmp.rename(out)
         else:
-            data = ("\n".join(records) + "\n").encode("utf-8")
-            tmp.write_bytes(gzip.compress(data, mtime=0) if format == "jsonl.gz" else data)
-        tmp.replace(path)
-        paths.append(path)
-    return paths
+            for name in existing:
+                (out / name).unlink()
+            for name in names:
+                (tmp / name).replace(out / name)
+            tmp.rmdir()
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DataError(
+            f"Could not write the shards to {str(out)!r}: {e.strerror or e} ({e.filename or 'a shard'}). "
+            f"Nothing was written there (the shards are written to a temporary directory and moved in "
+            f"place only when all are complete); free space or fix the permissions, then run the same "
+            f"command again."
+        ) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [out / name for name in names]
+
+
+def _write_shard(path: Path, documents: list[str], format: str) -> None:
+    records = [json.dumps({"text": doc}, ensure_ascii=False) for doc in documents]
+    if format == "arrayrecord":
+        from array_record.python.array_record_module import ArrayRecordWriter
+
+        writer = ArrayRecordWriter(str(path), "group_size:1")
+        for r in records:
+            writer.write(r.encode("utf-8"))
+        writer.close()
+    else:
+        data = ("\n".join(records) + "\n").encode("utf-8")
+        path.write_bytes(gzip.compress(data, mtime=0) if format == "jsonl.gz" else data)

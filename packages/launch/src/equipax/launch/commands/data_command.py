@@ -123,10 +123,14 @@ def prepare(
     C4-named shards found in input directories are read only when they are of --split
     (`c4-train.*` for train), so a C4 directory converts one split per run.
     """
-    from equipax.data import write_shards
+    from equipax.data import check_shard_output, write_shards
 
     if format not in ("jsonl", "jsonl.gz", "arrayrecord"):
         _fail(f"--format must be 'jsonl', 'jsonl.gz' or 'arrayrecord'; got {format!r}.")
+    try:
+        check_shard_output(output, f"c4-{split}")
+    except ValueError as e:
+        _fail(str(e))
     files = _split_files(input, split)
     _check_not_replacing_inputs(files, output, split)
     docs = _documents(files, split_by, max_malformed_fraction)

@@ -54,6 +54,8 @@ class DataConfig:
     `.model` file to use instead of training one. `reset_for_eval`: each eval run is one full
     padded pass (True) or the next `train.eval_batches` batches of a repeating input (False).
     `max_malformed_fraction`: malformed shard records are skipped up to this fraction, then an error.
+    `allow_partial_shards`: read a numbered shard set (`c4-train.00000-of-01024.json.gz`) with
+    shards missing, e.g. a downloaded part of C4 (otherwise an incomplete set is an error).
     """
 
     source: str = "shakespeare"
@@ -71,6 +73,7 @@ class DataConfig:
     vocab_path: str = ""
     reset_for_eval: bool = True
     max_malformed_fraction: float = 0.01
+    allow_partial_shards: bool = False
 
     # The task family this data feeds (equipax.launch.tasks); not a knob.
     kind: ClassVar[str] = "lm"

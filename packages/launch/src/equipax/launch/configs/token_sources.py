@@ -149,7 +149,8 @@ class C4Shards(TokenSource):
         pattern = data.train_files if split == "train" else data.eval_files
         knob = "data.train_files" if split == "train" else "data.eval_files"
         try:
-            return TextShards(find_shards(data.path, pattern), max_malformed_fraction=data.max_malformed_fraction)
+            files = find_shards(data.path, pattern, allow_partial=data.allow_partial_shards)
+            return TextShards(files, max_malformed_fraction=data.max_malformed_fraction)
         except ValueError as e:
             raise ConfigError(f"{knob}={pattern!r} under data.path={data.path!r}: {e}") from None
 
@@ -169,7 +170,7 @@ class C4Shards(TokenSource):
         from equipax.data import find_shards
 
         try:
-            shards = find_shards(data.path, data.train_files)
+            shards = find_shards(data.path, data.train_files, allow_partial=True)
             listing = sorted((Path(p).name, Path(p).stat().st_size) for p in shards)
         except (OSError, ValueError):
             return None

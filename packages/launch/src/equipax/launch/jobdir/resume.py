@@ -26,6 +26,7 @@ SAFE_DATA_KNOBS = frozenset(
         "eval_files",
         "reset_for_eval",
         "max_malformed_fraction",
+        "allow_partial_shards",
         "tokenizer_max_sentences",
         "num_test",
         "batch_size",

@@ -1,0 +1,119 @@
+"""Reliability, the commands beyond `run`: `data prepare` is all or nothing and readers refuse a
+partial shard set, lock files and output paths are checked before any work, user-module
+experiments and string knobs are validated. Each test drives the CLI and checks the exit code, the
+message and that nothing was written where it should not be. docs/errors.md lists each case."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from equipax.data import DataError, TextShards, find_shards, write_shards
+from helpers.cli import assert_one_paragraph, invoke, snapshot
+
+
+def launch_process(*args, file_size_limit: int | None = None) -> subprocess.CompletedProcess:
+    """`launch ...` as its own process; `file_size_limit`: no file it writes grows past this many
+    bytes (EFBIG: what a full disk does to a write), set inside the child."""
+    limit = (
+        f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, {file_size_limit})); "
+        if file_size_limit
+        else ""
+    )
+    entry = (
+        f"import runpy, sys; {limit}sys.argv[0] = 'launch'; runpy.run_module('equipax.launch.cli', run_name='__main__')"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", entry, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        timeout=300,
+    )
+
+
+def sets(*overrides: str) -> list[str]:
+    return [a for o in overrides for a in ("--set", o)]
+
+
+# --- `data prepare` writes all or nothing; readers refuse a partial set ---------------------
+
+
+@pytest.fixture
+def texts(tmp_path) -> Path:
+    """Three text files; the last is large, so a file-size limit fails the third shard."""
+    root = tmp_path / "texts"
+    root.mkdir()
+    for i, size in enumerate([2_000, 2_000, 200_000]):
+        (root / f"{i}.txt").write_text(f"document {i} " + "x" * size)
+    return root
+
+
+def test_prepare_on_a_full_disk_leaves_nothing_and_keeps_the_old_shards(texts, tmp_path):
+    fresh = tmp_path / "fresh"
+    done = launch_process("data", "prepare", "-i", texts, "-o", fresh, "--shards", 3, file_size_limit=100_000)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert_one_paragraph(done.stderr, "Nothing was written there", str(fresh))
+    assert "checkpoint" not in done.stderr
+    assert not fresh.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["texts"]
+    # Over an existing set (--overwrite): the old shards and the other split stay as they were.
+    kept = tmp_path / "kept"
+    write_shards(["old train"], kept, prefix="c4-train")
+    write_shards(["old validation"], kept, prefix="c4-validation")
+    before = snapshot(kept)
+    done = launch_process(
+        "data", "prepare", "-i", texts, "-o", kept, "--shards", 3, "--overwrite", file_size_limit=100_000
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert snapshot(kept) == before and sorted(os.listdir(kept)) == sorted(before)  # no hidden leftovers
+    code, out = invoke("data", "prepare", "-i", texts, "-o", kept, "--shards", 3, "--overwrite")
+    assert code == 0, out
+    assert len(TextShards(find_shards(kept, "c4-train.*"))) == 3 and sorted(os.listdir(kept)) == [
+        "c4-train.00000-of-00003.jsonl",
+        "c4-train.00001-of-00003.jsonl",
+        "c4-train.00002-of-00003.jsonl",
+        "c4-validation.00000-of-00001.jsonl",
+    ]
+
+
+def test_a_shard_set_with_shards_missing_is_refused_by_its_readers(tmp_path):
+    root = tmp_path / "c4"
+    write_shards([f"document {i} " * 20 for i in range(6)], root, prefix="c4-train", num_shards=3)
+    write_shards(["held out " * 20] * 2, root, prefix="c4-validation")
+    (root / "c4-train.00001-of-00003.jsonl").unlink()
+    with pytest.raises(DataError, match=r"1 shard\(s\) missing: c4-train.00001-of-00003.jsonl \(2 of 3 present\)"):
+        find_shards(root, "c4-train.*")
+    assert len(find_shards(root, "c4-train.*", allow_partial=True)) == 2
+    toy = ["data.tokenizer=byte", "model.vocab_size=384", "data.seq_len=16", "data.batch_size=2"]
+    args = ["data", "inspect", *sets(*toy, "data.source=c4", f"data.path={root}")]
+    code, out = invoke(*args, "--batches", 1)
+    assert code == 2, out
+    assert_one_paragraph(out, "c4-train.00001-of-00003.jsonl", "data.allow_partial_shards=true", "2 of 3 present")
+    code, out = invoke(*args, *sets("data.allow_partial_shards=true"), "--batches", 1)
+    assert code == 0, out
+    (root / "c4-train.00001-of-00003.jsonl").write_text('{"text": "back"}\n')
+    (root / "c4-train.00007-of-00003.jsonl").write_text('{"text": "stray"}\n')
+    with pytest.raises(DataError, match="beyond the count 3"):
+        find_shards(root, "c4-train.*")
+
+
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        (["--split", "a/b"], "--split must be a plain name"),
+        (["--split", ""], "--split must be a plain name"),
+        (["-o", "{file}"], "is a file, not a directory"),
+        (["-o", "{file}/shards"], "which is a file, not a directory"),
+    ],
+    ids=["split-with-slash", "empty-split", "output-is-a-file", "output-under-a-file"],
+)
+def test_prepare_checks_its_outputs_before_reading(texts, tmp_path, bad, needle):
+    (tmp_path / "file").write_text("not a directory")
+    args = ["-o", tmp_path / "out", *[a.replace("{file}", str(tmp_path / "file")) for a in bad]]
+    before = snapshot(tmp_path)
+    code, out = invoke("data", "prepare", "-i", tmp_path / "nonexistent-input", *args)
+    assert code == 2, out
+    assert_one_paragraph(out, needle)  # named before the (missing) input is even looked at
+    assert snapshot(tmp_path) == before and not (tmp_path / "out").exists()
