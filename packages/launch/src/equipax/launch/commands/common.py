@@ -1,5 +1,6 @@
 """What every `launch` command shares: consoles, option types, resolving an experiment."""
 
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -9,7 +10,17 @@ from equipax.core.knobs import ConfigError, apply_overrides
 from equipax.launch.errors import EXIT_USER_ERROR
 from equipax.launch.experiments import registry
 
-__all__ = ["CpuDevicesOption", "DEFAULT_EXPERIMENT", "err", "ExpOption", "fail", "out", "resolve", "SetOption"]
+__all__ = [
+    "CpuDevicesOption",
+    "DEFAULT_EXPERIMENT",
+    "err",
+    "ExpOption",
+    "fail",
+    "out",
+    "resolve",
+    "resolve_job",
+    "SetOption",
+]
 
 DEFAULT_EXPERIMENT = "shakespeare_tiny"
 
@@ -40,3 +51,15 @@ def resolve(exp: str, overrides: list[str] | None) -> tuple[registry.Entry, Any,
         return entry, cfg, sources
     except ConfigError as e:
         fail(str(e))
+
+
+def resolve_job(job_dir: Path, overrides: list[str] | None) -> tuple[registry.Entry, Any, dict[str, str]]:
+    """The experiment a job directory records (its config.json) with overrides applied: `launch run
+    --job-log-dir JOB` without `--exp` continues that job, registered or not (an imported model)."""
+    from equipax.launch.inference.trained_job import load_config
+
+    try:
+        cfg, sources = apply_overrides(load_config(job_dir), overrides or [])
+    except ConfigError as e:
+        fail(str(e))
+    return registry.Entry(name=cfg.name, path=str(job_dir / "config.json"), fn=lambda: cfg, kind="train"), cfg, sources

@@ -11,6 +11,7 @@ from equipax.data import (
     BaseInput,
     ByteTokenizer,
     DocumentLMInput,
+    HFTokenizer,
     SentencePieceTokenizer,
     SyntheticLMInput,
     TextShards,
@@ -24,9 +25,47 @@ from equipax.data import (
 )
 from equipax.launch.configs.experiment import LMExperiment
 
-__all__ = ["build_lm_inputs", "build_tokenizer", "LMInputs", "open_c4_split", "per_host_batch_size", "TOKENIZER_FILE"]
+__all__ = [
+    "build_lm_inputs",
+    "build_tokenizer",
+    "HF_TOKENIZER_FILE",
+    "LMInputs",
+    "open_c4_split",
+    "per_host_batch_size",
+    "tokenizer_path",
+    "TOKENIZER_FILE",
+]
 
 TOKENIZER_FILE = "tokenizer.model"
+HF_TOKENIZER_FILE = "tokenizer.json"
+
+
+def tokenizer_path(cfg: LMExperiment, job_dir: Path) -> Path | None:
+    """The vocabulary file the job's token ids come from (None: bytes, or synthetic ids)."""
+    d = cfg.data
+    if d.tokenizer == "byte" or d.source == "synthetic":
+        return None
+    if d.vocab_path:
+        path = Path(d.vocab_path)
+        return path / HF_TOKENIZER_FILE if d.tokenizer == "huggingface" and path.is_dir() else path
+    return Path(job_dir) / (HF_TOKENIZER_FILE if d.tokenizer == "huggingface" else TOKENIZER_FILE)
+
+
+def _hf_tokenizer(cfg: LMExperiment, job_dir: Path) -> Tokenizer:
+    path = tokenizer_path(cfg, job_dir)
+    assert path is not None
+    knob = f"data.vocab_path={cfg.data.vocab_path!r}" if cfg.data.vocab_path else f"The job's {path}"
+    try:
+        tok = HFTokenizer.load(path)
+    except (OSError, ValueError) as e:
+        fix = "" if cfg.data.vocab_path else " (`launch convert hf-import` puts the model's tokenizer there)"
+        raise ConfigError(f"{knob}: {e}{fix}") from None
+    if tok.vocab_size > cfg.model.vocab_size:
+        raise ConfigError(
+            f"{knob} has {tok.vocab_size} tokens but model.vocab_size={cfg.model.vocab_size}; set "
+            f"model.vocab_size to at least {tok.vocab_size}."
+        )
+    return tok
 
 
 @dataclasses.dataclass
@@ -77,7 +116,8 @@ def _tokenizer_texts(cfg: LMExperiment) -> Iterator[str]:
 
 
 def build_tokenizer(cfg: LMExperiment, job_dir: Path, log: Callable[[str], object] = print) -> Tokenizer:
-    """The byte tokenizer, `data.vocab_path`, or the job's SentencePiece model (trained on first use).
+    """The byte tokenizer, `data.vocab_path`, the job's SentencePiece model (trained on first use) or
+    its Hugging Face tokenizer.json.
 
     Arguments:
         cfg: the experiment.
@@ -86,6 +126,8 @@ def build_tokenizer(cfg: LMExperiment, job_dir: Path, log: Callable[[str], objec
     """
     if cfg.data.tokenizer == "byte" or cfg.data.source == "synthetic":
         return ByteTokenizer()
+    if cfg.data.tokenizer == "huggingface":
+        return _hf_tokenizer(cfg, job_dir)
     if cfg.data.vocab_path:
         try:
             tok = SentencePieceTokenizer.load(cfg.data.vocab_path)
