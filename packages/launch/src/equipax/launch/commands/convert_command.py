@@ -137,7 +137,8 @@ def hf_import(
         typer.Option("--set", "-s", help="Override a knob of the imported job (data, learner, train, mesh...)."),
     ] = None,
     cpu_devices: Annotated[
-        int | None, typer.Option("--cpu-devices", help="Simulate N devices (with a mesh.ici_mesh_shape that uses them).")
+        int | None,
+        typer.Option("--cpu-devices", help="Simulate N devices (with a mesh.ici_mesh_shape that uses them)."),
     ] = None,
 ) -> None:
     """Import a Llama / Mistral / Qwen3 checkpoint as a job directory (config, tokenizer, step-0 checkpoint)."""
@@ -156,11 +157,18 @@ def hf_import(
 @convert_app.command("hf-export")
 def hf_export(
     job_log_dir: Annotated[Path, typer.Option("--job-log-dir", help="The job directory to export.")],
-    out: Annotated[Path, typer.Option("--out", help="The Hugging Face model directory to create (must not exist yet).")],
+    out: Annotated[
+        Path, typer.Option("--out", help="The Hugging Face model directory to create (must not exist yet).")
+    ],
     step: Annotated[int | None, typer.Option("--step", help="The checkpoint's step (default: the newest).")] = None,
-    dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16: the tensors' dtype.")] = "float32",
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="float32, bfloat16 or float16: the tensors' dtype.")
+    ] = "float32",
     shard_size: Annotated[
-        str, typer.Option("--shard-size", help="The most bytes of tensors per safetensors file (save_pretrained's max_shard_size).")
+        str,
+        typer.Option(
+            "--shard-size", help="The most bytes of tensors per safetensors file (save_pretrained's max_shard_size)."
+        ),
     ] = "5GB",
     cpu_devices: Annotated[
         int | None, typer.Option("--cpu-devices", help="Simulate N devices: restore onto the job's mesh.")
@@ -177,6 +185,11 @@ def hf_export(
     from equipax.launch.translators.hf_checkpoints import export_job
 
     files = export_job(
-        job_log_dir, step, out, dtype=dtype, shard_bytes=shard_bytes, log=lambda m: err.print(m, highlight=False, markup=False)
+        job_log_dir,
+        step,
+        out,
+        dtype=dtype,
+        shard_bytes=shard_bytes,
+        log=lambda m: err.print(m, highlight=False, markup=False),
     )
     print(f"Wrote {out}: {', '.join(files)}")

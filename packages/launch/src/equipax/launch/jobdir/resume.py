@@ -124,7 +124,10 @@ def check_resume(saved: dict[str, Any], current: dict[str, Any], *, step: int, w
     elif saved.get("train_shards") != current["train_shards"] and "data.path" not in diffs:
         diffs["training shards under data.path (names and sizes)"] = ("as saved", "changed")
     if saved.get("vocabulary") != current["vocabulary"] and not {"data.tokenizer", "data.vocab_path"} & set(diffs):
-        diffs["the vocabulary file (data.vocab_path or the job's tokenizer.model / tokenizer.json)"] = ("as saved", "changed")
+        diffs["the vocabulary file (data.vocab_path or the job's tokenizer.model / tokenizer.json)"] = (
+            "as saved",
+            "changed",
+        )
     if not diffs:
         return notes
     lines = "\n".join(f"  {k}: {a!r} -> {b!r}" for k, (a, b) in diffs.items())

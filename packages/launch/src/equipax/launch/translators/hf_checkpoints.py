@@ -135,13 +135,17 @@ def staged(target: Path) -> Iterator[Path]:
     when it fails); `target` must not exist or be an empty directory."""
     target = Path(target)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise ConfigError(f"--out {target} already exists and is not empty; choose a new directory (nothing is overwritten).")
+        raise ConfigError(
+            f"--out {target} already exists and is not empty; choose a new directory (nothing is overwritten)."
+        )
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
     except OSError as e:
-        raise ConfigError(f"Cannot write next to --out {target} ({e.strerror or e}); choose a writable place.") from None
+        raise ConfigError(
+            f"Cannot write next to --out {target} ({e.strerror or e}); choose a writable place."
+        ) from None
     try:
         yield tmp
         if target.exists():
@@ -196,6 +200,8 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
     import equinox as eqx
     import jax
 
+    from equipax.core.mesh import build_mesh
+    from equipax.core.step import init_train_state
     from equipax.launch.cluster.distributed import gather_host_states
     from equipax.launch.jobdir.checkpoints import Checkpointer
     from equipax.launch.jobdir.resume import resume_meta
@@ -212,11 +218,15 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
         cfg = cfg.for_devices(jax.device_count())
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    training = build_training(cfg, build_run_mesh(cfg))
-    state = training.init_state()
+    n = cfg.mesh.num_devices  # a mesh smaller than the host's devices: its first n (as decode does)
+    mesh = build_mesh(cfg.mesh, jax.devices()[:n]) if n < jax.device_count() else build_run_mesh(cfg)
+    training = build_training(cfg, mesh)
     model = load_lm(directory, as_lm(cfg).model, training.state_sharding.model)
-    state = eqx.tree_at(lambda s: s.model, state, model)
     kl = _gate(model, directory, "The import")
+    # The step-0 state around the loaded model, in its shardings (no random init compiled or run).
+    state = eqx.filter_jit(
+        lambda m: eqx.filter_shard(init_train_state(m, training.learner.optimizer), training.state_sharding)
+    )(model)
     log(f"Parity gate: KL {kl:.2e} nats/token against the reference of {directory} (limit {KL_LIMIT:g}).")
     with staged(out) as tmp:
         copied = _copy_tokenizer(directory, tmp)
@@ -225,7 +235,9 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
         source = {"source": str(directory.absolute()), "kl": kl, "kl_limit": KL_LIMIT, "tokenizer": copied}
         (tmp / "hf_import.json").write_text(json.dumps(source, indent=2) + "\n")
         inputs = family(cfg).build_inputs(cfg, tmp, log=log)  # the tokenizer loads; the data's start state
-        checkpointer = Checkpointer(tmp / "checkpoints", keep=cfg.train.keep_checkpoints, meta=resume_meta(cfg, tmp, hosts=1))
+        checkpointer = Checkpointer(
+            tmp / "checkpoints", keep=cfg.train.keep_checkpoints, meta=resume_meta(cfg, tmp, hosts=1)
+        )
         try:
             checkpointer.save(0, state, gather_host_states(inputs.train.get_state()), loop_state={})
         finally:
@@ -281,6 +293,8 @@ def export_job(
         log(note)
     model, _ = restore_model(job_dir, step, build_training(fitted, mesh).abstract_state)
     tok_path = tokenizer_path(as_lm(cfg), job_dir) if as_lm(cfg).data.tokenizer == "huggingface" else None
+    if tok_path is None and (job_dir / TOKENIZER_FILES[0]).is_file():  # imported, then trained on synthetic ids
+        tok_path = job_dir / TOKENIZER_FILES[0]
     tok = HFTokenizer.load(tok_path) if tok_path is not None else None
     ids = {} if tok is None else {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
     hf = hf_config_from_lm(as_lm(cfg).model, dtype=dtype, **ids)
