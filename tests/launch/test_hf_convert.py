@@ -8,13 +8,12 @@ import shutil
 import struct
 from pathlib import Path
 
-import numpy as np
 import pytest
-from helpers.cli import invoke
-from helpers.multidevice import run_with_devices
 
 from equipax.models.hf.config import lm_config_from_hf, read_hf_config
 from equipax.models.hf.safetensors import HFCheckpoint, SafetensorsFile
+from helpers.cli import invoke
+from helpers.multidevice import run_with_devices
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf"
 FAMILIES = ("llama3_2", "mistral", "qwen3")

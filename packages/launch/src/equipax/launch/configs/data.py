@@ -49,7 +49,8 @@ class DataConfig:
     source "c4": C4-format shards (JSON lines with a "text" field, optionally .gz, or ArrayRecord)
     in the directory `path`; `train_files` / `eval_files` are glob patterns inside it. `packing`
     packs documents into rows with segment ids (c4 only). `vocab_path`: an existing SentencePiece
-    `.model` file to use instead of training one (tokenizer "huggingface": a tokenizer.json or its directory). `reset_for_eval`: each eval run is one full
+    `.model` file to use instead of training one (tokenizer "huggingface": a tokenizer.json or its
+    directory). `reset_for_eval`: each eval run is one full
     padded pass (True) or the next `train.eval_batches` batches of a repeating input (False).
     `max_malformed_fraction`: malformed shard records are skipped up to this fraction, then an error.
     """
