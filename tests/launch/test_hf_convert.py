@@ -201,7 +201,8 @@ def test_sharded_import_and_export_from_any_mesh_give_the_same_numbers_and_files
         "fsdp": ["--set", "mesh.ici_mesh_shape=(1, 8, 1)"],
         "pipeline": ["--set", "mesh.ici_mesh_shape=(2, 1, 2, 2)", "--set", "mesh.dcn_mesh_shape=(1, 1, 1, 1)",
                      "--set", "mesh.axis_names=('stage', 'data', 'fsdp', 'tensor')",
-                     "--set", "model.transformer.pipeline_stages=2", "--set", "model.transformer.pipeline_microbatches=4"],
+                     "--set", "model.transformer.pipeline_stages=2",
+                     "--set", "model.transformer.pipeline_microbatches=4"],
     }}
     logits = {{}}
     for name, sets in meshes.items():
