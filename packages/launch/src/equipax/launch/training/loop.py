@@ -146,7 +146,7 @@ def _train(
         raise ConfigError(f"{e}{_knob_changes(cfg, job_dir)}") from None
     start, loop_state = 0, {}
     if restored is None and getattr(cfg.model, "init_from", None):  # a fresh run of model.init_from=hf:DIR
-        from equipax.launch.translators.hf_checkpoints import init_from_hf
+        from equipax.launch.translators.hf_parity import init_from_hf
 
         state = init_from_hf(training, state, log=log)
     if restored is not None:

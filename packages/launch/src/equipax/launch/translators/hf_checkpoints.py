@@ -1,5 +1,5 @@
 """Hugging Face model directories to job directories and back (`launch convert hf-import`,
-`hf-export`) and `model.init_from=hf:DIR`, each behind the logit-parity gate.
+`hf-export`), each behind the logit-parity gate (`hf_parity.py`, which also has `model.init_from`).
 
 Import reads config.json into the experiment's model (`equipax.models.hf.config`), builds the
 train state in the experiment's shardings with each device's shard read from the safetensors
@@ -13,120 +13,35 @@ a refused or interrupted conversion leaves nothing at the target.
 """
 
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
 from equipax.core.knobs import ConfigError, apply_overrides, format_knobs, to_json
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
 from equipax.launch.configs.train import TrainConfig
-from equipax.models.configs import LMConfig
+from equipax.launch.translators.hf_parity import KL_LIMIT, check_architecture, gate
 from equipax.models.hf.config import hf_config_from_lm, lm_config_from_hf, model_type_of, read_hf_config
 
 __all__ = [
     "DEFAULT_SHARD_BYTES",
-    "check_architecture",
     "export_job",
     "FINETUNE_LEARNER",
     "import_job",
-    "init_from_hf",
-    "KL_LIMIT",
+    "imported_experiment",
+    "staged",
     "TOKENIZER_FILES",
 ]
 
-KL_LIMIT = 1e-6  # nats per token: equipax's logits vs the numpy reference of the Hugging Face files
 DEFAULT_SHARD_BYTES = 5 * 2**30  # save_pretrained's default max_shard_size ("5GB")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # An imported job fine-tunes: AdamW at a constant 1e-5, no weight decay, gradients clipped at 1.
 FINETUNE_LEARNER = LearnerConfig(
     kind="adamw", weight_decay=0.0, clip_gradient_norm=1.0, schedule=ScheduleConfig(peak_learning_rate=1e-5)
 )
-_ARCHITECTURE = (
-    "vocab_size",
-    "position",
-    "rope_theta",
-    "rope_scaling",
-    "tie_embeddings",
-    "embedding_multiplier",
-    "output_logit_cap",
-)
-_BLOCK = (
-    "num_layers",
-    "model_dims",
-    "num_heads",
-    "kv_heads",
-    "head_dim",
-    "hidden_dims",
-    "activation",
-    "gated",
-    "norm",
-    "norm_eps",
-    "use_bias",
-    "qk_norm",
-    "sliding_window",
-    "atten_logit_cap",
-    "attention",
-)
-
-
-def check_architecture(model: LMConfig, directory: Path) -> LMConfig:
-    """The Hugging Face directory's model config; ConfigError listing every architecture knob of
-    `model` that differs from it (a checkpoint of another model or family)."""
-    hf = lm_config_from_hf(read_hf_config(directory), where=str(Path(directory) / "config.json"))
-    diffs = [
-        (f"model.{k}", getattr(model, k), getattr(hf, k)) for k in _ARCHITECTURE if getattr(model, k) != getattr(hf, k)
-    ]
-    diffs += [
-        (f"model.transformer.{k}", getattr(model.transformer, k), getattr(hf.transformer, k))
-        for k in _BLOCK
-        if getattr(model.transformer, k) != getattr(hf.transformer, k)
-    ]
-    if diffs:
-        lines = "\n".join(f"  {k}: this experiment {a!r}, {directory} {b!r}" for k, a, b in diffs)
-        raise ConfigError(
-            f"The Hugging Face model in {directory} is another architecture than this experiment's model "
-            f"({len(diffs)} knob(s) differ):\n{lines}\nSet those knobs to the checkpoint's values, or start from "
-            f"`launch convert hf-import {directory} --out JOB`, which takes them from its config.json."
-        )
-    return hf
-
-
-def _as_float32(model: Any) -> Any:
-    """The same arrays as a float32 model (the gate compares float32 logits)."""
-    import equinox as eqx
-    import jax
-
-    from equipax.models.lm import TransformerLM
-
-    cfg = dataclasses.replace(model.cfg, dtype="float32")
-    abstract = eqx.filter_eval_shape(lambda: TransformerLM(cfg, key=jax.random.key(0)))
-    return jax.tree_util.tree_unflatten(jax.tree.structure(abstract), jax.tree.leaves(model))
-
-
-def _gate(model: Any, directory: Path, what: str, *, rounded_to: str = "float32") -> float:
-    """The KL of `model` against the reference of `directory`; ConfigError above `KL_LIMIT`."""
-    import jax
-    import jax.numpy as jnp
-
-    from equipax.models.hf.weights import parity_kl
-
-    model = _as_float32(model)
-    if rounded_to != "float32":  # what the files hold: the model's weights rounded to that dtype
-        dtype = jnp.dtype(rounded_to)
-        model = jax.tree.map(lambda a: a.astype(dtype).astype(jnp.float32) if isinstance(a, jax.Array) else a, model)
-    kl = parity_kl(model, directory)
-    if not kl <= KL_LIMIT:
-        raise ConfigError(
-            f"{what} refused: equipax's logits and the numpy reference of the Hugging Face files differ by KL "
-            f"{kl:.3g} nats/token on the gate's fixed tokens (limit {KL_LIMIT:g}). The conversion would compute "
-            "other numbers than the checkpoint; nothing was written. Rerun with --debug and report it."
-        )
-    return kl
 
 
 @contextlib.contextmanager
@@ -200,14 +115,13 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
     import equinox as eqx
     import jax
 
-    from equipax.core.mesh import build_mesh
+    from equipax.core.mesh import build_mesh, check_device_count
     from equipax.core.step import init_train_state
     from equipax.launch.cluster.distributed import gather_host_states
     from equipax.launch.jobdir.checkpoints import Checkpointer
     from equipax.launch.jobdir.resume import resume_meta
     from equipax.launch.tasks import family
     from equipax.launch.training.build import build_training
-    from equipax.launch.training.loop import build_run_mesh
     from equipax.models.hf.weights import load_lm
 
     directory, out = Path(directory), Path(out)
@@ -219,10 +133,12 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
     except ValueError as e:
         raise ConfigError(str(e)) from None
     n = cfg.mesh.num_devices  # a mesh smaller than the host's devices: its first n (as decode does)
-    mesh = build_mesh(cfg.mesh, jax.devices()[:n]) if n < jax.device_count() else build_run_mesh(cfg)
+    if n > jax.device_count():
+        check_device_count(cfg.mesh, jax.device_count(), hint=" (pass --cpu-devices N on a CPU host)")
+    mesh = build_mesh(cfg.mesh, jax.devices()[:n])
     training = build_training(cfg, mesh)
     model = load_lm(directory, as_lm(cfg).model, training.state_sharding.model)
-    kl = _gate(model, directory, "The import")
+    kl = gate(model, directory, "The import")
     # The step-0 state around the loaded model, in its shardings (no random init compiled or run).
     state = eqx.filter_jit(
         lambda m: eqx.filter_shard(init_train_state(m, training.learner.optimizer), training.state_sharding)
@@ -243,23 +159,6 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
         finally:
             checkpointer.close()
     return cfg
-
-
-def init_from_hf(training: Any, state: Any, *, log: Callable[[str], object]) -> Any:
-    """`model.init_from=hf:DIR`: `state` with the model's weights read from DIR in the train state's
-    shardings, behind the parity gate (called when a run starts with no checkpoint)."""
-    import equinox as eqx
-
-    from equipax.models.hf.weights import load_lm
-
-    model_cfg = as_lm(training.cfg).model
-    assert model_cfg.init_from is not None
-    directory = Path(model_cfg.init_from.removeprefix("hf:"))
-    check_architecture(model_cfg, directory)
-    model = load_lm(directory, model_cfg, training.state_sharding.model)
-    kl = _gate(model, directory, f"model.init_from={model_cfg.init_from}")
-    log(f"Initialised from {directory} (parity gate: KL {kl:.2e} nats/token, limit {KL_LIMIT:g}).")
-    return eqx.tree_at(lambda s: s.model, state, model)
 
 
 def export_job(
@@ -308,6 +207,6 @@ def export_job(
         files += ["config.json", "generation_config.json"]
         if tok_path is not None:
             files += _copy_tokenizer(tok_path.parent, tmp)
-        kl = _gate(model, tmp, "The export", rounded_to=dtype)
+        kl = gate(model, tmp, "The export", rounded_to=dtype)
         log(f"Parity gate: KL {kl:.2e} nats/token, equipax vs the reference of the written files (limit {KL_LIMIT:g}).")
     return files
