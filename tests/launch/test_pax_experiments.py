@@ -1,5 +1,6 @@
 """The Pax LM experiments: every registered experiment resolves and shows without devices; the
-Pax configs carry the knobs of SPEC.md's table; each `_smoke` variant keeps its parent's mesh axes."""
+Pax configs carry the knobs of Pax's own experiment classes (as docs/experiments.md lists them);
+each `_smoke` variant keeps its parent's mesh axes."""
 
 import json
 import math
@@ -50,8 +51,8 @@ def test_every_experiment_resolves_and_shows_json(name):
         assert data["derived"]["params_total"] > 0
 
 
-# SPEC.md "Experiments the registry must hold": (layers, d, ff, heads, head_dim, per-core batch,
-# seq, vocab, ici, dcn, dtype, scanned).
+# The Pax experiment classes' knobs (docs/experiments.md, "Registered experiments"): (layers, d, ff,
+# heads, head_dim, per-core batch, seq, vocab, ici, dcn, dtype, scanned).
 TABLE = {
     "lm_cloud_2b": (18, 3072, 4 * 3072, 24, 128, 8, 1024, 32000, (1, 4, 1), (1, 1, 1), "bfloat16", True),
     "lm_cloud_transformer": (10, 1024, 4 * 1024, 16, 64, 16, 1024, 32000, (4, 1, 1), (1, 1, 1), "float32", False),
@@ -112,7 +113,7 @@ def test_c4_22b_2x_numbers_and_optimizer():
     assert derived["tokens_per_step"] == 2_097_152
     assert derived["devices_required"] == 128
     assert cfg.train.log_every == 10  # SUMMARY_INTERVAL_STEPS
-    # SPEC.md: Pax's 22B optimiser.
+    # Pax's 22B optimiser.
     lr = cfg.learner
     assert lr.kind == "pax_adam"
     assert (lr.b1, lr.b2, lr.eps, lr.weight_decay) == (0.9, 0.99, 1e-6, 1e-3)

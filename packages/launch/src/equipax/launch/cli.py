@@ -24,8 +24,10 @@ from equipax.launch.commands.convert_command import convert_app
 from equipax.launch.commands.data_command import data_app
 from equipax.launch.commands.decode_command import decode_cmd
 from equipax.launch.commands.eval_command import eval_cmd
+from equipax.launch.commands.k8s_command import k8s_cmd
 from equipax.launch.commands.local_cluster_command import local_cluster
 from equipax.launch.commands.pgle_command import pgle_app
+from equipax.launch.commands.slurm_command import slurm_cmd
 from equipax.launch.commands.train_command import list_cmd, run, show
 from equipax.launch.errors import EXIT_PREEMPTED, GuardedGroup, describe
 
@@ -54,6 +56,8 @@ app.command("eval")(eval_cmd)
 app.command("local-cluster", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})(
     local_cluster
 )
+app.command("slurm")(slurm_cmd)
+app.command("k8s")(k8s_cmd)
 app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
 app.add_typer(pgle_app, name="pgle")

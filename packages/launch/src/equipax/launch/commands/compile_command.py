@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.commands.common import DEFAULT_EXPERIMENT, ExpOption, SetOption, err, fail, out, resolve
+from equipax.launch.commands.common import DEFAULT_EXPERIMENT, ExpOption, SetOption, err, fail, out, resolve_train
 from equipax.launch.errors import EXIT_DOES_NOT_FIT
 
 __all__ = ["compile_cmd"]
@@ -73,9 +73,7 @@ def compile_cmd(
         except ConfigError as e:
             fail(str(e))
 
-    entry, cfg, _ = resolve(exp, set_)
-    if entry.kind != "train":
-        fail(f"{cfg.name} is a benchmark, not a training experiment; there is no train step to compile.")
+    _, cfg, _ = resolve_train(exp, set_, for_what="to compile")
     if cfg.train.pgle.mode == "auto":  # JAX recompiles an auto-PGLE step after profiling it: no AOT
         from equipax.launch.training.pgle import PGLE_AUTO_AOT
 

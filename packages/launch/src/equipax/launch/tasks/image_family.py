@@ -47,16 +47,10 @@ def build_inputs(cfg: ExperimentConfig, job_dir: Path, *, log: Callable[[str], o
     """This host's share of the training images (shuffled per epoch) and one padded pass of the test set."""
     import jax
 
-    from equipax.data import ImageClassificationInput, split_digits, synthetic_images
+    from equipax.data import ImageClassificationInput
 
     d: Any = cfg.data
-    if d.source == "digits":
-        (train_x, train_y), (test_x, test_y) = split_digits(d.test_fraction, seed=d.seed)
-    else:
-        # Separate seeds: the tutorial drew its test set with the training set's key.
-        shape = dict(image_size=d.image_size, channels=d.channels, num_classes=d.num_classes)
-        train_x, train_y = synthetic_images(d.num_train, seed=d.seed, **shape)
-        test_x, test_y = synthetic_images(d.num_test, seed=d.seed + 1, **shape)
+    (train_x, train_y), (test_x, test_y) = d.image_source.load(d)
     n, i = jax.process_count(), jax.process_index()
     per_host = cfg.global_batch_size // n
     train = ImageClassificationInput(

@@ -1,36 +1,24 @@
-"""Build an experiment's tokenizer and train/eval inputs (the job-directory side of data)."""
+"""Build an experiment's tokenizer and train/eval inputs (the job-directory side of data).
+
+The inputs come from the token source `data.source` names (`equipax.launch.configs.token_sources`:
+each source builds its own, given this host's `HostShard`); this module adds what every source
+shares: the vocabulary and the eval wrapper.
+"""
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
 from equipax.core.knobs import ConfigError
-from equipax.data import (
-    BaseInput,
-    ByteTokenizer,
-    DocumentLMInput,
-    HFTokenizer,
-    SentencePieceTokenizer,
-    SyntheticLMInput,
-    TextShards,
-    Tokenizer,
-    TokenWindowInput,
-    build_lm_texts_tokens,
-    find_shards,
-    make_eval_input,
-    split_plays,
-    unigram_entropy,
-)
+from equipax.data import BaseInput, ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer, make_eval_input
 from equipax.launch.configs.experiment import LMExperiment
+from equipax.launch.configs.sources import HostShard
 
 __all__ = [
     "build_lm_inputs",
     "build_tokenizer",
     "HF_TOKENIZER_FILE",
     "LMInputs",
-    "open_c4_split",
     "per_host_batch_size",
     "tokenizer_path",
     "TOKENIZER_FILE",
@@ -43,7 +31,7 @@ HF_TOKENIZER_FILE = "tokenizer.json"
 def tokenizer_path(cfg: LMExperiment, job_dir: Path) -> Path | None:
     """The vocabulary file the job's token ids come from (None: bytes, or synthetic ids)."""
     d = cfg.data
-    if d.tokenizer == "byte" or d.source == "synthetic":
+    if d.tokenizer == "byte" or not d.token_source.uses_tokenizer:
         return None
     if d.vocab_path:
         path = Path(d.vocab_path)
@@ -80,39 +68,8 @@ class LMInputs:
     tokenizer: Tokenizer
     train: BaseInput
     eval: BaseInput
-    train_tokens: int  # tokens in the training split; 0 where unknown (synthetic, c4)
-    unigram_entropy: float | None  # nats/token of the training tokens; None for synthetic and c4
-
-
-def _shakespeare_split(cfg: LMExperiment) -> tuple[dict[str, str], dict[str, str]]:
-    try:
-        return split_plays(cfg.data.validation_plays)
-    except ValueError as e:
-        raise ConfigError(f"data.validation_plays: {e}") from None
-
-
-def open_c4_split(cfg: LMExperiment, split: str) -> TextShards:
-    """The shards of `split` ("train" or "eval") under `data.path`, checked; ConfigError if unusable."""
-    d = cfg.data
-    pattern = d.train_files if split == "train" else d.eval_files
-    knob = "data.train_files" if split == "train" else "data.eval_files"
-    try:
-        return TextShards(find_shards(d.path, pattern), max_malformed_fraction=d.max_malformed_fraction)
-    except ValueError as e:
-        raise ConfigError(f"{knob}={pattern!r} under data.path={d.path!r}: {e}") from None
-
-
-def _tokenizer_texts(cfg: LMExperiment) -> Iterator[str]:
-    """Training texts for the vocabulary: about `tokenizer_max_sentences` lines, from the start."""
-    if cfg.data.source != "c4":
-        yield from _shakespeare_split(cfg)[0].values()
-        return
-    lines = 0
-    for text in open_c4_split(cfg, "train"):
-        yield text
-        lines += text.count("\n") + 1
-        if lines >= cfg.data.tokenizer_max_sentences:
-            return
+    train_tokens: int  # tokens in the training split; 0 where unknown (streams: synthetic, c4)
+    unigram_entropy: float | None  # nats/token of the training tokens; None where unknown
 
 
 def build_tokenizer(cfg: LMExperiment, job_dir: Path, log: Callable[[str], object] = print) -> Tokenizer:
@@ -124,7 +81,8 @@ def build_tokenizer(cfg: LMExperiment, job_dir: Path, log: Callable[[str], objec
         job_dir: where `tokenizer.model` lives.
         log: progress messages go here.
     """
-    if cfg.data.tokenizer == "byte" or cfg.data.source == "synthetic":
+    source = cfg.data.token_source
+    if cfg.data.tokenizer == "byte" or not source.uses_tokenizer:
         return ByteTokenizer()
     if cfg.data.tokenizer == "huggingface":
         return _hf_tokenizer(cfg, job_dir)
@@ -154,11 +112,13 @@ def build_tokenizer(cfg: LMExperiment, job_dir: Path, log: Callable[[str], objec
                 "Use a new --job-log-dir, or delete the tokenizer file together with the checkpoints."
             )
         return tok
-    what = "plays" if cfg.data.source == "shakespeare" else f"C4 shards in {cfg.data.path}"
-    log(f"Training a {cfg.model.vocab_size}-piece SentencePiece BPE vocabulary on the training {what}...")
+    log(
+        f"Training a {cfg.model.vocab_size}-piece SentencePiece BPE vocabulary on the training "
+        f"{source.describe(cfg.data)}..."
+    )
     try:
         return SentencePieceTokenizer.train(
-            _tokenizer_texts(cfg),
+            source.vocabulary_texts(cfg.data),
             vocab_size=cfg.model.vocab_size,
             model_path=path,
             max_sentences=cfg.data.tokenizer_max_sentences,
@@ -194,89 +154,18 @@ def build_lm_inputs(
     bad host layout) raise ConfigError.
     """
     d = cfg.data
-    b, n, h = per_host_batch_size(cfg, num_infeed_hosts), num_infeed_hosts, infeed_host_index
-    eval_repeat = not d.reset_for_eval
-    train_tokens, entropy = 0, None
-    train: BaseInput
-    evaluation: BaseInput
+    shard = HostShard(
+        count=num_infeed_hosts, index=infeed_host_index, batch_size=per_host_batch_size(cfg, num_infeed_hosts)
+    )
     try:
-        if d.source == "synthetic":
-            train = SyntheticLMInput(
-                vocab_size=cfg.model.vocab_size,
-                seq_len=d.seq_len,
-                batch_size=b,
-                num_infeed_hosts=n,
-                infeed_host_index=h,
-                seed=d.seed,
-                repeat=True,
-            )
-            evaluation = SyntheticLMInput(
-                vocab_size=cfg.model.vocab_size,
-                seq_len=d.seq_len,
-                batch_size=b,
-                num_infeed_hosts=n,
-                infeed_host_index=h,
-                seed=d.seed + 1,
-                repeat=eval_repeat,
-                num_batches=max(cfg.train.eval_batches, 1),
-            )
-        elif d.source == "c4":
-            train = DocumentLMInput(
-                open_c4_split(cfg, "train"),
-                tokenizer=tokenizer,
-                seq_len=d.seq_len,
-                batch_size=b,
-                num_infeed_hosts=n,
-                infeed_host_index=h,
-                seed=d.seed,
-                repeat=True,
-                packing=d.packing,
-            )
-            evaluation = DocumentLMInput(
-                open_c4_split(cfg, "eval"),
-                tokenizer=tokenizer,
-                seq_len=d.seq_len,
-                batch_size=b,
-                num_infeed_hosts=n,
-                infeed_host_index=h,
-                seed=d.seed + 1,
-                repeat=eval_repeat,
-                packing=d.packing,
-            )
-        else:
-            train_texts, eval_texts = _shakespeare_split(cfg)
-            train_stream = build_lm_texts_tokens(train_texts.values(), tokenizer)
-            eval_stream = build_lm_texts_tokens(eval_texts.values(), tokenizer)
-            if int(np.max(train_stream)) >= cfg.model.vocab_size:
-                raise ConfigError(
-                    f"The tokenizer emits ids up to {int(np.max(train_stream))} but model.vocab_size="
-                    f"{cfg.model.vocab_size}; raise model.vocab_size."
-                )
-            train = TokenWindowInput(
-                train_stream,
-                seq_len=d.seq_len,
-                batch_size=b,
-                num_infeed_hosts=n,
-                infeed_host_index=h,
-                seed=d.seed,
-                repeat=True,
-                tokenizer=tokenizer,
-            )
-            evaluation = TokenWindowInput(
-                eval_stream,
-                seq_len=d.seq_len,
-                batch_size=b,
-                num_infeed_hosts=n,
-                infeed_host_index=h,
-                seed=d.seed,
-                repeat=eval_repeat,
-                tokenizer=tokenizer,
-            )
-            train_tokens = int(train_stream.size)
-            entropy = unigram_entropy(train_stream, tokenizer.vocab_size)
-        evaluation = make_eval_input(evaluation, reset_for_eval=d.reset_for_eval, num_batches=cfg.train.eval_batches)
+        built = d.token_source.build(
+            d, tokenizer=tokenizer, vocab_size=cfg.model.vocab_size, eval_batches=cfg.train.eval_batches, shard=shard
+        )
+        evaluation = make_eval_input(built.eval, reset_for_eval=d.reset_for_eval, num_batches=cfg.train.eval_batches)
     except ConfigError:
         raise
     except ValueError as e:
         raise ConfigError(f"data: {e}") from None
-    return LMInputs(tokenizer, train, evaluation, train_tokens=train_tokens, unigram_entropy=entropy)
+    return LMInputs(
+        tokenizer, built.train, evaluation, train_tokens=built.train_tokens, unigram_entropy=built.unigram_entropy
+    )

@@ -1,0 +1,99 @@
+"""The image sources of `ImageDataConfig` (`data.source`): synthetic images and the handwritten digits.
+
+Each class says what its images look like (size, channels, classes, training images), checks its
+knobs and loads its train and test arrays; `equipax.launch.tasks.image_family` feeds them to the loop.
+"""
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from equipax.launch.configs.sources import Source, register_source
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = [
+    "Digits",
+    "ImageSource",
+    "SyntheticImages",
+    "DIGITS_CHANNELS",
+    "DIGITS_CLASSES",
+    "DIGITS_COUNT",
+    "DIGITS_IMAGE_SIZE",
+]
+
+# The digits' fixed geometry (equipax.data.load_digits).
+DIGITS_IMAGE_SIZE = 8
+DIGITS_CHANNELS = 1
+DIGITS_CLASSES = 10
+DIGITS_COUNT = 1797
+
+Arrays = tuple["np.ndarray", "np.ndarray"]
+
+
+class ImageSource(Source):
+    """A source of labelled images (base class)."""
+
+    kind: ClassVar[str] = "image_classification"
+
+    def image_size(self, data: Any) -> int:
+        """Height and width of the images."""
+        return data.image_size
+
+    def channels(self, data: Any) -> int:
+        """Channels of the images."""
+        return data.channels
+
+    def classes(self, data: Any) -> int:
+        """Number of label classes."""
+        return data.num_classes
+
+    def train_size(self, data: Any) -> int:
+        """Training images (one epoch)."""
+        return data.num_train
+
+    def load(self, data: Any) -> tuple[Arrays, Arrays]:
+        """`((train_images, train_labels), (test_images, test_labels))`, the whole split on every host."""
+        raise NotImplementedError
+
+
+@register_source
+class SyntheticImages(ImageSource):
+    """The tutorial's standard-normal images with random labels (nothing to learn: test accuracy
+    stays at chance); `data.num_train`, `num_test`, `image_size`, `channels`, `num_classes`."""
+
+    name: ClassVar[str] = "synthetic"
+
+    def load(self, data: Any) -> tuple[Arrays, Arrays]:
+        from equipax.data import synthetic_images
+
+        # Separate seeds: the tutorial drew its test set with the training set's key.
+        shape: dict[str, Any] = dict(image_size=data.image_size, channels=data.channels, num_classes=data.num_classes)
+        return (
+            synthetic_images(data.num_train, seed=data.seed, **shape),
+            synthetic_images(data.num_test, seed=data.seed + 1, **shape),
+        )
+
+
+@register_source
+class Digits(ImageSource):
+    """1797 8x8 one-channel handwritten digits in 10 classes, split once into train and test by
+    `data.seed` (`data.test_fraction` held out)."""
+
+    name: ClassVar[str] = "digits"
+
+    def image_size(self, data: Any) -> int:
+        return DIGITS_IMAGE_SIZE
+
+    def channels(self, data: Any) -> int:
+        return DIGITS_CHANNELS
+
+    def classes(self, data: Any) -> int:
+        return DIGITS_CLASSES
+
+    def train_size(self, data: Any) -> int:
+        return DIGITS_COUNT - round(DIGITS_COUNT * data.test_fraction)
+
+    def load(self, data: Any) -> tuple[Arrays, Arrays]:
+        from equipax.data import split_digits
+
+        return split_digits(data.test_fraction, seed=data.seed)

@@ -1,0 +1,108 @@
+"""Input sources as classes (`equipax.launch.configs.sources`): `data.source` names one registered
+class, which checks its knobs at config time and builds this host's inputs from one HostShard."""
+
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from equipax.core.knobs import ConfigError, apply_overrides
+from equipax.launch.configs.sources import HostShard, Source, register_source, registered_sources
+from equipax.launch.configs.token_sources import SourceInputs, TokenSource
+from equipax.launch.experiments.registry import get_experiment
+
+
+def test_every_builtin_source_is_registered_under_its_kind():
+    assert list(registered_sources("lm"))[:3] == ["shakespeare", "synthetic", "c4"]  # + this module's own
+    assert list(registered_sources("image_classification")) == ["synthetic", "digits"]
+
+
+@pytest.mark.parametrize(
+    "exp, value, expected",
+    [
+        (
+            "shakespeare_tiny",
+            "shakespear",
+            ["'data.source'", "'shakespeare', 'synthetic', 'c4'", "Did you mean 'shakespeare'"],
+        ),
+        ("cnn_tutorial", "digit", ["'data.source'", "'synthetic', 'digits'", "Did you mean 'digits'"]),
+        ("cnn_tutorial", "c4", ["'data.source'", "'synthetic', 'digits'", "got 'c4'"]),
+    ],
+)
+def test_an_unknown_source_is_a_config_error_listing_the_registered_ones(exp, value, expected):
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(get_experiment(exp), [f"data.source={value}"])
+    text = " ".join(str(info.value).split())
+    assert all(e in text for e in expected), text
+
+
+def test_packing_names_the_sources_that_pack_documents():
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(get_experiment("shakespeare_tiny"), ["data.packing=true"])
+    assert "applies to data.source='c4'; got data.source='shakespeare'" in " ".join(str(info.value).split())
+
+
+def test_a_source_checks_its_own_knobs_at_config_time():
+    with pytest.raises(ConfigError, match="data.source='c4' needs data.path"):
+        apply_overrides(get_experiment("shakespeare_tiny"), ["data.source=c4"])
+    with pytest.raises(ConfigError, match="data.validation_plays is empty"):
+        apply_overrides(get_experiment("shakespeare_tiny"), ["data.validation_plays=()"])
+
+
+def test_a_class_without_a_name_is_refused_at_registration():
+    class Nameless(Source):
+        kind: ClassVar[str] = "lm"
+
+    with pytest.raises(TypeError, match="needs a class attribute `name`"):
+        register_source(Nameless)
+
+
+STREAM = np.arange(1, 1 + 64 * 33, dtype=np.int32) % 250 + 3  # 64 windows of 33 tokens, each different
+
+
+@register_source
+class CountingTokens(TokenSource):
+    """A source of the test's own: windows of a known stream (so each row's origin shows)."""
+
+    name: ClassVar[str] = "test_counting"
+    uses_tokenizer: ClassVar[bool] = False
+
+    def build(self, data, *, tokenizer, vocab_size, eval_batches, shard):
+        from equipax.data import TokenWindowInput
+
+        window = dict(seq_len=data.seq_len, seed=data.seed, **shard.input_kwargs())
+        return SourceInputs(
+            TokenWindowInput(STREAM, repeat=True, **window), TokenWindowInput(STREAM, repeat=False, **window)
+        )
+
+
+def test_a_new_source_is_one_class_and_each_host_gets_its_own_share(tmp_path):
+    """Registered in this module, `data.source=test_counting` is a valid knob value, and
+    build_lm_inputs hands it one HostShard per host: two hosts read disjoint windows of the
+    stream, together a whole epoch, each row one of the stream's windows."""
+    from equipax.launch.tasks.lm_data import build_lm_inputs, build_tokenizer
+
+    cfg, _ = apply_overrides(
+        get_experiment("shakespeare_tiny"),
+        ["data.source=test_counting", "data.seq_len=32", "data.batch_size=8", "model.vocab_size=256"],
+    )
+    tokenizer = build_tokenizer(cfg, tmp_path)  # no vocabulary to train: the ids need none
+    assert not list(tmp_path.iterdir())
+    windows = {tuple(STREAM[i * 33 : (i + 1) * 33 - 1]) for i in range(64)}
+    seen = []
+    for host in (0, 1):
+        inputs = build_lm_inputs(cfg, tokenizer, num_infeed_hosts=2, infeed_host_index=host)
+        rows = [tuple(r) for _ in range(8) for r in inputs.train.get_next()["ids"]]
+        assert len(rows) == 32 and set(rows) <= windows
+        seen.append(set(rows))
+    assert not seen[0] & seen[1] and len(seen[0] | seen[1]) == 64
+
+
+def test_host_shard_refuses_an_index_outside_the_hosts():
+    assert HostShard(count=4, index=3, batch_size=2).input_kwargs() == {
+        "batch_size": 2,
+        "num_infeed_hosts": 4,
+        "infeed_host_index": 3,
+    }
+    with pytest.raises(ValueError, match="0 <= index < count"):
+        HostShard(count=2, index=2, batch_size=1)
