@@ -56,7 +56,10 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
         f"documented command {' '.join(words)!r} is not run by the docs tests; mark its block no-run"
     )
     args = words[3:]
-    if args and args[0] == "run":
+    continues = args[:1] == ["run"] and "--exp" not in args and "--job-log-dir" in args
+    if continues:
+        pass  # `launch run --job-log-dir JOB` continues a job the block made (hf-import): as written
+    elif args and args[0] == "run":
         if "--job-log-dir" in args:
             i = args.index("--job-log-dir")
             del args[i : i + 2]
@@ -65,7 +68,9 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
         toy = SMOKE_SHORT if exp.endswith("_smoke") else CNN_SHORT if exp.startswith("cnn_") else TOY_SHORT
         args += ["--job-log-dir", str(tmp_path / "job"), *set_args(toy)]
     if args[:1] in (["decode"], ["eval"]) and "--job-log-dir" in args:
-        args[args.index("--job-log-dir") + 1] = str(tmp_path / "job")  # the job the block's `launch run` wrote
+        i = args.index("--job-log-dir") + 1
+        if not (tmp_path / args[i]).exists():
+            args[i] = str(tmp_path / "job")  # the job the block's `launch run` wrote
     if "--cpu-devices" in args or args[:1] == ["compile"]:
         # The device count is fixed when JAX starts: run in a fresh process, as a user would.
         proc = subprocess.run(
@@ -85,6 +90,7 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
 @pytest.mark.parametrize("lang, flags, code", list(blocks()))
 def test_doc_block(lang, flags, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "tests").symlink_to(REPO / "tests")  # commands name the repository's fixtures
     if lang == "python":
         exec(compile(code, "<doc>", "exec"), {"__name__": "__doc__"})
         return

@@ -214,3 +214,21 @@ def test_bubble_benchmark_tiny(tmp_path):
     assert rows[1]["measured_vs_most_microbatches"] == 1.0
     assert all(len(r["steps_s"]) == 4 and r["step_q1_s"] <= r["step_s"] <= r["step_q3_s"] for r in rows)
     assert "circular R=2" in proc.stdout
+
+
+def test_hf_import_memory_benchmark_tiny(tmp_path):
+    """benchmarks/hf_import_memory.py loads a tiny synthetic checkpoint in 1 and in 2 processes and
+    reports each one's shards (the memory figures themselves are benchmarks/README.md's)."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("benchmarks_hf_memory", BENCHMARKS / "hf_import_memory.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "hf.json"
+    results = bench.main(["--hidden", "128", "--layers", "2", "--processes", "2", "--out", str(out)])
+    assert json.loads(out.read_text()) == results
+    total = sum(r["shards_held_bytes"] for r in results["sharded"])
+    assert total == results["single"][0]["shards_held_bytes"] > 0
+    assert len(results["sharded"]) == 2 and all(r["shards_held_bytes"] * 2 == total for r in results["sharded"])

@@ -24,7 +24,7 @@ from equipax.data.sources import (
     synthetic_images,
     write_shards,
 )
-from equipax.data.tokenizers import ByteTokenizer, SentencePieceTokenizer, Tokenizer
+from equipax.data.tokenizers import ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer
 from equipax.data.wrappers import MappedInput
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "Documents",
     "ImageClassificationInput",
     "DocumentLMInput",
+    "HFTokenizer",
     "MappedInput",
     "RollingEvalInput",
     "TextShards",

@@ -1,7 +1,9 @@
-"""Tokenizers: a byte-level one with no dependencies and a locally trained SentencePiece one."""
+"""Tokenizers: a byte-level one with no dependencies, a locally trained SentencePiece one, and a
+Hugging Face `tokenizer.json` (the `tokenizers` library) with its special tokens."""
 
 import abc
 import io
+import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -10,7 +12,7 @@ from typing import Literal
 import numpy as np
 import sentencepiece as spm
 
-__all__ = ["ByteTokenizer", "SentencePieceTokenizer", "Tokenizer"]
+__all__ = ["ByteTokenizer", "HFTokenizer", "SentencePieceTokenizer", "Tokenizer"]
 
 
 class Tokenizer(abc.ABC):
@@ -197,3 +199,108 @@ class SentencePieceTokenizer(Tokenizer):
             if not 0 <= i < self.vocab_size:
                 raise ValueError(f"id {i} is outside the vocabulary [0, {self.vocab_size}).")
         return self._sp.decode(flat)
+
+
+def _token_text(value: object) -> str | None:
+    """A special token of tokenizer_config.json: a string, or `{"content": ...}` in older files."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face `tokenizer.json` (byte-level BPE, SentencePiece-style, WordPiece...), with the
+    bos/eos/pad tokens of the `tokenizer_config.json` beside it.
+
+    `encode` adds no special tokens (the inputs add bos/eos themselves); `decode` skips them. A
+    vocabulary without a bos token (Qwen's) uses eos in its place, one without a pad token eos too
+    (padding carries weight 0). Load one with `HFTokenizer.load(path)`.
+    """
+
+    def __init__(
+        self, tokenizer: object, *, bos: str | None, eos: str, pad: str | None, path: Path | None = None
+    ) -> None:
+        import tokenizers
+
+        assert isinstance(tokenizer, tokenizers.Tokenizer)
+        self._tok = tokenizer
+        self.path = path
+        self.tokens = {"bos": bos, "eos": eos, "pad": pad}
+        self._ids = {}
+        for role, text in self.tokens.items():
+            if text is None:
+                continue
+            i = tokenizer.token_to_id(text)
+            if i is None:
+                raise ValueError(f"the {role} token {text!r} of tokenizer_config.json is not in the vocabulary {path}.")
+            self._ids[role] = int(i)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "HFTokenizer":
+        """A `tokenizer.json` file, or a directory holding one (and tokenizer_config.json).
+
+        Raises:
+            FileNotFoundError: no tokenizer.json there.
+            ValueError: a file that does not parse, or no eos token (tokenizer_config.json's
+                `eos_token`) to end documents with.
+        """
+        import tokenizers
+
+        file = Path(path)
+        file = file / "tokenizer.json" if file.is_dir() else file
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"no Hugging Face tokenizer at {str(file)!r}: expected a tokenizer.json (what "
+                "`save_pretrained` writes for a fast tokenizer)."
+            )
+        try:
+            tok = tokenizers.Tokenizer.from_file(str(file))
+        except Exception as e:  # the Rust library raises its own exception type
+            raise ValueError(f"{file} does not load as a Hugging Face tokenizer ({e}).") from None
+        special: dict[str, object] = {}
+        for name in ("special_tokens_map.json", "tokenizer_config.json"):
+            extra = file.with_name(name)
+            if extra.is_file():
+                try:
+                    special |= dict(json.loads(extra.read_text()))
+                except (OSError, ValueError, TypeError) as e:
+                    raise ValueError(f"{extra} does not read as JSON ({e}).") from None
+        eos = _token_text(special.get("eos_token"))
+        if eos is None:
+            raise ValueError(
+                f"{file.with_name('tokenizer_config.json')} names no eos_token, which ends every document; add "
+                '"eos_token": "<the end-of-text token>" to it.'
+            )
+        return cls(
+            tok,
+            bos=_token_text(special.get("bos_token")),
+            eos=eos,
+            pad=_token_text(special.get("pad_token")),
+            path=file,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def pad_id(self) -> int:
+        return self._ids.get("pad", self._ids["eos"])
+
+    @property
+    def bos_id(self) -> int:
+        return self._ids.get("bos", self._ids["eos"])
+
+    @property
+    def eos_id(self) -> int:
+        return self._ids["eos"]
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        flat = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
+        for i in flat:
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"id {i} is outside the vocabulary [0, {self.vocab_size}).")
+        return self._tok.decode(flat, skip_special_tokens=True)

@@ -49,6 +49,9 @@ class LMConfig:
             residual stream at unit RMS when there is no multiplier (the scale of what each block
             adds to it). Initialisation only.
         dtype: the activations' dtype; parameters and logits stay float32.
+        init_from: "hf:DIR": a run that has no checkpoint yet starts from the weights of the Hugging
+            Face model directory DIR (config.json + safetensors) instead of a random init; its
+            config.json must describe this architecture (docs/hf.md). None = random init.
     """
 
     # Knobs the Llama experiments had before the LM families shared this config, and where they are
@@ -79,6 +82,7 @@ class LMConfig:
     embedding_multiplier: float | Literal["sqrt_model_dims"] | None = "sqrt_model_dims"
     embedding_init_std: float | None = None
     dtype: Literal["float32", "bfloat16"] = "float32"
+    init_from: str | None = None
 
     @classmethod
     def saved_layout_error(cls, data: Any) -> str | None:
@@ -117,6 +121,12 @@ class LMConfig:
             raise ValueError(f"LMConfig.dtype must be one of {DTYPES}, got {self.dtype!r}; use 'float32' on CPU.")
         self._check_positions()
         self._check_embedding()
+        src = self.init_from
+        if src is not None and (not isinstance(src, str) or not src.startswith("hf:") or not src[3:].strip()):
+            raise ValueError(
+                f"model.init_from must be 'hf:DIR' (a Hugging Face model directory) or None, got {src!r}; e.g. "
+                "--set model.init_from=hf:/models/Llama-3.2-1B."
+            )
 
     def _check_positions(self) -> None:
         if not 0 < self.rope_theta < math.inf:

@@ -21,6 +21,7 @@ __all__ = [
     "fail",
     "out",
     "resolve",
+    "resolve_job",
     "resolve_train",
     "SetOption",
 ]
@@ -97,6 +98,18 @@ def resolve(exp: str, overrides: list[str] | None) -> tuple[registry.Entry, Any,
         return entry, cfg, sources
     except ConfigError as e:
         fail(str(e))
+
+
+def resolve_job(job_dir: Path, overrides: list[str] | None) -> tuple[registry.Entry, Any, dict[str, str]]:
+    """The experiment a job directory records (its config.json) with overrides applied: `launch run
+    --job-log-dir JOB` without `--exp` continues that job, registered or not (an imported model)."""
+    from equipax.launch.inference.trained_job import load_config
+
+    try:
+        cfg, sources = apply_overrides(load_config(job_dir), overrides or [])
+    except ConfigError as e:
+        fail(str(e))
+    return registry.Entry(name=cfg.name, path=str(job_dir / "config.json"), fn=lambda: cfg, kind="train"), cfg, sources
 
 
 def resolve_train(

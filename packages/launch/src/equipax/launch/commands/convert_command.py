@@ -1,6 +1,8 @@
-"""`launch convert maxtext`: a MaxText config as equipax overrides (and `show --format maxtext`).
+"""`launch convert maxtext`: a MaxText config as equipax overrides (and `show --format maxtext`);
+`launch convert hf-import` / `hf-export`: Hugging Face checkpoints in and out (docs/hf.md).
 
-The table is `equipax.launch.translators.maxtext.RULES` (docs/maxtext.md).
+The MaxText table is `equipax.launch.translators.maxtext.RULES` (docs/maxtext.md); the Hugging Face
+conversions are `equipax.launch.translators.hf_checkpoints`.
 """
 
 import json
@@ -14,10 +16,11 @@ from equipax.core.knobs import ConfigError, flatten, parse_literal
 from equipax.launch.commands.common import err, fail, resolve
 from equipax.launch.translators.maxtext import SCALE_RULES, to_equipax, to_maxtext
 
-__all__ = ["convert_app", "convert_maxtext", "DEFAULT_BASE", "print_maxtext", "read_maxtext"]
+__all__ = ["convert_app", "convert_maxtext", "DEFAULT_BASE", "hf_export", "hf_import", "print_maxtext", "read_maxtext"]
 
 convert_app: typer.Typer = typer.Typer(
-    help="Translate other frameworks' configs into equipax knobs.", no_args_is_help=True
+    help="Translate other frameworks' configs and checkpoints (MaxText configs, Hugging Face models).",
+    no_args_is_help=True,
 )
 
 DEFAULT_BASE = "c4_1b"
@@ -111,3 +114,82 @@ def print_maxtext(cfg: Any) -> None:
     print(yaml.safe_dump(t.knobs, sort_keys=False, default_flow_style=None), end="")
     for knob, why in t.skipped.items():
         print(f"# not translated: {knob}: {why}")
+
+
+def _size(text: str) -> int:
+    """`5GB`, `500MB`, `64KB` or a number of bytes (save_pretrained's max_shard_size, powers of 1000)."""
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "B": 1}
+    t = text.strip().upper()
+    for unit, size in units.items():
+        if t.endswith(unit) and t[: -len(unit)].strip().replace(".", "", 1).isdigit():
+            return int(float(t[: -len(unit)]) * size)
+    if t.isdigit():
+        return int(t)
+    fail(f"--shard-size takes a size such as 5GB, 500MB or 64KB (or a number of bytes); got {text!r}.")
+
+
+@convert_app.command("hf-import")
+def hf_import(
+    directory: Annotated[Path, typer.Argument(help="A Hugging Face model directory (config.json + *.safetensors).")],
+    out: Annotated[Path, typer.Option("--out", help="The job directory to create (must not exist yet).")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="Override a knob of the imported job (data, learner, train, mesh...)."),
+    ] = None,
+    cpu_devices: Annotated[
+        int | None,
+        typer.Option("--cpu-devices", help="Simulate N devices (with a mesh.ici_mesh_shape that uses them)."),
+    ] = None,
+) -> None:
+    """Import a Llama / Mistral / Qwen3 checkpoint as a job directory (config, tokenizer, step-0 checkpoint)."""
+    from equipax.launch.cluster.devices import use_cpu_devices
+
+    try:
+        use_cpu_devices(cpu_devices)
+    except ConfigError as e:
+        fail(str(e))
+    from equipax.launch.translators.hf_checkpoints import import_job
+
+    cfg = import_job(directory, out, set_ or [], log=lambda m: err.print(m, highlight=False, markup=False))
+    print(f"Imported {directory} as experiment {cfg.name} in {out}. Continue with: launch run --job-log-dir {out}")
+
+
+@convert_app.command("hf-export")
+def hf_export(
+    job_log_dir: Annotated[Path, typer.Option("--job-log-dir", help="The job directory to export.")],
+    out: Annotated[
+        Path, typer.Option("--out", help="The Hugging Face model directory to create (must not exist yet).")
+    ],
+    step: Annotated[int | None, typer.Option("--step", help="The checkpoint's step (default: the newest).")] = None,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="float32, bfloat16 or float16: the tensors' dtype.")
+    ] = "float32",
+    shard_size: Annotated[
+        str,
+        typer.Option(
+            "--shard-size", help="The most bytes of tensors per safetensors file (save_pretrained's max_shard_size)."
+        ),
+    ] = "5GB",
+    cpu_devices: Annotated[
+        int | None, typer.Option("--cpu-devices", help="Simulate N devices: restore onto the job's mesh.")
+    ] = None,
+) -> None:
+    """Export a job's checkpoint as a Hugging Face model directory (safetensors, config.json, tokenizer)."""
+    from equipax.launch.cluster.devices import use_cpu_devices
+
+    shard_bytes = _size(shard_size)
+    try:
+        use_cpu_devices(cpu_devices)
+    except ConfigError as e:
+        fail(str(e))
+    from equipax.launch.translators.hf_checkpoints import export_job
+
+    files = export_job(
+        job_log_dir,
+        step,
+        out,
+        dtype=dtype,
+        shard_bytes=shard_bytes,
+        log=lambda m: err.print(m, highlight=False, markup=False),
+    )
+    print(f"Wrote {out}: {', '.join(files)}")

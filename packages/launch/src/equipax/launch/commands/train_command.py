@@ -17,6 +17,7 @@ from equipax.launch.commands.common import (
     fail,
     out,
     resolve,
+    resolve_job,
 )
 from equipax.launch.experiments import registry
 
@@ -95,7 +96,14 @@ def profile_overrides(text: str) -> list[str]:
 
 
 def run(
-    exp: ExpOption = DEFAULT_EXPERIMENT,
+    exp: Annotated[
+        str | None,
+        typer.Option(
+            "--exp",
+            "-e",
+            help="Experiment: short name or dotted path (default: the --job-log-dir's own, else shakespeare_tiny).",
+        ),
+    ] = None,
     set_: SetOption = None,
     job_log_dir: Annotated[
         Path | None, typer.Option("--job-log-dir", help="Job directory (default: runs/<exp>).")
@@ -132,7 +140,10 @@ def run(
     """Train an experiment; rerun the same command to resume from its last checkpoint."""
     if profile is not None:
         set_ = [*(set_ or []), *profile_overrides(profile)]
-    entry, cfg, sources = resolve(exp, set_)  # a pure value: no device touched yet
+    if exp is None and job_log_dir is not None and (job_log_dir / "config.json").exists():
+        entry, cfg, sources = resolve_job(job_log_dir, set_)  # the job's own experiment (an imported model...)
+    else:
+        entry, cfg, sources = resolve(exp or DEFAULT_EXPERIMENT, set_)  # a pure value: no device touched yet
     # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
     from equipax.launch.aot.flags import apply_compiler_flags
     from equipax.launch.cluster.detect import find_job

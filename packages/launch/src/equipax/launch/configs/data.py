@@ -47,11 +47,14 @@ class DataConfig:
     per_device_batch: Pax's PERCORE_BATCH_SIZE; when set, the global batch is
     per_device_batch x the mesh's device count and batch_size is ignored.
     tokenizer: "sentencepiece" trains a BPE vocabulary of `model.vocab_size` pieces on the
-    training split and stores it in the job directory; "byte" needs no training.
+    training split and stores it in the job directory; "byte" needs no training; "huggingface"
+    reads a Hugging Face `tokenizer.json` (with its `tokenizer_config.json`): `vocab_path`, or the
+    job directory's (what `launch convert hf-import` puts there).
     source "c4": C4-format shards (JSON lines with a "text" field, optionally .gz, or ArrayRecord)
     in the directory `path`; `train_files` / `eval_files` are glob patterns inside it. `packing`
     packs documents into rows with segment ids (c4 only). `vocab_path`: an existing SentencePiece
-    `.model` file to use instead of training one. `reset_for_eval`: each eval run is one full
+    `.model` file to use instead of training one (tokenizer "huggingface": a tokenizer.json or its
+    directory). `reset_for_eval`: each eval run is one full
     padded pass (True) or the next `train.eval_batches` batches of a repeating input (False).
     `max_malformed_fraction`: malformed shard records are skipped up to this fraction, then an error.
     `allow_partial_shards`: read a numbered shard set (`c4-train.00000-of-01024.json.gz`) with
@@ -59,7 +62,7 @@ class DataConfig:
     """
 
     source: str = "shakespeare"
-    tokenizer: Literal["sentencepiece", "byte"] = "sentencepiece"
+    tokenizer: Literal["sentencepiece", "byte", "huggingface"] = "sentencepiece"
     seq_len: int = 128
     batch_size: int = 16
     per_device_batch: int | None = None

@@ -206,17 +206,14 @@ def _verify(folder: Path, step: int, flat: dict[str, Any]) -> None:
 def check_tokenizer(cfg: ExperimentConfig, job_dir: Path) -> None:
     """ConfigError when the job's vocabulary file is missing (reading the job must never train a
     new one into its directory)."""
-    from equipax.launch.tasks.lm_data import TOKENIZER_FILE
+    from equipax.launch.configs.experiment import as_lm
+    from equipax.launch.tasks.lm_data import tokenizer_path
 
     d: Any = cfg.data
-    if (
-        cfg.kind == "lm"
-        and d.tokenizer == "sentencepiece"
-        and d.token_source.uses_tokenizer
-        and not d.vocab_path
-        and not (Path(job_dir) / TOKENIZER_FILE).exists()
-    ):
+    if cfg.kind != "lm" or d.vocab_path:
+        return
+    path = tokenizer_path(as_lm(cfg), job_dir)
+    if path is not None and not path.exists():
         raise ConfigError(
-            f"{job_dir} has no {TOKENIZER_FILE} (the vocabulary the job trained with); copy it back "
-            "from where the job ran."
+            f"{job_dir} has no {path.name} (the vocabulary the job trained with); copy it back from where the job ran."
         )

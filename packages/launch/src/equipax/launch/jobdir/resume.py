@@ -49,11 +49,14 @@ def _train_shards(cfg: ExperimentConfig) -> str | None:
 
 
 def _vocabulary(cfg: ExperimentConfig, job_dir: Path) -> str | None:
-    """A fingerprint of the SentencePiece model the ids come from (None for bytes and images)."""
-    d = cfg.data
-    if cfg.kind != "lm" or d.tokenizer == "byte" or not d.token_source.uses_tokenizer:  # pyright: ignore[reportAttributeAccessIssue]
+    """A fingerprint of the vocabulary file the ids come from (None for bytes and images)."""
+    if cfg.kind != "lm":
         return None
-    return _file_digest(Path(d.vocab_path) if d.vocab_path else Path(job_dir) / "tokenizer.model")  # pyright: ignore[reportAttributeAccessIssue]
+    from equipax.launch.configs.experiment import as_lm
+    from equipax.launch.tasks.lm_data import tokenizer_path
+
+    path = tokenizer_path(as_lm(cfg), job_dir)
+    return None if path is None else _file_digest(path)
 
 
 def resume_meta(cfg: ExperimentConfig, job_dir: Path, *, hosts: int) -> dict[str, Any]:
@@ -114,7 +117,10 @@ def check_resume(saved: dict[str, Any], current: dict[str, Any], *, step: int, w
     elif saved.get("train_shards") != current["train_shards"] and "data.path" not in diffs:
         diffs["training shards under data.path (names and sizes)"] = ("as saved", "changed")
     if saved.get("vocabulary") != current["vocabulary"] and not {"data.tokenizer", "data.vocab_path"} & set(diffs):
-        diffs["the vocabulary file (data.vocab_path or the job's tokenizer.model)"] = ("as saved", "changed")
+        diffs["the vocabulary file (data.vocab_path or the job's tokenizer.model / tokenizer.json)"] = (
+            "as saved",
+            "changed",
+        )
     if not diffs:
         return notes
     lines = "\n".join(f"  {k}: {a!r} -> {b!r}" for k, (a, b) in diffs.items())

@@ -10,13 +10,50 @@ from collections.abc import Callable
 from pathlib import Path
 
 from equipax.core.knobs import ConfigError
-from equipax.data import BaseInput, ByteTokenizer, SentencePieceTokenizer, Tokenizer, make_eval_input
+from equipax.data import BaseInput, ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer, make_eval_input
 from equipax.launch.configs.experiment import LMExperiment
 from equipax.launch.configs.sources import HostShard
 
-__all__ = ["build_lm_inputs", "build_tokenizer", "LMInputs", "per_host_batch_size", "TOKENIZER_FILE"]
+__all__ = [
+    "build_lm_inputs",
+    "build_tokenizer",
+    "HF_TOKENIZER_FILE",
+    "LMInputs",
+    "per_host_batch_size",
+    "tokenizer_path",
+    "TOKENIZER_FILE",
+]
 
 TOKENIZER_FILE = "tokenizer.model"
+HF_TOKENIZER_FILE = "tokenizer.json"
+
+
+def tokenizer_path(cfg: LMExperiment, job_dir: Path) -> Path | None:
+    """The vocabulary file the job's token ids come from (None: bytes, or synthetic ids)."""
+    d = cfg.data
+    if d.tokenizer == "byte" or not d.token_source.uses_tokenizer:
+        return None
+    if d.vocab_path:
+        path = Path(d.vocab_path)
+        return path / HF_TOKENIZER_FILE if d.tokenizer == "huggingface" and path.is_dir() else path
+    return Path(job_dir) / (HF_TOKENIZER_FILE if d.tokenizer == "huggingface" else TOKENIZER_FILE)
+
+
+def _hf_tokenizer(cfg: LMExperiment, job_dir: Path) -> Tokenizer:
+    path = tokenizer_path(cfg, job_dir)
+    assert path is not None
+    knob = f"data.vocab_path={cfg.data.vocab_path!r}" if cfg.data.vocab_path else f"The job's {path}"
+    try:
+        tok = HFTokenizer.load(path)
+    except (OSError, ValueError) as e:
+        fix = "" if cfg.data.vocab_path else " (`launch convert hf-import` puts the model's tokenizer there)"
+        raise ConfigError(f"{knob}: {e}{fix}") from None
+    if tok.vocab_size > cfg.model.vocab_size:
+        raise ConfigError(
+            f"{knob} has {tok.vocab_size} tokens but model.vocab_size={cfg.model.vocab_size}; set "
+            f"model.vocab_size to at least {tok.vocab_size}."
+        )
+    return tok
 
 
 @dataclasses.dataclass
@@ -36,7 +73,8 @@ class LMInputs:
 
 
 def build_tokenizer(cfg: LMExperiment, job_dir: Path, log: Callable[[str], object] = print) -> Tokenizer:
-    """The byte tokenizer, `data.vocab_path`, or the job's SentencePiece model (trained on first use).
+    """The byte tokenizer, `data.vocab_path`, the job's SentencePiece model (trained on first use) or
+    its Hugging Face tokenizer.json.
 
     Arguments:
         cfg: the experiment.
@@ -46,6 +84,8 @@ def build_tokenizer(cfg: LMExperiment, job_dir: Path, log: Callable[[str], objec
     source = cfg.data.token_source
     if cfg.data.tokenizer == "byte" or not source.uses_tokenizer:
         return ByteTokenizer()
+    if cfg.data.tokenizer == "huggingface":
+        return _hf_tokenizer(cfg, job_dir)
     if cfg.data.vocab_path:
         try:
             tok = SentencePieceTokenizer.load(cfg.data.vocab_path)

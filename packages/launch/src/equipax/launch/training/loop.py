@@ -145,6 +145,10 @@ def _train(
         checkpointer.close()
         raise ConfigError(f"{e}{_knob_changes(cfg, job_dir)}") from None
     start, loop_state = 0, {}
+    if restored is None and getattr(cfg.model, "init_from", None):  # a fresh run of model.init_from=hf:DIR
+        from equipax.launch.translators.hf_parity import init_from_hf
+
+        state = init_from_hf(training, state, log=log)
     if restored is not None:
         start, state, data_state, loop_state = restored
         if start > cfg.num_steps:  # before anything (result.json, config.json) is rewritten

@@ -1,0 +1,121 @@
+"""The logit-parity gate of every Hugging Face conversion, and `model.init_from=hf:DIR`.
+
+`gate` compares a model's float32 logits on fixed tokens with the numpy reference of a Hugging
+Face directory (`equipax.models.hf.reference`, which reads only its config.json and weights) and
+refuses (ConfigError: exit 2) above `KL_LIMIT`. `check_architecture` refuses a checkpoint whose
+config.json describes another model than the experiment's. `init_from_hf` is the start of a run
+with `model.init_from=hf:DIR` and no checkpoint: the weights read into the train state's shardings.
+"""
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from equipax.core.knobs import ConfigError
+from equipax.launch.configs.experiment import as_lm
+from equipax.models.configs import LMConfig
+from equipax.models.hf.config import lm_config_from_hf, read_hf_config
+
+__all__ = ["check_architecture", "gate", "init_from_hf", "KL_LIMIT"]
+
+KL_LIMIT = 1e-6  # nats per token: equipax's logits vs the numpy reference of the Hugging Face files
+
+_ARCHITECTURE = (
+    "vocab_size",
+    "position",
+    "rope_theta",
+    "rope_scaling",
+    "tie_embeddings",
+    "embedding_multiplier",
+    "output_logit_cap",
+)
+_BLOCK = (
+    "num_layers",
+    "model_dims",
+    "num_heads",
+    "kv_heads",
+    "head_dim",
+    "hidden_dims",
+    "activation",
+    "gated",
+    "norm",
+    "norm_eps",
+    "use_bias",
+    "qk_norm",
+    "sliding_window",
+    "atten_logit_cap",
+    "attention",
+)
+
+
+def check_architecture(model: LMConfig, directory: Path) -> LMConfig:
+    """The Hugging Face directory's model config; ConfigError listing every architecture knob of
+    `model` that differs from it (a checkpoint of another model or family)."""
+    hf = lm_config_from_hf(read_hf_config(directory), where=str(Path(directory) / "config.json"))
+    diffs = [
+        (f"model.{k}", getattr(model, k), getattr(hf, k)) for k in _ARCHITECTURE if getattr(model, k) != getattr(hf, k)
+    ]
+    diffs += [
+        (f"model.transformer.{k}", getattr(model.transformer, k), getattr(hf.transformer, k))
+        for k in _BLOCK
+        if getattr(model.transformer, k) != getattr(hf.transformer, k)
+    ]
+    if diffs:
+        lines = "\n".join(f"  {k}: this experiment {a!r}, {directory} {b!r}" for k, a, b in diffs)
+        raise ConfigError(
+            f"The Hugging Face model in {directory} is another architecture than this experiment's model "
+            f"({len(diffs)} knob(s) differ):\n{lines}\nSet those knobs to the checkpoint's values, or start from "
+            f"`launch convert hf-import {directory} --out JOB`, which takes them from its config.json."
+        )
+    return hf
+
+
+def _as_float32(model: Any) -> Any:
+    """The same arrays as a float32 model (the gate compares float32 logits)."""
+    import equinox as eqx
+    import jax
+
+    from equipax.models.lm import TransformerLM
+
+    cfg = dataclasses.replace(model.cfg, dtype="float32")
+    abstract = eqx.filter_eval_shape(lambda: TransformerLM(cfg, key=jax.random.key(0)))
+    return jax.tree_util.tree_unflatten(jax.tree.structure(abstract), jax.tree.leaves(model))
+
+
+def gate(model: Any, directory: Path, what: str, *, rounded_to: str = "float32") -> float:
+    """The KL of `model` against the reference of `directory`; ConfigError above `KL_LIMIT`."""
+    import jax
+    import jax.numpy as jnp
+
+    from equipax.models.hf.weights import parity_kl
+
+    model = _as_float32(model)
+    if rounded_to != "float32":  # what the files hold: the model's weights rounded to that dtype
+        dtype = jnp.dtype(rounded_to)
+        model = jax.tree.map(lambda a: a.astype(dtype).astype(jnp.float32) if isinstance(a, jax.Array) else a, model)
+    kl = parity_kl(model, directory)
+    if not kl <= KL_LIMIT:
+        raise ConfigError(
+            f"{what} refused: equipax's logits and the numpy reference of the Hugging Face files differ by KL "
+            f"{kl:.3g} nats/token on the gate's fixed tokens (limit {KL_LIMIT:g}). The conversion would compute "
+            "other numbers than the checkpoint; nothing was written. Rerun with --debug and report it."
+        )
+    return kl
+
+
+def init_from_hf(training: Any, state: Any, *, log: Callable[[str], object]) -> Any:
+    """`model.init_from=hf:DIR`: `state` with the model's weights read from DIR in the train state's
+    shardings, behind the parity gate (called when a run starts with no checkpoint)."""
+    import equinox as eqx
+
+    from equipax.models.hf.weights import load_lm
+
+    model_cfg = as_lm(training.cfg).model
+    assert model_cfg.init_from is not None
+    directory = Path(model_cfg.init_from.removeprefix("hf:"))
+    check_architecture(model_cfg, directory)
+    model = load_lm(directory, model_cfg, training.state_sharding.model)
+    kl = gate(model, directory, f"model.init_from={model_cfg.init_from}")
+    log(f"Initialised from {directory} (parity gate: KL {kl:.2e} nats/token, limit {KL_LIMIT:g}).")
+    return eqx.tree_at(lambda s: s.model, state, model)
