@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from equipax.data import DataError, TextShards, find_shards, write_shards
-from helpers.cli import assert_one_paragraph, invoke, snapshot
+from helpers.cli import assert_one_paragraph, invoke, run, snapshot
 
 
 def launch_process(*args, file_size_limit: int | None = None) -> subprocess.CompletedProcess:
@@ -117,3 +117,106 @@ def test_prepare_checks_its_outputs_before_reading(texts, tmp_path, bad, needle)
     assert code == 2, out
     assert_one_paragraph(out, needle)  # named before the (missing) input is even looked at
     assert snapshot(tmp_path) == before and not (tmp_path / "out").exists()
+
+
+# --- the job's lock file is never opened through a link ------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling-symlink", "directory", "fifo"])
+def test_a_lock_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+    job = tmp_path / "job"
+    job.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    lock = job / ".lock"
+    if kind == "symlink":
+        lock.symlink_to(target)
+    elif kind == "dangling-symlink":
+        lock.symlink_to(tmp_path / "missing")
+    elif kind == "directory":
+        lock.mkdir()
+    else:
+        os.mkfifo(lock)
+    before = snapshot(tmp_path)
+    code, out = run(job)
+    assert code == 2, out
+    what = {"symlink": "a symbolic link", "dangling-symlink": "a symbolic link", "directory": "a directory"}
+    assert_one_paragraph(out, f"lock file {str(lock)!r} is {what.get(kind, 'not a regular file')}", "Remove it")
+    assert snapshot(tmp_path) == before and target.read_text() == "keep me"
+    assert not (tmp_path / "missing").exists()
+
+
+# --- output paths: checked before any work, by one check every command uses -----------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run"],
+        ["compile"],
+        ["pgle", "collect"],
+        ["decode", "--prompt", "a"],
+        ["eval"],
+        ["data", "inspect"],
+        ["convert", "hf-export", "--out", "x"],
+    ],
+    ids=lambda c: "-".join(c[:2]),
+)
+def test_an_empty_job_log_dir_is_refused(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text("{}")  # what `--job-log-dir ""` would have replaced
+    before = snapshot(tmp_path)
+    code, out = invoke(*command, "--job-log-dir", "")
+    assert code == 2, out
+    assert "Invalid value for '--job-log-dir'" in out and "is empty" in out and "Traceback" not in out
+    assert snapshot(tmp_path) == before and sorted(os.listdir(tmp_path)) == ["config.json"]
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["compile", "--job-log-dir", "{file}"], "--job-log-dir '{file}' is a file, not a directory"),
+        (["pgle", "collect", "--job-log-dir", "{file}"], "--job-log-dir '{file}' is a file, not a directory"),
+        (["compile", "--job-log-dir", "{dir}"], "'{dir}/compile.json' is a directory, not a file"),
+        (["decode", "--job-log-dir", "{job}", "--prompt", "a", "--output", "{dir}"], "is a directory, not a file"),
+        (["decode", "--job-log-dir", "{job}", "--prompt", "a", "--output", "{file}/x"], "which is a file"),
+        (
+            ["decode", "--job-log-dir", "{job}", "--prompt", "a", "--output", "{job}/config.json"],
+            "would replace the job's own config.json",
+        ),
+        (
+            ["decode", "--job-log-dir", "{job}", "--prompt", "a", "--output", "{job}/checkpoints/out.jsonl"],
+            "would replace the job's own checkpoints/",
+        ),
+        (["data", "vocab", "-i", "{file}", "--vocab-size", 300, "-o", "{dir}/x.model"], "is a directory, not a file"),
+    ],
+    ids=[
+        "compile-file",
+        "pgle-file",
+        "compile-json-dir",
+        "decode-dir",
+        "decode-under-file",
+        "decode-config",
+        "decode-checkpoints",
+        "vocab-dir",
+    ],
+)
+def test_outputs_are_checked_before_any_work(args, needle, tmp_path):
+    paths = {"{file}": tmp_path / "file", "{dir}": tmp_path / "dir", "{job}": tmp_path / "job"}
+    paths["{file}"].write_text("a file")
+    (paths["{dir}"] / "compile.json" / "inner").mkdir(parents=True)
+    (paths["{dir}"] / "x.model").mkdir()
+    (paths["{job}"] / "checkpoints").mkdir(parents=True)
+    (paths["{job}"] / "config.json").write_text('{"name": "precious"}')
+
+    def fill(a):
+        a = str(a)
+        for k, v in paths.items():
+            a = a.replace(k, str(v))
+        return a
+
+    before = snapshot(tmp_path)
+    code, out = invoke(*map(fill, args))
+    assert code == 2, out
+    assert_one_paragraph(out, fill(needle))
+    assert snapshot(tmp_path) == before and not Path("runs").exists()

@@ -2,7 +2,7 @@
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -12,6 +12,7 @@ from equipax.launch.errors import EXIT_USER_ERROR
 from equipax.launch.experiments import registry
 
 __all__ = [
+    "check_output",
     "command_line",
     "CpuDevicesOption",
     "DEFAULT_EXPERIMENT",
@@ -19,7 +20,9 @@ __all__ = [
     "err",
     "ExpOption",
     "fail",
+    "JobLogDirOption",
     "out",
+    "path_option",
     "resolve",
     "resolve_job",
     "resolve_train",
@@ -39,6 +42,64 @@ SetOption = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override a knob: KNOB=VALUE (repeatable), e.g. model.transformer.num_layers=2."),
 ]
+
+
+def path_option(value: str) -> Path:
+    """A path given on the command line; an empty one (`--job-log-dir ""`: an unset shell variable)
+    is a usage error (exit 2), never the current directory and whatever is there."""
+    if not value.strip():
+        raise typer.BadParameter(
+            "is empty (an unset shell variable?): give a path. An empty path would mean the current "
+            "directory, and the command would write over what is there."
+        )
+    return Path(value)
+
+
+# The files a job's run keeps at the top of its directory (its subdirectories are all its own).
+JOB_FILES = frozenset(
+    {
+        ".lock",
+        "compile.json",
+        "config.json",
+        "knobs.txt",
+        "metrics.jsonl",
+        "profile.pb",
+        "result.json",
+        "tokenizer.model",
+        "xla_flags.json",
+    }
+)
+
+JobLogDirOption = Annotated[
+    Path | None, typer.Option("--job-log-dir", parser=path_option, help="Job directory (default: runs/<exp>).")
+]
+
+
+def check_output(path: Path, option: str, *, kind: Literal["file", "directory"], job_dir: Path | None = None) -> None:
+    """Refuse (exit 2), before any work, an output a command could not write or must not write.
+
+    Every command that writes a file or directory checks it here first: it must be creatable as
+    a `kind` (`equipax.core.paths.output_problem`), and, when the command reads the job
+    `job_dir`, it must not replace the job's files (`JOB_FILES`, or anything under one of its
+    directories such as checkpoints/).
+    """
+    from equipax.core.paths import output_problem
+
+    problem = output_problem(path, kind=kind)
+    if problem:
+        fail(f"{option} {str(path)!r} {problem}. Choose another {option}.")
+    if job_dir is None:
+        return
+    target, job = Path(path).expanduser().absolute().resolve(), job_dir.expanduser().absolute().resolve()
+    if target == job or job not in target.parents:
+        return
+    first = job / target.relative_to(job).parts[0]
+    if first.name in JOB_FILES or (first != target and first.is_dir()):
+        fail(
+            f"{option} {str(path)!r} would replace the job's own "
+            f"{first.name if first == target else first.name + '/'} in {str(job_dir)!r}; only the job's run "
+            f"writes there. Write to a file outside the job directory, e.g. {option} {job.name}-{target.name}."
+        )
 
 
 def command_line(name: str, command: Callable[..., Any], values: Mapping[str, Any]) -> str:
@@ -78,6 +139,7 @@ def emit(text: str, output: Path | None, *, then: str, mode: int = 0o644) -> Non
     if output is None:
         print(text, end="")
         return
+    check_output(output, "--output", kind="file")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
     output.chmod(mode)

@@ -9,7 +9,17 @@ from typing import Annotated
 import typer
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.commands.common import DEFAULT_EXPERIMENT, ExpOption, SetOption, err, fail, out, resolve_train
+from equipax.launch.commands.common import (
+    DEFAULT_EXPERIMENT,
+    ExpOption,
+    SetOption,
+    check_output,
+    err,
+    fail,
+    out,
+    path_option,
+    resolve_train,
+)
 from equipax.launch.errors import EXIT_DOES_NOT_FIT
 
 __all__ = ["compile_cmd"]
@@ -45,7 +55,8 @@ def compile_cmd(
     ] = 0.5,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if the step does not fit the budget.")] = False,
     job_log_dir: Annotated[
-        Path | None, typer.Option("--job-log-dir", help="Where compile.json goes (default: runs/<exp>).")
+        Path | None,
+        typer.Option("--job-log-dir", parser=path_option, help="Where compile.json goes (default: runs/<exp>)."),
     ] = None,
 ) -> None:
     """Compile the experiment's exact train step for its full mesh on this host (AOT).
@@ -74,6 +85,9 @@ def compile_cmd(
             fail(str(e))
 
     _, cfg, _ = resolve_train(exp, set_, for_what="to compile")
+    job_dir = job_log_dir or Path("runs") / cfg.name
+    check_output(job_dir, "--job-log-dir", kind="directory")
+    check_output(job_dir / "compile.json", "--job-log-dir", kind="file")
     if cfg.train.pgle.mode == "auto":  # JAX recompiles an auto-PGLE step after profiling it: no AOT
         from equipax.launch.training.pgle import PGLE_AUTO_AOT
 
@@ -97,7 +111,6 @@ def compile_cmd(
         "train.compiler.libtpu_init_args": cfg.train.compiler.libtpu_init_args,
         "environment": flags,
     }
-    job_dir = job_log_dir or Path("runs") / cfg.name
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "compile.json").write_text(json.dumps(report, indent=2) + "\n")
     out.print(_format(report), highlight=False, markup=False)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from equipax.core.knobs import ConfigError, flatten, parse_literal
-from equipax.launch.commands.common import err, fail, resolve
+from equipax.launch.commands.common import err, fail, path_option, resolve
 from equipax.launch.translators.maxtext import SCALE_RULES, to_equipax, to_maxtext
 
 __all__ = ["convert_app", "convert_maxtext", "DEFAULT_BASE", "hf_export", "hf_import", "print_maxtext", "read_maxtext"]
@@ -131,7 +131,9 @@ def _size(text: str) -> int:
 @convert_app.command("hf-import")
 def hf_import(
     directory: Annotated[Path, typer.Argument(help="A Hugging Face model directory (config.json + *.safetensors).")],
-    out: Annotated[Path, typer.Option("--out", help="The job directory to create (must not exist yet).")],
+    out: Annotated[
+        Path, typer.Option("--out", parser=path_option, help="The job directory to create (must not exist yet).")
+    ],
     set_: Annotated[
         list[str] | None,
         typer.Option("--set", "-s", help="Override a knob of the imported job (data, learner, train, mesh...)."),
@@ -156,9 +158,14 @@ def hf_import(
 
 @convert_app.command("hf-export")
 def hf_export(
-    job_log_dir: Annotated[Path, typer.Option("--job-log-dir", help="The job directory to export.")],
+    job_log_dir: Annotated[
+        Path, typer.Option("--job-log-dir", parser=path_option, help="The job directory to export.")
+    ],
     out: Annotated[
-        Path, typer.Option("--out", help="The Hugging Face model directory to create (must not exist yet).")
+        Path,
+        typer.Option(
+            "--out", parser=path_option, help="The Hugging Face model directory to create (must not exist yet)."
+        ),
     ],
     step: Annotated[int | None, typer.Option("--step", help="The checkpoint's step (default: the newest).")] = None,
     dtype: Annotated[

@@ -11,7 +11,7 @@ import numpy as np
 import typer
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.commands.common import err, out
+from equipax.launch.commands.common import check_output, err, out, path_option
 from equipax.launch.commands.common import fail as _fail
 
 __all__ = ["batch_report", "data_app", "InputOption", "inspect", "MalformedOption", "prepare", "SplitByOption", "vocab"]
@@ -164,6 +164,7 @@ def vocab(
         _fail(f"--model-type must be 'bpe' or 'unigram'; got {model_type!r}.")
     if output.suffix != ".model":
         _fail(f"--output should end in .model (SentencePiece's file name convention); got {str(output)!r}.")
+    check_output(output, "--output", kind="file")
     docs = _documents(input, split_by, max_malformed_fraction)
     try:
         tok = SentencePieceTokenizer.train(
@@ -217,7 +218,10 @@ def inspect(
     batches: Annotated[int, typer.Option("--batches", help="Batches to print.")] = 2,
     rows: Annotated[int, typer.Option("--rows", help="Decoded rows per batch.")] = 2,
     job_log_dir: Annotated[
-        Path | None, typer.Option("--job-log-dir", help="Reuse this job's tokenizer.model (default runs/<exp>).")
+        Path | None,
+        typer.Option(
+            "--job-log-dir", parser=path_option, help="Reuse this job's tokenizer.model (default runs/<exp>)."
+        ),
     ] = None,
     format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
 ) -> None:

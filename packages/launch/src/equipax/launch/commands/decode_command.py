@@ -9,18 +9,21 @@ from typing import Annotated
 
 import typer
 
-from equipax.launch.commands.common import CpuDevicesOption, err, fail, out
+from equipax.launch.commands.common import CpuDevicesOption, check_output, err, fail, out, path_option
 
 __all__ = ["decode_cmd", "JobDirOption"]
 
-JobDirOption = Annotated[Path, typer.Option("--job-log-dir", help="The training job's directory (`launch run`'s).")]
+JobDirOption = Annotated[
+    Path, typer.Option("--job-log-dir", parser=path_option, help="The training job's directory (`launch run`'s).")
+]
 
 
 def decode_cmd(
     job_log_dir: JobDirOption,
     prompt: Annotated[str | None, typer.Option("--prompt", help="Text to continue.")] = None,
     prompts: Annotated[
-        Path | None, typer.Option("--prompts", help="A file of prompts, one per line (blank lines skipped).")
+        Path | None,
+        typer.Option("--prompts", parser=path_option, help="A file of prompts, one per line (blank lines skipped)."),
     ] = None,
     step: Annotated[int | None, typer.Option("--step", help="The checkpoint's step (default: the newest).")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens to generate per prompt, >= 1.")] = 64,
@@ -39,6 +42,7 @@ def decode_cmd(
         typer.Option(
             "--output",
             "-o",
+            parser=path_option,
             help="Write JSON lines (prompt, text, tokens, seconds_per_token) to this file; '-' for stdout.",
         ),
     ] = None,
@@ -76,6 +80,8 @@ def decode_cmd(
         texts: list[str] = []
     else:
         texts = _read_prompts(prompt, prompts)
+        if output is not None and str(output) != "-":
+            check_output(output, "--output", kind="file", job_dir=job_log_dir)
     if max_new_tokens < 1 or batch_size < 1:
         fail(f"--max-new-tokens and --batch-size must be >= 1; got {max_new_tokens} and {batch_size}.")
     if not (math.isfinite(temperature) and temperature >= 0):

@@ -16,9 +16,11 @@ from equipax.launch.commands.common import (
     CpuDevicesOption,
     ExpOption,
     SetOption,
+    check_output,
     err,
     fail,
     out,
+    path_option,
     resolve_train,
 )
 from equipax.launch.errors import EXIT_USER_ERROR
@@ -41,7 +43,8 @@ def collect(
         int, typer.Option("--warmup", min=1, help="Steps run before the profile (the first one compiles).")
     ] = 2,
     job_log_dir: Annotated[
-        Path | None, typer.Option("--job-log-dir", help="A new job directory (default: runs/<exp>_pgle).")
+        Path | None,
+        typer.Option("--job-log-dir", parser=path_option, help="A new job directory (default: runs/<exp>_pgle)."),
     ] = None,
     cpu_devices: CpuDevicesOption = None,
 ) -> None:
@@ -60,6 +63,7 @@ def collect(
     ]
     _, cfg, sources = resolve_train(exp, overrides, for_what="to profile")
     job_dir = job_log_dir or Path("runs") / f"{cfg.name}_pgle"
+    check_output(job_dir, "--job-log-dir", kind="directory")
     if job_dir.exists() and any(job_dir.iterdir()):
         fail(
             f"{job_dir} is not empty: a profile must come from a fresh run (a resumed one would start past "

@@ -12,6 +12,7 @@ from equipax.launch.commands.common import (
     DEFAULT_EXPERIMENT,
     CpuDevicesOption,
     ExpOption,
+    JobLogDirOption,
     SetOption,
     err,
     fail,
@@ -105,9 +106,7 @@ def run(
         ),
     ] = None,
     set_: SetOption = None,
-    job_log_dir: Annotated[
-        Path | None, typer.Option("--job-log-dir", help="Job directory (default: runs/<exp>).")
-    ] = None,
+    job_log_dir: JobLogDirOption = None,
     cpu_devices: CpuDevicesOption = None,
     coordinator: Annotated[
         str | None, typer.Option("--coordinator", help="Multi-process: HOST:PORT of process 0.")

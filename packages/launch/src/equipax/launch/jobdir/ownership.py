@@ -9,10 +9,12 @@
   config.json, tokenizer or metrics file behind.
 """
 
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -93,7 +95,7 @@ class JobLock:
 
         if jax.process_index() != 0:
             return self
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -119,6 +121,35 @@ class JobLock:
         )
         self._fd = fd
         return self
+
+    def _open(self) -> int:
+        """The lock file, opened (created if missing) without following a symbolic link there.
+
+        Anything but a regular file at `.lock` (a link, which truncating would empty the target of;
+        a directory; a device) is a ConfigError naming it: nothing is opened through it.
+        """
+        what = None
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EACCES, errno.EPERM):
+                raise
+            fd, what = None, "a symbolic link" if self.path.is_symlink() else None
+            if what is None and e.errno in (errno.EACCES, errno.EPERM):
+                what = f"not writable ({e.strerror})"
+        if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            fd = None
+        if fd is None:
+            if what is None:
+                mode = self.path.lstat().st_mode
+                what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ConfigError(
+                f"The job directory's lock file {str(self.path)!r} is {what}; a run keeps a regular file "
+                "there that records its owner, and never writes through anything else. Remove it (it is "
+                "not part of the job's data), or choose another --job-log-dir."
+            )
+        return fd
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is None:
