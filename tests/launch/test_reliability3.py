@@ -220,3 +220,63 @@ def test_outputs_are_checked_before_any_work(args, needle, tmp_path):
     assert code == 2, out
     assert_one_paragraph(out, fill(needle))
     assert snapshot(tmp_path) == before and not Path("runs").exists()
+
+
+# --- user-module experiments: resolved in one place, never called blindly ---------------------
+
+USER_MODULE = """
+from equipax.launch.experiments import registry
+
+
+def returns_dict():
+    return {"model": 1}
+
+
+def returns_none():
+    pass
+
+
+def needs_args(layers, width=32):
+    return registry.get_experiment("shakespeare_tiny")
+
+
+def raises():
+    raise ValueError("num_layers must be positive")
+
+
+def good():
+    return registry.get_experiment("shakespeare_tiny")
+"""
+
+
+@pytest.mark.parametrize(
+    "exp, needles",
+    [
+        ("{m}.returns_dict", ["returned dict {'model': 1}, not an ExperimentConfig", "takes no arguments"]),
+        ("{m}.returns_none", ["returned None, not an ExperimentConfig"]),
+        ("{m}.needs_args", ["{m}.needs_args needs argument(s) layers", "takes no arguments"]),
+        ("{m}.raises", ["raised ValueError: num_layers must be positive", "{m}.py:18"]),
+        ("{m}_syntax.f", ["the module {m}_syntax does not import", "{m}_syntax.py:1"]),
+        ("{m}_boom.f", ["importing the module {m}_boom raised RuntimeError: boom", "{m}_boom.py:2"]),
+        ("os.getcwd", ["os.getcwd is a built-in function", "defined in your own module"]),
+        ("os.system", ["os.system is a built-in function"]),
+        ("os.abort", ["os.abort is a built-in function"]),
+        ("shutil.rmtree", ["is a function of the standard library (shutil)"]),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_user_module_mistakes_name_the_module_and_what_an_experiment_is(exp, needles, tmp_path, monkeypatch):
+    m = f"user_exps_{abs(hash(str(tmp_path))) % 10**8}"  # a fresh module name per test
+    (tmp_path / f"{m}.py").write_text(USER_MODULE)
+    (tmp_path / f"{m}_syntax.py").write_text("def f(:\n")
+    (tmp_path / f"{m}_boom.py").write_text("import os\nraise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    code, out = invoke("show", "--exp", exp.replace("{m}", m))
+    assert code == 2, out
+    assert_one_paragraph(out, *(n.replace("{m}", m) for n in needles))
+    assert "may be a bug in equipax" not in out
+    assert {k: v for k, v in snapshot(tmp_path).items() if "__pycache__" not in k} == before
+    code, out = invoke("show", "--exp", f"{m}.good")
+    assert code == 0 and "mesh_shape" in out, out

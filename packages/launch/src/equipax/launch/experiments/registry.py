@@ -104,18 +104,69 @@ def lookup(name: str) -> Entry:
 
 
 def get_experiment(name: str) -> Experiment:
-    """The resolved config of a registered experiment."""
+    """The resolved config of a registered (or user-module) experiment.
+
+    Raises:
+        ConfigError: the function raised (user code), or returned something that is not its
+            kind's config: named with the module and what an experiment function must be.
+    """
     entry = lookup(name)
-    cfg = entry.fn()
+    user_code = not entry.fn.__module__.startswith("equipax.")
+    try:
+        cfg = entry.fn()
+    except ConfigError:
+        raise
+    except Exception as e:
+        if not user_code:
+            raise  # a built-in experiment that does not build is a bug: exit 1 with --debug advice
+        raise ConfigError(
+            f"--exp {name}: the experiment function {entry.path} raised {type(e).__name__}"
+            f"{': ' + str(e).strip().splitlines()[0] if str(e).strip() else ''} (at {_where(e)}). "
+            f"Fix the function: it takes no arguments and returns an ExperimentConfig."
+        ) from None
+    from equipax.launch.configs.experiment import ExperimentConfig
+
+    if entry.kind == "train" and not isinstance(cfg, ExperimentConfig):
+        raise ConfigError(
+            f"--exp {name}: the experiment function {entry.path} returned {_describe(cfg)}, not an "
+            f"ExperimentConfig. An experiment function takes no arguments and returns an ExperimentConfig "
+            f"(e.g. `return ExperimentConfig(name=..., model=..., data=...)`, or a registered experiment's "
+            f"config changed with dataclasses.replace)."
+        )
     if cfg.name != entry.name:
         cfg = dataclasses.replace(cfg, name=entry.name)
     return cfg
 
 
+def _describe(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}" if value is not None else "None"
+
+
+def _where(e: BaseException) -> str:
+    """file:line of the innermost frame of a traceback (the user's code that raised)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else "an unknown place"
+
+
+_WHAT_IT_MUST_BE = (
+    "An experiment function is a Python function defined in your own module (not the standard library "
+    "or a built-in), takes no arguments and returns an ExperimentConfig; `@register` makes it a short name."
+)
+
+
 def _from_module(path: str) -> Entry | None:
     """`--exp mypkg.experiments.fn` (Pax's `--exp=tasks.lm.params.c4.C4Spmd1B...`): import the
     user's module (which may register experiments and task families as it loads) and take `fn`
-    from it, registered or not. None when no such module is importable."""
+    from it, registered or not. None when no such module is importable.
+
+    The one place that resolves user-module experiments: a module that does not import (a syntax
+    error, an exception while it loads) and anything that is not an experiment function (no
+    Python function, one from the standard library, one that needs arguments) is a ConfigError
+    naming the module; nothing that is not recognised as an experiment function is ever called.
+    """
     module_name, fn_name = path.rsplit(".", 1)
     try:
         module = importlib.import_module(module_name)
@@ -123,10 +174,45 @@ def _from_module(path: str) -> Entry | None:
         if e.name is not None and module_name.startswith(e.name):
             return None  # no such module: an unknown name, reported with suggestions
         raise ConfigError(f"--exp {path}: importing {module_name} failed: {e}") from None
+    except SyntaxError as e:
+        raise ConfigError(
+            f"--exp {path}: the module {module_name} does not import: {e.msg} at {e.filename}:{e.lineno}. "
+            f"Fix the syntax error."
+        ) from None
+    except Exception as e:
+        raise ConfigError(
+            f"--exp {path}: importing the module {module_name} raised {type(e).__name__}: {e} (at {_where(e)}). "
+            f"Fix the module: importing it should only define (and register) experiments."
+        ) from None
     fn = getattr(module, fn_name, None)
-    if not callable(fn):
+    if fn is None:
         raise ConfigError(f"--exp {path}: module {module_name} has no experiment function {fn_name!r}.")
     registered = _REGISTRY.get(fn_name)
     if registered is not None and registered.fn is fn:
         return registered
+    problem = _not_an_experiment_function(fn)
+    if problem:
+        raise ConfigError(f"--exp {path}: {module_name}.{fn_name} {problem}. {_WHAT_IT_MUST_BE}")
     return Entry(name=fn_name, path=path, fn=fn)
+
+
+def _not_an_experiment_function(fn: object) -> str | None:
+    """Why `fn` is not recognised as a user's experiment function (so it is not called), or None."""
+    import inspect
+    import sys
+
+    if not inspect.isfunction(fn):
+        if inspect.isbuiltin(fn):
+            return "is a built-in function, not an experiment function"
+        return f"is {'a class' if inspect.isclass(fn) else 'a ' + type(fn).__name__}, not a Python function"
+    top = fn.__module__.split(".")[0] if fn.__module__ else ""
+    if top in sys.stdlib_module_names or top == "builtins":
+        return f"is a function of the standard library ({fn.__module__}), not an experiment"
+    required = [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if required:
+        return f"needs argument(s) {', '.join(required)}"
+    return None
