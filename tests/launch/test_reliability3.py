@@ -280,3 +280,39 @@ def test_user_module_mistakes_name_the_module_and_what_an_experiment_is(exp, nee
     assert {k: v for k, v in snapshot(tmp_path).items() if "__pycache__" not in k} == before
     code, out = invoke("show", "--exp", f"{m}.good")
     assert code == 0 and "mesh_shape" in out, out
+
+
+# --- string knobs and prompts: bytes that are not UTF-8 are named at once --------------------
+
+NOT_UTF8 = b"ROM\xe9O".decode("utf-8", "surrogateescape")  # what argv holds for a Latin-1 byte
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["show", "--set", f"train.sample.prompt={NOT_UTF8}"],
+            "Knob 'train.sample.prompt' holds bytes that are not UTF-8",
+        ),
+        (["show", "--set", f"data.validation_plays=('{NOT_UTF8}',)"], "Knob 'data.validation_plays' holds bytes"),
+        (["run", "--job-log-dir", "{tmp}/job", "--set", f"data.path={NOT_UTF8}"], "Knob 'data.path' holds bytes"),
+        (["decode", "--job-log-dir", "{tmp}/job", "--prompt", NOT_UTF8], "--prompt holds bytes that are not UTF-8"),
+        (["decode", "--job-log-dir", "{tmp}/job", "--prompts", "{tmp}/binary.txt"], "is not UTF-8 text (byte b'\\xff'"),
+    ],
+    ids=["str-knob", "tuple-knob", "run", "prompt", "prompts-file"],
+)
+def test_text_that_is_not_utf8_is_exit_2_naming_the_knob(args, needle, tmp_path):
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00\x01binary")
+    before = snapshot(tmp_path)
+    code, out = invoke(*(str(a).replace("{tmp}", str(tmp_path)) for a in args))
+    assert code == 2, out
+    assert_one_paragraph(out, needle, "b'\\x")
+    assert snapshot(tmp_path) == before and not (tmp_path / "job").exists()
+
+
+def test_a_saved_config_with_text_that_is_not_utf8_is_refused_when_read():
+    from equipax.core.knobs import ConfigError, from_dict
+    from equipax.launch.configs.train import SampleConfig
+
+    with pytest.raises(ConfigError, match=r"Knob 'prompt' holds bytes that are not UTF-8"):
+        from_dict(SampleConfig, {"prompt": NOT_UTF8})

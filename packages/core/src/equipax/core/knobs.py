@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 __all__ = [
+    "check_text",
     "apply_overrides",
     "coerce",
     "ConfigError",
@@ -152,6 +153,24 @@ def _field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}  # pyright: ignore[reportArgumentType]
 
 
+def check_text(value: str, what: str) -> None:
+    """Raise ConfigError unless `value` is text that UTF-8 can hold.
+
+    Bytes that are not UTF-8 in a command line or environment reach Python as lone surrogates
+    ("surrogateescape"); such a string passes every other check and then fails when it is written
+    (config.json, metrics, a sample), after the work. `what` names the knob or option.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = value[e.start : e.end].encode("utf-8", "surrogateescape")
+        raise ConfigError(
+            f"{what} holds bytes that are not UTF-8 text ({raw!r} at character {e.start} of {value[:40]!r}). "
+            f"Give the value as UTF-8 text (e.g. 'é' rather than a Latin-1 byte: check the terminal's or "
+            f"the file's encoding)."
+        ) from None
+
+
 def coerce(value: Any, tp: Any, path: str) -> Any:
     """Check `value` against the annotation `tp`, converting where it is lossless.
 
@@ -223,6 +242,7 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
                 pass
     elif tp is str:
         if isinstance(value, str):
+            check_text(value, f"Knob {path!r}")
             return value
         # A bare word that parsed as a number (e.g. a path "123") is still text.
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -356,6 +376,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     path = path.strip()
     if not path:
         raise ConfigError(f"Override {text!r} has no knob name before '='.")
+    check_text(raw, f"Knob {path!r}")
     try:
         return path, parse_literal(raw)
     except ConfigError as e:

@@ -164,14 +164,32 @@ def _read_prompts(prompt: str | None, prompts: Path | None) -> list[str]:
     if prompt is not None:
         if not prompt.strip():
             fail("--prompt is empty: give some text to continue (e.g. --prompt 'ROMEO:').")
+        _check_text(prompt, "--prompt")
         return [prompt]
     assert prompts is not None
     if not prompts.is_file():
         fail(f"--prompts {prompts} is not a file; give a text file with one prompt per line.")
-    texts = [line for line in prompts.read_text().splitlines() if line.strip()]
+    try:
+        texts = [line for line in prompts.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError as e:
+        fail(
+            f"--prompts {prompts} is not UTF-8 text (byte {e.object[e.start : e.start + 1]!r} at offset {e.start}); "
+            "give a text file in UTF-8 with one prompt per line."
+        )
+    except OSError as e:
+        fail(f"--prompts {prompts} does not read ({e.strerror or e}); give a readable text file.")
     if not texts:
         fail(f"--prompts {prompts} holds no prompt (every line is blank); put one prompt per line.")
     return texts
+
+
+def _check_text(value: str, option: str) -> None:
+    from equipax.core.knobs import ConfigError, check_text
+
+    try:
+        check_text(value, option)
+    except ConfigError as e:
+        fail(str(e))
 
 
 def _decode(
