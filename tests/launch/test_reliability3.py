@@ -316,3 +316,54 @@ def test_a_saved_config_with_text_that_is_not_utf8_is_refused_when_read():
 
     with pytest.raises(ConfigError, match=r"Knob 'prompt' holds bytes that are not UTF-8"):
         from_dict(SampleConfig, {"prompt": NOT_UTF8})
+
+
+# --- signals at start-up: one path from process start, never lost ---------------------------
+
+SWALLOWED_SIGNAL = """
+import gc, os, signal, sys, time
+from equipax.launch.training.preemption import EARLY, Interrupted, StopRequest
+
+EARLY.install()
+EARLY.arm()
+EARLY.RESEND_S = {resend}
+fired = []
+
+
+def callback(phase, info):  # JAX registers such a callback; Python drops what it raises
+    if phase == "start" and not fired:
+        fired.append(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):
+            pass  # the handler runs here, inside the callback
+
+
+gc.callbacks.append(callback)
+try:
+    gc.collect()
+    {after}
+    print("LOST")
+except Interrupted as e:
+    print("CAUGHT", e.signal_name, "pending", EARLY.pending)
+"""
+
+
+@pytest.mark.parametrize(
+    "after", ["time.sleep(5)", "StopRequest().__enter__()"], ids=["sent-again", "stop-request-raises-a-pending-one"]
+)
+def test_a_signal_raised_where_python_drops_exceptions_is_not_lost(after):
+    resend = "3600" if after.startswith("StopRequest") else "0.05"  # 3600: the loop's entry must see it
+    code = SWALLOWED_SIGNAL.replace("{after}", after).replace("{resend}", resend)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "CAUGHT SIGTERM pending SIGTERM", done.stdout + done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_interrupted_passes_every_except_exception():
+    from equipax.launch.training.preemption import Interrupted
+
+    with pytest.raises(Interrupted):
+        try:
+            raise Interrupted("SIGTERM")
+        except Exception:  # a library's catch-all, or the code naming a user's mistake
+            pytest.fail("Interrupted was caught as an Exception")

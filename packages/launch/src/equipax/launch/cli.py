@@ -3,14 +3,14 @@
 import sys
 from pathlib import Path
 
-from equipax.launch.training.preemption import EarlyInterrupts, Interrupted
+from equipax.launch.training.preemption import EARLY, Interrupted
 
 __all__ = ["app", "main"]
 
 # The entry point's signal handlers go in before the heavy imports below, so a Ctrl-C or SIGTERM
 # during them ends the command cleanly (exit 75) instead of with a traceback. Not when this module
 # is imported by something else (tests, a notebook): their signals stay theirs.
-INTERRUPTS = EarlyInterrupts()
+INTERRUPTS = EARLY
 if __name__ == "__main__" or Path(sys.argv[0]).name == "launch":
     INTERRUPTS.install()
 
@@ -69,9 +69,14 @@ def main() -> None:
     try:
         INTERRUPTS.arm()  # from here a signal raises Interrupted (reported, exit 75)
         app(prog_name="launch")
-    except Interrupted as e:  # outside a command (GuardedGroup maps those)
+    except Interrupted as e:  # a BaseException: it passes GuardedGroup and every `except Exception`
         print(f"error: {describe(e)[0]}", file=sys.stderr)
         sys.exit(EXIT_PREEMPTED)
+    except SystemExit as e:
+        if INTERRUPTS.pending is not None and e.code in (0, None):  # a signal something swallowed
+            print(f"error: {describe(Interrupted(INTERRUPTS.pending))[0]}", file=sys.stderr)
+            sys.exit(EXIT_PREEMPTED)
+        raise
 
 
 if __name__ == "__main__":

@@ -69,8 +69,8 @@ def describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, Interrupted):
         return (
             f"Stopped by {exc.signal_name} outside the training steps (while starting up, or after "
-            "the last step); nothing was half-written. Run the same command again: it resumes from the "
-            "newest checkpoint, or starts the job if there is none."
+            "the last step); nothing was half-written. Run the same command again (a training run "
+            "resumes from its newest checkpoint, or starts the job if there is none)."
         ), EXIT_PREEMPTED
     from equipax.core.task import BatchError
     from equipax.data import DataError

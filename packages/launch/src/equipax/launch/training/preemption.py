@@ -17,11 +17,15 @@ from types import FrameType
 
 from equipax.launch.exit_codes import EXIT_PREEMPTED
 
-__all__ = ["EarlyInterrupts", "Interrupted", "StopRequest"]
+__all__ = ["EARLY", "EarlyInterrupts", "Interrupted", "StopRequest"]
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM outside the training loop (exit 75: run the same command again)."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM outside the training loop (exit 75: run the same command again).
+
+    A BaseException, like KeyboardInterrupt: the `except Exception` of a library (or of the code
+    that names a user's mistake) must not turn a preemption into another error, or swallow it.
+    """
 
     def __init__(self, signal_name: str) -> None:
         super().__init__(signal_name)
@@ -29,12 +33,20 @@ class Interrupted(Exception):
 
 
 class EarlyInterrupts:
-    """SIGINT/SIGTERM handlers for the whole command outside the loop's `StopRequest`.
+    """The SIGINT/SIGTERM path of the whole command outside the loop's `StopRequest`, from process start.
 
     Until `arm()` (the imports: nothing is written yet, and raising inside an import would print a
     traceback) a signal ends the process at once with `message` and exit 75; from then on a signal
-    raises `Interrupted`, which the command reports the same way.
+    is recorded (`pending`) and raises `Interrupted`, which the command reports the same way.
+
+    Python drops an exception raised where it cannot propagate: in a garbage-collector callback
+    (JAX registers one), a `__del__` or a weakref callback ("Exception ignored in ..."). A signal
+    landing there would be lost and the run would carry on; so such an `Interrupted` is silenced
+    (`sys.unraisablehook`) and the signal is sent again a moment later, until it lands in code
+    that lets it through. `StopRequest` also raises a pending one before the first step.
     """
+
+    RESEND_S = 0.05
 
     def __init__(
         self,
@@ -42,11 +54,15 @@ class EarlyInterrupts:
     ) -> None:
         self.message = message
         self.armed = False
+        self.pending: str | None = None
+        self._previous_hook = sys.unraisablehook
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._handle)
+            self._previous_hook = sys.unraisablehook
+            sys.unraisablehook = self._unraisable
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
@@ -54,11 +70,25 @@ class EarlyInterrupts:
             sys.stderr.write(self.message.format(signal=name) + "\n")
             sys.stderr.flush()
             os._exit(EXIT_PREEMPTED)
+        self.pending = name
         raise Interrupted(name)
+
+    def _unraisable(self, info: "sys.UnraisableHookArgs") -> None:
+        if not isinstance(info.exc_value, Interrupted):
+            self._previous_hook(info)
+            return
+        signum = signal.Signals[info.exc_value.signal_name]
+        timer = threading.Timer(self.RESEND_S, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
 
     def arm(self) -> None:
         """From now on a signal raises `Interrupted` (the command is running)."""
         self.armed: bool = True
+
+
+# The entry point's one instance (`equipax.launch.cli` installs it first thing).
+EARLY: EarlyInterrupts = EarlyInterrupts()
 
 
 class StopRequest:
@@ -77,6 +107,8 @@ class StopRequest:
         self.signal_name = signal.Signals(signum).name
 
     def __enter__(self) -> "StopRequest":
+        if EARLY.pending is not None:  # a start-up signal that something swallowed: stop before the first step
+            raise Interrupted(EARLY.pending)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
