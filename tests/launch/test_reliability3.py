@@ -426,3 +426,10 @@ def test_eval_follow_waits_for_a_job_that_has_not_started_yet(tmp_path):
     assert (job / "eval_job" / "metrics.jsonl").exists()
     code, out = invoke("eval", "--job-log-dir", tmp_path / "never", "--follow", "--idle-timeout", 0.5)
     assert code == 2 and "does not exist" in out, out  # gives up after --idle-timeout, naming it
+
+
+def test_a_missing_pgle_profile_is_refused_before_the_run(tmp_path):
+    code, out = run(tmp_path / "job", "train.pgle.mode=manual", f"train.pgle.profile_path={tmp_path}/nope.pb")
+    assert code == 2, out
+    assert_one_paragraph(out, f"train.pgle.profile_path='{tmp_path}/nope.pb' does not exist", "launch pgle collect")
+    assert not (tmp_path / "job").exists()
