@@ -56,9 +56,15 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
         f"documented command {' '.join(words)!r} is not run by the docs tests; mark its block no-run"
     )
     args = words[3:]
-    continues = args[:1] == ["run"] and "--exp" not in args and "--job-log-dir" in args
+    continues = (
+        args[:1] == ["run"]
+        and "--exp" not in args
+        and "--job-log-dir" in args
+        and not Path(job := args[args.index("--job-log-dir") + 1]).is_absolute()
+        and (tmp_path / job / "config.json").exists()
+    )
     if continues:
-        pass  # `launch run --job-log-dir JOB` continues a job the block made (hf-import): as written
+        pass  # `launch run --job-log-dir JOB` continues a job this block made (hf-import): as written
     elif args and args[0] == "run":
         if "--job-log-dir" in args:
             i = args.index("--job-log-dir")

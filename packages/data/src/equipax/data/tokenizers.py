@@ -225,7 +225,7 @@ class HFTokenizer(Tokenizer):
         assert isinstance(tokenizer, tokenizers.Tokenizer)
         self._tok = tokenizer
         self.path = path
-        self.tokens = {"bos": bos, "eos": eos, "pad": pad}
+        self.tokens: dict[str, str | None] = {"bos": bos, "eos": eos, "pad": pad}
         self._ids = {}
         for role, text in self.tokens.items():
             if text is None:

@@ -8,3 +8,5 @@
 
 docs/hf.md has the commands (`launch convert hf-import`, `hf-export`) built on them.
 """
+
+__all__: list[str] = []  # the submodules are the API (import them by name)

@@ -55,6 +55,10 @@ class TensorInfo:
     """One tensor's entry in a safetensors header."""
 
     __slots__ = ("begin", "dtype", "end", "shape")
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    begin: int
+    end: int
 
     def __init__(self, dtype: np.dtype[Any], shape: tuple[int, ...], begin: int, end: int) -> None:
         self.dtype, self.shape, self.begin, self.end = dtype, shape, begin, end
@@ -80,7 +84,7 @@ class SafetensorsFile:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+        self.path: Path = Path(path)
         try:
             size = self.path.stat().st_size
             with open(self.path, "rb") as f:
@@ -104,7 +108,7 @@ class SafetensorsFile:
             raise _bad(self.path, f"its JSON header does not parse ({e}).") from None
         if not isinstance(header, dict):
             raise _bad(self.path, "its JSON header is not an object.")
-        self.data_start = 8 + n
+        self.data_start: int = 8 + n
         self.metadata: dict[str, str] = dict(header.pop("__metadata__", None) or {})
         self.tensors: dict[str, TensorInfo] = {}
         for name, entry in header.items():
@@ -231,7 +235,7 @@ class HFCheckpoint:
     """
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
+        self.directory: Path = Path(directory)
         index = self.directory / INDEX_FILE
         self._files: dict[str, SafetensorsFile] = {}
         if index.exists():
