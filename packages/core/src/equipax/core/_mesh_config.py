@@ -48,6 +48,8 @@ DEFAULT_LOGICAL_AXIS_RULES: LogicalAxisRules = (
     ("head_dim", None),
     ("qkv", None),
     ("layers", None),
+    # A mixture-of-experts layer's expert index (equipax.core.nn.moe): replicated by default.
+    ("expert", None),
     # A pipelined stack's stage index (PipelinedStack: stage, repeat, layer within the stage).
     ("stage", STAGE),
     # Norm scales and biases: small, so replicated.

@@ -137,7 +137,8 @@ class PipelinedStack(eqx.Module):
         cfg = self.cfg
         if mesh is None or STAGE not in mesh.shape:
             params, static = eqx.partition(self.in_layer_order(), eqx.is_array)
-            return run_stacked_layers(
+            # Dense blocks only (the config refuses a mixture of experts in a pipeline): no stats.
+            y, _ = run_stacked_layers(
                 params,
                 static,
                 x,
@@ -147,6 +148,7 @@ class PipelinedStack(eqx.Module):
                 segment_ids=segment_ids,
                 rotary=rotary,
             )
+            return y
         if mesh.shape[STAGE] != cfg.pipeline_stages:
             raise ValueError(
                 f"The mesh's `stage` axis has {mesh.shape[STAGE]} devices but {_KNOB}.pipeline_stages="
@@ -254,7 +256,7 @@ def _pipeline(
             first = xs[micro] if returned is None else jnp.where(rnd == 0, xs[micro], returned[micro])
             h = jnp.where(stage == 0, first, received)
             layers = jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, rnd, 0, keepdims=False), params)
-            y = run_stacked_layers(
+            y, _ = run_stacked_layers(
                 layers,
                 static,
                 h,
