@@ -6,7 +6,6 @@ import dataclasses
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import pytest
