@@ -105,3 +105,15 @@ def test_parameter_and_flop_counts_total_and_active():
 def test_config_errors_name_the_knob(kw, knob):
     with pytest.raises(ValueError, match=knob):
         _replace(**kw)
+
+
+def test_expert_axis_must_divide_the_experts():
+    from equipax.core.knobs import ConfigError
+    from equipax.core.mesh import EXPERT_AXES, MeshConfig
+
+    def mesh(ep):
+        return MeshConfig(ici_mesh_shape=(1, 1, ep, 1), dcn_mesh_shape=(1, 1, 1, 1), axis_names=EXPERT_AXES)
+
+    CFG.check_mesh(mesh(2), 8)
+    with pytest.raises(ConfigError, match=r"num_experts=4 cannot be split .* one of \[1, 2, 4\]"):
+        CFG.check_mesh(mesh(3), 9)

@@ -18,6 +18,8 @@ from equipax.core._mesh_config import (
     BATCH_AXES,
     DATA,
     DEFAULT_LOGICAL_AXIS_RULES,
+    EXPERT,
+    EXPERT_AXES,
     FSDP,
     PIPELINE_AXES,
     STAGE,
@@ -33,6 +35,8 @@ __all__ = [
     "BATCH_AXES",
     "DATA",
     "DEFAULT_LOGICAL_AXIS_RULES",
+    "EXPERT",
+    "EXPERT_AXES",
     "FSDP",
     "LearnerConfig",
     "LearnerKind",
@@ -46,6 +50,7 @@ __all__ = [
     "TENSOR",
     "TransformerConfig",
     "bubble_fraction",
+    "check_experts",
     "check_pipeline",
     "check_pipeline_knobs",
     "num_microbatches",
@@ -558,6 +563,24 @@ def num_microbatches(cfg: TransformerConfig, global_batch: int) -> int:
     if cfg.pipeline_microbatch_size is not None:
         return max(global_batch // cfg.pipeline_microbatch_size, 1)
     return cfg.pipeline_stages
+
+
+def check_experts(cfg: TransformerConfig, mesh: MeshConfig) -> None:
+    """Raise ConfigError unless the mesh's `expert` axis divides the experts (docs/moe.md).
+
+    Arguments:
+        cfg: the transformer config.
+        mesh: the experiment's mesh (an `expert` axis of -1 is checked once fitted).
+    """
+    ep = mesh.axis_size(EXPERT)
+    unfitted = EXPERT in mesh.axis_names and mesh.ici_mesh_shape[mesh.axis_names.index(EXPERT)] == -1
+    if cfg.num_experts and ep > 1 and not unfitted and cfg.num_experts % ep:
+        divisors = [d for d in range(1, cfg.num_experts + 1) if cfg.num_experts % d == 0]
+        raise ConfigError(
+            f"{_KNOB}.num_experts={cfg.num_experts} cannot be split over the mesh's `expert` axis of size "
+            f"{ep} (axes {mesh.axis_names}, shape {mesh.shape}): each device holds num_experts / expert "
+            f"experts. Make the `expert` axis one of {divisors}, or change num_experts."
+        )
 
 
 def check_pipeline(cfg: TransformerConfig, mesh: MeshConfig, global_batch: int) -> None:

@@ -26,20 +26,24 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from equipax.core.configs import EXPERT
 from equipax.core.nn.linear import fan_in_init
 from equipax.core.nn.mixed import einsum_f32
 from equipax.core.nn.mlp import Activation, FeedForward
 from equipax.core.partition import Axes
 
 __all__ = [
+    "Collectives",
     "MoEFeedForward",
     "MoEStats",
     "expert_capacity",
     "load_balancing_loss",
     "moe_feed_forward",
     "moe_loss_and_metrics",
+    "moe_shard",
     "reference_moe_feed_forward",
     "route",
     "router_z_loss",
@@ -168,9 +172,32 @@ def _router_logits(x: Array, router: Array) -> Array:
     return einsum_f32("td,de->te", x, router.astype(x.dtype))
 
 
-def _stats(logits: Array, probs: Array, experts: Array, dropped: Array) -> MoEStats:
+class Collectives(NamedTuple):
+    """The collectives of one shard's MoE computation inside a `shard_map` (all None: one device).
+
+    expert: the mesh axis the experts (and the tokens) are split over.
+    batch: the mesh axes the tokens are split over (the stats are summed over them).
+    """
+
+    expert: str | None = None
+    batch: tuple[str, ...] = ()
+
+
+def _stats(logits: Array, probs: Array, experts: Array, dropped: Array, comm: Collectives) -> MoEStats:
+    """The stats from sums over this shard's tokens, added up over the batch axes first."""
     counts = jnp.sum(jax.nn.one_hot(experts, probs.shape[-1], dtype=jnp.float32), axis=(0, 1))
-    return MoEStats(load_balancing_loss(probs, experts), router_z_loss(logits), counts, dropped.astype(jnp.float32))
+    sums = (
+        counts,
+        jnp.sum(probs, axis=0),
+        jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1))),
+        jnp.asarray(logits.shape[0], jnp.float32),
+        dropped.astype(jnp.float32),
+    )
+    if comm.batch:
+        sums = jax.lax.psum(sums, comm.batch)
+    counts, prob_sum, z_sum, tokens, dropped = sums
+    aux = probs.shape[-1] * jnp.sum((counts / tokens) * (prob_sum / tokens))
+    return MoEStats(aux, z_sum / tokens, counts, dropped)
 
 
 def _sort_by_expert(flat: Array, num_experts: int) -> tuple[Array, Array, Array]:
@@ -183,37 +210,110 @@ def _sort_by_expert(flat: Array, num_experts: int) -> tuple[Array, Array, Array]
     return order, sizes, rank
 
 
-def _dropless(x: Array, experts: Array, weights: Array, gate: Array, up: Array, down: Array, act) -> Array:
-    """Grouped-matmul experts over the assignments sorted by expert; `x` is `[tokens embed]`."""
+def _dropless(
+    x: Array, experts: Array, weights: Array, gate: Array, up: Array, down: Array, act, num_experts: int, first: Array
+) -> Array:
+    """Grouped matmuls over the assignments sorted by expert; `x` is `[tokens embed]`.
+
+    `gate`, `up`, `down` hold the experts `first ..` (all of them on one device): the rows of
+    those experts are rotated to the front, and the rows after their groups (other devices'
+    experts) come out of `ragged_dot` as zeros, so the result is this shard's partial sum."""
     tokens, top_k = experts.shape
-    flat = experts.reshape(-1)
-    order, sizes, _ = _sort_by_expert(flat, gate.shape[0])
+    order, sizes, _ = _sort_by_expert(experts.reshape(-1), num_experts)
     xs = x[order // top_k]
+    local = gate.shape[0]
+    shift = jnp.sum(jnp.where(jnp.arange(num_experts) < first, sizes, 0))
+    if local < num_experts:
+        sizes = jax.lax.dynamic_slice_in_dim(sizes, first, local)
+        xs = jnp.roll(xs, -shift, axis=0)
     h = act(jax.lax.ragged_dot(xs, gate.astype(x.dtype), sizes)) * jax.lax.ragged_dot(xs, up.astype(x.dtype), sizes)
     ys = jax.lax.ragged_dot(h, down.astype(x.dtype), sizes)
+    if local < num_experts:
+        ys = jnp.roll(ys, shift, axis=0)
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0]))
     y = ys[inverse].reshape(tokens, top_k, -1)
     return jnp.sum(y * weights.astype(x.dtype)[..., None], axis=1)
 
 
-def _with_capacity(
-    x: Array, experts: Array, weights: Array, gate: Array, up: Array, down: Array, act, capacity: int
-) -> tuple[Array, Array]:
-    """One sequence through `[experts, capacity]` buffers; returns `(output, assignments dropped)`."""
-    tokens, top_k = experts.shape
-    num_experts = gate.shape[0]
+def _dispatch(x: Array, experts: Array, num_experts: int, capacity: int) -> tuple[Array, Array]:
+    """One sequence's `[experts capacity embed]` buffer and each assignment's slot in it (one past
+    the end for an assignment dropped: the scatter skips it, `_combine` reads 0 for it)."""
+    top_k = experts.shape[1]
     flat = experts.reshape(-1)
     _, _, rank = _sort_by_expert(flat, num_experts)
-    keep = rank < capacity
-    # Dropped assignments point one past the buffer: the scatter skips them, the gather fills 0.
-    slot = jnp.where(keep, flat * capacity + rank, num_experts * capacity)
+    slot = jnp.where(rank < capacity, flat * capacity + rank, num_experts * capacity)
     src = x[jnp.arange(flat.shape[0]) // top_k]
     buf = jnp.zeros((num_experts * capacity, x.shape[-1]), x.dtype).at[slot].set(src, mode="drop")
-    buf = buf.reshape(num_experts, capacity, -1)
-    h = act(jnp.einsum("ecd,edh->ech", buf, gate.astype(x.dtype))) * jnp.einsum("ecd,edh->ech", buf, up.astype(x.dtype))
-    out = jnp.einsum("ech,ehd->ecd", h, down.astype(x.dtype)).reshape(num_experts * capacity, -1)
-    y = jnp.take(out, slot, axis=0, mode="fill", fill_value=0).reshape(tokens, top_k, -1)
-    return jnp.sum(y * weights.astype(x.dtype)[..., None], axis=1), jnp.sum(~keep)
+    return buf.reshape(num_experts, capacity, -1), slot
+
+
+def _combine(out: Array, slot: Array, weights: Array) -> Array:
+    """One sequence's output from the experts' `[experts capacity embed]` buffer."""
+    y = jnp.take(out.reshape(-1, out.shape[-1]), slot, axis=0, mode="fill", fill_value=0)
+    return jnp.sum(y.reshape(*weights.shape, -1) * weights.astype(out.dtype)[..., None], axis=1)
+
+
+def _expert_mlp(buf: Array, gate: Array, up: Array, down: Array, act) -> Array:
+    """Each expert's gated MLP on its rows of `buf` (`[experts ... embed]`)."""
+    dt = buf.dtype
+    h = act(jnp.einsum("e...d,edh->e...h", buf, gate.astype(dt))) * jnp.einsum("e...d,edh->e...h", buf, up.astype(dt))
+    return jnp.einsum("e...h,ehd->e...d", h, down.astype(dt))
+
+
+def moe_shard(
+    x: Array,
+    router: Array,
+    gate: Array,
+    up: Array,
+    down: Array,
+    *,
+    top_k: int,
+    norm_topk_prob: bool,
+    capacity_factor: float | None,
+    activation: Activation,
+    num_experts: int,
+    comm: Collectives,
+) -> tuple[Array, MoEStats]:
+    """The MoE feed-forward of one shard (`moe_feed_forward` on one device, the body of the
+    expert-parallel `shard_map` in `equipax.core.nn.moe_parallel`).
+
+    `x` is this shard's `[batch seq embed]`; `gate`, `up`, `down` its `num_experts / ep`
+    experts (ep = the size of `comm.expert`). Dropless: every shard gathers the tokens of its
+    expert group, runs its own experts and scatters the partial sums back (`psum_scatter`).
+    With capacity: each shard fills `[experts capacity]` buffers for its sequences, an all-to-all
+    sends each expert's rows to the shard that holds it, and a second one brings the results back.
+    Experts whose hidden units are split over a `tensor` axis give a partial sum (the caller adds
+    it up)."""
+    b, s, d = x.shape
+    act = _ACTIVATIONS[activation]
+    tokens = x.reshape(b * s, d)
+    logits = _router_logits(tokens, router)
+    weights, experts, probs = route(logits, top_k, norm_topk_prob=norm_topk_prob)
+    axis = comm.expert
+    if capacity_factor is None:
+        first = jnp.zeros((), jnp.int32)
+        all_tokens, all_experts, all_weights = tokens, experts, weights
+        if axis is not None:
+            first = jax.lax.axis_index(axis) * gate.shape[0]
+            gather = lambda t: jax.lax.all_gather(t, axis, axis=0, tiled=True)  # noqa: E731
+            all_tokens, all_experts, all_weights = gather(tokens), gather(experts), gather(weights)
+        y = _dropless(all_tokens, all_experts, all_weights, gate, up, down, act, num_experts, first)
+        if axis is not None:
+            y = jax.lax.psum_scatter(y, axis, scatter_dimension=0, tiled=True)
+        dropped = jnp.zeros((), jnp.int32)
+    else:
+        capacity = expert_capacity(s, num_experts, top_k, capacity_factor)
+        experts_bs, weights_bs = experts.reshape(b, s, top_k), weights.reshape(b, s, top_k)
+        buf, slot = jax.vmap(lambda xs, es: _dispatch(xs, es, num_experts, capacity))(x, experts_bs)
+        buf = jnp.swapaxes(buf, 0, 1)  # [experts batch capacity embed]
+        if axis is not None:  # -> [local experts, batch of every shard of the group, capacity, embed]
+            buf = jax.lax.all_to_all(buf, axis, split_axis=0, concat_axis=1, tiled=True)
+        out = _expert_mlp(buf, gate, up, down, act)
+        if axis is not None:
+            out = jax.lax.all_to_all(out, axis, split_axis=1, concat_axis=0, tiled=True)
+        y = jax.vmap(_combine)(jnp.swapaxes(out, 0, 1), slot, weights_bs)
+        dropped = jnp.sum(slot == num_experts * capacity)
+    return y.reshape(b, s, d), _stats(logits, probs, experts, dropped, comm)
 
 
 def moe_feed_forward(
@@ -244,20 +344,19 @@ def moe_feed_forward(
     Returns:
         `(outputs in x.dtype, MoEStats)`.
     """
-    b, s, d = x.shape
-    act = _ACTIVATIONS[activation]
-    tokens = x.reshape(b * s, d)
-    logits = _router_logits(tokens, router)
-    weights, experts, probs = route(logits, top_k, norm_topk_prob=norm_topk_prob)
-    if capacity_factor is None:
-        y = _dropless(tokens, experts, weights, gate, up, down, act)
-        dropped = jnp.zeros((), jnp.int32)
-    else:
-        capacity = expert_capacity(s, gate.shape[0], top_k, capacity_factor)
-        per_seq = jax.vmap(lambda xs, es, ws: _with_capacity(xs, es, ws, gate, up, down, act, capacity))
-        y, dropped_per_seq = per_seq(x, experts.reshape(b, s, top_k), weights.reshape(b, s, top_k))
-        dropped = jnp.sum(dropped_per_seq)
-    return y.reshape(b, s, d), _stats(logits, probs, experts, dropped)
+    return moe_shard(
+        x,
+        router,
+        gate,
+        up,
+        down,
+        top_k=top_k,
+        norm_topk_prob=norm_topk_prob,
+        capacity_factor=capacity_factor,
+        activation=activation,
+        num_experts=gate.shape[0],
+        comm=Collectives(),
+    )
 
 
 def reference_moe_feed_forward(
@@ -301,7 +400,12 @@ def reference_moe_feed_forward(
         h = act(xf @ gate[e].astype(jnp.float32)) * (xf @ up[e].astype(jnp.float32))
         y = y + w[..., None] * (h @ down[e].astype(jnp.float32))
     flat_logits, flat_probs = logits.reshape(b * s, -1), probs.reshape(b * s, -1)
-    return y.astype(x.dtype), _stats(flat_logits, flat_probs, experts.reshape(b * s, top_k), dropped)
+    flat_experts = experts.reshape(b * s, -1)
+    counts = jnp.stack([jnp.sum(experts == e) for e in range(num_experts)]).astype(jnp.float32)
+    stats = MoEStats(
+        load_balancing_loss(flat_probs, flat_experts), router_z_loss(flat_logits), counts, dropped.astype(jnp.float32)
+    )
+    return y.astype(x.dtype), stats
 
 
 class MoEFeedForward(eqx.Module):
@@ -375,15 +479,25 @@ class MoEFeedForward(eqx.Module):
             "down": ("expert", "hidden", "embed"),
         }
 
-    def __call__(self, x: Float[Array, "batch seq embed"]) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
+    def __call__(
+        self, x: Float[Array, "batch seq embed"], *, mesh: Mesh | None = None
+    ) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
         """Apply the layer.
 
         Arguments:
             x: inputs.
+            mesh: the device mesh; with an `expert` axis of size > 1 the experts run expert-
+                parallel over it (`equipax.core.nn.moe_parallel`), else as on one device (GSPMD
+                places any other collectives).
 
         Returns:
             `(outputs of the same shape and dtype, MoEStats)`.
         """
+        if mesh is not None and mesh.shape.get(EXPERT, 1) > 1:
+            # Imported here: moe_parallel imports this module.
+            from equipax.core.nn.moe_parallel import expert_parallel_moe
+
+            return expert_parallel_moe(self, x, mesh)
         y, stats = moe_feed_forward(
             x,
             self.router,

@@ -160,7 +160,7 @@ class TransformerBlock(eqx.Module):
         x = x + (y if reduce is None else reduce(y))
         stats = None
         if isinstance(self.ffn, MoEFeedForward):
-            y, stats = self.ffn(self.ffn_norm(x))
+            y, stats = self.ffn(self.ffn_norm(x), mesh=mesh)
         else:
             y = self.ffn(self.ffn_norm(x))
         return x + (y if reduce is None else reduce(y)), cache, stats
