@@ -192,11 +192,7 @@ class TransformerLM(eqx.Module):
         del key
         ids, segment_ids, positions = token_ids(ids, segment_ids, positions)
         x, rotary = self.embed(ids, self._positions(ids, positions))
-        x = constrain_batch(x, mesh)
-        if isinstance(self.stack, TransformerStack):
-            x, stats = self.stack.forward(x, mesh=mesh, segment_ids=segment_ids, rotary=rotary)
-        else:  # a pipeline runs dense blocks only (the config refuses experts there)
-            x, stats = self.stack(x, mesh=mesh, segment_ids=segment_ids, rotary=rotary), None
+        x, stats = self.stack.forward(constrain_batch(x, mesh), mesh=mesh, segment_ids=segment_ids, rotary=rotary)
         return self.logits(self.final_norm(x), mesh), stats
 
     def cached(

@@ -26,10 +26,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
-from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from equipax.core.configs import EXPERT
 from equipax.core.nn.linear import fan_in_init
 from equipax.core.nn.mixed import einsum_f32
 from equipax.core.nn.mlp import Activation, FeedForward
@@ -261,11 +259,11 @@ def _expert_mlp(buf: Array, gate: Array, up: Array, down: Array, act) -> Array:
 
 
 def moe_shard(
-    x: Array,
-    router: Array,
-    gate: Array,
-    up: Array,
-    down: Array,
+    x: Float[Array, "batch seq embed"],
+    router: Float[Array, "embed experts"],
+    gate: Float[Array, "local_experts embed hidden"],
+    up: Float[Array, "local_experts embed hidden"],
+    down: Float[Array, "local_experts hidden embed"],
     *,
     top_k: int,
     norm_topk_prob: bool,
@@ -273,7 +271,7 @@ def moe_shard(
     activation: Activation,
     num_experts: int,
     comm: Collectives,
-) -> tuple[Array, MoEStats]:
+) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
     """The MoE feed-forward of one shard (`moe_feed_forward` on one device, the body of the
     expert-parallel `shard_map` in `equipax.core.nn.moe_parallel`).
 
@@ -479,26 +477,26 @@ class MoEFeedForward(eqx.Module):
             "down": ("expert", "hidden", "embed"),
         }
 
-    def __call__(
-        self, x: Float[Array, "batch seq embed"], *, mesh: Mesh | None = None
-    ) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
-        """Apply the layer.
+    def __call__(self, x: Float[Array, "batch seq embed"]) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
+        """Apply the layer on one device (or under GSPMD; `equipax.core.nn.moe_parallel.apply_moe`
+        runs it expert-parallel over a mesh's `expert` axis).
 
         Arguments:
             x: inputs.
-            mesh: the device mesh; with an `expert` axis of size > 1 the experts run expert-
-                parallel over it (`equipax.core.nn.moe_parallel`), else as on one device (GSPMD
-                places any other collectives).
 
         Returns:
             `(outputs of the same shape and dtype, MoEStats)`.
         """
-        if mesh is not None and mesh.shape.get(EXPERT, 1) > 1:
-            # Imported here: moe_parallel imports this module.
-            from equipax.core.nn.moe_parallel import expert_parallel_moe
+        y, stats = self.routed(x, num_experts=self.gate.shape[0], comm=Collectives())
+        return (y if self.shared is None else y + self.shared(x)), stats
 
-            return expert_parallel_moe(self, x, mesh)
-        y, stats = moe_feed_forward(
+    def routed(
+        self, x: Float[Array, "batch seq embed"], *, num_experts: int, comm: Collectives
+    ) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
+        """The routed experts' part of the output (no shared expert): `moe_shard` with this layer's
+        weights, which are one shard's `num_experts / ep` experts inside the expert-parallel
+        `shard_map` (`comm`), or all `num_experts` on one device (`Collectives()`)."""
+        return moe_shard(
             x,
             self.router,
             self.gate,
@@ -508,5 +506,6 @@ class MoEFeedForward(eqx.Module):
             norm_topk_prob=self.norm_topk_prob,
             capacity_factor=self.capacity_factor,
             activation=self.activation,
+            num_experts=num_experts,
+            comm=comm,
         )
-        return (y if self.shared is None else y + self.shared(x)), stats

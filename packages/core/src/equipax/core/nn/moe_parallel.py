@@ -27,14 +27,33 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float
 
 from equipax.core.mesh import BATCH_AXES, EXPERT, TENSOR
-from equipax.core.nn.moe import Collectives, MoEFeedForward, MoEStats, moe_shard
+from equipax.core.nn.moe import Collectives, MoEFeedForward, MoEStats
 from equipax.core.nn.tensor_parallel import _gather_fsdp  # pyright: ignore[reportPrivateUsage]
 
-__all__ = ["expert_parallel_moe"]
+__all__ = ["apply_moe", "expert_parallel_moe"]
 
 
 def _split_over_tensor(spec: Any) -> bool:
     return spec is not None and TENSOR in tuple(spec)
+
+
+def apply_moe(
+    layer: MoEFeedForward, x: Float[Array, "batch seq embed"], mesh: Mesh | None = None
+) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
+    """`layer(x)`: expert-parallel (`expert_parallel_moe`) on a mesh whose `expert` axis is > 1, else
+    as on one device (GSPMD places any other collectives).
+
+    Arguments:
+        layer: the MoE layer.
+        x: activations.
+        mesh: the device mesh, or None.
+
+    Returns:
+        `(outputs, MoEStats)`.
+    """
+    if mesh is not None and mesh.shape.get(EXPERT, 1) > 1:
+        return expert_parallel_moe(layer, x, mesh)
+    return layer(x)
 
 
 def expert_parallel_moe(
@@ -70,20 +89,7 @@ def expert_parallel_moe(
 
     def local(params: MoEFeedForward, x: Array) -> tuple[Array, MoEStats]:
         lyr = eqx.combine(_gather_fsdp(params, specs), static)
-        comm = Collectives(expert=EXPERT, batch=batch)
-        y, stats = moe_shard(
-            x,
-            lyr.router,
-            lyr.gate,
-            lyr.up,
-            lyr.down,
-            top_k=lyr.top_k,
-            norm_topk_prob=lyr.norm_topk_prob,
-            capacity_factor=lyr.capacity_factor,
-            activation=lyr.activation,
-            num_experts=num_experts,
-            comm=comm,
-        )
+        y, stats = lyr.routed(x, num_experts=num_experts, comm=Collectives(expert=EXPERT, batch=batch))
         if routed_split:  # each device's hidden units gave a partial sum
             y = jax.lax.psum(y, TENSOR)
         if lyr.shared is not None:

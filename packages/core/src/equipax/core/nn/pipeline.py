@@ -115,6 +115,18 @@ class PipelinedStack(eqx.Module):
             lambda w: jnp.swapaxes(w, 0, 1).reshape(-1, *w.shape[3:]) if eqx.is_array(w) else w, self.stages
         )
 
+    def forward(
+        self,
+        x: Float[Array, "batch seq embed"],
+        *,
+        mesh: Mesh | None = None,
+        segment_ids: Int[Array, "batch seq"] | None = None,
+        rotary: Rotary | None = None,
+    ) -> tuple[Float[Array, "batch seq embed"], None]:
+        """`(__call__'s outputs, None)`: `TransformerStack.forward`'s contract; a pipeline runs dense
+        blocks only (the config refuses a mixture of experts in one), so it has no MoE stats."""
+        return self(x, mesh=mesh, segment_ids=segment_ids, rotary=rotary), None
+
     def __call__(
         self,
         x: Float[Array, "batch seq embed"],

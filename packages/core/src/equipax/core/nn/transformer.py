@@ -24,6 +24,7 @@ from equipax.core.configs import TransformerConfig
 from equipax.core.nn.fused_attention import AttentionImpl
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.moe import MoEFeedForward, MoEStats
+from equipax.core.nn.moe_parallel import apply_moe
 from equipax.core.nn.norm import LayerNorm, RMSNorm
 from equipax.core.nn.self_attention import Attention, AttentionCache, Rotary
 from equipax.core.nn.tensor_parallel import shard_map_block
@@ -160,7 +161,7 @@ class TransformerBlock(eqx.Module):
         x = x + (y if reduce is None else reduce(y))
         stats = None
         if isinstance(self.ffn, MoEFeedForward):
-            y, stats = self.ffn(self.ffn_norm(x), mesh=mesh)
+            y, stats = apply_moe(self.ffn, self.ffn_norm(x), mesh)
         else:
             y = self.ffn(self.ffn_norm(x))
         return x + (y if reduce is None else reduce(y)), cache, stats
