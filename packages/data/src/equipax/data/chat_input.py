@@ -94,7 +94,7 @@ class ChatSFTInput(BaseInput):
         self.truncation: Literal["truncate", "drop"] = truncation
         self.assistant_only_loss: bool = bool(assistant_only_loss)
         self._per_host = len(range(infeed_host_index, len(conversations), num_infeed_hosts))
-        self._example = functools.lru_cache(maxsize=1 << 16)(self._make_example)
+        self.example = functools.lru_cache(maxsize=1 << 16)(self._make_example)
         self._rows_per_host: list[int] | None = None
         self.reset()
 
@@ -102,7 +102,11 @@ class ChatSFTInput(BaseInput):
 
     def _make_example(self, index: int) -> tuple[np.ndarray, np.ndarray, bool] | None:
         """`(tokens, weights, truncated)` of conversation `index` cut to `seq_len + 1` tokens, or
-        None when it is longer and `truncation="drop"`."""
+        None when it is longer and `truncation="drop"` (`self.example`: the same, cached).
+
+        Raises:
+            ChatError: the conversation does not render or has no reply to train on (naming it).
+        """
         ex = chat_example(
             self._tok,
             self.template,
@@ -138,7 +142,7 @@ class ChatSFTInput(BaseInput):
             index = self._conversation_at(self._position)
             if index is None:
                 break
-            example = self._example(index)
+            example = self.example(index)
             if example is None:
                 self._position += 1
                 self.stats["dropped"] += 1
@@ -202,7 +206,7 @@ class ChatSFTInput(BaseInput):
                     truncation=self.truncation,
                     assistant_only_loss=self.assistant_only_loss,
                 )
-                probe._example = self._example if host == self.infeed_host_index else probe._example
+                probe.example = self.example if host == self.infeed_host_index else probe.example
                 rows = 0
                 while probe._next_row() is not None:
                     rows += 1
