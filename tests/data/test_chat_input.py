@@ -90,3 +90,23 @@ def test_truncation_is_explicit_and_counted():
     assert drop.stats["dropped"] == longer and drop.stats["truncated"] == 0
     assert drop.stats["conversations"] == len(lengths) - longer
     assert 0.5 < drop.packing_efficiency() <= 1.0
+
+
+def test_play_conversations_alternate_speeches_of_a_scene():
+    from equipax.data import play_conversations, split_plays
+
+    hamlet = split_plays(["hamlet"])[1]["hamlet"]
+    convs = play_conversations(hamlet, turns=2)
+    assert len(convs) > 100
+    first = convs[0]
+    assert [m["role"] for m in first] == ["system", "user", "assistant", "user", "assistant"]
+    assert first[0]["content"] == "A scene from Hamlet. Answer in character."
+    assert first[1]["content"] == "BERNARDO\nWho's there?"
+    assert first[2]["content"].startswith("FRANCISCO\nNay, answer me")
+    # No stage direction or heading is a message, and every message is a speaker's speech.
+    for c in convs:
+        for m in c[1:]:
+            speaker, *lines = m["content"].split("\n")
+            assert speaker.isupper() and lines and not speaker.startswith(("ACT ", "SCENE ", "Enter "))
+    with pytest.raises(ValueError, match="turns must be >= 1"):
+        play_conversations(hamlet, turns=0)

@@ -60,7 +60,12 @@ def llama3_2_chat_cpu() -> ExperimentConfig:
             schedule=dataclasses.replace(SFT_LEARNER.schedule, peak_learning_rate=3e-3, warmup_steps=5, decay_steps=40),
         ),
         train=TrainConfig(
-            num_steps=40, log_every=10, eval_every=40, eval_batches=4, checkpoint_every=40, sample=SampleConfig(tokens=0)
+            num_steps=40,
+            log_every=10,
+            eval_every=40,
+            eval_batches=4,
+            checkpoint_every=40,
+            sample=SampleConfig(tokens=0),
         ),
         mesh=MeshConfig(),
     )
@@ -90,6 +95,11 @@ def llama3_1_8b_chat_sft() -> ExperimentConfig:
         ),
         learner=SFT_LEARNER,
         train=TrainConfig(
-            num_steps=2000, log_every=10, eval_every=200, eval_batches=20, checkpoint_every=200, sample=SampleConfig(tokens=0)
+            num_steps=2000,
+            log_every=10,
+            eval_every=200,
+            eval_batches=20,
+            checkpoint_every=200,
+            sample=SampleConfig(tokens=0),
         ),
     )

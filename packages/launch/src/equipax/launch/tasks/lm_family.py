@@ -125,10 +125,10 @@ def finish(
         return out | {"sample": None}
     tokenizer = inputs.extra["tokenizer"]
     prompt = tokenizer.encode(cfg.train.sample.prompt) or [tokenizer.bos_id]
-    out = continue_ids(model, prompt, cfg.train.sample.tokens, temperature=cfg.train.sample.temperature, key=key)
+    sampled = continue_ids(model, prompt, cfg.train.sample.tokens, temperature=cfg.train.sample.temperature, key=key)
     # model.vocab_size may exceed the tokenizer's vocabulary (docs/data.md): ids past it were never
     # a training target, but sampling can still pick one, and no text decodes from it.
-    ids = [i for i in np.asarray(out).tolist() if i < tokenizer.vocab_size]
+    ids = [i for i in np.asarray(sampled).tolist() if i < tokenizer.vocab_size]
     return out | {"sample": tokenizer.decode(ids)}
 
 
