@@ -11,7 +11,7 @@ row's weighted loss sum is the sum of its conversations' (tests/data/test_chat_i
 """
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -94,7 +94,9 @@ class ChatSFTInput(BaseInput):
         self.truncation: Literal["truncate", "drop"] = truncation
         self.assistant_only_loss: bool = bool(assistant_only_loss)
         self._per_host = len(range(infeed_host_index, len(conversations), num_infeed_hosts))
-        self.example = functools.lru_cache(maxsize=1 << 16)(self._make_example)
+        self.example: Callable[[int], tuple[np.ndarray, np.ndarray, bool] | None] = functools.lru_cache(
+            maxsize=1 << 16
+        )(self._make_example)
         self._rows_per_host: list[int] | None = None
         self.reset()
 

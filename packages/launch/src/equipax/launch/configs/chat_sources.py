@@ -12,6 +12,7 @@ pack whole conversations into rows (`data.packing`). Every conversation is check
 template rendering it, a reply to train on) when the inputs are built, before the first step.
 """
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from equipax.core.knobs import ConfigError
@@ -49,7 +50,7 @@ class ChatSource(TokenSource):
         """The conversations of `split` ("train" or "eval")."""
         raise NotImplementedError
 
-    def vocabulary_texts(self, data: Any):
+    def vocabulary_texts(self, data: Any) -> Iterator[str]:
         raise NotImplementedError(f"data.source={self.name!r} reads the model's own tokenizer (data.tokenizer).")
 
     def build(
