@@ -20,6 +20,9 @@ Figures: kills sent (by signal), SIGTERMs answered with exit 75, kills that left
 (set aside to `corrupt_checkpoints/`; must be 0), bit flips made and detected, corrupt restores
 (a flipped checkpoint restored in a trial that then mismatched; must be 0), and mismatches
 against the uninterrupted run (must be 0).
+
+`--startup-signals`: instead, `--trials` fresh runs each get SIGTERM or SIGINT at a seeded random
+moment of start-up; a run that exits 0 lost its signal (must be 0), and none may print a traceback.
 """
 
 import argparse
@@ -151,9 +154,11 @@ def outcome(job: Path) -> dict:
     }
 
 
-def reference(work: Path, args: list[str], env: dict[str, str], timeout: float) -> tuple[dict, float, float]:
+def reference(
+    work: Path, args: list[str], env: dict[str, str], timeout: float, name: str = "reference"
+) -> tuple[dict, float, float]:
     """The uninterrupted run: its outcome, seconds to the first step, seconds of training after it."""
-    job = work / "reference"
+    job = work / name
     proc = Proc(job, args, env)
     code = proc.wait(timeout)
     if code != 0:
@@ -319,6 +324,66 @@ def run_trials(
     }
 
 
+def startup_signals(
+    trials: int, *, seed: int = 0, steps: int = 24, tokenizer: str = "sentencepiece", timeout: float = 300.0
+) -> dict:
+    """`--startup-signals`: SIGTERM or SIGINT at a seeded random moment of start-up, one fresh run each.
+
+    The moment is uniform in [0, the uninterrupted run's seconds to its first step]: the imports,
+    the config, JAX's device start-up, the data and the compile. A run that then exits 0 lost the
+    signal (it trained on as if none came); each must exit 75 (or die of the signal itself, when it
+    lands before the interpreter ran the entry point's first line), with no traceback.
+    """
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        env = env_for(work / "jax-cache")
+        args = run_args(steps, tokenizer)
+        reference(work, args, env, timeout)  # fills the compilation cache that every later run reads
+        _, startup_s, _ = reference(work, args, env, timeout, name="warm-reference")
+        rng = random.Random(seed)
+        records = []
+        for i in range(trials):
+            sig = rng.choice([signal.SIGTERM, signal.SIGINT])
+            delay = rng.uniform(0.0, startup_s)
+            proc = Proc(work / f"startup{i}", args, env)
+            time.sleep(max(0.0, delay - (time.monotonic() - proc.started)))
+            sent = proc.popen.poll() is None
+            if sent:
+                proc.popen.send_signal(sig)
+            code = proc.wait(timeout)
+            rec = {
+                "signal": sig.name,
+                "delay_s": round(delay, 3),
+                "fraction_of_startup": round(delay / startup_s, 3),
+                "sent": sent,
+                "exit": code,
+                # Landed after this run's first step: the loop's own path (checkpoint, then 75), not start-up.
+                "during_startup": proc.first_step_s is None or delay < proc.first_step_s,
+                "lost": sent and code == 0 and (proc.first_step_s is None or delay < proc.first_step_s),
+                "traceback": "Traceback" in proc.output or "Exception ignored" in proc.output,
+            }
+            records.append(rec)
+            print(f"startup signal {i}: {sig.name} at {delay:.2f} s -> exit {code}", flush=True)
+    sent = [r for r in records if r["sent"] and r["during_startup"]]
+    return {
+        "startup_trials": trials,
+        "landed_after_the_first_step": sum(r["sent"] and not r["during_startup"] for r in records),
+        "seed": seed,
+        "startup_s": round(startup_s, 2),
+        "signals_sent": len(sent),
+        "exit_75": sum(r["exit"] == EXIT_PREEMPTED for r in sent),
+        "killed_by_the_signal": sum(r["exit"] < 0 for r in sent),
+        "lost_signals": sum(r["lost"] for r in sent),
+        "tracebacks": sum(r["traceback"] for r in sent),
+        "other_exits": sorted(
+            {r["exit"] for r in sent} - {0, EXIT_PREEMPTED} - {r["exit"] for r in sent if r["exit"] < 0}
+        ),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "records": records,
+    }
+
+
 def _array_file(record: dict) -> bool:
     """The flipped file holds array data (orbax's OCDBT data files)."""
     return "/state/" in record["bitflip"]["file"] and "/d/" in record["bitflip"]["file"]
@@ -337,8 +402,21 @@ def main() -> None:
         default=True,
         help="flip one bit of the newest checkpoint before one resume of each trial",
     )
+    p.add_argument(
+        "--startup-signals",
+        action="store_true",
+        help="instead: --trials runs, each sent SIGTERM or SIGINT at a random moment of start-up; count lost signals",
+    )
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     a = p.parse_args()
+    if a.startup_signals:
+        figures = startup_signals(a.trials, seed=a.seed, steps=a.steps, tokenizer=a.tokenizer)
+        for k, v in figures.items():
+            print(f"{k:28s} {v}") if k != "records" else None
+        if a.out:
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps(figures, indent=2) + "\n")
+        sys.exit(1 if figures["lost_signals"] or figures["tracebacks"] or figures["other_exits"] else 0)
     figures = run_trials(
         a.trials, seed=a.seed, steps=a.steps, kills=a.kills, tokenizer=a.tokenizer, bitflips=a.bitflips
     )

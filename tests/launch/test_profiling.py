@@ -102,6 +102,7 @@ def test_manual_pgle_flags_are_recorded_and_said_to_do_nothing_on_cpu(tmp_path, 
 
     monkeypatch.setenv("XLA_FLAGS", "")
     job, profile = tmp_path / "job", tmp_path / "profile.pb"
+    profile.write_bytes(b"")  # there (a missing one is refused); read by XLA on GPU only
     result = launch(
         "run",
         "--exp",

@@ -3,6 +3,7 @@ partial shard set, lock files and output paths are checked before any work, user
 experiments and string knobs are validated. Each test drives the CLI and checks the exit code, the
 message and that nothing was written where it should not be. docs/errors.md lists each case."""
 
+import json
 import os
 import subprocess
 import sys
@@ -367,3 +368,68 @@ def test_interrupted_passes_every_except_exception():
             raise Interrupted("SIGTERM")
         except Exception:  # a library's catch-all, or the code naming a user's mistake
             pytest.fail("Interrupted was caught as an Exception")
+
+
+# --- malformed inputs are named, exit 2 ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (
+            ["eval", "--job-log-dir", "{tmp}/list-job"],
+            "must be a mapping of knob names to values (a JSON object); got list",
+        ),
+        (["decode", "--job-log-dir", "{tmp}/list-job", "--prompt", "a"], "got list []"),
+        (["convert", "maxtext", "{tmp}/binary.yml"], "Cannot read the MaxText config"),
+        (["convert", "maxtext", "{tmp}/ok.yml", "steps=abc"], "The MaxText value(s) steps='abc' do not translate"),
+    ],
+    ids=["eval-config-list", "decode-config-list", "maxtext-binary", "maxtext-steps-abc"],
+)
+def test_malformed_inputs_are_named(args, needle, tmp_path):
+    (tmp_path / "list-job").mkdir()
+    (tmp_path / "list-job" / "config.json").write_text("[]")
+    (tmp_path / "binary.yml").write_bytes(b"\xff\xfe\x00\x01")
+    (tmp_path / "ok.yml").write_text("base_emb_dim: 64\n")
+    code, out = invoke(*(a.replace("{tmp}", str(tmp_path)) for a in args))
+    assert code == 2, out
+    assert_one_paragraph(out, needle)
+    assert "may be a bug" not in out
+
+
+def test_result_json_is_strict_json():
+    from equipax.launch.training.finish import _finite_or_null
+
+    text = json.dumps(_finite_or_null({"loss": float("nan"), "x": [1.0, float("inf")], "n": 3}), allow_nan=False)
+    assert json.loads(text) == {"loss": None, "x": [1.0, None], "n": 3}
+
+
+# --- `launch run ... & launch eval --follow` started together --------------------------------
+
+
+def test_eval_follow_waits_for_a_job_that_has_not_started_yet(tmp_path):
+    import shutil
+    import threading
+
+    finished = tmp_path / "finished"
+    code, out = run(finished, "train.num_steps=2", "model.transformer.num_layers=1")
+    assert code == 0, out
+    job = tmp_path / "job"
+    appears = threading.Timer(1.5, shutil.copytree, (finished, job))  # the run writes config.json a moment later
+    appears.start()
+    try:
+        code, out = invoke("eval", "--job-log-dir", job, "--follow", "--poll-seconds", 0.2, "--idle-timeout", 60)
+    finally:
+        appears.join()
+    assert code == 0, out
+    assert "Waiting for the job" in out and "Traceback" not in out
+    assert (job / "eval_job" / "metrics.jsonl").exists()
+    code, out = invoke("eval", "--job-log-dir", tmp_path / "never", "--follow", "--idle-timeout", 0.5)
+    assert code == 2 and "does not exist" in out, out  # gives up after --idle-timeout, naming it
+
+
+def test_a_missing_pgle_profile_is_refused_before_the_run(tmp_path):
+    code, out = run(tmp_path / "job", "train.pgle.mode=manual", f"train.pgle.profile_path={tmp_path}/nope.pb")
+    assert code == 2, out
+    assert_one_paragraph(out, f"train.pgle.profile_path='{tmp_path}/nope.pb' does not exist", "launch pgle collect")
+    assert not (tmp_path / "job").exists()

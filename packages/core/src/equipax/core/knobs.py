@@ -469,8 +469,14 @@ def to_json(cfg: Any) -> str:
 
 
 def from_json[C](cls: type[C], text: str) -> C:
-    """Parse a config of type `cls` from `to_json` output."""
-    return from_dict(cls, json.loads(text))
+    """Parse a config of type `cls` from `to_json` output (ConfigError unless it is a JSON object)."""
+    data = json.loads(text)
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"The config must be a mapping of knob names to values (a JSON object); got "
+            f"{type(data).__name__} {repr(data)[:60]}."
+        )
+    return from_dict(cls, data)
 
 
 def format_knobs(cfg: Any, sources: Mapping[str, str] | None = None) -> str:

@@ -32,8 +32,8 @@ def read_maxtext(path: Path, overrides: list[str]) -> dict[str, Any]:
 
     try:
         values = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        fail(f"Cannot read the MaxText config {path}: {e}")
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
+        fail(f"Cannot read the MaxText config {path}: {e} (a MaxText config is a YAML text file).")
         raise AssertionError("unreachable") from None
     if not isinstance(values, dict):
         fail(f"{path} is not a MaxText config (a YAML mapping of key: value); found a {type(values).__name__}.")

@@ -53,6 +53,8 @@ def eval_cmd(
             fail(f"{name} must be a number of seconds > 0; got {value}.")
     if eval_batches is not None and eval_batches < 0:
         fail(f"--eval-batches must be >= 0 (0 = the whole eval set); got {eval_batches}.")
+    if follow:
+        _wait_for_the_job(job_log_dir, poll_seconds, idle_timeout)
     cfg = load_config(job_log_dir)
     if eval_batches is not None:
         try:
@@ -61,6 +63,19 @@ def eval_cmd(
             fail(str(e))
     use_cpu_devices(cpu_devices)
     EvalJob(cfg, job_log_dir).run(follow=follow, poll_seconds=poll_seconds, idle_timeout=idle_timeout)
+
+
+def _wait_for_the_job(job_dir: Path, poll_seconds: float, idle_timeout: float) -> None:
+    """--follow: wait for a job started at the same moment (`launch run ... & launch eval --follow`)
+    to write its config.json, up to --idle-timeout; then `load_config` names what is missing."""
+    config, waited, said = job_dir / "config.json", 0.0, False
+    while not config.exists() and waited < idle_timeout:
+        if not said:
+            err.print(f"Waiting for the job in {job_dir} to start (no config.json yet)...", highlight=False)
+            said = True
+        pause = min(poll_seconds, 1.0, idle_timeout - waited)
+        time.sleep(pause)
+        waited += pause
 
 
 class EvalJob:

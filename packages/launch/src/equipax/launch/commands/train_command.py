@@ -149,7 +149,7 @@ def run(
     from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
     from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
     from equipax.launch.cluster.shape import check_shape
-    from equipax.launch.training.pgle import set_xla_flags
+    from equipax.launch.training.pgle import check_profile, set_xla_flags
 
     dist = DistributedArgs(
         coordinator, num_processes, process_id, auto=distributed_auto, coordinator_timeout_s=coordinator_timeout
@@ -168,6 +168,7 @@ def run(
                 cfg.train.compiler.xla_flags, cfg.train.compiler.libtpu_init_args
             ).items():
                 err.print(f"{var}={value}", highlight=False, markup=False)
+            check_profile(cfg.train.pgle)
             set_xla_flags(cfg.train.pgle)
         use_cpu_devices(cpu_devices)
         initialize(dist)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,10 +88,22 @@ def finish(
         summary = {
             k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items() if k != "extra"
         } | extra
-        write_text_atomic(run.job_dir / "result.json", json.dumps(summary, indent=2) + "\n")
+        write_text_atomic(run.job_dir / "result.json", json.dumps(_finite_or_null(summary), indent=2) + "\n")
     if result.final_eval_loss is not None:
         line = f"Final eval loss {result.final_eval_loss:.4f}, accuracy {result.final_eval_accuracy:.4f}"
         if extra.get("unigram_entropy") is not None:
             line += f" (nats/token; unigram entropy of the training tokens: {extra['unigram_entropy']:.4f})"
         log(line)
     return result
+
+
+def _finite_or_null(value: Any) -> Any:
+    """`value` with NaN and infinities as None: result.json is strict JSON (a bare `NaN` is not),
+    which every JSON reader (jq, JavaScript) accepts; metrics.jsonl keeps the values as logged."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value

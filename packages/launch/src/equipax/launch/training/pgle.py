@@ -20,11 +20,13 @@ from typing import Any
 
 import jax
 
+from equipax.core.knobs import ConfigError
 from equipax.launch.configs.train import PGLEConfig
 from equipax.launch.jobdir.ownership import write_text_atomic
 from equipax.launch.training.hooks import Hook, RunContext, StepContext
 
 __all__ = [
+    "check_profile",
     "COLLECT_XLA_FLAGS",
     "device_platform",
     "PGLE_AUTO_AOT",
@@ -137,6 +139,16 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
         if not byte & 0x80:
             return value, i
         shift += 7
+
+
+def check_profile(pgle: PGLEConfig) -> None:
+    """ConfigError when `train.pgle.mode='manual'` names a profile that is not there: XLA reads it
+    at the first compile and carries on without one, so the run would not be the one asked for."""
+    if pgle.mode == "manual" and not os.path.exists(os.path.expanduser(pgle.profile_path)):
+        raise ConfigError(
+            f"train.pgle.profile_path={pgle.profile_path!r} does not exist; point it at the profile.pb "
+            f"that `launch pgle collect` wrote (<job>/profile.pb), or set train.pgle.mode=off."
+        )
 
 
 def set_xla_flags(pgle: PGLEConfig, environ: MutableMapping[str, str] | None = None) -> list[str]:

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from equipax.core.knobs import ConfigError
 from equipax.launch.translators.maxtext_converters import MESH_AXES, OTHER_AXES, SCALE_RULES, Skip, Values
 from equipax.launch.translators.maxtext_rules import RULES
 
@@ -70,6 +71,12 @@ def to_equipax(maxtext: Mapping[str, Any], *, scale_rule: str = "linear") -> Tra
             for key in rule.maxtext:
                 if key in maxtext:
                     v.skipped.setdefault(key, str(e))
+        except (ValueError, TypeError, ArithmeticError) as e:
+            given = ", ".join(f"{k}={maxtext[k]!r}" for k in rule.maxtext if k in maxtext)
+            raise ConfigError(
+                f"The MaxText value(s) {given} do not translate: {e}. Give each key a value of the kind "
+                f"MaxText takes (a number for sizes and steps, e.g. steps=1000)."
+            ) from None
     for key, value in maxtext.items():
         if key not in used and (key, value) not in _QUIET:
             v.skipped.setdefault(key, NOT_TRANSLATED.get(key, "no equipax knob"))
