@@ -18,7 +18,6 @@ end-of-turn token), 0 otherwise (system, user and tool text, headers, padding). 
 
 import datetime
 import functools
-import gzip
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from equipax.data.sources import DataError
+from equipax.data.sources.c4 import read_json_lines
 from equipax.data.tokenizers import HFTokenizer
 
 __all__ = [
@@ -112,12 +112,7 @@ def read_conversations(files: Sequence[str | Path]) -> Conversations:
     for file in map(Path, files):
         if not file.is_file():
             raise ChatError(f"no conversation file {str(file)!r}.")
-        raw = file.read_bytes()
-        if file.name.endswith(".gz"):
-            try:
-                raw = gzip.decompress(raw)
-            except (OSError, EOFError) as e:
-                raise ChatError(f"{str(file)!r} is not a valid gzip file ({e}); re-copy it.") from None
+        raw = read_json_lines(file, "Conversation file")
         before = len(messages)
         for n, line in enumerate(raw.split(b"\n"), start=1):
             if not line.strip():

@@ -26,6 +26,7 @@ from equipax.data.base import Documents
 __all__ = [
     "ARRAY_RECORD_SUFFIXES",
     "check_complete_sets",
+    "read_json_lines",
     "check_shard_output",
     "check_not_dangling",
     "DataError",
@@ -167,16 +168,26 @@ def parse_record(raw: bytes | str, text_field: str = "text") -> str | None:
     return text if isinstance(text, str) else None
 
 
+def read_json_lines(path: Path, what: str = "Shard") -> bytes:
+    """The bytes of a JSON-lines file, decompressed when its name ends in `.gz`.
+
+    Raises:
+        DataError: a `.gz` file that is not gzip (`what` names the file's kind in the message).
+    """
+    data = path.read_bytes()
+    if path.name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise DataError(f"{what} {str(path)!r} is not a valid gzip file ({e}); re-copy it.") from None
+    return data
+
+
 class _JsonLinesShard:
     """One JSON-lines file held as bytes with the offsets of its well-formed lines."""
 
     def __init__(self, path: Path, text_field: str) -> None:
-        data = path.read_bytes()
-        if path.name.endswith(".gz"):
-            try:
-                data = gzip.decompress(data)
-            except (OSError, EOFError) as e:
-                raise DataError(f"Shard {str(path)!r} is not a valid gzip file ({e}); re-copy it.") from None
+        data = read_json_lines(path)
         self.data = data
         starts, ends = [], []
         self.lines = 0

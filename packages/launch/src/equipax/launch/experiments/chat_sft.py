@@ -7,7 +7,8 @@ tests/fixtures/hf/llama3_2 (`model.init_from`), the plays' dialogue as conversat
 (tests/fixtures/chat/llama3: the same 512-token size, with the template's special tokens); run it
 from the repository root. `llama3_1_8b_chat_sft` is the full-size preset: Llama 3.1 8B on JSON-lines
 conversations (`data.path`), on its pre-training mesh (FSDP over 64 chips), for `launch compile` and
-real hardware.
+real hardware; `llama3_1_8b_lora` the same with rank-16 LoRA adapters on every projection of the
+frozen model (`model.lora`).
 """
 
 import dataclasses
@@ -19,9 +20,9 @@ from equipax.launch.configs.train import SampleConfig, TrainConfig
 from equipax.launch.experiments.decoder_presets import smoke
 from equipax.launch.experiments.llama_lms import llama3_1_8b, llama3_2_1b
 from equipax.launch.experiments.registry import register
-from equipax.models.configs import LMConfig
+from equipax.models.configs import LMConfig, LoRAConfig
 
-__all__ = ["CHAT_PATH", "SFT_LEARNER", "llama3_1_8b_chat_sft", "llama3_2_chat_cpu"]
+__all__ = ["CHAT_PATH", "SFT_LEARNER", "llama3_1_8b_chat_sft", "llama3_1_8b_lora", "llama3_2_chat_cpu"]
 
 CHAT_PATH = "/data/chat"
 
@@ -101,5 +102,23 @@ def llama3_1_8b_chat_sft() -> ExperimentConfig:
             eval_batches=20,
             checkpoint_every=200,
             sample=SampleConfig(tokens=0),
+        ),
+    )
+
+
+@register
+def llama3_1_8b_lora() -> ExperimentConfig:
+    """`llama3_1_8b_chat_sft` with LoRA (rank 16, alpha 32, q/k/v/o/gate/up/down) on the frozen 8B model."""
+    base = llama3_1_8b_chat_sft()
+    model = base.model
+    assert isinstance(model, LMConfig)
+    lora = LoRAConfig(enabled=True, rank=16, alpha=32.0, targets=("q", "k", "v", "o", "gate", "up", "down"))
+    return dataclasses.replace(
+        base,
+        name="llama3_1_8b_lora",
+        description="Llama 3.1 8B LoRA (rank 16 on every projection) chat SFT on JSON-lines conversations.",
+        model=dataclasses.replace(model, lora=lora),
+        learner=dataclasses.replace(
+            SFT_LEARNER, schedule=dataclasses.replace(SFT_LEARNER.schedule, peak_learning_rate=2e-4)
         ),
     )
