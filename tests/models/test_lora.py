@@ -155,3 +155,5 @@ def test_bad_lora_configs():
             LoRAConfig(enabled=True, targets=("gate",)),
             key=jax.random.key(1),
         )
+    with pytest.raises(ValueError, match="names 'gate'.*model.transformer.gated=False"):
+        dataclasses.replace(gelu, lora=LoRAConfig(enabled=True, targets=("gate",)))

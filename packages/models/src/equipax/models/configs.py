@@ -165,6 +165,12 @@ class LMConfig:
             raise ValueError(f"LMConfig.dtype must be one of {DTYPES}, got {self.dtype!r}; use 'float32' on CPU.")
         self._check_positions()
         self._check_embedding()
+        if self.lora.enabled and "gate" in self.lora.targets and not self.transformer.gated:
+            present = [t for t in LORA_TARGETS if t != "gate"]
+            raise ValueError(
+                f"model.lora.targets names 'gate', which this model does not have (its feed-forward is not gated: "
+                f"model.transformer.gated=False); its projections are {', '.join(present)}."
+            )
         src = self.init_from
         if src is not None and (not isinstance(src, str) or not src.startswith("hf:") or not src[3:].strip()):
             raise ValueError(
