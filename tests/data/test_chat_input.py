@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from equipax.data import ChatSFTInput, ChatTemplate, HFTokenizer, chat_example, read_conversations
+from equipax.data import ChatError, ChatSFTInput, ChatTemplate, HFTokenizer, chat_example, read_conversations
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "chat"
 TOK = HFTokenizer.load(FIXTURES / "llama3")
@@ -110,3 +110,6 @@ def test_play_conversations_alternate_speeches_of_a_scene():
             assert speaker.isupper() and lines and not speaker.startswith(("ACT ", "SCENE ", "Enter "))
     with pytest.raises(ValueError, match="turns must be >= 1"):
         play_conversations(hamlet, turns=0)
+    every = make(seq_len=40, truncation="drop")
+    with pytest.raises(ChatError, match="every conversation of this host's 49 is longer than seq_len=40"):
+        every.get_next()

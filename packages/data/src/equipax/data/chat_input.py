@@ -139,7 +139,7 @@ class ChatSFTInput(BaseInput):
 
     def _next_row(self) -> dict[str, np.ndarray] | None:
         pieces: list[tuple[np.ndarray, np.ndarray]] = []
-        used = 0
+        used = skipped = 0
         while True:
             index = self._conversation_at(self._position)
             if index is None:
@@ -148,6 +148,12 @@ class ChatSFTInput(BaseInput):
             if example is None:
                 self._position += 1
                 self.stats["dropped"] += 1
+                skipped += 1
+                if skipped > self._per_host:
+                    raise ChatError(
+                        f"every conversation of this host's {self._per_host} is longer than seq_len={self.seq_len} "
+                        "and truncation='drop' skips them all: raise data.seq_len or set data.truncation='truncate'."
+                    )
                 continue
             tokens, weights, cut = example
             if pieces and (not self.packing or used + len(tokens) - 1 > self.seq_len):
