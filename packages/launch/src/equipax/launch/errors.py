@@ -86,8 +86,8 @@ def describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
         return (
             f"Out of disk space writing {exc.filename or 'a file'} ({exc.strerror}). Free space "
-            "and run the same command again: finished checkpoints are intact and it resumes "
-            "from the newest."
+            "and run the same command again: what was written completely before (checkpoints, "
+            "recorded steps) is kept, and it carries on from there."
         ), EXIT_USER_ERROR
     if isinstance(exc, OSError) and exc.errno in _NO_PERMISSION:
         return (

@@ -34,10 +34,10 @@ from equipax.launch.jobdir.checksums import (
     json_checksum,
     verify,
 )
-from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process
+from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
 from equipax.launch.jobdir.save_errors import CheckpointSaveError, save_error
 
-__all__ = ["Checkpointer", "ChecksumMismatch", "read_json"]
+__all__ = ["Checkpointer", "ChecksumMismatch", "read_json", "unverified_warning"]
 
 PyTree = Any
 
@@ -176,6 +176,8 @@ class Checkpointer:
             except Exception as e:
                 self._set_aside(step, e, log)
                 continue
+            if not self._has(step, "digests"):
+                log(unverified_warning(step, self.directory))
             return step, state, data_state, loop_state
         return None
 
@@ -202,9 +204,8 @@ class Checkpointer:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(source), str(target))
         self._manager.reload()
-        first = (str(e).strip().splitlines() or [""])[0][:200]
         log(
-            f"warning: the checkpoint of step {step} does not restore ({type(e).__name__}: {first}); "
+            f"warning: the checkpoint of step {step} does not restore ({restore_failure(e)}); "
             f"moved it to {target} and trying the previous one."
         )
 
@@ -286,6 +287,15 @@ class Checkpointer:
         finally:
             self._manager.close()
             logging.getLogger("absl").removeFilter(self._quiet)
+
+
+def unverified_warning(step: int, directory: Path) -> str:
+    """What a restore says of a checkpoint without its `digests` item (checksums recorded at save)."""
+    return (
+        f"warning: the checkpoint of step {step} in {directory} has no checksums (its digests item is "
+        "missing: written before checkpoints recorded them, or removed since), so what it restores is not "
+        "verified against what was saved."
+    )
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
