@@ -3,6 +3,7 @@ given prompts (`--prompt`, `--prompts`), or every example of the job's eval spli
 Pax's decode dataset: outputs in `<job>/decoder_out/<step>/`)."""
 
 import json
+import os
 import math
 from pathlib import Path
 from typing import Annotated
@@ -138,7 +139,9 @@ def decode_cmd(
     if str(output) == "-":
         print(lines, end="")
     else:
-        output.write_text(lines)
+        tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+        tmp.write_text(lines)
+        tmp.replace(output)  # whole or not at all: a signal or a full disk leaves no half file
         err.print(f"Wrote {len(samples)} samples to {output}.", highlight=False)
 
 
