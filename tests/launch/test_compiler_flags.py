@@ -94,8 +94,12 @@ def probe_env(tmp_path, monkeypatch):
 )
 def test_an_unknown_compiler_flag_is_refused_before_the_run(xla, libtpu, needles, probe_env):
     job = probe_env / "job"
-    proc = _cli("run", "--job-log-dir", str(job), *set_args([*TOY, f"train.compiler.xla_flags={xla}",
-                                                             f"train.compiler.libtpu_init_args={libtpu}"]))
+    proc = _cli(
+        "run",
+        "--job-log-dir",
+        str(job),
+        *set_args([*TOY, f"train.compiler.xla_flags={xla}", f"train.compiler.libtpu_init_args={libtpu}"]),
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and all(n in proc.stderr for n in needles), proc.stderr
     assert not job.exists()  # refused before anything was written
@@ -106,7 +110,9 @@ def test_a_flag_from_the_environment_is_named_as_such_and_good_flags_are_probed_
 
     monkeypatch.setenv("XLA_FLAGS", "--xla_nope=2")
     changed = apply_compiler_flags("--xla_dump_hlo_as_text", "")
-    with pytest.raises(flags.ConfigError, match=r"XLA_FLAGS in the environment: XLA does not know the flag\(s\) --xla_nope=2"):
+    with pytest.raises(
+        flags.ConfigError, match=r"XLA_FLAGS in the environment: XLA does not know the flag\(s\) --xla_nope=2"
+    ):
         flags.check_compiler_flags(changed, xla_flags="--xla_dump_hlo_as_text", libtpu_init_args="")
     monkeypatch.setenv("XLA_FLAGS", "")
     changed = apply_compiler_flags("--xla_dump_hlo_as_text", "")

@@ -176,7 +176,10 @@ def test_a_truncated_checkpoint_is_one_paragraph_in_decode_and_eval(job_copy):
     # orbax's read coroutines and futures print nothing after the one paragraph (they did: 1-24
     # tracebacks); the cause is tensorstore's own words or the metadata's, not orbax's wrapper.
     assert_one_paragraph(
-        done.stderr, "The checkpoint of step 4", "does not restore", "pick another with --step (this job also has step(s) 2)"
+        done.stderr,
+        "The checkpoint of step 4",
+        "does not restore",
+        "pick another with --step (this job also has step(s) 2)",
     )
     assert "Exception ignored" not in done.stderr and "bound method" not in done.stderr
     done = launch_process("eval", "--job-log-dir", job_copy)

@@ -77,15 +77,13 @@ _PROBE = """
 import os
 import jax
 jax.devices("cpu")
-if os.environ.get("LIBTPU_INIT_ARGS"):
-    try:
-        import libtpu  # noqa: F401
-    except ImportError:
-        raise SystemExit(0)
+import importlib.util
+if os.environ.get("LIBTPU_INIT_ARGS") and importlib.util.find_spec("libtpu") is not None:
     from jax.experimental import topologies
     topologies.get_topology_desc(platform="tpu", topology_name="v4:2x2x1", chip_config_name="megacore",
                                  chips_per_host_bounds=(2, 2, 1), num_slices=1)
 """
+
 
 def _cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "equipax" / "compiler_flags.json"
@@ -94,7 +92,9 @@ def _cache() -> Path:
 def _key(environ: Mapping[str, str]) -> str:
     from importlib.metadata import version
 
-    text = json.dumps([version("jax"), version("jaxlib"), environ.get("XLA_FLAGS", ""), environ.get("LIBTPU_INIT_ARGS", "")])
+    text = json.dumps(
+        [version("jax"), version("jaxlib"), environ.get("XLA_FLAGS", ""), environ.get("LIBTPU_INIT_ARGS", "")]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -157,8 +157,9 @@ def check_compiler_flags(changed: Mapping[str, str], *, xla_flags: str, libtpu_i
             else "XLA_FLAGS in the environment"
         )
         raise ConfigError(
-            f"{source}: XLA does not know the flag(s) {bad} (XLA_FLAGS={changed.get('XLA_FLAGS', env.get('XLA_FLAGS'))!r}); "
-            "XLA would end the process as JAX starts. Correct or remove it; TPU-only flags belong in train.compiler.libtpu_init_args."
+            f"{source}: XLA does not know the flag(s) {bad} (XLA_FLAGS={env.get('XLA_FLAGS', '')!r}); XLA would "
+            "end the process as JAX starts. Correct or remove it; TPU-only flags belong in "
+            "train.compiler.libtpu_init_args."
         )
     if tpu:
         names = {_name(f).lstrip("-") for f in shlex.split(libtpu_init_args)}

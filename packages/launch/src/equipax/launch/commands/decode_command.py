@@ -3,8 +3,8 @@ given prompts (`--prompt`, `--prompts`), or every example of the job's eval spli
 Pax's decode dataset: outputs in `<job>/decoder_out/<step>/`)."""
 
 import json
-import os
 import math
+import os
 from pathlib import Path
 from typing import Annotated
 

@@ -24,8 +24,7 @@ import orbax.checkpoint as ocp
 from equipax.core.knobs import ConfigError, from_json
 from equipax.core.mesh import MeshConfig, build_mesh
 from equipax.launch.configs.experiment import ExperimentConfig
-from equipax.launch.jobdir.checkpoints import unverified_warning
-from equipax.launch.jobdir.checksums import ALGORITHM, array_checksums, differences
+from equipax.launch.jobdir.checksums import ALGORITHM, array_checksums, differences, unverified_warning
 from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
 
 __all__ = [
@@ -163,12 +162,7 @@ class CheckpointUnreadable(ConfigError):
 
 
 def restore_model(
-    job_dir: Path,
-    step: int,
-    abstract_state: Any,
-    *,
-    remedy: str | None = None,
-    log: Callable[[str], object] = _stderr,
+    job_dir: Path, step: int, abstract_state: Any, *, remedy: str | None = None, log: Callable[[str], object] = _stderr
 ) -> tuple[Any, Any]:
     """Restore the model and its non-trained state of checkpoint `step`, onto the shardings of
     `abstract_state` (`build_training(...).abstract_state`); the optimizer state is not read.

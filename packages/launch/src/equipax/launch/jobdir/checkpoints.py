@@ -32,12 +32,13 @@ from equipax.launch.jobdir.checksums import (
     array_checksums,
     flat_arrays,
     json_checksum,
+    unverified_warning,
     verify,
 )
 from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
 from equipax.launch.jobdir.save_errors import CheckpointSaveError, save_error
 
-__all__ = ["Checkpointer", "ChecksumMismatch", "read_json", "unverified_warning"]
+__all__ = ["Checkpointer", "ChecksumMismatch", "read_json"]
 
 PyTree = Any
 
@@ -287,15 +288,6 @@ class Checkpointer:
         finally:
             self._manager.close()
             logging.getLogger("absl").removeFilter(self._quiet)
-
-
-def unverified_warning(step: int, directory: Path) -> str:
-    """What a restore says of a checkpoint without its `digests` item (checksums recorded at save)."""
-    return (
-        f"warning: the checkpoint of step {step} in {directory} has no checksums (its digests item is "
-        "missing: written before checkpoints recorded them, or removed since), so what it restores is not "
-        "verified against what was saved."
-    )
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
