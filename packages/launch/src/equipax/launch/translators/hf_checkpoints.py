@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 DEFAULT_SHARD_BYTES = 5 * 2**30  # save_pretrained's default max_shard_size ("5GB")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 # An imported job fine-tunes: AdamW at a constant 1e-5, no weight decay, gradients clipped at 1.
 FINETUNE_LEARNER = LearnerConfig(
     kind="adamw", weight_decay=0.0, clip_gradient_norm=1.0, schedule=ScheduleConfig(peak_learning_rate=1e-5)
