@@ -4,6 +4,7 @@ Pax's decode dataset: outputs in `<job>/decoder_out/<step>/`)."""
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -147,7 +148,9 @@ def decode_cmd(
     if str(output) == "-":
         print(lines, end="")
     else:
-        output.write_text(lines)
+        tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+        tmp.write_text(lines)
+        tmp.replace(output)  # whole or not at all: a signal or a full disk leaves no half file
         err.print(f"Wrote {len(samples)} samples to {output}.", highlight=False)
 
 
