@@ -34,7 +34,7 @@ import numpy as np
 
 from equipax.core.knobs import apply_overrides
 from equipax.core.mesh import build_mesh
-from equipax.core.step import trainable
+from equipax.core.task import trainable
 from equipax.launch.experiments.registry import get_experiment
 from equipax.launch.tasks.lm_data import build_lm_inputs, build_tokenizer
 from equipax.launch.training.build import build_training

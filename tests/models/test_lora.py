@@ -11,7 +11,8 @@ import optax
 import pytest
 
 from equipax.core.nn import TransformerConfig
-from equipax.core.step import init_train_state, make_train_step, trainable
+from equipax.core.step import init_train_state, make_train_step
+from equipax.core.task import trainable
 from equipax.models import LMConfig, LMTask, LoRAConfig, LoRALM, TransformerLM, lm_loss
 
 GQA = LMConfig(

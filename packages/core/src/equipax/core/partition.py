@@ -49,6 +49,7 @@ from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from equipax.core.configs import DEFAULT_LOGICAL_AXIS_RULES
 from equipax.core.mesh import BATCH_AXES, TENSOR
+from equipax.core.task import trainable
 
 __all__ = [
     "Axes",
@@ -255,8 +256,6 @@ def train_state_shardings(
     Returns:
         The structure of `eqx.filter(state, is_array)` with a NamedSharding per array.
     """
-    from equipax.core.step import trainable
-
     model_specs = param_specs(eqx.filter(state.model, _is_array), mesh, rules)
     # The optimizer state holds the trainable parameters' moments only (`trainable`: a LoRA model's
     # adapters, not its frozen base).

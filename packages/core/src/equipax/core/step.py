@@ -32,7 +32,7 @@ from equipax.core._loss_contract import (
     check_aux,
     contract_error,
 )
-from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics, ModelT
+from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics, ModelT, trainable
 
 __all__ = [
     "LOSS_CONTRACT",
@@ -96,22 +96,6 @@ def init_train_state(
     model_state = _copy_arrays(model_state)
     opt_state = optimizer.init(eqx.filter(model, trainable(model)))
     return TrainState(step=jnp.zeros((), jnp.int32), model=model, opt_state=opt_state, model_state=model_state)
-
-
-def trainable(model: Any) -> Any:
-    """Which leaves of `model` the optimizer trains: a pytree of bools of the model's structure.
-
-    `model.trainable_spec()` where the model defines it (a LoRA model trains its adapters, not
-    its frozen base: `equipax.models.LoRALM`), else every inexact array. Leaves it marks False
-    get no gradient, no optimizer state and no update: they stay bit-identical.
-    """
-    spec = getattr(model, "trainable_spec", None)
-    return spec() if callable(spec) else jax.tree.map(_is_param, model)
-
-
-def _is_param(x: Any) -> bool:
-    """An inexact array, concrete or abstract (`jax.ShapeDtypeStruct`, as sharding rules see it)."""
-    return eqx.is_inexact_array(x) or (isinstance(x, jax.ShapeDtypeStruct) and jnp.issubdtype(x.dtype, jnp.inexact))
 
 
 def _copy_arrays[T](tree: T) -> T:

@@ -5,7 +5,7 @@ projection W (attention q, k, v, o; feed-forward gate, up, down), a pair A `[*st
 (uniform in +-1/sqrt(fan_in), as PEFT initialises it) and B `[*stack, r, out...]` (zeros). The model
 it computes with is `merged()`: the base with every W replaced by `W + (alpha / r) * A @ B`, so
 the adapter model and its merge are one function (`tests/models/test_lora.py` checks the merge
-against numpy). Its `trainable_spec()` marks only A and B trainable (`equipax.core.step.trainable`):
+against numpy). Its `trainable_spec()` marks only A and B trainable (`equipax.core.task.trainable`):
 the base gets no gradient, no optimizer state and no update.
 
 The projections are found by their place in the stack (`attention.q`, `attention.kv` (k and v
@@ -154,7 +154,7 @@ class LoRALM(eqx.Module):
         return self.base.cfg
 
     def trainable_spec(self) -> "LoRALM":
-        """True on the adapters' arrays, False everywhere else (`equipax.core.step.trainable`)."""
+        """True on the adapters' arrays, False everywhere else (`equipax.core.task.trainable`)."""
         spec = jax.tree.map(lambda _: False, self)
         return eqx.tree_at(lambda m: m.adapters, spec, replace=jax.tree.map(lambda _: True, self.adapters))
 
