@@ -125,3 +125,34 @@ def test_a_flag_from_the_environment_is_named_as_such_and_good_flags_are_probed_
     monkeypatch.setattr(flags.subprocess, "run", no_probe)
     flags.check_compiler_flags(changed, xla_flags="--xla_dump_hlo_as_text", libtpu_init_args="")
     flags.check_compiler_flags({}, xla_flags="", libtpu_init_args="")  # nothing set: nothing probed
+
+
+def test_libtpu_is_quiet_on_a_host_without_tpus_and_untouched_on_a_tpu_vm(tmp_path, monkeypatch):
+    """On a host with no TPU chip, libtpu (loaded whenever JAX_PLATFORMS leaves tpu in) gets the
+    variables that answer its metadata question, instead of printing "Failed to find host bounds"
+    and an INVALID_ARGUMENT trace on every run; a TPU VM, a set variable or JAX_PLATFORMS=cpu is
+    left alone; a compile for a real slice replaces what was set this way."""
+    from equipax.launch.aot.tpu import prepare_libtpu
+    from equipax.launch.cluster.devices import QUIETED_TPU, quiet_absent_tpu
+
+    dev = tmp_path / "dev"
+    (dev / "vfio").mkdir(parents=True)
+    env: dict[str, str] = {}
+    assert quiet_absent_tpu(env, dev=dev) and env["TPU_ACCELERATOR_TYPE"] and env[QUIETED_TPU] == "1"
+    assert not quiet_absent_tpu({"JAX_PLATFORMS": "cpu"}, dev=dev)
+    assert quiet_absent_tpu({"JAX_PLATFORMS": "tpu,cpu"}, dev=dev)
+    assert not quiet_absent_tpu({"TPU_WORKER_HOSTNAMES": "10.0.0.2"}, dev=dev)
+    (dev / "vfio" / "0").touch()  # a v5p / v6e VM's chip
+    assert not quiet_absent_tpu(env := {}, dev=dev) and env == {}
+    (dev / "vfio" / "0").unlink()
+    (dev / "accel0").touch()  # a v4 / v5e VM's chip
+    assert not quiet_absent_tpu({}, dev=dev)
+
+    for var in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v4-8")
+    monkeypatch.setenv(QUIETED_TPU, "1")
+    prepare_libtpu("v5p-64")
+    import os
+
+    assert os.environ["TPU_ACCELERATOR_TYPE"] == "v5p-64" and QUIETED_TPU not in os.environ

@@ -207,6 +207,34 @@ def test_eval_on_a_full_disk_is_one_paragraph_and_keeps_whole_records(job_copy):
     assert [json.loads(ln)["step"] for ln in lines] == [2, 4]
 
 
+def test_eval_and_decode_take_the_jobs_knobs_changed_for_themselves(job_copy):
+    """The advice of data errors ("--set data.path=...") holds for eval and decode too: their
+    --set changes the job's knobs for that command only; a model knob that no longer fits the
+    checkpoint is named; the job's files stay as they were."""
+    before = snapshot(job_copy)
+    code, out = invoke("eval", "--job-log-dir", job_copy, "--set", "train.eval_batches=1")
+    assert code == 0 and "step 4: eval loss" in out, out
+    assert all(
+        json.loads(ln)["batches"] == 1 for ln in (job_copy / "eval_job" / "metrics.jsonl").read_text().splitlines()
+    )
+    code, out = invoke(
+        "decode",
+        "--job-log-dir",
+        job_copy,
+        "--prompt",
+        "A",
+        "--max-new-tokens",
+        1,
+        "--set",
+        "model.transformer.hidden_dims=96",
+    )
+    assert code == 2 and "does not hold this job's model" in out, out
+    code, out = invoke("decode", "--job-log-dir", job_copy, "--prompt", "A", "--set", "data.pathh=/x")
+    assert code == 2 and "Unknown knob 'data.pathh'" in out, out
+    after = snapshot(job_copy)
+    assert {k: after[k] for k in before} == before
+
+
 def test_a_checkpoint_without_checksums_restores_with_a_warning(job_copy):
     shutil.rmtree(job_copy / "checkpoints" / "4" / "digests")
     code, out = run(job_copy, "train.num_steps=6")

@@ -39,10 +39,9 @@ def test_an_unknown_source_is_a_config_error_listing_the_registered_ones(exp, va
 def test_packing_names_the_sources_that_pack_documents():
     with pytest.raises(ConfigError) as info:
         apply_overrides(get_experiment("shakespeare_tiny"), ["data.packing=true"])
-    text = " ".join(str(info.value).split())
     assert (
         "applies to data.source='c4' or data.source='chat' or data.source='play_chat'; got data.source='shakespeare'"
-        in text
+        in " ".join(str(info.value).split())
     )
 
 

@@ -10,7 +10,16 @@ from typing import Annotated
 
 import typer
 
-from equipax.launch.commands.common import CpuDevicesOption, check_output, err, fail, out, path_option
+from equipax.launch.commands.common import (
+    CpuDevicesOption,
+    JobSetOption,
+    check_output,
+    err,
+    fail,
+    out,
+    path_option,
+    resolve_job,
+)
 
 __all__ = ["decode_cmd", "JobDirOption"]
 
@@ -71,6 +80,7 @@ def decode_cmd(
         ),
     ] = False,
     cpu_devices: CpuDevicesOption = None,
+    set_: JobSetOption = None,
 ) -> None:
     """Continue prompts with a trained language model's checkpoint (KV cache; model only, no optimizer state)."""
     if split is not None:
@@ -101,9 +111,8 @@ def decode_cmd(
         fail(f"--top-k must be >= 1; got {top_k}.")
 
     from equipax.launch.cluster.devices import use_cpu_devices
-    from equipax.launch.inference.trained_job import load_config
 
-    cfg = load_config(job_log_dir)  # ConfigError -> exit 2 with what to do (errors.py)
+    cfg = resolve_job(job_log_dir, set_)[1]  # ConfigError -> exit 2 with what to do
     if cfg.kind != "lm":
         fail(
             f"{job_log_dir} holds a {cfg.kind} job ({cfg.name}): there is no text to decode. `launch decode` "

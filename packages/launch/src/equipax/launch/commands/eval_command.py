@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from equipax.launch.commands.common import CpuDevicesOption, err, fail, out
+from equipax.launch.commands.common import CpuDevicesOption, JobSetOption, err, fail, out, resolve_job
 from equipax.launch.commands.decode_command import JobDirOption
 from equipax.launch.configs.experiment import ExperimentConfig
 
@@ -47,12 +47,12 @@ def eval_cmd(
         float, typer.Option("--idle-timeout", help="--follow: stop after this many seconds without a new checkpoint.")
     ] = 3600.0,
     cpu_devices: CpuDevicesOption = None,
+    set_: JobSetOption = None,
 ) -> None:
     """Evaluate a training job's checkpoints on its eval input (Pax's eval mode); --follow for a running job."""
     import dataclasses
 
     from equipax.launch.cluster.devices import use_cpu_devices
-    from equipax.launch.inference.trained_job import load_config
 
     for name, value in (("--poll-seconds", poll_seconds), ("--idle-timeout", idle_timeout)):
         if not (math.isfinite(value) and value > 0):
@@ -61,7 +61,7 @@ def eval_cmd(
         fail(f"--eval-batches must be >= 0 (0 = the whole eval set); got {eval_batches}.")
     if follow:
         _wait_for_the_job(job_log_dir, poll_seconds, idle_timeout)
-    cfg = load_config(job_log_dir)
+    cfg = resolve_job(job_log_dir, set_)[1]
     if eval_batches is not None:
         try:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_batches=eval_batches))

@@ -103,6 +103,14 @@ def local_mesh(cfg: ExperimentConfig) -> tuple[ExperimentConfig, jax.sharding.Me
         fitted = cfg.for_devices(n)
         if fitted.mesh.num_devices == n:
             return fitted, build_mesh(fitted.mesh), ""
+        stages = getattr(cfg.model, "pipeline_stages", 1)
+        if stages > 1:  # its weights are stacked per stage: they restore onto the job's own mesh only
+            raise ConfigError(
+                f"The job trained a pipelined model (model.transformer.pipeline_stages={stages}) on "
+                f"{cfg.mesh.num_devices} devices (mesh {cfg.mesh.shape}); this process has {n}. A "
+                f"pipelined job is read on its own mesh: pass --cpu-devices {cfg.mesh.num_devices} "
+                f"(simulated CPU devices), or run on a host with {cfg.mesh.num_devices} devices."
+            )
         one = dataclasses.replace(cfg, mesh=MeshConfig())
     except ValueError as e:
         raise ConfigError(f"The job's experiment does not fit this host's devices: {e}") from None
