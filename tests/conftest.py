@@ -50,3 +50,28 @@ def pytest_collection_modifyitems(config, items):
             continue
         if any(defs and defs[-1].scope == "module" for defs in fixturedefs.name2fixturedefs.values()):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+@pytest.fixture(autouse=True)
+def _compiler_flags_restored():
+    """In-process `launch run` / `pgle collect` set XLA_FLAGS and LIBTPU_INIT_ARGS (and, on a host
+    without TPUs, libtpu's TPU_* variables) in this process's environment (as they must, before JAX
+    starts); each test gets back the values it started with,
+    so one test's flags never reach another's child processes."""
+    saved = {
+        var: os.environ.get(var)
+        for var in (
+            "XLA_FLAGS",
+            "LIBTPU_INIT_ARGS",
+            "TPU_ACCELERATOR_TYPE",
+            "TPU_WORKER_HOSTNAMES",
+            "TPU_WORKER_ID",
+            "EQUIPAX_QUIETED_LIBTPU",
+        )
+    }
+    yield
+    for var, value in saved.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value

@@ -51,6 +51,7 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from equipax.launch.cli import app
+    from equipax.launch.experiments.registry import get_experiment
 
     assert words[:3] == ["uv", "run", "launch"], (
         f"documented command {' '.join(words)!r} is not run by the docs tests; mark its block no-run"
@@ -70,8 +71,10 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
             i = args.index("--job-log-dir")
             del args[i : i + 2]
         exp = args[args.index("--exp") + 1] if "--exp" in args else ""
-        # _smoke experiments are already small (and their meshes fix the batch): only shorten.
-        toy = SMOKE_SHORT if exp.endswith("_smoke") else CNN_SHORT if exp.startswith("cnn_") else TOY_SHORT
+        # _smoke experiments are already small (and their meshes fix the batch), and experiments
+        # that start from a fixture checkpoint (model.init_from) keep its shape: only shorten.
+        small = exp.endswith("_smoke") or bool(exp and getattr(get_experiment(exp).model, "init_from", None))
+        toy = SMOKE_SHORT if small else CNN_SHORT if exp.startswith("cnn_") else TOY_SHORT
         args += ["--job-log-dir", str(tmp_path / "job"), *set_args(toy)]
     if args[:1] in (["decode"], ["eval"]) and "--job-log-dir" in args:
         i = args.index("--job-log-dir") + 1

@@ -2,6 +2,9 @@
 check a one-paragraph error."""
 
 import hashlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from helpers.toy import TOY, set_args
@@ -43,3 +46,23 @@ def assert_one_paragraph(output: str, *needles: str):
     assert "error:" in output, output
     for n in needles:
         assert n in output, output
+
+
+def launch_process(*args, file_size_limit: int | None = None) -> subprocess.CompletedProcess:
+    """`launch ...` as its own process; `file_size_limit`: no file it writes grows past this many
+    bytes (EFBIG: what a full disk does to a write), set inside the child."""
+    limit = (
+        f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, {file_size_limit})); "
+        if file_size_limit
+        else ""
+    )
+    entry = (
+        f"import runpy, sys; {limit}sys.argv[0] = 'launch'; runpy.run_module('equipax.launch.cli', run_name='__main__')"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", entry, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        timeout=300,
+    )

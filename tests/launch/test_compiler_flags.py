@@ -70,3 +70,89 @@ def test_launch_compile_hands_the_seeds_libtpu_args_to_xla_tpu(tmp_path):
     flags = json.loads((tmp_path / "compile.json").read_text())["compiler_flags"]
     assert flags["train.compiler.libtpu_init_args"] == SEED_C4_22B_LIBTPU_INIT_ARGS
     assert flags["environment"]["LIBTPU_INIT_ARGS"].endswith(SEED_C4_22B_LIBTPU_INIT_ARGS)
+
+
+# --- flags XLA or libtpu do not know: exit 2 naming the knob, before JAX starts --------------
+
+
+@pytest.fixture
+def probe_env(tmp_path, monkeypatch):
+    """An empty probe cache and no flags of the machine's own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for var in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "xla, libtpu, needles",
+    [
+        ("--xla_bogus_flag=1", "", ["train.compiler.xla_flags: XLA does not know the flag(s) --xla_bogus_flag=1"]),
+        ("", "--garbage", ["train.compiler.libtpu_init_args: libtpu does not know the flag(s) --garbage"]),
+    ],
+    ids=["xla", "libtpu"],
+)
+def test_an_unknown_compiler_flag_is_refused_before_the_run(xla, libtpu, needles, probe_env):
+    job = probe_env / "job"
+    proc = _cli(
+        "run",
+        "--job-log-dir",
+        str(job),
+        *set_args([*TOY, f"train.compiler.xla_flags={xla}", f"train.compiler.libtpu_init_args={libtpu}"]),
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and all(n in proc.stderr for n in needles), proc.stderr
+    assert not job.exists()  # refused before anything was written
+
+
+def test_a_flag_from_the_environment_is_named_as_such_and_good_flags_are_probed_once(probe_env, monkeypatch):
+    import equipax.launch.aot.flags as flags
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_nope=2")
+    changed = apply_compiler_flags("--xla_dump_hlo_as_text", "")
+    with pytest.raises(
+        flags.ConfigError, match=r"XLA_FLAGS in the environment: XLA does not know the flag\(s\) --xla_nope=2"
+    ):
+        flags.check_compiler_flags(changed, xla_flags="--xla_dump_hlo_as_text", libtpu_init_args="")
+    monkeypatch.setenv("XLA_FLAGS", "")
+    changed = apply_compiler_flags("--xla_dump_hlo_as_text", "")
+    flags.check_compiler_flags(changed, xla_flags="--xla_dump_hlo_as_text", libtpu_init_args="")  # probed: known
+    assert (probe_env / "cache" / "equipax" / "compiler_flags.json").exists()
+
+    def no_probe(*a, **k):
+        raise AssertionError("a flag set that passed is not probed again")
+
+    monkeypatch.setattr(flags.subprocess, "run", no_probe)
+    flags.check_compiler_flags(changed, xla_flags="--xla_dump_hlo_as_text", libtpu_init_args="")
+    flags.check_compiler_flags({}, xla_flags="", libtpu_init_args="")  # nothing set: nothing probed
+
+
+def test_libtpu_is_quiet_on_a_host_without_tpus_and_untouched_on_a_tpu_vm(tmp_path, monkeypatch):
+    """On a host with no TPU chip, libtpu (loaded whenever JAX_PLATFORMS leaves tpu in) gets the
+    variables that answer its metadata question, instead of printing "Failed to find host bounds"
+    and an INVALID_ARGUMENT trace on every run; a TPU VM, a set variable or JAX_PLATFORMS=cpu is
+    left alone; a compile for a real slice replaces what was set this way."""
+    from equipax.launch.aot.tpu import prepare_libtpu
+    from equipax.launch.cluster.devices import QUIETED_TPU, quiet_absent_tpu
+
+    dev = tmp_path / "dev"
+    (dev / "vfio").mkdir(parents=True)
+    env: dict[str, str] = {}
+    assert quiet_absent_tpu(env, dev=dev) and env["TPU_ACCELERATOR_TYPE"] and env[QUIETED_TPU] == "1"
+    assert not quiet_absent_tpu({"JAX_PLATFORMS": "cpu"}, dev=dev)
+    assert quiet_absent_tpu({"JAX_PLATFORMS": "tpu,cpu"}, dev=dev)
+    assert not quiet_absent_tpu({"TPU_WORKER_HOSTNAMES": "10.0.0.2"}, dev=dev)
+    (dev / "vfio" / "0").touch()  # a v5p / v6e VM's chip
+    assert not quiet_absent_tpu(env := {}, dev=dev) and env == {}
+    (dev / "vfio" / "0").unlink()
+    (dev / "accel0").touch()  # a v4 / v5e VM's chip
+    assert not quiet_absent_tpu({}, dev=dev)
+
+    for var in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v4-8")
+    monkeypatch.setenv(QUIETED_TPU, "1")
+    prepare_libtpu("v5p-64")
+    import os
+
+    assert os.environ["TPU_ACCELERATOR_TYPE"] == "v5p-64" and QUIETED_TPU not in os.environ

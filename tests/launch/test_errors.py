@@ -3,12 +3,14 @@ code, and that nothing already in the job directory was damaged."""
 
 import errno
 import json
+import os
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
-from helpers.cli import FAST, assert_one_paragraph, invoke, run, snapshot
+from helpers.cli import FAST, assert_one_paragraph, invoke, launch_process, run, snapshot
 from helpers.toy import TOY, set_args
 
 
@@ -156,6 +158,88 @@ def test_corrupt_checkpoint_falls_back_to_the_previous_one(job_copy):
     moved = list((job_copy / "corrupt_checkpoints").iterdir())
     assert len(moved) == 1 and moved[0].name.startswith("4-")  # kept for inspection, never deleted
     assert sorted(p.name for p in (job_copy / "checkpoints").iterdir()) == ["2", "4", "6"]
+
+
+def truncate_array_files(job: Path, step: int) -> None:
+    """What a copy cut short or a full disk leaves: the step's array data files (the large files of
+    `ocdbt.process_*/d/`), 100 bytes each; its metadata files stay whole."""
+    for p in (job / "checkpoints" / str(step) / "state").glob("ocdbt.process_*/d/*"):
+        if p.stat().st_size > 1000:
+            os.truncate(p, 100)
+
+
+def test_a_truncated_checkpoint_is_one_paragraph_in_decode_and_eval(job_copy):
+    truncate_array_files(job_copy, 4)
+    before = snapshot(job_copy)
+    done = launch_process("decode", "--job-log-dir", job_copy, "--prompt", "ROMEO:", "--max-new-tokens", 2)
+    assert done.returncode == 2, done.stdout + done.stderr
+    # orbax's read coroutines and futures print nothing after the one paragraph (they did: 1-24
+    # tracebacks); the cause is tensorstore's own words or the metadata's, not orbax's wrapper.
+    assert_one_paragraph(
+        done.stderr,
+        "The checkpoint of step 4",
+        "does not restore",
+        "pick another with --step (this job also has step(s) 2)",
+    )
+    assert "Exception ignored" not in done.stderr and "bound method" not in done.stderr
+    done = launch_process("eval", "--job-log-dir", job_copy)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "step 2: eval loss" in done.stdout, done.stderr  # the readable one is evaluated, then the failure is said
+    assert_one_paragraph(done.stderr, "warning: The checkpoint of step 4", "skipped it", "step(s) 4 in")
+    assert "Exception ignored" not in done.stderr and "never retrieved" not in done.stderr
+    assert [json.loads(ln)["step"] for ln in (job_copy / "eval_job" / "metrics.jsonl").read_text().splitlines()] == [2]
+    after = snapshot(job_copy)
+    assert {k: after[k] for k in before} == before  # nothing of the job changed (eval adds eval_job/)
+
+
+def test_eval_on_a_full_disk_is_one_paragraph_and_keeps_whole_records(job_copy):
+    done = launch_process("eval", "--job-log-dir", job_copy, file_size_limit=250)  # a record (~150 B) fits, not two
+    assert done.returncode == 2, done.stdout + done.stderr
+    # no tracebacks from TensorBoard's writer thread or its exit hook after the one paragraph
+    assert_one_paragraph(done.stderr, "Could not record the evaluation of step", "Nothing of it was kept")
+    assert "Exception" not in done.stderr, done.stderr
+    failed = int(re.search(r"evaluation of step (\d+)", done.stderr)[1])
+    lines = (job_copy / "eval_job" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["step"] for ln in lines] == [s for s in (2, 4) if s < failed]  # no line cut short
+    code, out = invoke("eval", "--job-log-dir", job_copy)  # space freed: the rest is evaluated once
+    assert code == 0, out
+    lines = (job_copy / "eval_job" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["step"] for ln in lines] == [2, 4]
+
+
+def test_eval_and_decode_take_the_jobs_knobs_changed_for_themselves(job_copy):
+    """The advice of data errors ("--set data.path=...") holds for eval and decode too: their
+    --set changes the job's knobs for that command only; a model knob that no longer fits the
+    checkpoint is named; the job's files stay as they were."""
+    before = snapshot(job_copy)
+    code, out = invoke("eval", "--job-log-dir", job_copy, "--set", "train.eval_batches=1")
+    assert code == 0 and "step 4: eval loss" in out, out
+    assert all(
+        json.loads(ln)["batches"] == 1 for ln in (job_copy / "eval_job" / "metrics.jsonl").read_text().splitlines()
+    )
+    code, out = invoke(
+        "decode",
+        "--job-log-dir",
+        job_copy,
+        "--prompt",
+        "A",
+        "--max-new-tokens",
+        1,
+        "--set",
+        "model.transformer.hidden_dims=96",
+    )
+    assert code == 2 and "does not hold this job's model" in out, out
+    code, out = invoke("decode", "--job-log-dir", job_copy, "--prompt", "A", "--set", "data.pathh=/x")
+    assert code == 2 and "Unknown knob 'data.pathh'" in out, out
+    after = snapshot(job_copy)
+    assert {k: after[k] for k in before} == before
+
+
+def test_a_checkpoint_without_checksums_restores_with_a_warning(job_copy):
+    shutil.rmtree(job_copy / "checkpoints" / "4" / "digests")
+    code, out = run(job_copy, "train.num_steps=6")
+    assert code == 0 and "Resumed from step 4" in out, out
+    assert "warning: the checkpoint of step 4" in out and "has no checksums" in out, out
 
 
 def test_checkpoint_of_another_shape(job_copy):

@@ -332,3 +332,19 @@ def test_end_of_run_sample_is_the_cached_decode_of_generate():
     assert len(long) == len(prompt) + 3 * cfg.max_seq_len and long[: len(out)] == out
     hot = [continue_ids(model, prompt, 20, temperature=1.0, key=jr.key(k)) for k in (3, 3, 4)]
     assert hot[0] == hot[1] != hot[2] and len(hot[0]) == len(prompt) + 20
+
+
+def test_a_pipelined_job_on_another_device_count_names_the_flag_to_pass():
+    """Its weights are stacked per stage: decode/eval/export say which --cpu-devices to pass
+    (they cannot take mesh knobs), instead of a mesh.axis_names fix."""
+    import jax
+
+    from equipax.core.knobs import ConfigError
+    from equipax.launch.experiments.registry import get_experiment
+    from equipax.launch.inference.trained_job import local_mesh
+
+    cfg = get_experiment("c4_gpt3_xl_pipeline_smoke")
+    assert jax.device_count() != cfg.mesh.num_devices
+    with pytest.raises(ConfigError, match=r"pipelined model .* pass --cpu-devices 8") as e:
+        local_mesh(cfg)
+    assert "mesh.axis_names" not in str(e.value)

@@ -431,6 +431,10 @@ def test_a_signal_that_interrupted_an_import_is_still_exit_75(monkeypatch):
     monkeypatch.setitem(sys.modules, "equipax.core.task", None)  # importing it now raises ImportError
     message, code = describe(Interrupted("SIGTERM"))
     assert code == EXIT_PREEMPTED and "Stopped by SIGTERM" in message
+    # what a signal leaves is said per command: eval and decode resume nothing
+    assert "evaluates the checkpoints not recorded yet" in describe(Interrupted("SIGTERM"), "eval")[0]
+    decode = describe(Interrupted("SIGINT"), "decode")[0]
+    assert "nothing was written to --output" in decode and "resumes" not in decode
 
 
 def test_orbax_write_futures_without_orbax_frames_are_quiet():

@@ -12,27 +12,7 @@ from pathlib import Path
 import pytest
 
 from equipax.data import DataError, TextShards, find_shards, write_shards
-from helpers.cli import assert_one_paragraph, invoke, run, snapshot
-
-
-def launch_process(*args, file_size_limit: int | None = None) -> subprocess.CompletedProcess:
-    """`launch ...` as its own process; `file_size_limit`: no file it writes grows past this many
-    bytes (EFBIG: what a full disk does to a write), set inside the child."""
-    limit = (
-        f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, {file_size_limit})); "
-        if file_size_limit
-        else ""
-    )
-    entry = (
-        f"import runpy, sys; {limit}sys.argv[0] = 'launch'; runpy.run_module('equipax.launch.cli', run_name='__main__')"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", entry, *map(str, args)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-        timeout=300,
-    )
+from helpers.cli import assert_one_paragraph, invoke, launch_process, run, snapshot
 
 
 def sets(*overrides: str) -> list[str]:

@@ -49,6 +49,7 @@ from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from equipax.core.configs import DEFAULT_LOGICAL_AXIS_RULES
 from equipax.core.mesh import BATCH_AXES, TENSOR
+from equipax.core.task import trainable
 
 __all__ = [
     "Axes",
@@ -256,11 +257,14 @@ def train_state_shardings(
         The structure of `eqx.filter(state, is_array)` with a NamedSharding per array.
     """
     model_specs = param_specs(eqx.filter(state.model, _is_array), mesh, rules)
+    # The optimizer state holds the trainable parameters' moments only (`trainable`: a LoRA model's
+    # adapters, not its frozen base).
+    trained = eqx.filter(eqx.filter(state.model, trainable(state.model)), _is_param)
     opt_specs = optax.tree_map_params(
         optimizer,
         lambda _, spec: spec,
         state.opt_state,
-        param_specs(eqx.filter(state.model, _is_param), mesh, rules),
+        param_specs(trained, mesh, rules),
         transform_non_params=lambda x: P() if _is_array(x) else None,
         is_leaf=lambda x: isinstance(x, P),
     )

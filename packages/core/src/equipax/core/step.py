@@ -32,7 +32,7 @@ from equipax.core._loss_contract import (
     check_aux,
     contract_error,
 )
-from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics, ModelT
+from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics, ModelT, trainable
 
 __all__ = [
     "LOSS_CONTRACT",
@@ -44,6 +44,7 @@ __all__ = [
     "TrainStep",
     "init_sharded_train_state",
     "init_train_state",
+    "trainable",
     "make_eval_step",
     "make_train_step",
     "mean_eval_metrics",
@@ -85,7 +86,7 @@ def init_train_state(
 
     Arguments:
         model: the initial model; it stays usable after training starts.
-        optimizer: the optimizer that will update the model's inexact-array leaves.
+        optimizer: the optimizer that will update the model's trainable leaves (`trainable`).
         model_state: the model's initial non-trained state (`eqx.nn.make_with_state`), if any.
 
     Returns:
@@ -93,7 +94,7 @@ def init_train_state(
     """
     model = _copy_arrays(model)
     model_state = _copy_arrays(model_state)
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_inexact_array))
+    opt_state = optimizer.init(eqx.filter(model, trainable(model)))
     return TrainState(step=jnp.zeros((), jnp.int32), model=model, opt_state=opt_state, model_state=model_state)
 
 
@@ -164,11 +165,17 @@ def make_train_step(
         # The skip path keeps the old model state; an eqx.nn.State may be used only once, so
         # keep its leaves (a clone) before the loss consumes it.
         old_model_state = jax.tree.flatten(state.model_state)
-        (loss, (aux, model_state)), grads = eqx.filter_value_and_grad(loss_and_aux, has_aux=True)(
-            state.model, batch, step_key, state.model_state
+        # Differentiate the trainable leaves only (`trainable`): frozen ones get no gradient.
+        params, frozen = eqx.partition(state.model, trainable(state.model))
+
+        def loss_of_params(params: Any, *args: Any) -> Any:
+            return loss_and_aux(eqx.combine(params, frozen), *args)
+
+        (loss, (aux, model_state)), grads = eqx.filter_value_and_grad(loss_of_params, has_aux=True)(
+            params, batch, step_key, state.model_state
         )
         check_aux(aux)
-        params = eqx.filter(state.model, eqx.is_inexact_array)
+        params = eqx.filter(params, eqx.is_inexact_array)
         grad_norm, param_norm = optax.tree.norm(grads), optax.tree.norm(params)
         # The update overwrites the parameters' donated buffers in place. Nothing orders the
         # `param_norm` read of the old parameters before it, so XLA would copy every parameter
@@ -197,7 +204,7 @@ def make_train_step(
             #   model state. An overflowing update thus still advances the moments, which are valid.
             grads_ok = jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"])
             metrics["update_norm"] = optax.tree.norm(updates)
-            new_param_norm = optax.tree.norm(eqx.filter(model, eqx.is_inexact_array))
+            new_param_norm = optax.tree.norm(eqx.filter(model, trainable(model)))
             ok = grads_ok & jnp.isfinite(metrics["update_norm"]) & jnp.isfinite(new_param_norm)
             old_model_state_tree = jax.tree.unflatten(old_model_state[1], old_model_state[0])
             new_state = TrainState(

@@ -24,10 +24,11 @@ from typing import Any, Generic, TypeVar
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PRNGKeyArray, Scalar
 
-__all__ = ["AbstractTask", "Batch", "BatchError", "EVAL_SUMS", "Metrics", "ModelT"]
+__all__ = ["AbstractTask", "Batch", "BatchError", "EVAL_SUMS", "Metrics", "ModelT", "trainable"]
 
 # The per-batch sums an eval step returns (combined by `equipax.core.step.mean_eval_metrics`).
 EVAL_SUMS = ("loss_sum", "weight_sum", "correct_sum")
@@ -114,3 +115,19 @@ class AbstractTask(eqx.Module, Generic[ModelT]):
                     f"found {shape} of {np.dtype(dtype)}. The input and the model config disagree "
                     "(check data.seq_len / data.batch_size / the image size against the model)."
                 )
+
+
+def trainable(model: Any) -> Any:
+    """Which leaves of `model` the optimizer trains: a pytree of bools of the model's structure.
+
+    `model.trainable_spec()` where the model defines it (a LoRA model trains its adapters, not
+    its frozen base: `equipax.models.LoRALM`), else every inexact array. Leaves it marks False
+    get no gradient, no optimizer state and no update: they stay bit-identical.
+    """
+    spec = getattr(model, "trainable_spec", None)
+    return spec() if callable(spec) else jax.tree.map(_is_param, model)
+
+
+def _is_param(x: Any) -> bool:
+    """An inexact array, concrete or abstract (`jax.ShapeDtypeStruct`, as sharding rules see it)."""
+    return eqx.is_inexact_array(x) or (isinstance(x, jax.ShapeDtypeStruct) and jnp.issubdtype(x.dtype, jnp.inexact))

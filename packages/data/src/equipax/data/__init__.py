@@ -1,6 +1,8 @@
 """equipax.data: inputs (Pax BaseInput semantics on grain), tokenizers and sources."""
 
 from equipax.data.base import BaseInput, Batch, Documents
+from equipax.data.chat import ChatError, ChatTemplate, Conversations, chat_example, read_conversations
+from equipax.data.chat_input import ChatSFTInput
 from equipax.data.documents import DocumentLMInput
 from equipax.data.eval import RollingEvalInput, make_eval_input
 from equipax.data.lm_input import TokenWindowInput, build_lm_texts_tokens, unigram_entropy
@@ -18,6 +20,7 @@ from equipax.data.sources import (
     list_plays,
     load_digits,
     load_plays,
+    play_conversations,
     shard_split,
     split_digits,
     split_plays,
@@ -31,6 +34,10 @@ __all__ = [
     "Batch",
     "BaseInput",
     "ByteTokenizer",
+    "ChatError",
+    "ChatSFTInput",
+    "ChatTemplate",
+    "Conversations",
     "DataError",
     "Documents",
     "ImageClassificationInput",
@@ -44,6 +51,7 @@ __all__ = [
     "TokenWindowInput",
     "Tokenizer",
     "build_lm_texts_tokens",
+    "chat_example",
     "check_complete_sets",
     "check_shard_output",
     "clean_markdown",
@@ -51,9 +59,11 @@ __all__ = [
     "input_files",
     "iter_text_documents",
     "make_eval_input",
+    "read_conversations",
     "list_plays",
     "load_digits",
     "load_plays",
+    "play_conversations",
     "split_digits",
     "shard_split",
     "split_plays",

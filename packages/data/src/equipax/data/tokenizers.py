@@ -208,6 +208,17 @@ def _token_text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _chat_template(jinja_file: Path, value: object) -> str | None:
+    """The chat template beside a tokenizer: `chat_template.jinja` (what transformers 5 saves), or
+    tokenizer_config.json's `chat_template` (a string, or a list of named templates: "default")."""
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8")
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        value = named.get("default")
+    return value if isinstance(value, str) else None
+
+
 class HFTokenizer(Tokenizer):
     """A Hugging Face `tokenizer.json` (byte-level BPE, SentencePiece-style, WordPiece...), with the
     bos/eos/pad tokens of the `tokenizer_config.json` beside it.
@@ -218,13 +229,21 @@ class HFTokenizer(Tokenizer):
     """
 
     def __init__(
-        self, tokenizer: object, *, bos: str | None, eos: str, pad: str | None, path: Path | None = None
+        self,
+        tokenizer: object,
+        *,
+        bos: str | None,
+        eos: str,
+        pad: str | None,
+        path: Path | None = None,
+        chat_template: str | None = None,
     ) -> None:
         import tokenizers
 
         assert isinstance(tokenizer, tokenizers.Tokenizer)
         self._tok = tokenizer
         self.path = path
+        self.chat_template: str | None = chat_template  # the Jinja source, where the files hold one
         self.tokens: dict[str, str | None] = {"bos": bos, "eos": eos, "pad": pad}
         self._ids = {}
         for role, text in self.tokens.items():
@@ -277,6 +296,7 @@ class HFTokenizer(Tokenizer):
             eos=eos,
             pad=_token_text(special.get("pad_token")),
             path=file,
+            chat_template=_chat_template(file.with_name("chat_template.jinja"), special.get("chat_template")),
         )
 
     @property
@@ -298,9 +318,19 @@ class HFTokenizer(Tokenizer):
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
-    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """`encode(text)` and each token's `(start, end)` character span in `text`."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        return list(enc.ids), [(int(a), int(b)) for a, b in enc.offsets]
+
+    def token_id(self, text: str) -> int | None:
+        """The id of `text` as one token of the vocabulary (a special token's), or None."""
+        i = self._tok.token_to_id(text)
+        return None if i is None else int(i)
+
+    def decode(self, ids: Sequence[int] | np.ndarray, *, skip_special_tokens: bool = True) -> str:
         flat = np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
         for i in flat:
             if not 0 <= i < self.vocab_size:
                 raise ValueError(f"id {i} is outside the vocabulary [0, {self.vocab_size}).")
-        return self._tok.decode(flat, skip_special_tokens=True)
+        return self._tok.decode(flat, skip_special_tokens=skip_special_tokens)

@@ -66,15 +66,16 @@ app.add_typer(convert_app, name="convert")
 
 def main() -> None:
     """Console-script entry point."""
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")  # what a signal interrupts
     try:
         INTERRUPTS.arm()  # from here a signal raises Interrupted (reported, exit 75)
         app(prog_name="launch")
     except Interrupted as e:  # a BaseException: it passes GuardedGroup and every `except Exception`
-        print(f"error: {describe(e)[0]}", file=sys.stderr)
+        print(f"error: {describe(e, command)[0]}", file=sys.stderr)
         sys.exit(EXIT_PREEMPTED)
     except SystemExit as e:
         if INTERRUPTS.pending is not None and e.code in (0, None):  # a signal something swallowed
-            print(f"error: {describe(Interrupted(INTERRUPTS.pending))[0]}", file=sys.stderr)
+            print(f"error: {describe(Interrupted(INTERRUPTS.pending), command)[0]}", file=sys.stderr)
             sys.exit(EXIT_PREEMPTED)
         raise
 

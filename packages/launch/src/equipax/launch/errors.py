@@ -59,14 +59,30 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def describe(exc: BaseException) -> tuple[str, int]:
-    """The one-paragraph message and the exit code for an exception that ended a command."""
+# What a signal outside the training steps leaves, by command (`launch run` and the default below).
+_STOPPED = {
+    "eval": "the checkpoints evaluated before are recorded in <job>/eval_job/metrics.jsonl (each line "
+    "whole) and nothing of the training job was changed. Run the same command again: it evaluates "
+    "the checkpoints not recorded yet.",
+    "decode": "nothing was written to --output (it is written whole at the end) and nothing of the "
+    "job was changed. Run the same command again: it decodes from the start.",
+    "compile": "nothing was half-written (compile.json is written at the end). Run the same command again.",
+    "convert": "nothing was half-written (the output is renamed into place only when complete). Run "
+    "the same command again.",
+}
+
+
+def describe(exc: BaseException, command: str = "") -> tuple[str, int]:
+    """The one-paragraph message and the exit code for an exception that ended a command
+    (`command`: the `launch` subcommand, for what a signal leaves behind)."""
     # The signals first, before importing anything: a SIGTERM can interrupt the command while it
     # imports JAX (the CLI loads it only when a run starts), leaving half-initialised modules that
     # the imports below would trip over (found by benchmarks/fault_injection.py).
     if isinstance(exc, Preempted):
         return "", EXIT_PREEMPTED  # the loop said where the checkpoint is
     if isinstance(exc, Interrupted):
+        if command in _STOPPED:
+            return f"Stopped by {exc.signal_name}; {_STOPPED[command]}", EXIT_PREEMPTED
         return (
             f"Stopped by {exc.signal_name} outside the training steps (while starting up, or after "
             "the last step); nothing was half-written. Run the same command again (a training run "
@@ -86,8 +102,8 @@ def describe(exc: BaseException) -> tuple[str, int]:
     if isinstance(exc, OSError) and exc.errno in _DISK_FULL:
         return (
             f"Out of disk space writing {exc.filename or 'a file'} ({exc.strerror}). Free space "
-            "and run the same command again: finished checkpoints are intact and it resumes "
-            "from the newest."
+            "and run the same command again: what was written completely before (checkpoints, "
+            "recorded steps) is kept, and it carries on from there."
         ), EXIT_USER_ERROR
     if isinstance(exc, OSError) and exc.errno in _NO_PERMISSION:
         return (

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from equipax.models.classifier import ImageClassificationTask, classification_loss, classification_metrics
     from equipax.models.cnn import AdvancedCNN, ResidualBlock, SelfAttention
-    from equipax.models.configs import CNNConfig, LMConfig, RopeScalingConfig, cnn_param_count
+    from equipax.models.configs import CNNConfig, LMConfig, LoRAConfig, RopeScalingConfig, cnn_param_count
     from equipax.models.lm import TransformerLM, generate, lm_loss
     from equipax.models.lm_task import LMTask
+    from equipax.models.lora import LoRAAdapter, LoRALM
 
 # Where each public name is defined.
 _HOMES = {
@@ -25,6 +26,9 @@ _HOMES = {
     "ImageClassificationTask": "classifier",
     "LMConfig": "configs",
     "LMTask": "lm_task",
+    "LoRAAdapter": "lora",
+    "LoRAConfig": "configs",
+    "LoRALM": "lora",
     "ResidualBlock": "cnn",
     "RopeScalingConfig": "configs",
     "SelfAttention": "cnn",
@@ -42,6 +46,9 @@ __all__ = [
     "ImageClassificationTask",
     "LMConfig",
     "LMTask",
+    "LoRAAdapter",
+    "LoRAConfig",
+    "LoRALM",
     "ResidualBlock",
     "RopeScalingConfig",
     "SelfAttention",

@@ -13,11 +13,53 @@ from typing import Any, ClassVar, Literal
 from equipax.core.configs import MeshConfig, RopeScalingConfig, TransformerConfig, check_experts, check_pipeline
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
 
-__all__ = ["CNNConfig", "cnn_param_count", "DTYPES", "LMConfig", "RopeScalingConfig"]
+__all__ = ["CNNConfig", "cnn_param_count", "DTYPES", "LMConfig", "LORA_TARGETS", "LoRAConfig", "RopeScalingConfig"]
 
 # Activation dtypes a model config may name (`dtype`); the model modules map them to jnp dtypes.
 DTYPES = ("float32", "bfloat16")
 _POSITIONS = ("sinusoidal", "rope", "none")
+# The projections LoRA adapts, by the names Hugging Face PEFT gives them (`q_proj`, ...).
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoRAConfig:
+    """Low-rank adapters (LoRA) on a language model's projections (`equipax.models.LoRALM`).
+
+    Attributes:
+        enabled: train adapters on a frozen base model (False: train the whole model).
+        rank: the adapters' rank r: each adapted weight W gets `W + (alpha / r) * A @ B` with
+            A `[in, r]` and B `[r, out]` (B starts at zero, so training starts at the base model).
+        alpha: the scale's numerator (PEFT's `lora_alpha`).
+        targets: the projections adapted: attention `q`, `k`, `v`, `o`, feed-forward `gate`,
+            `up`, `down` (PEFT's `q_proj` ... `down_proj`).
+    """
+
+    enabled: bool = False
+    rank: int = 8
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ("q", "k", "v", "o")
+
+    def __post_init__(self) -> None:
+        if not self.enabled:
+            return
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
+            raise ValueError(
+                f"model.lora.rank must be a positive int; got {self.rank!r}. E.g. --set model.lora.rank=16."
+            )
+        if not self.alpha > 0:
+            raise ValueError(f"model.lora.alpha must be > 0; got {self.alpha!r}.")
+        unknown = [t for t in self.targets if t not in LORA_TARGETS]
+        if unknown or not self.targets:
+            raise ValueError(
+                f"model.lora.targets={self.targets!r} names no projection {unknown or ''}; choose among "
+                f"{', '.join(LORA_TARGETS)}, e.g. --set \"model.lora.targets=('q', 'v')\"."
+            )
+
+    @property
+    def scale(self) -> float:
+        """The factor of `A @ B`: `alpha / rank`."""
+        return self.alpha / self.rank
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,6 +94,7 @@ class LMConfig:
         init_from: "hf:DIR": a run that has no checkpoint yet starts from the weights of the Hugging
             Face model directory DIR (config.json + safetensors) instead of a random init; its
             config.json must describe this architecture (docs/hf.md). None = random init.
+        lora: low-rank adapters trained on the frozen model (`LoRAConfig`; off by default).
     """
 
     # Knobs the Llama experiments had before the LM families shared this config, and where they are
@@ -83,6 +126,7 @@ class LMConfig:
     embedding_init_std: float | None = None
     dtype: Literal["float32", "bfloat16"] = "float32"
     init_from: str | None = None
+    lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
 
     @classmethod
     def saved_layout_error(cls, data: Any) -> str | None:
@@ -121,6 +165,12 @@ class LMConfig:
             raise ValueError(f"LMConfig.dtype must be one of {DTYPES}, got {self.dtype!r}; use 'float32' on CPU.")
         self._check_positions()
         self._check_embedding()
+        if self.lora.enabled and "gate" in self.lora.targets and not self.transformer.gated:
+            present = [t for t in LORA_TARGETS if t != "gate"]
+            raise ValueError(
+                f"model.lora.targets names 'gate', which this model does not have (its feed-forward is not gated: "
+                f"model.transformer.gated=False); its projections are {', '.join(present)}."
+            )
         src = self.init_from
         if src is not None and (not isinstance(src, str) or not src.startswith("hf:") or not src[3:].strip()):
             raise ValueError(

@@ -20,6 +20,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 from equipax.core.nn.self_attention import AttentionCache
 from equipax.core.nn.transformer import StackCache
 from equipax.models.lm import TransformerLM
+from equipax.models.lora import LoRALM
 
 __all__ = ["AttentionCache", "decode", "decode_step", "init_cache", "KVCache", "prefill", "sample_logits"]
 
@@ -176,7 +177,7 @@ def _decode(
 
 
 def decode(
-    model: TransformerLM,
+    model: TransformerLM | LoRALM,
     prompts: Int[Array, "batch seq"],
     lengths: Int[Array, " batch"],
     *,
@@ -195,7 +196,7 @@ def decode(
     Greedy decoding gives the tokens of `generate` (which recomputes the whole prefix).
 
     Arguments:
-        model: the language model (softmax attention: any family).
+        model: the language model (softmax attention: any family); a `LoRALM` decodes as its merge.
         prompts: right-padded prompts (pad with anything): row `b` is `prompts[b, :lengths[b]]`.
         lengths: prompt length of each row, in `[1, seq]`.
         max_new_tokens: the most tokens to generate per row (>= 1); `seq + max_new_tokens`
@@ -213,6 +214,8 @@ def decode(
         `[batch, max_new_tokens]`, padded with `pad_id` after each row's end, and how many tokens
         each row generated (including its EOS).
     """
+    if isinstance(model, LoRALM):
+        model = model.merged()
     vocab = model.cfg.vocab_size
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")

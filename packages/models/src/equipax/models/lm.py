@@ -8,6 +8,7 @@ Decoding with a KV cache (`TransformerLM.cached`, `equipax.models.decode`) runs 
 """
 
 import math
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -235,12 +236,16 @@ class TransformerLM(eqx.Module):
 
 
 def lm_loss(
-    model: TransformerLM, batch: Batch, *, key: PRNGKeyArray | None = None, mesh: Mesh | None = None
+    model: Callable[..., Float[Array, "batch seq vocab"]],
+    batch: Batch,
+    *,
+    key: PRNGKeyArray | None = None,
+    mesh: Mesh | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
     """Weighted mean next-token cross-entropy (+ the weighted router losses of a mixture of experts).
 
     Arguments:
-        model: the language model.
+        model: the language model (a `TransformerLM`, or a `LoRALM` over one).
         batch: `ids` int32 `[batch seq]`, `labels` int32 `[batch seq]` (the token after
             each id) and `weights` float32 `[batch seq]` (0 excludes a position); packed
             batches also carry `segment_ids` and `positions` int32 `[batch seq]`.

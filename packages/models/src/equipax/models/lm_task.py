@@ -9,12 +9,14 @@ from jaxtyping import PRNGKeyArray, Scalar
 
 from equipax.core.task import AbstractTask, Batch, Metrics
 from equipax.models.lm import LMConfig, TransformerLM, lm_loss
+from equipax.models.lora import LoRALM
 
 __all__ = ["LMTask"]
 
 
-class LMTask(AbstractTask[TransformerLM]):
-    """Train a decoder LM on `[batch seq]` token windows (Pax's TransformerLM task).
+class LMTask(AbstractTask[TransformerLM | LoRALM]):
+    """Train a decoder LM on `[batch seq]` token windows (Pax's TransformerLM task); with
+    `config.lora.enabled`, low-rank adapters on the frozen model (`LoRALM`).
 
     Attributes:
         config: the model's hyperparameters (an `LMConfig`: any family).
@@ -32,12 +34,22 @@ class LMTask(AbstractTask[TransformerLM]):
         if self.seq_len > self.config.max_seq_len:
             raise ValueError(f"seq_len={self.seq_len} exceeds the model's max_seq_len={self.config.max_seq_len}.")
 
-    def init(self, key: PRNGKeyArray) -> tuple[TransformerLM, None]:
-        """A freshly initialised model; a language model has no non-trained state."""
-        return TransformerLM(self.config, key=key), None
+    def init(self, key: PRNGKeyArray) -> tuple[TransformerLM | LoRALM, None]:
+        """A freshly initialised model (with LoRA: adapters over it, their A from a split of `key`);
+        a language model has no non-trained state."""
+        if not self.config.lora.enabled:
+            return TransformerLM(self.config, key=key), None
+        return self.adapt(TransformerLM(self.config, key=jax.random.split(key)[0]), key), None
+
+    def adapt(self, base: TransformerLM, key: PRNGKeyArray) -> TransformerLM | LoRALM:
+        """`base` (e.g. imported weights) with this task's LoRA adapters, their A from the same
+        split of `key` as `init`'s; `base` itself when LoRA is off."""
+        if not self.config.lora.enabled:
+            return base
+        return LoRALM(base, self.config.lora, key=jax.random.split(key)[1])
 
     def loss(
-        self, model: TransformerLM, batch: Batch, *, key: PRNGKeyArray | None, model_state: None
+        self, model: TransformerLM | LoRALM, batch: Batch, *, key: PRNGKeyArray | None, model_state: None
     ) -> tuple[Scalar, Metrics, None]:
         """`lm_loss` (weighted mean next-token cross-entropy) with the model's state passed through."""
         loss, aux = lm_loss(model, batch, key=key, mesh=self.mesh)

@@ -4,16 +4,15 @@ from equipax.data.sources.c4 import (
     DataError,
     TextShards,
     check_complete_sets,
-    check_shard_output,
     find_shards,
     input_files,
     iter_text_documents,
     shard_split,
-    write_shards,
 )
+from equipax.data.sources.c4_write import check_shard_output, write_shards
 from equipax.data.sources.digits import load_digits, split_digits
 from equipax.data.sources.images import ImageClassificationInput, synthetic_images
-from equipax.data.sources.shakespeare import clean_markdown, list_plays, load_plays, split_plays
+from equipax.data.sources.shakespeare import clean_markdown, list_plays, load_plays, play_conversations, split_plays
 from equipax.data.sources.synthetic import SyntheticLMInput
 
 __all__ = [
@@ -30,6 +29,7 @@ __all__ = [
     "list_plays",
     "load_digits",
     "load_plays",
+    "play_conversations",
     "split_digits",
     "shard_split",
     "split_plays",

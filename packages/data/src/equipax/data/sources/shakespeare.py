@@ -95,3 +95,38 @@ def split_plays(validation_plays: Sequence[str], *, clean: bool = True) -> tuple
     train = {k: v for k, v in plays.items() if k not in held_out}
     validation = {k: v for k, v in plays.items() if k in held_out}
     return train, validation
+
+
+_NOT_SPEECH = ("ACT ", "SCENE ", "Enter ", "Exit", "Exeunt", "Re-enter ")
+
+
+def play_conversations(text: str, *, turns: int = 2) -> list[list[dict[str, str]]]:
+    """A play's dialogue as chat conversations: consecutive speeches of a scene, alternating user
+    and assistant, `turns` exchanges each, after a system prompt naming the play.
+
+    A speech is a block whose first line is its speaker's name in capitals (the plays' layout);
+    stage directions and act/scene headings end the run of speeches they interrupt. Each message is
+    `"SPEAKER\\nlines"`.
+
+    **Arguments:**
+
+    - `text`: one play's text (`load_plays()[name]`), its title on the first line.
+    - `turns`: user/assistant exchanges per conversation (2 * turns speeches).
+    """
+    if turns < 1:
+        raise ValueError(f"turns must be >= 1, got {turns}.")
+    title = text.strip().splitlines()[0].strip() if text.strip() else "a play"
+    system = {"role": "system", "content": f"A scene from {title}. Answer in character."}
+    out, run = [], []
+    for block in text.split("\n\n"):
+        lines = [line.rstrip() for line in block.strip().splitlines()]
+        speaker = lines[0] if lines else ""
+        if len(lines) < 2 or speaker.startswith(_NOT_SPEECH) or not speaker.isupper():
+            run = []  # a heading or stage direction: the next conversation starts after it
+            continue
+        run.append("\n".join(lines))
+        if len(run) == 2 * turns:
+            roles = ["user", "assistant"] * turns
+            out.append([system] + [{"role": r, "content": c} for r, c in zip(roles, run)])
+            run = []
+    return out

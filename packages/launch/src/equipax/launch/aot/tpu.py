@@ -129,6 +129,11 @@ def prepare_libtpu(accelerator_type: str) -> None:
     none, so two compiles (or a compile beside a training job on a TPU VM) may run at once.
     Variables already set (a real TPU VM) are left alone.
     """
+    from equipax.launch.cluster.devices import QUIETED_TPU
+
+    if os.environ.pop(QUIETED_TPU, None):  # set by cluster.devices.quiet_absent_tpu: not a TPU VM
+        for var in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID"):
+            os.environ.pop(var, None)
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type)
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_WORKER_ID", "0")

@@ -26,6 +26,7 @@ __all__ = [
     "resolve",
     "resolve_job",
     "resolve_train",
+    "JobSetOption",
     "SetOption",
 ]
 
@@ -41,6 +42,16 @@ CpuDevicesOption = Annotated[
 SetOption = Annotated[
     list[str] | None,
     typer.Option("--set", "-s", help="Override a knob: KNOB=VALUE (repeatable), e.g. model.transformer.num_layers=2."),
+]
+# `launch eval` / `decode`: the job's own knobs, changed for this command only (its files stay as they are).
+JobSetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        "-s",
+        help="Change a knob of the job for this command only: KNOB=VALUE (repeatable), e.g. data.path=DIR "
+        "when the data moved. Model knobs stay as trained (the checkpoint must fit).",
+    ),
 ]
 
 

@@ -92,13 +92,15 @@ def compile_cmd(
         from equipax.launch.training.pgle import PGLE_AUTO_AOT
 
         fail(PGLE_AUTO_AOT)
-    from equipax.launch.aot.flags import apply_compiler_flags
+    from equipax.launch.aot.flags import apply_compiler_flags, check_compiler_flags
 
     # Before JAX starts its backend and libtpu loads: both read their flags once.
-    flags = apply_compiler_flags(cfg.train.compiler.xla_flags, cfg.train.compiler.libtpu_init_args)
+    compiler = cfg.train.compiler
+    flags = apply_compiler_flags(compiler.xla_flags, compiler.libtpu_init_args)
     for var, value in flags.items():
         _log(f"{var}={value}")
     try:
+        check_compiler_flags(flags, xla_flags=compiler.xla_flags, libtpu_init_args=compiler.libtpu_init_args)
         if topology is None:
             report = _compile_simulated(cfg, target or "tpu-v4", hbm_gib, assumed_mfu)
         else:

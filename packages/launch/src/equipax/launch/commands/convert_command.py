@@ -180,8 +180,15 @@ def hf_export(
     cpu_devices: Annotated[
         int | None, typer.Option("--cpu-devices", help="Simulate N devices: restore onto the job's mesh.")
     ] = None,
+    peft: Annotated[
+        bool,
+        typer.Option(
+            "--peft", help="A LoRA job: write its adapters as a PEFT adapter (adapter_model.safetensors) instead."
+        ),
+    ] = False,
 ) -> None:
-    """Export a job's checkpoint as a Hugging Face model directory (safetensors, config.json, tokenizer)."""
+    """Export a job's checkpoint as a Hugging Face model directory (safetensors, config.json, tokenizer);
+    a LoRA job's weights are merged (W + scale * A @ B), or with --peft its adapters alone."""
     from equipax.launch.cluster.devices import use_cpu_devices
 
     shard_bytes = _size(shard_size)
@@ -197,6 +204,7 @@ def hf_export(
         out,
         dtype=dtype,
         shard_bytes=shard_bytes,
+        peft=peft,
         log=lambda m: err.print(m, highlight=False, markup=False),
     )
     print(f"Wrote {out}: {', '.join(files)}")

@@ -4,12 +4,22 @@ Pax's decode dataset: outputs in `<job>/decoder_out/<step>/`)."""
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from equipax.launch.commands.common import CpuDevicesOption, check_output, err, fail, out, path_option
+from equipax.launch.commands.common import (
+    CpuDevicesOption,
+    JobSetOption,
+    check_output,
+    err,
+    fail,
+    out,
+    path_option,
+    resolve_job,
+)
 
 __all__ = ["decode_cmd", "JobDirOption"]
 
@@ -61,7 +71,16 @@ def decode_cmd(
     prompt_tokens: Annotated[
         int, typer.Option("--prompt-tokens", help="--split: prompt length in tokens (0 = half an example).")
     ] = 0,
+    chat: Annotated[
+        bool,
+        typer.Option(
+            "--chat",
+            help="Each prompt is a user message: render it with the job's chat template (data.chat_template, "
+            "else the tokenizer's) and stop at the end-of-turn token.",
+        ),
+    ] = False,
     cpu_devices: CpuDevicesOption = None,
+    set_: JobSetOption = None,
 ) -> None:
     """Continue prompts with a trained language model's checkpoint (KV cache; model only, no optimizer state)."""
     if split is not None:
@@ -92,9 +111,8 @@ def decode_cmd(
         fail(f"--top-k must be >= 1; got {top_k}.")
 
     from equipax.launch.cluster.devices import use_cpu_devices
-    from equipax.launch.inference.trained_job import load_config
 
-    cfg = load_config(job_log_dir)  # ConfigError -> exit 2 with what to do (errors.py)
+    cfg = resolve_job(job_log_dir, set_)[1]  # ConfigError -> exit 2 with what to do
     if cfg.kind != "lm":
         fail(
             f"{job_log_dir} holds a {cfg.kind} job ({cfg.name}): there is no text to decode. `launch decode` "
@@ -127,6 +145,7 @@ def decode_cmd(
         top_p=top_p,
         seed=seed,
         batch_size=batch_size,
+        chat=chat,
     )
     if output is None:
         for s in samples:
@@ -138,7 +157,9 @@ def decode_cmd(
     if str(output) == "-":
         print(lines, end="")
     else:
-        output.write_text(lines)
+        tmp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
+        tmp.write_text(lines)
+        tmp.replace(output)  # whole or not at all: a signal or a full disk leaves no half file
         err.print(f"Wrote {len(samples)} samples to {output}.", highlight=False)
 
 
@@ -192,6 +213,27 @@ def _check_text(value: str, option: str) -> None:
         fail(str(e))
 
 
+def _chat_prompts(lm, tokenizer, texts: list[str]) -> tuple[list[str], int]:
+    """Each text as a one-message conversation rendered for the assistant's reply, and the id of
+    the end-of-turn token that ends it (ConfigError, exit 2: no Hugging Face tokenizer or template)."""
+    from equipax.core.knobs import ConfigError
+    from equipax.data import ChatError, ChatTemplate, HFTokenizer
+
+    if not isinstance(tokenizer, HFTokenizer):
+        raise ConfigError(
+            f"--chat renders prompts with a Hugging Face chat template, but this job's tokenizer is "
+            f"data.tokenizer={lm.data.tokenizer!r}; decode without --chat."
+        )
+    try:
+        template = ChatTemplate.for_tokenizer(tokenizer, lm.data.chat_template, end_of_turn=lm.data.end_of_turn or None)
+        rendered = [template.render([{"role": "user", "content": t}], add_generation_prompt=True) for t in texts]
+    except ChatError as e:
+        raise ConfigError(f"--chat: {e}") from None
+    eot = tokenizer.token_id(template.end_of_turn)
+    assert eot is not None  # for_tokenizer checked it is one token
+    return rendered, eot
+
+
 def _decode(
     cfg,
     job_dir: Path,
@@ -204,6 +246,7 @@ def _decode(
     top_p: float | None,
     seed: int,
     batch_size: int,
+    chat: bool = False,
 ) -> list:
     import jax
 
@@ -217,6 +260,9 @@ def _decode(
     check_tokenizer(cfg, job_dir)
     lm = as_lm(cfg)
     tokenizer = build_tokenizer(lm, job_dir, log=lambda m: None)
+    eos_id = None
+    if chat:
+        texts, eos_id = _chat_prompts(lm, tokenizer, texts)
     ids, _ = encode_prompts(tokenizer, texts, lm.model.max_seq_len)  # empty or too long: exit 2 before restoring
     if ids.shape[1] + max_new_tokens > lm.model.max_seq_len:
         err.print(
@@ -243,6 +289,7 @@ def _decode(
                 top_k=top_k,
                 top_p=top_p,
                 key=jax.random.fold_in(key, i),
+                eos_id=eos_id,
             )
         except ValueError as e:  # a sampling knob the model refuses (e.g. --top-k above its vocabulary)
             fail(str(e))

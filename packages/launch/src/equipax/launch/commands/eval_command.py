@@ -15,13 +15,19 @@ from typing import Annotated, Any
 
 import typer
 
-from equipax.launch.commands.common import CpuDevicesOption, err, fail, out
+from equipax.launch.commands.common import CpuDevicesOption, JobSetOption, err, fail, out, resolve_job
 from equipax.launch.commands.decode_command import JobDirOption
 from equipax.launch.configs.experiment import ExperimentConfig
 
 __all__ = ["eval_cmd", "EVAL_DIR", "EvalJob"]
 
 EVAL_DIR = "eval_job"
+
+# What `launch eval` does with a checkpoint that does not restore (the rest of its message).
+SKIPPED = (
+    "skipped it (nothing is recorded for it) and went on with the others; a `launch run` of the job "
+    "moves such a checkpoint to <job>/corrupt_checkpoints/ when it resumes"
+)
 
 
 def eval_cmd(
@@ -41,12 +47,12 @@ def eval_cmd(
         float, typer.Option("--idle-timeout", help="--follow: stop after this many seconds without a new checkpoint.")
     ] = 3600.0,
     cpu_devices: CpuDevicesOption = None,
+    set_: JobSetOption = None,
 ) -> None:
     """Evaluate a training job's checkpoints on its eval input (Pax's eval mode); --follow for a running job."""
     import dataclasses
 
     from equipax.launch.cluster.devices import use_cpu_devices
-    from equipax.launch.inference.trained_job import load_config
 
     for name, value in (("--poll-seconds", poll_seconds), ("--idle-timeout", idle_timeout)):
         if not (math.isfinite(value) and value > 0):
@@ -55,14 +61,22 @@ def eval_cmd(
         fail(f"--eval-batches must be >= 0 (0 = the whole eval set); got {eval_batches}.")
     if follow:
         _wait_for_the_job(job_log_dir, poll_seconds, idle_timeout)
-    cfg = load_config(job_log_dir)
+    cfg = resolve_job(job_log_dir, set_)[1]
     if eval_batches is not None:
         try:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, eval_batches=eval_batches))
         except ValueError as e:
             fail(str(e))
     use_cpu_devices(cpu_devices)
-    EvalJob(cfg, job_log_dir).run(follow=follow, poll_seconds=poll_seconds, idle_timeout=idle_timeout)
+    job = EvalJob(cfg, job_log_dir)
+    job.run(follow=follow, poll_seconds=poll_seconds, idle_timeout=idle_timeout)
+    if job.unreadable:
+        steps = ", ".join(map(str, job.unreadable))
+        fail(
+            f"The checkpoint(s) of step(s) {steps} in {job_log_dir} did not restore and were not evaluated "
+            f"(the warnings above say why); the others are recorded in {job.path}. Restore the files, or let "
+            "`launch run` on the job set them aside (it resumes from the newest checkpoint that restores)."
+        )
 
 
 def _wait_for_the_job(job_dir: Path, poll_seconds: float, idle_timeout: float) -> None:
@@ -87,9 +101,11 @@ class EvalJob:
         self.cfg: ExperimentConfig = cfg
         self.job_dir: Path = Path(job_dir)
         self.path: Path = self.job_dir / EVAL_DIR / "metrics.jsonl"
+        self.tb_dir: Path = self.job_dir / "summaries" / EVAL_DIR
         self.done: set[int] = {int(r["step"]) for r in read_metrics(self.path)} if self.path.exists() else set()
         self.program: tuple[Any, Any, str] | None = None  # (training, eval input, unit), at the first checkpoint
-        self.tb: Any = None
+        self.writer: Any = None  # MetricsWriter, at the first checkpoint
+        self.unreadable: list[int] = []  # steps whose checkpoint did not restore: skipped, nothing recorded
 
     def run(self, *, follow: bool, poll_seconds: float, idle_timeout: float) -> None:
         from equipax.launch.inference.trained_job import checkpoint_steps, pick_step
@@ -124,8 +140,16 @@ class EvalJob:
                     return
                 time.sleep(poll_seconds)
         finally:
-            if self.tb is not None:
-                self.tb.close()
+            if self.writer is not None:
+                try:
+                    self.writer.close()
+                except OSError as e:  # each step's scalars were flushed before its line was written
+                    self.writer.abandon()
+                    err.print(
+                        f"warning: closing the TensorBoard files in {self.tb_dir} failed ({e.strerror or e}); "
+                        "every recorded step was on disk before it.",
+                        highlight=False,
+                    )
 
     def finished(self) -> bool:
         """The training job wrote result.json after its newest checkpoint, and that step is evaluated."""
@@ -143,9 +167,8 @@ class EvalJob:
         return final in self.done and result.stat().st_mtime >= newest.stat().st_mtime
 
     def _build(self) -> None:
-        from tensorboardX import SummaryWriter
-
         from equipax.launch.inference.trained_job import check_tokenizer, local_mesh
+        from equipax.launch.jobdir.summaries import MetricsWriter
         from equipax.launch.tasks import family
         from equipax.launch.training.build import build_training
 
@@ -156,13 +179,13 @@ class EvalJob:
         fam = family(cfg)
         inputs = fam.build_inputs(cfg, self.job_dir, log=lambda m: err.print(m, highlight=False))
         self.program = (build_training(cfg, mesh), inputs.eval, fam.UNIT)
-        self.tb = SummaryWriter(str(self.job_dir / "summaries" / EVAL_DIR))
         self.path.parent.mkdir(exist_ok=True)
+        self.writer = MetricsWriter(self.job_dir, path=self.path, summaries=self.tb_dir.parent)
 
     def evaluate(self, step: int, *, vanished_ok: bool) -> None:
         """Restore checkpoint `step` (model only), evaluate it, record it."""
         from equipax.core.knobs import ConfigError
-        from equipax.launch.inference.trained_job import restore_model
+        from equipax.launch.inference.trained_job import CheckpointUnreadable, restore_model
         from equipax.launch.training.builtin_hooks import eval_pass
 
         if self.program is None:
@@ -171,7 +194,14 @@ class EvalJob:
         training, eval_input, unit = self.program
         start = time.monotonic()
         try:
-            model, model_state = restore_model(self.job_dir, step, training.abstract_state)
+            model, model_state = restore_model(
+                self.job_dir, step, training.abstract_state, remedy=SKIPPED, log=lambda m: err.print(m, highlight=False)
+            )
+        except CheckpointUnreadable as e:
+            err.print(f"warning: {e}", highlight=False)
+            self.done.add(step)
+            self.unreadable.append(step)
+            return
         except ConfigError:
             if vanished_ok and not (self.job_dir / "checkpoints" / str(step)).exists():
                 err.print(
@@ -190,11 +220,18 @@ class EvalJob:
             "batches": m["batches"],
             "seconds": time.monotonic() - start,
         }
-        with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, "split": EVAL_DIR, **record}) + "\n")
-        for k, v in record.items():
-            self.tb.add_scalar(k, v, step)
-        self.tb.flush()
+        try:
+            self.writer.write(step, EVAL_DIR, record, flush=True)
+        except OSError as e:
+            self.writer.abandon()
+            recorded = sorted(self.done - set(self.unreadable))
+            raise ConfigError(
+                f"Could not record the evaluation of step {step} in {self.path} or {self.tb_dir} "
+                f"({e.strerror or e}{': ' + str(e.filename) if e.filename else ''}). Nothing of it was kept; "
+                f"{'steps ' + ', '.join(map(str, recorded)) + ' are' if recorded else 'no step is'} recorded. "
+                "Free space (or fix the permissions) and run the same command again: it evaluates the "
+                "checkpoints not recorded yet."
+            ) from None
         self.done.add(step)
         out.print(
             f"step {step}: eval loss {m['loss']:.4f}, accuracy {m['accuracy']:.3f} on {m['weight']:,.0f} "

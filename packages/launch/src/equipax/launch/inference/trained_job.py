@@ -12,6 +12,8 @@ import contextlib
 import dataclasses
 import json
 import logging
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,11 @@ import orbax.checkpoint as ocp
 from equipax.core.knobs import ConfigError, from_json
 from equipax.core.mesh import MeshConfig, build_mesh
 from equipax.launch.configs.experiment import ExperimentConfig
-from equipax.launch.jobdir.checksums import ALGORITHM, array_checksums, differences
+from equipax.launch.jobdir.checksums import ALGORITHM, array_checksums, differences, unverified_warning
+from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
 
 __all__ = [
+    "CheckpointUnreadable",
     "check_tokenizer",
     "checkpoint_steps",
     "load_config",
@@ -36,6 +40,10 @@ __all__ = [
 
 # The parts of the train state a trained model is: the optimizer state is never read.
 MODEL_PARTS = (".model.", ".model_state.")
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def load_config(job_dir: Path) -> ExperimentConfig:
@@ -95,6 +103,14 @@ def local_mesh(cfg: ExperimentConfig) -> tuple[ExperimentConfig, jax.sharding.Me
         fitted = cfg.for_devices(n)
         if fitted.mesh.num_devices == n:
             return fitted, build_mesh(fitted.mesh), ""
+        stages = getattr(cfg.model, "pipeline_stages", 1)
+        if stages > 1:  # its weights are stacked per stage: they restore onto the job's own mesh only
+            raise ConfigError(
+                f"The job trained a pipelined model (model.transformer.pipeline_stages={stages}) on "
+                f"{cfg.mesh.num_devices} devices (mesh {cfg.mesh.shape}); this process has {n}. A "
+                f"pipelined job is read on its own mesh: pass --cpu-devices {cfg.mesh.num_devices} "
+                f"(simulated CPU devices), or run on a host with {cfg.mesh.num_devices} devices."
+            )
         one = dataclasses.replace(cfg, mesh=MeshConfig())
     except ValueError as e:
         raise ConfigError(f"The job's experiment does not fit this host's devices: {e}") from None
@@ -125,44 +141,70 @@ def _fill(template: Any, prefix: str, flat: dict[str, Any]) -> Any:
 
 
 class _NoStepMetadataWarning(logging.Filter):
-    """Reading the `state` item alone, orbax warns that the step's metadata file is not in it."""
+    """Reading the `state` item alone, orbax warns that the step's metadata file is not in it (and, when
+    the metadata is damaged, that it could not get it: the restore then says so in one paragraph)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "Metadata file does not exist" not in record.getMessage()
+        message = record.getMessage()
+        return "Metadata file does not exist" not in message and "Failed to get item metadata" not in message
 
 
 @contextlib.contextmanager
 def _quiet_orbax():
-    quiet, logger = _NoStepMetadataWarning(), logging.getLogger("absl")
-    logger.addFilter(quiet)
+    """Orbax quiet while a checkpoint is read: no step-metadata warning, no logged tracebacks of a
+    failed read, none of its read coroutines' or futures' leftovers (the failure is one paragraph)."""
+    filters, logger = (_NoStepMetadataWarning(), QuietOrbaxErrors()), logging.getLogger("absl")
+    quiet_process()
+    for f in filters:
+        logger.addFilter(f)
     try:
         yield
     finally:
-        logger.removeFilter(quiet)
+        for f in filters:
+            logger.removeFilter(f)
 
 
-def _first_line(e: Exception) -> str:
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+class CheckpointUnreadable(ConfigError):
+    """A checkpoint's files do not restore, or differ from the checksums recorded when it was saved
+    (damage, not a mismatch with the job's model): the job's other checkpoints may still serve."""
 
 
-def restore_model(job_dir: Path, step: int, abstract_state: Any) -> tuple[Any, Any]:
+def restore_model(
+    job_dir: Path, step: int, abstract_state: Any, *, remedy: str | None = None, log: Callable[[str], object] = _stderr
+) -> tuple[Any, Any]:
     """Restore the model and its non-trained state of checkpoint `step`, onto the shardings of
     `abstract_state` (`build_training(...).abstract_state`); the optimizer state is not read.
+
+    Arguments:
+        remedy: what the error of an unreadable checkpoint tells the user to do; default: pick
+            another with `--step`, naming the job's other checkpoints.
+        log: warnings go here (a checkpoint without checksums).
 
     Returns:
         (model, model_state).
 
     Raises:
-        ConfigError: the checkpoint does not hold this model (other shapes) or does not restore,
-            or its arrays differ from the checksums recorded when it was saved.
+        ConfigError: the checkpoint does not hold this model (other shapes).
+        CheckpointUnreadable: it does not restore, or its arrays differ from the checksums recorded
+            when it was saved.
     """
     folder = Path(job_dir).absolute() / "checkpoints" / str(step)
+    if remedy is None:
+        others = [s for s in checkpoint_steps(Path(job_dir)) if s != step]
+        remedy = (
+            f"pick another with --step (this job also has step(s) {', '.join(map(str, others[-5:]))})"
+            if others
+            else "it is the job's only checkpoint: restore its files, or train the job again"
+        )
     wanted = _named(abstract_state.model, ".model") | _named(abstract_state.model_state, ".model_state")
     where = f"The checkpoint of step {step} in {folder.parent}"
     try:
         with _quiet_orbax(), ocp.PyTreeCheckpointer() as reader:
             saved = reader.metadata(folder / "state")
-            saved = dict(getattr(saved, "item_metadata", None) or saved)
+            saved = getattr(saved, "item_metadata", saved)
+            if saved is None:  # orbax warns and gives none when its metadata is damaged
+                raise CheckpointUnreadable(f"{where} does not restore (its array metadata does not read); {remedy}.")
+            saved = dict(saved)
             diffs = [
                 f"  {k}: checkpoint {tuple(saved[k].shape) if k in saved else 'missing'}, this model {tuple(v.shape)}"
                 for k, v in wanted.items()
@@ -181,25 +223,26 @@ def restore_model(job_dir: Path, step: int, abstract_state: Any) -> tuple[Any, A
     except ConfigError:
         raise
     except Exception as e:
-        raise ConfigError(f"{where} does not restore ({_first_line(e)}); pick another --step.") from None
-    _verify(folder, step, dict(flat))
+        raise CheckpointUnreadable(f"{where} does not restore ({restore_failure(e)}); {remedy}.") from None
+    _verify(folder, step, dict(flat), remedy=remedy, log=log)
     return _fill(abstract_state.model, ".model", flat), _fill(abstract_state.model_state, ".model_state", flat)
 
 
-def _verify(folder: Path, step: int, flat: dict[str, Any]) -> None:
-    """ConfigError unless the restored arrays have the checksums recorded at save time."""
+def _verify(folder: Path, step: int, flat: dict[str, Any], *, remedy: str, log: Callable[[str], object]) -> None:
+    """CheckpointUnreadable unless the restored arrays have the checksums recorded at save time."""
     path = folder / "digests" / "metadata"
     if not path.exists():
-        return  # saved before checkpoints recorded checksums
+        log(unverified_warning(step, folder.parent))
+        return
     digests = json.loads(path.read_text())
     if digests.get("algorithm") != ALGORITHM:
         return
     recorded = {k: v for k, v in digests.get("arrays", {}).items() if k in flat}
     bad = differences(recorded, array_checksums(flat))
     if bad:
-        raise ConfigError(
+        raise CheckpointUnreadable(
             f"The checkpoint of step {step} in {folder.parent} is damaged: {len(bad)} array(s) differ from the "
-            f"checksums recorded when it was saved ({', '.join(bad[:3])}). Pick another --step."
+            f"checksums recorded when it was saved ({', '.join(bad[:3])}); {remedy}."
         )
 
 

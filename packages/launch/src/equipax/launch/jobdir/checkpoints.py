@@ -32,9 +32,10 @@ from equipax.launch.jobdir.checksums import (
     array_checksums,
     flat_arrays,
     json_checksum,
+    unverified_warning,
     verify,
 )
-from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process
+from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
 from equipax.launch.jobdir.save_errors import CheckpointSaveError, save_error
 
 __all__ = ["Checkpointer", "ChecksumMismatch", "read_json"]
@@ -176,6 +177,8 @@ class Checkpointer:
             except Exception as e:
                 self._set_aside(step, e, log)
                 continue
+            if not self._has(step, "digests"):
+                log(unverified_warning(step, self.directory))
             return step, state, data_state, loop_state
         return None
 
@@ -202,9 +205,8 @@ class Checkpointer:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(source), str(target))
         self._manager.reload()
-        first = (str(e).strip().splitlines() or [""])[0][:200]
         log(
-            f"warning: the checkpoint of step {step} does not restore ({type(e).__name__}: {first}); "
+            f"warning: the checkpoint of step {step} does not restore ({restore_failure(e)}); "
             f"moved it to {target} and trying the previous one."
         )
 

@@ -15,6 +15,7 @@ sharding, the device or the host count (an array saved on 8 devices verifies whe
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -30,6 +31,7 @@ __all__ = [
     "flat_arrays",
     "json_checksum",
     "tree_digest",
+    "unverified_warning",
     "verify",
 ]
 
@@ -131,3 +133,12 @@ def tree_digest(tree: Any) -> str:
             v = multihost_utils.process_allgather(v, tiled=True)
         h.update(np.asarray(v).tobytes())
     return h.hexdigest()[:16]
+
+
+def unverified_warning(step: int, directory: Path) -> str:
+    """What a restore says of a checkpoint without its `digests` item (checksums recorded at save)."""
+    return (
+        f"warning: the checkpoint of step {step} in {directory} has no checksums (its digests item is "
+        "missing: written before checkpoints recorded them, or removed since), so what it restores is not "
+        "verified against what was saved."
+    )

@@ -6,15 +6,47 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["QuietOrbaxErrors", "QuietOrbaxFutures", "quiet_closed_loops", "quiet_process"]
+__all__ = ["QuietOrbaxErrors", "QuietOrbaxFutures", "quiet_closed_loops", "quiet_process", "restore_failure"]
+
+
+def restore_failure(e: BaseException, limit: int = 400) -> str:
+    """One line naming why a checkpoint did not restore: the innermost cause, where orbax wraps
+    tensorstore's error (`Encountered error while reading array index ... See full TensorStore
+    details: <bound method ...>`) around the one that says what is wrong (`OUT_OF_RANGE: Error
+    reading ".model...": Requested byte range [...) is not valid for value of size 100`)."""
+    root, seen = e, {id(e)}
+    while root.__cause__ is not None and id(root.__cause__) not in seen:
+        root = root.__cause__
+        seen.add(id(root))
+    first = (str(root).strip().splitlines() or [""])[0]
+    return f"{type(root).__name__}: {first[:limit]}{'...' if len(first) > limit else ''}"
+
+
+def _from_orbax(exc: BaseException | None, obj: object = None) -> bool:
+    """Whether an error (or the coroutine it escaped from) comes from orbax's own code."""
+    code = getattr(obj, "cr_code", None)
+    if code is not None and "/orbax/" in code.co_filename:
+        return True
+    while exc is not None:
+        tb = exc.__traceback__
+        while tb is not None:
+            if "/orbax/" in tb.tb_frame.f_code.co_filename:
+                return True
+            tb = tb.tb_next
+        exc = exc.__cause__
+    return False
 
 
 def quiet_closed_loops(previous: Callable[[Any], object]) -> Callable[[Any], object]:
-    """`sys.unraisablehook` without "Event loop is closed": after a failed save, tensorstore's
-    completion callbacks can land on orbax's already closed event loop (harmless; a traceback each)."""
+    """`sys.unraisablehook` without orbax's leftovers: after a failed save or restore, tensorstore's
+    completion callbacks can land on orbax's already closed event loop ("Event loop is closed"), and
+    orbax's read coroutines are dropped with their error unraised (a traceback each, after the
+    failure itself was reported in one paragraph)."""
 
     def hook(unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
+            return
+        if _from_orbax(unraisable.exc_value, getattr(unraisable, "object", None)):
             return
         previous(unraisable)
 
@@ -31,9 +63,9 @@ class QuietOrbaxErrors(logging.Filter):
 
 
 class QuietOrbaxFutures(logging.Filter):
-    """Drop asyncio's "exception was never retrieved" reports of orbax's write tasks after a failed
-    save (one traceback per array, logged whenever the futures are collected, even after the
-    run ended); the save's failure itself is reported once, by `Checkpointer`."""
+    """Drop asyncio's "exception was never retrieved" reports of orbax's write and read tasks after a
+    failed save or restore (one traceback per array, logged whenever the futures are collected, even
+    after the run ended); the failure itself is reported once, by `Checkpointer` or the command."""
 
     quiets_orbax_futures = True
 
@@ -42,7 +74,9 @@ class QuietOrbaxFutures(logging.Filter):
             return True
         # A tensorstore write wrapped as an asyncio future carries no Python frames of orbax, but its
         # error names the checkpoint directory orbax was writing (`<step>.orbax-checkpoint-tmp`).
-        if ".orbax-checkpoint-tmp" in str(record.exc_info[1]):
+        # A failed read names the OCDBT database it was reading (a checkpoint's `state` item).
+        text = str(record.exc_info[1])
+        if ".orbax-checkpoint-tmp" in text or "in OCDBT database at" in text:
             return False
         tb = record.exc_info[2]
         while tb is not None:

@@ -3,9 +3,12 @@
 Only process 0 writes (multi-host runs call this with `enabled=False` elsewhere).
 """
 
+import contextlib
 import json
 import math
-from collections.abc import Callable, Mapping
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +26,38 @@ def _jsonable(v: Any) -> Any:
 class MetricsWriter:
     """Append metrics to `<job>/metrics.jsonl` and `<job>/summaries/{train,eval}`.
 
+    A full disk (or any failed write) raises the OSError from `write`, `flush` or `close` once, with
+    nothing half-written: a line that did not fit is cut back, and TensorBoard's writer thread and
+    exit hook print no tracebacks of their own after it.
+
     Arguments:
         job_dir: the job's directory.
         enabled: False on processes other than 0 (writes nothing).
         log: where a warning about unreadable lines dropped on resume goes.
+        path: the JSON-lines file (default `<job>/metrics.jsonl`).
+        summaries: the TensorBoard directory whose subdirectories are the splits (default
+            `<job>/summaries`).
     """
 
-    def __init__(self, job_dir: Path, *, enabled: bool = True, log: Callable[[str], object] = print) -> None:
+    def __init__(
+        self,
+        job_dir: Path,
+        *,
+        enabled: bool = True,
+        log: Callable[[str], object] = print,
+        path: Path | None = None,
+        summaries: Path | None = None,
+    ) -> None:
         self.enabled = enabled
         self.log = log
-        self.path: Path = Path(job_dir) / "metrics.jsonl"
+        self.path: Path = Path(path) if path is not None else Path(job_dir) / "metrics.jsonl"
         self._tb: dict[str, SummaryWriter] = {}
-        self._job_dir = Path(job_dir)
+        self._summaries = Path(summaries) if summaries is not None else Path(job_dir) / "summaries"
+        _quiet_writer_threads()
 
     def _writer(self, split: str) -> SummaryWriter:
         if split not in self._tb:
-            self._tb[split] = SummaryWriter(str(self._job_dir / "summaries" / split))
+            self._tb[split] = SummaryWriter(str(self._summaries / split))
         return self._tb[split]
 
     def truncate_after(self, step: int) -> None:
@@ -64,30 +83,115 @@ class MetricsWriter:
         tmp.write_text("".join(ln + "\n" for ln in kept))
         tmp.replace(self.path)  # atomic: a kill here never loses the earlier records
 
-    def write(self, step: int, split: str, metrics: Mapping[str, float | int]) -> None:
-        """Record `metrics` of `split` ("train" or "eval") at `step`."""
+    def write(self, step: int, split: str, metrics: Mapping[str, float | int], *, flush: bool = False) -> None:
+        """Record `metrics` of `split` ("train" or "eval") at `step`: the TensorBoard scalars, then
+        (with `flush`: once they are on disk) the metrics.jsonl line, so the line says the step is
+        recorded.
+
+        Raises:
+            OSError: the scalars or the line could not be written (metrics.jsonl is as it was before).
+        """
         if not self.enabled:
             return
-        record = {"step": step, "split": split, **{k: _jsonable(v) for k, v in metrics.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
         tb = self._writer(split)
-        for k, v in metrics.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                tb.add_scalar(k, v, step)
+        with self._guard(tb):
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    tb.add_scalar(k, v, step)
+            if flush:
+                tb.flush()
+        record = {"step": step, "split": split, **{k: _jsonable(v) for k, v in metrics.items()}}
+        _append(self.path, (json.dumps(record) + "\n").encode())
+
+    def abandon(self) -> None:
+        """After a failed write: stop every TensorBoard writer without writing to it again."""
+        for tb in self._tb.values():
+            _retire(tb)
+        self._tb.clear()
 
     def add_text(self, split: str, tag: str, text: str, step: int) -> None:
         if self.enabled:
-            self._writer(split).add_text(tag, text, step)
+            tb = self._writer(split)
+            with self._guard(tb):
+                tb.add_text(tag, text, step)
 
     def flush(self) -> None:
-        for tb in self._tb.values():
-            tb.flush()
+        for tb in list(self._tb.values()):
+            with self._guard(tb):
+                tb.flush()
 
     def close(self) -> None:
-        for tb in self._tb.values():
-            tb.close()
+        """Close every TensorBoard writer; the first failure is raised after all are closed."""
+        failure: OSError | None = None
+        for tb in list(self._tb.values()):
+            try:
+                with self._guard(tb):
+                    tb.close()
+            except OSError as e:
+                failure = failure or e
         self._tb.clear()
+        if failure is not None:
+            raise failure
+
+    @contextlib.contextmanager
+    def _guard(self, tb: SummaryWriter) -> Iterator[None]:
+        """On a failed write, retire `tb`: its thread stopped, and its exit hook (which would flush
+        into the same full disk and print a traceback at exit) disarmed."""
+        try:
+            yield
+        except OSError:
+            for split, writer in list(self._tb.items()):
+                if writer is tb:
+                    del self._tb[split]
+            _retire(tb)
+            raise
+
+
+def _append(path: Path, line: bytes) -> None:
+    """Append `line` whole or not at all: a write cut short (a full disk) is truncated away."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _retire(tb: SummaryWriter) -> None:
+    """Stop a TensorBoard writer whose file cannot be written, without writing to it again."""
+    events = getattr(getattr(tb, "file_writer", None), "event_writer", None)
+    if events is None or getattr(events, "_closed", True):
+        return
+    worker = getattr(events, "_worker", None)
+    with contextlib.suppress(Exception):
+        if worker is not None and worker.is_alive():
+            worker.stop()
+    with contextlib.suppress(Exception):
+        events._ev_writer.close()
+    events._closed = True  # its atexit hook closes only what is not closed
+
+
+def _quiet_writer_threads() -> None:
+    """`threading.excepthook` without the traceback of TensorBoard's writer thread dying on a full
+    disk: the same failure reaches the command through `flush`/`close`, said once."""
+    if getattr(threading.excepthook, "quiets_tensorboard", False):
+        return
+    previous = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_EventLoggerThread":
+            return
+        previous(args)
+
+    hook.quiets_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def _parse(raw: bytes) -> dict[str, Any] | None:

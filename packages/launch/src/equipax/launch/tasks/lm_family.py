@@ -111,19 +111,26 @@ def finish(
     cfg: ExperimentConfig, model: Any, inputs: Inputs, *, key: Any, log: Callable[[str], object]
 ) -> dict[str, Any]:
     """Generate `train.sample.tokens` tokens after `train.sample.prompt` with the KV cache
-    (greedy at `train.sample.temperature` 0, else sampled; single process only)."""
+    (greedy at `train.sample.temperature` 0, else sampled; single process only). Chat data adds
+    `chat_data`: this host's conversations trained on, truncated and dropped, and the packing
+    efficiency (the share of row positions holding tokens), over the whole run."""
     import jax
     import numpy as np
 
+    from equipax.data import ChatSFTInput
+
+    out: dict[str, Any] = {}
+    if isinstance(inputs.train, ChatSFTInput):
+        out["chat_data"] = dict(inputs.train.stats, packing_efficiency=round(inputs.train.packing_efficiency(), 4))
     if cfg.train.sample.tokens == 0 or jax.process_count() > 1:
-        return {"sample": None}
+        return out | {"sample": None}
     tokenizer = inputs.extra["tokenizer"]
     prompt = tokenizer.encode(cfg.train.sample.prompt) or [tokenizer.bos_id]
-    out = continue_ids(model, prompt, cfg.train.sample.tokens, temperature=cfg.train.sample.temperature, key=key)
+    sampled = continue_ids(model, prompt, cfg.train.sample.tokens, temperature=cfg.train.sample.temperature, key=key)
     # model.vocab_size may exceed the tokenizer's vocabulary (docs/data.md): ids past it were never
     # a training target, but sampling can still pick one, and no text decodes from it.
-    ids = [i for i in np.asarray(out).tolist() if i < tokenizer.vocab_size]
-    return {"sample": tokenizer.decode(ids)}
+    ids = [i for i in np.asarray(sampled).tolist() if i < tokenizer.vocab_size]
+    return out | {"sample": tokenizer.decode(ids)}
 
 
 def continue_ids(model: Any, prompt: list[int], num_tokens: int, *, temperature: float, key: Any) -> list[int]:

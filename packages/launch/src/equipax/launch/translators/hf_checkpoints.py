@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 DEFAULT_SHARD_BYTES = 5 * 2**30  # save_pretrained's default max_shard_size ("5GB")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 # An imported job fine-tunes: AdamW at a constant 1e-5, no weight decay, gradients clipped at 1.
 FINETUNE_LEARNER = LearnerConfig(
     kind="adamw", weight_decay=0.0, clip_gradient_norm=1.0, schedule=ScheduleConfig(peak_learning_rate=1e-5)
@@ -68,6 +68,16 @@ def staged(target: Path) -> Iterator[Path]:
         tmp.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _base_model(job_dir: Path, init_from: str | None) -> str:
+    """Where a job's base model came from: `model.init_from`, or the directory `hf-import` read."""
+    if init_from:
+        return init_from.removeprefix("hf:")
+    try:
+        return str(json.loads((job_dir / "hf_import.json").read_text())["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def _copy_tokenizer(source: Path, target: Path) -> list[str]:
@@ -123,6 +133,7 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
     from equipax.launch.tasks import family
     from equipax.launch.training.build import build_training
     from equipax.models.hf.weights import load_lm
+    from equipax.models.lm_task import LMTask
 
     directory, out = Path(directory), Path(out)
     if jax.process_count() > 1:
@@ -137,11 +148,18 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
         check_device_count(cfg.mesh, jax.device_count(), hint=" (pass --cpu-devices N on a CPU host)")
     mesh = build_mesh(cfg.mesh, jax.devices()[:n])
     training = build_training(cfg, mesh)
-    model = load_lm(directory, as_lm(cfg).model, training.state_sharding.model)
+    lora = as_lm(cfg).model.lora.enabled
+    shardings = training.state_sharding.model
+    model = load_lm(directory, as_lm(cfg).model, shardings.base if lora else shardings)
     kl = gate(model, directory, "The import")
-    # The step-0 state around the loaded model, in its shardings (no random init compiled or run).
+    # The step-0 state around the loaded model (with LoRA: adapters over it), in its shardings (no
+    # random init of the model compiled or run).
+    task = training.task
+    assert isinstance(task, LMTask)
     state = eqx.filter_jit(
-        lambda m: eqx.filter_shard(init_train_state(m, training.learner.optimizer), training.state_sharding)
+        lambda m: eqx.filter_shard(
+            init_train_state(task.adapt(m, training.keys.init), training.learner.optimizer), training.state_sharding
+        )
     )(model)
     log(f"Parity gate: KL {kl:.2e} nats/token against the reference of {directory} (limit {KL_LIMIT:g}).")
     with staged(out) as tmp:
@@ -168,16 +186,21 @@ def export_job(
     *,
     dtype: str = "float32",
     shard_bytes: int = DEFAULT_SHARD_BYTES,
+    peft: bool = False,
     log: Callable[[str], object],
 ) -> list[str]:
     """`launch convert hf-export --job-log-dir J --out DIR`: the checkpoint as a Hugging Face model
     directory (safetensors with `{"format": "pt"}`, the index when sharded, config.json with both
-    rotary schemas, generation_config.json, the job's Hugging Face tokenizer if it has one)."""
+    rotary schemas, generation_config.json, the job's Hugging Face tokenizer if it has one). A LoRA
+    job exports its merged weights, or with `peft` its adapters as a PEFT adapter directory
+    (`adapter_model.safetensors`, `adapter_config.json`, the tokenizer) for the base model."""
     from equipax.data import HFTokenizer
     from equipax.launch.inference.trained_job import load_config, local_mesh, pick_step, restore_model
     from equipax.launch.tasks.lm_data import tokenizer_path
     from equipax.launch.training.build import build_training
+    from equipax.models.hf.peft import write_peft_adapter
     from equipax.models.hf.weights import hf_tensors, write_hf_weights
+    from equipax.models.lora import LoRALM
 
     job_dir, out = Path(job_dir), Path(out)
     if dtype not in ("float32", "bfloat16", "float16"):
@@ -191,12 +214,29 @@ def export_job(
     if note:
         log(note)
     model, _ = restore_model(job_dir, step, build_training(fitted, mesh).abstract_state)
+    if peft and not isinstance(model, LoRALM):
+        raise ConfigError(
+            f"--peft exports LoRA adapters, but {job_dir} trained the whole model (model.lora.enabled=False); "
+            "export it without --peft."
+        )
     tok_path = tokenizer_path(as_lm(cfg), job_dir) if as_lm(cfg).data.tokenizer == "huggingface" else None
     if tok_path is None and (job_dir / TOKENIZER_FILES[0]).is_file():  # imported, then trained on synthetic ids
         tok_path = job_dir / TOKENIZER_FILES[0]
     tok = HFTokenizer.load(tok_path) if tok_path is not None else None
     ids = {} if tok is None else {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
     hf = hf_config_from_lm(as_lm(cfg).model, dtype=dtype, **ids)
+    if isinstance(model, LoRALM):
+        if peft:
+            with staged(out) as tmp:
+                base = _base_model(job_dir, as_lm(cfg).model.init_from)
+                files = write_peft_adapter(tmp, model, base)
+                if tok_path is not None:
+                    files += _copy_tokenizer(tok_path.parent, tmp)
+            log(
+                f"Wrote the LoRA adapters of step {step} (rank {model.config.rank}, {len(model.adapters)} projections)."
+            )
+            return files
+        model = model.merged()
     with staged(out) as tmp:
         files = write_hf_weights(tmp, hf_tensors(model, dtype=dtype), shard_bytes=shard_bytes)
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")

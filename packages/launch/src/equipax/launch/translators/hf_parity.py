@@ -115,7 +115,9 @@ def init_from_hf(training: Any, state: Any, *, log: Callable[[str], object]) -> 
     assert model_cfg.init_from is not None
     directory = Path(model_cfg.init_from.removeprefix("hf:"))
     check_architecture(model_cfg, directory)
-    model = load_lm(directory, model_cfg, training.state_sharding.model)
+    lora = model_cfg.lora.enabled  # the weights are the frozen base of the adapters
+    shardings = training.state_sharding.model
+    model = load_lm(directory, model_cfg, shardings.base if lora else shardings)
     kl = gate(model, directory, f"model.init_from={model_cfg.init_from}")
     log(f"Initialised from {directory} (parity gate: KL {kl:.2e} nats/token, limit {KL_LIMIT:g}).")
-    return eqx.tree_at(lambda s: s.model, state, model)
+    return eqx.tree_at(lambda s: s.model.base if lora else s.model, state, model)
