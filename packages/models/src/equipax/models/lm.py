@@ -8,7 +8,7 @@ Decoding with a KV cache (`TransformerLM.cached`, `equipax.models.decode`) runs 
 """
 
 import math
-from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -236,16 +236,13 @@ class TransformerLM(eqx.Module):
 
 
 def lm_loss(
-    model: Callable[..., Float[Array, "batch seq vocab"]],
-    batch: Batch,
-    *,
-    key: PRNGKeyArray | None = None,
-    mesh: Mesh | None = None,
+    model: Any, batch: Batch, *, key: PRNGKeyArray | None = None, mesh: Mesh | None = None
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
     """Weighted mean next-token cross-entropy (+ the weighted router losses of a mixture of experts).
 
     Arguments:
-        model: the language model (a `TransformerLM`, or a `LoRALM` over one).
+        model: the language model (a `TransformerLM`, or a `LoRALM` over one): its
+            `forward` gives the logits and the mixture-of-experts stats.
         batch: `ids` int32 `[batch seq]`, `labels` int32 `[batch seq]` (the token after
             each id) and `weights` float32 `[batch seq]` (0 excludes a position); packed
             batches also carry `segment_ids` and `positions` int32 `[batch seq]`.
