@@ -35,6 +35,7 @@ SMOKES = [
     "qwen3_8b_smoke",
     "mistral_7b_smoke",
     "llama3_8b_pipeline_smoke",
+    "qwen3_30b_a3b_smoke",
 ]
 
 
@@ -65,8 +66,9 @@ def test_launch_show_prints_each_familys_count():
 
 def test_every_family_smoke_trains_on_its_8_device_mesh():
     """Each new family's `_smoke` (Llama 3.1 RoPE scaling, Llama 3.2 tied embeddings, Qwen3 QK-norm,
-    Mistral's window, the pipelined Llama) builds its training program on its own mesh and takes 3
-    steps that change the parameters with finite losses."""
+    Mistral's window, the pipelined Llama, Qwen3-MoE's dropless experts over an `expert` axis) builds
+    its training program on its own mesh and takes 3 steps that change the parameters with finite
+    losses."""
     out = run_with_devices(
         f"""
     import json

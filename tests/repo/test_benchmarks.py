@@ -216,6 +216,30 @@ def test_bubble_benchmark_tiny(tmp_path):
     assert "circular R=2" in proc.stdout
 
 
+@pytest.mark.slow
+def test_moe_dispatch_benchmark_tiny(tmp_path):
+    """benchmarks/moe_dispatch.py runs (EP 1 and 2, dropless and capacity, tiny model) and writes its
+    table's rows; timings themselves are not tested."""
+    out = tmp_path / "moe.json"
+    args = ["--ep", "1,2", "--model-dims", "32", "--seq", "16", "--steps", "1", "--rounds", "2", "--warmup", "0"]
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "moe_dispatch.py"), *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["ep"], r["dispatch"]) for r in rows] == [
+        (1, "dropless"),
+        (1, "capacity 1.25"),
+        (2, "dropless"),
+        (2, "capacity 1.25"),
+    ]
+    assert rows[0]["vs_dropless_lowest_ep"] == 1.0
+    assert all(len(r["steps_s"]) == 2 and r["step_q1_s"] <= r["step_s"] <= r["step_q3_s"] for r in rows)
+
+
 def test_hf_import_memory_benchmark_tiny(tmp_path):
     """benchmarks/hf_import_memory.py loads a tiny synthetic checkpoint in 1 and in 2 processes and
     reports each one's shards (the memory figures themselves are benchmarks/README.md's)."""

@@ -12,6 +12,8 @@ __all__ = [
     "BATCH_AXES",
     "DATA",
     "DEFAULT_LOGICAL_AXIS_RULES",
+    "EXPERT",
+    "EXPERT_AXES",
     "FSDP",
     "LogicalAxisRules",
     "MeshConfig",
@@ -29,10 +31,15 @@ AXES = (DATA, FSDP, TENSOR)
 # Pipeline parallelism (Pax's `stage`): layers split into consecutive stages along this axis.
 STAGE = "stage"
 PIPELINE_AXES = (STAGE, DATA, FSDP, TENSOR)
+# Expert parallelism (docs/moe.md): a mixture-of-experts layer's experts split over this axis, and
+# the batch with them (each device's tokens travel to the experts' devices by all-to-all).
+EXPERT = "expert"
+EXPERT_AXES = (DATA, FSDP, EXPERT, TENSOR)
 # Axes the batch is split over. As in Pax, a pipelined mesh also splits the batch over `stage`
 # outside the pipeline (embedding, logits); `stage` comes last so that each microbatch keeps an
-# even share on every (data, fsdp) device (equipax.core.nn.pipeline). Absent axes count 1.
-BATCH_AXES = (DATA, FSDP, STAGE)
+# even share on every (data, fsdp) device (equipax.core.nn.pipeline). The `expert` axis splits the
+# batch too (outside the experts it is one more data-parallel axis). Absent axes count 1.
+BATCH_AXES = (DATA, FSDP, EXPERT, STAGE)
 
 # Logical axis -> mesh axis (None = replicated): the default of `mesh.logical_axis_rules`, the
 # sharding of every declared weight dimension (docs/sharding.md): FSDP over `embed`, Megatron
@@ -48,6 +55,8 @@ DEFAULT_LOGICAL_AXIS_RULES: LogicalAxisRules = (
     ("head_dim", None),
     ("qkv", None),
     ("layers", None),
+    # A mixture-of-experts layer's expert index (equipax.core.nn.moe): over the `expert` axis.
+    ("expert", EXPERT),
     # A pipelined stack's stage index (PipelinedStack: stage, repeat, layer within the stage).
     ("stage", STAGE),
     # Norm scales and biases: small, so replicated.
@@ -69,7 +78,8 @@ class MeshConfig:
         when the run starts (`fit`); until then it counts as 1.
     dcn_mesh_shape: slices (or hosts, on GPU clusters) along the same axes.
     axis_names: (data, fsdp, tensor), or `PIPELINE_AXES` (stage, data, fsdp, tensor) for a
-        pipelined model (`model.transformer.pipeline_stages` > 1).
+        pipelined model (`model.transformer.pipeline_stages` > 1), or `EXPERT_AXES` (data, fsdp,
+        expert, tensor) for expert parallelism (`model.transformer.num_experts` > 0).
     logical_axis_rules: (logical axis, mesh axis or None) pairs, MaxText's `logical_axis_rules`:
         the mesh axis each declared weight dimension is split over (None = replicated). The
         default is FSDP over `embed` and Megatron tensor parallelism over `vocab`, `heads` and
@@ -105,7 +115,7 @@ class MeshConfig:
             raise ValueError(
                 f"mesh.logical_axis_rules maps {repeated[0]!r} more than once; give one rule per logical axis."
             )
-        known = {*self.axis_names, *PIPELINE_AXES}
+        known = {*self.axis_names, *PIPELINE_AXES, EXPERT}
         if bad := [rule for rule in self.logical_axis_rules if rule[1] is not None and rule[1] not in known]:
             raise ValueError(
                 f"mesh.logical_axis_rules: {bad[0]} names the mesh axis {bad[0][1]!r}, which is not "

@@ -18,6 +18,8 @@ from equipax.core._mesh_config import (
     BATCH_AXES,
     DATA,
     DEFAULT_LOGICAL_AXIS_RULES,
+    EXPERT,
+    EXPERT_AXES,
     FSDP,
     PIPELINE_AXES,
     STAGE,
@@ -33,6 +35,8 @@ __all__ = [
     "BATCH_AXES",
     "DATA",
     "DEFAULT_LOGICAL_AXIS_RULES",
+    "EXPERT",
+    "EXPERT_AXES",
     "FSDP",
     "LearnerConfig",
     "LearnerKind",
@@ -46,6 +50,7 @@ __all__ = [
     "TENSOR",
     "TransformerConfig",
     "bubble_fraction",
+    "check_experts",
     "check_pipeline",
     "check_pipeline_knobs",
     "num_microbatches",
@@ -223,6 +228,19 @@ class TransformerConfig:
             independent of depth) instead of a Python loop.
         remat: recompute each block in the backward pass: "none", "full" (save only the block's
             input) or "dots_saveable" (save matrix-multiply outputs).
+        num_experts: routed experts of a mixture-of-experts feed-forward in every block
+            (docs/moe.md; Mixtral, Qwen3-MoE); 0 = the dense feed-forward.
+        num_experts_per_tok: experts each token is routed to (top-k), 1 to num_experts.
+        moe_intermediate_size: each expert's hidden width; None = hidden_dims.
+        norm_topk_prob: renormalise each token's top-k router probabilities to sum to 1.
+        capacity_factor: None = dropless dispatch (grouped matmuls); a number > 0 = each expert
+            takes at most ceil(capacity_factor * seq * num_experts_per_tok / num_experts)
+            assignments per sequence, the rest are dropped (counted in the metrics).
+        shared_expert_intermediate_size: hidden width of a shared SwiGLU MLP every token also goes
+            through (DeepSeek's shared experts); 0 = none.
+        router_aux_loss_coef: weight of the load-balancing loss in the training loss (Mixtral 0.02,
+            Qwen3-MoE 0.001).
+        router_z_loss_coef: weight of the router z-loss in the training loss (ST-MoE 0.001).
     """
 
     num_layers: int = 4
@@ -264,11 +282,25 @@ class TransformerConfig:
     pipeline_microbatch_size: int | None = None
     pipeline_schedule: Literal["gpipe", "circular"] = "gpipe"
     pipeline_repeats: int = 1
+    # Mixture of experts (docs/moe.md; Hugging Face's Mixtral / Qwen3-MoE config names).
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int | None = None
+    norm_topk_prob: bool = True
+    capacity_factor: float | None = None
+    shared_expert_intermediate_size: int = 0
+    router_aux_loss_coef: float = 0.001
+    router_z_loss_coef: float = 0.0
 
     @property
     def kv_heads(self) -> int:
         """Key/value heads per block (`num_kv_heads`, or `num_heads` when None)."""
         return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def expert_hidden_dims(self) -> int:
+        """Each expert's hidden width (`moe_intermediate_size`, or `hidden_dims` when None)."""
+        return self.hidden_dims if self.moe_intermediate_size is None else self.moe_intermediate_size
 
     def __post_init__(self) -> None:
         for name in (
@@ -306,6 +338,7 @@ class TransformerConfig:
                 "(Pax's LayerNorm uses 1e-6, Llama's RMSNorm 1e-5)."
             )
         _check_heads(self)
+        _check_moe(self)
         check_pipeline_knobs(self)
         _check_attention_impl(self)
 
@@ -345,6 +378,57 @@ def _check_heads(cfg: "TransformerConfig") -> None:
         raise ValueError(
             f"{_KNOB}.attention='linear' runs multi-head attention only (num_kv_heads="
             f"{kv} < num_heads={cfg.num_heads}); set num_kv_heads=None or attention='softmax'."
+        )
+
+
+def _is_int(value: Any, low: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= low
+
+
+def _check_moe(cfg: "TransformerConfig") -> None:
+    """Raise ValueError for mixture-of-experts knobs that are out of range or contradict the block."""
+    e, k = cfg.num_experts, cfg.num_experts_per_tok
+    if not _is_int(e, 0):
+        raise ValueError(f"{_KNOB}.num_experts must be an int >= 0 (0 = a dense feed-forward), got {e!r}.")
+    for name in ("router_aux_loss_coef", "router_z_loss_coef"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+            raise ValueError(f"{_KNOB}.{name} must be a finite number >= 0 (0 = off), got {value!r}.")
+    if e == 0:
+        return
+    if not _is_int(k, 1) or k > e:
+        raise ValueError(
+            f"{_KNOB}.num_experts_per_tok={k!r} must be an int from 1 to num_experts={e} (each token "
+            f"goes to that many distinct experts); set num_experts_per_tok <= {e}, or more experts."
+        )
+    size = cfg.moe_intermediate_size
+    if size is not None and not _is_int(size, 1):
+        raise ValueError(
+            f"{_KNOB}.moe_intermediate_size must be a positive int (each expert's hidden width) or None "
+            f"(= hidden_dims), got {size!r}."
+        )
+    cf = cfg.capacity_factor
+    if cf is not None and (isinstance(cf, bool) or not isinstance(cf, int | float) or not 0 < cf < math.inf):
+        raise ValueError(
+            f"{_KNOB}.capacity_factor must be None (dropless) or a finite number > 0 (1.0 = an even "
+            f"share of the tokens per expert), got {cf!r}."
+        )
+    if not _is_int(cfg.shared_expert_intermediate_size, 0):
+        raise ValueError(
+            f"{_KNOB}.shared_expert_intermediate_size must be an int >= 0 (0 = no shared expert), "
+            f"got {cfg.shared_expert_intermediate_size!r}."
+        )
+    if not cfg.gated or cfg.use_bias:
+        raise ValueError(
+            f"{_KNOB}.num_experts={e}: the experts are gated MLPs without biases (SwiGLU with "
+            f"activation='silu'), but gated={cfg.gated}, use_bias={cfg.use_bias}; set gated=True and "
+            "use_bias=False, or num_experts=0."
+        )
+    if cfg.pipeline_stages > 1 or cfg.tensor_parallel != "gspmd":
+        raise ValueError(
+            f"{_KNOB}.num_experts={e}: a mixture-of-experts block runs with tensor_parallel='gspmd' and "
+            f"without a pipeline (found tensor_parallel={cfg.tensor_parallel!r}, pipeline_stages="
+            f"{cfg.pipeline_stages}); set tensor_parallel='gspmd' and pipeline_stages=1."
         )
 
 
@@ -479,6 +563,24 @@ def num_microbatches(cfg: TransformerConfig, global_batch: int) -> int:
     if cfg.pipeline_microbatch_size is not None:
         return max(global_batch // cfg.pipeline_microbatch_size, 1)
     return cfg.pipeline_stages
+
+
+def check_experts(cfg: TransformerConfig, mesh: MeshConfig) -> None:
+    """Raise ConfigError unless the mesh's `expert` axis divides the experts (docs/moe.md).
+
+    Arguments:
+        cfg: the transformer config.
+        mesh: the experiment's mesh (an `expert` axis of -1 is checked once fitted).
+    """
+    ep = mesh.axis_size(EXPERT)
+    unfitted = EXPERT in mesh.axis_names and mesh.ici_mesh_shape[mesh.axis_names.index(EXPERT)] == -1
+    if cfg.num_experts and ep > 1 and not unfitted and cfg.num_experts % ep:
+        divisors = [d for d in range(1, cfg.num_experts + 1) if cfg.num_experts % d == 0]
+        raise ConfigError(
+            f"{_KNOB}.num_experts={cfg.num_experts} cannot be split over the mesh's `expert` axis of size "
+            f"{ep} (axes {mesh.axis_names}, shape {mesh.shape}): each device holds num_experts / expert "
+            f"experts. Make the `expert` axis one of {divisors}, or change num_experts."
+        )
 
 
 def check_pipeline(cfg: TransformerConfig, mesh: MeshConfig, global_batch: int) -> None:

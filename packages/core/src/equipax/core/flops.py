@@ -24,8 +24,11 @@ def transformer_lm_flops_per_token(cfg: TransformerConfig, *, vocab_size: int, s
     (`cfg.attention == "linear"`, causal and chunked) counts, per token and head, the state update
     `phi(k) v^T` and read-out `phi(q)^T S` (`2 hd^2` each) plus the causal half of the quadratic
     products inside a chunk of `min(seq_len, DEFAULT_CHUNK_SIZE)` positions; element-wise work
-    (feature map, normaliser) is not counted, as for softmax. Training is 3x forward (forward +
-    backward). Remat recomputation is reported as `remat` and is not part of the model FLOPs.
+    (feature map, normaliser) is not counted, as for softmax. A mixture-of-experts feed-forward
+    (`num_experts > 0`) counts its active parameters: the router (`2 d experts`), the
+    `num_experts_per_tok` experts a token goes through and the shared expert, so MFU is computed
+    from the active parameters (dispatch and dropped tokens are not counted). Training is 3x
+    forward (forward + backward). Remat recomputation is reported as `remat` and is not part of the model FLOPs.
 
     Arguments:
         cfg: transformer config.
@@ -38,10 +41,10 @@ def transformer_lm_flops_per_token(cfg: TransformerConfig, *, vocab_size: int, s
         model FLOPs), `remat` (extra forward work recomputed in the backward pass under
         `cfg.remat`) and `training_with_remat` (what the hardware executes).
     """
-    d, h, hd, f, n = (cfg.model_dims, cfg.num_heads, cfg.head_dim, cfg.hidden_dims, cfg.num_layers)
+    d, h, hd, n = (cfg.model_dims, cfg.num_heads, cfg.head_dim, cfg.num_layers)
     qkv = 2.0 * d * (h + 2 * cfg.kv_heads) * hd
     out_proj = 2.0 * h * hd * d
-    mlp = 2.0 * d * f * (3 if cfg.gated else 2)
+    mlp = 2.0 * _mlp_params(cfg, active=True)
     if cfg.attention == "linear":
         chunk = min(seq_len, DEFAULT_CHUNK_SIZE)
         attention = 2.0 * 2.0 * hd * hd * h + 2.0 * 2.0 * chunk * h * hd / 2.0
@@ -100,6 +103,16 @@ def count_params(tree: Any) -> int:
     return sum(math.prod(x.shape) for x in leaves)
 
 
+def _mlp_params(cfg: TransformerConfig, *, active: bool) -> int:
+    """Feed-forward matmul parameters of one block (an MoE's: router, experts, shared expert;
+    `active`: only the `num_experts_per_tok` experts one token uses), biases excluded."""
+    d = cfg.model_dims
+    if not cfg.num_experts:
+        return d * cfg.hidden_dims * (3 if cfg.gated else 2)
+    experts = cfg.num_experts_per_tok if active else cfg.num_experts
+    return d * cfg.num_experts + 3 * d * (experts * cfg.expert_hidden_dims + cfg.shared_expert_intermediate_size)
+
+
 def lm_param_counts(cfg: TransformerConfig, vocab_size: int, *, tie_embeddings: bool = True) -> dict[str, int]:
     """Analytic parameter counts of a transformer LM (embedding, blocks, final norm, output).
 
@@ -111,8 +124,9 @@ def lm_param_counts(cfg: TransformerConfig, vocab_size: int, *, tie_embeddings: 
 
     Returns:
         `embedding` (the input table, plus the output projection when untied), `unembedding`
-        (the output projection alone; 0 when tied), `per_layer` (one block), `final_norm` and
-        `total`.
+        (the output projection alone; 0 when tied), `per_layer` (one block), `final_norm`,
+        `total`, and `active` (the parameters one token uses: `total` less the experts it is not
+        routed to; `total` for a dense model).
     """
     d, h, kv, hd, f = cfg.model_dims, cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.hidden_dims
     bias = cfg.use_bias
@@ -120,14 +134,17 @@ def lm_param_counts(cfg: TransformerConfig, vocab_size: int, *, tie_embeddings: 
     attention = d * (h + 2 * kv) * hd + h * hd * d + ((h + 2 * kv) * hd + d if bias else 0)
     attention += 2 * hd if cfg.qk_norm else 0
     num_in = 2 if cfg.gated else 1
-    mlp = num_in * d * f + f * d + (num_in * f + d if bias else 0)
+    mlp = _mlp_params(cfg, active=False) + (num_in * f + d if bias else 0)
     per_layer = 2 * norm + attention + mlp
     unembedding = 0 if tie_embeddings else d * vocab_size
     embedding = vocab_size * d + unembedding
+    total = embedding + cfg.num_layers * per_layer + norm
+    inactive = cfg.num_layers * (_mlp_params(cfg, active=False) - _mlp_params(cfg, active=True))
     return {
         "embedding": embedding,
         "unembedding": unembedding,
         "per_layer": per_layer,
         "final_norm": norm,
-        "total": embedding + cfg.num_layers * per_layer + norm,
+        "total": total,
+        "active": total - inactive,
     }

@@ -2,7 +2,8 @@
 
 Pipelined experiments add a leading `stage` axis: (stage, data, fsdp, tensor), Pax's pipeline
 order (stage, replica, data, mdl); each `stage` slice of the mesh holds one pipeline stage's
-layers (docs/pipeline.md).
+layers (docs/pipeline.md). Expert parallelism adds an `expert` axis: (data, fsdp, expert, tensor)
+(docs/moe.md).
 
 `ici_mesh_shape` is the mesh within a slice (fast interconnect), `dcn_mesh_shape` across slices
 or hosts (data-centre network); the device mesh is their elementwise product. Building the
@@ -17,12 +18,25 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from equipax.core.configs import AXES, BATCH_AXES, DATA, FSDP, PIPELINE_AXES, STAGE, TENSOR, MeshConfig
+from equipax.core.configs import (
+    AXES,
+    BATCH_AXES,
+    DATA,
+    EXPERT,
+    EXPERT_AXES,
+    FSDP,
+    PIPELINE_AXES,
+    STAGE,
+    TENSOR,
+    MeshConfig,
+)
 from equipax.core.knobs import ConfigError
 
 __all__ = [
     "AXES",
     "DATA",
+    "EXPERT",
+    "EXPERT_AXES",
     "FSDP",
     "TENSOR",
     "BATCH_AXES",

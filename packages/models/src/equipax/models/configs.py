@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar, Literal
 
-from equipax.core.configs import MeshConfig, RopeScalingConfig, TransformerConfig, check_pipeline
+from equipax.core.configs import MeshConfig, RopeScalingConfig, TransformerConfig, check_experts, check_pipeline
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
 
 __all__ = ["CNNConfig", "cnn_param_count", "DTYPES", "LMConfig", "LORA_TARGETS", "LoRAConfig", "RopeScalingConfig"]
@@ -212,8 +212,10 @@ class LMConfig:
         return math.sqrt(self.transformer.model_dims) if m == "sqrt_model_dims" else m  # pyright: ignore[reportReturnType]
 
     def check_mesh(self, mesh: MeshConfig, global_batch: int) -> None:
-        """Raise ConfigError unless the pipeline knobs fit `mesh` and `global_batch`."""
+        """Raise ConfigError unless the pipeline knobs fit `mesh` and `global_batch`, and the
+        `expert` axis divides the experts."""
         check_pipeline(self.transformer, mesh, global_batch)
+        check_experts(self.transformer, mesh)
 
     @property
     def pipeline_stages(self) -> int:

@@ -8,7 +8,7 @@ Decoding with a KV cache (`TransformerLM.cached`, `equipax.models.decode`) runs 
 """
 
 import math
-from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from equipax.core.nn import Embedding, LayerNorm, Linear, RMSNorm, TransformerStack
+from equipax.core.nn.moe import MoEStats, moe_loss_and_metrics
 from equipax.core.nn.pipeline import PipelinedStack, make_stack
 from equipax.core.nn.rotary import rotary_angles
 from equipax.core.nn.self_attention import Rotary
@@ -154,7 +155,7 @@ class TransformerLM(eqx.Module):
         segment_ids: Int[ArrayLike, "batch seq"] | None = None,
         positions: Int[ArrayLike, "batch seq"] | None = None,
     ) -> Float[Array, "batch seq vocab"]:
-        """Next-token logits.
+        """Next-token logits (`forward` without the mixture-of-experts stats).
 
         Arguments:
             ids: token ids, at most `max_seq_len` per row.
@@ -169,11 +170,31 @@ class TransformerLM(eqx.Module):
         Returns:
             Float32 logits; `logits[:, t]` predicts the token after `ids[:, t]`.
         """
+        return self.forward(ids, key=key, mesh=mesh, segment_ids=segment_ids, positions=positions)[0]
+
+    def forward(
+        self,
+        ids: Int[ArrayLike, "batch seq"],
+        *,
+        key: PRNGKeyArray | None = None,
+        mesh: Mesh | None = None,
+        segment_ids: Int[ArrayLike, "batch seq"] | None = None,
+        positions: Int[ArrayLike, "batch seq"] | None = None,
+    ) -> tuple[Float[Array, "batch seq vocab"], MoEStats | None]:
+        """Next-token logits and the mixture-of-experts layers' stats.
+
+        Arguments:
+            ids, key, mesh, segment_ids, positions: as for `__call__`.
+
+        Returns:
+            `(float32 logits, MoEStats with a leading layer axis)`; the stats are None for a
+            dense model.
+        """
         del key
         ids, segment_ids, positions = token_ids(ids, segment_ids, positions)
         x, rotary = self.embed(ids, self._positions(ids, positions))
-        x = self.stack(constrain_batch(x, mesh), mesh=mesh, segment_ids=segment_ids, rotary=rotary)
-        return self.logits(self.final_norm(x), mesh)
+        x, stats = self.stack.forward(constrain_batch(x, mesh), mesh=mesh, segment_ids=segment_ids, rotary=rotary)
+        return self.logits(self.final_norm(x), mesh), stats
 
     def cached(
         self, ids: Int[Array, "batch seq"], positions: Int[Array, "batch seq"], cache: StackCache
@@ -215,16 +236,13 @@ class TransformerLM(eqx.Module):
 
 
 def lm_loss(
-    model: Callable[..., Float[Array, "batch seq vocab"]],
-    batch: Batch,
-    *,
-    key: PRNGKeyArray | None = None,
-    mesh: Mesh | None = None,
+    model: Any, batch: Batch, *, key: PRNGKeyArray | None = None, mesh: Mesh | None = None
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
-    """Weighted mean next-token cross-entropy.
+    """Weighted mean next-token cross-entropy (+ the weighted router losses of a mixture of experts).
 
     Arguments:
-        model: the language model (a `TransformerLM`, or a `LoRALM` over one).
+        model: the language model (a `TransformerLM`, or a `LoRALM` over one): its
+            `forward` gives the logits and the mixture-of-experts stats.
         batch: `ids` int32 `[batch seq]`, `labels` int32 `[batch seq]` (the token after
             each id) and `weights` float32 `[batch seq]` (0 excludes a position); packed
             batches also carry `segment_ids` and `positions` int32 `[batch seq]`.
@@ -233,9 +251,11 @@ def lm_loss(
 
     Returns:
         `(loss, aux)` with aux scalars `loss_sum`, `weight_sum`, `correct_sum` (weighted
-        count of argmax == label) and `accuracy`.
+        count of argmax == label) and `accuracy`. With `num_experts > 0` the loss adds
+        `router_aux_loss_coef * aux + router_z_loss_coef * z` and aux holds
+        `moe_loss_and_metrics`' metrics (`loss_sum` stays the cross-entropy alone).
     """
-    logits = model(
+    logits, moe_stats = model.forward(
         batch["ids"], key=key, mesh=mesh, segment_ids=batch.get("segment_ids"), positions=batch.get("positions")
     )
     labels, weights = jnp.asarray(batch["labels"]), jnp.asarray(batch["weights"], jnp.float32)
@@ -247,7 +267,14 @@ def lm_loss(
     correct_sum = jnp.sum(correct * weights)
     denom = jnp.maximum(weight_sum, 1e-8)
     aux = {"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum, "accuracy": correct_sum / denom}
-    return loss_sum / denom, aux
+    loss = loss_sum / denom
+    if moe_stats is not None:
+        block = model.cfg.transformer
+        router_loss, metrics = moe_loss_and_metrics(
+            moe_stats, aux_loss_coef=block.router_aux_loss_coef, z_loss_coef=block.router_z_loss_coef
+        )
+        loss, aux = loss + router_loss, aux | metrics
+    return loss, aux
 
 
 @eqx.filter_jit

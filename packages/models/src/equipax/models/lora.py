@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax.tree_util import GetAttrKey
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from equipax.core.nn.moe import MoEStats
 from equipax.core.partition import leaf_axes
 from equipax.models.configs import LORA_TARGETS, LoRAConfig
 from equipax.models.lm import TransformerLM
@@ -189,6 +190,10 @@ class LoRALM(eqx.Module):
     def __call__(self, ids: Any, **kwargs: Any) -> Float[Array, "batch seq vocab"]:
         """The merged model's logits (`TransformerLM.__call__`'s arguments)."""
         return self.merged()(ids, **kwargs)
+
+    def forward(self, ids: Any, **kwargs: Any) -> tuple[Float[Array, "batch seq vocab"], MoEStats | None]:
+        """The merged model's logits and mixture-of-experts stats (`TransformerLM.forward`)."""
+        return self.merged().forward(ids, **kwargs)
 
 
 def _path_of(tree: Any, where: str) -> tuple[Any, ...]:

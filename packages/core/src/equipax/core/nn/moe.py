@@ -34,11 +34,14 @@ from equipax.core.nn.mlp import Activation, FeedForward
 from equipax.core.partition import Axes
 
 __all__ = [
+    "Collectives",
     "MoEFeedForward",
     "MoEStats",
     "expert_capacity",
     "load_balancing_loss",
     "moe_feed_forward",
+    "moe_loss_and_metrics",
+    "moe_shard",
     "reference_moe_feed_forward",
     "route",
     "router_z_loss",
@@ -130,13 +133,69 @@ def router_z_loss(logits: Float[Array, "tokens experts"]) -> Float[Array, ""]:
     return jnp.mean(jnp.square(jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)))
 
 
+def moe_loss_and_metrics(
+    stats: MoEStats, *, aux_loss_coef: float, z_loss_coef: float
+) -> tuple[Float[Array, ""], dict[str, Array]]:
+    """The weighted auxiliary terms of the training loss, and the metrics a step reports.
+
+    Arguments:
+        stats: the stack's stats, each with a leading layer axis (`TransformerStack.forward`).
+        aux_loss_coef: weight of the load-balancing loss (`router_aux_loss_coef`).
+        z_loss_coef: weight of the router z-loss (`router_z_loss_coef`).
+
+    Returns:
+        `(aux_loss_coef * aux + z_loss_coef * z, metrics)` with aux and z averaged over the
+        layers; the metrics are scalars: `moe_aux_loss`, `moe_z_loss` (unweighted layer means),
+        `moe_dropped_fraction` (dropped / routed assignments, all layers), `moe_load_max` (the
+        busiest expert's assignments over the even share, averaged over layers: 1 = balanced)
+        and `moe_expert_<e>_tokens` (assignments routed to expert e, mean over layers).
+    """
+    aux, z = jnp.mean(stats.aux_loss), jnp.mean(stats.z_loss)
+    counts = stats.tokens_per_expert  # [layers experts]
+    routed = jnp.sum(counts, axis=-1)
+    even = routed / counts.shape[-1]
+    metrics = {
+        "moe_aux_loss": aux,
+        "moe_z_loss": z,
+        "moe_dropped_fraction": jnp.sum(stats.dropped) / jnp.maximum(jnp.sum(routed), 1.0),
+        "moe_load_max": jnp.mean(jnp.max(counts, axis=-1) / jnp.maximum(even, 1e-9)),
+    }
+    width = len(str(counts.shape[-1] - 1))
+    mean_counts = jnp.mean(counts, axis=0)
+    metrics |= {f"moe_expert_{e:0{width}d}_tokens": mean_counts[e] for e in range(counts.shape[-1])}
+    return aux_loss_coef * aux + z_loss_coef * z, metrics
+
+
 def _router_logits(x: Array, router: Array) -> Array:
     return einsum_f32("td,de->te", x, router.astype(x.dtype))
 
 
-def _stats(logits: Array, probs: Array, experts: Array, dropped: Array) -> MoEStats:
+class Collectives(NamedTuple):
+    """The collectives of one shard's MoE computation inside a `shard_map` (all None: one device).
+
+    expert: the mesh axis the experts (and the tokens) are split over.
+    batch: the mesh axes the tokens are split over (the stats are summed over them).
+    """
+
+    expert: str | None = None
+    batch: tuple[str, ...] = ()
+
+
+def _stats(logits: Array, probs: Array, experts: Array, dropped: Array, comm: Collectives) -> MoEStats:
+    """The stats from sums over this shard's tokens, added up over the batch axes first."""
     counts = jnp.sum(jax.nn.one_hot(experts, probs.shape[-1], dtype=jnp.float32), axis=(0, 1))
-    return MoEStats(load_balancing_loss(probs, experts), router_z_loss(logits), counts, dropped.astype(jnp.float32))
+    sums = (
+        counts,
+        jnp.sum(probs, axis=0),
+        jnp.sum(jnp.square(jax.nn.logsumexp(logits, axis=-1))),
+        jnp.asarray(logits.shape[0], jnp.float32),
+        dropped.astype(jnp.float32),
+    )
+    if comm.batch:
+        sums = jax.lax.psum(sums, comm.batch)
+    counts, prob_sum, z_sum, tokens, dropped = sums
+    aux = probs.shape[-1] * jnp.sum((counts / tokens) * (prob_sum / tokens))
+    return MoEStats(aux, z_sum / tokens, counts, dropped)
 
 
 def _sort_by_expert(flat: Array, num_experts: int) -> tuple[Array, Array, Array]:
@@ -149,37 +208,110 @@ def _sort_by_expert(flat: Array, num_experts: int) -> tuple[Array, Array, Array]
     return order, sizes, rank
 
 
-def _dropless(x: Array, experts: Array, weights: Array, gate: Array, up: Array, down: Array, act) -> Array:
-    """Grouped-matmul experts over the assignments sorted by expert; `x` is `[tokens embed]`."""
+def _dropless(
+    x: Array, experts: Array, weights: Array, gate: Array, up: Array, down: Array, act, num_experts: int, first: Array
+) -> Array:
+    """Grouped matmuls over the assignments sorted by expert; `x` is `[tokens embed]`.
+
+    `gate`, `up`, `down` hold the experts `first ..` (all of them on one device): the rows of
+    those experts are rotated to the front, and the rows after their groups (other devices'
+    experts) come out of `ragged_dot` as zeros, so the result is this shard's partial sum."""
     tokens, top_k = experts.shape
-    flat = experts.reshape(-1)
-    order, sizes, _ = _sort_by_expert(flat, gate.shape[0])
+    order, sizes, _ = _sort_by_expert(experts.reshape(-1), num_experts)
     xs = x[order // top_k]
+    local = gate.shape[0]
+    shift = jnp.sum(jnp.where(jnp.arange(num_experts) < first, sizes, 0))
+    if local < num_experts:
+        sizes = jax.lax.dynamic_slice_in_dim(sizes, first, local)
+        xs = jnp.roll(xs, -shift, axis=0)
     h = act(jax.lax.ragged_dot(xs, gate.astype(x.dtype), sizes)) * jax.lax.ragged_dot(xs, up.astype(x.dtype), sizes)
     ys = jax.lax.ragged_dot(h, down.astype(x.dtype), sizes)
+    if local < num_experts:
+        ys = jnp.roll(ys, shift, axis=0)
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0]))
     y = ys[inverse].reshape(tokens, top_k, -1)
     return jnp.sum(y * weights.astype(x.dtype)[..., None], axis=1)
 
 
-def _with_capacity(
-    x: Array, experts: Array, weights: Array, gate: Array, up: Array, down: Array, act, capacity: int
-) -> tuple[Array, Array]:
-    """One sequence through `[experts, capacity]` buffers; returns `(output, assignments dropped)`."""
-    tokens, top_k = experts.shape
-    num_experts = gate.shape[0]
+def _dispatch(x: Array, experts: Array, num_experts: int, capacity: int) -> tuple[Array, Array]:
+    """One sequence's `[experts capacity embed]` buffer and each assignment's slot in it (one past
+    the end for an assignment dropped: the scatter skips it, `_combine` reads 0 for it)."""
+    top_k = experts.shape[1]
     flat = experts.reshape(-1)
     _, _, rank = _sort_by_expert(flat, num_experts)
-    keep = rank < capacity
-    # Dropped assignments point one past the buffer: the scatter skips them, the gather fills 0.
-    slot = jnp.where(keep, flat * capacity + rank, num_experts * capacity)
+    slot = jnp.where(rank < capacity, flat * capacity + rank, num_experts * capacity)
     src = x[jnp.arange(flat.shape[0]) // top_k]
     buf = jnp.zeros((num_experts * capacity, x.shape[-1]), x.dtype).at[slot].set(src, mode="drop")
-    buf = buf.reshape(num_experts, capacity, -1)
-    h = act(jnp.einsum("ecd,edh->ech", buf, gate.astype(x.dtype))) * jnp.einsum("ecd,edh->ech", buf, up.astype(x.dtype))
-    out = jnp.einsum("ech,ehd->ecd", h, down.astype(x.dtype)).reshape(num_experts * capacity, -1)
-    y = jnp.take(out, slot, axis=0, mode="fill", fill_value=0).reshape(tokens, top_k, -1)
-    return jnp.sum(y * weights.astype(x.dtype)[..., None], axis=1), jnp.sum(~keep)
+    return buf.reshape(num_experts, capacity, -1), slot
+
+
+def _combine(out: Array, slot: Array, weights: Array) -> Array:
+    """One sequence's output from the experts' `[experts capacity embed]` buffer."""
+    y = jnp.take(out.reshape(-1, out.shape[-1]), slot, axis=0, mode="fill", fill_value=0)
+    return jnp.sum(y.reshape(*weights.shape, -1) * weights.astype(out.dtype)[..., None], axis=1)
+
+
+def _expert_mlp(buf: Array, gate: Array, up: Array, down: Array, act) -> Array:
+    """Each expert's gated MLP on its rows of `buf` (`[experts ... embed]`)."""
+    dt = buf.dtype
+    h = act(jnp.einsum("e...d,edh->e...h", buf, gate.astype(dt))) * jnp.einsum("e...d,edh->e...h", buf, up.astype(dt))
+    return jnp.einsum("e...h,ehd->e...d", h, down.astype(dt))
+
+
+def moe_shard(
+    x: Float[Array, "batch seq embed"],
+    router: Float[Array, "embed experts"],
+    gate: Float[Array, "local_experts embed hidden"],
+    up: Float[Array, "local_experts embed hidden"],
+    down: Float[Array, "local_experts hidden embed"],
+    *,
+    top_k: int,
+    norm_topk_prob: bool,
+    capacity_factor: float | None,
+    activation: Activation,
+    num_experts: int,
+    comm: Collectives,
+) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
+    """The MoE feed-forward of one shard (`moe_feed_forward` on one device, the body of the
+    expert-parallel `shard_map` in `equipax.core.nn.moe_parallel`).
+
+    `x` is this shard's `[batch seq embed]`; `gate`, `up`, `down` its `num_experts / ep`
+    experts (ep = the size of `comm.expert`). Dropless: every shard gathers the tokens of its
+    expert group, runs its own experts and scatters the partial sums back (`psum_scatter`).
+    With capacity: each shard fills `[experts capacity]` buffers for its sequences, an all-to-all
+    sends each expert's rows to the shard that holds it, and a second one brings the results back.
+    Experts whose hidden units are split over a `tensor` axis give a partial sum (the caller adds
+    it up)."""
+    b, s, d = x.shape
+    act = _ACTIVATIONS[activation]
+    tokens = x.reshape(b * s, d)
+    logits = _router_logits(tokens, router)
+    weights, experts, probs = route(logits, top_k, norm_topk_prob=norm_topk_prob)
+    axis = comm.expert
+    if capacity_factor is None:
+        first = jnp.zeros((), jnp.int32)
+        all_tokens, all_experts, all_weights = tokens, experts, weights
+        if axis is not None:
+            first = jax.lax.axis_index(axis) * gate.shape[0]
+            gather = lambda t: jax.lax.all_gather(t, axis, axis=0, tiled=True)  # noqa: E731
+            all_tokens, all_experts, all_weights = gather(tokens), gather(experts), gather(weights)
+        y = _dropless(all_tokens, all_experts, all_weights, gate, up, down, act, num_experts, first)
+        if axis is not None:
+            y = jax.lax.psum_scatter(y, axis, scatter_dimension=0, tiled=True)
+        dropped = jnp.zeros((), jnp.int32)
+    else:
+        capacity = expert_capacity(s, num_experts, top_k, capacity_factor)
+        experts_bs, weights_bs = experts.reshape(b, s, top_k), weights.reshape(b, s, top_k)
+        buf, slot = jax.vmap(lambda xs, es: _dispatch(xs, es, num_experts, capacity))(x, experts_bs)
+        buf = jnp.swapaxes(buf, 0, 1)  # [experts batch capacity embed]
+        if axis is not None:  # -> [local experts, batch of every shard of the group, capacity, embed]
+            buf = jax.lax.all_to_all(buf, axis, split_axis=0, concat_axis=1, tiled=True)
+        out = _expert_mlp(buf, gate, up, down, act)
+        if axis is not None:
+            out = jax.lax.all_to_all(out, axis, split_axis=1, concat_axis=0, tiled=True)
+        y = jax.vmap(_combine)(jnp.swapaxes(out, 0, 1), slot, weights_bs)
+        dropped = jnp.sum(slot == num_experts * capacity)
+    return y.reshape(b, s, d), _stats(logits, probs, experts, dropped, comm)
 
 
 def moe_feed_forward(
@@ -210,20 +342,19 @@ def moe_feed_forward(
     Returns:
         `(outputs in x.dtype, MoEStats)`.
     """
-    b, s, d = x.shape
-    act = _ACTIVATIONS[activation]
-    tokens = x.reshape(b * s, d)
-    logits = _router_logits(tokens, router)
-    weights, experts, probs = route(logits, top_k, norm_topk_prob=norm_topk_prob)
-    if capacity_factor is None:
-        y = _dropless(tokens, experts, weights, gate, up, down, act)
-        dropped = jnp.zeros((), jnp.int32)
-    else:
-        capacity = expert_capacity(s, gate.shape[0], top_k, capacity_factor)
-        per_seq = jax.vmap(lambda xs, es, ws: _with_capacity(xs, es, ws, gate, up, down, act, capacity))
-        y, dropped_per_seq = per_seq(x, experts.reshape(b, s, top_k), weights.reshape(b, s, top_k))
-        dropped = jnp.sum(dropped_per_seq)
-    return y.reshape(b, s, d), _stats(logits, probs, experts, dropped)
+    return moe_shard(
+        x,
+        router,
+        gate,
+        up,
+        down,
+        top_k=top_k,
+        norm_topk_prob=norm_topk_prob,
+        capacity_factor=capacity_factor,
+        activation=activation,
+        num_experts=gate.shape[0],
+        comm=Collectives(),
+    )
 
 
 def reference_moe_feed_forward(
@@ -267,7 +398,12 @@ def reference_moe_feed_forward(
         h = act(xf @ gate[e].astype(jnp.float32)) * (xf @ up[e].astype(jnp.float32))
         y = y + w[..., None] * (h @ down[e].astype(jnp.float32))
     flat_logits, flat_probs = logits.reshape(b * s, -1), probs.reshape(b * s, -1)
-    return y.astype(x.dtype), _stats(flat_logits, flat_probs, experts.reshape(b * s, top_k), dropped)
+    flat_experts = experts.reshape(b * s, -1)
+    counts = jnp.stack([jnp.sum(experts == e) for e in range(num_experts)]).astype(jnp.float32)
+    stats = MoEStats(
+        load_balancing_loss(flat_probs, flat_experts), router_z_loss(flat_logits), counts, dropped.astype(jnp.float32)
+    )
+    return y.astype(x.dtype), stats
 
 
 class MoEFeedForward(eqx.Module):
@@ -342,7 +478,8 @@ class MoEFeedForward(eqx.Module):
         }
 
     def __call__(self, x: Float[Array, "batch seq embed"]) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
-        """Apply the layer.
+        """Apply the layer on one device (or under GSPMD; `equipax.core.nn.moe_parallel.apply_moe`
+        runs it expert-parallel over a mesh's `expert` axis).
 
         Arguments:
             x: inputs.
@@ -350,7 +487,16 @@ class MoEFeedForward(eqx.Module):
         Returns:
             `(outputs of the same shape and dtype, MoEStats)`.
         """
-        y, stats = moe_feed_forward(
+        y, stats = self.routed(x, num_experts=self.gate.shape[0], comm=Collectives())
+        return (y if self.shared is None else y + self.shared(x)), stats
+
+    def routed(
+        self, x: Float[Array, "batch seq embed"], *, num_experts: int, comm: Collectives
+    ) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
+        """The routed experts' part of the output (no shared expert): `moe_shard` with this layer's
+        weights, which are one shard's `num_experts / ep` experts inside the expert-parallel
+        `shard_map` (`comm`), or all `num_experts` on one device (`Collectives()`)."""
+        return moe_shard(
             x,
             self.router,
             self.gate,
@@ -360,5 +506,6 @@ class MoEFeedForward(eqx.Module):
             norm_topk_prob=self.norm_topk_prob,
             capacity_factor=self.capacity_factor,
             activation=self.activation,
+            num_experts=num_experts,
+            comm=comm,
         )
-        return (y if self.shared is None else y + self.shared(x)), stats

@@ -115,6 +115,18 @@ class PipelinedStack(eqx.Module):
             lambda w: jnp.swapaxes(w, 0, 1).reshape(-1, *w.shape[3:]) if eqx.is_array(w) else w, self.stages
         )
 
+    def forward(
+        self,
+        x: Float[Array, "batch seq embed"],
+        *,
+        mesh: Mesh | None = None,
+        segment_ids: Int[Array, "batch seq"] | None = None,
+        rotary: Rotary | None = None,
+    ) -> tuple[Float[Array, "batch seq embed"], None]:
+        """`(__call__'s outputs, None)`: `TransformerStack.forward`'s contract; a pipeline runs dense
+        blocks only (the config refuses a mixture of experts in one), so it has no MoE stats."""
+        return self(x, mesh=mesh, segment_ids=segment_ids, rotary=rotary), None
+
     def __call__(
         self,
         x: Float[Array, "batch seq embed"],
@@ -137,7 +149,8 @@ class PipelinedStack(eqx.Module):
         cfg = self.cfg
         if mesh is None or STAGE not in mesh.shape:
             params, static = eqx.partition(self.in_layer_order(), eqx.is_array)
-            return run_stacked_layers(
+            # Dense blocks only (the config refuses a mixture of experts in a pipeline): no stats.
+            y, _ = run_stacked_layers(
                 params,
                 static,
                 x,
@@ -147,6 +160,7 @@ class PipelinedStack(eqx.Module):
                 segment_ids=segment_ids,
                 rotary=rotary,
             )
+            return y
         if mesh.shape[STAGE] != cfg.pipeline_stages:
             raise ValueError(
                 f"The mesh's `stage` axis has {mesh.shape[STAGE]} devices but {_KNOB}.pipeline_stages="
@@ -254,7 +268,7 @@ def _pipeline(
             first = xs[micro] if returned is None else jnp.where(rnd == 0, xs[micro], returned[micro])
             h = jnp.where(stage == 0, first, received)
             layers = jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, rnd, 0, keepdims=False), params)
-            y = run_stacked_layers(
+            y, _ = run_stacked_layers(
                 layers,
                 static,
                 h,

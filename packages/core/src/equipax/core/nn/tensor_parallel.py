@@ -81,7 +81,7 @@ def shard_map_block(
         blk = eqx.combine(_gather_fsdp(params, specs), static)
         # The row-split output and down projections yield partial sums: all-reduce each.
         reduce = (lambda y: jax.lax.psum(y, TENSOR)) if tp > 1 else None
-        y, _ = blk(x, segment_ids, rotary=rotary, reduce=reduce)  # pyright: ignore[reportCallIssue]
+        y, _, _ = blk(x, segment_ids, rotary=rotary, reduce=reduce)  # pyright: ignore[reportCallIssue]
         return y
 
     rot_spec = P() if rotary is None else (x_spec, x_spec)

@@ -3,7 +3,9 @@ remat policies, shard_map tensor parallelism and the residual-stream sharding co
 
 `TransformerConfig` says which family's block it is (docs/extending.md): GPT's LayerNorm, fused
 QKV, GELU and logit cap, or Llama's RMSNorm, grouped-query attention and SwiGLU, Qwen3's QK-norm,
-Mistral's sliding window. A stack with `pipeline_stages > 1` is built as
+Mistral's sliding window, and a mixture-of-experts feed-forward (Mixtral, Qwen3-MoE: `num_experts
+> 0`, equipax.core.nn.moe) whose per-layer `MoEStats` the stack returns (`TransformerStack.forward`).
+A stack with `pipeline_stages > 1` is built as
 `equipax.core.nn.pipeline.PipelinedStack` (`make_stack`); its knobs are validated with the rest of
 the config. Decoding runs the same blocks with a KV cache (`TransformerStack.cached`).
 """
@@ -21,6 +23,8 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 from equipax.core.configs import TransformerConfig
 from equipax.core.nn.fused_attention import AttentionImpl
 from equipax.core.nn.mlp import FeedForward
+from equipax.core.nn.moe import MoEFeedForward, MoEStats
+from equipax.core.nn.moe_parallel import apply_moe
 from equipax.core.nn.norm import LayerNorm, RMSNorm
 from equipax.core.nn.self_attention import Attention, AttentionCache, Rotary
 from equipax.core.nn.tensor_parallel import shard_map_block
@@ -56,16 +60,29 @@ def make_norm(cfg: TransformerConfig) -> LayerNorm | RMSNorm:
     return RMSNorm(cfg.model_dims, eps=cfg.norm_eps)
 
 
-def make_feed_forward(cfg: TransformerConfig, *, key: PRNGKeyArray) -> FeedForward:
+def make_feed_forward(cfg: TransformerConfig, *, key: PRNGKeyArray) -> FeedForward | MoEFeedForward:
     """The block's feed-forward layer: the one place a block's MLP is chosen.
 
     Arguments:
-        cfg: transformer config (`hidden_dims`, `activation`, `gated`, `use_bias`).
+        cfg: transformer config (`hidden_dims`, `activation`, `gated`, `use_bias`; with
+            `num_experts > 0` the mixture-of-experts knobs).
         key: PRNG key.
 
     Returns:
-        A fresh feed-forward layer.
+        A fresh feed-forward layer (`MoEFeedForward` when `cfg.num_experts > 0`).
     """
+    if cfg.num_experts:
+        return MoEFeedForward(
+            cfg.model_dims,
+            cfg.expert_hidden_dims,
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            norm_topk_prob=cfg.norm_topk_prob,
+            capacity_factor=cfg.capacity_factor,
+            shared_hidden_dims=cfg.shared_expert_intermediate_size,
+            activation=cfg.activation,
+            key=key,
+        )
     return FeedForward(
         cfg.model_dims, cfg.hidden_dims, activation=cfg.activation, gated=cfg.gated, use_bias=cfg.use_bias, key=key
     )
@@ -84,7 +101,7 @@ class TransformerBlock(eqx.Module):
     atten_norm: LayerNorm | RMSNorm
     attention: Attention
     ffn_norm: LayerNorm | RMSNorm
-    ffn: FeedForward
+    ffn: FeedForward | MoEFeedForward
 
     def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray) -> None:
         """Arguments:
@@ -121,7 +138,7 @@ class TransformerBlock(eqx.Module):
         cache: AttentionCache | None = None,
         positions: Int[Array, "batch seq"] | None = None,
         reduce: Callable[[Array], Array] | None = None,
-    ) -> tuple[Float[Array, "batch seq embed"], AttentionCache | None]:
+    ) -> tuple[Float[Array, "batch seq embed"], AttentionCache | None, MoEStats | None]:
         """Apply the block.
 
         Arguments:
@@ -135,15 +152,19 @@ class TransformerBlock(eqx.Module):
                 (`shard_map_block`); None = as computed.
 
         Returns:
-            `(outputs, cache)`: outputs of the same shape and dtype, and the updated cache (None
-            without one).
+            `(outputs, cache, stats)`: outputs of the same shape and dtype, the updated cache (None
+            without one), and a mixture-of-experts feed-forward's `MoEStats` (None for a dense one).
         """
         y, cache = self.attention(
             self.atten_norm(x), segment_ids, rotary=rotary, mesh=mesh, cache=cache, positions=positions
         )
         x = x + (y if reduce is None else reduce(y))
-        y = self.ffn(self.ffn_norm(x))
-        return x + (y if reduce is None else reduce(y)), cache
+        stats = None
+        if isinstance(self.ffn, MoEFeedForward):
+            y, stats = apply_moe(self.ffn, self.ffn_norm(x), mesh)
+        else:
+            y = self.ffn(self.ffn_norm(x))
+        return x + (y if reduce is None else reduce(y)), cache, stats
 
 
 def _block_apply(
@@ -153,20 +174,20 @@ def _block_apply(
     segment_ids: Array | None = None,
     shard_map: bool = False,
     rotary: Rotary | None = None,
-) -> Callable[[TransformerBlock, Array], Array]:
-    """`(block params, x) -> block(x)`, wrapped in the remat policy.
+) -> Callable[[TransformerBlock, Array], tuple[Array, MoEStats | None]]:
+    """`(block params, x) -> (block(x), MoE stats or None)`, wrapped in the remat policy.
 
     With a `mesh`, the output's batch dimension is pinned to the batch axes and its width to
     `tensor` (the residual stream that remat saves per layer is split, not replicated); with
     `shard_map`, the block runs as `shard_map_block` (explicit collectives) on that mesh.
     """
 
-    def apply(params: TransformerBlock, x: Array) -> Array:
+    def apply(params: TransformerBlock, x: Array) -> tuple[Array, MoEStats | None]:
         block = eqx.combine(params, static)
-        if shard_map and mesh is not None:
-            return shard_map_block(block, x, mesh, segment_ids=segment_ids, rotary=rotary)
-        y, _ = block(x, segment_ids, rotary=rotary, mesh=mesh)
-        return constrain_batch_and_last(y, mesh)
+        if shard_map and mesh is not None:  # dense blocks only (the config refuses MoE here)
+            return shard_map_block(block, x, mesh, segment_ids=segment_ids, rotary=rotary), None
+        y, _, stats = block(x, segment_ids, rotary=rotary, mesh=mesh)
+        return constrain_batch_and_last(y, mesh), stats
 
     if remat == "full":
         return jax.checkpoint(apply, policy=None)
@@ -190,7 +211,7 @@ def run_stacked_layers(
     segment_ids: Array | None = None,
     shard_map: bool = False,
     rotary: Rotary | None = None,
-) -> Array:
+) -> tuple[Array, MoEStats | None]:
     """Apply blocks whose parameters are stacked on a leading layer axis, in order.
 
     Arguments:
@@ -202,16 +223,24 @@ def run_stacked_layers(
         mesh, segment_ids, shard_map, rotary: as for `TransformerStack.__call__`.
 
     Returns:
-        The activations leaving the last layer.
+        `(the activations leaving the last layer, MoEStats stacked over the layers or None)`.
     """
     apply = _block_apply(remat, static, mesh, segment_ids, shard_map, rotary)
     if scan:
-        x, _ = jax.lax.scan(lambda h, p: (apply(p, h), None), x, params)
-        return x
+        return jax.lax.scan(lambda h, p: apply(p, h), x, params)
     num_layers = jax.tree.leaves(params)[0].shape[0]
+    stats = []
     for i in range(num_layers):
-        x = apply(_layer(params, i), x)
-    return x
+        x, s = apply(_layer(params, i), x)
+        stats.append(s)
+    return x, _stack_stats(stats)
+
+
+def _stack_stats(stats: list[MoEStats | None]) -> MoEStats | None:
+    """Per-layer stats stacked on a leading layer axis (None for dense layers)."""
+    if not stats or stats[0] is None:
+        return None
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *stats)
 
 
 def run_cached_layers(
@@ -240,7 +269,7 @@ def run_cached_layers(
         assert isinstance(cache, tuple)
         new: list[AttentionCache] = []
         for block, c in zip(layers, cache, strict=True):
-            x, updated = block(x, rotary=rotary, cache=c, positions=positions)
+            x, updated, _ = block(x, rotary=rotary, cache=c, positions=positions)
             assert updated is not None
             new.append(updated)
         return x, tuple(new)
@@ -248,7 +277,7 @@ def run_cached_layers(
     params, static = eqx.partition(layers, eqx.is_array)
 
     def step(h: Array, p: TransformerBlock, c: AttentionCache) -> tuple[Array, AttentionCache]:
-        h, updated = eqx.combine(p, static)(h, rotary=rotary, cache=c, positions=positions)
+        h, updated, _ = eqx.combine(p, static)(h, rotary=rotary, cache=c, positions=positions)
         assert updated is not None
         return h, updated
 
@@ -308,7 +337,7 @@ class TransformerStack(eqx.Module):
         segment_ids: Int[Array, "batch seq"] | None = None,
         rotary: Rotary | None = None,
     ) -> Float[Array, "batch seq embed"]:
-        """Run all layers in order.
+        """Run all layers in order (`forward` without the mixture-of-experts stats).
 
         Arguments:
             x: inputs.
@@ -320,6 +349,25 @@ class TransformerStack(eqx.Module):
 
         Returns:
             Outputs of the same shape and dtype.
+        """
+        return self.forward(x, mesh=mesh, segment_ids=segment_ids, rotary=rotary)[0]
+
+    def forward(
+        self,
+        x: Float[Array, "batch seq embed"],
+        *,
+        mesh: Mesh | None = None,
+        segment_ids: Int[Array, "batch seq"] | None = None,
+        rotary: Rotary | None = None,
+    ) -> tuple[Float[Array, "batch seq embed"], MoEStats | None]:
+        """Run all layers in order.
+
+        Arguments:
+            x, mesh, segment_ids, rotary: as for `__call__`.
+
+        Returns:
+            `(outputs of the same shape and dtype, MoEStats with a leading layer axis)`; the
+            stats are None for dense feed-forwards.
         """
         shard_map = self.cfg.tensor_parallel == "shard_map"
         if isinstance(self.layers, TransformerBlock):
@@ -335,10 +383,12 @@ class TransformerStack(eqx.Module):
                 shard_map=shard_map,
                 rotary=rotary,
             )
+        stats = []
         for block in self.layers:
             params, static = eqx.partition(block, eqx.is_array)
-            x = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map, rotary)(params, x)
-        return x
+            x, s = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map, rotary)(params, x)
+            stats.append(s)
+        return x, _stack_stats(stats)
 
     def cached(
         self,

@@ -182,7 +182,8 @@ def _flops_and_projection(
     peak_step_s = step_flops / (devices * target.peak_tflops * 1e12)
     return {
         "model_flops_per_token": flops["training"],
-        "six_n_per_token": 6.0 * numbers["params_total"],
+        # N = the parameters one token uses (a mixture of experts' active ones).
+        "six_n_per_token": 6.0 * numbers.get("params_active", numbers["params_total"]),
         "attention_flops_per_token": 3.0 * flops["attention"],
         "remat_flops_per_token": flops["remat"],
         "model_flops_per_step": step_flops,

@@ -41,6 +41,7 @@ def numbers(cfg: ExperimentConfig) -> dict[str, Any]:
     tokens_per_step = cfg.global_batch_size * data.seq_len
     out = {
         "params_total": params["total"],
+        "params_active": params["active"],
         "params_embedding": params["embedding"],
         "params_per_layer": params["per_layer"],
         "global_batch": cfg.global_batch_size,

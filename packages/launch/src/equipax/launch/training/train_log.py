@@ -102,6 +102,8 @@ class TrainLog:
         values = {k: float(v) for k, v in to_host(device_metrics).items()}
         step_time = self.timer.lap(step)
         record = {k: values.get(k, math.nan) for k in _RECORDED}
+        # A mixture of experts' router losses, per-expert token counts and dropped share (docs/moe.md).
+        record |= {k: v for k, v in values.items() if k.startswith("moe_")}
         record |= {"step_time_s": step_time, f"{self.run.unit}_per_s": self.units_per_step / step_time}
         if self.flops_per_step is not None:
             tflops = self.flops_per_step / step_time / self.run.training.mesh.size / 1e12
