@@ -18,7 +18,8 @@ from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from equipax.core.nn import Embedding, LayerNorm, Linear, RMSNorm, TransformerStack
-from equipax.core.nn.moe import MoEStats, moe_loss_and_metrics
+from equipax.core.nn.moe import MoEStats
+from equipax.core.nn.moe_metrics import moe_loss_and_metrics
 from equipax.core.nn.pipeline import PipelinedStack, make_stack
 from equipax.core.nn.rotary import rotary_angles
 from equipax.core.nn.self_attention import Rotary
