@@ -34,20 +34,17 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 import argparse
 import datetime
 import json
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
+from step_timing import quartiles, step_timer
 
 from equipax.core.knobs import set_knobs
-from equipax.core.mesh import build_mesh
 from equipax.core.nn import bubble_fraction
 from equipax.launch.experiments.registry import get_experiment
-from equipax.launch.training.build import build_training
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "pipeline_bubble.json"
 MESHES = {2: (2, 1, 2, 2), 4: (4, 1, 1, 2)}
@@ -77,35 +74,9 @@ def build_step(
             "data.per_device_batch": args.per_device_batch,
         },
     )
-    training = build_training(cfg, build_mesh(cfg.mesh))
-    rng = np.random.default_rng(0)
-    batch = {}
-    for name, spec in training.abstract_batch().items():
-        host = (
-            rng.integers(0, cfg.model.vocab_size, spec.shape).astype(spec.dtype)  # pyright: ignore
-            if name in ("ids", "labels")
-            else np.ones(spec.shape, spec.dtype)
-        )
-        batch[name] = jax.device_put(host, training.batch_sharding)
-    key = training.keys.step
-    state = training.init_state()
-
-    def run(n: int) -> list[float]:
-        nonlocal state
-        times = []
-        for _ in range(n):
-            start = time.perf_counter()
-            state, metrics = training.train_step(state, batch, key)
-            jax.block_until_ready((state, metrics))
-            times.append(time.perf_counter() - start)
-        return times
+    run = step_timer(cfg)
 
     return run, cfg.global_batch_size
-
-
-def _quartiles(xs: list[float]) -> tuple[float, float, float]:
-    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
-    return q[0], statistics.median(xs), q[2]
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -162,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     rows = []
     for c in configs:
         del c["run"]
-        c["step_q1_s"], c["step_s"], c["step_q3_s"] = _quartiles(c["steps_s"])
+        c["step_q1_s"], c["step_s"], c["step_q3_s"] = quartiles(c["steps_s"])
         rows.append(c)
     for c in rows:
         base = max(
