@@ -109,3 +109,12 @@ def test_host_shard_refuses_an_index_outside_the_hosts():
     }
     with pytest.raises(ValueError, match="0 <= index < count"):
         HostShard(count=2, index=2, batch_size=1)
+
+
+def test_the_config_layer_knows_the_built_in_chat_templates():
+    """`data.chat_template` is checked at config time without importing equipax.data (so `launch
+    list` / `show` need no JAX); the names it accepts are the data package's templates."""
+    from equipax.data.chat import BUILTIN_TEMPLATES
+    from equipax.launch.configs.chat_sources import CHAT_TEMPLATES
+
+    assert set(CHAT_TEMPLATES) == set(BUILTIN_TEMPLATES)

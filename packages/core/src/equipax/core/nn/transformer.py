@@ -3,8 +3,9 @@ remat policies, shard_map tensor parallelism and the residual-stream sharding co
 
 `TransformerConfig` says which family's block it is (docs/extending.md): GPT's LayerNorm, fused
 QKV, GELU and logit cap, or Llama's RMSNorm, grouped-query attention and SwiGLU, Qwen3's QK-norm,
-Mistral's sliding window, and a mixture-of-experts feed-forward (Mixtral, Qwen3-MoE: `num_experts
-> 0`, equipax.core.nn.moe) whose per-layer `MoEStats` the stack returns (`TransformerStack.forward`).
+Mistral's sliding window, and a mixture-of-experts feed-forward (Mixtral, Qwen3-MoE:
+`num_experts > 0`, equipax.core.nn.moe) whose per-layer `MoEStats` the stack returns
+(`TransformerStack.forward`).
 A stack with `pipeline_stages > 1` is built as
 `equipax.core.nn.pipeline.PipelinedStack` (`make_stack`); its knobs are validated with the rest of
 the config. Decoding runs the same blocks with a KV cache (`TransformerStack.cached`).

@@ -22,7 +22,12 @@ from equipax.launch.configs.token_sources import SourceInputs, TokenSource
 if TYPE_CHECKING:
     from equipax.data import ChatSFTInput, Conversations, Tokenizer
 
-__all__ = ["ChatFiles", "ChatSource", "PlayChat"]
+__all__ = ["CHAT_TEMPLATES", "ChatFiles", "ChatSource", "PlayChat"]
+
+# The names of equipax.data.chat.BUILTIN_TEMPLATES, for checking `data.chat_template` at config
+# time without importing equipax.data (JAX, grain): `launch list` / `show` answer without them
+# (tests/launch/test_launch.py); tests/launch/test_sources.py keeps the two equal.
+CHAT_TEMPLATES = ("llama3", "chatml", "mistral")
 
 
 class ChatSource(TokenSource):
@@ -31,17 +36,15 @@ class ChatSource(TokenSource):
     packs_documents: ClassVar[bool] = True
 
     def check(self, data: Any) -> None:
-        from equipax.data.chat import BUILTIN_TEMPLATES
-
         if data.tokenizer != "huggingface":
             raise ValueError(
                 f"data.source={self.name!r} renders conversations with a Hugging Face chat template and needs "
                 f"data.tokenizer='huggingface' (the model's tokenizer.json); got data.tokenizer={data.tokenizer!r}."
             )
-        if data.chat_template and data.chat_template not in BUILTIN_TEMPLATES:
+        if data.chat_template and data.chat_template not in CHAT_TEMPLATES:
             raise ValueError(
                 f"data.chat_template={data.chat_template!r} is not a built-in template; use one of "
-                f"{', '.join(repr(n) for n in BUILTIN_TEMPLATES)}, or '' for the tokenizer's own."
+                f"{', '.join(repr(n) for n in CHAT_TEMPLATES)}, or '' for the tokenizer's own."
             )
         if data.truncation not in ("truncate", "drop"):
             raise ValueError(f"data.truncation must be 'truncate' or 'drop'; got {data.truncation!r}.")
