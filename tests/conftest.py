@@ -8,6 +8,12 @@ from pathlib import Path
 # Tests run on the CPU in float32, whatever else is installed.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import jax
+import numpy as np
+import pytest
+
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
 # Bytecode: where PYTHONDONTWRITEBYTECODE is set, every Python process the suite starts (the xdist
 # workers, each `launch` subprocess, each multi-host rank) compiles the sources of jax, orbax and
 # equipax again: ~2.7 s of CPU per process, measured (4.3 s to import them without .pyc files,
@@ -19,12 +25,6 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 os.environ.setdefault("PYTHONPYCACHEPREFIX", str(_PYCACHE))
 sys.dont_write_bytecode = False
 sys.pycache_prefix = sys.pycache_prefix or os.environ["PYTHONPYCACHEPREFIX"]
-
-import jax
-import numpy as np
-import pytest
-
-jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 @pytest.fixture
