@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from helpers import REPO
-from helpers.toy import CNN_TOY, SMOKE_SHORT, set_args
+from helpers.toy import CNN_TOY, SMOKE_SHORT, compile_cache_env, set_args
 
 
 def invoke(*args):
@@ -201,7 +201,7 @@ def test_a_family_in_one_user_module_runs_from_the_cli(tmp_path):
                                     train=TrainConfig(num_steps=20, log_every=10, eval_every=20, checkpoint_every=10))
     """)
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env = {**compile_cache_env(tmp_path / "jax-cache"), "PYTHONPATH": str(tmp_path)}  # the rerun compiles nothing
     job = tmp_path / "job"
 
     def run(*extra):
