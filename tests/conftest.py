@@ -1,8 +1,11 @@
 """Shared fixtures. No top-level imports of equipax: the jaxtyping import hook
 (pytest --jaxtyping-packages, see pyproject.toml) must install before they load."""
 
+import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 # Tests run on the CPU in float32, whatever else is installed.
@@ -54,16 +57,71 @@ def one_step():
     return cnn.one_step()
 
 
+# Where the workers tell the controller which tests form one group (see below): a file the
+# controller names before it starts them (they inherit the variable).
+_GROUPS = "EQUIPAX_TEST_GROUPS"
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ[_GROUPS] = str(Path(tempfile.mkdtemp(prefix="equipax-test-groups-")) / "groups.json")
+
+
 def pytest_collection_modifyitems(config, items):
     """The suite runs on pytest-xdist workers (`-n` in pyproject.toml's addopts, `--dist loadgroup`):
     tests sharing a module-scoped fixture (a trained job, a built venv) stay on one worker, so the
-    fixture is built once; every other test goes to whichever worker is free."""
+    fixture is built once; every other test goes to whichever worker is free.
+
+    The groups reach the scheduler through a file, not through xdist's own route (an `@group`
+    suffix xdist writes into each test's id, which pytest 9 ignores: there each worker built every
+    module fixture again). Each worker writes the groups of its collection (all workers collect the
+    same tests); `pytest_xdist_make_scheduler` below reads them. Under xdist the `slow` tests are
+    handed out first (the groups go first anyway: xdist orders work units by size), so long units
+    start early and the short tests fill the end instead of one long test running alone."""
+    groups = {}
     for item in items:
         fixturedefs = getattr(item, "_fixtureinfo", None)
-        if fixturedefs is None:
-            continue
-        if any(defs and defs[-1].scope == "module" for defs in fixturedefs.name2fixturedefs.values()):
+        if fixturedefs is not None and any(
+            defs and defs[-1].scope == "module" for defs in fixturedefs.name2fixturedefs.values()
+        ):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        marks = sorted({str(m.args[0] if m.args else m.kwargs.get("name")) for m in item.iter_markers("xdist_group")})
+        if marks:
+            groups[item.nodeid] = "group:" + "_".join(marks)
+    if "PYTEST_XDIST_WORKER" in os.environ and _GROUPS in os.environ:
+        items.sort(key=lambda i: i.get_closest_marker("slow") is None)
+        path = Path(os.environ[_GROUPS])
+        mine = path.with_name(f"{path.name}.{os.environ['PYTEST_XDIST_WORKER']}")
+        mine.write_text(json.dumps(groups))
+        mine.replace(path)
+
+
+class _ModuleFixtureGroups:
+    """`--dist loadgroup` with the groups the workers wrote (see pytest_collection_modifyitems);
+    a plugin registered only where xdist runs (pytest refuses a conftest hook it does not know)."""
+
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        from xdist.scheduler import LoadGroupScheduling
+
+        class Scheduling(LoadGroupScheduling):
+            groups: dict[str, str] | None = None
+
+            def _split_scope(self, nodeid: str) -> str:
+                if self.groups is None:  # read once, after every worker's collection
+                    self.groups = json.loads(Path(os.environ[_GROUPS]).read_text())
+                return self.groups.get(nodeid) or super()._split_scope(nodeid)
+
+        return Scheduling(config, log)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist") and "PYTEST_XDIST_WORKER" not in os.environ:
+        config.pluginmanager.register(_ModuleFixtureGroups(), "equipax-module-fixture-groups")
+
+
+def pytest_unconfigure(config):
+    if "PYTEST_XDIST_WORKER" not in os.environ and _GROUPS in os.environ:
+        shutil.rmtree(Path(os.environ[_GROUPS]).parent, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
