@@ -71,9 +71,11 @@ def test_hosts_share_no_conversation_within_an_epoch_and_eval_pads_equally():
 
 
 def test_truncation_is_explicit_and_counted():
-    lengths = [len(chat_example(TOK, TEMPLATE, c).ids) - 1 for c in CONVERSATIONS]
+    examples = [chat_example(TOK, TEMPLATE, c) for c in CONVERSATIONS]
+    lengths = [len(ex.ids) - 1 for ex in examples]
     seq = 100
     longer = sum(n > seq for n in lengths)
+    no_reply = sum(not ex.weights[1 : seq + 1].any() for ex in examples)  # dropped even by "truncate"
     assert 0 < longer < len(lengths)
     cut = make(seq_len=seq, repeat=False, packing=False)
     while True:
@@ -82,14 +84,35 @@ def test_truncation_is_explicit_and_counted():
         except StopIteration:
             break
         assert b["ids"].shape == (4, seq)
-    assert cut.stats["truncated"] == longer and cut.stats["dropped"] == 0
-    assert cut.stats["conversations"] == len(lengths)
+    assert cut.stats["truncated"] == longer - no_reply and cut.stats["dropped"] == no_reply
+    assert cut.stats["conversations"] == len(lengths) - no_reply
     drop = make(seq_len=seq, repeat=False, packing=True, truncation="drop")
     for _ in range(drop.num_batches or 0):
         drop.get_next()
     assert drop.stats["dropped"] == longer and drop.stats["truncated"] == 0
     assert drop.stats["conversations"] == len(lengths) - longer
     assert 0.5 < drop.packing_efficiency() <= 1.0
+
+
+def test_a_cut_that_keeps_no_reply_is_dropped_and_counted():
+    """Truncating a conversation whose replies all start past the row would train on nothing: it
+    is skipped and counted as dropped, never a row of zero weights."""
+    examples = [chat_example(TOK, TEMPLATE, c) for c in CONVERSATIONS]
+    seq = min(int(np.argmax(ex.weights[1:] > 0)) for ex in examples) + 8  # some replies fit, not all
+    no_reply = sum(not ex.weights[1 : seq + 1].any() for ex in examples)
+    cut = sum(len(ex.ids) - 1 > seq and ex.weights[1 : seq + 1].any() for ex in examples)
+    assert 0 < no_reply < len(examples)
+    inp = make(seq_len=seq, repeat=False, packing=False)
+    rows = 0
+    for _ in range(inp.num_batches or 0):
+        b = inp.get_next()
+        weighted = b["weights"].any(axis=1)
+        rows += int(weighted.sum())
+        assert (weighted | (b["ids"] == TOK.pad_id).all(axis=1)).all()  # a row is a reply's or padding
+    assert inp.stats["dropped"] == no_reply and inp.stats["truncated"] == cut
+    assert rows == inp.stats["conversations"] == len(examples) - no_reply
+    counts = inp.counter_metrics(inp.counters())
+    assert counts["data_dropped"] == no_reply and counts["data_packing_efficiency"] == inp.packing_efficiency()
 
 
 def test_play_conversations_alternate_speeches_of_a_scene():

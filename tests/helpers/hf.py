@@ -42,6 +42,27 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "rope_theta": 1e6,
     },
+    # Mixtures of experts: 8 experts top-2 (Mixtral renormalises), 6 top-3 with QK-norm and
+    # each expert narrower than intermediate_size (Qwen3-MoE, with and without norm_topk_prob).
+    "mixtral_experts": {
+        "model_type": "mixtral",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "rope_theta": 1e6,
+    },
+    "qwen3_moe_unnormalised": {
+        "model_type": "qwen3_moe",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_experts": 6,
+        "num_experts_per_tok": 3,
+        "moe_intermediate_size": 24,
+        "norm_topk_prob": False,
+        "rope_theta": 1e6,
+    },
     "mistral_window": {
         "model_type": "mistral",
         "num_attention_heads": 4,
@@ -98,13 +119,27 @@ def random_tensors(cfg: dict[str, Any], *, seed: int = 0, dtype: str = "float32"
         dense(p + "self_attn.k_proj.weight", kv * hd, d)
         dense(p + "self_attn.v_proj.weight", kv * hd, d)
         dense(p + "self_attn.o_proj.weight", d, h * hd)
-        if cfg["model_type"] == "qwen3":
+        if cfg["model_type"] in ("qwen3", "qwen3_moe"):
             norm(p + "self_attn.q_norm.weight", hd)
             norm(p + "self_attn.k_norm.weight", hd)
         norm(p + "post_attention_layernorm.weight", d)
-        dense(p + "mlp.gate_proj.weight", f, d)
-        dense(p + "mlp.up_proj.weight", f, d)
-        dense(p + "mlp.down_proj.weight", d, f)
+        if cfg["model_type"] == "mixtral":
+            dense(p + "block_sparse_moe.gate.weight", cfg["num_local_experts"], d)
+            for e in range(cfg["num_local_experts"]):
+                dense(p + f"block_sparse_moe.experts.{e}.w1.weight", f, d)
+                dense(p + f"block_sparse_moe.experts.{e}.w2.weight", d, f)
+                dense(p + f"block_sparse_moe.experts.{e}.w3.weight", f, d)
+        elif cfg["model_type"] == "qwen3_moe":
+            g = cfg["moe_intermediate_size"]
+            dense(p + "mlp.gate.weight", cfg["num_experts"], d)
+            for e in range(cfg["num_experts"]):
+                dense(p + f"mlp.experts.{e}.gate_proj.weight", g, d)
+                dense(p + f"mlp.experts.{e}.up_proj.weight", g, d)
+                dense(p + f"mlp.experts.{e}.down_proj.weight", d, g)
+        else:
+            dense(p + "mlp.gate_proj.weight", f, d)
+            dense(p + "mlp.up_proj.weight", f, d)
+            dense(p + "mlp.down_proj.weight", d, f)
     norm("model.norm.weight", d)
     if not cfg.get("tie_word_embeddings", False):
         dense("lm_head.weight", v, d)

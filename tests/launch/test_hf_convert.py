@@ -16,7 +16,7 @@ from helpers.cli import invoke
 from helpers.multidevice import run_with_devices
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf"
-FAMILIES = ("llama3_2", "mistral", "qwen3")
+FAMILIES = ("llama3_2", "mistral", "qwen3", "mixtral", "qwen3_moe")
 FAST = ["--set", "data.source=synthetic"]  # the tokenizer's own path is the docs walkthrough's
 
 

@@ -1,5 +1,7 @@
-"""A LoRA job end to end on the tiny Llama 3.2 fixture: import, train, resume exactly, export merged
-(== base + scale * lora_B @ lora_A of the PEFT export, in Hugging Face layout) and as a PEFT adapter."""
+"""A LoRA chat SFT job end to end on the tiny Llama 3.2 fixture: import, train on the committed
+conversations (packed, long ones truncated), resume exactly (adapters, optimizer state, the position
+in the conversation stream and its counts in metrics.jsonl), export merged (== base + scale *
+lora_B @ lora_A of the PEFT export, in Hugging Face layout) and as a PEFT adapter."""
 
 import json
 import shutil
@@ -15,11 +17,26 @@ LORA = [
     "model.lora.rank=4",
     "model.lora.alpha=8.0",
     "model.lora.targets=('q', 'k', 'v', 'o', 'gate', 'up', 'down')",
-    "data.source=synthetic",
-    "data.seq_len=32",
+    "data.source=chat",
+    "data.path=tests/fixtures/chat/sft",
+    "data.train_files=train.jsonl",
+    "data.eval_files=eval.jsonl",
+    "data.vocab_path=tests/fixtures/chat/llama3",
+    "data.packing=true",
+    "data.seq_len=96",
+    "data.batch_size=4",
     "learner.schedule.peak_learning_rate=0.01",
 ]
-RUN = ["--set", "train.eval_every=3", "--set", "train.eval_batches=1", "--set", "train.sample.tokens=0"]
+RUN = [
+    "--set",
+    "train.log_every=1",
+    "--set",
+    "train.eval_every=3",
+    "--set",
+    "train.eval_batches=1",
+    "--set",
+    "train.sample.tokens=0",
+]
 
 
 def _read(path: Path) -> dict[str, np.ndarray]:
@@ -27,6 +44,34 @@ def _read(path: Path) -> dict[str, np.ndarray]:
 
     f = SafetensorsFile(path)
     return {name: np.asarray(f.read(name), np.float32) for name in f.tensors}
+
+
+def _train_records(job: Path) -> list[dict[str, float]]:
+    lines = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in r.items() if k == "step" or k.startswith("data_")} for r in lines if r["split"] == "train"
+    ]
+
+
+def _reference_counts(data: dict, steps: int) -> list[dict[str, float]]:
+    """Step k's counts from the data library's own input, built here and stepped k batches."""
+    from equipax.data import ChatSFTInput, ChatTemplate, HFTokenizer, read_conversations
+
+    tok = HFTokenizer.load(Path(data["vocab_path"]))
+    inp = ChatSFTInput(
+        read_conversations([Path(data["path"]) / data["train_files"]]),
+        tokenizer=tok,
+        template=ChatTemplate.for_tokenizer(tok, data["chat_template"], end_of_turn=data["end_of_turn"] or None),
+        seq_len=data["seq_len"],
+        batch_size=data["batch_size"],
+        seed=data["seed"],
+        packing=True,
+    )
+    out = []
+    for step in range(1, steps + 1):
+        inp.get_next()
+        out.append({"step": step} | inp.counter_metrics(inp.counters()))
+    return out
 
 
 def _import(job: Path) -> None:
@@ -39,12 +84,29 @@ def test_lora_job_trains_adapters_resumes_exactly_and_exports_merged_and_peft(tm
     _import(straight)
     shutil.copytree(straight, resumed)
     steps = ["--set", "train.checkpoint_every=1"]
-    assert invoke("run", "--job-log-dir", straight, "--set", "train.num_steps=3", *steps, *RUN)[0] == 0
+    code, out = invoke("run", "--job-log-dir", straight, "--set", "train.num_steps=3", *steps, *RUN)
+    assert code == 0, out
     assert invoke("run", "--job-log-dir", resumed, "--set", "train.num_steps=1", *steps, *RUN)[0] == 0
     code, out = invoke("run", "--job-log-dir", resumed, "--set", "train.num_steps=3", *steps, *RUN)
     assert code == 0 and "Resumed from step 1" in out, out
     digests = [json.loads((j / "result.json").read_text())["state_digest"] for j in (straight, resumed)]
     assert digests[0] == digests[1]  # adapters, their optimizer state and the data position resume exactly
+
+    # The input's running counts are in every train record (all hosts' sums, metrics.jsonl and
+    # TensorBoard): they grow with the steps, a resume continues them, and the last equals result.json's.
+    records = [_train_records(j) for j in (straight, resumed)]
+    assert records[0] == records[1]
+    counts = records[0]
+    assert [r["step"] for r in counts] == [1, 2, 3]
+    assert counts == _reference_counts(json.loads((straight / "config.json").read_text())["data"], steps=3)
+    # seq_len 96 cuts long conversations, and skips those whose reply starts past it
+    assert counts[-1]["data_truncated"] > 0 and counts[-1]["data_dropped"] > 0
+    chat = json.loads((straight / "result.json").read_text())["chat_data"]
+    assert {k: counts[-1][f"data_{k}"] for k in ("conversations", "truncated", "dropped")} == {
+        k: chat[k] for k in ("conversations", "truncated", "dropped")
+    }
+    assert counts[-1]["data_packing_efficiency"] == counts[-1]["data_tokens"] / counts[-1]["data_row_tokens"]
+    assert round(counts[-1]["data_packing_efficiency"], 4) == chat["packing_efficiency"]
 
     merged, adapter = tmp_path / "merged", tmp_path / "adapter"
     assert invoke("convert", "hf-export", "--job-log-dir", straight, "--out", merged)[0] == 0

@@ -64,6 +64,7 @@ def test_train_records_carry_the_router_metrics():
         check_nonfinite=lambda step: None,
         training=SimpleNamespace(mesh=SimpleNamespace(size=1)),
         writer=SimpleNamespace(write=lambda step, split, record: written.append((step, split, record))),
+        inputs=SimpleNamespace(train=SimpleNamespace(counters=dict, counter_metrics=lambda totals: {})),
     )
     # A stand-in run (the suite's runtime type check refuses it as __init__'s argument).
     log = TrainLog.__new__(TrainLog)

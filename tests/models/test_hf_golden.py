@@ -16,7 +16,7 @@ from equipax.models.hf.reference import logit_kl, reference_logits
 from equipax.models.hf.weights import load_lm, model_logits
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf"
-FAMILIES = ("llama3_2", "mistral", "qwen3")
+FAMILIES = ("llama3_2", "mistral", "qwen3", "mixtral", "qwen3_moe")
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +62,18 @@ def test_tokenizer_equals_transformers(imported, family):
     assert tok.eos_id == hf["eos_token_id"]
     assert tok.bos_id == (hf["bos_token_id"] if hf["bos_token_id"] is not None else hf["eos_token_id"])
     assert tok.decode(golden["greedy"]) == info["greedy_text"]
+
+
+def test_the_gate_checks_an_experiment_with_capacity_dispatch_dropless(imported):
+    """An experiment that trains Mixtral with a capacity factor (mixtral_8x7b's 1.25) initialised from
+    the checkpoint: the capacity dispatch drops tokens (its logits differ from transformers'), and
+    the gate checks the weights dropless, as transformers computes."""
+    import dataclasses
+
+    from equipax.models.hf.weights import parity_kl
+
+    directory, cfg, _, golden = imported["mixtral"]
+    capped = dataclasses.replace(cfg, transformer=dataclasses.replace(cfg.transformer, capacity_factor=0.5))
+    model = load_lm(directory, capped)
+    assert logit_kl(golden["logits"], model_logits(model, golden["ids"])) > 1e-4  # tokens were dropped
+    assert parity_kl(model, directory) < 1e-6

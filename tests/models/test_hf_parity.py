@@ -2,13 +2,15 @@
 each way of getting the conversion wrong is caught.
 
 Every family's tiny random model (MHA/GQA/MQA, head_dim != hidden / heads, tied and untied, llama3
-rope scaling, a sliding window shorter than the sequence) at T = 64, weights at std 1/sqrt(fan_in):
-equipax's float32 logits equal the float64 reference at rtol 1e-5 (relative to the logits' scale).
-The mutations are the real-world failures: Meta's interleaved q/k layout instead of Hugging Face's
-rotate-half one, query heads grouped with the wrong key/value head, the rope scaling or theta
-dropped, a v5 config read as v4 (theta falls back to 1e4).
-"""
+rope scaling, a sliding window shorter than the sequence, Mixtral's and Qwen3-MoE's experts) at T =
+64, weights at std 1/sqrt(fan_in): equipax's float32 logits equal the float64 reference at rtol 1e-5
+(relative to the logits' scale). The mutations are the real-world failures: Meta's interleaved q/k
+layout instead of Hugging Face's rotate-half one, query heads grouped with the wrong key/value head,
+the rope scaling or theta dropped, a v5 config read as v4 (theta falls back to 1e4); for the
+experts, their order against the router's columns, gate and up (Mixtral's w1 and w3) swapped, the
+top-k renormalisation changed."""
 
+import copy
 import dataclasses
 
 import equinox as eqx
@@ -70,6 +72,26 @@ def _mutations(cfg):
         out["GQA grouping changed"] = (None, regroup)
     if cfg.rope_scaling is not None:
         out["rope scaling dropped"] = (dataclasses.replace(cfg, rope_scaling=None), None)
+    if t.num_experts:
+        order = np.roll(np.arange(t.num_experts), 1)  # expert e's weights under the router's column e+1
+
+        def reorder(m):
+            ffn = m.stack.layers.ffn
+            where = lambda m: (m.stack.layers.ffn.gate, m.stack.layers.ffn.up, m.stack.layers.ffn.down)  # noqa: E731
+            return eqx.tree_at(where, m, (ffn.gate[:, order], ffn.up[:, order], ffn.down[:, order]))
+
+        def swap_gate_up(m):  # Mixtral's w1 read as up and w3 as gate
+            ffn = m.stack.layers.ffn
+            return eqx.tree_at(lambda m: (m.stack.layers.ffn.gate, m.stack.layers.ffn.up), m, (ffn.up, ffn.gate))
+
+        def flip_renormalisation(m):  # a static field: on a copy of the layer
+            ffn = copy.copy(m.stack.layers.ffn)
+            object.__setattr__(ffn, "norm_topk_prob", not ffn.norm_topk_prob)
+            return eqx.tree_at(lambda m: m.stack.layers.ffn, m, ffn)
+
+        out["expert order changed"] = (None, reorder)
+        out["expert gate and up swapped"] = (None, swap_gate_up)
+        out["top-k renormalisation changed"] = (None, flip_renormalisation)
     return out
 
 
@@ -85,7 +107,15 @@ def test_mutations_fail_the_check(families, family):
 
 def test_every_mutation_is_tried(families):
     tried = {name for _, cfg, *_ in families.values() for name in _mutations(cfg)}
-    assert tried == {"q/k layout permuted", "rope theta dropped", "GQA grouping changed", "rope scaling dropped"}
+    assert tried == {
+        "q/k layout permuted",
+        "rope theta dropped",
+        "GQA grouping changed",
+        "rope scaling dropped",
+        "expert order changed",
+        "expert gate and up swapped",
+        "top-k renormalisation changed",
+    }
 
 
 def test_v5_config_read_as_v4_fails_the_check(families):

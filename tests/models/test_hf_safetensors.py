@@ -137,6 +137,32 @@ def test_what_cannot_be_represented_is_refused(change, message):
         lm_config_from_hf(hf_config("llama3_gqa") | change)
 
 
+def test_expert_knobs_read_from_either_spelling_and_dense_layers_refused():
+    hub = hf_config("qwen3_moe_unnormalised")  # the hub's Qwen3-MoE spelling: num_experts
+    v5 = {k: v for k, v in hub.items() if k != "num_experts"} | {"num_local_experts": hub["num_experts"]}
+    t = lm_config_from_hf(hub).transformer
+    assert t == lm_config_from_hf(v5).transformer
+    assert (t.num_experts, t.num_experts_per_tok, t.moe_intermediate_size, t.norm_topk_prob) == (6, 3, 24, False)
+    assert t.capacity_factor is None and t.qk_norm  # dropless, as transformers computes
+    mixtral = lm_config_from_hf(hf_config("mixtral_experts")).transformer
+    assert mixtral.norm_topk_prob and mixtral.expert_hidden_dims == hub["intermediate_size"]
+    for change in ({"mlp_only_layers": [1]}, {"decoder_sparse_step": 2}):
+        with pytest.raises(ConfigError, match=r"mlp_only_layers=.*same feed-forward"):
+            lm_config_from_hf(hub | change)
+
+
+def test_export_refuses_moe_models_without_hf_equivalent():
+    import dataclasses
+
+    cfg = lm_config_from_hf(hf_config("mixtral_experts"))
+    shared = dataclasses.replace(cfg.transformer, shared_expert_intermediate_size=32)
+    with pytest.raises(ConfigError, match=r"shared_expert_intermediate_size=32.*no shared expert"):
+        hf_config_from_lm(dataclasses.replace(cfg, transformer=shared))
+    unnormalised = dataclasses.replace(cfg.transformer, norm_topk_prob=False)
+    with pytest.raises(ConfigError, match=r"norm_topk_prob=False without qk_norm.*Mixtral always"):
+        hf_config_from_lm(dataclasses.replace(cfg, transformer=unnormalised))
+
+
 def test_export_refuses_models_without_hf_equivalent():
     from equipax.models.configs import LMConfig
 

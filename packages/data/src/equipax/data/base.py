@@ -103,6 +103,16 @@ class BaseInput(abc.ABC):
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore a state from `get_state`: the following batches are those the original would emit next."""
 
+    def counters(self) -> dict[str, int]:
+        """Running counts of what this host's stream has emitted so far (a chat input: conversations,
+        truncated, dropped, tokens and row positions), kept in its `get_state`. The run sums them
+        over hosts into every train record through `counter_metrics`. None by default."""
+        return {}
+
+    def counter_metrics(self, totals: Mapping[str, int]) -> dict[str, int | float]:
+        """The train record's fields for `counters` summed over every host: `data_<name>` each."""
+        return {f"data_{k}": int(v) for k, v in totals.items()}
+
     def ids_to_strings(self, ids: np.ndarray, lengths: Sequence[int] | np.ndarray | None = None) -> list[str]:
         """Decode a `[batch, seq]` (or `[seq]`) array of token ids to one string per row.
 

@@ -3,11 +3,13 @@
 Each conversation becomes one example of `len(tokens) - 1` positions (`ids = tokens[:-1]`,
 `labels = tokens[1:]`, `weights = mask[1:]`: position t is trained to predict token t + 1 where that
 token belongs to a reply). A conversation never straddles rows: one longer than `seq_len` is cut to
-its first `seq_len` positions (`truncation="truncate"`) or skipped (`"drop"`), and both are counted
-(`stats`). With `packing=True` whole examples fill each row in order (next fit: an example that
-does not fit the rest of the row starts the next one); `segment_ids` number them 1, 2, ... (0 on
-padding) and `positions` restart at 0 in each, so attention never crosses conversations and the
-row's weighted loss sum is the sum of its conversations' (tests/data/test_chat_input.py).
+its first `seq_len` positions (`truncation="truncate"`) or skipped (`"drop"`); a cut that would keep
+no reply token skips it too (it would train nothing). Both are counted (`stats`, and every train
+record's `data_truncated` / `data_dropped`). With `packing=True` whole examples fill each row in
+order (next fit: an example that does not fit the rest of the row starts the next one);
+`segment_ids` number them 1, 2, ... (0 on padding) and `positions` restart at 0 in each, so
+attention never crosses conversations and the row's weighted loss sum is the sum of its
+conversations' (tests/data/test_chat_input.py).
 """
 
 import functools
@@ -23,6 +25,10 @@ from equipax.data.tokenizers import HFTokenizer
 __all__ = ["ChatSFTInput"]
 
 _STATS = ("conversations", "truncated", "dropped", "tokens", "row_tokens")
+
+
+def _efficiency(stats: Mapping[str, int]) -> float:
+    return stats["tokens"] / max(stats["row_tokens"], 1)
 
 
 class ChatSFTInput(BaseInput):
@@ -104,7 +110,8 @@ class ChatSFTInput(BaseInput):
 
     def _make_example(self, index: int) -> tuple[np.ndarray, np.ndarray, bool] | None:
         """`(tokens, weights, truncated)` of conversation `index` cut to `seq_len + 1` tokens, or
-        None when it is longer and `truncation="drop"` (`self.example`: the same, cached).
+        None when it is longer and `truncation="drop"`, or when the cut keeps no reply token
+        (`self.example`: the same, cached).
 
         Raises:
             ChatError: the conversation does not render or has no reply to train on (naming it).
@@ -119,7 +126,10 @@ class ChatSFTInput(BaseInput):
         cut = len(ex.ids) - 1 > self.seq_len
         if cut and self.truncation == "drop":
             return None
-        return ex.ids[: self.seq_len + 1], ex.weights[: self.seq_len + 1], cut
+        ids, weights = ex.ids[: self.seq_len + 1], ex.weights[: self.seq_len + 1]
+        if cut and not weights[1:].any():
+            return None  # every reply starts past the row: it would train nothing, so it is dropped
+        return ids, weights, cut
 
     def _order(self, epoch: int) -> np.ndarray:
         n = len(self.conversations)
@@ -152,7 +162,8 @@ class ChatSFTInput(BaseInput):
                 if skipped > self._per_host:
                     raise ChatError(
                         f"every conversation of this host's {self._per_host} is longer than seq_len={self.seq_len} "
-                        "and truncation='drop' skips them all: raise data.seq_len or set data.truncation='truncate'."
+                        "and is skipped (truncation='drop', or no reply token within the row): raise "
+                        "data.seq_len, or set data.truncation='truncate' if the replies start within it."
                     )
                 continue
             tokens, weights, cut = example
@@ -224,7 +235,15 @@ class ChatSFTInput(BaseInput):
 
     def packing_efficiency(self) -> float:
         """The share of the emitted rows' positions that hold conversation tokens (not padding)."""
-        return self.stats["tokens"] / max(self.stats["row_tokens"], 1)
+        return _efficiency(self.stats)
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.stats)
+
+    def counter_metrics(self, totals: Mapping[str, int]) -> dict[str, int | float]:
+        """`data_conversations`, `data_truncated`, `data_dropped`, `data_tokens`, `data_row_tokens`
+        and `data_packing_efficiency` (tokens over row positions) of every host's stream so far."""
+        return super().counter_metrics(totals) | {"data_packing_efficiency": _efficiency(totals)}
 
     # --- BaseInput ---------------------------------------------------------------------------
 

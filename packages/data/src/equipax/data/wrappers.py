@@ -11,7 +11,7 @@ __all__ = ["MappedInput"]
 class MappedInput(BaseInput):
     """Apply `fn` to every batch of `source` (the Pax "override `get_next`" pattern, by wrapping).
 
-    Host layout, `reset`, state and `ids_to_strings` are those of `source`, so a wrapped
+    Host layout, `reset`, state, counters and `ids_to_strings` are those of `source`, so a wrapped
     training input resumes exactly like the original. `fn` must be deterministic (a pure function
     of the batch) for resume to stay exact; it may add, drop or change arrays but must keep the
     leading per-host batch dimension.
@@ -52,6 +52,12 @@ class MappedInput(BaseInput):
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         self.source.set_state(state)
+
+    def counters(self) -> dict[str, int]:
+        return self.source.counters()
+
+    def counter_metrics(self, totals: Mapping[str, int]) -> dict[str, int | float]:
+        return self.source.counter_metrics(totals)
 
     def __getattr__(self, name: str) -> Any:
         # num_batches, seq_len, ... of the wrapped input (only called for missing attributes).

@@ -27,6 +27,7 @@ __all__ = [
     "initialize",
     "is_primary",
     "parse_coordinator",
+    "sum_over_processes",
     "to_host",
     "WAIT_LOG_EVERY_S",
 ]
@@ -95,6 +96,16 @@ def any_process(flag: bool) -> bool:
     if jax.process_count() == 1:
         return flag
     return bool(np.any(multihost_utils.process_allgather(np.array([flag]))))
+
+
+def sum_over_processes(counts: dict[str, int]) -> dict[str, int]:
+    """`counts` (the same keys on every process) summed over the processes (a host sync when there
+    are several)."""
+    if jax.process_count() == 1 or not counts:
+        return counts
+    keys = sorted(counts)
+    rows = multihost_utils.process_allgather(np.array([counts[k] for k in keys], np.int64))
+    return {k: int(v) for k, v in zip(keys, np.sum(rows, axis=0), strict=True)}
 
 
 def to_host(tree: Any) -> Any:

@@ -1,4 +1,4 @@
-"""The loop's train records: loss, learning rate, norms, step time, throughput and MFU.
+"""The loop's train records: loss, learning rate, norms, step time, throughput, MFU and the input's counts.
 
 Every `train.log_every` steps (and the run's last step, and the step a stop happens at) the
 step's metrics are kept on the device and read back after the next step was dispatched, so the
@@ -14,7 +14,7 @@ from typing import Any
 import jax
 
 from equipax.launch.cluster.accelerators import peak_tflops_of
-from equipax.launch.cluster.distributed import to_host
+from equipax.launch.cluster.distributed import sum_over_processes, to_host
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.training.hooks import RunContext
 
@@ -83,20 +83,22 @@ class TrainLog:
         self.peak_tflops: float | None = peak_tflops
         self.nonfinite_total: Callable[[], int] = nonfinite_total
         self.progress: Callable[[int, dict[str, float]], None] = progress
-        self.pending: tuple[int, dict[str, Any]] | None = None
+        self.pending: tuple[int, dict[str, Any], dict[str, int | float]] | None = None
         self.latest: dict[str, float] = {}
 
     def after_dispatch(self, step: int, metrics: dict[str, Any], *, stopping: bool) -> None:
         """Step `step` was dispatched: write the previous logged step, keep this one if it is logged."""
         self.flush()  # the previous logged step: the device has moved on to this one
         if step % self.run.cfg.train.log_every == 0 or step == self.run.total or stopping:
-            self.pending = (step, metrics)
+            # The input's counters now: it has emitted exactly the batches of steps up to `step`.
+            train = self.run.inputs.train
+            self.pending = (step, metrics, train.counter_metrics(sum_over_processes(train.counters())))
 
     def flush(self) -> None:
         """Write the pending record now (reading its metrics waits for its step)."""
         if self.pending is None:
             return
-        step, device_metrics = self.pending
+        step, device_metrics, data_counts = self.pending
         self.pending = None
         self.run.check_nonfinite(step)
         values = {k: float(v) for k, v in to_host(device_metrics).items()}
@@ -104,6 +106,9 @@ class TrainLog:
         record = {k: values.get(k, math.nan) for k in _RECORDED}
         # A mixture of experts' router losses, per-expert token counts and dropped share (docs/moe.md).
         record |= {k: v for k, v in values.items() if k.startswith("moe_")}
+        # The input's running counts over every host (a chat input's truncated and dropped
+        # conversations and packing efficiency, docs/finetuning.md).
+        record |= data_counts
         record |= {"step_time_s": step_time, f"{self.run.unit}_per_s": self.units_per_step / step_time}
         if self.flops_per_step is not None:
             tflops = self.flops_per_step / step_time / self.run.training.mesh.size / 1e12

@@ -1,4 +1,5 @@
-"""Hugging Face `config.json` <-> `LMConfig`, for the Llama, Mistral and Qwen3 model types.
+"""Hugging Face `config.json` <-> `LMConfig`, for the Llama, Mistral, Qwen3, Mixtral and Qwen3-MoE
+model types.
 
 Reading takes both schemas of the rotary knobs: transformers 4.x writes `rope_theta` and
 `rope_scaling` at the top level, transformers 5 one `rope_parameters` dict (`rope_type`,
@@ -8,7 +9,11 @@ Writing emits both, with the same values, so that either version reads the same 
 
 What `LMConfig` cannot represent is refused with a `ConfigError` naming the key, its value and
 why (an unknown `model_type`, a rope type other than "default"/"llama3", biases, another
-activation, per-layer sliding windows): never a model that loads and computes something else.
+activation, per-layer sliding windows, Qwen3-MoE's dense layers among sparse ones): never a model
+that loads and computes something else. The mixtures of experts read as equipax's dropless MoE
+feed-forward (`model.transformer.num_experts`, docs/moe.md), which routes as these classes do: a
+softmax over the experts, the top `num_experts_per_tok`, renormalised (Mixtral always, Qwen3-MoE
+with `norm_topk_prob`).
 No JAX here: it runs while a command resolves its config.
 """
 
@@ -22,10 +27,25 @@ from equipax.core.configs import RopeScalingConfig, TransformerConfig
 from equipax.core.knobs import ConfigError
 from equipax.models.configs import LMConfig
 
-__all__ = ["CONFIG_FILE", "hf_config_from_lm", "lm_config_from_hf", "MODEL_TYPES", "model_type_of", "read_hf_config"]
+__all__ = [
+    "CONFIG_FILE",
+    "hf_config_from_lm",
+    "lm_config_from_hf",
+    "MODEL_TYPES",
+    "MOE_TYPES",
+    "model_type_of",
+    "read_hf_config",
+]
 
 CONFIG_FILE = "config.json"
-MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
+MOE_TYPES = ("mixtral", "qwen3_moe")
 _ROPE_TYPES = ("default", "llama3")
 
 
@@ -108,6 +128,26 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"max_position_embeddings": 2048, "tie_word_embeddings": False},
     "mistral": {"num_key_value_heads": 8, "sliding_window": 4096, "max_position_embeddings": 131072},
     "qwen3": {"head_dim": 128, "num_key_value_heads": 32, "max_position_embeddings": 32768, "max_window_layers": 28},
+    "mixtral": {
+        "num_key_value_heads": 8,
+        "sliding_window": None,
+        "max_position_embeddings": 131072,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "router_aux_loss_coef": 0.001,
+    },
+    "qwen3_moe": {
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
+        "sliding_window": 4096,
+        "num_local_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": False,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "router_aux_loss_coef": 0.001,
+    },
 }
 
 
@@ -120,8 +160,10 @@ def _get(hf: Mapping[str, Any], key: str, default: Any = None) -> Any:
 
 def _window(hf: Mapping[str, Any], model_type: str, layers: int, where: str) -> int | None:
     """The sliding window every layer has, or None; windows in some layers only are refused."""
-    if model_type == "mistral":  # every layer; Mistral's config class ignores layer_types
+    if model_type in ("mistral", "mixtral"):  # every layer; these config classes ignore layer_types
         window = _get(hf, "sliding_window")
+    elif model_type == "qwen3_moe":  # every layer when use_sliding_window (no max_window_layers)
+        window = _get(hf, "sliding_window") if hf.get("use_sliding_window") else None
     else:
         window = _get(hf, "sliding_window") if (model_type == "qwen3" and hf.get("use_sliding_window")) else None
         kinds = hf.get("layer_types")
@@ -142,8 +184,32 @@ def _window(hf: Mapping[str, Any], model_type: str, layers: int, where: str) -> 
     return window
 
 
+def _experts(hf: Mapping[str, Any], model_type: str, where: str) -> dict[str, Any]:
+    """The `TransformerConfig` knobs of a Mixtral / Qwen3-MoE config's experts ({} for dense types)."""
+    if model_type not in MOE_TYPES:
+        return {}
+    # transformers 5 writes num_local_experts for both; Qwen3-MoE's hub configs say num_experts.
+    experts = hf.get("num_local_experts", hf.get("num_experts", _get(hf, "num_local_experts")))
+    out = {
+        "num_experts": int(experts),
+        "num_experts_per_tok": int(_get(hf, "num_experts_per_tok")),
+        "norm_topk_prob": True if model_type == "mixtral" else bool(_get(hf, "norm_topk_prob")),
+        "router_aux_loss_coef": float(_get(hf, "router_aux_loss_coef")),
+        "capacity_factor": None,
+    }
+    if model_type == "qwen3_moe":
+        step, dense = _get(hf, "decoder_sparse_step"), list(_get(hf, "mlp_only_layers") or [])
+        if step != 1 or dense:
+            raise ConfigError(
+                f"{where}: decoder_sparse_step={step!r}, mlp_only_layers={dense!r} make some layers dense "
+                "feed-forwards; equipax has the same feed-forward (every layer a mixture of experts) in every layer."
+            )
+        out["moe_intermediate_size"] = int(_get(hf, "moe_intermediate_size"))
+    return out
+
+
 def lm_config_from_hf(hf: Mapping[str, Any], *, where: str = CONFIG_FILE, **overrides: Any) -> LMConfig:
-    """The `LMConfig` of a Hugging Face Llama / Mistral / Qwen3 config.
+    """The `LMConfig` of a Hugging Face Llama / Mistral / Qwen3 / Mixtral / Qwen3-MoE config.
 
     Arguments:
         hf: the parsed config.json.
@@ -161,7 +227,7 @@ def lm_config_from_hf(hf: Mapping[str, Any], *, where: str = CONFIG_FILE, **over
     if model_type not in MODEL_TYPES:
         raise ConfigError(
             f"{where}: model_type={model_type!r} is not one equipax converts; it reads "
-            f"{', '.join(sorted(MODEL_TYPES))} (Llama 2/3/3.1/3.2, Mistral, dense Qwen3)."
+            f"{', '.join(sorted(MODEL_TYPES))} (Llama 2/3/3.1/3.2, Mistral, Qwen3, Mixtral, Qwen3-MoE)."
         )
     act = hf.get("hidden_act", "silu")
     if act != "silu":
@@ -188,12 +254,13 @@ def lm_config_from_hf(hf: Mapping[str, Any], *, where: str = CONFIG_FILE, **over
             norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             use_bias=False,
             fused_qkv=False,
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             sliding_window=_window(hf, model_type, layers, where),
             atten_logit_cap=None,
             scan_layers=True,
             remat="none",
             attention_impl="xla",
+            **_experts(hf, model_type, where),
         )
         return LMConfig(
             vocab_size=int(_need(hf, "vocab_size", where)),
@@ -213,7 +280,8 @@ def lm_config_from_hf(hf: Mapping[str, Any], *, where: str = CONFIG_FILE, **over
 
 
 def model_type_of(cfg: LMConfig) -> str:
-    """The Hugging Face model type an `LMConfig` is exported as (QK-norm: qwen3; a window: mistral).
+    """The Hugging Face model type an `LMConfig` is exported as (QK-norm: qwen3; a window: mistral;
+    with experts, QK-norm: qwen3_moe, else mixtral).
 
     Raises:
         ConfigError: the model is not Llama-style (Pax's GPT block, caps, biases...), naming the knob.
@@ -241,6 +309,18 @@ def model_type_of(cfg: LMConfig) -> str:
             "model.transformer.qk_norm=True with sliding_window set: Hugging Face's Qwen3 has QK-norm and "
             "Mistral the window, no exported family both in every layer."
         )
+    if t.num_experts:
+        if t.shared_expert_intermediate_size:
+            raise ConfigError(
+                f"model.transformer.shared_expert_intermediate_size={t.shared_expert_intermediate_size}: Hugging "
+                "Face's Mixtral and Qwen3-MoE have no shared expert, so this model has no equivalent to export to."
+            )
+        if not t.qk_norm and not t.norm_topk_prob:
+            raise ConfigError(
+                "model.transformer.norm_topk_prob=False without qk_norm: Hugging Face's Mixtral always "
+                "renormalises the top-k router probabilities, so this model has no equivalent to export to."
+            )
+        return "qwen3_moe" if t.qk_norm else "mixtral"
     return "qwen3" if t.qk_norm else "mistral" if t.sliding_window is not None else "llama"
 
 
@@ -298,8 +378,27 @@ def hf_config_from_lm(
     }
     if model_type == "llama":
         out |= {"mlp_bias": False, "pretraining_tp": 1}
-    elif model_type == "mistral":
+    elif model_type in ("mistral", "mixtral"):
         out["sliding_window"] = t.sliding_window
     else:
         out |= {"use_sliding_window": False, "sliding_window": None, "max_window_layers": t.num_layers}
+    if model_type in MOE_TYPES:
+        # A model trained with capacity dispatch computes dropless in transformers (docs/moe.md).
+        out |= {
+            "num_local_experts": t.num_experts,
+            "num_experts_per_tok": t.num_experts_per_tok,
+            "router_aux_loss_coef": t.router_aux_loss_coef,
+            "output_router_logits": False,
+        }
+        if model_type == "mixtral":
+            out |= {"intermediate_size": t.expert_hidden_dims, "router_jitter_noise": 0.0}
+        else:
+            out |= {
+                "num_experts": t.num_experts,
+                "moe_intermediate_size": t.expert_hidden_dims,
+                "norm_topk_prob": t.norm_topk_prob,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+            }
+            out.pop("max_window_layers")
     return out

@@ -10,6 +10,11 @@ tensor fills each position of its stacked axes and how that tensor is reshaped a
 `TensorMap.to_hf` gives a Hugging Face tensor back from the part of the array that holds it. Both are exact (no
 arithmetic), so import -> export is bit-exact.
 
+A mixture of experts' block holds the router `[embed, experts]` (Hugging Face's `[experts, embed]`
+`gate.weight`) and each expert projection stacked over the experts, `[experts, embed, hidden]`, where
+the checkpoint has one tensor per expert (Mixtral's `block_sparse_moe.experts.{e}.w1/w3/w2`,
+Qwen3-MoE's `mlp.experts.{e}.gate_proj/up_proj/down_proj`): the expert axis is one more stacked axis.
+
 Query head `h` reads key/value head `h // (heads / kv_heads)` in both (Hugging Face's
 `repeat_kv`), and both use the "rotate half" rotary layout, so no column permutation is needed.
 """
@@ -22,6 +27,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from equipax.models.configs import LMConfig
+from equipax.models.hf.config import model_type_of
 
 __all__ = ["hf_names", "locate", "TensorMap", "tensor_maps", "TensorReader"]
 
@@ -94,24 +100,47 @@ class TensorMap:
         return np.ascontiguousarray(np.asarray(part).transpose(tuple(np.argsort(self.perm)))).reshape(self.hf_shape)
 
 
-# A block's arrays: equipax path inside the block -> (tensor names inside layer i, view, perm, hf shape).
-def _block_maps(cfg: LMConfig) -> dict[str, tuple[list[str], tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+# A block's arrays: equipax path inside the block -> (tensor names inside layer i, view, perm, hf
+# shape, and where the axis the names run along sits among the array's own axes: k/v after the
+# embedding axis, experts first; None for one tensor).
+_BlockMap = tuple[list[str], tuple[int, ...], tuple[int, ...], tuple[int, ...], int | None]
+# Each model type's mixture-of-experts tensors: (the block's prefix, gate, up, down names of expert e).
+_EXPERTS = {
+    "mixtral": ("block_sparse_moe", "experts.{e}.w1.weight", "experts.{e}.w3.weight", "experts.{e}.w2.weight"),
+    "qwen3_moe": ("mlp", "experts.{e}.gate_proj.weight", "experts.{e}.up_proj.weight", "experts.{e}.down_proj.weight"),
+}
+
+
+def _block_maps(cfg: LMConfig) -> dict[str, _BlockMap]:
     t = cfg.transformer
     d, h, kv, hd, f = t.model_dims, t.num_heads, t.kv_heads, t.head_dim, t.hidden_dims
     a = "self_attn"
-    maps = {
-        ".atten_norm.scale": (["input_layernorm.weight"], (d,), (0,), (d,)),
-        ".ffn_norm.scale": (["post_attention_layernorm.weight"], (d,), (0,), (d,)),
-        ".attention.q": ([f"{a}.q_proj.weight"], (h, hd, d), (2, 0, 1), (h * hd, d)),
-        ".attention.kv": ([f"{a}.k_proj.weight", f"{a}.v_proj.weight"], (kv, hd, d), (2, 0, 1), (kv * hd, d)),
-        ".attention.out": ([f"{a}.o_proj.weight"], (d, h, hd), (1, 2, 0), (d, h * hd)),
-        ".ffn.gate.weight": (["mlp.gate_proj.weight"], (f, d), (1, 0), (f, d)),
-        ".ffn.up.weight": (["mlp.up_proj.weight"], (f, d), (1, 0), (f, d)),
-        ".ffn.down.weight": (["mlp.down_proj.weight"], (d, f), (1, 0), (d, f)),
+    maps: dict[str, _BlockMap] = {
+        ".atten_norm.scale": (["input_layernorm.weight"], (d,), (0,), (d,), None),
+        ".ffn_norm.scale": (["post_attention_layernorm.weight"], (d,), (0,), (d,), None),
+        ".attention.q": ([f"{a}.q_proj.weight"], (h, hd, d), (2, 0, 1), (h * hd, d), None),
+        ".attention.kv": ([f"{a}.k_proj.weight", f"{a}.v_proj.weight"], (kv, hd, d), (2, 0, 1), (kv * hd, d), 1),
+        ".attention.out": ([f"{a}.o_proj.weight"], (d, h, hd), (1, 2, 0), (d, h * hd), None),
     }
+    if t.num_experts:
+        prefix, gate, up, down = _EXPERTS[model_type_of(cfg)]
+        e, g = t.num_experts, t.expert_hidden_dims
+        experts = range(e)
+        maps |= {
+            ".ffn.router": ([f"{prefix}.gate.weight"], (e, d), (1, 0), (e, d), None),
+            ".ffn.gate": ([f"{prefix}.{gate.format(e=i)}" for i in experts], (g, d), (1, 0), (g, d), 0),
+            ".ffn.up": ([f"{prefix}.{up.format(e=i)}" for i in experts], (g, d), (1, 0), (g, d), 0),
+            ".ffn.down": ([f"{prefix}.{down.format(e=i)}" for i in experts], (d, g), (1, 0), (d, g), 0),
+        }
+    else:
+        maps |= {
+            ".ffn.gate.weight": (["mlp.gate_proj.weight"], (f, d), (1, 0), (f, d), None),
+            ".ffn.up.weight": (["mlp.up_proj.weight"], (f, d), (1, 0), (f, d), None),
+            ".ffn.down.weight": (["mlp.down_proj.weight"], (d, f), (1, 0), (d, f), None),
+        }
     if t.qk_norm:
-        maps[".attention.q_norm.scale"] = ([f"{a}.q_norm.weight"], (hd,), (0,), (hd,))
-        maps[".attention.k_norm.scale"] = ([f"{a}.k_norm.weight"], (hd,), (0,), (hd,))
+        maps[".attention.q_norm.scale"] = ([f"{a}.q_norm.weight"], (hd,), (0,), (hd,), None)
+        maps[".attention.k_norm.scale"] = ([f"{a}.k_norm.weight"], (hd,), (0,), (hd,), None)
     return maps
 
 
@@ -153,7 +182,7 @@ def tensor_maps(cfg: LMConfig, shapes: Mapping[str, tuple[int, ...]]) -> dict[st
         elif path == ".final_norm.scale":
             out[path] = TensorMap(np.array("model.norm.weight", object), (), (d,), (0,), (d,))
         elif (m := _STACKED.match(path)) and m.group(4) in block:
-            names, view, perm, hf_shape = block[m.group(4)]
+            names, view, perm, hf_shape, names_at = block[m.group(4)]
             if m.group(1) == "stages":  # [stage, repeat, layer in stage]: model layer (r S + s) L + j
                 s, r, per = shape[:3]
                 layers = np.array(
@@ -167,10 +196,10 @@ def tensor_maps(cfg: LMConfig, shapes: Mapping[str, tuple[int, ...]]) -> dict[st
             for pos in np.ndindex(layers.shape):
                 full[pos] = [f"model.layers.{layers[pos]}.{n}" for n in names]
             lead = tuple(range(layers.ndim))
-            if len(names) == 1:
+            if names_at is None:
                 out[path] = TensorMap(full[..., 0], lead, view, perm, hf_shape)
-            else:  # key and value: the `2` axis after the embedding axis
-                out[path] = TensorMap(full, (*lead, layers.ndim + 1), view, perm, hf_shape)
+            else:  # key and value (the `2` axis after the embedding axis), or the experts (first)
+                out[path] = TensorMap(full, (*lead, layers.ndim + names_at), view, perm, hf_shape)
         else:
             raise ValueError(f"no Hugging Face tensor for the model's array {path!r}")
         if out[path].shape != tuple(shape):

@@ -1,12 +1,17 @@
-"""A slow, obvious numpy forward pass of Hugging Face Llama / Mistral / Qwen3 checkpoints.
+"""A slow, obvious numpy forward pass of Hugging Face Llama / Mistral / Qwen3 / Mixtral / Qwen3-MoE
+checkpoints.
 
 Written from the transformers definitions (`LlamaForCausalLM`, `MistralForCausalLM`,
-`Qwen3ForCausalLM`, eager attention) and nothing of equipax's model: it reads the directory's
+`Qwen3ForCausalLM`, `MixtralForCausalLM`, `Qwen3MoeForCausalLM`, eager attention) and nothing of
+equipax's model: it reads the directory's
 `config.json` itself, the way transformers 5 does (v4 `rope_theta` / `rope_scaling` and v5
 `rope_parameters`; each model type's class defaults for keys left out), and the weights by their
 Hugging Face names, one layer at a time, in float64. So a wrong config mapping, a permuted
 projection or a mis-grouped key/value head on the equipax side shows up as a difference from it:
-the import and export parity gate (`logit_kl`) and the parity tests compare against it.
+the import and export parity gate (`logit_kl`) and the parity tests compare against it. A mixture
+of experts runs token by token: the router's softmax over the experts, the top `num_experts_per_tok`
+(renormalised: Mixtral always, Qwen3-MoE with `norm_topk_prob`), each chosen expert's SwiGLU MLP
+from its own tensors, weighted.
 """
 
 import math
@@ -38,6 +43,24 @@ _CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
         "sliding_window": 4096,
         "max_window_layers": 28,
         "max_position_embeddings": 32768,
+    },
+    "mixtral": {
+        "rms_norm_eps": 1e-5,
+        "num_key_value_heads": 8,
+        "sliding_window": None,
+        "max_position_embeddings": 131072,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+    },
+    "qwen3_moe": {
+        "rms_norm_eps": 1e-6,
+        "num_key_value_heads": 4,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "max_position_embeddings": 32768,
+        "num_local_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": False,
     },
 }
 
@@ -81,8 +104,10 @@ def _rotate_half(x: np.ndarray) -> np.ndarray:
 def _windows(hf: Mapping[str, Any], num_layers: int) -> list[int | None]:
     """Each layer's sliding window (None: full causal attention), as each model class decides."""
     kind = hf["model_type"]
-    if kind == "mistral":
+    if kind in ("mistral", "mixtral"):
         return [_key(hf, "sliding_window")] * num_layers
+    if kind == "qwen3_moe":  # every layer, when on
+        return [_key(hf, "sliding_window") if _key(hf, "use_sliding_window") else None] * num_layers
     if kind == "qwen3":
         window = _key(hf, "sliding_window") if _key(hf, "use_sliding_window") else None
         types = hf.get("layer_types") or [
@@ -91,6 +116,36 @@ def _windows(hf: Mapping[str, Any], num_layers: int) -> list[int | None]:
         ]
         return [window if t == "sliding_attention" else None for t in types]
     return [None] * num_layers
+
+
+def _swiglu(h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
+    """`down(silu(gate(h)) * up(h))` with `[out, in]` weights."""
+    g = h @ gate.T
+    return (g / (1 + np.exp(-g)) * (h @ up.T)) @ down.T
+
+
+def _moe(hf: Mapping[str, Any], h: np.ndarray, w: Any, p: str) -> np.ndarray:
+    """A Mixtral / Qwen3-MoE sparse block on `h` `[batch seq embed]`, one token at a time."""
+    if hf["model_type"] == "mixtral":
+        prefix, names, renormalise = p + "block_sparse_moe.", ("w1", "w3", "w2"), True
+    else:
+        prefix, names = p + "mlp.", ("gate_proj", "up_proj", "down_proj")
+        renormalise = bool(_key(hf, "norm_topk_prob"))
+    top_k = _key(hf, "num_experts_per_tok")
+    router = w(prefix + "gate.weight")  # [experts, embed]
+    experts: dict[int, list[np.ndarray]] = {}  # each expert's weights, read once
+    out = np.zeros_like(h)
+    for b, t in np.ndindex(h.shape[:2]):
+        logits = router @ h[b, t]
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        chosen = np.argsort(-probs, kind="stable")[:top_k]
+        weights = probs[chosen] / (probs[chosen].sum() if renormalise else 1.0)
+        for e, weight in zip(chosen.tolist(), weights, strict=True):
+            if e not in experts:
+                experts[e] = [w(f"{prefix}experts.{e}.{n}.weight") for n in names]
+            out[b, t] += weight * _swiglu(h[b, t], *experts[e])
+    return out
 
 
 def reference_logits(directory: str | os.PathLike[str], ids: np.ndarray) -> np.ndarray:
@@ -129,7 +184,7 @@ def reference_logits(directory: str | os.PathLike[str], ids: np.ndarray) -> np.n
         q = (h @ w(p + "self_attn.q_proj.weight").T).reshape(batch, seq, heads, head_dim)
         k = (h @ w(p + "self_attn.k_proj.weight").T).reshape(batch, seq, kv_heads, head_dim)
         v = (h @ w(p + "self_attn.v_proj.weight").T).reshape(batch, seq, kv_heads, head_dim)
-        if hf["model_type"] == "qwen3":
+        if hf["model_type"] in ("qwen3", "qwen3_moe"):
             q = _rms_norm(q, w(p + "self_attn.q_norm.weight"), eps)
             k = _rms_norm(k, w(p + "self_attn.k_norm.weight"), eps)
         q, k, v = (a.transpose(0, 2, 1, 3) for a in (q, k, v))
@@ -146,9 +201,10 @@ def reference_logits(directory: str | os.PathLike[str], ids: np.ndarray) -> np.n
         attn = attn.transpose(0, 2, 1, 3).reshape(batch, seq, heads * head_dim)
         x = x + attn @ w(p + "self_attn.o_proj.weight").T
         h = _rms_norm(x, w(p + "post_attention_layernorm.weight"), eps)
-        gate = h @ w(p + "mlp.gate_proj.weight").T
-        up = h @ w(p + "mlp.up_proj.weight").T
-        x = x + (gate / (1 + np.exp(-gate)) * up) @ w(p + "mlp.down_proj.weight").T
+        if hf["model_type"] in ("mixtral", "qwen3_moe"):
+            x = x + _moe(hf, h, w, p)
+        else:
+            x = x + _swiglu(h, *(w(p + f"mlp.{n}_proj.weight") for n in ("gate", "up", "down")))
     x = _rms_norm(x, w("model.norm.weight"), eps)
     tied = _key(hf, "tie_word_embeddings", False)  # tied: the output is the input table (any lm_head unused)
     return x @ (embed if tied else w("lm_head.weight")).T

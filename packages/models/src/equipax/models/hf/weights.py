@@ -8,6 +8,7 @@ holds each, whatever the stack's layout (scanned, unrolled, pipelined). `parity_
 model's logits with the numpy reference (`equipax.models.hf.reference`) on fixed tokens.
 """
 
+import copy
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 
+from equipax.core.nn.moe import MoEFeedForward
 from equipax.models.configs import LMConfig
 from equipax.models.hf.params import TensorMap, hf_names, locate, tensor_maps
 from equipax.models.hf.reference import logit_kl, reference_logits
@@ -40,6 +42,7 @@ __all__ = [
     "load_lm",
     "model_maps",
     "model_logits",
+    "dropless",
     "parity_kl",
     "write_hf_weights",
 ]
@@ -225,8 +228,22 @@ def model_logits(model: TransformerLM, ids: np.ndarray) -> np.ndarray:
     return np.asarray(jax.device_get(_logits(model, jnp.asarray(ids))))
 
 
+def dropless(model: TransformerLM) -> TransformerLM:
+    """The same model with every mixture-of-experts layer dispatching dropless, as transformers
+    computes: a capacity factor only bounds a training step's buffers (it drops the tokens over
+    capacity), so the weights are checked without it."""
+
+    def one(x: Any) -> Any:
+        if isinstance(x, MoEFeedForward) and x.capacity_factor is not None:
+            x = copy.copy(x)
+            object.__setattr__(x, "capacity_factor", None)  # a static field of a frozen module
+        return x
+
+    return jax.tree.map(one, model, is_leaf=lambda x: isinstance(x, MoEFeedForward))
+
+
 def parity_kl(model: TransformerLM, directory: str | os.PathLike[str], ids: np.ndarray | None = None) -> float:
     """KL between the numpy reference's next-token distributions of the Hugging Face directory
-    and the model's, averaged over the positions of `ids` (default `gate_ids`)."""
+    and the model's (`dropless`), averaged over the positions of `ids` (default `gate_ids`)."""
     ids = gate_ids(model.cfg) if ids is None else ids
-    return logit_kl(reference_logits(directory, ids), model_logits(model, ids))
+    return logit_kl(reference_logits(directory, ids), model_logits(dropless(model), ids))
