@@ -3,7 +3,8 @@
 #   1. the device and its measured bf16 matmul peak;
 #   2. tokens/s and MFU (PaLM definition: model FLOPs / datasheet peak; remat not counted) of the
 #      ~1B LM train step (c4_1b on synthetic tokens, all local chips) in bf16 with the best
-#      attention kernel (attention_impl=auto), in bf16 with plain XLA attention, and in f32;
+#      attention kernel (attention_impl=auto) under c4_1b's full remat and under remat=auto (the
+#      cheapest policy whose compiled step fits the device), in bf16 with plain XLA attention, and in f32;
 #   3. the attention kernels' speed (forward + backward, causal, bf16): xla vs the platform's
 #      fused kernel (cuDNN on GPU, splash on TPU);
 #   4. (GPU) both PGLE workflows of docs/pgle.md on a 4-layer, 1024-wide c4_1b: `launch pgle collect` writes a
@@ -21,7 +22,7 @@ mkdir -p "$OUT"
 STEPS=${STEPS:-20}
 EXP=${EXP:-c4_1b}    # EXP=c4_1b_smoke PARTS=2: a dry run of part 2 on a CPU
 PARTS=${PARTS:-1234}
-RUNS=${RUNS:-"bf16_auto bf16_xla f32_xla"}
+RUNS=${RUNS:-"bf16_auto bf16_remat_auto bf16_xla f32_xla"}
 # EXTRA: more knobs for every part-2 run, e.g. the Llama-style 1B at c4_1b's batch shape:
 #   EXP=llama3_2_1b EXTRA="data.seq_len=1024 data.per_device_batch=32" PARTS=2 bash benchmarks/accelerator.sh
 EXTRA=${EXTRA:-}
@@ -68,7 +69,10 @@ run() {  # name, then extra --set knobs
   tail -3 "$OUT/$name.log"
   rm -rf "$OUT/$name/checkpoints"  # ~16 GB of c4_1b state per run: three would fill a small disk
 }
+# bf16_auto runs c4_1b's own remat (full: Pax's SAVE_NOTHING); bf16_remat_auto the cheapest
+# policy whose compiled step fits this device (docs/compile.md, "Choosing remat by compiling").
 declare -A VARIANT=([bf16_auto]="model.dtype=bfloat16 model.transformer.attention_impl=auto"
+                     [bf16_remat_auto]="model.dtype=bfloat16 model.transformer.attention_impl=auto model.transformer.remat=auto"
                      [bf16_xla]="model.dtype=bfloat16 model.transformer.attention_impl=xla"
                      [f32_xla]="model.dtype=float32 model.transformer.attention_impl=xla")
 for name in $RUNS; do
@@ -79,15 +83,17 @@ $PY - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1]); rows = {}
-print(f"{'run':<10} {'step s':>8} {'tokens/s':>12} {'TFLOP/s/dev':>12} {'MFU':>7}")
-for name in ("bf16_auto", "bf16_xla", "f32_xla"):
+print(f"{'run':<16} {'remat':<22} {'step s':>8} {'tokens/s':>12} {'TFLOP/s/dev':>12} {'MFU':>7}")
+for name in ("bf16_auto", "bf16_remat_auto", "bf16_xla", "f32_xla"):
     path = out / name / "metrics.jsonl"
     train = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("split") == "train"] if path.exists() else []
     if not train:
-        print(f"{name:<10} (no train records)"); continue
-    r = rows[name] = train[-1]
-    print(f"{name:<10} {r['step_time_s']:>8.3f} {r['tokens_per_s']:>12,.0f} {r.get('tflops_per_s_per_device', 0):>12.1f} "
-          f"{r.get('mfu', float('nan')):>7.1%}")
+        print(f"{name:<16} (no train records)"); continue
+    cfg = out / name / "config.json"  # the policy the run used (remat=auto: the one it chose)
+    remat = json.loads(cfg.read_text())["model"]["transformer"]["remat"] if cfg.exists() else "?"
+    r = rows[name] = {**train[-1], "remat": remat}
+    print(f"{name:<16} {remat:<22} {r['step_time_s']:>8.3f} {r['tokens_per_s']:>12,.0f} "
+          f"{r.get('tflops_per_s_per_device', 0):>12.1f} {r.get('mfu', float('nan')):>7.1%}")
 json.dump(rows, open(out / "train_step.json", "w"), indent=2)
 EOF
 }

@@ -201,3 +201,103 @@ def make_step(cfg: BaselineConfig, optimizer: optax.GradientTransformation) -> C
         return optax.apply_updates(params, updates), opt_state, loss
 
     return jax.jit(step, donate_argnums=(0, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Greedy decoding with a KV cache, written by hand: the reference `benchmarks/decode_reference.py`
+# times `launch decode` against. One jit: prefill the right-padded prompts in one pass (each row's
+# keys and values at its own positions), then one token per row per step in a `lax.fori_loop`.
+# Slot p of the cache holds position p; a query at position p attends to slots <= p, so the pad
+# slots past a row's prompt are overwritten by its generated tokens before any query reads them.
+
+
+def _sinusoid_at(positions: jax.Array, dims: int) -> jax.Array:
+    """`_positions` at arbitrary positions `[batch seq]` -> `[batch seq dims]`."""
+    half = dims // 2
+    inv = jnp.exp(jnp.arange(half, dtype=jnp.float32) * -(math.log(1.0e4) / max(half - 1, 1)))
+    angles = positions.astype(jnp.float32)[..., None] * inv[None, None, :]
+    return jnp.pad(jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], -1), ((0, 0), (0, 0), (0, dims % 2)))
+
+
+def _rope_at(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """`_rope` at arbitrary positions: x `[batch seq heads dim]`, positions `[batch seq]`."""
+    half = x.shape[-1] // 2
+    inv = theta ** -(jnp.arange(half, dtype=jnp.float32) * 2 / x.shape[-1])
+    angles = positions.astype(jnp.float32)[..., None] * inv[None, None, :]
+    sin, cos = jnp.sin(angles)[:, :, None], jnp.cos(angles)[:, :, None]
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def _cached_forward(
+    cfg: BaselineConfig, params: Params, ids: jax.Array, positions: jax.Array, cache: list[tuple[jax.Array, ...]]
+) -> tuple[jax.Array, list[tuple[jax.Array, ...]]]:
+    """Logits `[batch seq vocab]` of `ids` at `positions`, reading and writing the per-layer
+    `(keys, values)` caches `[batch slots kv_heads hd]`."""
+    llama = cfg.family == "llama"
+    rows = jnp.arange(ids.shape[0])[:, None]
+    slots = cache[0][0].shape[1]
+    visible = jnp.arange(slots)[None, None, None, :] <= positions[:, None, :, None]  # [b 1 q slots]
+    if llama:
+        x = params["embed"][ids]
+    else:
+        x = params["embed"][ids] * math.sqrt(cfg.model_dims) + _sinusoid_at(positions, cfg.model_dims)
+    group = cfg.num_heads // (cfg.num_kv_heads or cfg.num_heads)
+    new_cache = []
+    for layer, (keys, values) in zip(params["layers"], cache):
+        if llama:
+            h = _rmsnorm(x, layer["ln1"], cfg.layernorm_eps)
+            q = _rope_at(jnp.einsum("bsd,dhk->bshk", h, layer["q"]), positions, cfg.rope_theta)
+            kv = jnp.einsum("bsd,dtnk->bstnk", h, layer["kv"])
+            k, v = _rope_at(kv[:, :, 0], positions, cfg.rope_theta), kv[:, :, 1]
+        else:
+            h = _layernorm(x, layer["ln1"], cfg.layernorm_eps)
+            qkv = jnp.einsum("bsd,dthk->bsthk", h, layer["qkv"])
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        keys, values = keys.at[rows, positions].set(k), values.at[rows, positions].set(v)
+        new_cache.append((keys, values))
+        # Query heads in groups over their shared key/value head: the cache is read once per group.
+        b, s = q.shape[:2]
+        qg = q.reshape(b, s, keys.shape[2], group, cfg.head_dim)
+        logits = jnp.einsum("bqngk,bsnk->bngqs", qg, keys) / math.sqrt(cfg.head_dim)
+        logits = _cap(logits, cfg.atten_logit_cap)
+        probs = jax.nn.softmax(jnp.where(visible[:, :, None], logits, -1e30), axis=-1)
+        attn = jnp.einsum("bngqs,bsnk->bqngk", probs, values).reshape(b, s, cfg.num_heads, cfg.head_dim)
+        x = x + jnp.einsum("bqhk,hkd->bqd", attn, layer["out"])
+        if llama:
+            h = _rmsnorm(x, layer["ln2"], cfg.layernorm_eps)
+            x = x + (jax.nn.silu(h @ layer["gate"]) * (h @ layer["up"])) @ layer["down"]
+        else:
+            h = _layernorm(x, layer["ln2"], cfg.layernorm_eps)
+            x = x + jax.nn.gelu(h @ layer["up"]) @ layer["down"]
+    if llama:
+        return _rmsnorm(x, params["final_ln"], cfg.layernorm_eps) @ params["unembed"], new_cache
+    x = _layernorm(x, params["final_ln"], cfg.layernorm_eps)
+    return _cap(x @ params["embed"].T, cfg.output_logit_cap), new_cache
+
+
+def make_greedy_decode(cfg: BaselineConfig, max_new_tokens: int) -> Callable[..., jax.Array]:
+    """`decode(params, prompts [batch seq], lengths [batch]) -> tokens [batch max_new_tokens]`, jitted:
+    greedy, a fixed number of steps (no end-of-sequence stop)."""
+
+    def decode(params: Params, prompts: jax.Array, lengths: jax.Array) -> jax.Array:
+        batch, seq = prompts.shape
+        kv = cfg.num_kv_heads or cfg.num_heads
+        shape = (batch, seq + max_new_tokens, kv, cfg.head_dim)
+        cache = [(jnp.zeros(shape), jnp.zeros(shape)) for _ in params["layers"]]
+        positions = jnp.broadcast_to(jnp.arange(seq), (batch, seq))
+        logits, cache = _cached_forward(cfg, params, prompts, positions, cache)
+        last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+        token = jnp.argmax(last, axis=-1).astype(jnp.int32)
+        out = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, 0].set(token)
+
+        def step(i, carry):
+            token, out, cache = carry
+            logits, cache = _cached_forward(cfg, params, token[:, None], (lengths + i - 1)[:, None], cache)
+            token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+            return token, out.at[:, i].set(token), cache
+
+        _, out, _ = jax.lax.fori_loop(1, max_new_tokens, step, (token, out, cache))
+        return out
+
+    return jax.jit(decode)

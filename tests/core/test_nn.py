@@ -1,6 +1,8 @@
 """Layers, attention kernels, transformer stack and FLOP/parameter counts."""
 
+import contextlib
 import dataclasses
+import io
 
 import equinox as eqx
 import jax
@@ -198,7 +200,7 @@ def test_scan_equals_unrolled_with_remat(key, trees_close):
     x = jr.normal(k_x, (2, 5, 16))
     g_ref, y_ref = _grad_and_out(unrolled, x)
 
-    cases = [(True, r) for r in ("none", "full", "dots_saveable")] + [(False, "full")]
+    cases = [(True, r) for r in ("none", "full", "dots_saveable", "save_attention_out")] + [(False, "full")]
     for scan, remat in cases:
         c = dataclasses.replace(cfg, remat=remat, scan_layers=scan)
         layers = stacked if scan else unrolled.layers
@@ -210,6 +212,27 @@ def test_scan_equals_unrolled_with_remat(key, trees_close):
         np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
         g_layers = g.layers if scan else _stack_blocks(g.layers)
         trees_close(g_layers, _stack_blocks(g_ref.layers), rtol=1e-4, atol=1e-4)
+
+
+def _saved(remat, x):
+    """What the backward pass keeps from the forward under `remat` (`jax.ad_checkpoint.saved_residuals`)."""
+    stack = TransformerStack(dataclasses.replace(TINY, scan_layers=False, remat=remat), key=jr.key(0))
+    params, static = eqx.partition(stack, eqx.is_array)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        jax.ad_checkpoint.print_saved_residuals(lambda p: eqx.combine(p, static)(x)[0].sum(), params)
+    return out.getvalue().splitlines()
+
+
+def test_remat_policies_save_what_they_name():
+    x = jr.normal(jr.key(1), (2, 5, 16))
+    named = [n for n in _saved("save_attention_out", x) if "named" in n]
+    # Per layer: the attention context and the residual stream entering the MLP, nothing else named.
+    assert sum("attention_out" in n for n in named) == sum("mlp_in" in n for n in named) == TINY.num_layers
+    counts = {r: len(_saved(r, x)) for r in ("none", "dots_saveable", "save_attention_out", "full")}
+    assert counts["none"] > counts["dots_saveable"] > counts["save_attention_out"] > counts["full"], counts
+    with pytest.raises(ValueError, match="'auto' is chosen by compiling"):
+        _saved("auto", x)
 
 
 def test_transformer_config_validation():
@@ -244,6 +267,13 @@ def test_flops_per_token():
         dataclasses.replace(cfg, remat="dots_saveable"), vocab_size=10, seq_len=6
     )
     assert 0 < dots["remat"] < full["remat"]
+    # The policy saving the attention context and the MLP input recomputes the QKV projection,
+    # the scores (half the attention einsums) and the MLP's input matrix (1 of its 2).
+    saved = flops.transformer_lm_flops_per_token(
+        dataclasses.replace(cfg, remat="save_attention_out"), vocab_size=10, seq_len=6
+    )
+    assert saved["remat"] == f["qkv_projection"] + f["attention"] / 2 + f["mlp"] / 2
+    assert dots["remat"] < saved["remat"] < full["remat"]
 
     # Without attention and unembedding, forward FLOPs are 2 x (matmul params).
     counts = flops.lm_param_counts(cfg, 10)

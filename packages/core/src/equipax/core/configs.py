@@ -190,7 +190,10 @@ class LearnerConfig:
 _KNOB = "model.transformer"
 _ACTIVATIONS = ("gelu", "relu", "silu")
 _NORMS = ("layernorm", "rmsnorm")
-_REMATS = ("none", "full", "dots_saveable")
+# From the least recompute (and most memory) to the most; "auto" is chosen among them by compiling
+# (equipax.launch.aot.remat) before a model is built.
+REMAT_POLICIES = ("none", "dots_saveable", "save_attention_out", "offload_attention_out", "full")
+_REMATS = (*REMAT_POLICIES, "auto")
 _ATTENTIONS = ("softmax", "linear")
 _ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
 _SCHEDULES = ("gpipe", "circular")
@@ -226,8 +229,14 @@ class TransformerConfig:
         atten_logit_cap: soft cap on the attention logits, `cap * tanh(logits / cap)`; None = off.
         scan_layers: run the blocks as one `jax.lax.scan` over stacked weights (compile time
             independent of depth) instead of a Python loop.
-        remat: recompute each block in the backward pass: "none", "full" (save only the block's
-            input) or "dots_saveable" (save matrix-multiply outputs).
+        remat: what each block saves for the backward pass (the rest is recomputed), from the
+            least recompute to the most: "none" (everything), "dots_saveable" (matrix-multiply
+            outputs without batch dimensions: the projections; attention is recomputed),
+            "save_attention_out" (the attention context and the residual stream entering the
+            MLP; the QKV and MLP input projections and the attention scores are recomputed),
+            "offload_attention_out" (the same two tensors, moved to host memory; TPU and GPU),
+            "full" (only the block's input); "auto": the cheapest of these whose compiled step
+            fits the device memory (`launch run` / `launch compile`, docs/compile.md).
         num_experts: routed experts of a mixture-of-experts feed-forward in every block
             (docs/moe.md; Mixtral, Qwen3-MoE); 0 = the dense feed-forward.
         num_experts_per_tok: experts each token is routed to (top-k), 1 to num_experts.
@@ -264,7 +273,7 @@ class TransformerConfig:
     sliding_window: int | None = None
     atten_logit_cap: float | None = 50.0
     scan_layers: bool = True
-    remat: Literal["none", "full", "dots_saveable"] = "none"
+    remat: Literal["none", "dots_saveable", "save_attention_out", "offload_attention_out", "full", "auto"] = "none"
     # "linear": phi = elu + 1 linear attention (O(seq) cost; atten_logit_cap then unused).
     attention: Literal["softmax", "linear"] = "softmax"
     # The softmax kernel (docs/attention.md; MaxText's `attention`): "xla" = plain einsums on

@@ -39,7 +39,8 @@ def transformer_lm_flops_per_token(cfg: TransformerConfig, *, vocab_size: int, s
         Per-token FLOPs, all layers summed: `qkv_projection`, `output_projection`, `mlp`,
         `attention`, `unembedding`, `forward` (their sum), `training` (3x forward: the
         model FLOPs), `remat` (extra forward work recomputed in the backward pass under
-        `cfg.remat`) and `training_with_remat` (what the hardware executes).
+        `cfg.remat`; "auto" counts as "full", the most it can choose) and `training_with_remat`
+        (what the hardware executes).
     """
     d, h, hd, n = (cfg.model_dims, cfg.num_heads, cfg.head_dim, cfg.num_layers)
     qkv = 2.0 * d * (h + 2 * cfg.kv_heads) * hd
@@ -58,14 +59,7 @@ def transformer_lm_flops_per_token(cfg: TransformerConfig, *, vocab_size: int, s
     layers_forward = n * (qkv + out_proj + mlp + attention)
     forward = layers_forward + unembedding
     training = 3.0 * forward
-    if cfg.remat == "full":
-        remat = layers_forward
-    elif cfg.remat == "dots_saveable":
-        # Projections (dots without batch dims) are saved; the attention einsums have
-        # batch dims (batch, heads) and are recomputed.
-        remat = n * attention
-    else:
-        remat = 0.0
+    remat = n * _remat_per_layer(cfg, qkv=qkv, out_proj=out_proj, mlp=mlp, attention=attention)
     return {
         "qkv_projection": n * qkv,
         "output_projection": n * out_proj,
@@ -77,6 +71,26 @@ def transformer_lm_flops_per_token(cfg: TransformerConfig, *, vocab_size: int, s
         "remat": remat,
         "training_with_remat": training + remat,
     }
+
+
+def _remat_per_layer(cfg: TransformerConfig, *, qkv: float, out_proj: float, mlp: float, attention: float) -> float:
+    """Forward FLOPs per token one block recomputes in the backward pass under `cfg.remat`.
+
+    What the backward pass needs and the policy did not save is recomputed: under "full" the whole
+    block; "dots_saveable" saves the projections (dots without batch dimensions), so the attention
+    einsums (batch and head dimensions) run again; "save_attention_out" / "offload_attention_out"
+    save the attention context and the MLP's input, so the QKV projection, the scores `QK^T` (half
+    the attention einsums; `PV`'s output is the saved context) and the MLP's input projections
+    (all of its matrices but the output one, whose input is recomputed from them) run again.
+    """
+    if cfg.remat in ("full", "auto"):
+        return qkv + out_proj + mlp + attention
+    if cfg.remat == "dots_saveable":
+        return attention
+    if cfg.remat in ("save_attention_out", "offload_attention_out"):
+        inputs = 2 if cfg.gated else 1  # input matrices of the feed-forward (or each expert)
+        return qkv + attention / 2.0 + mlp * inputs / (inputs + 1)
+    return 0.0
 
 
 def count_params(tree: Any) -> int:

@@ -20,6 +20,7 @@ from typing import Literal
 import equinox as eqx
 import jax.numpy as jnp
 import jax.random as jr
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int, PRNGKeyArray
@@ -261,7 +262,8 @@ class Attention(eqx.Module):
                 impl=self.impl,
                 mesh=mesh,
             )
-        return self.output(o), cache
+        # The context, before the output projection: what remat='save_attention_out' keeps.
+        return self.output(checkpoint_name(o, "attention_out")), cache
 
     def init_cache(self, batch_size: int, max_len: int, dtype: DTypeLike) -> AttentionCache:
         """An empty (zero) cache of `batch_size` rows of `max_len` slots for this layer."""

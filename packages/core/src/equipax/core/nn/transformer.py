@@ -17,11 +17,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh
 from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.configs import TransformerConfig
+from equipax.core.knobs import ConfigError
 from equipax.core.nn.fused_attention import AttentionImpl
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.moe import MoEFeedForward, MoEStats
@@ -160,7 +162,8 @@ class TransformerBlock(eqx.Module):
         y, cache = self.attention(
             self.atten_norm(x), segment_ids, rotary=rotary, mesh=mesh, cache=cache, positions=positions
         )
-        x = x + (y if reduce is None else reduce(y))
+        # The residual stream entering the MLP: what remat='save_attention_out' keeps beside the context.
+        x = checkpoint_name(x + (y if reduce is None else reduce(y)), "mlp_in")
         stats = None
         if isinstance(self.ffn, MoEFeedForward):
             y, stats = apply_moe(self.ffn, self.ffn_norm(x), mesh)
@@ -191,11 +194,45 @@ def _block_apply(
         y, _, stats = block(x, segment_ids, rotary=rotary, mesh=mesh)
         return constrain_batch_and_last(y, mesh), stats
 
+    if remat == "none":
+        return apply
+    return jax.checkpoint(apply, policy=remat_policy(remat))
+
+
+# The tensors remat="save_attention_out" keeps (named with `checkpoint_name` in the block).
+SAVED_NAMES = ("attention_out", "mlp_in")
+
+
+def remat_policy(remat: str) -> Callable[..., bool] | None:
+    """The `jax.checkpoint` policy of a remat setting other than "none" (None = save nothing).
+
+    "offload_attention_out" moves the saved tensors to pinned host memory, which only backends
+    with host memory spaces (TPU, GPU) compile.
+    """
+    policies = jax.checkpoint_policies
     if remat == "full":
-        return jax.checkpoint(apply, policy=None)
+        return None
     if remat == "dots_saveable":
-        return jax.checkpoint(apply, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-    return apply
+        return policies.dots_with_no_batch_dims_saveable
+    if remat == "save_attention_out":
+        return policies.save_only_these_names(*SAVED_NAMES)
+    if remat == "offload_attention_out":
+        return policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[],
+            names_which_can_be_offloaded=list(SAVED_NAMES),
+            offload_src="device",
+            offload_dst="pinned_host",
+        )
+    raise ConfigError(
+        f"model.transformer.remat={remat!r} is not a policy a block can apply"
+        + (
+            ": 'auto' is chosen by compiling before the model is built (`launch run`, `launch compile`, "
+            "or equipax.launch.aot.remat.choose_remat); a model built directly needs one of "
+            "'none', 'dots_saveable', 'save_attention_out', 'offload_attention_out', 'full'."
+            if remat == "auto"
+            else "."
+        )
+    )
 
 
 def _layer(params: TransformerBlock, i: int) -> TransformerBlock:

@@ -9,12 +9,14 @@ FLOPs, ideal step times on a target accelerator, the collectives XLA inserted, a
 own cost.
 """
 
+import dataclasses
 import hashlib
 import math
 import re
 import resource
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -25,15 +27,18 @@ from equipax.core.knobs import ConfigError
 from equipax.core.mesh import build_mesh
 from equipax.launch.aot.memory import MEMORY_NOTES, memory_figures, out_of_memory_figures
 from equipax.launch.aot.pipeline_report import pipeline_lines, pipeline_section
+from equipax.launch.aot.remat import choose_remat, format_remat_table, is_auto
 from equipax.launch.cluster.accelerators import Accelerator
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.tasks import family
-from equipax.launch.training.build import build_training
+from equipax.launch.training.build import Training, build_training
 
 __all__ = [
     "check_compile_devices",
     "COLLECTIVES",
     "compile_report",
+    "compile_step",
+    "CompiledStep",
     "count_collectives",
     "count_custom_calls",
     "format_report",
@@ -81,6 +86,43 @@ def stablehlo_fingerprint(lowered: Any) -> str:
     return hashlib.sha256(lowered.as_text().encode()).hexdigest()
 
 
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+    """A train step lowered and compiled ahead of time, with its per-device memory.
+
+    `compiled` is None when the compiler refused the program for lack of device memory (XLA:TPU
+    does so within seconds); `memory` then holds the figures of its refusal.
+    """
+
+    training: Training
+    lowered: Any
+    compiled: Any
+    memory: dict[str, Any]
+    lower_s: float
+    compile_s: float
+    compile_cpu_s: float
+
+
+def compile_step(training: Training) -> CompiledStep:
+    """Lower and compile `training`'s train step on its abstract state (nothing is allocated)."""
+    t0 = time.monotonic()
+    lowered = training.lower()
+    t_lower = time.monotonic() - t0
+    cpu0 = time.process_time()
+    try:
+        compiled = lowered.compile()
+        memory = memory_figures(compiled.memory_analysis())
+    except jax.errors.JaxRuntimeError as e:
+        # XLA:TPU refuses a program whose buffers exceed the chip's HBM: that is the answer.
+        state = training.abstract_state
+        memory = out_of_memory_figures(str(e), _per_device_bytes(state), _per_device_bytes(training.abstract_batch()))
+        if memory is None:
+            raise
+        compiled = None
+    t_compile = time.monotonic() - t0 - t_lower
+    return CompiledStep(training, lowered, compiled, memory, t_lower, t_compile, time.process_time() - cpu0)
+
+
 def compile_report(
     cfg: ExperimentConfig,
     *,
@@ -90,45 +132,45 @@ def compile_report(
     mesh: Mesh | None = None,
     topology: dict[str, Any] | None = None,
     log: Callable[[str], object] = print,
+    cache: Path | None = None,
 ) -> dict[str, Any]:
     """Lower and compile `cfg`'s train step (the one `launch run` executes) on `mesh`.
 
     Arguments:
         cfg: the experiment.
         target: the accelerator the numbers are projected onto.
-        hbm_gib: memory budget per device (default: the target's HBM).
+        hbm_gib: memory budget per device (default: `train.hbm_gib_per_device`, else the target's HBM).
         assumed_mfu: model FLOPs utilisation for the "realistic" step time.
         mesh: the mesh to compile for (default: `build_mesh(cfg.mesh)` on this process's devices).
         topology: what the mesh's devices are, when they are a real TPU topology (reported as is).
         log: progress messages.
+        cache: the job's `remat_auto.json`, where `remat="auto"` keeps its choice (None: none).
 
     Returns:
-        The report (JSON-ready).
+        The report (JSON-ready); with `remat="auto"`, the report of the chosen policy's step and
+        the candidates (`remat`).
     """
     host_rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     mesh = mesh or build_mesh(cfg.mesh)
-    log(f"Tracing the train state of {cfg.name} abstractly (nothing is allocated)...")
-    training = build_training(cfg, mesh)
-    log(f"Lowering and compiling the train step for {mesh.size} devices {dict(mesh.shape)}...")
-    t0 = time.monotonic()
-    lowered = training.lower()
-    t_lower = time.monotonic() - t0
-    cpu0 = time.process_time()
-    state = training.abstract_state
-    try:
-        compiled = lowered.compile()
-        memory = memory_figures(compiled.memory_analysis())
-    except jax.errors.JaxRuntimeError as e:
-        # XLA:TPU refuses a program whose buffers exceed the chip's HBM: that is the answer.
-        memory = out_of_memory_figures(str(e), _per_device_bytes(state), _per_device_bytes(training.abstract_batch()))
-        if memory is None:
-            raise
-        compiled = None
-    t_compile = time.monotonic() - t0 - t_lower
-    cpu_compile = time.process_time() - cpu0
+    budget = hbm_gib if hbm_gib is not None else cfg.train.hbm_gib_per_device or target.hbm_gib
+    remat = None
+    if is_auto(cfg):
+        target_info = {"name": target.name, "topology": topology, "budget_gib": budget}
+        remat = choose_remat(
+            cfg, mesh, budget_gib=budget, margin=cfg.train.hbm_margin, peak_tflops=target.peak_tflops,
+            assumed_mfu=assumed_mfu, target=target_info, cache=cache, log=log,
+        )  # fmt: skip
+        cfg = remat.cfg
+    if remat is not None and remat.compiled is not None:
+        step = remat.compiled  # the chosen candidate was just compiled: not again
+    else:
+        log(f"Tracing the train state of {cfg.name} abstractly (nothing is allocated)...")
+        training = build_training(cfg, mesh)
+        log(f"Lowering and compiling the train step for {mesh.size} devices {dict(mesh.shape)}...")
+        step = compile_step(training)
+    lowered, compiled, memory, state = step.lowered, step.compiled, step.memory, step.training.abstract_state
     host_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
-    budget = hbm_gib if hbm_gib is not None else target.hbm_gib
     device = mesh.devices.flat[0]
     numbers = family(cfg).numbers(cfg)
     report: dict[str, Any] = {
@@ -156,15 +198,16 @@ def compile_report(
         "custom_calls": count_custom_calls(lowered.as_text()),
         "stablehlo_sha256": stablehlo_fingerprint(lowered),
         "compile": {
-            "lower_s": t_lower,
-            "compile_s": t_compile,
-            "compile_cpu_s": cpu_compile,
+            "lower_s": step.lower_s,
+            "compile_s": step.compile_s,
+            "compile_cpu_s": step.compile_cpu_s,
             "host_peak_rss_gib": host_rss * 1024 / GIB,
             "host_rss_growth_gib": (host_rss - host_rss0) * 1024 / GIB,
             "backend": device.platform,
             "device_kind": device.device_kind,
         },
         "topology": topology,
+        "remat": remat.record() if remat is not None else None,
     }
     if "model_flops_per_step" in numbers:
         report["flops"], report["projection"] = _flops_and_projection(cfg, numbers, mesh.size, target, assumed_mfu)
@@ -238,6 +281,12 @@ def format_report(r: dict[str, Any]) -> str:
     ]
     if "compiler_refused" in m:
         lines.insert(-1, f"                the compiler refused the program: {m['compiler_refused']}")
+    if r.get("remat"):
+        remat = r["remat"]
+        how = "cached choice" if remat["cached"] else "the cheapest that fits, by compiling"
+        lines += [f"  remat         auto -> {remat['policy']} ({how})"]
+        if remat["candidates"]:
+            lines += [format_remat_table(remat["candidates"], remat["budget_bytes"], remat["policy"])]
     if f is not None and pr is not None:
         lines += [
             f"  model FLOPs   {f['model_flops_per_token'] / 1e9:.2f} GFLOP/token (6N = "

@@ -75,6 +75,7 @@ JOB_FILES = frozenset(
         "knobs.txt",
         "metrics.jsonl",
         "profile.pb",
+        "remat_auto.json",
         "result.json",
         "tokenizer.model",
         "xla_flags.json",

@@ -88,6 +88,9 @@ def compile_cmd(
     job_dir = job_log_dir or Path("runs") / cfg.name
     check_output(job_dir, "--job-log-dir", kind="directory")
     check_output(job_dir / "compile.json", "--job-log-dir", kind="file")
+    from equipax.launch.aot.remat import CACHE_FILE
+
+    cache = job_dir / CACHE_FILE  # model.transformer.remat="auto" keeps its choice there
     if cfg.train.pgle.mode == "auto":  # JAX recompiles an auto-PGLE step after profiling it: no AOT
         from equipax.launch.training.pgle import PGLE_AUTO_AOT
 
@@ -102,9 +105,9 @@ def compile_cmd(
     try:
         check_compiler_flags(flags, xla_flags=compiler.xla_flags, libtpu_init_args=compiler.libtpu_init_args)
         if topology is None:
-            report = _compile_simulated(cfg, target or "tpu-v4", hbm_gib, assumed_mfu)
+            report = _compile_simulated(cfg, target or "tpu-v4", hbm_gib, assumed_mfu, cache)
         else:
-            report = _compile_topology(cfg, topology, slices, target, hbm_gib, assumed_mfu)
+            report = _compile_topology(cfg, topology, slices, target, hbm_gib, assumed_mfu, cache)
     except ConfigError as e:
         fail(str(e))
         return
@@ -138,7 +141,7 @@ def _format(report: dict) -> str:
     return format_report(report)
 
 
-def _compile_simulated(cfg, target: str, hbm_gib: float | None, assumed_mfu: float) -> dict:
+def _compile_simulated(cfg, target: str, hbm_gib: float | None, assumed_mfu: float, cache: Path) -> dict:
     from equipax.launch.aot.report import check_compile_devices, compile_report
     from equipax.launch.cluster.accelerators import ACCELERATORS
     from equipax.launch.cluster.devices import use_cpu_devices
@@ -146,11 +149,13 @@ def _compile_simulated(cfg, target: str, hbm_gib: float | None, assumed_mfu: flo
     # The mesh is simulated with CPU devices; this must happen before JAX starts.
     use_cpu_devices(cfg.mesh.num_devices)
     check_compile_devices(cfg)
-    return compile_report(cfg, target=ACCELERATORS[target], hbm_gib=hbm_gib, assumed_mfu=assumed_mfu, log=_log)
+    return compile_report(
+        cfg, target=ACCELERATORS[target], hbm_gib=hbm_gib, assumed_mfu=assumed_mfu, log=_log, cache=cache
+    )
 
 
 def _compile_topology(
-    cfg, topology: str, slices: int | None, target: str | None, hbm_gib: float | None, assumed_mfu: float
+    cfg, topology: str, slices: int | None, target: str | None, hbm_gib: float | None, assumed_mfu: float, cache: Path
 ) -> dict:
     from equipax.launch.aot.report import compile_report
     from equipax.launch.aot.tpu import lookup_slice, topology_devices
@@ -199,6 +204,7 @@ def _compile_topology(
         mesh=mesh,
         topology=info,
         log=_log,
+        cache=cache,
     )
 
 

@@ -157,7 +157,11 @@ class TrainConfig:
     TensorBoard), between evaluations, and between checkpoints. keep_checkpoints: how many of the
     newest checkpoints are kept. seed: the root seed of the init and step keys (the data has
     its own `data.seed`). peak_tflops_per_device: the device's peak TFLOP/s for the MFU figure;
-    None = looked up from the device kind.
+    None = looked up from the device kind. hbm_gib_per_device: the memory per device that
+    `model.transformer.remat="auto"` fits the step in; None = the device's own (its allocator's
+    limit; on a CPU, the host's memory shared by its devices; `launch compile`: the target's HBM,
+    or `--hbm-gib`). hbm_margin: the fraction of it kept free (fragmentation, the input pipeline's
+    buffers, what XLA's estimate misses).
 
     on_nonfinite: a step whose loss or gradient norm is not finite never updates the state
     (in-graph). "skip" carries on, and stops (exit 4) once more than
@@ -176,6 +180,8 @@ class TrainConfig:
     keep_checkpoints: int = 3
     seed: int = 0
     peak_tflops_per_device: float | None = None
+    hbm_gib_per_device: float | None = None
+    hbm_margin: float = 0.1
     on_nonfinite: Literal["skip", "abort"] = "skip"
     max_consecutive_nonfinite: int = 3
     debug_nan_steps: tuple[int, ...] = ()
@@ -207,6 +213,15 @@ class TrainConfig:
     }
 
     def __post_init__(self) -> None:
+        hbm = self.hbm_gib_per_device
+        if hbm is not None and not (isinstance(hbm, (int, float)) and 0 < hbm < float("inf")):
+            raise ValueError(
+                f"train.hbm_gib_per_device must be a number of GiB > 0, or None (the device's own); got {hbm!r}."
+            )
+        if not 0 <= self.hbm_margin < 1:
+            raise ValueError(
+                f"train.hbm_margin must be a fraction in [0, 1) (0.1 keeps 10% free); got {self.hbm_margin!r}."
+            )
         if self.max_consecutive_nonfinite < 0:
             raise ValueError(f"train.max_consecutive_nonfinite must be >= 0; got {self.max_consecutive_nonfinite}.")
         if self.num_epochs is not None and self.num_epochs <= 0:

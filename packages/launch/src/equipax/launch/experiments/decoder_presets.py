@@ -51,7 +51,7 @@ def decoder_lm(
     qk_norm: bool = False,
     sliding_window: int | None = None,
     scan_layers: bool = True,
-    remat: str = "full",
+    remat: str = "auto",
     dtype: str = "bfloat16",
     attention_impl: str = "auto",
 ) -> LMConfig:
@@ -65,7 +65,8 @@ def decoder_lm(
         tie_embeddings: reuse the input table for the output logits (its init is then N(0, 1/d)).
         qk_norm: RMSNorm over each head's queries and keys (Qwen3).
         sliding_window: each query sees itself and the `sliding_window - 1` tokens before it.
-        scan_layers, remat, dtype, attention_impl: as `TransformerConfig` / `LMConfig`.
+        scan_layers, remat, dtype, attention_impl: as `TransformerConfig` / `LMConfig` (remat
+            "auto": the cheapest policy whose compiled step fits the device, docs/compile.md).
 
     Returns:
         The model config.
@@ -156,7 +157,8 @@ def smoke(
     """`cfg` at toy size on 8 simulated devices: same block options and mesh axes, synthetic tokens.
 
     2 layers, d 64, 4 query heads of 16 (key/value heads in the family's ratio, at least 1),
-    SwiGLU 128, vocabulary 512, sequences of 32, float32. A sliding window is shrunk to
+    SwiGLU 128, vocabulary 512, sequences of 32, float32, full remat (a toy step fits anywhere:
+    "auto" would only compile the candidates to pick "none"). A sliding window is shrunk to
     `sliding_window` (below the sequence, so the window is exercised).
     """
     model = cfg.model
@@ -182,6 +184,7 @@ def smoke(
                 head_dim=16,
                 hidden_dims=128,
                 sliding_window=window,
+                remat="full" if t.remat == "auto" else t.remat,
             ),
         ),
         data=DataConfig(source="synthetic", seq_len=32, per_device_batch=2),

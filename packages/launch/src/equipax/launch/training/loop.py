@@ -17,6 +17,7 @@ from rich.console import Console
 
 from equipax.core.knobs import ConfigError, flatten, format_knobs, from_json, to_json
 from equipax.core.mesh import build_mesh, check_device_count
+from equipax.launch.aot.remat import is_auto
 from equipax.launch.cluster.distributed import host_state, is_primary
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.errors import Preempted
@@ -113,6 +114,43 @@ def run_experiment(
         raise
 
 
+def local_device_memory_gib() -> float:
+    """Memory per local device: the allocator's limit of an accelerator, or a CPU host's memory
+    shared by its (simulated) devices."""
+    import os
+
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and stats.get("bytes_limit"):
+        return stats["bytes_limit"] / 2**30
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / jax.local_device_count()
+
+
+def _choose_remat(
+    cfg: ExperimentConfig, mesh: jax.sharding.Mesh, job_dir: Path, sources: dict[str, str], log: Any
+) -> tuple[ExperimentConfig, dict[str, str]]:
+    """`model.transformer.remat="auto"` resolved on this job's devices (`equipax.launch.aot.remat`)."""
+    from equipax.launch.aot.remat import CACHE_FILE, KNOB, choose_remat, format_remat_table
+    from equipax.launch.training.train_log import device_peak_tflops
+
+    budget = cfg.train.hbm_gib_per_device or local_device_memory_gib()
+    device = jax.devices()[0]
+    choice = choose_remat(
+        cfg,
+        mesh,
+        budget_gib=budget,
+        margin=cfg.train.hbm_margin,
+        peak_tflops=device_peak_tflops(cfg),
+        target={"name": device.device_kind, "platform": device.platform, "budget_gib": budget},
+        cache=job_dir / CACHE_FILE,
+        log=log,
+    )
+    log(f"{KNOB}='auto' -> {choice.policy!r}" + ("" if choice.cached else " (the cheapest that fits):"))
+    if not choice.cached:
+        log(format_remat_table(choice.table, choice.budget_bytes, choice.policy))
+    return choice.cfg, {**sources, KNOB: f"auto, chosen by compiling ({CACHE_FILE})"}
+
+
 def _train(
     cfg: ExperimentConfig,
     job_dir: Path,
@@ -121,9 +159,11 @@ def _train(
     console: Console,
     extra_hooks: Sequence[Hook],
 ) -> RunResult:
+    log = lambda m: console.print(m, highlight=False)  # noqa: E731
+    if is_auto(cfg):  # before anything reads the model: the rest of the run sees the chosen policy
+        cfg, sources = _choose_remat(cfg, mesh, job_dir, sources, log)
     fam = family(cfg)
     numbers = fam.numbers(cfg)
-    log = lambda m: console.print(m, highlight=False)  # noqa: E731
     log(
         f"[bold]{cfg.name}[/]: {numbers['params_total'] / 1e6:.2f}M params, {cfg.global_batch_size:,} "
         f"examples/step, {cfg.num_steps} steps -> {job_dir}"
