@@ -12,6 +12,7 @@ loads its compiled programs from there instead of compiling them again.
 """
 
 import contextlib
+import itertools
 import os
 import time
 from collections.abc import Iterator
@@ -49,7 +50,7 @@ def phases_line() -> str:
     """`Time to first step N s: start-up A, config B, ...` from the marks so far, then forgets them."""
     if len(_MARKS) < 2:
         return ""
-    parts = [f"{name} {t - prev:.1f}" for (_, prev), (name, t) in zip(_MARKS, _MARKS[1:])]
+    parts = [f"{name} {t - prev:.1f}" for (_, prev), (name, t) in itertools.pairwise(_MARKS)]
     total = _MARKS[-1][1] - _MARKS[0][1]
     _MARKS.clear()
     return f"Time to first step {total:.1f} s: " + ", ".join(parts) + " (s)."
