@@ -113,8 +113,10 @@ def run_experiment(
             with compile_cache(cache_dir, job_dir):
                 return _train(cfg, job_dir, mesh, sources or {}, console, hooks)
     except BaseException:
-        if created and is_primary() and not any(p.name != ".lock" for p in job_dir.iterdir()):
-            shutil.rmtree(job_dir, ignore_errors=True)  # stopped before writing anything: leave no trace
+        # Stopped before writing anything (the compilation cache is no record of the job): leave no trace.
+        kept = {".lock", *Path(cfg.train.compiler.cache_dir).parts[:1]}
+        if created and is_primary() and not any(p.name not in kept for p in job_dir.iterdir()):
+            shutil.rmtree(job_dir, ignore_errors=True)
         raise
 
 
