@@ -184,3 +184,29 @@ def test_module_rejects_bad_values(key, kwargs, match):
     args = {"top_k": K} | kwargs
     with pytest.raises(ValueError, match=match):
         MoEFeedForward(D, H, E, args.pop("top_k"), key=key, **args)
+
+
+@pytest.mark.parametrize("capacity_factor", [None, 1.0])
+def test_routing_biases_match_the_reference(key, capacity_factor):
+    """Biases of the size of the probabilities' spread change which experts are chosen; the fast
+    path equals the reference with the same biases, forward and gradients (the biases get none)."""
+    bias = jnp.array([0.3, -0.2, 0.0, 0.25, -0.1, 0.05])
+    stats = _check_parity(key, capacity_factor=capacity_factor, router_bias=bias)
+    unbiased = _check_parity(key, capacity_factor=capacity_factor)
+    assert not np.array_equal(stats.tokens_per_expert, unbiased.tokens_per_expert)
+
+
+def test_routing_biases_choose_the_experts_but_do_not_weight_them():
+    probs = jnp.array([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]])
+    weights, experts, _ = route(jnp.log(probs), 1, norm_topk_prob=False, bias=jnp.array([0.0, 0.0, 0.35]))
+    np.testing.assert_array_equal(experts[:, 0], [2, 2])  # 0.2 + 0.35 > 0.5; 0.3 + 0.35 > 0.6
+    np.testing.assert_allclose(weights[:, 0], [0.2, 0.3], rtol=1e-6)  # the unbiased probabilities
+    weights, experts, _ = route(jnp.log(probs), 2, norm_topk_prob=True, bias=jnp.array([0.0, 0.0, 0.35]))
+    np.testing.assert_array_equal(experts, [[2, 0], [2, 1]])
+    np.testing.assert_allclose(weights, [[0.2 / 0.7, 0.5 / 0.7], [0.3 / 0.9, 0.6 / 0.9]], rtol=1e-6)
+
+
+def test_bias_update_moves_towards_balance():
+    load = jnp.array([[6.0, 2.0, 4.0], [4.0, 4.0, 4.0]])  # layer 0: mean 4; layer 1: balanced
+    new = moe.update_router_bias(jnp.array([[0.5, 0.0, -0.5], [0.0, 0.1, 0.0]]), load, 0.01)
+    np.testing.assert_allclose(new, [[0.49, 0.01, -0.5], [0.0, 0.1, 0.0]], rtol=1e-6)

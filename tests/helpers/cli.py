@@ -34,10 +34,12 @@ def run(job, *overrides, exp="shakespeare_tiny"):
 
 
 def snapshot(root: Path) -> dict[str, str]:
+    """Every file of a job directory and its digest, but JAX's compilation cache (`compile_cache/`,
+    `train.compiler.cache_dir`): a refused run may add a compiled program there, no record of the job."""
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.relative_to(root).parts[0] != "compile_cache"
     }
 
 

@@ -124,8 +124,10 @@ ONE_DEVICE = [
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["llama3_1_8b_smoke", "qwen3_0_6b_smoke", "mistral_7b_smoke", "mixtral_8x7b_smoke"])
 def test_each_family_resumes_to_the_uninterrupted_runs_bits(name, tmp_path):
-    # The MoE smoke's mesh has an expert axis (data, fsdp, expert, tensor): one device on all four.
-    one_device = [*ONE_DEVICE, "mesh.ici_mesh_shape=(1, 1, 1, 1)"] if name.startswith("mixtral") else ONE_DEVICE
+    # The MoE smoke's mesh has an expert axis (data, fsdp, expert, tensor): one device on all four;
+    # with auxiliary-loss-free balancing, whose routing biases and last load resume too.
+    moe = ["mesh.ici_mesh_shape=(1, 1, 1, 1)", "model.transformer.router_bias_update_rate=0.001"]
+    one_device = [*ONE_DEVICE, *moe] if name.startswith("mixtral") else ONE_DEVICE
 
     def run(job, steps):
         code, out = invoke(

@@ -77,3 +77,7 @@ def test_the_gate_checks_an_experiment_with_capacity_dispatch_dropless(imported)
     model = load_lm(directory, capped)
     assert logit_kl(golden["logits"], model_logits(model, golden["ids"])) > 1e-4  # tokens were dropped
     assert parity_kl(model, directory) < 1e-6
+    # Auxiliary-loss-free balancing starts from the checkpoint with its routing biases at 0.
+    biased = dataclasses.replace(cfg, transformer=dataclasses.replace(cfg.transformer, router_bias_update_rate=0.001))
+    model = load_lm(directory, biased)
+    assert not np.asarray(model.stack.layers.ffn.router_bias).any() and parity_kl(model, directory) < 1e-6

@@ -158,6 +158,9 @@ def test_export_refuses_moe_models_without_hf_equivalent():
     shared = dataclasses.replace(cfg.transformer, shared_expert_intermediate_size=32)
     with pytest.raises(ConfigError, match=r"shared_expert_intermediate_size=32.*no shared expert"):
         hf_config_from_lm(dataclasses.replace(cfg, transformer=shared))
+    biased = dataclasses.replace(cfg.transformer, router_bias_update_rate=0.001)
+    with pytest.raises(ConfigError, match=r"router_bias_update_rate=0.001: .*no routing biases"):
+        hf_config_from_lm(dataclasses.replace(cfg, transformer=biased))
     unnormalised = dataclasses.replace(cfg.transformer, norm_topk_prob=False)
     with pytest.raises(ConfigError, match=r"norm_topk_prob=False without qk_norm.*Mixtral always"):
         hf_config_from_lm(dataclasses.replace(cfg, transformer=unnormalised))

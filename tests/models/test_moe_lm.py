@@ -117,3 +117,45 @@ def test_expert_axis_must_divide_the_experts():
     CFG.check_mesh(mesh(2), 8)
     with pytest.raises(ConfigError, match=r"num_experts=4 cannot be split .* one of \[1, 2, 4\]"):
         CFG.check_mesh(mesh(3), 9)
+
+
+def test_auxiliary_loss_free_balancing_sets_the_biases_from_each_steps_load():
+    """With router_bias_update_rate the train step moves each layer's routing biases by the rate
+    towards balance from that step's own load (the model before the update, on the batch), the
+    biases get no gradient and no optimizer state, and over steps the load evens out."""
+    import jax.numpy as jnp
+    import optax
+
+    from equipax.core.nn.moe import update_router_bias
+    from equipax.core.step import init_train_state, make_train_step
+    from equipax.models import LMTask
+    from equipax.models.lm import lm_loss_and_stats
+
+    rate = 0.002  # DeepSeek-V3's 0.001 order; sign steps of 0.05 would overshoot at this size
+    cfg = _replace(router_bias_update_rate=rate, router_aux_loss_coef=0.0, router_z_loss_coef=0.0)
+    task = LMTask(cfg, seq_len=8)
+    model, load0 = task.init(jr.key(0))
+    assert load0.shape == (2, 4) and model.stack.layers.ffn.router_bias.shape == (2, 4)
+    optimizer = optax.adamw(0.0)  # no parameter moves: only the biases change the routing
+    state = init_train_state(model, optimizer, model_state=load0)
+    mu = state.opt_state[0].mu
+    assert mu.stack.layers.ffn.router_bias is None and mu.stack.layers.ffn.router is not None
+    step = jax.jit(make_train_step(task, optimizer, optax.constant_schedule(0.0)))
+    batch = _batch(rows=4)
+    _, _, stats = jax.jit(lm_loss_and_stats)(state.model, batch)
+    want = update_router_bias(jnp.zeros((2, 4)), stats.tokens_per_expert, rate)
+    state, _ = step(state, batch, jr.key(1))
+    np.testing.assert_allclose(state.model.stack.layers.ffn.router_bias, want, rtol=1e-6)
+    np.testing.assert_array_equal(state.model_state, stats.tokens_per_expert)
+    first = np.ptp(np.asarray(stats.tokens_per_expert), axis=1)  # busiest minus idlest expert, per layer
+    assert (first > 0).all()
+    spans = []
+    for _ in range(40):
+        state, _ = step(state, batch, jr.key(1))
+        spans.append(np.ptp(np.asarray(state.model_state), axis=1))
+    assert (np.mean(spans[-10:], axis=0) < 0.5 * first).all(), (first, spans[-10:])
+
+
+def test_rate_without_experts_is_refused():
+    with pytest.raises(ValueError, match=r"router_bias_update_rate=0.01 balances the experts.*num_experts=0"):
+        dataclasses.replace(BLOCK, num_experts=0, router_bias_update_rate=0.01)

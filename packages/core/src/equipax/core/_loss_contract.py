@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray, Scalar
 
-from equipax.core.task import AbstractTask, Batch, Metrics, ModelT
+from equipax.core.task import AbstractTask, Batch, Metrics, ModelState, ModelT
 
 __all__ = [
     "as_task",
@@ -148,8 +148,8 @@ class LossFnTask(AbstractTask[ModelT]):
         )
 
     def loss(
-        self, model: ModelT, batch: Batch, *, key: PRNGKeyArray | None, model_state: eqx.nn.State | None
-    ) -> tuple[Scalar, Metrics, eqx.nn.State | None]:
+        self, model: ModelT, batch: Batch, *, key: PRNGKeyArray | None, model_state: ModelState
+    ) -> tuple[Scalar, Metrics, ModelState]:
         if model_state is not None:
             raise contract_error(
                 "The train state holds a model_state (non-trained state such as BatchNorm statistics), "
@@ -160,7 +160,7 @@ class LossFnTask(AbstractTask[ModelT]):
         loss, aux, _ = checked_loss(self.loss_fn(model, batch, key=key), 2)
         return loss, aux, None
 
-    def eval_sums(self, model: ModelT, batch: Batch, *, model_state: eqx.nn.State | None) -> Metrics:
+    def eval_sums(self, model: ModelT, batch: Batch, *, model_state: ModelState) -> Metrics:
         return self.loss(model, batch, key=None, model_state=model_state)[1]
 
 

@@ -250,6 +250,11 @@ class TransformerConfig:
         router_aux_loss_coef: weight of the load-balancing loss in the training loss (Mixtral 0.02,
             Qwen3-MoE 0.001).
         router_z_loss_coef: weight of the router z-loss in the training loss (ST-MoE 0.001).
+        router_bias_update_rate: auxiliary-loss-free balancing (DeepSeek-V3's bias update speed,
+            0.001 there): each layer keeps per-expert biases added to the router probabilities
+            for choosing the experts (not for weighting them), and after each training step every
+            bias moves by this rate towards balance (+rate if the expert got fewer assignments
+            than the mean, -rate if more); 0 = off.
     """
 
     num_layers: int = 4
@@ -300,6 +305,7 @@ class TransformerConfig:
     shared_expert_intermediate_size: int = 0
     router_aux_loss_coef: float = 0.001
     router_z_loss_coef: float = 0.0
+    router_bias_update_rate: float = 0.0
 
     @property
     def kv_heads(self) -> int:
@@ -399,11 +405,16 @@ def _check_moe(cfg: "TransformerConfig") -> None:
     e, k = cfg.num_experts, cfg.num_experts_per_tok
     if not _is_int(e, 0):
         raise ValueError(f"{_KNOB}.num_experts must be an int >= 0 (0 = a dense feed-forward), got {e!r}.")
-    for name in ("router_aux_loss_coef", "router_z_loss_coef"):
+    for name in ("router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate"):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
             raise ValueError(f"{_KNOB}.{name} must be a finite number >= 0 (0 = off), got {value!r}.")
     if e == 0:
+        if cfg.router_bias_update_rate:
+            raise ValueError(
+                f"{_KNOB}.router_bias_update_rate={cfg.router_bias_update_rate!r} balances the experts of a "
+                "mixture of experts, but num_experts=0 (a dense feed-forward); set num_experts > 0 or the rate to 0."
+            )
         return
     if not _is_int(k, 1) or k > e:
         raise ValueError(

@@ -32,7 +32,7 @@ from equipax.core._loss_contract import (
     check_aux,
     contract_error,
 )
-from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics, ModelT, trainable
+from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics, ModelState, ModelT, trainable
 
 __all__ = [
     "LOSS_CONTRACT",
@@ -72,11 +72,11 @@ class TrainState(eqx.Module, Generic[ModelT]):
     step: Int[Array, ""]
     model: ModelT
     opt_state: Any  # a pytree (optax's state)
-    model_state: eqx.nn.State | None = None
+    model_state: ModelState = None
 
 
 def init_train_state(
-    model: ModelT, optimizer: optax.GradientTransformation, *, model_state: eqx.nn.State | None = None
+    model: ModelT, optimizer: optax.GradientTransformation, *, model_state: ModelState = None
 ) -> TrainState[ModelT]:
     """A train state at step 0 for `model`, owning its own buffers.
 
@@ -183,7 +183,7 @@ def make_train_step(
         # update wait for the norm instead.
         grads, param_norm = jax.lax.optimization_barrier((grads, param_norm))
         updates, opt_state = optimizer.update(grads, state.opt_state, params)
-        model = eqx.apply_updates(state.model, updates)
+        model = task.update_model(eqx.apply_updates(state.model, updates), model_state)
         metrics = {
             "loss": loss,
             **aux,
@@ -305,7 +305,7 @@ def make_eval_step(task: AbstractTask[ModelT]) -> Callable[..., Metrics]:
     task = as_task(task)
 
     @eqx.filter_jit
-    def eval_step(model: ModelT, batch: Batch, model_state: eqx.nn.State | None = None) -> Metrics:
+    def eval_step(model: ModelT, batch: Batch, model_state: ModelState = None) -> Metrics:
         return task.eval_sums(model, batch, model_state=model_state)
 
     return eval_step

@@ -10,6 +10,9 @@ Pax's Task bundles a model with its loss and metrics; here a Task is a small fro
   evaluation (no dropout, running statistics unchanged). `aux` carries the eval sums
   (`EVAL_SUMS`) so that results over batches combine by addition;
 - `eval_sums(model, batch, *, model_state)`: those sums for one eval batch;
+- `update_model(model, model_state) -> model` (optional): after a training step's update, the
+  parameters the step's statistics set rather than the gradient (a mixture of experts' router
+  biases, from the load the loss returned as its new state); default: the model unchanged;
 - `abstract_batch(global_batch)`: the batch it consumes as `jax.ShapeDtypeStruct`s, for AOT
   lowering without data and for checking what an input produces (`check_batch`).
 
@@ -28,12 +31,25 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PRNGKeyArray, Scalar
 
-__all__ = ["AbstractTask", "Batch", "BatchError", "EVAL_SUMS", "Metrics", "ModelT", "trainable"]
+__all__ = [
+    "AbstractTask",
+    "Batch",
+    "BatchError",
+    "EVAL_SUMS",
+    "is_param",
+    "Metrics",
+    "ModelState",
+    "ModelT",
+    "trainable",
+]
 
 # The per-batch sums an eval step returns (combined by `equipax.core.step.mean_eval_metrics`).
 EVAL_SUMS = ("loss_sum", "weight_sum", "correct_sum")
 
 Metrics = dict[str, Array]
+# A model's non-trained state: an `eqx.nn.State` (BatchNorm statistics), any other pytree of arrays
+# (a mixture of experts' last load, `equipax.models.LMTask`), or None for a stateless model.
+ModelState = eqx.nn.State | Array | None
 # Host batches (numpy) are accepted as well as device arrays; jit transfers them.
 Batch = Mapping[str, Array | np.ndarray]
 
@@ -50,7 +66,7 @@ class AbstractTask(eqx.Module, Generic[ModelT]):
     the type of the model it builds (`AbstractTask[TransformerLM]`)."""
 
     @abc.abstractmethod
-    def init(self, key: PRNGKeyArray) -> tuple[ModelT, eqx.nn.State | None]:
+    def init(self, key: PRNGKeyArray) -> tuple[ModelT, ModelState]:
         """Build the model and its non-trained state (None when it has none).
 
         Arguments:
@@ -62,8 +78,8 @@ class AbstractTask(eqx.Module, Generic[ModelT]):
 
     @abc.abstractmethod
     def loss(
-        self, model: ModelT, batch: Batch, *, key: PRNGKeyArray | None, model_state: eqx.nn.State | None
-    ) -> tuple[Scalar, Metrics, eqx.nn.State | None]:
+        self, model: ModelT, batch: Batch, *, key: PRNGKeyArray | None, model_state: ModelState
+    ) -> tuple[Scalar, Metrics, ModelState]:
         """The training loss on one batch.
 
         Arguments:
@@ -87,7 +103,14 @@ class AbstractTask(eqx.Module, Generic[ModelT]):
             `{field: ShapeDtypeStruct}`; fields a batch may omit are not listed.
         """
 
-    def eval_sums(self, model: ModelT, batch: Batch, *, model_state: eqx.nn.State | None) -> Metrics:
+    def update_model(self, model: ModelT, model_state: ModelState) -> ModelT:
+        """The model after a training step's optimizer update, given the step's new non-trained
+        state: where a model keeps non-trained parameters that the step's statistics set (marked
+        untrainable by its `trainable_spec`). Called inside the jitted train step; a skipped
+        (non-finite) step discards it with the update. Default: the model unchanged."""
+        return model
+
+    def eval_sums(self, model: ModelT, batch: Batch, *, model_state: ModelState) -> Metrics:
         """Summed metrics of one eval batch (`EVAL_SUMS`): deterministic, state unchanged."""
         _, aux, _ = self.loss(model, batch, key=None, model_state=model_state)
         return {k: aux[k] for k in EVAL_SUMS}
@@ -125,9 +148,9 @@ def trainable(model: Any) -> Any:
     get no gradient, no optimizer state and no update: they stay bit-identical.
     """
     spec = getattr(model, "trainable_spec", None)
-    return spec() if callable(spec) else jax.tree.map(_is_param, model)
+    return spec() if callable(spec) else jax.tree.map(is_param, model)
 
 
-def _is_param(x: Any) -> bool:
+def is_param(x: Any) -> bool:
     """An inexact array, concrete or abstract (`jax.ShapeDtypeStruct`, as sharding rules see it)."""
     return eqx.is_inexact_array(x) or (isinstance(x, jax.ShapeDtypeStruct) and jnp.issubdtype(x.dtype, jnp.inexact))

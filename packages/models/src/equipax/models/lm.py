@@ -18,17 +18,17 @@ from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from equipax.core.nn import Embedding, LayerNorm, Linear, RMSNorm, TransformerStack
-from equipax.core.nn.moe import MoEStats
+from equipax.core.nn.moe import MoEStats, update_router_bias
 from equipax.core.nn.moe_metrics import moe_loss_and_metrics
 from equipax.core.nn.pipeline import PipelinedStack, make_stack
 from equipax.core.nn.rotary import rotary_angles
 from equipax.core.nn.self_attention import Rotary
 from equipax.core.nn.transformer import StackCache, make_norm
 from equipax.core.partition import constrain_batch, constrain_batch_and_last
-from equipax.core.task import Batch
+from equipax.core.task import Batch, is_param
 from equipax.models.configs import LMConfig
 
-__all__ = ["generate", "lm_loss", "LMConfig", "sinusoidal_embedding", "token_ids", "TransformerLM"]
+__all__ = ["generate", "lm_loss", "lm_loss_and_stats", "LMConfig", "sinusoidal_embedding", "token_ids", "TransformerLM"]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -216,6 +216,38 @@ class TransformerLM(eqx.Module):
         x, cache = self.stack.cached(x, cache, positions, rotary=rotary)
         return self.final_norm(x), cache
 
+    def trainable_spec(self) -> "TransformerLM":
+        """True on every parameter but the mixture-of-experts routing biases (`router_bias`), which
+        the train step sets from each step's load (`with_router_load`), never the gradient."""
+
+        def spec(path: Any, x: Any) -> bool:
+            bias = bool(path) and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "router_bias"
+            return is_param(x) and not bias
+
+        return jax.tree_util.tree_map_with_path(spec, self)
+
+    def with_router_load(self, load: Float[Array, "layers experts"]) -> "TransformerLM":
+        """This model with every layer's routing biases moved towards balance by one step of
+        `model.transformer.router_bias_update_rate` (`update_router_bias`), from `load`: each
+        layer's assignments per expert in the step (`MoEStats.tokens_per_expert`). The model itself
+        when the rate is 0 (a mixture of experts never runs in a pipeline: the config refuses it)."""
+        rate = self.cfg.transformer.router_bias_update_rate
+        if not rate:
+            return self
+        layers = self.stack.layers  # pyright: ignore[reportAttributeAccessIssue]
+        blocks = layers if isinstance(layers, tuple) else (layers,)
+        old: list[Array] = []
+        for b in blocks:
+            bias = getattr(b.ffn, "router_bias", None)
+            if not isinstance(bias, jax.Array):
+                raise ValueError("with_router_load: the model's feed-forwards hold no routing biases")
+            old.append(bias)
+        if isinstance(layers, tuple):  # unrolled: one block per layer
+            new = tuple(update_router_bias(b, load[i], rate) for i, b in enumerate(old))
+            where = lambda m: tuple(b.ffn.router_bias for b in m.stack.layers)  # noqa: E731
+            return eqx.tree_at(where, self, new)
+        return eqx.tree_at(lambda m: m.stack.layers.ffn.router_bias, self, update_router_bias(old[0], load, rate))
+
     def init_cache(self, batch_size: int, max_len: int) -> StackCache:
         """An empty (zero) KV cache for `batch_size` rows of up to `max_len` tokens.
 
@@ -239,6 +271,14 @@ class TransformerLM(eqx.Module):
 def lm_loss(
     model: Any, batch: Batch, *, key: PRNGKeyArray | None = None, mesh: Mesh | None = None
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
+    """`lm_loss_and_stats` without the mixture-of-experts stats: `(loss, aux)`."""
+    loss, aux, _ = lm_loss_and_stats(model, batch, key=key, mesh=mesh)
+    return loss, aux
+
+
+def lm_loss_and_stats(
+    model: Any, batch: Batch, *, key: PRNGKeyArray | None = None, mesh: Mesh | None = None
+) -> tuple[Float[Array, ""], dict[str, Array], MoEStats | None]:
     """Weighted mean next-token cross-entropy (+ the weighted router losses of a mixture of experts).
 
     Arguments:
@@ -254,7 +294,8 @@ def lm_loss(
         `(loss, aux)` with aux scalars `loss_sum`, `weight_sum`, `correct_sum` (weighted
         count of argmax == label) and `accuracy`. With `num_experts > 0` the loss adds
         `router_aux_loss_coef * aux + router_z_loss_coef * z` and aux holds
-        `moe_loss_and_metrics`' metrics (`loss_sum` stays the cross-entropy alone).
+        `moe_loss_and_metrics`' metrics (`loss_sum` stays the cross-entropy alone). Third, the
+        `MoEStats` with a leading layer axis (None for dense feed-forwards).
     """
     logits, moe_stats = model.forward(
         batch["ids"], key=key, mesh=mesh, segment_ids=batch.get("segment_ids"), positions=batch.get("positions")
@@ -275,7 +316,7 @@ def lm_loss(
             moe_stats, aux_loss_coef=block.router_aux_loss_coef, z_loss_coef=block.router_z_loss_coef
         )
         loss, aux = loss + router_loss, aux | metrics
-    return loss, aux
+    return loss, aux, moe_stats
 
 
 @eqx.filter_jit

@@ -5,10 +5,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
-from jaxtyping import PRNGKeyArray, Scalar
+from jaxtyping import Array, Float, PRNGKeyArray, Scalar
 
 from equipax.core.task import AbstractTask, Batch, Metrics
-from equipax.models.lm import LMConfig, TransformerLM, lm_loss
+from equipax.models.lm import LMConfig, TransformerLM, lm_loss, lm_loss_and_stats
 from equipax.models.lora import LoRALM
 
 __all__ = ["LMTask"]
@@ -17,6 +17,11 @@ __all__ = ["LMTask"]
 class LMTask(AbstractTask[TransformerLM | LoRALM]):
     """Train a decoder LM on `[batch seq]` token windows (Pax's TransformerLM task); with
     `config.lora.enabled`, low-rank adapters on the frozen model (`LoRALM`).
+
+    With `model.transformer.router_bias_update_rate > 0` (a mixture of experts' auxiliary-loss-free
+    balancing) the non-trained state is the last training step's load, `[layers experts]`
+    assignments per expert: `loss` returns it, and `update_model` moves the routing biases from it
+    after the optimizer's update. Otherwise a language model has no non-trained state (None).
 
     Attributes:
         config: the model's hyperparameters (an `LMConfig`: any family).
@@ -34,12 +39,14 @@ class LMTask(AbstractTask[TransformerLM | LoRALM]):
         if self.seq_len > self.config.max_seq_len:
             raise ValueError(f"seq_len={self.seq_len} exceeds the model's max_seq_len={self.config.max_seq_len}.")
 
-    def init(self, key: PRNGKeyArray) -> tuple[TransformerLM | LoRALM, None]:
-        """A freshly initialised model (with LoRA: adapters over it, their A from a split of `key`);
-        a language model has no non-trained state."""
+    def init(self, key: PRNGKeyArray) -> tuple[TransformerLM | LoRALM, Float[Array, "layers experts"] | None]:
+        """A freshly initialised model (with LoRA: adapters over it, their A from a split of `key`)
+        and its non-trained state (the class docstring)."""
+        t = self.config.transformer
+        state = jnp.zeros((t.num_layers, t.num_experts), jnp.float32) if t.router_bias_update_rate else None
         if not self.config.lora.enabled:
-            return TransformerLM(self.config, key=key), None
-        return self.adapt(TransformerLM(self.config, key=jax.random.split(key)[0]), key), None
+            return TransformerLM(self.config, key=key), state
+        return self.adapt(TransformerLM(self.config, key=jax.random.split(key)[0]), key), state
 
     def adapt(self, base: TransformerLM, key: PRNGKeyArray) -> TransformerLM | LoRALM:
         """`base` (e.g. imported weights) with this task's LoRA adapters, their A from the same
@@ -49,11 +56,31 @@ class LMTask(AbstractTask[TransformerLM | LoRALM]):
         return LoRALM(base, self.config.lora, key=jax.random.split(key)[1])
 
     def loss(
-        self, model: TransformerLM | LoRALM, batch: Batch, *, key: PRNGKeyArray | None, model_state: None
-    ) -> tuple[Scalar, Metrics, None]:
-        """`lm_loss` (weighted mean next-token cross-entropy) with the model's state passed through."""
-        loss, aux = lm_loss(model, batch, key=key, mesh=self.mesh)
-        return loss, aux, model_state
+        self,
+        model: TransformerLM | LoRALM,
+        batch: Batch,
+        *,
+        key: PRNGKeyArray | None,
+        model_state: Float[Array, "layers experts"] | None,
+    ) -> tuple[Scalar, Metrics, Float[Array, "layers experts"] | None]:
+        """`lm_loss` (weighted mean next-token cross-entropy); in training with routing biases,
+        the step's load per layer and expert as the new state (evaluation passes it through)."""
+        if model_state is None or key is None:
+            loss, aux = lm_loss(model, batch, key=key, mesh=self.mesh)
+            return loss, aux, model_state
+        loss, aux, stats = lm_loss_and_stats(model, batch, key=key, mesh=self.mesh)
+        assert stats is not None  # routing biases come with num_experts > 0 (the config checks)
+        return loss, aux, jax.lax.stop_gradient(stats.tokens_per_expert)
+
+    def update_model(
+        self, model: TransformerLM | LoRALM, model_state: Float[Array, "layers experts"] | None
+    ) -> TransformerLM | LoRALM:
+        """The routing biases moved by one balancing step from the step's load (the class docstring)."""
+        if model_state is None:
+            return model
+        if isinstance(model, LoRALM):
+            return eqx.tree_at(lambda m: m.base, model, model.base.with_router_load(model_state))
+        return model.with_router_load(model_state)
 
     def abstract_batch(self, global_batch: int) -> dict[str, jax.ShapeDtypeStruct]:
         """`ids`, `labels` int32 and `weights` float32 `[batch seq]`; packed: `segment_ids`, `positions`."""

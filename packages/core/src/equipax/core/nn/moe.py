@@ -44,6 +44,7 @@ __all__ = [
     "reference_moe_feed_forward",
     "route",
     "router_z_loss",
+    "update_router_bias",
 ]
 
 _ACTIVATIONS = {"gelu": jax.nn.gelu, "relu": jax.nn.relu, "silu": jax.nn.silu}
@@ -81,7 +82,11 @@ def expert_capacity(seq_len: int, num_experts: int, top_k: int, capacity_factor:
 
 
 def route(
-    logits: Float[Array, "tokens experts"], top_k: int, *, norm_topk_prob: bool
+    logits: Float[Array, "tokens experts"],
+    top_k: int,
+    *,
+    norm_topk_prob: bool,
+    bias: Float[Array, " experts"] | None = None,
 ) -> tuple[Float[Array, "tokens top_k"], Int[Array, "tokens top_k"], Float[Array, "tokens experts"]]:
     """Top-k softmax routing.
 
@@ -89,16 +94,33 @@ def route(
         logits: router logits.
         top_k: experts per token.
         norm_topk_prob: renormalise the `top_k` probabilities to sum to 1 (Mixtral, Qwen3-MoE).
+        bias: per-expert biases added to the probabilities for choosing the experts only (the
+            auxiliary-loss-free balancing of DeepSeek-V3); the combine weights are the unbiased
+            probabilities. None: no bias.
 
     Returns:
         `(weights, experts, probs)`: each token's combine weights and experts, largest first,
         and the softmax over all experts (float32).
     """
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    weights, experts = jax.lax.top_k(probs, top_k)
+    if bias is None:
+        weights, experts = jax.lax.top_k(probs, top_k)
+    else:
+        _, experts = jax.lax.top_k(probs + jax.lax.stop_gradient(bias).astype(jnp.float32)[None], top_k)
+        weights = jnp.take_along_axis(probs, experts, axis=-1)
     if norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return weights, experts, probs
+
+
+def update_router_bias(
+    bias: Float[Array, "*layers experts"], load: Float[Array, "*layers experts"], rate: float
+) -> Float[Array, "*layers experts"]:
+    """DeepSeek-V3's auxiliary-loss-free balancing step: each expert's routing bias moves by `rate`
+    towards balance, `+rate` if it got fewer assignments (`load`, the step's
+    `MoEStats.tokens_per_expert`) than the mean of its layer, `-rate` if more, 0 if exactly the mean."""
+    mean = jnp.mean(load, axis=-1, keepdims=True)
+    return bias + rate * jnp.sign(mean - load).astype(bias.dtype)
 
 
 def load_balancing_loss(probs: Float[Array, "tokens experts"], experts: Int[Array, "tokens top_k"]) -> Float[Array, ""]:
@@ -237,6 +259,7 @@ def moe_shard(
     activation: Activation,
     num_experts: int,
     comm: Collectives,
+    router_bias: Float[Array, " experts"] | None = None,
 ) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
     """The MoE feed-forward of one shard (`moe_feed_forward` on one device, the body of the
     expert-parallel `shard_map` in `equipax.core.nn.moe_parallel`).
@@ -252,7 +275,7 @@ def moe_shard(
     act = _ACTIVATIONS[activation]
     tokens = x.reshape(b * s, d)
     logits = _router_logits(tokens, router)
-    weights, experts, probs = route(logits, top_k, norm_topk_prob=norm_topk_prob)
+    weights, experts, probs = route(logits, top_k, norm_topk_prob=norm_topk_prob, bias=router_bias)
     axis = comm.expert
     if capacity_factor is None:
         first = jnp.zeros((), jnp.int32)
@@ -291,6 +314,7 @@ def moe_feed_forward(
     norm_topk_prob: bool = True,
     capacity_factor: float | None = None,
     activation: Activation = "silu",
+    router_bias: Float[Array, " experts"] | None = None,
 ) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
     """The MoE feed-forward, fast path: `sum_k w_k * down_e(act(gate_e x) * up_e x)` over each
     token's top-k experts `e`.
@@ -304,6 +328,7 @@ def moe_feed_forward(
         capacity_factor: None = dropless (grouped matmuls); else each expert takes at most
             `expert_capacity(seq, experts, top_k, capacity_factor)` assignments per sequence.
         activation: the experts' nonlinearity (SwiGLU: "silu").
+        router_bias: per-expert biases for choosing the experts (`route`), or None.
 
     Returns:
         `(outputs in x.dtype, MoEStats)`.
@@ -320,6 +345,7 @@ def moe_feed_forward(
         activation=activation,
         num_experts=gate.shape[0],
         comm=Collectives(),
+        router_bias=router_bias,
     )
 
 
@@ -334,6 +360,7 @@ def reference_moe_feed_forward(
     norm_topk_prob: bool = True,
     capacity_factor: float | None = None,
     activation: Activation = "silu",
+    router_bias: Float[Array, " experts"] | None = None,
 ) -> tuple[Float[Array, "batch seq embed"], MoEStats]:
     """Slow, obvious MoE feed-forward (same arguments as `moe_feed_forward`): a loop over the
     experts runs every token through each one, weighted by the token's routing weight for it
@@ -344,8 +371,9 @@ def reference_moe_feed_forward(
     num_experts = gate.shape[0]
     logits = jnp.einsum("bsd,de->bse", x.astype(jnp.float32), router.astype(jnp.float32))
     probs = jax.nn.softmax(logits, axis=-1)
-    # The top-k by a full descending sort (the fast path uses lax.top_k).
-    experts = jnp.argsort(-probs, axis=-1)[..., :top_k]
+    # The top-k by a full descending sort (the fast path uses lax.top_k), of the biased scores.
+    scores = probs if router_bias is None else probs + router_bias.astype(jnp.float32)[None, None]
+    experts = jnp.argsort(-scores, axis=-1)[..., :top_k]
     weights = jnp.take_along_axis(probs, experts, axis=-1)
     if norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
@@ -383,6 +411,7 @@ class MoEFeedForward(eqx.Module):
     up: Float[Array, "experts embed hidden"]
     down: Float[Array, "experts hidden embed"]
     shared: FeedForward | None
+    router_bias: Float[Array, " experts"] | None
     top_k: int = eqx.field(static=True)
     norm_topk_prob: bool = eqx.field(static=True)
     capacity_factor: float | None = eqx.field(static=True)
@@ -399,6 +428,7 @@ class MoEFeedForward(eqx.Module):
         capacity_factor: float | None = None,
         shared_hidden_dims: int = 0,
         activation: Activation = "silu",
+        router_bias: bool = False,
         key: PRNGKeyArray,
     ) -> None:
         """Arguments:
@@ -411,6 +441,8 @@ class MoEFeedForward(eqx.Module):
         shared_hidden_dims: hidden width of a shared gated MLP every token also goes through
             (DeepSeek's shared experts); 0 = none.
         activation: the experts' nonlinearity.
+        router_bias: hold per-expert routing biases (zeros; not trained by the gradient: the
+            train step sets them from each step's load, `TransformerConfig.router_bias_update_rate`).
         key: PRNG key.
         """
         if not 1 <= top_k <= num_experts:
@@ -429,6 +461,7 @@ class MoEFeedForward(eqx.Module):
             if shared_hidden_dims
             else None
         )
+        self.router_bias = jnp.zeros((num_experts,), jnp.float32) if router_bias else None
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
         self.capacity_factor = capacity_factor
@@ -438,6 +471,7 @@ class MoEFeedForward(eqx.Module):
         """Experts on the `expert` axis; the experts' MLPs split like the dense MLP's."""
         return {
             "router": ("embed", None),
+            "router_bias": (None,),
             "gate": ("expert", "embed", "hidden"),
             "up": ("expert", "embed", "hidden"),
             "down": ("expert", "hidden", "embed"),
@@ -474,4 +508,5 @@ class MoEFeedForward(eqx.Module):
             activation=self.activation,
             num_experts=num_experts,
             comm=comm,
+            router_bias=self.router_bias,
         )

@@ -84,6 +84,7 @@ def make_feed_forward(cfg: TransformerConfig, *, key: PRNGKeyArray) -> FeedForwa
             capacity_factor=cfg.capacity_factor,
             shared_hidden_dims=cfg.shared_expert_intermediate_size,
             activation=cfg.activation,
+            router_bias=cfg.router_bias_update_rate > 0,
             key=key,
         )
     return FeedForward(

@@ -22,6 +22,7 @@ import jax
 
 from equipax.core.configs import REMAT_POLICIES
 from equipax.core.knobs import ConfigError, set_knob, to_dict
+from equipax.launch.aot.compile_step import compile_step
 from equipax.launch.configs.experiment import ExperimentConfig
 
 __all__ = ["CACHE_FILE", "candidate_policies", "choose_remat", "format_remat_table", "is_auto", "RematChoice"]
@@ -56,7 +57,7 @@ class RematChoice:
             peak), compiler_refused (XLA's out-of-memory refusal, if it refused).
         budget_bytes: the per-device budget, margin taken off.
         cached: read from the job's `remat_auto.json` (nothing compiled).
-        compiled: the chosen candidate's compile (`equipax.launch.aot.report.CompiledStep`) when it
+        compiled: the chosen candidate's compile (`equipax.launch.aot.compile_step.CompiledStep`) when it
             was compiled here, for the caller to reuse; None when cached.
     """
 
@@ -145,7 +146,6 @@ def choose_remat(
     Raises:
         ConfigError: no candidate fits (exit 2, naming the knob and the fixes).
     """
-    from equipax.launch.aot.report import compile_step
     from equipax.launch.tasks.lm_family import flops_per_token
     from equipax.launch.training.build import build_training
 

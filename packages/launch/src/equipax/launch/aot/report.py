@@ -9,36 +9,31 @@ FLOPs, ideal step times on a target accelerator, the collectives XLA inserted, a
 own cost.
 """
 
-import dataclasses
 import hashlib
-import math
 import re
 import resource
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from equipax.core.knobs import ConfigError
 from equipax.core.mesh import build_mesh
-from equipax.launch.aot.memory import MEMORY_NOTES, memory_figures, out_of_memory_figures
+from equipax.launch.aot.compile_step import compile_step, per_device_bytes
+from equipax.launch.aot.memory import MEMORY_NOTES
 from equipax.launch.aot.pipeline_report import pipeline_lines, pipeline_section
 from equipax.launch.aot.remat import choose_remat, format_remat_table, is_auto
 from equipax.launch.cluster.accelerators import Accelerator
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.tasks import family
-from equipax.launch.training.build import Training, build_training
+from equipax.launch.training.build import build_training
 
 __all__ = [
     "check_compile_devices",
     "COLLECTIVES",
     "compile_report",
-    "compile_step",
-    "CompiledStep",
     "count_collectives",
     "count_custom_calls",
     "format_report",
@@ -71,56 +66,9 @@ def count_custom_calls(stablehlo_text: str) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def _per_device_bytes(abstract: Any) -> int:
-    total = 0
-    for leaf in jax.tree.leaves(abstract):
-        if not isinstance(leaf, jax.ShapeDtypeStruct):
-            continue
-        shard = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
-        total += math.prod(shard) * jnp.dtype(leaf.dtype).itemsize
-    return total
-
-
 def stablehlo_fingerprint(lowered: Any) -> str:
     """SHA-256 of a lowered program's StableHLO text (equal programs, equal fingerprints)."""
     return hashlib.sha256(lowered.as_text().encode()).hexdigest()
-
-
-@dataclasses.dataclass(frozen=True)
-class CompiledStep:
-    """A train step lowered and compiled ahead of time, with its per-device memory.
-
-    `compiled` is None when the compiler refused the program for lack of device memory (XLA:TPU
-    does so within seconds); `memory` then holds the figures of its refusal.
-    """
-
-    training: Training
-    lowered: Any
-    compiled: Any
-    memory: dict[str, Any]
-    lower_s: float
-    compile_s: float
-    compile_cpu_s: float
-
-
-def compile_step(training: Training) -> CompiledStep:
-    """Lower and compile `training`'s train step on its abstract state (nothing is allocated)."""
-    t0 = time.monotonic()
-    lowered = training.lower()
-    t_lower = time.monotonic() - t0
-    cpu0 = time.process_time()
-    try:
-        compiled = lowered.compile()
-        memory = memory_figures(compiled.memory_analysis())
-    except jax.errors.JaxRuntimeError as e:
-        # XLA:TPU refuses a program whose buffers exceed the chip's HBM: that is the answer.
-        state = training.abstract_state
-        memory = out_of_memory_figures(str(e), _per_device_bytes(state), _per_device_bytes(training.abstract_batch()))
-        if memory is None:
-            raise
-        compiled = None
-    t_compile = time.monotonic() - t0 - t_lower
-    return CompiledStep(training, lowered, compiled, memory, t_lower, t_compile, time.process_time() - cpu0)
 
 
 def compile_report(
@@ -182,8 +130,8 @@ def compile_report(
             "total": numbers["params_total"],
             "embedding": numbers.get("params_embedding"),
             "per_layer": numbers.get("params_per_layer"),
-            "per_device_param_bytes": _per_device_bytes(state.model),
-            "per_device_optimizer_bytes": _per_device_bytes(state.opt_state),
+            "per_device_param_bytes": per_device_bytes(state.model),
+            "per_device_optimizer_bytes": per_device_bytes(state.opt_state),
         },
         "pipeline": pipeline_section(numbers),  # None unless pipeline_stages > 1
         "memory_per_device": {

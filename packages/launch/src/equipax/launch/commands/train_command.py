@@ -137,6 +137,10 @@ def run(
     ] = None,
 ) -> None:
     """Train an experiment; rerun the same command to resume from its last checkpoint."""
+    from equipax.launch.training import startup
+
+    startup.reset()
+    startup.mark("start-up")  # the interpreter and the imports so far
     if profile is not None:
         set_ = [*(set_ or []), *profile_overrides(profile)]
     if exp is None and job_log_dir is not None and (job_log_dir / "config.json").exists():
@@ -180,6 +184,7 @@ def run(
     except ConfigError as e:
         fail(str(e))
     job_dir = job_log_dir or Path("runs") / cfg.name
+    startup.mark("config")  # the knobs, the compiler flags, the devices
     if entry.kind == "benchmark":
         from equipax.launch.bench.attention_timing import run_attention_bench
 

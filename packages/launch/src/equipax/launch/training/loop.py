@@ -32,6 +32,7 @@ from equipax.launch.training.finish import RunResult, finish
 from equipax.launch.training.hooks import Hook, RunContext, order_hooks
 from equipax.launch.training.nonfinite import NonFiniteMonitor
 from equipax.launch.training.progress import ProgressReporter
+from equipax.launch.training.startup import compile_cache, mark
 from equipax.launch.training.step_loop import StepLoop
 
 __all__ = ["build_run_mesh", "run_experiment", "RunResult"]
@@ -107,10 +108,15 @@ def run_experiment(
     prepare_job_dir(job_dir, cfg.name)  # writable, and not another experiment's
     try:
         with JobLock(job_dir, log=lambda m: console.print(m, highlight=False)):
-            return _train(cfg, job_dir, mesh, sources or {}, console, hooks)
+            # JAX's automatic PGLE recompiles after profiling: its programs stay out of the cache.
+            cache_dir = cfg.train.compiler.cache_dir if cfg.train.pgle.mode != "auto" else ""
+            with compile_cache(cache_dir, job_dir):
+                return _train(cfg, job_dir, mesh, sources or {}, console, hooks)
     except BaseException:
-        if created and is_primary() and not any(p.name != ".lock" for p in job_dir.iterdir()):
-            shutil.rmtree(job_dir, ignore_errors=True)  # stopped before writing anything: leave no trace
+        # Stopped before writing anything (the compilation cache is no record of the job): leave no trace.
+        kept = {".lock", *Path(cfg.train.compiler.cache_dir).parts[:1]}
+        if created and is_primary() and not any(p.name not in kept for p in job_dir.iterdir()):
+            shutil.rmtree(job_dir, ignore_errors=True)
         raise
 
 
@@ -162,6 +168,7 @@ def _train(
     log = lambda m: console.print(m, highlight=False)  # noqa: E731
     if is_auto(cfg):  # before anything reads the model: the rest of the run sees the chosen policy
         cfg, sources = _choose_remat(cfg, mesh, job_dir, sources, log)
+        mark("remat auto")
     fam = family(cfg)
     numbers = fam.numbers(cfg)
     log(
@@ -169,6 +176,7 @@ def _train(
         f"examples/step, {cfg.num_steps} steps -> {job_dir}"
     )
     inputs = fam.build_inputs(cfg, job_dir, log=log)
+    mark("inputs")
     training = build_training(cfg, mesh)
     state = training.init_state()
     meta = resume_meta(cfg, job_dir, hosts=jax.process_count())
@@ -201,6 +209,7 @@ def _train(
             )
         inputs.train.set_state(host_state(data_state))
         log(f"Resumed from step {start} ({job_dir / 'checkpoints'}).")
+    mark("build")
     writer.truncate_after(start)  # records written after the checkpoint resumed from
     if is_primary():
         write_text_atomic(job_dir / "config.json", to_json(cfg) + "\n")

@@ -18,6 +18,7 @@ from equipax.launch.training.hooks import Hook, RunContext, StepContext
 from equipax.launch.training.nonfinite import NonFiniteMonitor, poison_batch
 from equipax.launch.training.preemption import StopRequest
 from equipax.launch.training.progress import ProgressReporter
+from equipax.launch.training.startup import mark, phases_line
 from equipax.launch.training.train_log import StepTimer, TrainLog, device_peak_tflops
 
 __all__ = ["StepLoop"]
@@ -103,6 +104,9 @@ class StepLoop:
                     self.progress.message(
                         f"Compiled and ran the first step in {time.monotonic() - self.timer.t:.1f} s."
                     )
+                    mark("first step")
+                    if line := phases_line():
+                        self.progress.message(line)
                     self.timer.restart(step)
                 stopping = any_process(bool(stop))  # all processes stop at the same step
                 ctx = StepContext(

@@ -24,7 +24,7 @@ from equipax.core.knobs import ConfigError, apply_overrides, format_knobs, to_js
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
 from equipax.launch.configs.train import TrainConfig
 from equipax.launch.translators.hf_parity import KL_LIMIT, check_architecture, gate
-from equipax.models.hf.config import hf_config_from_lm, lm_config_from_hf, model_type_of, read_hf_config
+from equipax.models.hf.config import export_type_of, hf_config_from_lm, lm_config_from_hf, read_hf_config
 
 __all__ = [
     "DEFAULT_SHARD_BYTES",
@@ -208,7 +208,7 @@ def export_job(
     cfg = load_config(job_dir)
     if cfg.kind != "lm":
         raise ConfigError(f"{job_dir} trained a {cfg.kind} model; only language models export to Hugging Face.")
-    model_type_of(as_lm(cfg).model)  # refuses what has no Hugging Face equivalent before anything loads
+    export_type_of(as_lm(cfg).model)  # refuses what has no Hugging Face equivalent before anything loads
     step = pick_step(job_dir, step)
     fitted, mesh, note = local_mesh(cfg)
     if note:

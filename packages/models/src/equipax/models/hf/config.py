@@ -29,6 +29,7 @@ from equipax.models.configs import LMConfig
 
 __all__ = [
     "CONFIG_FILE",
+    "export_type_of",
     "hf_config_from_lm",
     "lm_config_from_hf",
     "MODEL_TYPES",
@@ -324,6 +325,24 @@ def model_type_of(cfg: LMConfig) -> str:
     return "qwen3" if t.qk_norm else "mistral" if t.sliding_window is not None else "llama"
 
 
+def export_type_of(cfg: LMConfig) -> str:
+    """`model_type_of`, refusing also what reads in but cannot be written back: routing biases
+    (auxiliary-loss-free balancing; an import starts them at 0).
+
+    Raises:
+        ConfigError: naming the knob.
+    """
+    model_type = model_type_of(cfg)
+    rate = cfg.transformer.router_bias_update_rate
+    if rate:
+        raise ConfigError(
+            f"model.transformer.router_bias_update_rate={rate}: Hugging Face's Mixtral and Qwen3-MoE have no "
+            "routing biases, so the exported model would choose other experts than the trained one; export a "
+            "model trained with router_bias_update_rate=0."
+        )
+    return model_type
+
+
 def hf_config_from_lm(
     cfg: LMConfig, *, bos_token_id: int | None = None, eos_token_id: int | None = None, dtype: str = "float32"
 ) -> dict[str, Any]:
@@ -337,7 +356,7 @@ def hf_config_from_lm(
     Returns:
         The JSON-ready dict.
     """
-    model_type = model_type_of(cfg)
+    model_type = export_type_of(cfg)
     t = cfg.transformer
     rope_parameters: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     rope_scaling: dict[str, Any] | None = None

@@ -29,7 +29,7 @@ import numpy as np
 from equipax.models.configs import LMConfig
 from equipax.models.hf.config import model_type_of
 
-__all__ = ["hf_names", "locate", "TensorMap", "tensor_maps", "TensorReader"]
+__all__ = ["hf_names", "locate", "ROUTER_BIAS", "TensorMap", "tensor_maps", "TensorReader"]
 
 
 @runtime_checkable
@@ -152,6 +152,7 @@ def hf_names(cfg: LMConfig) -> list[str]:
     return ["model.embed_tokens.weight", *layers, "model.norm.weight", *head]
 
 
+ROUTER_BIAS = ".ffn.router_bias"
 _STACKED = re.compile(r"^\.stack\.(layers|stages)(\[(\d+)\])?(\..+)$")
 
 
@@ -164,7 +165,9 @@ def tensor_maps(cfg: LMConfig, shapes: Mapping[str, tuple[int, ...]]) -> dict[st
             them: `.embedding.weight`, `.stack.layers.attention.q`, ...) and their shapes.
 
     Returns:
-        path -> TensorMap; every array of the model has one.
+        path -> TensorMap; every array of the model has one, but the routing biases of
+        auxiliary-loss-free balancing (`ROUTER_BIAS`: no Hugging Face Mixtral or Qwen3-MoE tensor;
+        an import starts them at zero).
 
     Raises:
         ValueError: an array this module has no Hugging Face equivalent for (a bug: the configs it
@@ -175,6 +178,8 @@ def tensor_maps(cfg: LMConfig, shapes: Mapping[str, tuple[int, ...]]) -> dict[st
     block = _block_maps(cfg)
     out: dict[str, TensorMap] = {}
     for path, shape in shapes.items():
+        if path.endswith(ROUTER_BIAS):
+            continue
         if path == ".embedding.weight":
             out[path] = TensorMap(np.array("model.embed_tokens.weight", object), (), (v, d), (0, 1), (v, d))
         elif path == ".unembed.weight":

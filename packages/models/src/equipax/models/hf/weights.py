@@ -23,7 +23,7 @@ from jax.sharding import Sharding, SingleDeviceSharding
 
 from equipax.core.nn.moe import MoEFeedForward
 from equipax.models.configs import LMConfig
-from equipax.models.hf.params import TensorMap, hf_names, locate, tensor_maps
+from equipax.models.hf.params import ROUTER_BIAS, TensorMap, hf_names, locate, tensor_maps
 from equipax.models.hf.reference import logit_kl, reference_logits
 from equipax.models.hf.safetensors import (
     DTYPES,
@@ -134,6 +134,8 @@ def load_lm(
     out_dtype = np.dtype(dtype)
 
     def build(path: Any, leaf: Any, sharding: Sharding) -> jax.Array:
+        if jax.tree_util.keystr(path).endswith(ROUTER_BIAS):  # not in the checkpoint: balancing starts at 0
+            return jax.device_put(np.zeros(leaf.shape, out_dtype), sharding)
         tmap = maps[jax.tree_util.keystr(path)]
         return jax.make_array_from_callback(
             tuple(leaf.shape), sharding, lambda index: tmap.read(ckpt, tuple(index or ())).astype(out_dtype)

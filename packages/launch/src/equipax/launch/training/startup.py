@@ -1,0 +1,82 @@
+"""Time to the first step of `launch run`, by phase, and JAX's persistent compilation cache.
+
+The phases: start-up (the interpreter and the imports up to the `launch run` command), config
+(resolving the experiment and its knobs), inputs (opening the data and the tokenizer), build
+(the train state's shapes, shardings, its initialisation and the checkpoint restore; and, with
+`model.transformer.remat="auto"`, the compiles that choose the policy) and the first step (trace,
+lower, XLA compile and one step). `launch run` prints them after the first step.
+
+`train.compiler.cache_dir` (docs/compile.md, "The persistent compilation cache") turns on JAX's
+persistent compilation cache for the run: a rerun of the job (a resume, the same command again)
+loads its compiled programs from there instead of compiling them again.
+"""
+
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["compile_cache", "mark", "phases_line", "process_age_s", "reset"]
+
+_MARKS: list[tuple[str, float]] = []
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux `/proc`; None elsewhere)."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+
+
+def reset() -> None:
+    """Forget the marks (a new run in this process starts its own)."""
+    _MARKS.clear()
+
+
+def mark(phase: str) -> None:
+    """The phase `phase` ends now (the first mark closes the start-up phase)."""
+    if not _MARKS:
+        age = process_age_s()
+        _MARKS.append(("", time.monotonic() - (age if age is not None else 0.0)))
+    _MARKS.append((phase, time.monotonic()))
+
+
+def phases_line() -> str:
+    """`Time to first step N s: start-up A, config B, ...` from the marks so far, then forgets them."""
+    if len(_MARKS) < 2:
+        return ""
+    parts = [f"{name} {t - prev:.1f}" for (_, prev), (name, t) in itertools.pairwise(_MARKS)]
+    total = _MARKS[-1][1] - _MARKS[0][1]
+    _MARKS.clear()
+    return f"Time to first step {total:.1f} s: " + ", ".join(parts) + " (s)."
+
+
+@contextlib.contextmanager
+def compile_cache(cache_dir: str, job_dir: Path) -> Iterator[Path | None]:
+    """JAX's persistent compilation cache in `cache_dir` (relative: under `job_dir`) while inside.
+
+    Yields the directory, or None where the cache is off (`cache_dir` empty) or already chosen
+    outside the run (`JAX_COMPILATION_CACHE_DIR`, or `jax_compilation_cache_dir` set in this
+    process), which is then left as it is. JAX's settings are restored on leaving.
+    """
+    import jax
+
+    if not cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+        yield None
+        return
+    from jax._src import compilation_cache  # its directory is read once; reset it to switch
+
+    path = Path(cache_dir).expanduser()
+    path = path if path.is_absolute() else job_dir / path
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    compilation_cache.reset_cache()
+    try:
+        yield path
+    finally:
+        jax.config.update("jax_compilation_cache_dir", None)
+        compilation_cache.reset_cache()
