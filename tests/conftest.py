@@ -4,7 +4,6 @@
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -16,18 +15,6 @@ import numpy as np
 import pytest
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
-
-# Bytecode: where PYTHONDONTWRITEBYTECODE is set, every Python process the suite starts (the xdist
-# workers, each `launch` subprocess, each multi-host rank) compiles the sources of jax, orbax and
-# equipax again: ~2.7 s of CPU per process, measured (4.3 s to import them without .pyc files,
-# 1.6 s with). The suite's processes share one bytecode cache under .pytest_cache instead, outside
-# the source tree. Set here, before pytest-xdist starts its workers, so they and their children
-# inherit it.
-_PYCACHE = Path(__file__).resolve().parents[1] / ".pytest_cache" / "pycache"
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-os.environ.setdefault("PYTHONPYCACHEPREFIX", str(_PYCACHE))
-sys.dont_write_bytecode = False
-sys.pycache_prefix = sys.pycache_prefix or os.environ["PYTHONPYCACHEPREFIX"]
 
 
 @pytest.fixture
