@@ -5,14 +5,16 @@ import subprocess
 import sys
 import textwrap
 
+from helpers.toy import suite_compile_cache_env
+
 
 def run_with_devices(code: str, devices: int = 8, timeout: float = 300) -> str:
     """Execute `code` in a new Python process with `devices` CPU devices; return its stdout.
 
     The child runs with the same runtime checks as the test suite (rank promotion raises,
-    warnings are errors). Fails the calling test with the child's output on a non-zero exit.
+    warnings are errors) and on its compile cache. Fails the calling test with the child's output on a non-zero exit.
     """
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, **suite_compile_cache_env(), JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
     prelude = (
         "import warnings; warnings.simplefilter('error')\n"
         "import jax; jax.config.update('jax_numpy_rank_promotion', 'raise')\n"
