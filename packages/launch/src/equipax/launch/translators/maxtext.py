@@ -64,6 +64,8 @@ NOT_TRANSLATED = {
     "logical_axis_rules": "equipax's rules are mesh.logical_axis_rules, over its own logical axis names",
     "mesh_axes": "equipax's mesh axes are mesh.axis_names (data, fsdp, tensor; expert, stage)",
     "data_sharding": "equipax shards the batch over its batch axes (data, fsdp, expert)",
+    "gradient_accumulation_steps": "equipax takes one optimizer step per batch (a larger data.per_device_batch "
+    "or mesh instead)",
 }
 # values that already mean what equipax does (not listed as untranslated)
 _QUIET = {
@@ -75,6 +77,7 @@ _QUIET = {
     ("dropout_rate", 0.0),
     ("enable_dropout", False),
     ("override_model_config", False),
+    ("gradient_accumulation_steps", 1),
 }
 
 

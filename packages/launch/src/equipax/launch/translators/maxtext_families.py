@@ -49,7 +49,8 @@ MISSING_BLOCKS: dict[str, str] = {
     "simple_mlp": "MaxText's test block",
     "deepseek": _MLA + " and dense first layers",
     "deepseek4": _MLA + " with compressed attention",
-    "gemma": "Gemma's (1 + w) RMSNorm and sqrt(emb_dim) embedding scale",
+    "gemma": "Gemma's block (embeddings x sqrt(emb_dim), (1 + w) RMSNorm, tied logits / sqrt(emb_dim)); equipax "
+    "has no Gemma family",
     "gemma2": "post-attention and post-feed-forward norms, alternating local/global attention",
     "gemma3": "post-attention and post-feed-forward norms, alternating local/global attention",
     "gemma4": "per-layer inputs, alternating local/global attention",

@@ -33,7 +33,7 @@ from equipax.launch.translators.maxtext_converters import (
 )
 from equipax.launch.translators.maxtext_families import block_to_equipax, block_to_maxtext, moe_to_equipax, moe_to_maxtext
 
-__all__ = ["C4_TFDS", "direct", "DTYPES", "OPTIMIZERS", "REMATS", "Rule", "RULES"]
+__all__ = ["ATTENTION_IMPLS", "C4_TFDS", "direct", "DTYPES", "OPTIMIZERS", "REMATS", "Rule", "RULES"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +65,9 @@ REMATS = {"full": "full", "minimal": "dots_saveable"}
 OPTIMIZERS = {"adamw": "adamw", "adam_pax": "pax_adam"}
 DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
 C4_TFDS = "c4/en:3.1.0"  # base.yml's dataset_name
+# MaxText's `attention` kernels -> equipax's attention_impl (docs/attention.md): `flash` is
+# MaxText's Pallas splash kernel on TPU, `cudnn_flash_te` cuDNN's fused attention on GPU.
+ATTENTION_IMPLS = {"autoselected": "auto", "dot_product": "xla", "flash": "splash", "cudnn_flash_te": "cudnn"}
 
 
 def optimizer_to_equipax(v: Values) -> dict[str, Any]:
@@ -256,6 +259,13 @@ RULES: tuple[Rule, ...] = (
     ),
     direct("scan_layers", TRANSFORMER + "scan_layers", to=bool),
     direct(
+        "attention",
+        TRANSFORMER + "attention_impl",
+        "autoselected -> auto, dot_product -> xla, flash -> splash, cudnn_flash_te -> cudnn",
+        one_of("attention", ATTENTION_IMPLS),
+        one_of("model.transformer.attention_impl", inverted(ATTENTION_IMPLS)),
+    ),
+    direct(
         "remat_policy",
         TRANSFORMER + "remat",
         "full; minimal -> dots_saveable (checkpoint dots without batch dims)",
@@ -304,6 +314,13 @@ RULES: tuple[Rule, ...] = (
         "train.eval_every",
         "-1 (no eval) is not translated",
         positive_int("eval_interval", "MaxText then never evaluates; equipax evaluates at least at the end"),
+    ),
+    direct(
+        "eval_steps",
+        "train.eval_batches",
+        "-1 (the whole eval split) = 0",
+        lambda n: max(int(n), 0),
+        lambda n: n or -1,
     ),
     Rule(
         ("dataset_type", "dataset_name", "dataset_path", "packing"),
