@@ -1,6 +1,7 @@
 """What the MaxText <-> equipax rules are made of: MaxText's defaults, the values a rule reads
 (`Values`) and the converters each way (`*_to_equipax`, `*_to_maxtext`). The rules themselves are
-`maxtext_rules.RULES`; the public functions are in `maxtext.py`."""
+`maxtext_rules.RULES`, the decoder blocks `maxtext_families`; the public functions are in
+`maxtext.py`."""
 
 import dataclasses
 import math
@@ -12,16 +13,21 @@ __all__ = [
     "activation_to_maxtext",
     "ACTIVATIONS",
     "batch_size",
+    "brief",
     "dims_to_equipax",
     "dims_to_maxtext",
     "inverted",
     "logit_cap",
     "MAXTEXT_DEFAULTS",
+    "MAXTEXT_MESH_AXES",
     "MESH_AXES",
     "mesh_to_equipax",
     "mesh_to_maxtext",
     "one_of",
     "OTHER_AXES",
+    "pipeline_stages",
+    "pipeline_to_equipax",
+    "pipeline_to_maxtext",
     "positive_int",
     "profiler_to_equipax",
     "profiler_to_maxtext",
@@ -35,33 +41,62 @@ __all__ = [
     "Values",
 ]
 
-# base.yml values a derived knob needs when a config leaves them out.
+# MaxText 0.2.5's base.yml values of the keys a translation reads when a config leaves them out
+# (tests/fixtures/maxtext/facts.json records them; a test checks the two agree). A model key left
+# out means MaxText's default, so a translated decoder block takes these, never the base
+# experiment's values.
 MAXTEXT_DEFAULTS: dict[str, Any] = {
+    "decoder_block": "llama2",
     "global_parameter_scale": 1,
     "base_num_decoder_layers": 16,
     "base_emb_dim": 2048,
     "base_mlp_dim": 7168,
     "base_num_query_heads": 16,
+    "base_num_kv_heads": 16,
+    "base_moe_mlp_dim": -1,
+    "head_dim": 128,
+    "vocab_size": 32_000,
+    "mlp_activations": ["silu", "linear"],
+    "normalization_layer_epsilon": 1e-5,
+    "rope_max_timescale": 10_000,
+    "rope_type": "default",
+    "rope_use_scale": True,
+    "logits_via_embedding": False,
+    "normalize_embedding_logits": True,
+    "use_qk_norm": False,
+    "fused_qkv": False,
+    "attn_logits_soft_cap": 0.0,
+    "final_logits_soft_cap": 0.0,
+    "num_experts": 1,
+    "num_experts_per_tok": 1,
+    "capacity_factor": -1.0,
+    "load_balance_loss_weight": 0.0,
+    "shared_experts": 0,
     "steps": 150_001,
     "learning_rate": 3e-5,
+    "lr_schedule_type": "cosine",
     "warmup_steps_fraction": 0.1,
-    "cosine_learning_rate_final_fraction": 0.1,
+    "learning_rate_final_fraction": 0.1,
     "learning_rate_schedule_steps": -1,
     "skip_first_n_steps_for_profiler": 1,
     "profiler_steps": 5,
+    "num_slices": -1,
+    "model_name": "default",
 }
-MESH_AXES = ("data", "fsdp", "tensor")  # equipax's (data, fsdp, tensor) mesh axes
+MESH_AXES = ("data", "fsdp", "tensor")  # equipax's default (data, fsdp, tensor) mesh axes
+# equipax mesh axis -> MaxText's `{ici,dcn}_X_parallelism` name.
+MAXTEXT_MESH_AXES = {"data": "data", "fsdp": "fsdp", "tensor": "tensor", "expert": "expert", "stage": "pipeline"}
 OTHER_AXES = (
     "fsdp_transpose",
     "sequence",
     "context",
+    "context_usp_ulysses",
+    "context_autoregressive",
     "autoregressive",
-    "expert",
-    "pipeline",
-    "tensor_transpose",
     "tensor_sequence",
+    "diloco",
 )
-SCALE_RULES = ("linear", "doubling")
+SCALE_RULES = ("doubling", "linear")
 TRANSFORMER = "model.transformer."
 ACTIVATIONS: dict[tuple[str, ...], tuple[str, bool]] = {
     ("relu",): ("relu", False),
@@ -77,12 +112,24 @@ class Skip(Exception):
     """A key (or knob) that cannot be translated; the message says why."""
 
 
+def brief(value: Any, width: int = 40) -> str:
+    """A value as a short text (long lists and dicts cut)."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 @dataclasses.dataclass
 class Values:
-    """The MaxText keys of one translation, with what was used and what was skipped."""
+    """The MaxText keys of one translation, with what was used and what was skipped.
+
+    `family` is the translated decoder block (None: a config without `decoder_block` keeps the
+    base experiment's block); `axes` the equipax mesh axes the mesh keys fill."""
 
     given: Mapping[str, Any]
-    scale_rule: str = "linear"
+    scale_rule: str = "doubling"
+    family: str | None = None
+    moe: bool = False
+    axes: tuple[str, ...] = MESH_AXES
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)
 
@@ -100,7 +147,7 @@ def scale_multipliers(scale: int, rule: str) -> tuple[int, int, int, int]:
     log2 = int(math.log2(scale)) if scale > 0 else -1
     if log2 < 0 or 2**log2 != scale:
         raise Skip(f"global_parameter_scale={scale}: the doubling rule needs a power of two")
-    base, rem = divmod(log2, 3)  # MaxText today: doublings rotate over heads+mlp, emb, layers
+    base, rem = divmod(log2, 3)  # MaxText 0.2.5: doublings rotate over heads+mlp, emb, layers
     heads = base + int(rem > 0)
     return 2**base, 2 ** (base + int(rem > 1)), 2**heads, 2**heads
 
@@ -115,11 +162,12 @@ def dims_to_equipax(v: Values) -> dict[str, Any]:
     if scale and v.get("global_parameter_scale") != 1:
         v.notes.append(
             f"global_parameter_scale={v.get('global_parameter_scale')} applied with the "
-            f"{v.scale_rule!r} rule (--scale-rule: 'linear' multiplies every base_* size, as MaxText's "
-            "first release and the Pax README do; 'doubling' is MaxText's current power-of-two rule)."
+            f"{v.scale_rule!r} rule (--scale-rule: 'doubling' is MaxText 0.2.5's power-of-two rule; 'linear' "
+            "multiplies every base_* size, as MaxText's first release and the Pax README do)."
         )
     if "base_num_heads" in v.given and "base_num_query_heads" not in v.given:  # the older key
         v.given = {**v.given, "base_num_query_heads": v.given["base_num_heads"]}
+    every = scale or v.family is not None  # a decoder block is defined by all its sizes
     out = {}
     for key, knob, m in (
         ("base_num_decoder_layers", "num_layers", layers),
@@ -127,75 +175,144 @@ def dims_to_equipax(v: Values) -> dict[str, Any]:
         ("base_mlp_dim", "hidden_dims", mlp),
         ("base_num_query_heads", "num_heads", heads),
     ):
-        if scale or v.has(key):
+        if every or v.has(key):
             out[TRANSFORMER + knob] = int(v.get(key)) * m
-    if v.has("base_num_kv_heads"):
-        kv = int(v.given["base_num_kv_heads"]) * heads
-        if kv != out.get(TRANSFORMER + "num_heads", kv):
-            v.skipped["base_num_kv_heads"] = (
-                f"{kv} key/value heads for {out[TRANSFORMER + 'num_heads']} query heads is "
-                "grouped-query attention; equipax's Pax LM has one key/value head "
-                "per query head (the llama experiments have GQA)"
+    if v.family is not None or v.has("base_num_kv_heads"):  # MaxText's first release: one head count
+        kv = int(v.get("base_num_kv_heads")) * heads
+        q = out.get(TRANSFORMER + "num_heads", kv)
+        if v.family is None:  # the Pax GPT: None = one key/value head per query head
+            out[TRANSFORMER + "num_kv_heads"] = None if kv == q else kv
+        else:
+            out[TRANSFORMER + "num_kv_heads"] = kv
+        if kv != q:
+            out[TRANSFORMER + "fused_qkv"] = False
+            v.notes.append(
+                f"{kv} key/value heads for {q} query heads (grouped-query attention): also set "
+                "model.transformer.fused_qkv=False (separate query and key/value projections)."
             )
     return out
 
 
 def dims_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
+    kv = k[TRANSFORMER + "num_kv_heads"]
     return {
         "global_parameter_scale": 1,
         "base_num_decoder_layers": k[TRANSFORMER + "num_layers"],
         "base_emb_dim": k[TRANSFORMER + "model_dims"],
         "base_mlp_dim": k[TRANSFORMER + "hidden_dims"],
         "base_num_query_heads": k[TRANSFORMER + "num_heads"],
-        "base_num_kv_heads": k[TRANSFORMER + "num_heads"],
+        "base_num_kv_heads": k[TRANSFORMER + "num_heads"] if kv is None else kv,
     }
 
 
+def _slices(v: Values) -> int:
+    n = int(v.get("num_slices"))
+    if n < 1:
+        v.notes.append("num_slices=-1 (MaxText: the slices present): one slice assumed; give num_slices=N.")
+        return 1
+    return n
+
+
 def mesh_to_equipax(v: Values) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for where in ("ici", "dcn"):
-        keys = [f"{where}_{a}_parallelism" for a in MESH_AXES]
-        for axis in OTHER_AXES:
-            size = v.given.get(f"{where}_{axis}_parallelism", 1)
-            if size != 1:
-                v.skipped[f"{where}_{axis}_parallelism"] = (
-                    f"equipax meshes have data, fsdp and tensor axes (and stage for pipelines, docs/pipeline.md); "
-                    f"no {axis} axis"
+        for axis in (*OTHER_AXES, *(a for a in ("expert", "pipeline") if a not in map(MAXTEXT_MESH_AXES.get, v.axes))):
+            key = f"{where}_{axis}_parallelism"
+            if v.given.get(key, 1) != 1:
+                v.skipped[key] = (
+                    f"{v.given[key]}: the mesh axes here are {', '.join(v.axes)} (docs/maxtext.md, "
+                    f"'Meshes'); no {axis} axis"
                 )
-        if not v.has(*keys):
-            continue
-        default = {"ici": (1, -1, 1), "dcn": (-1, 1, 1)}[where]  # base.yml: fsdp (ICI), data (DCN) take the rest
-        shape = tuple(int(v.given.get(k, d)) for k, d in zip(keys, default))
-        if where == "dcn" and -1 in shape:
-            v.skipped[keys[shape.index(-1)]] = "-1 (all slices) needs the slice count: give the number of slices"
-            continue
-        out[f"mesh.{where}_mesh_shape"] = shape
+    keys = {w: [f"{w}_{MAXTEXT_MESH_AXES[a]}_parallelism" for a in v.axes] for w in ("ici", "dcn")}
+    if not v.has(*keys["ici"], *keys["dcn"]):
+        return out
+    ici_default = {"fsdp": -1}  # base.yml: fsdp takes the devices of a slice, data the slices
+    ici = tuple(int(v.given.get(k, ici_default.get(a, 1))) for k, a in zip(keys["ici"], v.axes))
+    dcn = [int(v.given.get(k, -1 if a == "data" else 1)) for k, a in zip(keys["dcn"], v.axes)]
+    if -1 in dcn:
+        rest = math.prod(s for s in dcn if s != -1)
+        slices = _slices(v)
+        if slices % rest:
+            raise ValueError(f"num_slices={slices} is not a multiple of the other DCN axes' {rest}")
+        dcn[dcn.index(-1)] = slices // rest
+    out["mesh.ici_mesh_shape"] = ici
+    out["mesh.dcn_mesh_shape"] = tuple(dcn)
+    if v.axes != MESH_AXES:
+        out["mesh.axis_names"] = v.axes
     return out
 
 
 def mesh_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
+    axes = k.get("mesh.axis_names", MESH_AXES)
+    out: dict[str, Any] = {}
+    for where in ("ici", "dcn"):
+        sizes = dict(zip(axes, k[f"mesh.{where}_mesh_shape"]))
+        for axis, name in MAXTEXT_MESH_AXES.items():
+            out[f"{where}_{name}_parallelism"] = sizes.get(axis, 1)
+    out["num_slices"] = math.prod(k["mesh.dcn_mesh_shape"])  # MaxText checks the DCN axes against it
+    return out
+
+
+def pipeline_stages(v: Values) -> int:
+    """Pipeline stages of a MaxText config: its ICI x DCN `pipeline` parallelism."""
+    return int(v.given.get("ici_pipeline_parallelism", 1)) * int(v.given.get("dcn_pipeline_parallelism", 1))
+
+
+def pipeline_to_equipax(v: Values) -> dict[str, Any]:
+    stages = pipeline_stages(v)
+    if stages == 1 or "stage" not in v.axes:
+        return {}
+    layers = int(v.get("base_num_decoder_layers"))
+    repeats = int(v.given.get("num_pipeline_repeats", -1))
+    if repeats <= 0:  # MaxText: num_layers_per_pipeline_stage (default 1) layers per stage and repeat
+        repeats = max(1, layers // (stages * int(v.given.get("num_layers_per_pipeline_stage", 1))))
+    micro = int(v.given.get("num_pipeline_microbatches", -1))
     return {
-        f"{where}_{a}_parallelism": s
-        for where in ("ici", "dcn")
-        for a, s in zip(MESH_AXES, k[f"mesh.{where}_mesh_shape"])
+        TRANSFORMER + "pipeline_stages": stages,
+        TRANSFORMER + "pipeline_schedule": "circular" if repeats > 1 else "gpipe",
+        TRANSFORMER + "pipeline_repeats": repeats,
+        TRANSFORMER + "pipeline_microbatches": micro if micro > 0 else stages,  # MaxText: one per stage
+        TRANSFORMER + "pipeline_microbatch_size": None,
+    }
+
+
+def pipeline_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
+    stages = k[TRANSFORMER + "pipeline_stages"]
+    if stages == 1:
+        return {}
+    repeats = k[TRANSFORMER + "pipeline_repeats"]
+    micro = k[TRANSFORMER + "pipeline_microbatches"]
+    size = k[TRANSFORMER + "pipeline_microbatch_size"]
+    if micro is None and size is not None:  # MaxText counts microbatches: the global batch / size
+        per_device = k["data.per_device_batch"]
+        devices = math.prod((*k["mesh.ici_mesh_shape"], *k["mesh.dcn_mesh_shape"]))
+        micro = (k["data.batch_size"] if per_device is None else per_device * devices) // size
+    return {
+        "num_pipeline_repeats": repeats,
+        "num_layers_per_pipeline_stage": k[TRANSFORMER + "num_layers"] // (stages * repeats),
+        "num_pipeline_microbatches": micro,
     }
 
 
 def schedule_to_equipax(v: Values) -> dict[str, Any]:
+    kind = v.get("lr_schedule_type")
+    if kind != "cosine":
+        raise Skip(f"lr_schedule_type={kind!r}: equipax's warmup_cosine is MaxText's 'cosine'")
     steps = int(v.get("steps"))
     total = int(v.get("learning_rate_schedule_steps"))
     total = steps if total == -1 else total
-    warmup = round(float(v.get("warmup_steps_fraction")) * total)
+    warmup = int(float(v.get("warmup_steps_fraction")) * total)  # MaxText rounds down
     if total <= warmup:
         raise Skip(f"a cosine of {total - warmup} steps after {warmup} warmup steps")
     if total < steps:
         v.notes.append(f"MaxText trains at learning rate 0 after step {total}; equipax stays at final_fraction x peak.")
+    final = v.given.get("cosine_learning_rate_final_fraction")  # MaxText before 0.2's name
     return {
         "learner.schedule.kind": "warmup_cosine",
         "learner.schedule.peak_learning_rate": float(v.get("learning_rate")),
         "learner.schedule.warmup_steps": warmup,
         "learner.schedule.decay_steps": total - warmup,
-        "learner.schedule.final_fraction": float(v.get("cosine_learning_rate_final_fraction")),
+        "learner.schedule.final_fraction": float(v.get("learning_rate_final_fraction") if final is None else final),
     }
 
 
@@ -205,14 +322,15 @@ def schedule_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
     total = k["learner.schedule.warmup_steps"] + k["learner.schedule.decay_steps"]
     return {
         "learning_rate": k["learner.schedule.peak_learning_rate"],
+        "lr_schedule_type": "cosine",
         "learning_rate_schedule_steps": total,
         "warmup_steps_fraction": k["learner.schedule.warmup_steps"] / total,
-        "cosine_learning_rate_final_fraction": k["learner.schedule.final_fraction"],
+        "learning_rate_final_fraction": k["learner.schedule.final_fraction"],
     }
 
 
 def activation_to_equipax(v: Values) -> dict[str, Any]:
-    acts = tuple(v.given["mlp_activations"])
+    acts = tuple(v.get("mlp_activations"))
     if acts not in ACTIVATIONS:
         raise Skip(f"{list(acts)}: equipax has relu/gelu/silu, optionally gated ([act, 'linear'])")
     act, gated = ACTIVATIONS[acts]
@@ -272,6 +390,8 @@ def positive_int(key: str, what: str) -> Callable[[Any], int]:
 
 
 def batch_size(value: Any) -> int:
+    if value is None:
+        raise Skip("per_device_batch_size=None: give a number of examples per device")
     if float(value) != int(float(value)) or float(value) < 1:
         raise Skip(f"per_device_batch_size={value}: equipax needs a whole number of examples per device")
     return int(float(value))

@@ -1,15 +1,16 @@
 """The MaxText <-> equipax translation table (`RULES`): each rule reads some MaxText keys and sets
 some equipax knobs, and says how in one line (docs/maxtext.md shows them). What they are made of
-is in `maxtext_converters.py`; the public functions are in `maxtext.py`."""
+is in `maxtext_converters.py` and `maxtext_families.py`; the public functions are in `maxtext.py`."""
 
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from equipax.launch.translators.maxtext_converters import (
-    MESH_AXES,
+    MAXTEXT_MESH_AXES,
     OTHER_AXES,
     TRANSFORMER,
+    Skip,
     Values,
     activation_to_equipax,
     activation_to_maxtext,
@@ -21,6 +22,8 @@ from equipax.launch.translators.maxtext_converters import (
     mesh_to_equipax,
     mesh_to_maxtext,
     one_of,
+    pipeline_to_equipax,
+    pipeline_to_maxtext,
     positive_int,
     profiler_to_equipax,
     profiler_to_maxtext,
@@ -28,19 +31,23 @@ from equipax.launch.translators.maxtext_converters import (
     schedule_to_maxtext,
     steps_to_equipax,
 )
+from equipax.launch.translators.maxtext_families import block_to_equipax, block_to_maxtext, moe_to_equipax, moe_to_maxtext
 
-__all__ = ["DATASETS", "direct", "DTYPES", "OPTIMIZERS", "REMATS", "Rule", "RULES"]
+__all__ = ["C4_TFDS", "direct", "DTYPES", "OPTIMIZERS", "REMATS", "Rule", "RULES"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """MaxText keys -> equipax knobs (`forward`) and back (`reverse`, from flat knobs)."""
+    """MaxText keys -> equipax knobs (`forward`) and back (`reverse`, from flat knobs). An
+    `architecture` rule applies whenever a decoder block is translated (its keys' MaxText
+    defaults define the model too); the others only to the keys a config sets."""
 
     maxtext: tuple[str, ...]
     equipax: tuple[str, ...]
     how: str
     forward: Callable[[Values], dict[str, Any]]
     reverse: Callable[[Mapping[str, Any]], dict[str, Any]]
+    architecture: bool = False
 
 
 def direct(
@@ -49,14 +56,75 @@ def direct(
     how: str = "same value",
     to: Callable[[Any], Any] = lambda v: v,
     back: Callable[[Any], Any] = lambda v: v,
+    architecture: bool = False,
 ) -> Rule:
-    return Rule((key,), (knob,), how, lambda v: {knob: to(v.get(key))}, lambda k: {key: back(k[knob])})
+    return Rule((key,), (knob,), how, lambda v: {knob: to(v.get(key))}, lambda k: {key: back(k[knob])}, architecture)
 
 
-REMATS = {"none": "none", "full": "full", "minimal": "dots_saveable"}
+REMATS = {"full": "full", "minimal": "dots_saveable"}
 OPTIMIZERS = {"adamw": "adamw", "adam_pax": "pax_adam"}
 DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
-DATASETS = {"c4": "c4", "synthetic": "synthetic"}
+C4_TFDS = "c4/en:3.1.0"  # base.yml's dataset_name
+
+
+def optimizer_to_equipax(v: Values) -> dict[str, Any]:
+    kind = one_of("opt_type", OPTIMIZERS)(v.given["opt_type"])
+    out: dict[str, Any] = {"learner.kind": kind}
+    if kind == "adamw":
+        out["learner.clip_update_rms"] = None  # pax_adam's alone; AdamW refuses it
+    return out
+
+
+def data_to_equipax(v: Values) -> dict[str, Any]:
+    kind = v.given.get("dataset_type", "synthetic")
+    name = str(v.given.get("dataset_name", C4_TFDS))
+    if kind == "synthetic":
+        v.notes.append("dataset_type=synthetic: also set data.packing=False (synthetic tokens are not packed).")
+        return {"data.source": "synthetic", "data.packing": False}
+    if kind in ("tfds", "c4") and name.startswith("c4/"):  # `c4`: MaxText before 0.2
+        out: dict[str, Any] = {"data.source": "c4", "data.packing": bool(v.given.get("packing", True))}
+        if v.given.get("dataset_path"):
+            out["data.path"] = str(v.given["dataset_path"])
+        return out
+    raise Skip(f"dataset_type={kind!r}, dataset_name={name!r}: translated are synthetic and tfds C4 ({C4_TFDS})")
+
+
+def data_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
+    if k["data.source"] == "synthetic":
+        return {"dataset_type": "synthetic"}
+    if k["data.source"] != "c4":
+        raise Skip(f"data.source={k['data.source']!r}: MaxText reads synthetic tokens or C4")
+    return {"dataset_type": "tfds", "dataset_name": C4_TFDS, "dataset_path": k["data.path"], "packing": k["data.packing"]}
+
+
+def per_device_batch_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
+    if k["data.per_device_batch"] is not None:
+        return {"per_device_batch_size": k["data.per_device_batch"]}
+    devices = 1
+    for size in (*k["mesh.ici_mesh_shape"], *k["mesh.dcn_mesh_shape"]):
+        devices *= size
+    if devices < 1 or k["data.batch_size"] % devices:
+        raise Skip(f"data.batch_size={k['data.batch_size']} over this mesh: give data.per_device_batch")
+    return {"per_device_batch_size": k["data.batch_size"] // devices}
+
+
+_BLOCK_KNOBS = tuple(
+    TRANSFORMER + k for k in ("norm", "norm_eps", "use_bias", "fused_qkv", "qk_norm", "sliding_window", "attention")
+) + tuple(
+    f"model.{k}" for k in ("position", "rope_theta", "rope_scaling", "tie_embeddings", "embedding_multiplier", "embedding_init_std")
+)
+_MOE_KNOBS = tuple(
+    TRANSFORMER + k
+    for k in (
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "capacity_factor",
+        "shared_expert_intermediate_size",
+        "router_aux_loss_coef",
+    )
+)
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -69,13 +137,76 @@ RULES: tuple[Rule, ...] = (
             "base_num_heads",
             "base_num_kv_heads",
         ),
-        tuple(TRANSFORMER + k for k in ("num_layers", "model_dims", "hidden_dims", "num_heads")),
-        "base size x scale (see --scale-rule); key/value heads must equal query heads",
+        tuple(TRANSFORMER + k for k in ("num_layers", "model_dims", "hidden_dims", "num_heads", "num_kv_heads")),
+        "base size x scale (see --scale-rule); fewer key/value heads = grouped-query attention (fused_qkv=False)",
         dims_to_equipax,
         dims_to_maxtext,
+        architecture=True,
     ),
-    direct("head_dim", TRANSFORMER + "head_dim"),
-    direct("vocab_size", "model.vocab_size"),
+    direct("head_dim", TRANSFORMER + "head_dim", to=int, architecture=True),
+    direct("vocab_size", "model.vocab_size", to=int, architecture=True),
+    Rule(
+        (
+            "decoder_block",
+            "model_name",
+            "normalization_layer_epsilon",
+            "rope_max_timescale",
+            "rope_type",
+            "rope_use_scale",
+            "logits_via_embedding",
+            "normalize_embedding_logits",
+            "use_qk_norm",
+            "fused_qkv",
+            "attention_type",
+            "sliding_window_size",
+        ),
+        _BLOCK_KNOBS,
+        "llama2 (Llama 2/3; 3.1 by model_name or rope_type), mistral, qwen3, mixtral, qwen3_moe: Llama's block "
+        "(docs/maxtext.md, 'Decoder blocks'); without decoder_block the base experiment's block is kept",
+        block_to_equipax,
+        block_to_maxtext,
+        architecture=True,
+    ),
+    Rule(
+        (
+            "num_experts",
+            "num_experts_per_tok",
+            "base_moe_mlp_dim",
+            "capacity_factor",
+            "shared_experts",
+            "load_balance_loss_weight",
+            "norm_topk_prob",
+        ),
+        _MOE_KNOBS,
+        "mixtral, qwen3_moe: experts, top-k (renormalised), capacity (-1 = dropless), shared experts, aux loss",
+        moe_to_equipax,
+        moe_to_maxtext,
+        architecture=True,
+    ),
+    Rule(
+        ("mlp_activations",),
+        (TRANSFORMER + "activation", TRANSFORMER + "gated"),
+        "[act] or gated [act, 'linear']",
+        activation_to_equipax,
+        activation_to_maxtext,
+        architecture=True,
+    ),
+    direct(
+        "attn_logits_soft_cap",
+        TRANSFORMER + "atten_logit_cap",
+        "0/null = no cap",
+        logit_cap,
+        lambda c: c or 0.0,
+        architecture=True,
+    ),
+    direct(
+        "final_logits_soft_cap",
+        "model.output_logit_cap",
+        "0/null = no cap",
+        logit_cap,
+        lambda c: c or 0.0,
+        architecture=True,
+    ),
     Rule(
         ("max_target_length",),
         ("model.max_seq_len", "data.seq_len"),
@@ -84,35 +215,59 @@ RULES: tuple[Rule, ...] = (
         lambda k: {"max_target_length": k["data.seq_len"]},
     ),
     direct("dtype", "model.dtype", "bfloat16 or float32", one_of("dtype", DTYPES), one_of("model.dtype", DTYPES)),
-    direct("per_device_batch_size", "data.per_device_batch", "whole examples only", batch_size),
     Rule(
-        tuple(f"{w}_{a}_parallelism" for w in ("ici", "dcn") for a in (*MESH_AXES, *OTHER_AXES)),
-        ("mesh.ici_mesh_shape", "mesh.dcn_mesh_shape"),
-        "(data, fsdp, tensor) sizes; other axes only at 1; DCN -1 needs the slice count",
+        ("per_device_batch_size",),
+        ("data.per_device_batch",),
+        "whole examples only",
+        lambda v: {"data.per_device_batch": batch_size(v.given["per_device_batch_size"])},
+        per_device_batch_to_maxtext,
+    ),
+    Rule(
+        (
+            *(f"{w}_{a}_parallelism" for w in ("ici", "dcn") for a in (*MAXTEXT_MESH_AXES.values(), *OTHER_AXES)),
+            "num_slices",
+        ),
+        ("mesh.ici_mesh_shape", "mesh.dcn_mesh_shape", "mesh.axis_names"),
+        "data, fsdp, tensor (and expert for MoE experiments) sizes; other axes only at 1; DCN -1 = num_slices",
         mesh_to_equipax,
         mesh_to_maxtext,
+    ),
+    Rule(
+        (
+            "ici_pipeline_parallelism",
+            "dcn_pipeline_parallelism",
+            "num_pipeline_microbatches",
+            "num_pipeline_repeats",
+            "num_layers_per_pipeline_stage",
+        ),
+        tuple(
+            TRANSFORMER + k
+            for k in (
+                "pipeline_stages",
+                "pipeline_schedule",
+                "pipeline_repeats",
+                "pipeline_microbatches",
+                "pipeline_microbatch_size",
+            )
+        ),
+        "stages = pipeline parallelism (a `stage` mesh axis); repeats > 1 = circular; microbatches -1 = stages",
+        pipeline_to_equipax,
+        pipeline_to_maxtext,
     ),
     direct("scan_layers", TRANSFORMER + "scan_layers", to=bool),
     direct(
         "remat_policy",
         TRANSFORMER + "remat",
-        "none, full; minimal -> dots_saveable (checkpoint dots without batch dims)",
+        "full; minimal -> dots_saveable (checkpoint dots without batch dims)",
         one_of("remat_policy", REMATS),
         one_of("model.transformer.remat", inverted(REMATS)),
     ),
     Rule(
-        ("mlp_activations",),
-        (TRANSFORMER + "activation", TRANSFORMER + "gated"),
-        "[act] or gated [act, 'linear']",
-        activation_to_equipax,
-        activation_to_maxtext,
-    ),
-    direct("attn_logits_soft_cap", TRANSFORMER + "atten_logit_cap", "0/null = no cap", logit_cap, lambda c: c or 0.0),
-    direct("final_logits_soft_cap", "model.output_logit_cap", "0/null = no cap", logit_cap, lambda c: c or 0.0),
-    Rule(
         (
             "learning_rate",
+            "lr_schedule_type",
             "warmup_steps_fraction",
+            "learning_rate_final_fraction",
             "cosine_learning_rate_final_fraction",
             "learning_rate_schedule_steps",
         ),
@@ -120,16 +275,16 @@ RULES: tuple[Rule, ...] = (
             f"learner.schedule.{k}"
             for k in ("kind", "peak_learning_rate", "warmup_steps", "decay_steps", "final_fraction")
         ),
-        "warmup_cosine: warmup = fraction x schedule steps (-1 = steps), cosine for the rest",
+        "cosine -> warmup_cosine: warmup = fraction x schedule steps (-1 = steps), cosine for the rest",
         schedule_to_equipax,
         schedule_to_maxtext,
     ),
-    direct(
-        "opt_type",
-        "learner.kind",
-        "adamw; adam_pax -> pax_adam",
-        one_of("opt_type", OPTIMIZERS),
-        one_of("learner.kind", inverted(OPTIMIZERS)),
+    Rule(
+        ("opt_type",),
+        ("learner.kind", "learner.clip_update_rms"),
+        "adamw (clip_update_rms=None); adam_pax -> pax_adam",
+        optimizer_to_equipax,
+        lambda k: {"opt_type": one_of("learner.kind", inverted(OPTIMIZERS))(k["learner.kind"])},
     ),
     direct("adam_b1", "learner.b1", to=float),
     direct("adam_b2", "learner.b2", to=float),
@@ -150,14 +305,13 @@ RULES: tuple[Rule, ...] = (
         "-1 (no eval) is not translated",
         positive_int("eval_interval", "MaxText then never evaluates; equipax evaluates at least at the end"),
     ),
-    direct(
-        "dataset_type",
-        "data.source",
-        "c4 or synthetic",
-        one_of("dataset_type", DATASETS),
-        one_of("data.source", DATASETS),
+    Rule(
+        ("dataset_type", "dataset_name", "dataset_path", "packing"),
+        ("data.source", "data.path", "data.packing"),
+        f"synthetic (packing off); tfds {C4_TFDS} -> c4 shards in a directory (not TFDS)",
+        data_to_equipax,
+        data_to_maxtext,
     ),
-    direct("dataset_path", "data.path", "a directory of c4-train.*/c4-validation.* shards (not TFDS)", str),
     Rule(
         (
             "profiler",
@@ -172,5 +326,3 @@ RULES: tuple[Rule, ...] = (
         profiler_to_maxtext,
     ),
 )
-
-# Keys known to have no equipax knob, with why (anything else: "no equipax knob").
