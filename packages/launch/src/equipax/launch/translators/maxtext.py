@@ -16,15 +16,7 @@ from typing import Any
 
 from equipax.core.configs import EXPERT_AXES, STAGE
 from equipax.core.knobs import ConfigError, flatten, set_knobs
-from equipax.launch.translators.maxtext_converters import (
-    MESH_AXES,
-    OTHER_AXES,
-    SCALE_RULES,
-    Skip,
-    Values,
-    brief,
-    pipeline_stages,
-)
+from equipax.launch.translators.maxtext_converters import MESH_AXES, OTHER_AXES, SCALE_RULES, Skip, Values, brief
 from equipax.launch.translators.maxtext_families import (
     ARCHITECTURE_CHECKS,
     FAMILIES,
@@ -33,6 +25,7 @@ from equipax.launch.translators.maxtext_families import (
     llama3_1_scaling,
     representable,
 )
+from equipax.launch.translators.maxtext_mesh import pipeline_stages
 from equipax.launch.translators.maxtext_rules import RULES
 
 __all__ = [
@@ -95,9 +88,7 @@ class Translation:
     ignored: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def merge(
-    base: Mapping[str, Any], model: Mapping[str, Any], overrides: Mapping[str, Any]
-) -> dict[str, Any]:
+def merge(base: Mapping[str, Any], model: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """MaxText's merge: base.yml, then the model file, then the command line. A key both the model
     file and the command line set to different values is an error there (unless
     `override_model_config=true`, when the command line wins), and here."""
@@ -184,7 +175,9 @@ def _block(v: Values) -> str | None:
         exp = base_experiment(v)
     if pipeline_stages(v) > 1:
         if "expert" in v.axes:
-            v.skipped["ici_pipeline_parallelism"] = "equipax pipelines a dense stack (no expert and stage axes together)"
+            v.skipped["ici_pipeline_parallelism"] = (
+                "equipax pipelines a dense stack (no expert and stage axes together)"
+            )
         else:
             v.axes = (STAGE, *v.axes)
     return exp
