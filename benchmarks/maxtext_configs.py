@@ -2,9 +2,11 @@
 
 Usage (the MaxText wheel is for this study only; nothing in equipax or its tests needs it):
 
-    pip download maxtext==0.2.5 --no-deps -d /tmp/mt && unzip -q /tmp/mt/maxtext-0.2.5-py3-none-any.whl -d /tmp/mt/x
+    pip download maxtext==0.2.5 --no-deps -d /tmp/mt
+    unzip -q /tmp/mt/maxtext-0.2.5-py3-none-any.whl -d /tmp/mt/x
     uv run python benchmarks/maxtext_configs.py /tmp/mt/x/maxtext/configs [--markdown]
-    uv run python benchmarks/maxtext_configs.py /tmp/mt/x/maxtext/configs --write-facts tests/fixtures/maxtext/facts.json
+    uv run python benchmarks/maxtext_configs.py /tmp/mt/x/maxtext/configs \
+        --write-facts tests/fixtures/maxtext/facts.json
 
 Each file of `configs/models/` is translated three ways, as MaxText users run it: alone
 (`convert models/X.yml`), merged over base.yml (`convert base.yml models/X.yml`) and through

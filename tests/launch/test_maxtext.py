@@ -363,3 +363,29 @@ def test_translator_facts_match_maxtext_0_2_5():
     assert set(OPTIMIZERS) <= set(FACTS["domains"]["opt_type"])
     assert set(REMATS) <= set(FACTS["domains"]["remat_policy"])
     assert "cosine_learning_rate_final_fraction" in FACTS["not_keys"]  # renamed before 0.2: read, never written
+
+
+def test_no_value_of_any_key_crashes_the_translation():
+    """Every key of a merged base.yml + model file, given a value of the wrong kind (a word, a
+    list, a dict), with and without a decoder_block: a translation or a ConfigError (exit 2),
+    never another exception (MaxText's list-valued keys once ended in 'unhashable type')."""
+    import yaml
+
+    from equipax.core.knobs import ConfigError
+    from equipax.launch.translators.maxtext import to_equipax
+
+    merged = yaml.safe_load((CONFIGS / "base.yml").read_text()) | yaml.safe_load(
+        (CONFIGS / "models" / "mixtral-8x7b.yml").read_text()
+    )
+    outcomes = {"ok": 0, "exit 2": 0}
+    for config in (merged, {k: v for k, v in merged.items() if k != "decoder_block"}):
+        for key in config:
+            for bad in ("x", [1, "a"], {"a": [1]}):
+                try:
+                    to_equipax({**config, key: bad})
+                    outcomes["ok"] += 1
+                except ConfigError:
+                    outcomes["exit 2"] += 1
+    assert outcomes["ok"] > 100 and outcomes["exit 2"] > 50  # both outcomes exercised
+    result = launch("convert", "maxtext", CONFIGS / "base.yml", "decoder_block=[llama2]")
+    assert result.exit_code == 2 and "is not a decoder block's name" in result.output

@@ -19,13 +19,21 @@ from equipax.launch.translators.maxtext import (
     SCALE_RULES,
     Translation,
     apply_translation,
-    merge,
     settable,
     to_equipax,
     to_maxtext,
 )
+from equipax.launch.translators.maxtext_files import read_maxtext
 
-__all__ = ["convert_app", "convert_maxtext", "DEFAULT_BASE", "hf_export", "hf_import", "print_maxtext", "read_maxtext", "translate_maxtext"]
+__all__ = [
+    "convert_app",
+    "convert_maxtext",
+    "DEFAULT_BASE",
+    "hf_export",
+    "hf_import",
+    "print_maxtext",
+    "translate_maxtext",
+]
 
 convert_app: typer.Typer = typer.Typer(
     help="Translate other frameworks' configs and checkpoints (MaxText configs, Hugging Face models).",
@@ -35,87 +43,9 @@ convert_app: typer.Typer = typer.Typer(
 DEFAULT_BASE = "c4_1b"
 
 
-def _load_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
-        fail(f"Cannot read the MaxText config {path}: {e} (a MaxText config is a YAML text file).")
-    if not isinstance(values, dict):
-        fail(f"{path} is not a MaxText config (a YAML mapping of key: value); found a {type(values).__name__}.")
-    return {str(k): _number(v) for k, v in values.items()}
-
-
-def _model_file(config: Path, name: str) -> Path:
-    """Where MaxText looks for `model_name`'s file: `models/NAME.yml` next to the config, then one
-    directory up (`-Instruct` names the base model's architecture)."""
-    name = name.replace("-Instruct", "")
-    tried = [config.parent / "models" / f"{name}.yml", config.parent.parent / "models" / f"{name}.yml"]
-    for path in tried:
-        if path.is_file():
-            return path
-    fail(
-        f"model_name={name}: no model file {tried[0]} (nor {tried[1]}). Give the MaxText configs directory's "
-        "base.yml (its models/ holds one file per model), or the model file itself as the second argument."
-    )
-
-
-def read_maxtext(config: Path, args: list[str], notes: list[str] | None = None) -> dict[str, Any]:
-    """A MaxText config as MaxText's loader merges it: CONFIG (e.g. base.yml), then the model file
-    (given as an argument, or `model_name`'s file under models/), then `key=value` overrides
-    (values parsed as YAML, as on MaxText's command line). `notes` collects what was resolved."""
-    import yaml
-
-    notes = [] if notes is None else notes
-    overrides: dict[str, Any] = {}
-    model_path: Path | None = None
-    for text in args:
-        key, sep, raw = text.partition("=")
-        if not sep and text.endswith((".yml", ".yaml")) and model_path is None:
-            model_path = Path(text)
-            continue
-        if not sep or not key.strip():
-            fail(
-                f"MaxText overrides are key=value (e.g. per_device_batch_size=16), after at most one model file "
-                f"(MODEL.yml); got {text!r}."
-            )
-        try:
-            overrides[key.strip()] = _number(yaml.safe_load(raw)) if raw.strip() else ""
-        except yaml.YAMLError as e:
-            fail(f"The override {text!r} is not key=YAML value: {e}")
-    base = _load_yaml(config)
-    name = str(overrides.get("model_name", base.get("model_name", "default")))
-    model: dict[str, Any] = {}
-    if model_path is not None:
-        model = _load_yaml(model_path)
-        if name == "default":  # what MaxText would be told to load this file
-            overrides.setdefault("model_name", model_path.stem)
-    elif name != "default":
-        model_path = _model_file(config, name)
-        model = _load_yaml(model_path)
-        notes.append(f"model_name={name}: read {model_path} over {config.name}.")
-    elif config.parent.name == "models" and "model_name" not in base:
-        base["model_name"] = config.stem  # a model file alone: it is the model of that name
-    try:
-        return merge(base, model, overrides)
-    except ConfigError as e:
-        fail(str(e))
-
-
 def _literal(value: Any) -> str:
     """A knob value as `--set` parses it back: bare words stay bare (model.dtype=bfloat16)."""
     return value if isinstance(value, str) and parse_literal(value) == value else repr(value)
-
-
-def _number(value: Any) -> Any:
-    """YAML 1.1 reads `1e-3` (no dot) as a string; MaxText means a number."""
-    if isinstance(value, str):
-        try:
-            return float(value) if value.strip() and value.strip().lower() not in ("nan", "inf", "infinity") else value
-        except ValueError:
-            return value
-    return value
 
 
 def translate_maxtext(
@@ -126,9 +56,8 @@ def translate_maxtext(
     from equipax.launch.experiments.registry import get_experiment
 
     notes: list[str] = []
-    values = read_maxtext(config, args, notes)
     try:
-        t = to_equipax(values, scale_rule=scale_rule)
+        t = to_equipax(read_maxtext(config, args, notes), scale_rule=scale_rule)
         t.notes[:0] = notes
         t.exp = exp or t.exp or DEFAULT_BASE
         resolve(t.exp, [])  # a clean error for an unknown --exp

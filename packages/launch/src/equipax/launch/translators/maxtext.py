@@ -16,22 +16,16 @@ from typing import Any
 
 from equipax.core.configs import EXPERT_AXES, STAGE
 from equipax.core.knobs import ConfigError, flatten, set_knobs
-from equipax.launch.translators.maxtext_converters import (
-    MESH_AXES,
-    OTHER_AXES,
-    SCALE_RULES,
-    Skip,
-    Values,
-    brief,
-    pipeline_stages,
-)
+from equipax.launch.translators.maxtext_converters import MESH_AXES, OTHER_AXES, SCALE_RULES, Skip, Values, brief
 from equipax.launch.translators.maxtext_families import (
     ARCHITECTURE_CHECKS,
     FAMILIES,
     architecture_problems,
     base_experiment,
     llama3_1_scaling,
+    representable,
 )
+from equipax.launch.translators.maxtext_mesh import pipeline_stages
 from equipax.launch.translators.maxtext_rules import RULES
 
 __all__ = [
@@ -64,6 +58,8 @@ NOT_TRANSLATED = {
     "logical_axis_rules": "equipax's rules are mesh.logical_axis_rules, over its own logical axis names",
     "mesh_axes": "equipax's mesh axes are mesh.axis_names (data, fsdp, tensor; expert, stage)",
     "data_sharding": "equipax shards the batch over its batch axes (data, fsdp, expert)",
+    "gradient_accumulation_steps": "equipax takes one optimizer step per batch (a larger data.per_device_batch "
+    "or mesh instead)",
 }
 # values that already mean what equipax does (not listed as untranslated)
 _QUIET = {
@@ -75,6 +71,7 @@ _QUIET = {
     ("dropout_rate", 0.0),
     ("enable_dropout", False),
     ("override_model_config", False),
+    ("gradient_accumulation_steps", 1),
 }
 
 
@@ -91,9 +88,7 @@ class Translation:
     ignored: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def merge(
-    base: Mapping[str, Any], model: Mapping[str, Any], overrides: Mapping[str, Any]
-) -> dict[str, Any]:
+def merge(base: Mapping[str, Any], model: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """MaxText's merge: base.yml, then the model file, then the command line. A key both the model
     file and the command line set to different values is an error there (unless
     `override_model_config=true`, when the command line wins), and here."""
@@ -113,25 +108,12 @@ def to_equipax(maxtext: Mapping[str, Any], *, scale_rule: str = "doubling") -> T
     if scale_rule not in SCALE_RULES:
         raise ValueError(f"scale_rule must be one of {SCALE_RULES}; got {scale_rule!r}.")
     v = Values(dict(maxtext), scale_rule=scale_rule)
-    exp = None
-    if "decoder_block" in maxtext:
-        problems = architecture_problems(v)
-        if problems:
-            raise ConfigError(
-                "This MaxText config describes an architecture equipax's decoder stack does not have: "
-                + "; ".join(problems)
-                + f". Translated decoder blocks are {', '.join(FAMILIES)} (docs/maxtext.md, 'Decoder blocks'); "
-                "nothing was translated."
-            )
-        v.family = str(maxtext["decoder_block"])
-        v.moe = FAMILIES[v.family].moe
-        v.axes = EXPERT_AXES if v.moe else MESH_AXES
-        exp = base_experiment(v)
-    if pipeline_stages(v) > 1:
-        if "expert" in v.axes:
-            v.skipped["ici_pipeline_parallelism"] = "equipax pipelines a dense stack (no expert and stage axes together)"
-        else:
-            v.axes = (STAGE, *v.axes)
+    try:
+        exp = _block(v)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, ArithmeticError) as e:
+        raise _untranslatable(maxtext, _BLOCK_KEYS, e) from None
     knobs: dict[str, Any] = {}
     used: set[str] = set()
     for rule in RULES:
@@ -145,14 +127,10 @@ def to_equipax(maxtext: Mapping[str, Any], *, scale_rule: str = "doubling") -> T
                 if key in maxtext:
                     v.skipped.setdefault(key, str(e))
         except (ValueError, TypeError, ArithmeticError, KeyError) as e:
-            given = ", ".join(f"{k}={brief(maxtext[k])}" for k in rule.maxtext if k in maxtext)
-            raise ConfigError(
-                f"The MaxText value(s) {given} do not translate: {e}. Give each key a value of the kind "
-                f"MaxText takes (a number for sizes and steps, e.g. steps=1000)."
-            ) from None
-    for key, (ok, what) in ARCHITECTURE_CHECKS.items():
+            raise _untranslatable(maxtext, rule.maxtext, e) from None
+    for key, (_, what) in ARCHITECTURE_CHECKS.items():
         used.add(key)
-        if v.family is None and key in maxtext and not ok(maxtext[key]):  # checked above with a block
+        if v.family is None and key in maxtext and not representable(key, maxtext[key]):  # checked above with a block
             v.skipped[key] = f"{brief(maxtext[key])}: {what}, which the base experiment's block does not have"
     ignored: dict[str, str] = {}
     for key, value in maxtext.items():
@@ -163,6 +141,54 @@ def to_equipax(maxtext: Mapping[str, Any], *, scale_rule: str = "doubling") -> T
         else:
             ignored[key] = brief(value)
     return Translation(knobs, v.skipped, v.notes, exp, ignored)
+
+
+# the keys `_block` reads before the rules run
+_BLOCK_KEYS = (
+    "decoder_block",
+    "model_name",
+    "rope_type",
+    "rope_use_scale",
+    "rope_max_timescale",
+    "ici_pipeline_parallelism",
+    "dcn_pipeline_parallelism",
+    *ARCHITECTURE_CHECKS,
+)
+
+
+def _block(v: Values) -> str | None:
+    """Set the decoder block (family, MoE, mesh axes) of `v`; its base experiment (None: no
+    decoder_block). Raises ConfigError for an architecture the stack lacks."""
+    exp = None
+    if "decoder_block" in v.given:
+        problems = architecture_problems(v)
+        if problems:
+            raise ConfigError(
+                "This MaxText config describes an architecture equipax's decoder stack does not have: "
+                + "; ".join(problems)
+                + f". Translated decoder blocks are {', '.join(FAMILIES)} (docs/maxtext.md, 'Decoder blocks'); "
+                "nothing was translated."
+            )
+        v.family = str(v.given["decoder_block"])
+        v.moe = FAMILIES[v.family].moe
+        v.axes = EXPERT_AXES if v.moe else MESH_AXES
+        exp = base_experiment(v)
+    if pipeline_stages(v) > 1:
+        if "expert" in v.axes:
+            v.skipped["ici_pipeline_parallelism"] = (
+                "equipax pipelines a dense stack (no expert and stage axes together)"
+            )
+        else:
+            v.axes = (STAGE, *v.axes)
+    return exp
+
+
+def _untranslatable(maxtext: Mapping[str, Any], keys: tuple[str, ...], e: Exception) -> ConfigError:
+    given = ", ".join(f"{k}={brief(maxtext[k])}" for k in keys if k in maxtext)
+    return ConfigError(
+        f"The MaxText value(s) {given} do not translate: {e}. Give each key a value of the kind "
+        f"MaxText takes (a number for sizes and steps, e.g. steps=1000)."
+    )
 
 
 def _quiet(key: str, value: Any) -> bool:

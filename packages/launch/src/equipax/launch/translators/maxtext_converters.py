@@ -1,7 +1,7 @@
 """What the MaxText <-> equipax rules are made of: MaxText's defaults, the values a rule reads
 (`Values`) and the converters each way (`*_to_equipax`, `*_to_maxtext`). The rules themselves are
-`maxtext_rules.RULES`, the decoder blocks `maxtext_families`; the public functions are in
-`maxtext.py`."""
+`maxtext_rules.RULES`, the decoder blocks `maxtext_families`, the mesh `maxtext_mesh`, the
+optimizer, schedule and data `maxtext_training`; the public functions are in `maxtext.py`."""
 
 import dataclasses
 import math
@@ -13,6 +13,7 @@ __all__ = [
     "activation_to_maxtext",
     "ACTIVATIONS",
     "batch_size",
+    "BLOCK_KNOBS",
     "brief",
     "dims_to_equipax",
     "dims_to_maxtext",
@@ -21,22 +22,13 @@ __all__ = [
     "MAXTEXT_DEFAULTS",
     "MAXTEXT_MESH_AXES",
     "MESH_AXES",
-    "mesh_to_equipax",
-    "mesh_to_maxtext",
+    "MOE_KNOBS",
     "one_of",
     "OTHER_AXES",
-    "pipeline_stages",
-    "pipeline_to_equipax",
-    "pipeline_to_maxtext",
     "positive_int",
-    "profiler_to_equipax",
-    "profiler_to_maxtext",
     "scale_multipliers",
     "SCALE_RULES",
-    "schedule_to_equipax",
-    "schedule_to_maxtext",
     "Skip",
-    "steps_to_equipax",
     "TRANSFORMER",
     "Values",
 ]
@@ -98,6 +90,26 @@ OTHER_AXES = (
 )
 SCALE_RULES = ("doubling", "linear")
 TRANSFORMER = "model.transformer."
+# the knobs a translated block sets (`block_to_equipax`, `moe_to_equipax`)
+BLOCK_KNOBS = tuple(
+    TRANSFORMER + k for k in ("norm", "norm_eps", "use_bias", "fused_qkv", "qk_norm", "sliding_window", "attention")
+) + tuple(
+    f"model.{k}"
+    for k in ("position", "rope_theta", "rope_scaling", "tie_embeddings", "embedding_multiplier", "embedding_init_std")
+)
+MOE_KNOBS = tuple(
+    TRANSFORMER + k
+    for k in (
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "capacity_factor",
+        "shared_expert_intermediate_size",
+        "router_aux_loss_coef",
+    )
+)
+
 ACTIVATIONS: dict[tuple[str, ...], tuple[str, bool]] = {
     ("relu",): ("relu", False),
     ("gelu",): ("gelu", False),
@@ -205,130 +217,6 @@ def dims_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _slices(v: Values) -> int:
-    n = int(v.get("num_slices"))
-    if n < 1:
-        v.notes.append("num_slices=-1 (MaxText: the slices present): one slice assumed; give num_slices=N.")
-        return 1
-    return n
-
-
-def mesh_to_equipax(v: Values) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for where in ("ici", "dcn"):
-        for axis in (*OTHER_AXES, *(a for a in ("expert", "pipeline") if a not in map(MAXTEXT_MESH_AXES.get, v.axes))):
-            key = f"{where}_{axis}_parallelism"
-            if v.given.get(key, 1) != 1:
-                v.skipped[key] = (
-                    f"{v.given[key]}: the mesh axes here are {', '.join(v.axes)} (docs/maxtext.md, "
-                    f"'Meshes'); no {axis} axis"
-                )
-    keys = {w: [f"{w}_{MAXTEXT_MESH_AXES[a]}_parallelism" for a in v.axes] for w in ("ici", "dcn")}
-    if not v.has(*keys["ici"], *keys["dcn"]):
-        return out
-    ici_default = {"fsdp": -1}  # base.yml: fsdp takes the devices of a slice, data the slices
-    ici = tuple(int(v.given.get(k, ici_default.get(a, 1))) for k, a in zip(keys["ici"], v.axes))
-    dcn = [int(v.given.get(k, -1 if a == "data" else 1)) for k, a in zip(keys["dcn"], v.axes)]
-    if -1 in dcn:
-        rest = math.prod(s for s in dcn if s != -1)
-        slices = _slices(v)
-        if slices % rest:
-            raise ValueError(f"num_slices={slices} is not a multiple of the other DCN axes' {rest}")
-        dcn[dcn.index(-1)] = slices // rest
-    out["mesh.ici_mesh_shape"] = ici
-    out["mesh.dcn_mesh_shape"] = tuple(dcn)
-    if v.axes != MESH_AXES:
-        out["mesh.axis_names"] = v.axes
-    return out
-
-
-def mesh_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
-    axes = k.get("mesh.axis_names", MESH_AXES)
-    out: dict[str, Any] = {}
-    for where in ("ici", "dcn"):
-        sizes = dict(zip(axes, k[f"mesh.{where}_mesh_shape"]))
-        for axis, name in MAXTEXT_MESH_AXES.items():
-            out[f"{where}_{name}_parallelism"] = sizes.get(axis, 1)
-    out["num_slices"] = math.prod(k["mesh.dcn_mesh_shape"])  # MaxText checks the DCN axes against it
-    return out
-
-
-def pipeline_stages(v: Values) -> int:
-    """Pipeline stages of a MaxText config: its ICI x DCN `pipeline` parallelism."""
-    return int(v.given.get("ici_pipeline_parallelism", 1)) * int(v.given.get("dcn_pipeline_parallelism", 1))
-
-
-def pipeline_to_equipax(v: Values) -> dict[str, Any]:
-    stages = pipeline_stages(v)
-    if stages == 1 or "stage" not in v.axes:
-        return {}
-    layers = int(v.get("base_num_decoder_layers"))
-    repeats = int(v.given.get("num_pipeline_repeats", -1))
-    if repeats <= 0:  # MaxText: num_layers_per_pipeline_stage (default 1) layers per stage and repeat
-        repeats = max(1, layers // (stages * int(v.given.get("num_layers_per_pipeline_stage", 1))))
-    micro = int(v.given.get("num_pipeline_microbatches", -1))
-    return {
-        TRANSFORMER + "pipeline_stages": stages,
-        TRANSFORMER + "pipeline_schedule": "circular" if repeats > 1 else "gpipe",
-        TRANSFORMER + "pipeline_repeats": repeats,
-        TRANSFORMER + "pipeline_microbatches": micro if micro > 0 else stages,  # MaxText: one per stage
-        TRANSFORMER + "pipeline_microbatch_size": None,
-    }
-
-
-def pipeline_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
-    stages = k[TRANSFORMER + "pipeline_stages"]
-    if stages == 1:
-        return {}
-    repeats = k[TRANSFORMER + "pipeline_repeats"]
-    micro = k[TRANSFORMER + "pipeline_microbatches"]
-    size = k[TRANSFORMER + "pipeline_microbatch_size"]
-    if micro is None and size is not None:  # MaxText counts microbatches: the global batch / size
-        per_device = k["data.per_device_batch"]
-        devices = math.prod((*k["mesh.ici_mesh_shape"], *k["mesh.dcn_mesh_shape"]))
-        micro = (k["data.batch_size"] if per_device is None else per_device * devices) // size
-    return {
-        "num_pipeline_repeats": repeats,
-        "num_layers_per_pipeline_stage": k[TRANSFORMER + "num_layers"] // (stages * repeats),
-        "num_pipeline_microbatches": micro,
-    }
-
-
-def schedule_to_equipax(v: Values) -> dict[str, Any]:
-    kind = v.get("lr_schedule_type")
-    if kind != "cosine":
-        raise Skip(f"lr_schedule_type={kind!r}: equipax's warmup_cosine is MaxText's 'cosine'")
-    steps = int(v.get("steps"))
-    total = int(v.get("learning_rate_schedule_steps"))
-    total = steps if total == -1 else total
-    warmup = int(float(v.get("warmup_steps_fraction")) * total)  # MaxText rounds down
-    if total <= warmup:
-        raise Skip(f"a cosine of {total - warmup} steps after {warmup} warmup steps")
-    if total < steps:
-        v.notes.append(f"MaxText trains at learning rate 0 after step {total}; equipax stays at final_fraction x peak.")
-    final = v.given.get("cosine_learning_rate_final_fraction")  # MaxText before 0.2's name
-    return {
-        "learner.schedule.kind": "warmup_cosine",
-        "learner.schedule.peak_learning_rate": float(v.get("learning_rate")),
-        "learner.schedule.warmup_steps": warmup,
-        "learner.schedule.decay_steps": total - warmup,
-        "learner.schedule.final_fraction": float(v.get("learning_rate_final_fraction") if final is None else final),
-    }
-
-
-def schedule_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
-    if k["learner.schedule.kind"] != "warmup_cosine":
-        raise Skip(f"learner.schedule.kind={k['learner.schedule.kind']!r}: MaxText's schedule is warmup + cosine")
-    total = k["learner.schedule.warmup_steps"] + k["learner.schedule.decay_steps"]
-    return {
-        "learning_rate": k["learner.schedule.peak_learning_rate"],
-        "lr_schedule_type": "cosine",
-        "learning_rate_schedule_steps": total,
-        "warmup_steps_fraction": k["learner.schedule.warmup_steps"] / total,
-        "learning_rate_final_fraction": k["learner.schedule.final_fraction"],
-    }
-
-
 def activation_to_equipax(v: Values) -> dict[str, Any]:
     acts = tuple(v.get("mlp_activations"))
     if acts not in ACTIVATIONS:
@@ -343,37 +231,6 @@ def activation_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
         if k[TRANSFORMER + "gated"]
         else [k[TRANSFORMER + "activation"]]
     }
-
-
-def profiler_to_equipax(v: Values) -> dict[str, Any]:
-    kind = v.given.get("profiler", "xplane" if v.given.get("enable_profiler") else "")
-    if kind not in ("", "xplane"):
-        raise Skip(f"profiler={kind!r}: equipax traces with jax.profiler (xplane); run nsys around `launch run`")
-    out: dict[str, Any] = {"train.profile.steps": int(v.get("profiler_steps")) if kind else 0}
-    if kind:
-        out["train.profile.start_step"] = int(v.get("skip_first_n_steps_for_profiler")) + 1
-        out["train.profile.all_processes"] = bool(v.given.get("upload_all_profiler_results", False))
-    return out
-
-
-def profiler_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
-    if not k["train.profile.steps"]:
-        return {"profiler": ""}
-    start = k["train.profile.start_step"] or 2
-    return {
-        "profiler": "xplane",
-        "skip_first_n_steps_for_profiler": start - 1,
-        "profiler_steps": k["train.profile.steps"],
-        "upload_all_profiler_results": k["train.profile.all_processes"],
-    }
-
-
-def steps_to_equipax(v: Values) -> dict[str, Any]:
-    steps = int(v.given["steps"])
-    steps = steps if steps != -1 else int(v.get("learning_rate_schedule_steps"))
-    if steps <= 0:
-        raise Skip("steps=-1 needs learning_rate_schedule_steps > 0")
-    return {"train.num_steps": steps}
 
 
 def logit_cap(v: Any) -> float | None:

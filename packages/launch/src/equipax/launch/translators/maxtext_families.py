@@ -13,6 +13,7 @@ from equipax.launch.translators.maxtext_converters import TRANSFORMER, Skip, Val
 __all__ = [
     "ARCHITECTURE_CHECKS",
     "architecture_problems",
+    "representable",
     "base_experiment",
     "block_to_equipax",
     "block_to_maxtext",
@@ -49,7 +50,8 @@ MISSING_BLOCKS: dict[str, str] = {
     "simple_mlp": "MaxText's test block",
     "deepseek": _MLA + " and dense first layers",
     "deepseek4": _MLA + " with compressed attention",
-    "gemma": "Gemma's (1 + w) RMSNorm and sqrt(emb_dim) embedding scale",
+    "gemma": "Gemma's block (embeddings x sqrt(emb_dim), (1 + w) RMSNorm, tied logits / sqrt(emb_dim)); equipax "
+    "has no Gemma family",
     "gemma2": "post-attention and post-feed-forward norms, alternating local/global attention",
     "gemma3": "post-attention and post-feed-forward norms, alternating local/global attention",
     "gemma4": "per-layer inputs, alternating local/global attention",
@@ -112,17 +114,28 @@ ARCHITECTURE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+def representable(key: str, value: Any) -> bool:
+    """Whether `value` of an `ARCHITECTURE_CHECKS` key means what equipax's block does (a value
+    of the wrong kind does not)."""
+    try:
+        return bool(ARCHITECTURE_CHECKS[key][0](value))
+    except (TypeError, ValueError):
+        return False
+
+
 def architecture_problems(v: Values) -> list[str]:
     """What of this config's architecture equipax's stack lacks (empty: it has all of it)."""
     block = v.get("decoder_block")
+    if not isinstance(block, str):
+        return [f"decoder_block={block!r} is not a decoder block's name"]
     if block in MISSING_BLOCKS:
         return [f"decoder_block={block!r}: {MISSING_BLOCKS[block]}"]
     if block not in FAMILIES:
         return [f"decoder_block={block!r} is not a MaxText 0.2.5 decoder block"]
     problems = [
         f"{key}={v.given[key]!r}: {what}"
-        for key, (ok, what) in ARCHITECTURE_CHECKS.items()
-        if key in v.given and not ok(v.given[key])
+        for key, (_, what) in ARCHITECTURE_CHECKS.items()
+        if key in v.given and not representable(key, v.given[key])
     ]
     if v.get("logits_via_embedding") and v.get("normalize_embedding_logits"):
         problems.append(

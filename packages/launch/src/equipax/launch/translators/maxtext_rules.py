@@ -7,10 +7,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from equipax.launch.translators.maxtext_converters import (
+    BLOCK_KNOBS,
     MAXTEXT_MESH_AXES,
+    MOE_KNOBS,
     OTHER_AXES,
     TRANSFORMER,
-    Skip,
     Values,
     activation_to_equipax,
     activation_to_maxtext,
@@ -19,21 +20,36 @@ from equipax.launch.translators.maxtext_converters import (
     dims_to_maxtext,
     inverted,
     logit_cap,
+    one_of,
+    positive_int,
+)
+from equipax.launch.translators.maxtext_families import (
+    block_to_equipax,
+    block_to_maxtext,
+    moe_to_equipax,
+    moe_to_maxtext,
+)
+from equipax.launch.translators.maxtext_mesh import (
     mesh_to_equipax,
     mesh_to_maxtext,
-    one_of,
+    per_device_batch_to_maxtext,
     pipeline_to_equipax,
     pipeline_to_maxtext,
-    positive_int,
+)
+from equipax.launch.translators.maxtext_training import (
+    C4_TFDS,
+    OPTIMIZERS,
+    data_to_equipax,
+    data_to_maxtext,
+    optimizer_to_equipax,
     profiler_to_equipax,
     profiler_to_maxtext,
     schedule_to_equipax,
     schedule_to_maxtext,
     steps_to_equipax,
 )
-from equipax.launch.translators.maxtext_families import block_to_equipax, block_to_maxtext, moe_to_equipax, moe_to_maxtext
 
-__all__ = ["C4_TFDS", "direct", "DTYPES", "OPTIMIZERS", "REMATS", "Rule", "RULES"]
+__all__ = ["ATTENTION_IMPLS", "C4_TFDS", "direct", "DTYPES", "OPTIMIZERS", "REMATS", "Rule", "RULES"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,69 +78,11 @@ def direct(
 
 
 REMATS = {"full": "full", "minimal": "dots_saveable"}
-OPTIMIZERS = {"adamw": "adamw", "adam_pax": "pax_adam"}
 DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
-C4_TFDS = "c4/en:3.1.0"  # base.yml's dataset_name
+# MaxText's `attention` kernels -> equipax's attention_impl (docs/attention.md): `flash` is
+# MaxText's Pallas splash kernel on TPU, `cudnn_flash_te` cuDNN's fused attention on GPU.
+ATTENTION_IMPLS = {"autoselected": "auto", "dot_product": "xla", "flash": "splash", "cudnn_flash_te": "cudnn"}
 
-
-def optimizer_to_equipax(v: Values) -> dict[str, Any]:
-    kind = one_of("opt_type", OPTIMIZERS)(v.given["opt_type"])
-    out: dict[str, Any] = {"learner.kind": kind}
-    if kind == "adamw":
-        out["learner.clip_update_rms"] = None  # pax_adam's alone; AdamW refuses it
-    return out
-
-
-def data_to_equipax(v: Values) -> dict[str, Any]:
-    kind = v.given.get("dataset_type", "synthetic")
-    name = str(v.given.get("dataset_name", C4_TFDS))
-    if kind == "synthetic":
-        v.notes.append("dataset_type=synthetic: also set data.packing=False (synthetic tokens are not packed).")
-        return {"data.source": "synthetic", "data.packing": False}
-    if kind in ("tfds", "c4") and name.startswith("c4/"):  # `c4`: MaxText before 0.2
-        out: dict[str, Any] = {"data.source": "c4", "data.packing": bool(v.given.get("packing", True))}
-        if v.given.get("dataset_path"):
-            out["data.path"] = str(v.given["dataset_path"])
-        return out
-    raise Skip(f"dataset_type={kind!r}, dataset_name={name!r}: translated are synthetic and tfds C4 ({C4_TFDS})")
-
-
-def data_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
-    if k["data.source"] == "synthetic":
-        return {"dataset_type": "synthetic"}
-    if k["data.source"] != "c4":
-        raise Skip(f"data.source={k['data.source']!r}: MaxText reads synthetic tokens or C4")
-    return {"dataset_type": "tfds", "dataset_name": C4_TFDS, "dataset_path": k["data.path"], "packing": k["data.packing"]}
-
-
-def per_device_batch_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
-    if k["data.per_device_batch"] is not None:
-        return {"per_device_batch_size": k["data.per_device_batch"]}
-    devices = 1
-    for size in (*k["mesh.ici_mesh_shape"], *k["mesh.dcn_mesh_shape"]):
-        devices *= size
-    if devices < 1 or k["data.batch_size"] % devices:
-        raise Skip(f"data.batch_size={k['data.batch_size']} over this mesh: give data.per_device_batch")
-    return {"per_device_batch_size": k["data.batch_size"] // devices}
-
-
-_BLOCK_KNOBS = tuple(
-    TRANSFORMER + k for k in ("norm", "norm_eps", "use_bias", "fused_qkv", "qk_norm", "sliding_window", "attention")
-) + tuple(
-    f"model.{k}" for k in ("position", "rope_theta", "rope_scaling", "tie_embeddings", "embedding_multiplier", "embedding_init_std")
-)
-_MOE_KNOBS = tuple(
-    TRANSFORMER + k
-    for k in (
-        "num_experts",
-        "num_experts_per_tok",
-        "moe_intermediate_size",
-        "norm_topk_prob",
-        "capacity_factor",
-        "shared_expert_intermediate_size",
-        "router_aux_loss_coef",
-    )
-)
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -160,7 +118,7 @@ RULES: tuple[Rule, ...] = (
             "attention_type",
             "sliding_window_size",
         ),
-        _BLOCK_KNOBS,
+        BLOCK_KNOBS,
         "llama2 (Llama 2/3; 3.1 by model_name or rope_type), mistral, qwen3, mixtral, qwen3_moe: Llama's block "
         "(docs/maxtext.md, 'Decoder blocks'); without decoder_block the base experiment's block is kept",
         block_to_equipax,
@@ -177,7 +135,7 @@ RULES: tuple[Rule, ...] = (
             "load_balance_loss_weight",
             "norm_topk_prob",
         ),
-        _MOE_KNOBS,
+        MOE_KNOBS,
         "mixtral, qwen3_moe: experts, top-k (renormalised), capacity (-1 = dropless), shared experts, aux loss",
         moe_to_equipax,
         moe_to_maxtext,
@@ -256,6 +214,13 @@ RULES: tuple[Rule, ...] = (
     ),
     direct("scan_layers", TRANSFORMER + "scan_layers", to=bool),
     direct(
+        "attention",
+        TRANSFORMER + "attention_impl",
+        "autoselected -> auto, dot_product -> xla, flash -> splash, cudnn_flash_te -> cudnn",
+        one_of("attention", ATTENTION_IMPLS),
+        one_of("model.transformer.attention_impl", inverted(ATTENTION_IMPLS)),
+    ),
+    direct(
         "remat_policy",
         TRANSFORMER + "remat",
         "full; minimal -> dots_saveable (checkpoint dots without batch dims)",
@@ -304,6 +269,9 @@ RULES: tuple[Rule, ...] = (
         "train.eval_every",
         "-1 (no eval) is not translated",
         positive_int("eval_interval", "MaxText then never evaluates; equipax evaluates at least at the end"),
+    ),
+    direct(
+        "eval_steps", "train.eval_batches", "-1 (the whole eval split) = 0", lambda n: max(int(n), 0), lambda n: n or -1
     ),
     Rule(
         ("dataset_type", "dataset_name", "dataset_path", "packing"),
