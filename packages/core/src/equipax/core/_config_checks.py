@@ -7,13 +7,14 @@ equinox imports, so the CLI's `list`, `show` and knob errors stay fast.
 """
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from equipax.core._mesh_config import BATCH_AXES, EXPERT, STAGE, MeshConfig
 from equipax.core.knobs import ConfigError
 
-if TYPE_CHECKING:
-    from equipax.core.configs import TransformerConfig
+# The checks take a `TransformerConfig` (typed `Any`: importing configs.py here, even for types
+# only, would make the two modules import each other).
+TransformerConfig = Any
 
 __all__ = [
     "bubble_fraction",
@@ -29,7 +30,7 @@ __all__ = [
 _KNOB = "model.transformer"
 
 
-def check_heads(cfg: "TransformerConfig") -> None:
+def check_heads(cfg: TransformerConfig) -> None:
     """Raise ValueError for key/value heads, windows and layouts that do not fit together."""
     kv = cfg.num_kv_heads
     if kv is not None:
@@ -71,7 +72,7 @@ def _is_int(value: Any, low: int) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and value >= low
 
 
-def check_moe(cfg: "TransformerConfig") -> None:
+def check_moe(cfg: TransformerConfig) -> None:
     """Raise ValueError for mixture-of-experts knobs that are out of range or contradict the block."""
     e, k = cfg.num_experts, cfg.num_experts_per_tok
     if not _is_int(e, 0):
@@ -123,7 +124,7 @@ def check_moe(cfg: "TransformerConfig") -> None:
         )
 
 
-def check_attention_impl(cfg: "TransformerConfig") -> None:
+def check_attention_impl(cfg: TransformerConfig) -> None:
     """Raise ValueError for an attention kernel the other knobs rule out (no platform needed)."""
     impl = cfg.attention_impl
     if impl in ("xla", "auto"):
@@ -147,7 +148,7 @@ def check_attention_impl(cfg: "TransformerConfig") -> None:
         )
 
 
-def check_pipeline_knobs(cfg: "TransformerConfig") -> None:
+def check_pipeline_knobs(cfg: TransformerConfig) -> None:
     """Raise ValueError for pipeline knobs that contradict each other (no mesh, no batch needed)."""
     s, r = cfg.pipeline_stages, cfg.pipeline_repeats
     if cfg.pipeline_schedule == "gpipe" and r != 1:
@@ -198,7 +199,7 @@ def bubble_fraction(num_stages: int, num_microbatches: int, num_repeats: int = 1
     return idle / (num_repeats * num_microbatches + idle)
 
 
-def num_microbatches(cfg: "TransformerConfig", global_batch: int) -> int:
+def num_microbatches(cfg: TransformerConfig, global_batch: int) -> int:
     """Microbatches per step: `pipeline_microbatches`, or the batch / `pipeline_microbatch_size`,
     or (neither set) one per stage."""
     if cfg.pipeline_microbatches is not None:
@@ -208,7 +209,7 @@ def num_microbatches(cfg: "TransformerConfig", global_batch: int) -> int:
     return cfg.pipeline_stages
 
 
-def check_experts(cfg: "TransformerConfig", mesh: MeshConfig) -> None:
+def check_experts(cfg: TransformerConfig, mesh: MeshConfig) -> None:
     """Raise ConfigError unless the mesh's `expert` axis divides the experts (docs/moe.md).
 
     Arguments:
@@ -226,7 +227,7 @@ def check_experts(cfg: "TransformerConfig", mesh: MeshConfig) -> None:
         )
 
 
-def check_pipeline(cfg: "TransformerConfig", mesh: MeshConfig, global_batch: int) -> None:
+def check_pipeline(cfg: TransformerConfig, mesh: MeshConfig, global_batch: int) -> None:
     """Raise ConfigError unless the pipeline knobs fit the mesh and the global batch.
 
     Arguments:

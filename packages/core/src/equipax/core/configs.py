@@ -12,6 +12,7 @@ overrides to any of them.)
 
 import dataclasses
 import math
+import re
 from typing import Any, Literal
 
 from equipax.core._config_checks import (
@@ -60,6 +61,7 @@ __all__ = [
     "STAGE",
     "TENSOR",
     "TransformerConfig",
+    "VariationalNoiseConfig",
     "bubble_fraction",
     "check_experts",
     "check_pipeline",
@@ -208,6 +210,49 @@ _REMATS = (*REMAT_POLICIES, "auto")
 _ATTENTIONS = ("softmax", "linear")
 _ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
 _SCHEDULES = ("gpipe", "circular")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VariationalNoiseConfig:
+    """Gaussian weight noise in the training forward pass (Praxis' `vn`; `train.vn.*`).
+
+    From step `vn_start_step` on, every trained parameter whose path matches `vn_regex` gets noise
+    drawn from N(0, vn_scale^2) added for the loss and its gradient; the update is applied to the
+    noise-free parameters, and evaluation and decoding never see noise
+    (`equipax.core.variational_noise`).
+
+    vn_scale: the noise's standard deviation; 0 = off (Pax's default).
+    vn_regex: `re.search`ed in each parameter's path with `/` between its parts (Pax's spelling,
+        e.g. `blocks/attention|embed`); "" = every trained parameter.
+    vn_start_step: the first step that gets noise.
+    vn_seed: None = the noise comes from the run's step key (`train.seed`, new each step);
+        an int = from this seed folded with the step, so the noise does not change with `train.seed`.
+    """
+
+    vn_scale: float = 0.0
+    vn_regex: str = ""
+    vn_start_step: int = 0
+    vn_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        scale = self.vn_scale
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 <= scale < math.inf:
+            raise _bad("train.vn.vn_scale", "a finite number >= 0 (0 = no noise)", scale)
+        if not isinstance(self.vn_regex, str):
+            raise _bad("train.vn.vn_regex", "a regular expression (a string)", self.vn_regex)
+        try:
+            re.compile(self.vn_regex)
+        except re.error as e:
+            raise _bad("train.vn.vn_regex", "a valid regular expression", self.vn_regex, f"({e}).") from None
+        if isinstance(self.vn_start_step, bool) or not isinstance(self.vn_start_step, int) or self.vn_start_step < 0:
+            raise _bad("train.vn.vn_start_step", "an int >= 0", self.vn_start_step)
+        seed = self.vn_seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise _bad("train.vn.vn_seed", "an int or None (the run's step key)", seed)
+
+    @property
+    def enabled(self) -> bool:
+        return self.vn_scale > 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
