@@ -48,6 +48,11 @@ def test_fence_markers_are_known():
     assert not unknown, f"unknown code-fence markers (known: {sorted(TEST_MARKERS)}): {unknown}"
 
 
+def _split_option(arg: str) -> list[str]:
+    """`--exp=X` as `--exp X` (the CLI takes both; the runner finds an option by its word)."""
+    return arg.split("=", 1) if arg.startswith("--") and "=" in arg else [arg]
+
+
 def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
@@ -57,7 +62,10 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
     assert words[:3] == ["uv", "run", "launch"], (
         f"documented command {' '.join(words)!r} is not run by the docs tests; mark its block no-run"
     )
-    args = words[3:]
+    from equipax.launch.errors import pax_spellings
+
+    # Pax's spellings (`--exp=X`, `--job_log_dir=X`; docs/coming_from_pax.md) as the runner reads options.
+    args = [part for arg in pax_spellings(words[3:]) for part in _split_option(arg)]
     continues = (
         args[:1] == ["run"]
         and "--exp" not in args

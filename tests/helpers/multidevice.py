@@ -8,13 +8,19 @@ import textwrap
 from helpers.toy import suite_compile_cache_env
 
 
-def run_with_devices(code: str, devices: int = 8, timeout: float = 300) -> str:
+def run_with_devices(code: str, devices: int = 8, timeout: float = 300, xla_flags: str = "") -> str:
     """Execute `code` in a new Python process with `devices` CPU devices; return its stdout.
 
+    `xla_flags` are appended to `XLA_FLAGS` (e.g. `--xla_backend_optimization_level=0`: XLA:CPU
+    compiles several times faster, for children that compile many small programs).
+
     The child runs with the same runtime checks as the test suite (rank promotion raises,
-    warnings are errors) and on its compile cache. Fails the calling test with the child's output on a non-zero exit.
+    warnings are errors) and on the suite's compile cache. Fails the calling test with the child's
+    output on a non-zero exit.
     """
     env = dict(os.environ, **suite_compile_cache_env(), JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
+    if xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     prelude = (
         "import warnings; warnings.simplefilter('error')\n"
         "import jax; jax.config.update('jax_numpy_rank_promotion', 'raise')\n"

@@ -177,3 +177,65 @@ def test_docs_list_every_registered_experiment():
         e.name for e in entries() if e.path.startswith("equipax.launch.experiments.") and f"| `{e.name}` |" not in text
     ]
     assert not missing, f"add these to the table in docs/experiments.md: {missing}"
+
+
+# The Pax README's `--exp=` paths (docs/coming_from_pax.md) and the experiment each must be.
+PAX_README = {
+    "tasks.lm.params.lm_cloud.LmCloudSpmd2BLimitSteps": "lm_cloud_2b",
+    "tasks.lm.params.lm_cloud.LmCloudTransformerAdamLimitSteps": "lm_cloud_transformer",
+    "tasks.lm.params.c4.C4Spmd1BAdam4Replicas": "c4_1b",
+    "tasks.lm.params.c4.C4Spmd16BAdam32Replicas": "c4_16b",
+    "tasks.lm.params.c4.C4SpmdPipelineGpt3SmallAdam64Replicas": "c4_gpt3_xl_pipeline",
+    "tasks.lm.params.c4_multislice.C4Spmd22BAdam1xv4_128": "c4_22b_1x",
+    "tasks.lm.params.c4_multislice.C4Spmd22BAdam2xv4_128": "c4_22b_2x",
+}
+
+
+@pytest.mark.parametrize("path", list(PAX_README))
+def test_pax_class_paths_resolve_to_their_experiment(path):
+    """The whole path, `paxml.` + it, the module tail and the bare class all name the experiment;
+    its description names the same Pax class (the alias sits on the right function)."""
+    from equipax.launch.experiments.registry import lookup
+
+    cls = path.rsplit(".", 1)[-1]
+    for name in (path, f"paxml.{path}", ".".join(path.split(".")[-2:]), cls):
+        assert lookup(name).name == PAX_README[path], name
+    assert f"Pax {cls}:" in get(PAX_README[path]).description
+    assert path in lookup(cls).aliases
+
+
+def test_an_unknown_pax_class_suggests_the_close_ones_and_an_alias_cannot_be_given_twice():
+    from equipax.core.knobs import ConfigError
+    from equipax.launch.experiments.registry import also_known_as, lookup
+
+    with pytest.raises(ConfigError, match=r"Did you mean 'C4Spmd1BAdam4Replicas' \(= c4_1b\)"):
+        lookup("tasks.lm.params.c4.C4Spmd1BAdam8Replicas")
+
+    def c4_1b_copy():
+        raise AssertionError("never called")
+
+    with pytest.raises(ValueError, match="given twice"):
+        also_known_as("tasks.lm.params.c4.C4Spmd1BAdam4Replicas")(c4_1b_copy)
+
+
+def test_pax_spellings_on_the_command_line(tmp_path, monkeypatch):
+    """`--job_log_dir=X` / `--job_log_dir X` are `--job-log-dir`; a `gs://` job directory is exit 2
+    saying object storage is not supported (never a local directory named `gs:`); `launch list`
+    and `launch show` name the Pax paths."""
+    from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    for args in (["--job_log_dir=missing"], ["--job_log_dir", "missing"]):
+        result = runner.invoke(app, ["eval", *args])
+        assert result.exit_code == 2 and "--job-log-dir missing does not exist" in result.output, result.output
+    result = runner.invoke(app, ["run", "--exp=C4Spmd1BAdam4Replicas", "--job_log_dir=gs://bucket/job"])
+    assert result.exit_code == 2 and "is a URL" in result.output and "not supported yet" in result.output, result.output
+    assert not any(tmp_path.iterdir())
+    listing = runner.invoke(app, ["list"]).output
+    rows = {tuple(line.split()) for line in listing.splitlines()}
+    assert all((path, "=", name) in rows for path, name in PAX_README.items()), listing
+    shown = runner.invoke(app, ["show", "--exp=C4Spmd22BAdam2xv4_128", "--format", "json"])
+    assert json.loads(shown.output)["aliases"] == ["tasks.lm.params.c4_multislice.C4Spmd22BAdam2xv4_128"]

@@ -247,3 +247,29 @@ def test_a_family_in_one_user_module_runs_from_the_cli(tmp_path):
         timeout=120,
     )
     assert missing.returncode == 2 and "module userfam has no experiment function 'nope'" in missing.stderr
+
+
+def test_variational_noise_knobs_reach_the_train_step_and_a_regex_matching_nothing_is_refused():
+    """`train.vn.*` goes into the step `build_training` builds (its program changes; the noise
+    itself is checked in tests/core/test_variational_noise.py); a `vn_regex` that matches no
+    trained parameter is a ConfigError naming the knob and listing the paths it searched."""
+    from equipax.core.knobs import ConfigError, apply_overrides
+    from equipax.core.mesh import build_mesh
+    from equipax.launch.experiments.registry import get_experiment
+    from equipax.launch.training.build import build_training
+    from helpers.toy import TOY
+
+    def program(*sets):
+        cfg, _ = apply_overrides(get_experiment("shakespeare_tiny"), [*TOY, *sets])
+        training = build_training(cfg, build_mesh(cfg.mesh))
+        return training.train_step.lower(
+            training.abstract_state, training.abstract_batch(), training.keys.step
+        ).as_text()
+
+    off = program()
+    assert program("train.vn.vn_scale=0.0", "train.vn.vn_regex=nothing") == off  # off: the same program
+    assert program("train.vn.vn_scale=0.01", "train.vn.vn_regex=attention") != off
+    with pytest.raises(
+        ConfigError, match=r"train\.vn\.vn_regex='nothing' matches no trained parameter.*embedding/weight"
+    ):
+        program("train.vn.vn_scale=0.01", "train.vn.vn_regex=nothing")

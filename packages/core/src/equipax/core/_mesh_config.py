@@ -10,6 +10,7 @@ from equipax.core.knobs import ConfigError
 __all__ = [
     "AXES",
     "BATCH_AXES",
+    "CONTEXT",
     "DATA",
     "DEFAULT_LOGICAL_AXIS_RULES",
     "EXPERT",
@@ -35,6 +36,10 @@ PIPELINE_AXES = (STAGE, DATA, FSDP, TENSOR)
 # the batch with them (each device's tokens travel to the experts' devices by all-to-all).
 EXPERT = "expert"
 EXPERT_AXES = (DATA, FSDP, EXPERT, TENSOR)
+# Context parallelism (docs/long_context.md): the sequence of every activation split over this
+# axis; attention gathers or rotates the keys and values along it
+# (equipax.core.nn.context_parallel).
+CONTEXT = "context"
 # Axes the batch is split over. As in Pax, a pipelined mesh also splits the batch over `stage`
 # outside the pipeline (embedding, logits); `stage` comes last so that each microbatch keeps an
 # even share on every (data, fsdp) device (equipax.core.nn.pipeline). The `expert` axis splits the

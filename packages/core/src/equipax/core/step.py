@@ -32,7 +32,9 @@ from equipax.core._loss_contract import (
     check_aux,
     contract_error,
 )
+from equipax.core.configs import VariationalNoiseConfig
 from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics, ModelState, ModelT, trainable
+from equipax.core.variational_noise import add_variational_noise, noise_key
 
 __all__ = [
     "LOSS_CONTRACT",
@@ -110,6 +112,7 @@ def make_train_step(
     state_sharding: Any | None = None,
     batch_sharding: Any | None = None,
     skip_nonfinite: bool = False,
+    variational_noise: VariationalNoiseConfig | None = None,
 ) -> "TrainStep[ModelT]":
     """Build the jitted train step.
 
@@ -135,15 +138,20 @@ def make_train_step(
             unless the loss and gradients were finite and only the update overflowed (a huge
             learning rate): its moments then advance, as they depend on the gradients alone.
             Adds the metrics `nonfinite` (1.0 for a skipped update) and `update_norm`.
+        variational_noise: Gaussian weight noise for the loss and its gradient
+            (`equipax.core.variational_noise`); the update goes to the noise-free parameters.
+            None (or `vn_scale=0`): none.
 
     Returns:
         `train_step(state, batch, key) -> (new_state, metrics)`. The step's random key is
         `fold_in(key, state.step)`, so callers pass the same base key every step. `metrics` holds
         `loss`, every aux entry, `grad_norm` (global, before clipping), `param_norm` (of the
-        parameters the loss was computed with) and `learning_rate` (for this update).
+        parameters the loss was computed with, before any variational noise) and `learning_rate`
+        (for this update).
     """
 
     task = as_task(task)
+    vn = variational_noise if variational_noise is not None and variational_noise.enabled else None
 
     def loss_and_aux(model: Any, batch: Batch, key: PRNGKeyArray, model_state: Any) -> Any:
         loss, aux, new_model_state = call_loss(task, model, batch, key, model_state)
@@ -169,6 +177,8 @@ def make_train_step(
         params, frozen = eqx.partition(state.model, trainable(state.model))
 
         def loss_of_params(params: Any, *args: Any) -> Any:
+            if vn is not None:  # the gradient at the noisy parameters is the clean ones' gradient
+                params = add_variational_noise(params, vn, key=noise_key(vn, step_key, state.step), step=state.step)
             return loss_and_aux(eqx.combine(params, frozen), *args)
 
         (loss, (aux, model_state)), grads = eqx.filter_value_and_grad(loss_of_params, has_aux=True)(

@@ -171,8 +171,26 @@ def _platform_missing(requested: str) -> bool:
     return False
 
 
+# Options as Pax's absl flags spell them, accepted for the documented ones (docs/coming_from_pax.md):
+# `--job_log_dir=gs://...` is what every command of the Pax README passes.
+PAX_SPELLINGS = {"--job_log_dir": "--job-log-dir"}
+
+
+def pax_spellings(args: list[str]) -> list[str]:
+    """`args` with Pax's option spellings (`--job_log_dir X`, `--job_log_dir=X`) as equipax's."""
+    fixed = []
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        fixed.append(PAX_SPELLINGS[name] + eq + value if name in PAX_SPELLINGS else arg)
+    return fixed
+
+
 class GuardedGroup(TyperGroup):
-    """The `launch` command group: maps exceptions escaping a command to a message + exit code."""
+    """The `launch` command group: maps exceptions escaping a command to a message + exit code,
+    and reads Pax's option spellings (`PAX_SPELLINGS`) as the documented ones."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, pax_spellings(args))
 
     def invoke(self, ctx: Any) -> Any:  # a click Context (typer's vendored click)
         try:

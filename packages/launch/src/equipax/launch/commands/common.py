@@ -1,5 +1,6 @@
 """What every `launch` command shares: consoles, option types, resolving an experiment."""
 
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
@@ -57,11 +58,19 @@ JobSetOption = Annotated[
 
 def path_option(value: str) -> Path:
     """A path given on the command line; an empty one (`--job-log-dir ""`: an unset shell variable)
-    is a usage error (exit 2), never the current directory and whatever is there."""
+    is a usage error (exit 2), never the current directory and whatever is there. So is a URL
+    (`gs://bucket/job`, as Pax's commands pass): as a path it would quietly become a local
+    directory named `gs:`."""
     if not value.strip():
         raise typer.BadParameter(
             "is empty (an unset shell variable?): give a path. An empty path would mean the current "
             "directory, and the command would write over what is there."
+        )
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", value.strip()):
+        raise typer.BadParameter(
+            f"{value!r} is a URL: object storage (gs://, s3://) is not supported yet, and as a path it would "
+            "become a local directory named after the scheme. Give a local or shared-filesystem path, e.g. "
+            "where the bucket is mounted (gcsfuse, s3fs); docs/coming_from_pax.md."
         )
     return Path(value)
 

@@ -14,9 +14,26 @@ import typer
 
 from equipax.core.knobs import ConfigError, flatten, parse_literal
 from equipax.launch.commands.common import err, fail, path_option, resolve
-from equipax.launch.translators.maxtext import SCALE_RULES, to_equipax, to_maxtext
+from equipax.launch.experiments.registry import get_experiment
+from equipax.launch.translators.maxtext import (
+    SCALE_RULES,
+    Translation,
+    apply_translation,
+    settable,
+    to_equipax,
+    to_maxtext,
+)
+from equipax.launch.translators.maxtext_files import read_maxtext
 
-__all__ = ["convert_app", "convert_maxtext", "DEFAULT_BASE", "hf_export", "hf_import", "print_maxtext", "read_maxtext"]
+__all__ = [
+    "convert_app",
+    "convert_maxtext",
+    "DEFAULT_BASE",
+    "hf_export",
+    "hf_import",
+    "print_maxtext",
+    "translate_maxtext",
+]
 
 convert_app: typer.Typer = typer.Typer(
     help="Translate other frameworks' configs and checkpoints (MaxText configs, Hugging Face models).",
@@ -26,91 +43,107 @@ convert_app: typer.Typer = typer.Typer(
 DEFAULT_BASE = "c4_1b"
 
 
-def read_maxtext(path: Path, overrides: list[str]) -> dict[str, Any]:
-    """A MaxText YAML config with MaxText-style `key=value` overrides applied (values parsed as YAML)."""
-    import yaml
-
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
-        fail(f"Cannot read the MaxText config {path}: {e} (a MaxText config is a YAML text file).")
-        raise AssertionError("unreachable") from None
-    if not isinstance(values, dict):
-        fail(f"{path} is not a MaxText config (a YAML mapping of key: value); found a {type(values).__name__}.")
-    for text in overrides:
-        key, sep, raw = text.partition("=")
-        if not sep or not key.strip():
-            fail(f"MaxText overrides are key=value (e.g. per_device_batch_size=16); got {text!r}.")
-        values[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
-    return {k: _number(v) for k, v in values.items()}
-
-
 def _literal(value: Any) -> str:
     """A knob value as `--set` parses it back: bare words stay bare (model.dtype=bfloat16)."""
     return value if isinstance(value, str) and parse_literal(value) == value else repr(value)
 
 
-def _number(value: Any) -> Any:
-    """YAML 1.1 reads `1e-3` (no dot) as a string; MaxText means a number."""
-    if isinstance(value, str):
-        try:
-            return float(value) if value.strip() else value
-        except ValueError:
-            return value
-    return value
+def translate_maxtext(
+    config: Path, args: list[str], exp: str | None = None, scale_rule: str = "doubling"
+) -> tuple[Translation, Any]:
+    """`launch convert maxtext`'s work: the translation and the equipax config it gives (exit 2 on
+    a user error: an unreadable file, an architecture equipax lacks, an invalid experiment)."""
+    from equipax.launch.experiments.registry import get_experiment
+
+    notes: list[str] = []
+    try:
+        t = to_equipax(read_maxtext(config, args, notes), scale_rule=scale_rule)
+        t.notes[:0] = notes
+        t.exp = exp or t.exp or DEFAULT_BASE
+        resolve(t.exp, [])  # a clean error for an unknown --exp
+        cfg = apply_translation(get_experiment(t.exp), t.knobs)
+    except ConfigError as e:
+        fail(str(e))
+    return t, cfg
 
 
 @convert_app.command("maxtext")
 def convert_maxtext(
-    config: Annotated[Path, typer.Argument(help="A MaxText config (YAML), e.g. MaxText/configs/base.yml.")],
-    overrides: Annotated[
-        list[str] | None, typer.Argument(help="MaxText overrides key=value, as on MaxText's command line.")
+    config: Annotated[Path, typer.Argument(help="A MaxText config (YAML), e.g. maxtext/configs/base.yml.")],
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="A model file (MODEL.yml, e.g. configs/models/llama3-8b.yml), then MaxText overrides key=value "
+            "as on MaxText's command line (model_name=llama3-8b reads models/llama3-8b.yml next to CONFIG)."
+        ),
     ] = None,
     exp: Annotated[
-        str, typer.Option("--exp", "-e", help="The equipax experiment the overrides apply to.")
-    ] = DEFAULT_BASE,
+        str | None,
+        typer.Option(
+            "--exp",
+            "-e",
+            help=f"The equipax experiment the translation applies to (default: one of the decoder block's family, "
+            f"{DEFAULT_BASE} without a decoder_block).",
+        ),
+    ] = None,
     format: Annotated[str, typer.Option("--format", help="set (--set lines) or json.")] = "set",
     scale_rule: Annotated[
         str,
         typer.Option(
             "--scale-rule",
-            help="global_parameter_scale: 'linear' (every base size x scale, MaxText's "
-            "first release, the Pax README) or 'doubling' (MaxText today).",
+            help="global_parameter_scale: 'doubling' (MaxText 0.2.5: powers of two, doubled in rotation) or "
+            "'linear' (every base size x scale: MaxText's first release, the Pax README).",
         ),
-    ] = "linear",
+    ] = "doubling",
 ) -> None:
     """Print a MaxText config as equipax overrides, and each key that has no translation and why."""
     if format not in ("set", "json"):
         fail(f"--format must be 'set' or 'json'; got {format!r}.")
     if scale_rule not in SCALE_RULES:
         fail(f"--scale-rule must be one of {', '.join(SCALE_RULES)}; got {scale_rule!r}.")
-    t = to_equipax(read_maxtext(config, overrides or []), scale_rule=scale_rule)
-    sets = [f"{k}={_literal(v)}" for k, v in t.knobs.items()]
-    resolve(exp, sets)  # the result must be a valid experiment: a clean error (exit 2) if not
+    t, cfg = translate_maxtext(config, args or [], exp, scale_rule)
+    knobs = settable(get_experiment(t.exp or DEFAULT_BASE), t.knobs)
+    params = cfg.model.param_counts()["total"]
     if format == "json":
-        print(json.dumps({"exp": exp, "set": t.knobs, "not_translated": t.skipped, "notes": t.notes}, indent=2))
+        out = {
+            "exp": t.exp,
+            "set": knobs,
+            "params": params,
+            "not_translated": t.skipped,
+            "no_equipax_meaning": t.ignored,
+            "notes": t.notes,
+        }
+        print(json.dumps(out, indent=2))
     else:
-        print(f"# MaxText {config.name} as overrides of {exp}: launch run --exp {exp} followed by")
-        for s in sets:
-            print(f"--set {shlex.quote(s)}")
+        print(f"# MaxText {config.name} as overrides of {t.exp} ({params:,} parameters): launch run --exp {t.exp}")
+        for k, v in knobs.items():
+            print(f"--set {shlex.quote(f'{k}={_literal(v)}')}")
     for note in t.notes:
-        err.print(f"note: {note}", highlight=False)
+        err.print(f"note: {note}", highlight=False, markup=False)
     for key, why in t.skipped.items():
         err.print(f"not translated: {key}: {why}", highlight=False, markup=False)
+    if t.ignored:
+        names = list(t.ignored)
+        more = f" and {len(names) - 8} more (--format json lists them)" if len(names) > 8 else ""
+        err.print(
+            f"not translated: {len(names)} keys with no equipax meaning: {', '.join(names[:8])}{more}",
+            highlight=False,
+            markup=False,
+        )
 
 
 def print_maxtext(cfg: Any) -> None:
-    """`launch show --format maxtext`: the experiment as MaxText config keys (YAML)."""
+    """`launch show --format maxtext`: the experiment as MaxText 0.2.5 config keys (YAML)."""
     import yaml
 
     if cfg.kind != "lm" or "model.transformer.num_layers" not in flatten(cfg):
-        fail(f"{cfg.name} is not a Pax-style language model; only those translate to MaxText.")
+        fail(f"{cfg.name} is not a language model of the decoder stack; only those translate to MaxText.")
     try:
         t = to_maxtext(flatten(cfg))
     except ConfigError as e:
         fail(str(e))
         return
-    print(f"# {cfg.name} as MaxText keys (python3 -m MaxText.train MaxText/configs/base.yml + these)")
+    print(f"# {cfg.name} as MaxText 0.2.5 keys: python3 -m maxtext.trainers.pre_train.train base.yml + these")
     print(yaml.safe_dump(t.knobs, sort_keys=False, default_flow_style=None), end="")
     for knob, why in t.skipped.items():
         print(f"# not translated: {knob}: {why}")

@@ -49,6 +49,12 @@ def list_cmd() -> None:
         table.add_row(entry.name, _count(derived_numbers(cfg)["params_total"]), mesh, data, _count(cfg.num_steps))
     out.print(table)
     out.print("mesh = data x fsdp x tensor devices; `launch show --exp NAME` for everything else.", highlight=False)
+    aliases = [(alias, entry.name) for entry in registry.entries() for alias in entry.aliases]
+    if aliases:
+        out.print("\nPax names (`--exp` takes the whole path or its class name):", highlight=False)
+        width = max(len(a) for a, _ in aliases)
+        for alias, name in sorted(aliases):
+            out.print(f"  {alias:<{width}}  = {name}", highlight=False)
 
 
 def show(
@@ -69,9 +75,12 @@ def show(
             highlight=False,
         )
     if format == "json":
-        print(json.dumps({"config": to_dict(cfg), "derived": numbers, "sources": sources}, indent=2))
+        doc = {"config": to_dict(cfg), "derived": numbers, "sources": sources, "aliases": list(entry.aliases)}
+        print(json.dumps(doc, indent=2))
     elif format == "text":
         out.print(f"[bold]# {cfg.name}[/]: {cfg.description}", highlight=False)
+        if entry.aliases:
+            out.print(f"# also --exp {' or '.join(entry.aliases)}", highlight=False)
         out.print(format_knobs(cfg, sources), highlight=False, markup=False, end="")
         out.print("[bold]# derived[/]", highlight=False)
         for k, v in numbers.items():

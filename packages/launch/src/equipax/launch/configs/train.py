@@ -5,13 +5,16 @@ non-finite policy. Each sub-config belongs to the code that reads it: `train.sam
 language-model family's end-of-run sample (`equipax.launch.tasks.lm_family`), `train.decode` to
 sampling during training (`equipax.launch.training.decode_hook`), `train.profile` to the profile
 window (`equipax.launch.training.profiling`), `train.pgle` to PGLE (`equipax.launch.training.pgle`)
-and `train.compiler` to the compiler flags set before JAX starts (`equipax.launch.aot.flags`).
+and `train.compiler` to the compiler flags set before JAX starts (`equipax.launch.aot.flags`);
+`train.vn` (variational noise, `equipax.core.configs.VariationalNoiseConfig`) to the train step.
 No JAX here: `launch list` and `launch show` import this.
 """
 
 import dataclasses
 import shlex
 from typing import ClassVar, Literal
+
+from equipax.core.configs import VariationalNoiseConfig
 
 __all__ = ["CompilerConfig", "DecodeConfig", "PGLEConfig", "ProfileConfig", "SampleConfig", "TrainConfig"]
 
@@ -172,7 +175,7 @@ class TrainConfig:
     `max_consecutive_nonfinite` steps in a row were skipped; "abort" stops at the first one.
     debug_nan_steps: FOR TESTS ONLY: these steps' batches get NaN weights (a poisoned batch).
 
-    sample, decode, profile, pgle, compiler: the sub-configs (this module's docstring).
+    sample, decode, profile, pgle, compiler, vn: the sub-configs (this module's docstring).
     """
 
     num_steps: int = 1000
@@ -194,6 +197,7 @@ class TrainConfig:
     profile: ProfileConfig = dataclasses.field(default_factory=ProfileConfig)
     pgle: PGLEConfig = dataclasses.field(default_factory=PGLEConfig)
     compiler: CompilerConfig = dataclasses.field(default_factory=CompilerConfig)
+    vn: VariationalNoiseConfig = dataclasses.field(default_factory=VariationalNoiseConfig)
 
     # The knobs that moved into the sub-configs: an old path given with --set is refused naming
     # its new one, and an old job's config.json is read with them moved (`equipax.core.knobs`).

@@ -8,7 +8,7 @@ import dataclasses
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.experiments.pax_knobs import smoke, smoke_description
 from equipax.launch.experiments.pax_lm import C4_SPMD_ADAM
-from equipax.launch.experiments.registry import register
+from equipax.launch.experiments.registry import also_known_as, register
 
 __all__ = [
     "c4_16b",
@@ -51,6 +51,7 @@ C4_SPMD_1B_ADAM_4_REPLICAS = dataclasses.replace(
 )
 
 
+@also_known_as("tasks.lm.params.c4.C4Spmd1BAdam4Replicas")
 @register
 def c4_1b() -> ExperimentConfig:
     return C4_SPMD_1B_ADAM_4_REPLICAS.build(
@@ -88,6 +89,7 @@ C4_SPMD_16B_ADAM_32_REPLICAS = dataclasses.replace(
 )
 
 
+@also_known_as("tasks.lm.params.c4.C4Spmd16BAdam32Replicas")
 @register
 def c4_16b() -> ExperimentConfig:
     return C4_SPMD_16B_ADAM_32_REPLICAS.build(
@@ -137,6 +139,7 @@ def _seed_libtpu_args(cfg: ExperimentConfig) -> ExperimentConfig:
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compiler=compiler))
 
 
+@also_known_as("tasks.lm.params.c4_multislice.C4Spmd22BAdam1xv4_128")
 @register
 def c4_22b_1x() -> ExperimentConfig:
     return _seed_libtpu_args(
@@ -161,6 +164,7 @@ def c4_22b_1x_smoke() -> ExperimentConfig:
 C4_SPMD_22B_ADAM_2X_V4_128 = dataclasses.replace(C4_SPMD_22B_ADAM_1X_V4_128, dcn_mesh_shape=(2, 1, 1))
 
 
+@also_known_as("tasks.lm.params.c4_multislice.C4Spmd22BAdam2xv4_128")
 @register
 def c4_22b_2x() -> ExperimentConfig:
     return _seed_libtpu_args(

@@ -36,7 +36,7 @@ import dataclasses
 
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.experiments.pax_knobs import C4_PATH, PaxLM, smoke, smoke_description
-from equipax.launch.experiments.registry import register
+from equipax.launch.experiments.registry import also_known_as, register
 
 __all__ = [
     "C4_SPMD_ADAM",
@@ -140,6 +140,7 @@ LM_CLOUD_SPMD_2B_LIMIT_STEPS = dataclasses.replace(
 )
 
 
+@also_known_as("tasks.lm.params.lm_cloud.LmCloudSpmd2BLimitSteps")
 @register
 def lm_cloud_2b() -> ExperimentConfig:
     return LM_CLOUD_SPMD_2B_LIMIT_STEPS.build(
@@ -169,6 +170,7 @@ LM_CLOUD_TRANSFORMER_ADAM_LIMIT_STEPS = dataclasses.replace(
 )
 
 
+@also_known_as("tasks.lm.params.lm_cloud.LmCloudTransformerAdamLimitSteps")
 @register
 def lm_cloud_transformer() -> ExperimentConfig:
     return LM_CLOUD_TRANSFORMER_ADAM_LIMIT_STEPS.build(

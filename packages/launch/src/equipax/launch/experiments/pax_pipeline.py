@@ -65,7 +65,7 @@ import dataclasses
 from equipax.core.configs import PIPELINE_AXES, MeshConfig, ScheduleConfig
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.experiments.pax_knobs import C4_PATH, PaxLM, smoke, smoke_description
-from equipax.launch.experiments.registry import register
+from equipax.launch.experiments.registry import also_known_as, register
 
 __all__ = [
     "c4_gpt3_xl_pipeline",
@@ -161,13 +161,14 @@ C4_SPMD_PIPELINE_GPT3_SMALL_ADAM = PaxLM(
 GPT3_XL_PIPELINE_64 = PaxPipeline(num_stages=4, microbatch_size=16, ici_mesh_shape=(4, 1, 4, 4))
 
 
+@also_known_as("tasks.lm.params.c4.C4SpmdPipelineGpt3SmallAdam64Replicas")
 @register
 def c4_gpt3_xl_pipeline() -> ExperimentConfig:
     return GPT3_XL_PIPELINE_64.build(
         C4_SPMD_PIPELINE_GPT3_SMALL_ADAM,
         "c4_gpt3_xl_pipeline",
-        "Pax C4SpmdPipelineGpt3SmallAdam8Replicas (README: ...64Replicas): GPT3-XL on C4, 4 pipeline "
-        "stages x 4-way FSDP x 4-way tensor on 64 chips (TPU v4-128), 32 microbatches, bf16.",
+        "Pax C4SpmdPipelineGpt3SmallAdam64Replicas: (the README's; now ...8Replicas) GPT3-XL on C4, 4 "
+        "pipeline stages x 4-way FSDP x 4-way tensor on 64 chips (TPU v4-128), 32 microbatches, bf16.",
     )
 
 

@@ -3,8 +3,11 @@ experiment of any task family), and `@register_benchmark`ed ones returning a ben
 (`AttentionBenchConfig`) that `launch run` runs instead of training.
 
 Lookup by short name (`shakespeare_tiny`) or by any dotted suffix of the full path
-(`experiments.shakespeare_lms.shakespeare_tiny`). Registering is pure: nothing runs until a
-config is asked for, and building a config never touches devices.
+(`experiments.shakespeare_lms.shakespeare_tiny`). An experiment may also answer to other names
+(`@also_known_as`): the Pax experiments answer to their paxml class paths, so the Pax README's
+`--exp=tasks.lm.params.c4.C4Spmd1BAdam4Replicas` (or `C4Spmd1BAdam4Replicas`, or with `paxml.` in
+front) is `c4_1b` (docs/coming_from_pax.md). Registering is pure: nothing runs until a config is
+asked for, and building a config never touches devices.
 """
 
 import dataclasses
@@ -16,6 +19,7 @@ from typing import Any, Literal
 from equipax.core.knobs import ConfigError, suggest
 
 __all__ = [
+    "also_known_as",
     "entries",
     "Entry",
     "Experiment",
@@ -33,15 +37,34 @@ ExperimentFn = Callable[[], Experiment]
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """A registered experiment: its short name, dotted path, config function and kind."""
+    """A registered experiment: its short name, dotted path, config function, kind and the other
+    names it answers to (`also_known_as`: e.g. its Pax class path)."""
 
     name: str
     path: str
     fn: ExperimentFn
     kind: Literal["train", "benchmark"] = "train"
+    aliases: tuple[str, ...] = ()
 
 
 _REGISTRY: dict[str, Entry] = {}
+_ALIASES: dict[str, str] = {}  # alias (a dotted path) -> the registered short name
+
+
+def also_known_as[F: ExperimentFn](*aliases: str) -> Callable[[F], F]:
+    """Let a registered experiment also answer to `aliases`: dotted paths (e.g. Pax's
+    `tasks.lm.params.c4.C4Spmd1BAdam4Replicas`), found like a registered path, by the whole path
+    or any dotted suffix (`C4Spmd1BAdam4Replicas`). Stack it on `@register` (in either order)."""
+
+    def add(fn: F) -> F:
+        for alias in aliases:
+            owner = _ALIASES.get(alias)
+            if owner is not None and owner != fn.__name__:
+                raise ValueError(f"Experiment alias {alias!r} given twice: to {owner!r} and {fn.__name__!r}.")
+            _ALIASES[alias] = fn.__name__
+        return fn
+
+    return add
 
 
 def register[F: ExperimentFn](fn: F) -> F:
@@ -74,7 +97,16 @@ def _load_builtin() -> None:
 def entries() -> list[Entry]:
     """All registered experiments, sorted by name."""
     _load_builtin()
-    return sorted(_REGISTRY.values(), key=lambda e: e.name)
+    known: dict[str, list[str]] = {}
+    for alias, name in _ALIASES.items():
+        known.setdefault(name, []).append(alias)
+    return sorted(
+        (dataclasses.replace(e, aliases=tuple(known.get(e.name, ()))) for e in _REGISTRY.values()), key=lambda e: e.name
+    )
+
+
+def _suffix_of(path: str, name: str) -> bool:
+    return path == name or path.endswith("." + name)
 
 
 def lookup(name: str) -> Entry:
@@ -87,7 +119,10 @@ def lookup(name: str) -> Entry:
     by_name = {e.name: e for e in all_entries}
     if name in by_name:
         return by_name[name]
-    matches = [e for e in all_entries if e.path == name or e.path.endswith("." + name)]
+    matches = [e for e in all_entries if _suffix_of(e.path, name)]
+    if not matches:  # another name: Pax's `tasks.lm.params.c4.C4Spmd1BAdam4Replicas`, `paxml.` or not
+        bare = name.removeprefix("paxml.")
+        matches = [e for e in all_entries if any(_suffix_of(a, bare) for a in e.aliases)]
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
@@ -96,10 +131,16 @@ def lookup(name: str) -> Entry:
         )
     if "." in name and (entry := _from_module(name)) is not None:
         return entry
-    close = suggest(name.rsplit(".", 1)[-1], list(by_name))
-    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    leaf = name.rsplit(".", 1)[-1]
+    alias_leaves = {a.rsplit(".", 1)[-1]: e for e in all_entries for a in e.aliases}
+    close = suggest(leaf, [*by_name, *alias_leaves])
+    hint = ""
+    if close:
+        shown = [f"{c!r} (= {alias_leaves[c].name})" if c in alias_leaves else repr(c) for c in close]
+        hint = f" Did you mean {' or '.join(shown)}?"
     raise ConfigError(
-        f"Unknown experiment {name!r}.{hint} Run `launch list` to see all {len(all_entries)} registered experiments."
+        f"Unknown experiment {name!r}.{hint} Run `launch list` to see all {len(all_entries)} registered experiments"
+        " and the Pax names they answer to."
     )
 
 

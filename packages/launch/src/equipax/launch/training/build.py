@@ -4,6 +4,7 @@ so the program compiled ahead of time is the program a run executes.
 """
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,10 +13,13 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from jaxtyping import PRNGKeyArray
 
+from equipax.core.configs import VariationalNoiseConfig
+from equipax.core.knobs import ConfigError
 from equipax.core.optim import Learner, make_learner
 from equipax.core.partition import batch_sharding, train_state_shardings
 from equipax.core.step import TrainState, TrainStep, init_train_state, make_eval_step, make_train_step
-from equipax.core.task import AbstractTask
+from equipax.core.task import AbstractTask, trainable
+from equipax.core.variational_noise import param_paths
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.tasks import family
 
@@ -105,6 +109,22 @@ def _with_shardings(tree: Any, shardings: Any) -> Any:
     return eqx.combine(placed, static)
 
 
+def _checked_vn(cfg: ExperimentConfig, model: Any) -> VariationalNoiseConfig | None:
+    """`train.vn` when it is on, after checking that `vn_regex` matches a trained parameter."""
+    vn = cfg.train.vn
+    if not vn.enabled:
+        return None
+    paths = param_paths(eqx.filter(model, trainable(model)))
+    if not any(re.search(vn.vn_regex, p) for p in paths):
+        shown = ", ".join(paths[:8]) + (f", ... ({len(paths)} in all)" if len(paths) > 8 else "")
+        raise ConfigError(
+            f"train.vn.vn_regex={vn.vn_regex!r} matches no trained parameter, so variational noise "
+            f"(vn_scale={vn.vn_scale}) would never be added. The paths it is searched in: {shown}. "
+            "Fix the pattern ('' = every parameter), or set train.vn.vn_scale=0."
+        )
+    return vn
+
+
 def build_training(cfg: ExperimentConfig, mesh: Mesh) -> Training:
     """Build the task, learner, shardings and jitted steps of `cfg` on `mesh`.
 
@@ -130,6 +150,7 @@ def build_training(cfg: ExperimentConfig, mesh: Mesh) -> Training:
         state_sharding=state_sharding,
         batch_sharding=data_sharding,
         skip_nonfinite=True,
+        variational_noise=_checked_vn(cfg, abstract.model),
     )
     return Training(
         cfg=cfg,

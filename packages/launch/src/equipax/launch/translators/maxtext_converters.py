@@ -1,6 +1,7 @@
 """What the MaxText <-> equipax rules are made of: MaxText's defaults, the values a rule reads
 (`Values`) and the converters each way (`*_to_equipax`, `*_to_maxtext`). The rules themselves are
-`maxtext_rules.RULES`; the public functions are in `maxtext.py`."""
+`maxtext_rules.RULES`, the decoder blocks `maxtext_families`, the mesh `maxtext_mesh`, the
+optimizer, schedule and data `maxtext_training`; the public functions are in `maxtext.py`."""
 
 import dataclasses
 import math
@@ -12,57 +13,105 @@ __all__ = [
     "activation_to_maxtext",
     "ACTIVATIONS",
     "batch_size",
+    "BLOCK_KNOBS",
+    "brief",
     "dims_to_equipax",
     "dims_to_maxtext",
+    "direct",
     "inverted",
     "logit_cap",
     "MAXTEXT_DEFAULTS",
+    "MAXTEXT_MESH_AXES",
     "MESH_AXES",
-    "mesh_to_equipax",
-    "mesh_to_maxtext",
+    "MOE_KNOBS",
     "one_of",
     "OTHER_AXES",
     "positive_int",
-    "profiler_to_equipax",
-    "profiler_to_maxtext",
+    "Rule",
     "scale_multipliers",
     "SCALE_RULES",
-    "schedule_to_equipax",
-    "schedule_to_maxtext",
     "Skip",
-    "steps_to_equipax",
     "TRANSFORMER",
     "Values",
 ]
 
-# base.yml values a derived knob needs when a config leaves them out.
+# MaxText 0.2.5's base.yml values of the keys a translation reads when a config leaves them out
+# (tests/fixtures/maxtext/facts.json records them; a test checks the two agree). A model key left
+# out means MaxText's default, so a translated decoder block takes these, never the base
+# experiment's values.
 MAXTEXT_DEFAULTS: dict[str, Any] = {
+    "decoder_block": "llama2",
     "global_parameter_scale": 1,
     "base_num_decoder_layers": 16,
     "base_emb_dim": 2048,
     "base_mlp_dim": 7168,
     "base_num_query_heads": 16,
+    "base_num_kv_heads": 16,
+    "base_moe_mlp_dim": -1,
+    "head_dim": 128,
+    "vocab_size": 32_000,
+    "mlp_activations": ["silu", "linear"],
+    "normalization_layer_epsilon": 1e-5,
+    "rope_max_timescale": 10_000,
+    "rope_type": "default",
+    "rope_use_scale": True,
+    "logits_via_embedding": False,
+    "normalize_embedding_logits": True,
+    "use_qk_norm": False,
+    "fused_qkv": False,
+    "attn_logits_soft_cap": 0.0,
+    "final_logits_soft_cap": 0.0,
+    "num_experts": 1,
+    "num_experts_per_tok": 1,
+    "capacity_factor": -1.0,
+    "load_balance_loss_weight": 0.0,
+    "shared_experts": 0,
     "steps": 150_001,
     "learning_rate": 3e-5,
+    "lr_schedule_type": "cosine",
     "warmup_steps_fraction": 0.1,
-    "cosine_learning_rate_final_fraction": 0.1,
+    "learning_rate_final_fraction": 0.1,
     "learning_rate_schedule_steps": -1,
     "skip_first_n_steps_for_profiler": 1,
     "profiler_steps": 5,
+    "num_slices": -1,
+    "model_name": "default",
 }
-MESH_AXES = ("data", "fsdp", "tensor")  # equipax's (data, fsdp, tensor) mesh axes
+MESH_AXES = ("data", "fsdp", "tensor")  # equipax's default (data, fsdp, tensor) mesh axes
+# equipax mesh axis -> MaxText's `{ici,dcn}_X_parallelism` name.
+MAXTEXT_MESH_AXES = {"data": "data", "fsdp": "fsdp", "tensor": "tensor", "expert": "expert", "stage": "pipeline"}
 OTHER_AXES = (
     "fsdp_transpose",
     "sequence",
     "context",
+    "context_usp_ulysses",
+    "context_autoregressive",
     "autoregressive",
-    "expert",
-    "pipeline",
-    "tensor_transpose",
     "tensor_sequence",
+    "diloco",
 )
-SCALE_RULES = ("linear", "doubling")
+SCALE_RULES = ("doubling", "linear")
 TRANSFORMER = "model.transformer."
+# the knobs a translated block sets (`block_to_equipax`, `moe_to_equipax`)
+BLOCK_KNOBS = tuple(
+    TRANSFORMER + k for k in ("norm", "norm_eps", "use_bias", "fused_qkv", "qk_norm", "sliding_window", "attention")
+) + tuple(
+    f"model.{k}"
+    for k in ("position", "rope_theta", "rope_scaling", "tie_embeddings", "embedding_multiplier", "embedding_init_std")
+)
+MOE_KNOBS = tuple(
+    TRANSFORMER + k
+    for k in (
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "capacity_factor",
+        "shared_expert_intermediate_size",
+        "router_aux_loss_coef",
+    )
+)
+
 ACTIVATIONS: dict[tuple[str, ...], tuple[str, bool]] = {
     ("relu",): ("relu", False),
     ("gelu",): ("gelu", False),
@@ -77,12 +126,24 @@ class Skip(Exception):
     """A key (or knob) that cannot be translated; the message says why."""
 
 
+def brief(value: Any, width: int = 40) -> str:
+    """A value as a short text (long lists and dicts cut)."""
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 @dataclasses.dataclass
 class Values:
-    """The MaxText keys of one translation, with what was used and what was skipped."""
+    """The MaxText keys of one translation, with what was used and what was skipped.
+
+    `family` is the translated decoder block (None: a config without `decoder_block` keeps the
+    base experiment's block); `axes` the equipax mesh axes the mesh keys fill."""
 
     given: Mapping[str, Any]
-    scale_rule: str = "linear"
+    scale_rule: str = "doubling"
+    family: str | None = None
+    moe: bool = False
+    axes: tuple[str, ...] = MESH_AXES
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)
 
@@ -93,6 +154,31 @@ class Values:
         return self.given[key] if key in self.given else MAXTEXT_DEFAULTS[key]
 
 
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """MaxText keys -> equipax knobs (`forward`) and back (`reverse`, from flat knobs). An
+    `architecture` rule applies whenever a decoder block is translated (its keys' MaxText
+    defaults define the model too); the others only to the keys a config sets."""
+
+    maxtext: tuple[str, ...]
+    equipax: tuple[str, ...]
+    how: str
+    forward: Callable[[Values], dict[str, Any]]
+    reverse: Callable[[Mapping[str, Any]], dict[str, Any]]
+    architecture: bool = False
+
+
+def direct(
+    key: str,
+    knob: str,
+    how: str = "same value",
+    to: Callable[[Any], Any] = lambda v: v,
+    back: Callable[[Any], Any] = lambda v: v,
+    architecture: bool = False,
+) -> Rule:
+    return Rule((key,), (knob,), how, lambda v: {knob: to(v.get(key))}, lambda k: {key: back(k[knob])}, architecture)
+
+
 def scale_multipliers(scale: int, rule: str) -> tuple[int, int, int, int]:
     """Multipliers of (layers, emb, mlp, heads) for `global_parameter_scale`."""
     if rule == "linear":  # MaxText's first release, as the Pax README's table translates it
@@ -100,7 +186,7 @@ def scale_multipliers(scale: int, rule: str) -> tuple[int, int, int, int]:
     log2 = int(math.log2(scale)) if scale > 0 else -1
     if log2 < 0 or 2**log2 != scale:
         raise Skip(f"global_parameter_scale={scale}: the doubling rule needs a power of two")
-    base, rem = divmod(log2, 3)  # MaxText today: doublings rotate over heads+mlp, emb, layers
+    base, rem = divmod(log2, 3)  # MaxText 0.2.5: doublings rotate over heads+mlp, emb, layers
     heads = base + int(rem > 0)
     return 2**base, 2 ** (base + int(rem > 1)), 2**heads, 2**heads
 
@@ -115,11 +201,12 @@ def dims_to_equipax(v: Values) -> dict[str, Any]:
     if scale and v.get("global_parameter_scale") != 1:
         v.notes.append(
             f"global_parameter_scale={v.get('global_parameter_scale')} applied with the "
-            f"{v.scale_rule!r} rule (--scale-rule: 'linear' multiplies every base_* size, as MaxText's "
-            "first release and the Pax README do; 'doubling' is MaxText's current power-of-two rule)."
+            f"{v.scale_rule!r} rule (--scale-rule: 'doubling' is MaxText 0.2.5's power-of-two rule; 'linear' "
+            "multiplies every base_* size, as MaxText's first release and the Pax README do)."
         )
     if "base_num_heads" in v.given and "base_num_query_heads" not in v.given:  # the older key
         v.given = {**v.given, "base_num_query_heads": v.given["base_num_heads"]}
+    every = scale or v.family is not None  # a decoder block is defined by all its sizes
     out = {}
     for key, knob, m in (
         ("base_num_decoder_layers", "num_layers", layers),
@@ -127,92 +214,38 @@ def dims_to_equipax(v: Values) -> dict[str, Any]:
         ("base_mlp_dim", "hidden_dims", mlp),
         ("base_num_query_heads", "num_heads", heads),
     ):
-        if scale or v.has(key):
+        if every or v.has(key):
             out[TRANSFORMER + knob] = int(v.get(key)) * m
-    if v.has("base_num_kv_heads"):
-        kv = int(v.given["base_num_kv_heads"]) * heads
-        if kv != out.get(TRANSFORMER + "num_heads", kv):
-            v.skipped["base_num_kv_heads"] = (
-                f"{kv} key/value heads for {out[TRANSFORMER + 'num_heads']} query heads is "
-                "grouped-query attention; equipax's Pax LM has one key/value head "
-                "per query head (the llama experiments have GQA)"
+    if v.family is not None or v.has("base_num_kv_heads"):  # MaxText's first release: one head count
+        kv = int(v.get("base_num_kv_heads")) * heads
+        q = out.get(TRANSFORMER + "num_heads", kv)
+        if v.family is None:  # the Pax GPT: None = one key/value head per query head
+            out[TRANSFORMER + "num_kv_heads"] = None if kv == q else kv
+        else:
+            out[TRANSFORMER + "num_kv_heads"] = kv
+        if kv != q:
+            out[TRANSFORMER + "fused_qkv"] = False
+            v.notes.append(
+                f"{kv} key/value heads for {q} query heads (grouped-query attention): also set "
+                "model.transformer.fused_qkv=False (separate query and key/value projections)."
             )
     return out
 
 
 def dims_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
+    kv = k[TRANSFORMER + "num_kv_heads"]
     return {
         "global_parameter_scale": 1,
         "base_num_decoder_layers": k[TRANSFORMER + "num_layers"],
         "base_emb_dim": k[TRANSFORMER + "model_dims"],
         "base_mlp_dim": k[TRANSFORMER + "hidden_dims"],
         "base_num_query_heads": k[TRANSFORMER + "num_heads"],
-        "base_num_kv_heads": k[TRANSFORMER + "num_heads"],
-    }
-
-
-def mesh_to_equipax(v: Values) -> dict[str, Any]:
-    out = {}
-    for where in ("ici", "dcn"):
-        keys = [f"{where}_{a}_parallelism" for a in MESH_AXES]
-        for axis in OTHER_AXES:
-            size = v.given.get(f"{where}_{axis}_parallelism", 1)
-            if size != 1:
-                v.skipped[f"{where}_{axis}_parallelism"] = (
-                    f"equipax meshes have data, fsdp and tensor axes (and stage for pipelines, docs/pipeline.md); "
-                    f"no {axis} axis"
-                )
-        if not v.has(*keys):
-            continue
-        default = {"ici": (1, -1, 1), "dcn": (-1, 1, 1)}[where]  # base.yml: fsdp (ICI), data (DCN) take the rest
-        shape = tuple(int(v.given.get(k, d)) for k, d in zip(keys, default))
-        if where == "dcn" and -1 in shape:
-            v.skipped[keys[shape.index(-1)]] = "-1 (all slices) needs the slice count: give the number of slices"
-            continue
-        out[f"mesh.{where}_mesh_shape"] = shape
-    return out
-
-
-def mesh_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        f"{where}_{a}_parallelism": s
-        for where in ("ici", "dcn")
-        for a, s in zip(MESH_AXES, k[f"mesh.{where}_mesh_shape"])
-    }
-
-
-def schedule_to_equipax(v: Values) -> dict[str, Any]:
-    steps = int(v.get("steps"))
-    total = int(v.get("learning_rate_schedule_steps"))
-    total = steps if total == -1 else total
-    warmup = round(float(v.get("warmup_steps_fraction")) * total)
-    if total <= warmup:
-        raise Skip(f"a cosine of {total - warmup} steps after {warmup} warmup steps")
-    if total < steps:
-        v.notes.append(f"MaxText trains at learning rate 0 after step {total}; equipax stays at final_fraction x peak.")
-    return {
-        "learner.schedule.kind": "warmup_cosine",
-        "learner.schedule.peak_learning_rate": float(v.get("learning_rate")),
-        "learner.schedule.warmup_steps": warmup,
-        "learner.schedule.decay_steps": total - warmup,
-        "learner.schedule.final_fraction": float(v.get("cosine_learning_rate_final_fraction")),
-    }
-
-
-def schedule_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
-    if k["learner.schedule.kind"] != "warmup_cosine":
-        raise Skip(f"learner.schedule.kind={k['learner.schedule.kind']!r}: MaxText's schedule is warmup + cosine")
-    total = k["learner.schedule.warmup_steps"] + k["learner.schedule.decay_steps"]
-    return {
-        "learning_rate": k["learner.schedule.peak_learning_rate"],
-        "learning_rate_schedule_steps": total,
-        "warmup_steps_fraction": k["learner.schedule.warmup_steps"] / total,
-        "cosine_learning_rate_final_fraction": k["learner.schedule.final_fraction"],
+        "base_num_kv_heads": k[TRANSFORMER + "num_heads"] if kv is None else kv,
     }
 
 
 def activation_to_equipax(v: Values) -> dict[str, Any]:
-    acts = tuple(v.given["mlp_activations"])
+    acts = tuple(v.get("mlp_activations"))
     if acts not in ACTIVATIONS:
         raise Skip(f"{list(acts)}: equipax has relu/gelu/silu, optionally gated ([act, 'linear'])")
     act, gated = ACTIVATIONS[acts]
@@ -225,37 +258,6 @@ def activation_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
         if k[TRANSFORMER + "gated"]
         else [k[TRANSFORMER + "activation"]]
     }
-
-
-def profiler_to_equipax(v: Values) -> dict[str, Any]:
-    kind = v.given.get("profiler", "xplane" if v.given.get("enable_profiler") else "")
-    if kind not in ("", "xplane"):
-        raise Skip(f"profiler={kind!r}: equipax traces with jax.profiler (xplane); run nsys around `launch run`")
-    out: dict[str, Any] = {"train.profile.steps": int(v.get("profiler_steps")) if kind else 0}
-    if kind:
-        out["train.profile.start_step"] = int(v.get("skip_first_n_steps_for_profiler")) + 1
-        out["train.profile.all_processes"] = bool(v.given.get("upload_all_profiler_results", False))
-    return out
-
-
-def profiler_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
-    if not k["train.profile.steps"]:
-        return {"profiler": ""}
-    start = k["train.profile.start_step"] or 2
-    return {
-        "profiler": "xplane",
-        "skip_first_n_steps_for_profiler": start - 1,
-        "profiler_steps": k["train.profile.steps"],
-        "upload_all_profiler_results": k["train.profile.all_processes"],
-    }
-
-
-def steps_to_equipax(v: Values) -> dict[str, Any]:
-    steps = int(v.given["steps"])
-    steps = steps if steps != -1 else int(v.get("learning_rate_schedule_steps"))
-    if steps <= 0:
-        raise Skip("steps=-1 needs learning_rate_schedule_steps > 0")
-    return {"train.num_steps": steps}
 
 
 def logit_cap(v: Any) -> float | None:
@@ -272,6 +274,8 @@ def positive_int(key: str, what: str) -> Callable[[Any], int]:
 
 
 def batch_size(value: Any) -> int:
+    if value is None:
+        raise Skip("per_device_batch_size=None: give a number of examples per device")
     if float(value) != int(float(value)) or float(value) < 1:
         raise Skip(f"per_device_batch_size={value}: equipax needs a whole number of examples per device")
     return int(float(value))

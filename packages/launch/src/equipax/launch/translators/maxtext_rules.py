@@ -1,62 +1,62 @@
 """The MaxText <-> equipax translation table (`RULES`): each rule reads some MaxText keys and sets
 some equipax knobs, and says how in one line (docs/maxtext.md shows them). What they are made of
-is in `maxtext_converters.py`; the public functions are in `maxtext.py`."""
-
-import dataclasses
-from collections.abc import Callable, Mapping
-from typing import Any
+is in `maxtext_converters.py` and `maxtext_families.py`; the public functions are in `maxtext.py`."""
 
 from equipax.launch.translators.maxtext_converters import (
-    MESH_AXES,
+    BLOCK_KNOBS,
+    MAXTEXT_MESH_AXES,
+    MOE_KNOBS,
     OTHER_AXES,
     TRANSFORMER,
-    Values,
+    Rule,
     activation_to_equipax,
     activation_to_maxtext,
     batch_size,
     dims_to_equipax,
     dims_to_maxtext,
+    direct,
     inverted,
     logit_cap,
-    mesh_to_equipax,
-    mesh_to_maxtext,
     one_of,
     positive_int,
+)
+from equipax.launch.translators.maxtext_families import (
+    block_to_equipax,
+    block_to_maxtext,
+    moe_to_equipax,
+    moe_to_maxtext,
+)
+from equipax.launch.translators.maxtext_mesh import (
+    mesh_to_equipax,
+    mesh_to_maxtext,
+    per_device_batch_to_maxtext,
+    pipeline_to_equipax,
+    pipeline_to_maxtext,
+)
+from equipax.launch.translators.maxtext_training import (
+    C4_TFDS,
+    OPTIMIZERS,
+    data_to_equipax,
+    data_to_maxtext,
+    optimizer_to_equipax,
     profiler_to_equipax,
     profiler_to_maxtext,
     schedule_to_equipax,
     schedule_to_maxtext,
     steps_to_equipax,
+    tokenizer_to_equipax,
+    tokenizer_to_maxtext,
 )
 
-__all__ = ["DATASETS", "direct", "DTYPES", "OPTIMIZERS", "REMATS", "Rule", "RULES"]
+__all__ = ["ATTENTION_IMPLS", "C4_TFDS", "direct", "DTYPES", "OPTIMIZERS", "REMATS", "Rule", "RULES"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """MaxText keys -> equipax knobs (`forward`) and back (`reverse`, from flat knobs)."""
-
-    maxtext: tuple[str, ...]
-    equipax: tuple[str, ...]
-    how: str
-    forward: Callable[[Values], dict[str, Any]]
-    reverse: Callable[[Mapping[str, Any]], dict[str, Any]]
-
-
-def direct(
-    key: str,
-    knob: str,
-    how: str = "same value",
-    to: Callable[[Any], Any] = lambda v: v,
-    back: Callable[[Any], Any] = lambda v: v,
-) -> Rule:
-    return Rule((key,), (knob,), how, lambda v: {knob: to(v.get(key))}, lambda k: {key: back(k[knob])})
-
-
-REMATS = {"none": "none", "full": "full", "minimal": "dots_saveable"}
-OPTIMIZERS = {"adamw": "adamw", "adam_pax": "pax_adam"}
+REMATS = {"full": "full", "minimal": "dots_saveable"}
 DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
-DATASETS = {"c4": "c4", "synthetic": "synthetic"}
+# MaxText's `attention` kernels -> equipax's attention_impl (docs/attention.md): `flash` is
+# MaxText's Pallas splash kernel on TPU, `cudnn_flash_te` cuDNN's fused attention on GPU.
+ATTENTION_IMPLS = {"autoselected": "auto", "dot_product": "xla", "flash": "splash", "cudnn_flash_te": "cudnn"}
+
 
 RULES: tuple[Rule, ...] = (
     Rule(
@@ -69,13 +69,76 @@ RULES: tuple[Rule, ...] = (
             "base_num_heads",
             "base_num_kv_heads",
         ),
-        tuple(TRANSFORMER + k for k in ("num_layers", "model_dims", "hidden_dims", "num_heads")),
-        "base size x scale (see --scale-rule); key/value heads must equal query heads",
+        tuple(TRANSFORMER + k for k in ("num_layers", "model_dims", "hidden_dims", "num_heads", "num_kv_heads")),
+        "base size x scale (see --scale-rule); fewer key/value heads = grouped-query attention (fused_qkv=False)",
         dims_to_equipax,
         dims_to_maxtext,
+        architecture=True,
     ),
-    direct("head_dim", TRANSFORMER + "head_dim"),
-    direct("vocab_size", "model.vocab_size"),
+    direct("head_dim", TRANSFORMER + "head_dim", to=int, architecture=True),
+    direct("vocab_size", "model.vocab_size", to=int, architecture=True),
+    Rule(
+        (
+            "decoder_block",
+            "model_name",
+            "normalization_layer_epsilon",
+            "rope_max_timescale",
+            "rope_type",
+            "rope_use_scale",
+            "logits_via_embedding",
+            "normalize_embedding_logits",
+            "use_qk_norm",
+            "fused_qkv",
+            "attention_type",
+            "sliding_window_size",
+        ),
+        BLOCK_KNOBS,
+        "llama2 (Llama 2/3; 3.1 by model_name or rope_type), mistral, qwen3, mixtral, qwen3_moe: Llama's block "
+        "(docs/maxtext.md, 'Decoder blocks'); without decoder_block the base experiment's block is kept",
+        block_to_equipax,
+        block_to_maxtext,
+        architecture=True,
+    ),
+    Rule(
+        (
+            "num_experts",
+            "num_experts_per_tok",
+            "base_moe_mlp_dim",
+            "capacity_factor",
+            "shared_experts",
+            "load_balance_loss_weight",
+            "norm_topk_prob",
+        ),
+        MOE_KNOBS,
+        "mixtral, qwen3_moe: experts, top-k (renormalised), capacity (-1 = dropless), shared experts, aux loss",
+        moe_to_equipax,
+        moe_to_maxtext,
+        architecture=True,
+    ),
+    Rule(
+        ("mlp_activations",),
+        (TRANSFORMER + "activation", TRANSFORMER + "gated"),
+        "[act] or gated [act, 'linear']",
+        activation_to_equipax,
+        activation_to_maxtext,
+        architecture=True,
+    ),
+    direct(
+        "attn_logits_soft_cap",
+        TRANSFORMER + "atten_logit_cap",
+        "0/null = no cap",
+        logit_cap,
+        lambda c: c or 0.0,
+        architecture=True,
+    ),
+    direct(
+        "final_logits_soft_cap",
+        "model.output_logit_cap",
+        "0/null = no cap",
+        logit_cap,
+        lambda c: c or 0.0,
+        architecture=True,
+    ),
     Rule(
         ("max_target_length",),
         ("model.max_seq_len", "data.seq_len"),
@@ -84,35 +147,66 @@ RULES: tuple[Rule, ...] = (
         lambda k: {"max_target_length": k["data.seq_len"]},
     ),
     direct("dtype", "model.dtype", "bfloat16 or float32", one_of("dtype", DTYPES), one_of("model.dtype", DTYPES)),
-    direct("per_device_batch_size", "data.per_device_batch", "whole examples only", batch_size),
     Rule(
-        tuple(f"{w}_{a}_parallelism" for w in ("ici", "dcn") for a in (*MESH_AXES, *OTHER_AXES)),
-        ("mesh.ici_mesh_shape", "mesh.dcn_mesh_shape"),
-        "(data, fsdp, tensor) sizes; other axes only at 1; DCN -1 needs the slice count",
+        ("per_device_batch_size",),
+        ("data.per_device_batch",),
+        "whole examples only",
+        lambda v: {"data.per_device_batch": batch_size(v.given["per_device_batch_size"])},
+        per_device_batch_to_maxtext,
+    ),
+    Rule(
+        (
+            *(f"{w}_{a}_parallelism" for w in ("ici", "dcn") for a in (*MAXTEXT_MESH_AXES.values(), *OTHER_AXES)),
+            "num_slices",
+        ),
+        ("mesh.ici_mesh_shape", "mesh.dcn_mesh_shape", "mesh.axis_names"),
+        "data, fsdp, tensor (and expert for MoE experiments) sizes; other axes only at 1; DCN -1 = num_slices",
         mesh_to_equipax,
         mesh_to_maxtext,
     ),
+    Rule(
+        (
+            "ici_pipeline_parallelism",
+            "dcn_pipeline_parallelism",
+            "num_pipeline_microbatches",
+            "num_pipeline_repeats",
+            "num_layers_per_pipeline_stage",
+        ),
+        tuple(
+            TRANSFORMER + k
+            for k in (
+                "pipeline_stages",
+                "pipeline_schedule",
+                "pipeline_repeats",
+                "pipeline_microbatches",
+                "pipeline_microbatch_size",
+            )
+        ),
+        "stages = pipeline parallelism (a `stage` mesh axis); repeats > 1 = circular; microbatches -1 = stages",
+        pipeline_to_equipax,
+        pipeline_to_maxtext,
+    ),
     direct("scan_layers", TRANSFORMER + "scan_layers", to=bool),
+    direct(
+        "attention",
+        TRANSFORMER + "attention_impl",
+        "autoselected -> auto, dot_product -> xla, flash -> splash, cudnn_flash_te -> cudnn",
+        one_of("attention", ATTENTION_IMPLS),
+        one_of("model.transformer.attention_impl", inverted(ATTENTION_IMPLS)),
+    ),
     direct(
         "remat_policy",
         TRANSFORMER + "remat",
-        "none, full; minimal -> dots_saveable (checkpoint dots without batch dims)",
+        "full; minimal -> dots_saveable (checkpoint dots without batch dims)",
         one_of("remat_policy", REMATS),
         one_of("model.transformer.remat", inverted(REMATS)),
     ),
     Rule(
-        ("mlp_activations",),
-        (TRANSFORMER + "activation", TRANSFORMER + "gated"),
-        "[act] or gated [act, 'linear']",
-        activation_to_equipax,
-        activation_to_maxtext,
-    ),
-    direct("attn_logits_soft_cap", TRANSFORMER + "atten_logit_cap", "0/null = no cap", logit_cap, lambda c: c or 0.0),
-    direct("final_logits_soft_cap", "model.output_logit_cap", "0/null = no cap", logit_cap, lambda c: c or 0.0),
-    Rule(
         (
             "learning_rate",
+            "lr_schedule_type",
             "warmup_steps_fraction",
+            "learning_rate_final_fraction",
             "cosine_learning_rate_final_fraction",
             "learning_rate_schedule_steps",
         ),
@@ -120,16 +214,16 @@ RULES: tuple[Rule, ...] = (
             f"learner.schedule.{k}"
             for k in ("kind", "peak_learning_rate", "warmup_steps", "decay_steps", "final_fraction")
         ),
-        "warmup_cosine: warmup = fraction x schedule steps (-1 = steps), cosine for the rest",
+        "cosine -> warmup_cosine: warmup = fraction x schedule steps (-1 = steps), cosine for the rest",
         schedule_to_equipax,
         schedule_to_maxtext,
     ),
-    direct(
-        "opt_type",
-        "learner.kind",
-        "adamw; adam_pax -> pax_adam",
-        one_of("opt_type", OPTIMIZERS),
-        one_of("learner.kind", inverted(OPTIMIZERS)),
+    Rule(
+        ("opt_type",),
+        ("learner.kind", "learner.clip_update_rms"),
+        "adamw (clip_update_rms=None); adam_pax -> pax_adam",
+        optimizer_to_equipax,
+        lambda k: {"opt_type": one_of("learner.kind", inverted(OPTIMIZERS))(k["learner.kind"])},
     ),
     direct("adam_b1", "learner.b1", to=float),
     direct("adam_b2", "learner.b2", to=float),
@@ -151,13 +245,22 @@ RULES: tuple[Rule, ...] = (
         positive_int("eval_interval", "MaxText then never evaluates; equipax evaluates at least at the end"),
     ),
     direct(
-        "dataset_type",
-        "data.source",
-        "c4 or synthetic",
-        one_of("dataset_type", DATASETS),
-        one_of("data.source", DATASETS),
+        "eval_steps", "train.eval_batches", "-1 (the whole eval split) = 0", lambda n: max(int(n), 0), lambda n: n or -1
     ),
-    direct("dataset_path", "data.path", "a directory of c4-train.*/c4-validation.* shards (not TFDS)", str),
+    Rule(
+        ("dataset_type", "dataset_name", "dataset_path", "packing"),
+        ("data.source", "data.path", "data.packing"),
+        f"synthetic (packing off); tfds {C4_TFDS} -> c4 shards in a directory (not TFDS)",
+        data_to_equipax,
+        data_to_maxtext,
+    ),
+    Rule(
+        ("tokenizer_type", "tokenizer_path"),
+        ("data.tokenizer", "data.vocab_path"),
+        "sentencepiece or huggingface, with a tokenizer_path (a local file)",
+        tokenizer_to_equipax,
+        tokenizer_to_maxtext,
+    ),
     Rule(
         (
             "profiler",
@@ -172,5 +275,3 @@ RULES: tuple[Rule, ...] = (
         profiler_to_maxtext,
     ),
 )
-
-# Keys known to have no equipax knob, with why (anything else: "no equipax knob").

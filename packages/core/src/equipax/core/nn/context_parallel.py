@@ -1,0 +1,218 @@
+"""Context parallelism: softmax attention over a sequence split along the `context` mesh axis
+(docs/long_context.md).
+
+Activations are `[batch seq ...]` with `seq` split over N devices. Attention is the one layer whose
+positions meet every other position, so it needs the other devices' keys and values:
+
+- "all_gather" (`all_gather_attention`): each device all-gathers the keys and values (and their
+  positions and segment ids) inside `jax.shard_map` and attends its own queries over all of them.
+  Simple and fast on a fast interconnect; holds the whole sequence's keys and values per device.
+- "ring" (`equipax.core.nn.ring_attention`): the key/value blocks rotate around the axis and an
+  online softmax merges them; O(S/N) memory per device.
+
+Layouts. Both kernels mask by each token's *global* position (its index in the unsplit sequence),
+never by its slot, so any order of the sequence works. With causal attention the contiguous split
+is unbalanced (device N-1 attends over everything, device 0 over its own block); the zigzag layout
+(`zigzag_permutation`) cuts the sequence into 2N chunks and gives device i chunks i and 2N-1-i, so
+each device does the same work. The input reorders a batch once (`to_zigzag`) and carries the
+global positions with it; everything outside attention is per-token and does not care.
+
+Both equal `equipax.core.nn.attention.reference_attention` on the unpermuted sequence, outputs
+and gradients (tests/core/test_context_parallel.py).
+"""
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, Float, Int
+
+from equipax.core._mesh_config import BATCH_AXES, CONTEXT, TENSOR
+from equipax.core.nn.attention import _grouped_softmax, check_groups  # pyright: ignore[reportPrivateUsage]
+from equipax.core.nn.attention_masks import attention_mask
+from equipax.core.nn.ring_attention import RingConfig, ring_attention_shard
+
+__all__ = [
+    "ContextParallel",
+    "all_gather_attention",
+    "context_attention",
+    "from_zigzag",
+    "ring_attention",
+    "to_zigzag",
+    "zigzag_inverse",
+    "zigzag_permutation",
+]
+
+ContextParallel = Literal["all_gather", "ring"]
+
+
+def zigzag_permutation(seq_len: int, num_shards: int) -> np.ndarray:
+    """The global position held at each slot of the zigzag layout (`x[:, perm]` reorders).
+
+    The sequence is cut into `2 * num_shards` chunks; shard `i` holds chunks `i` and
+    `2 * num_shards - 1 - i`, so under a causal mask every shard has the same number of
+    (query, key) pairs to compute.
+
+    Arguments:
+        seq_len: positions in the sequence (a multiple of `2 * num_shards`).
+        num_shards: devices on the context axis.
+
+    Raises:
+        ValueError: `seq_len` is not a multiple of `2 * num_shards`.
+    """
+    if seq_len % (2 * num_shards):
+        raise ValueError(
+            f"The zigzag layout cuts a sequence into 2 x {num_shards} chunks; {seq_len} positions do not "
+            f"divide into {2 * num_shards}. Use a sequence length that is a multiple of {2 * num_shards}."
+        )
+    chunks = np.arange(seq_len).reshape(2 * num_shards, -1)
+    order = [c for i in range(num_shards) for c in (i, 2 * num_shards - 1 - i)]
+    return chunks[order].reshape(-1)
+
+
+def zigzag_inverse(seq_len: int, num_shards: int) -> np.ndarray:
+    """The slot of each global position in the zigzag layout (`y[:, inverse]` restores order)."""
+    return np.argsort(zigzag_permutation(seq_len, num_shards))
+
+
+def to_zigzag(x: Array, num_shards: int, axis: int = 1) -> Array:
+    """`x` with its `axis` (the sequence) in the zigzag layout of `num_shards` devices."""
+    return jnp.take(x, zigzag_permutation(x.shape[axis], num_shards), axis=axis)
+
+
+def from_zigzag(x: Array, num_shards: int, axis: int = 1) -> Array:
+    """The inverse of `to_zigzag`: `x`'s `axis` back in sequence order."""
+    return jnp.take(x, zigzag_inverse(x.shape[axis], num_shards), axis=axis)
+
+
+def _specs(mesh: Mesh, q: Array, k: Array, axis: str) -> tuple[P, P]:
+    """`(qkv_spec, ids_spec)`: batch over the batch axes that divide it, the sequence over `axis`,
+    heads over `tensor` when it divides both head counts (so each group stays on one device)."""
+    batch = tuple(a for a in BATCH_AXES if mesh.shape.get(a, 1) > 1)
+    if q.shape[0] % int(np.prod([mesh.shape[a] for a in batch], dtype=int)):
+        batch = ()
+    tp = mesh.shape.get(TENSOR, 1)
+    heads = TENSOR if tp > 1 and q.shape[2] % tp == 0 and k.shape[2] % tp == 0 else None
+    return P(batch or None, axis, heads, None), P(batch or None, axis)
+
+
+def _gather(x: Array | None, axis: str) -> Array | None:
+    return None if x is None else jax.lax.all_gather(x, axis, axis=1, tiled=True)
+
+
+def _shard_map(local, mesh: Mesh, axis: str, q: Array, k: Array, v: Array, positions: Array, seg: Array | None):
+    qkv, ids = _specs(mesh, q, k, axis)
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(qkv, qkv, qkv, ids, None if seg is None else ids), out_specs=qkv, check_vma=False
+    )(q, k, v, positions, seg)
+
+
+def _check(q: Array, k: Array, mesh: Mesh | None, axis: str) -> int:
+    check_groups(q.shape[2], k.shape[2])
+    n = 1 if mesh is None else mesh.shape.get(axis, 1)
+    if q.shape[1] % n:
+        raise ValueError(f"{q.shape[1]} positions cannot be split over the {n} devices of the {axis!r} mesh axis.")
+    return n
+
+
+def all_gather_attention(
+    q: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq kv_heads head_dim"],
+    v: Float[Array, "batch seq kv_heads head_dim"],
+    *,
+    positions: Int[Array, "batch seq"],
+    causal: bool,
+    logit_cap: float | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+    window: int | None = None,
+    mesh: Mesh | None = None,
+    axis: str = CONTEXT,
+) -> Float[Array, "batch seq heads head_dim"]:
+    """Context-parallel attention by all-gathering the keys and values over `axis`.
+
+    Arguments:
+        q, k, v: queries, keys and values, the sequence in any layout (split over `axis`).
+        positions: each slot's global position (what the causal and window masks compare).
+        causal, logit_cap, window: as `reference_attention`.
+        segment_ids: packed documents, in the same layout.
+        mesh: the device mesh; without one (or with `axis` of size 1) this is local attention.
+        axis: the context mesh axis.
+
+    Returns:
+        Attention outputs in `v.dtype`, in the layout of `q`.
+    """
+    n = _check(q, k, mesh, axis)
+
+    def local(q: Array, k: Array, v: Array, pos: Array, seg: Array | None) -> Array:
+        if n > 1:
+            k, v = jax.lax.all_gather(k, axis, axis=1, tiled=True), jax.lax.all_gather(v, axis, axis=1, tiled=True)
+        kpos, kseg = (_gather(pos, axis), _gather(seg, axis)) if n > 1 else (pos, seg)
+        mask = attention_mask(pos, kpos, causal=causal, window=window, query_segments=seg, key_segments=kseg)  # pyright: ignore[reportArgumentType]
+        return _grouped_softmax(q, k, v, mask, logit_cap, head_major=False)
+
+    if n == 1 or mesh is None:
+        return local(q, k, v, positions, segment_ids)
+    return _shard_map(local, mesh, axis, q, k, v, positions, segment_ids)
+
+
+def ring_attention(
+    q: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq kv_heads head_dim"],
+    v: Float[Array, "batch seq kv_heads head_dim"],
+    *,
+    positions: Int[Array, "batch seq"],
+    causal: bool,
+    logit_cap: float | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+    window: int | None = None,
+    mesh: Mesh | None = None,
+    axis: str = CONTEXT,
+) -> Float[Array, "batch seq heads head_dim"]:
+    """Context-parallel attention by rotating key/value blocks around `axis` (ring attention).
+
+    Arguments and returns as `all_gather_attention`; see `equipax.core.nn.ring_attention` for the
+    algorithm (online softmax, skipped blocks, a backward with O(S/N) memory).
+    """
+    n = _check(q, k, mesh, axis)
+    cfg = RingConfig(axis=axis if n > 1 else None, size=n, causal=causal, window=window, logit_cap=logit_cap)
+
+    def local(q: Array, k: Array, v: Array, pos: Array, seg: Array | None) -> Array:
+        all_pos, all_seg = (_gather(pos, axis), _gather(seg, axis)) if n > 1 else (pos, seg)
+        return ring_attention_shard(cfg, q, k, v, pos, seg, all_pos, all_seg)  # pyright: ignore[reportArgumentType]
+
+    if n == 1 or mesh is None:
+        return local(q, k, v, positions, segment_ids)
+    return _shard_map(local, mesh, axis, q, k, v, positions, segment_ids)
+
+
+def context_attention(
+    q: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq kv_heads head_dim"],
+    v: Float[Array, "batch seq kv_heads head_dim"],
+    *,
+    strategy: ContextParallel,
+    positions: Int[Array, "batch seq"],
+    causal: bool,
+    logit_cap: float | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+    window: int | None = None,
+    mesh: Mesh | None = None,
+    axis: str = CONTEXT,
+) -> Float[Array, "batch seq heads head_dim"]:
+    """`all_gather_attention` or `ring_attention`, as `strategy` says (`context_parallel`)."""
+    kernel = ring_attention if strategy == "ring" else all_gather_attention
+    return kernel(
+        q,
+        k,
+        v,
+        positions=positions,
+        causal=causal,
+        logit_cap=logit_cap,
+        segment_ids=segment_ids,
+        window=window,
+        mesh=mesh,
+        axis=axis,
+    )
