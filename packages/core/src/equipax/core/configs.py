@@ -54,6 +54,7 @@ __all__ = [
     "LearnerKind",
     "LogicalAxisRules",
     "MeshConfig",
+    "ParamGroupConfig",
     "PIPELINE_AXES",
     "RopeScalingConfig",
     "ScheduleConfig",
@@ -164,6 +165,9 @@ class LearnerConfig:
         clip_gradient_norm: clip the global gradient norm to this value; None for no clip.
         clip_update_rms: `pax_adam` only: scale each tensor's Adam update so its RMS is at most
             this value; None for no clip.
+        groups: parameter groups with their own learner (Pax's several learners;
+            `ParamGroupConfig`): each parameter whose path a group's `regex` matches is updated by
+            that group's learner (or not at all: a frozen group); the rest by this one.
     """
 
     kind: LearnerKind = "adamw"
@@ -174,8 +178,19 @@ class LearnerConfig:
     weight_decay: float = 0.0
     clip_gradient_norm: float | None = 1.0
     clip_update_rms: float | None = None
+    groups: tuple["ParamGroupConfig", ...] = ()
 
     def __post_init__(self) -> None:
+        names = [g.name for g in self.groups]
+        for g in self.groups:
+            if g.learner is not None and g.learner.groups:
+                raise _bad(f"learner.groups[{g.name!r}].learner.groups", "() (groups do not nest)", g.learner.groups)
+            if g.name == "default" or names.count(g.name) > 1:
+                raise _bad(
+                    "learner.groups",
+                    "groups with distinct names other than 'default' (the parameters no group matches)",
+                    names,
+                )
         if self.kind not in _LEARNER_KINDS:
             raise _bad("learner.kind", f"one of {_LEARNER_KINDS}", self.kind)
         for name in ("b1", "b2"):
@@ -198,6 +213,34 @@ class LearnerConfig:
                     self.clip_update_rms,
                     "Set learner.kind='pax_adam' or learner.clip_update_rms=None.",
                 )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParamGroupConfig:
+    """A group of parameters with its own learner (`learner.groups`; Pax's several learners).
+
+    Arguments:
+        name: the group's name (its learning rate is logged as `learning_rate/<name>`).
+        regex: `re.search`ed in each trained parameter's path, written with `/` between its parts
+            (`embedding/weight`, `stack/layers/0/attention/qkv`; `equipax.core.param_paths`). A
+            group that matches no parameter, or a parameter two groups match, is a ConfigError.
+        learner: the group's optimizer and schedule (its own clipping: the global-norm clip is
+            over the group's gradients); None = frozen (never updated).
+    """
+
+    name: str
+    regex: str
+    learner: LearnerConfig | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise _bad("learner.groups[].name", "a non-empty name", self.name)
+        try:
+            re.compile(self.regex)
+        except re.error as e:
+            raise _bad(
+                f"learner.groups[{self.name!r}].regex", "a valid regular expression", self.regex, f"({e})."
+            ) from None
 
 
 _KNOB = "model.transformer"

@@ -260,14 +260,17 @@ def train_state_shardings(
     # The optimizer state holds the trainable parameters' moments only (`trainable`: a LoRA model's
     # adapters, not its frozen base).
     trained = eqx.filter(eqx.filter(state.model, trainable(state.model)), _is_param)
-    opt_specs = optax.tree_map_params(
-        optimizer,
-        lambda _, spec: spec,
-        state.opt_state,
-        param_specs(trained, mesh, rules),
-        transform_non_params=lambda x: P() if _is_array(x) else None,
-        is_leaf=lambda x: isinstance(x, P),
-    )
+    if _has_multi_transform(state.opt_state):  # several learners: optax.tree_map_params cannot see them
+        opt_specs = _specs_by_path(state.opt_state, trained, param_specs(trained, mesh, rules))
+    else:
+        opt_specs = optax.tree_map_params(
+            optimizer,
+            lambda _, spec: spec,
+            state.opt_state,
+            param_specs(trained, mesh, rules),
+            transform_non_params=lambda x: P() if _is_array(x) else None,
+            is_leaf=lambda x: isinstance(x, P),
+        )
     specs = eqx.tree_at(
         lambda s: (s.model, s.opt_state),
         eqx.filter(state, _is_array),
@@ -276,6 +279,35 @@ def train_state_shardings(
     )
     specs = jax.tree.map(lambda x: x if isinstance(x, P) else P(), specs, is_leaf=lambda x: isinstance(x, P))
     return named(specs, mesh)
+
+
+def _has_multi_transform(opt_state: PyTree) -> bool:
+    found = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, optax.MultiTransformState))
+    return any(isinstance(x, optax.MultiTransformState) for x in found)
+
+
+def _specs_by_path(opt_state: PyTree, params: PyTree, specs: PyTree) -> PyTree:
+    """The optimizer state's specs for an `optax.multi_transform` (`LearnerConfig.groups`): a
+    state leaf whose key path ends with a parameter's path and has its shape (a moment of that
+    parameter, in its group's inner state) gets the parameter's spec; the rest (counts, masked
+    placeholders) are replicated or dropped. `optax.tree_map_params` re-initialises the optimizer
+    on a placeholder, which cannot be labelled by group, so it cannot find these."""
+    by_path = {}
+    param_leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))
+    for (path, leaf), spec in zip(param_leaves, spec_leaves, strict=True):
+        by_path[jax.tree_util.keystr(tuple(path))] = (tuple(leaf.shape), spec)
+
+    def spec_of(path: Any, leaf: Any) -> Any:
+        if not _is_array(leaf):
+            return None
+        text = jax.tree_util.keystr(tuple(path))
+        for suffix, (shape, spec) in by_path.items():
+            if text.endswith(suffix) and tuple(leaf.shape) == shape:
+                return spec
+        return P()
+
+    return jax.tree_util.tree_map_with_path(spec_of, opt_state)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
