@@ -44,11 +44,32 @@ def one_step():
     return cnn.one_step()
 
 
-# Where the workers tell the controller which tests form one group (see below): a file the
-# controller names before it starts them (they inherit the variable).
-_GROUPS = "EQUIPAX_TEST_GROUPS"
+# The suite's own directory (a new one per run, removed at the end): the controller names it
+# before it starts the workers (they inherit the variable). It holds the file through which the
+# workers tell the controller which tests form one group (see below), and the suite's compile cache.
+_SUITE = "EQUIPAX_TEST_DIR"
 if "PYTEST_XDIST_WORKER" not in os.environ:
-    os.environ[_GROUPS] = str(Path(tempfile.mkdtemp(prefix="equipax-test-groups-")) / "groups.json")
+    os.environ[_SUITE] = tempfile.mkdtemp(prefix="equipax-tests-")
+_GROUPS = Path(os.environ[_SUITE]) / "groups.json"
+
+
+def _share_compiled_programs(cache: Path) -> None:
+    """JAX's persistent compilation cache in `cache`, shared by every test of this run, on both
+    workers (and by the child processes of the helpers that pass `suite_compile_cache_env()` on):
+    an in-process `launch run` (a docs block, a CLI test) builds fresh jitted functions, so without
+    it each one compiles the same toy programs again. A hit loads the executable that a compile of
+    the same program wrote (the key covers the program, compile options, devices and versions),
+    so results are the bits they would be. Safe under concurrent processes: see
+    helpers.toy.shared_compile_cache. Set in JAX's config, not the environment, so only the
+    children that are never killed mid-write share it. A `launch run` here uses it instead of its
+    job's `train.compiler.cache_dir`, as it would under a user's own `JAX_COMPILATION_CACHE_DIR`."""
+    from helpers.toy import shared_compile_cache
+
+    for name, value in shared_compile_cache(cache).items():
+        jax.config.update(name, value)
+
+
+_share_compiled_programs(Path(os.environ[_SUITE]) / "compile_cache")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -72,12 +93,11 @@ def pytest_collection_modifyitems(config, items):
         marks = sorted({str(m.args[0] if m.args else m.kwargs.get("name")) for m in item.iter_markers("xdist_group")})
         if marks:
             groups[item.nodeid] = "group:" + "_".join(marks)
-    if "PYTEST_XDIST_WORKER" in os.environ and _GROUPS in os.environ:
+    if "PYTEST_XDIST_WORKER" in os.environ:
         items.sort(key=lambda i: i.get_closest_marker("slow") is None)
-        path = Path(os.environ[_GROUPS])
-        mine = path.with_name(f"{path.name}.{os.environ['PYTEST_XDIST_WORKER']}")
+        mine = _GROUPS.with_name(f"{_GROUPS.name}.{os.environ['PYTEST_XDIST_WORKER']}")
         mine.write_text(json.dumps(groups))
-        mine.replace(path)
+        mine.replace(_GROUPS)
 
 
 class _ModuleFixtureGroups:
@@ -95,7 +115,7 @@ class _ModuleFixtureGroups:
 
             def _split_scope(self, nodeid: str) -> str:
                 if self.groups is None:  # read once, after every worker's collection
-                    self.groups = json.loads(Path(os.environ[_GROUPS]).read_text())
+                    self.groups = json.loads(_GROUPS.read_text())
                 return self.groups.get(nodeid) or super()._split_scope(nodeid)
 
         return Scheduling(config, log)
@@ -107,8 +127,8 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    if "PYTEST_XDIST_WORKER" not in os.environ and _GROUPS in os.environ:
-        shutil.rmtree(Path(os.environ[_GROUPS]).parent, ignore_errors=True)
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        shutil.rmtree(os.environ[_SUITE], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ the site's build strips): `no-run` (not run: e.g. `uv run pytest` itself, extern
 user-error code 2). Any other command in a runnable block is an error: mark it.
 """
 
+import os
 import re
 import shlex
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
-from helpers.toy import CNN_SHORT, SMOKE_SHORT, TOY_SHORT, set_args
+from helpers.toy import CNN_SHORT, SMOKE_SHORT, TOY_SHORT, set_args, suite_compile_cache_env
 
 sys.path.insert(0, str(REPO))
 from docs_hooks import TEST_MARKERS, code_blocks
@@ -91,7 +92,11 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
     if "--cpu-devices" in args or args[:1] == ["compile"]:
         # The device count is fixed when JAX starts: run in a fresh process, as a user would.
         proc = subprocess.run(
-            [sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True, timeout=600
+            [sys.executable, "-m", "equipax.launch.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, **suite_compile_cache_env()},
         )
         code, output = proc.returncode, proc.stdout + proc.stderr
     else:

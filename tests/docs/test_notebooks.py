@@ -10,6 +10,7 @@ import os
 import pytest
 
 from helpers import REPO
+from helpers.toy import suite_compile_cache_env
 
 NOTEBOOKS = sorted((REPO / "docs" / "notebooks").glob("*.ipynb"))
 
@@ -25,8 +26,9 @@ def test_notebook_runs(path, tmp_path):
     nbclient = pytest.importorskip("nbclient")
 
     nb = nbformat.read(path, as_version=4)
-    # One CPU device, float32, as the rest of the suite; the kernel is this interpreter's.
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    # One CPU device, float32, on the compile cache, as the rest of the suite; the kernel is this
+    # interpreter's.
+    env = {**os.environ, **suite_compile_cache_env(), "JAX_PLATFORMS": "cpu"}
     client = nbclient.NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )

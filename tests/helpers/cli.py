@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers.toy import TOY, set_args
+from helpers.toy import TOY, set_args, suite_compile_cache_env
 
 FAST = [
     *TOY,
@@ -52,7 +52,8 @@ def assert_one_paragraph(output: str, *needles: str):
 
 def launch_process(*args, file_size_limit: int | None = None) -> subprocess.CompletedProcess:
     """`launch ...` as its own process; `file_size_limit`: no file it writes grows past this many
-    bytes (EFBIG: what a full disk does to a write), set inside the child."""
+    bytes (EFBIG: what a full disk does to a write), set inside the child. On the suite's compile
+    cache, but under a file-size limit (a truncated entry would stay there for every later test)."""
     limit = (
         f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, {file_size_limit})); "
         if file_size_limit
@@ -65,6 +66,6 @@ def launch_process(*args, file_size_limit: int | None = None) -> subprocess.Comp
         [sys.executable, "-c", entry, *map(str, args)],
         capture_output=True,
         text=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        env={**os.environ, **({} if file_size_limit else suite_compile_cache_env()), "JAX_PLATFORMS": "cpu"},
         timeout=300,
     )

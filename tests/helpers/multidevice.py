@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+from helpers.toy import suite_compile_cache_env
+
 
 def run_with_devices(code: str, devices: int = 8, timeout: float = 300, xla_flags: str = "") -> str:
     """Execute `code` in a new Python process with `devices` CPU devices; return its stdout.
@@ -13,9 +15,10 @@ def run_with_devices(code: str, devices: int = 8, timeout: float = 300, xla_flag
     compiles several times faster, for children that compile many small programs).
 
     The child runs with the same runtime checks as the test suite (rank promotion raises,
-    warnings are errors). Fails the calling test with the child's output on a non-zero exit.
+    warnings are errors) and on the suite's compile cache. Fails the calling test with the child's
+    output on a non-zero exit.
     """
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, **suite_compile_cache_env(), JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
     if xla_flags:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     prelude = (

@@ -52,6 +52,33 @@ CNN_TOY = [
 CNN_SHORT = [*CNN_TOY, "train.num_epochs=1", "data.num_train=128", "data.num_test=32", "data.batch_size=32"]
 
 
+def shared_compile_cache(cache_dir) -> dict:
+    """JAX's settings (config names) for a persistent compilation cache in `cache_dir` that several
+    processes read and write at once: every program cached however fast it compiled, and a maximum
+    size, far above what the suite writes (nothing is evicted), which makes JAX read and write each
+    entry under a file lock, so no process reads an entry another is still writing. A process
+    killed mid-write (or one under a file-size limit) can leave a truncated entry: give such
+    processes a cache of their own."""
+    return {
+        "jax_compilation_cache_dir": str(cache_dir),
+        "jax_compilation_cache_max_size": 64 << 30,
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": -1,
+    }
+
+
+def suite_compile_cache_env() -> dict[str, str]:
+    """The environment variables that put a child process on the suite's compile cache
+    (tests/conftest.py; empty outside the suite): for children that run to their end (never
+    killed, no file-size limit), e.g. `run_with_devices`, `launch_process`."""
+    import os
+
+    suite = os.environ.get("EQUIPAX_TEST_DIR")
+    if not suite:
+        return {}
+    return {k.upper(): str(v) for k, v in shared_compile_cache(os.path.join(suite, "compile_cache")).items()}
+
+
 def compile_cache_env(cache_dir) -> dict:
     """The environment for `launch` subprocesses that share JAX's persistent compilation cache in
     `cache_dir`: a test that runs the same experiment several times (straight, then stopped and

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers.toy import CNN_TOY, persistent_compile_cache, set_args
+from helpers.toy import CNN_SHORT, CNN_TOY, persistent_compile_cache, set_args
 
 
 def invoke(*args):
@@ -62,7 +62,8 @@ def test_short_cnn_digits_run_learns_and_writes_job_dir(tmp_path):
 
 @pytest.mark.slow
 def test_resume_mid_epoch_equals_uninterrupted(tmp_path, monkeypatch):
-    sets = set_args([*CNN_TOY, "train.num_epochs=2", "data.batch_size=128", "train.log_every=4"])
+    # Two epochs of 8 steps (256 images, batch 32: the programs of the docs' short epoch).
+    sets = set_args([*CNN_SHORT, "train.num_epochs=2", "data.num_train=256", "train.log_every=4"])
     # The three runs compile the same programs: once, then from JAX's persistent cache.
     with persistent_compile_cache(tmp_path / "jax-cache"):
         _resume_mid_epoch(tmp_path, monkeypatch, sets)
@@ -84,19 +85,19 @@ def _resume_mid_epoch(tmp_path, monkeypatch, sets):
         fetched["n"] += self.repeat
         return original(self)
 
-    class StopAfter15(StopRequest):  # as if SIGTERM arrived during step 15 (epoch 2, of 11 steps)
+    class StopAfter11(StopRequest):  # as if SIGTERM arrived during step 11 (epoch 2, of 8 steps)
         def __bool__(self):
-            self.signal_name = "SIGTERM" if fetched["n"] >= 15 else None
+            self.signal_name = "SIGTERM" if fetched["n"] >= 11 else None
             return self.signal_name is not None
 
     with monkeypatch.context() as m:
         m.setattr(ImageClassificationInput, "get_next", counting)
-        m.setattr(classify, "StopRequest", StopAfter15)
+        m.setattr(classify, "StopRequest", StopAfter11)
         first = invoke("run", "--exp", "cnn_digits", "--job-log-dir", str(tmp_path / "split"), *sets)
     assert first.exit_code == EXIT_PREEMPTED, first.output
     second = invoke("run", "--exp", "cnn_digits", "--job-log-dir", str(tmp_path / "split"), *sets)
     assert second.exit_code == 0, second.output
-    assert "Resumed from step 15" in second.output
+    assert "Resumed from step 11" in second.output
     a = json.loads((tmp_path / "full" / "result.json").read_text())
     b = json.loads((tmp_path / "split" / "result.json").read_text())
     assert a["state_digest"] == b["state_digest"]  # parameters, optimizer and BatchNorm state

@@ -265,6 +265,8 @@ def test_families_and_their_knobs():
     scaled = _convert(CONFIGS / "base.yml", "model_name=llama3.1-8b")  # MaxText scales by model_name
     assert scaled["exp"] == "llama3_1_8b" and scaled["set"]["model.rope_scaling.factor"] == 8.0
     assert _convert(CONFIGS / "base.yml")["exp"] == "llama2_7b"  # base.yml alone: MaxText's llama2 block
+    spm = _convert(CONFIGS / "base.yml", "model_name=llama2-7b", "tokenizer_path=/m/tokenizer.model")["set"]
+    assert (spm["data.tokenizer"], spm["data.vocab_path"]) == ("sentencepiece", "/m/tokenizer.model")
     qwen = _convert(CONFIGS / "models" / "qwen3-0.6b.yml")
     assert qwen["exp"] == "qwen3_8b" and qwen["set"]["model.transformer.qk_norm"] is True
     assert qwen["set"]["model.tie_embeddings"] is True and qwen["set"]["model.embedding_init_std"] is None

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from helpers import REPO
-from helpers.toy import CNN_TOY, SMOKE_SHORT, compile_cache_env, set_args
+from helpers.toy import CNN_SHORT, CNN_TOY, SMOKE_SHORT, compile_cache_env, set_args, suite_compile_cache_env
 
 
 def invoke(*args):
@@ -22,8 +22,13 @@ def invoke(*args):
 
 
 def launch(*args, timeout=600):
+    """`launch ...` as its own process, on the suite's compile cache (never killed)."""
     return subprocess.run(
-        [sys.executable, "-m", "equipax.launch.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "equipax.launch.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **suite_compile_cache_env()},
     )
 
 
@@ -82,7 +87,17 @@ def test_every_family_builds_through_build_training():
 
 @pytest.mark.slow
 def test_cnn_digits_data_parallel_on_4_devices_matches_1_device(tmp_path):
-    sets = set_args([*CNN_TOY, "train.num_epochs=1", "data.batch_size=128", "train.log_every=1"])
+    # One epoch of 4 steps of 128 (512 images; 128 test images).
+    sets = set_args(
+        [
+            *CNN_TOY,
+            "train.num_epochs=1",
+            "data.num_train=512",
+            "data.num_test=128",
+            "data.batch_size=128",
+            "train.log_every=1",
+        ]
+    )
     one = launch("run", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "one", *sets)
     assert one.returncode == 0, one.stdout + one.stderr
     four = launch("run", "--exp", "cnn_digits", "--cpu-devices", 4, "--job-log-dir", tmp_path / "four", *sets)
@@ -127,15 +142,7 @@ def test_cnn_digits_data_parallel_on_4_devices_matches_1_device(tmp_path):
 
 @pytest.mark.slow
 def test_cnn_nonfinite_policy_and_compile(tmp_path):
-    sets = set_args(
-        [
-            *CNN_TOY,
-            "train.num_epochs=1",
-            "data.batch_size=128",
-            "train.debug_nan_steps=(3,)",
-            "train.on_nonfinite=abort",
-        ]
-    )
+    sets = set_args([*CNN_SHORT, "train.debug_nan_steps=(3,)", "train.on_nonfinite=abort"])
     proc = launch("run", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "job", *sets)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "Step 3: the loss is nan" in proc.stderr

@@ -49,7 +49,6 @@ NOT_TRANSLATED = {
     "metrics are read back (a different trade-off)",
     "init_weights_seed": "equipax splits one train.seed into init, data and step keys",
     "data_shuffle_seed": "equipax splits one train.seed into init, data and step keys",
-    "tokenizer_path": "the C4 input reads a SentencePiece vocabulary (data.vocab_path)",
     "weight_dtype": "equipax keeps parameters in float32",
     "adam_eps_root": "equipax's Adam has no epsilon inside the square root",
     "hardware": "the platform is JAX's (JAX_PLATFORMS)",

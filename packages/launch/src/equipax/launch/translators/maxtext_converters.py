@@ -17,6 +17,7 @@ __all__ = [
     "brief",
     "dims_to_equipax",
     "dims_to_maxtext",
+    "direct",
     "inverted",
     "logit_cap",
     "MAXTEXT_DEFAULTS",
@@ -26,6 +27,7 @@ __all__ = [
     "one_of",
     "OTHER_AXES",
     "positive_int",
+    "Rule",
     "scale_multipliers",
     "SCALE_RULES",
     "Skip",
@@ -150,6 +152,31 @@ class Values:
 
     def get(self, key: str) -> Any:
         return self.given[key] if key in self.given else MAXTEXT_DEFAULTS[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """MaxText keys -> equipax knobs (`forward`) and back (`reverse`, from flat knobs). An
+    `architecture` rule applies whenever a decoder block is translated (its keys' MaxText
+    defaults define the model too); the others only to the keys a config sets."""
+
+    maxtext: tuple[str, ...]
+    equipax: tuple[str, ...]
+    how: str
+    forward: Callable[[Values], dict[str, Any]]
+    reverse: Callable[[Mapping[str, Any]], dict[str, Any]]
+    architecture: bool = False
+
+
+def direct(
+    key: str,
+    knob: str,
+    how: str = "same value",
+    to: Callable[[Any], Any] = lambda v: v,
+    back: Callable[[Any], Any] = lambda v: v,
+    architecture: bool = False,
+) -> Rule:
+    return Rule((key,), (knob,), how, lambda v: {knob: to(v.get(key))}, lambda k: {key: back(k[knob])}, architecture)
 
 
 def scale_multipliers(scale: int, rule: str) -> tuple[int, int, int, int]:

@@ -40,7 +40,7 @@ def mesh_to_equipax(v: Values) -> dict[str, Any]:
             if v.given.get(key, 1) != 1:
                 v.skipped[key] = (
                     f"{v.given[key]}: the mesh axes here are {', '.join(v.axes)} (docs/maxtext.md, "
-                    f"'Meshes'); no {axis} axis"
+                    f"'The table'); no {axis} axis"
                 )
     keys = {w: [f"{w}_{MAXTEXT_MESH_AXES[a]}_parallelism" for a in v.axes] for w in ("ici", "dcn")}
     if not v.has(*keys["ici"], *keys["dcn"]):

@@ -2,22 +2,19 @@
 some equipax knobs, and says how in one line (docs/maxtext.md shows them). What they are made of
 is in `maxtext_converters.py` and `maxtext_families.py`; the public functions are in `maxtext.py`."""
 
-import dataclasses
-from collections.abc import Callable, Mapping
-from typing import Any
-
 from equipax.launch.translators.maxtext_converters import (
     BLOCK_KNOBS,
     MAXTEXT_MESH_AXES,
     MOE_KNOBS,
     OTHER_AXES,
     TRANSFORMER,
-    Values,
+    Rule,
     activation_to_equipax,
     activation_to_maxtext,
     batch_size,
     dims_to_equipax,
     dims_to_maxtext,
+    direct,
     inverted,
     logit_cap,
     one_of,
@@ -47,34 +44,11 @@ from equipax.launch.translators.maxtext_training import (
     schedule_to_equipax,
     schedule_to_maxtext,
     steps_to_equipax,
+    tokenizer_to_equipax,
+    tokenizer_to_maxtext,
 )
 
 __all__ = ["ATTENTION_IMPLS", "C4_TFDS", "direct", "DTYPES", "OPTIMIZERS", "REMATS", "Rule", "RULES"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """MaxText keys -> equipax knobs (`forward`) and back (`reverse`, from flat knobs). An
-    `architecture` rule applies whenever a decoder block is translated (its keys' MaxText
-    defaults define the model too); the others only to the keys a config sets."""
-
-    maxtext: tuple[str, ...]
-    equipax: tuple[str, ...]
-    how: str
-    forward: Callable[[Values], dict[str, Any]]
-    reverse: Callable[[Mapping[str, Any]], dict[str, Any]]
-    architecture: bool = False
-
-
-def direct(
-    key: str,
-    knob: str,
-    how: str = "same value",
-    to: Callable[[Any], Any] = lambda v: v,
-    back: Callable[[Any], Any] = lambda v: v,
-    architecture: bool = False,
-) -> Rule:
-    return Rule((key,), (knob,), how, lambda v: {knob: to(v.get(key))}, lambda k: {key: back(k[knob])}, architecture)
 
 
 REMATS = {"full": "full", "minimal": "dots_saveable"}
@@ -279,6 +253,13 @@ RULES: tuple[Rule, ...] = (
         f"synthetic (packing off); tfds {C4_TFDS} -> c4 shards in a directory (not TFDS)",
         data_to_equipax,
         data_to_maxtext,
+    ),
+    Rule(
+        ("tokenizer_type", "tokenizer_path"),
+        ("data.tokenizer", "data.vocab_path"),
+        "sentencepiece or huggingface, with a tokenizer_path (a local file)",
+        tokenizer_to_equipax,
+        tokenizer_to_maxtext,
     ),
     Rule(
         (

@@ -17,6 +17,8 @@ __all__ = [
     "schedule_to_equipax",
     "schedule_to_maxtext",
     "steps_to_equipax",
+    "tokenizer_to_equipax",
+    "tokenizer_to_maxtext",
 ]
 
 OPTIMIZERS = {"adamw": "adamw", "adam_pax": "pax_adam"}
@@ -122,3 +124,22 @@ def data_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
         "dataset_path": k["data.path"],
         "packing": k["data.packing"],
     }
+
+
+def tokenizer_to_equipax(v: Values) -> dict[str, Any]:
+    kind = v.given.get("tokenizer_type", "sentencepiece")
+    path = str(v.given.get("tokenizer_path") or "")
+    if kind not in ("sentencepiece", "huggingface"):
+        raise Skip(f"tokenizer_type={kind!r}: equipax reads SentencePiece and Hugging Face tokenizers")
+    if not path:
+        raise Skip("no tokenizer_path: the base experiment's tokenizer is kept")
+    return {"data.tokenizer": kind, "data.vocab_path": path}
+
+
+def tokenizer_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
+    if k["data.tokenizer"] not in ("sentencepiece", "huggingface") or not k["data.vocab_path"]:
+        raise Skip(
+            f"data.tokenizer={k['data.tokenizer']!r}, data.vocab_path={k['data.vocab_path']!r}: MaxText reads a "
+            "tokenizer file (equipax trains a SentencePiece vocabulary where none is given)"
+        )
+    return {"tokenizer_type": k["data.tokenizer"], "tokenizer_path": k["data.vocab_path"]}
