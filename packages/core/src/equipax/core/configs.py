@@ -25,9 +25,12 @@ from equipax.core._config_checks import (
     check_pipeline_knobs,
     num_microbatches,
 )
+from equipax.core._context_config import CONTEXT_PARALLEL_STRATEGIES, check_context
 from equipax.core._mesh_config import (
     AXES,
     BATCH_AXES,
+    CONTEXT,
+    CONTEXT_AXES,
     DATA,
     DEFAULT_LOGICAL_AXIS_RULES,
     EXPERT,
@@ -45,6 +48,8 @@ __all__ = [
     "AXES",
     "LINEAR_ATTENTION_CHUNK_SIZE",
     "BATCH_AXES",
+    "CONTEXT",
+    "CONTEXT_AXES",
     "DATA",
     "DEFAULT_LOGICAL_AXIS_RULES",
     "EXPERT",
@@ -64,6 +69,7 @@ __all__ = [
     "TransformerConfig",
     "VariationalNoiseConfig",
     "bubble_fraction",
+    "check_context",
     "check_experts",
     "check_pipeline",
     "check_pipeline_knobs",
@@ -395,6 +401,14 @@ class TransformerConfig:
     pipeline_microbatch_size: int | None = None
     pipeline_schedule: Literal["gpipe", "circular"] = "gpipe"
     pipeline_repeats: int = 1
+    # Context parallelism over a `context` mesh axis (docs/long_context.md; MaxText's knob names):
+    # "all_gather" gathers each layer's keys and values over the axis, "ring" rotates them in
+    # blocks (O(seq / context) keys and values per device).
+    context_parallel_strategy: Literal["all_gather", "ring"] = "all_gather"
+    # The zigzag layout on a `context` axis of N: the loss reorders each batch so that device i
+    # holds sequence chunks i and 2N-1-i of 2N (even causal work; data.seq_len a multiple of 2N);
+    # False = contiguous blocks (a multiple of N).
+    context_parallel_load_balance: bool = True
     # Mixture of experts (docs/moe.md; Hugging Face's Mixtral / Qwen3-MoE config names).
     num_experts: int = 0
     num_experts_per_tok: int = 2
@@ -439,6 +453,7 @@ class TransformerConfig:
             ("attention_impl", _ATTENTION_IMPLS),
             ("tensor_parallel", ("gspmd", "shard_map")),
             ("pipeline_schedule", _SCHEDULES),
+            ("context_parallel_strategy", CONTEXT_PARALLEL_STRATEGIES),
         ):
             value = getattr(self, name)
             if value not in allowed:
