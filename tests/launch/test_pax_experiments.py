@@ -234,6 +234,8 @@ def test_pax_spellings_on_the_command_line(tmp_path, monkeypatch):
     result = runner.invoke(app, ["run", "--exp=C4Spmd1BAdam4Replicas", "--job_log_dir=gs://bucket/job"])
     assert result.exit_code == 2 and "is a URL" in result.output and "not supported yet" in result.output, result.output
     assert not any(tmp_path.iterdir())
+    result = runner.invoke(app, ["show", "--set", "data.source=c4", "--set", "data.path=gs://bucket/c4"])
+    assert result.exit_code == 2 and "data.path='gs://bucket/c4' is a URL" in result.output, result.output
     listing = runner.invoke(app, ["list"]).output
     rows = {tuple(line.split()) for line in listing.splitlines()}
     assert all((path, "=", name) in rows for path, name in PAX_README.items()), listing

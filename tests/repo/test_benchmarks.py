@@ -254,3 +254,20 @@ def test_hf_import_memory_benchmark_tiny(tmp_path):
     total = sum(r["shards_held_bytes"] for r in results["sharded"])
     assert total == results["single"][0]["shards_held_bytes"] > 0
     assert len(results["sharded"]) == 2 and all(r["shards_held_bytes"] * 2 == total for r in results["sharded"])
+
+
+def test_context_memory_benchmark_tiny(tmp_path):
+    """benchmarks/context_memory.py compiles (never runs) the gradient step at a context axis of 2,
+    both strategies, tiny model, and writes its rows of XLA's per-device memory analysis."""
+    out = tmp_path / "context.json"
+    args = ["--seqs", "64", "--cps", "1,2", "--layers", "1", "--model-dims", "32", "--heads", "2", "--vocab", "64"]
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "context_memory.py"), *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["context"], r["strategy"]) for r in rows] == [(1, "all_gather"), (2, "all_gather"), (2, "ring")]
+    assert all(r["temp_bytes"] > 0 and r["argument_bytes"] > 0 for r in rows)

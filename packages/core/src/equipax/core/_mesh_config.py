@@ -11,6 +11,7 @@ __all__ = [
     "AXES",
     "BATCH_AXES",
     "CONTEXT",
+    "CONTEXT_AXES",
     "DATA",
     "DEFAULT_LOGICAL_AXIS_RULES",
     "EXPERT",
@@ -40,6 +41,7 @@ EXPERT_AXES = (DATA, FSDP, EXPERT, TENSOR)
 # axis; attention gathers or rotates the keys and values along it
 # (equipax.core.nn.context_parallel).
 CONTEXT = "context"
+CONTEXT_AXES = (DATA, FSDP, CONTEXT, TENSOR)
 # Axes the batch is split over. As in Pax, a pipelined mesh also splits the batch over `stage`
 # outside the pipeline (embedding, logits); `stage` comes last so that each microbatch keeps an
 # even share on every (data, fsdp) device (equipax.core.nn.pipeline). The `expert` axis splits the
@@ -84,7 +86,9 @@ class MeshConfig:
     dcn_mesh_shape: slices (or hosts, on GPU clusters) along the same axes.
     axis_names: (data, fsdp, tensor), or `PIPELINE_AXES` (stage, data, fsdp, tensor) for a
         pipelined model (`model.transformer.pipeline_stages` > 1), or `EXPERT_AXES` (data, fsdp,
-        expert, tensor) for expert parallelism (`model.transformer.num_experts` > 0).
+        expert, tensor) for expert parallelism (`model.transformer.num_experts` > 0), or
+        `CONTEXT_AXES` (data, fsdp, context, tensor) for context parallelism (the sequence split
+        over `context`; docs/long_context.md).
     logical_axis_rules: (logical axis, mesh axis or None) pairs, MaxText's `logical_axis_rules`:
         the mesh axis each declared weight dimension is split over (None = replicated). The
         default is FSDP over `embed` and Megatron tensor parallelism over `vocab`, `heads` and
@@ -120,7 +124,7 @@ class MeshConfig:
             raise ValueError(
                 f"mesh.logical_axis_rules maps {repeated[0]!r} more than once; give one rule per logical axis."
             )
-        known = {*self.axis_names, *PIPELINE_AXES, EXPERT}
+        known = {*self.axis_names, *PIPELINE_AXES, EXPERT, CONTEXT}
         if bad := [rule for rule in self.logical_axis_rules if rule[1] is not None and rule[1] not in known]:
             raise ValueError(
                 f"mesh.logical_axis_rules: {bad[0]} names the mesh axis {bad[0][1]!r}, which is not "

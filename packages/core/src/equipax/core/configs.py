@@ -1,8 +1,9 @@
 """The config classes of `equipax.core`: frozen dataclasses, validated when built, and no JAX.
 
-`ScheduleConfig`, `LearnerConfig`, `TransformerConfig` and `RopeScalingConfig` are defined here,
-`MeshConfig` and the mesh-axis names in `_mesh_config.py`, the cross-field and mesh checks in
-`_config_checks.py` (both re-exported here); all are re-exported
+`TransformerConfig` and `RopeScalingConfig` are defined here; `ScheduleConfig`, `LearnerConfig`,
+`ParamGroupConfig` and `VariationalNoiseConfig` in `_learner_config.py`, `MeshConfig` and the
+mesh-axis names in `_mesh_config.py`, the cross-field and mesh checks in `_config_checks.py` and
+`_context_config.py` (all re-exported here: import them from this module); all are re-exported
 where they are used (`equipax.core.mesh`, `equipax.core.optim`, `equipax.core.nn`): a module that
 only builds or prints configs (the CLI's `list`, `show` and knob errors) imports this one and does
 not pay for importing JAX (benchmarks/README.md, "CLI latency"). Keep it that way: nothing here may
@@ -12,8 +13,7 @@ overrides to any of them.)
 
 import dataclasses
 import math
-import re
-from typing import Any, Literal
+from typing import Literal
 
 from equipax.core._config_checks import (
     bubble_fraction,
@@ -25,9 +25,20 @@ from equipax.core._config_checks import (
     check_pipeline_knobs,
     num_microbatches,
 )
+from equipax.core._context_config import CONTEXT_PARALLEL_STRATEGIES, check_context
+from equipax.core._learner_config import (
+    LearnerConfig,
+    LearnerKind,
+    ParamGroupConfig,
+    ScheduleConfig,
+    ScheduleKind,
+    VariationalNoiseConfig,
+)
 from equipax.core._mesh_config import (
     AXES,
     BATCH_AXES,
+    CONTEXT,
+    CONTEXT_AXES,
     DATA,
     DEFAULT_LOGICAL_AXIS_RULES,
     EXPERT,
@@ -39,12 +50,13 @@ from equipax.core._mesh_config import (
     LogicalAxisRules,
     MeshConfig,
 )
-from equipax.core.knobs import ConfigError
 
 __all__ = [
     "AXES",
     "LINEAR_ATTENTION_CHUNK_SIZE",
     "BATCH_AXES",
+    "CONTEXT",
+    "CONTEXT_AXES",
     "DATA",
     "DEFAULT_LOGICAL_AXIS_RULES",
     "EXPERT",
@@ -54,6 +66,7 @@ __all__ = [
     "LearnerKind",
     "LogicalAxisRules",
     "MeshConfig",
+    "ParamGroupConfig",
     "PIPELINE_AXES",
     "RopeScalingConfig",
     "ScheduleConfig",
@@ -63,6 +76,7 @@ __all__ = [
     "TransformerConfig",
     "VariationalNoiseConfig",
     "bubble_fraction",
+    "check_context",
     "check_experts",
     "check_pipeline",
     "check_pipeline_knobs",
@@ -72,132 +86,6 @@ __all__ = [
 # Positions per chunk of the chunked causal linear attention (`attention="linear"`;
 # `equipax.core.nn.linear_attention.DEFAULT_CHUNK_SIZE`, and the FLOP count of `equipax.core.flops`).
 LINEAR_ATTENTION_CHUNK_SIZE = 64
-
-
-ScheduleKind = Literal["constant", "warmup_cosine", "linear_rampup_exponential_decay"]
-LearnerKind = Literal["adamw", "pax_adam"]
-
-_SCHEDULE_KINDS = ("constant", "warmup_cosine", "linear_rampup_exponential_decay")
-_LEARNER_KINDS = ("adamw", "pax_adam")
-
-
-def _bad(field: str, expected: str, found: Any, fix: str = "") -> ConfigError:
-    msg = f"{field}: expected {expected}, found {found!r}."
-    return ConfigError(f"{msg} {fix}".strip())
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ScheduleConfig:
-    """A learning-rate schedule.
-
-    Arguments:
-        kind: `constant` (always `peak_learning_rate`); `warmup_cosine` (linear 0 -> peak over
-            `warmup_steps`, then cosine decay over `decay_steps` to `final_fraction * peak`);
-            `linear_rampup_exponential_decay` (Pax's LinearRampupExponentialDecay: linear
-            0 -> peak over `warmup_steps`, constant until `decay_start`, exponential decay to
-            `final_fraction * peak` at step `decay_steps`, constant after).
-        peak_learning_rate: the largest learning rate.
-        warmup_steps: length of the linear warmup from 0.
-        decay_steps: `warmup_cosine`: steps of the cosine after warmup; exponential decay: the
-            step at which the decay ends (Pax's `decay_end`).
-        final_fraction: the floor as a fraction of the peak (cosine `alpha`, Pax's `min_ratio`).
-        decay_start: exponential decay only: the step at which the decay starts (Pax's
-            `decay_start`); 0 means "at the end of warmup".
-    """
-
-    kind: ScheduleKind = "constant"
-    peak_learning_rate: float = 1e-3
-    warmup_steps: int = 0
-    decay_steps: int = 0
-    final_fraction: float = 0.1
-    decay_start: int = 0
-
-    def __post_init__(self) -> None:
-        if self.kind not in _SCHEDULE_KINDS:
-            raise _bad("schedule.kind", f"one of {_SCHEDULE_KINDS}", self.kind)
-        if not 0 < self.peak_learning_rate < math.inf:  # refuses nan and inf alike
-            raise _bad("schedule.peak_learning_rate", "a finite number > 0", self.peak_learning_rate)
-        for name in ("warmup_steps", "decay_steps", "decay_start"):
-            value = getattr(self, name)
-            if value < 0:
-                raise _bad(f"schedule.{name}", "an integer >= 0", value)
-        if self.kind == "warmup_cosine":
-            if self.decay_steps <= 0:
-                raise _bad(
-                    "schedule.decay_steps",
-                    "> 0 for kind='warmup_cosine' (the length of the cosine after warmup)",
-                    self.decay_steps,
-                )
-            if not 0 <= self.final_fraction <= 1:
-                raise _bad("schedule.final_fraction", "a number in [0, 1]", self.final_fraction)
-        if self.kind == "linear_rampup_exponential_decay":
-            if not 0 < self.final_fraction <= 1:
-                raise _bad(
-                    "schedule.final_fraction", "a number in (0, 1] for an exponential decay", self.final_fraction
-                )
-            if self.decay_start and self.decay_start < self.warmup_steps:
-                raise _bad("schedule.decay_start", f"0 or >= warmup_steps ({self.warmup_steps})", self.decay_start)
-            if self.decay_steps <= self.effective_decay_start:
-                raise _bad(
-                    "schedule.decay_steps",
-                    f"the step the decay ends, > decay start ({self.effective_decay_start})",
-                    self.decay_steps,
-                )
-
-    @property
-    def effective_decay_start(self) -> int:
-        """The step where the exponential decay begins (`decay_start`, or the warmup's end)."""
-        return self.decay_start or self.warmup_steps
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LearnerConfig:
-    """An optimizer: schedule, Adam hyperparameters, clipping and weight decay.
-
-    Arguments:
-        kind: `adamw` (optax AdamW after a global-norm clip) or `pax_adam` (Pax's Adam: global-norm
-            clip, Adam, per-tensor update-RMS clip, decoupled weight decay, learning rate).
-        schedule: the learning-rate schedule.
-        b1, b2, eps: Adam's moment decays and denominator epsilon.
-        weight_decay: decoupled weight decay (multiplied by the learning rate), on `ndim >= 2`
-            parameters only.
-        clip_gradient_norm: clip the global gradient norm to this value; None for no clip.
-        clip_update_rms: `pax_adam` only: scale each tensor's Adam update so its RMS is at most
-            this value; None for no clip.
-    """
-
-    kind: LearnerKind = "adamw"
-    schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    clip_gradient_norm: float | None = 1.0
-    clip_update_rms: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in _LEARNER_KINDS:
-            raise _bad("learner.kind", f"one of {_LEARNER_KINDS}", self.kind)
-        for name in ("b1", "b2"):
-            value = getattr(self, name)
-            if not 0 <= value < 1:
-                raise _bad(f"learner.{name}", "a number in [0, 1)", value)
-        if not 0 <= self.eps < math.inf:
-            raise _bad("learner.eps", "a finite number >= 0", self.eps)
-        if not 0 <= self.weight_decay < math.inf:
-            raise _bad("learner.weight_decay", "a finite number >= 0", self.weight_decay)
-        if self.clip_gradient_norm is not None and not self.clip_gradient_norm > 0:
-            raise _bad("learner.clip_gradient_norm", "a number > 0, or None for no clip", self.clip_gradient_norm)
-        if self.clip_update_rms is not None:
-            if not self.clip_update_rms > 0:
-                raise _bad("learner.clip_update_rms", "a number > 0, or None for no clip", self.clip_update_rms)
-            if self.kind != "pax_adam":
-                raise _bad(
-                    "learner.clip_update_rms",
-                    "None unless kind='pax_adam'",
-                    self.clip_update_rms,
-                    "Set learner.kind='pax_adam' or learner.clip_update_rms=None.",
-                )
 
 
 _KNOB = "model.transformer"
@@ -210,49 +98,6 @@ _REMATS = (*REMAT_POLICIES, "auto")
 _ATTENTIONS = ("softmax", "linear")
 _ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
 _SCHEDULES = ("gpipe", "circular")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class VariationalNoiseConfig:
-    """Gaussian weight noise in the training forward pass (Praxis' `vn`; `train.vn.*`).
-
-    From step `vn_start_step` on, every trained parameter whose path matches `vn_regex` gets noise
-    drawn from N(0, vn_scale^2) added for the loss and its gradient; the update is applied to the
-    noise-free parameters, and evaluation and decoding never see noise
-    (`equipax.core.variational_noise`).
-
-    vn_scale: the noise's standard deviation; 0 = off (Pax's default).
-    vn_regex: `re.search`ed in each parameter's path with `/` between its parts (Pax's spelling,
-        e.g. `blocks/attention|embed`); "" = every trained parameter.
-    vn_start_step: the first step that gets noise.
-    vn_seed: None = the noise comes from the run's step key (`train.seed`, new each step);
-        an int = from this seed folded with the step, so the noise does not change with `train.seed`.
-    """
-
-    vn_scale: float = 0.0
-    vn_regex: str = ""
-    vn_start_step: int = 0
-    vn_seed: int | None = None
-
-    def __post_init__(self) -> None:
-        scale = self.vn_scale
-        if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 <= scale < math.inf:
-            raise _bad("train.vn.vn_scale", "a finite number >= 0 (0 = no noise)", scale)
-        if not isinstance(self.vn_regex, str):
-            raise _bad("train.vn.vn_regex", "a regular expression (a string)", self.vn_regex)
-        try:
-            re.compile(self.vn_regex)
-        except re.error as e:
-            raise _bad("train.vn.vn_regex", "a valid regular expression", self.vn_regex, f"({e}).") from None
-        if isinstance(self.vn_start_step, bool) or not isinstance(self.vn_start_step, int) or self.vn_start_step < 0:
-            raise _bad("train.vn.vn_start_step", "an int >= 0", self.vn_start_step)
-        seed = self.vn_seed
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise _bad("train.vn.vn_seed", "an int or None (the run's step key)", seed)
-
-    @property
-    def enabled(self) -> bool:
-        return self.vn_scale > 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -352,6 +197,14 @@ class TransformerConfig:
     pipeline_microbatch_size: int | None = None
     pipeline_schedule: Literal["gpipe", "circular"] = "gpipe"
     pipeline_repeats: int = 1
+    # Context parallelism over a `context` mesh axis (docs/long_context.md; MaxText's knob names):
+    # "all_gather" gathers each layer's keys and values over the axis, "ring" rotates them in
+    # blocks (O(seq / context) keys and values per device).
+    context_parallel_strategy: Literal["all_gather", "ring"] = "all_gather"
+    # The zigzag layout on a `context` axis of N: the loss reorders each batch so that device i
+    # holds sequence chunks i and 2N-1-i of 2N (even causal work; data.seq_len a multiple of 2N);
+    # False = contiguous blocks (a multiple of N).
+    context_parallel_load_balance: bool = True
     # Mixture of experts (docs/moe.md; Hugging Face's Mixtral / Qwen3-MoE config names).
     num_experts: int = 0
     num_experts_per_tok: int = 2
@@ -396,6 +249,7 @@ class TransformerConfig:
             ("attention_impl", _ATTENTION_IMPLS),
             ("tensor_parallel", ("gspmd", "shard_map")),
             ("pipeline_schedule", _SCHEDULES),
+            ("context_parallel_strategy", CONTEXT_PARALLEL_STRATEGIES),
         ):
             value = getattr(self, name)
             if value not in allowed:

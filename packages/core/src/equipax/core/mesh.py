@@ -3,7 +3,8 @@
 Pipelined experiments add a leading `stage` axis: (stage, data, fsdp, tensor), Pax's pipeline
 order (stage, replica, data, mdl); each `stage` slice of the mesh holds one pipeline stage's
 layers (docs/pipeline.md). Expert parallelism adds an `expert` axis: (data, fsdp, expert, tensor)
-(docs/moe.md).
+(docs/moe.md); context parallelism a `context` axis: (data, fsdp, context, tensor), the sequence of
+every activation split over it (docs/long_context.md).
 
 `ici_mesh_shape` is the mesh within a slice (fast interconnect), `dcn_mesh_shape` across slices
 or hosts (data-centre network); the device mesh is their elementwise product. Building the
@@ -21,6 +22,8 @@ from jax.sharding import AxisType, Mesh
 from equipax.core.configs import (
     AXES,
     BATCH_AXES,
+    CONTEXT,
+    CONTEXT_AXES,
     DATA,
     EXPERT,
     EXPERT_AXES,
@@ -34,6 +37,8 @@ from equipax.core.knobs import ConfigError
 
 __all__ = [
     "AXES",
+    "CONTEXT",
+    "CONTEXT_AXES",
     "DATA",
     "EXPERT",
     "EXPERT_AXES",

@@ -7,24 +7,38 @@ Two learners:
 
 Weight decay (both learners) applies only to parameters with `ndim >= 2` (matrices, kernels,
 embeddings); biases and norm scales are not decayed.
+
+Several learners (Pax's): `LearnerConfig.groups` names parameter groups by a regex on their paths
+(`equipax.core.param_paths`), each with its own learner or frozen; `make_learner` then builds one
+`optax.multi_transform` over them, the parameters no group matches under the "default" learner
+(the config's own knobs). Each learner runs on its own group alone (its gradient clip is over
+the group's gradients), exactly as if it trained those parameters by itself.
 """
 
+import re
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import PartitionSpec
 
-from equipax.core.configs import LearnerConfig, LearnerKind, ScheduleConfig, ScheduleKind
+from equipax.core.configs import LearnerConfig, LearnerKind, ParamGroupConfig, ScheduleConfig, ScheduleKind
+from equipax.core.knobs import ConfigError
+from equipax.core.param_paths import param_paths, path_string
 
 __all__ = [
     "clip_by_update_rms",
     "decay_mask",
+    "group_labels",
+    "group_schedules",
     "Learner",
     "LearnerConfig",
     "LearnerKind",
     "make_learner",
     "make_schedule",
+    "ParamGroupConfig",
     "ScheduleConfig",
     "ScheduleKind",
 ]
@@ -114,14 +128,66 @@ def make_learner(cfg: LearnerConfig) -> Learner:
     """Build the optimizer described by `cfg`, with its schedule.
 
     Arguments:
-        cfg: the learner config.
+        cfg: the learner config; with `cfg.groups`, several learners (the module docstring).
 
     Returns:
         `Learner(optimizer, schedule)` (unpacks as a pair). The optimizer is an optax
         transformation whose updates are added to the parameters (`eqx.apply_updates`); pass
         it parameters filtered with `eqx.is_inexact_array`. The schedule is the one the
-        optimizer uses, for reporting the learning rate.
+        optimizer uses (the default group's, with groups), for reporting the learning rate;
+        `group_schedules(cfg)` has the groups'.
     """
+    default = _make_one(cfg)
+    if not cfg.groups:
+        return default
+    transforms: dict[Any, optax.GradientTransformation] = {"default": default.optimizer}
+    for g in cfg.groups:
+        transforms[g.name] = optax.set_to_zero() if g.learner is None else _make_one(g.learner).optimizer
+    return Learner(optax.multi_transform(transforms, lambda tree: group_labels(tree, cfg.groups)), default.schedule)
+
+
+def group_schedules(cfg: LearnerConfig) -> dict[str, optax.Schedule]:
+    """The learning-rate schedule of each (not frozen) group of `cfg.groups`, by name."""
+    return {g.name: make_schedule(g.learner.schedule) for g in cfg.groups if g.learner is not None}
+
+
+def group_labels(tree: Any, groups: Sequence[ParamGroupConfig]) -> Any:
+    """The name of the group that trains each parameter of `tree` ("default" where none matches).
+
+    Raises:
+        ConfigError: a group matches no parameter, or two groups match one (naming them and the
+            paths, so the regex can be fixed).
+    """
+    patterns = [(g.name, re.compile(g.regex)) for g in groups]
+    used: set[str] = set()
+
+    def label(path: tuple[Any, ...], leaf: Any) -> Any:
+        # By path alone: optax also labels trees shaped like the parameters whose leaves are not
+        # arrays (`optax.tree_map_params` with PartitionSpecs), and they must get the same labels.
+        name = path_string(path)
+        hits = [g for g, pattern in patterns if pattern.search(name)]
+        if len(hits) > 1:
+            raise ConfigError(
+                f"learner.groups: the parameter {name!r} matches the regexes of groups {hits}; each parameter "
+                "belongs to one group. Make the regexes exclusive (e.g. anchor them: '^embedding/')."
+            )
+        used.update(hits)
+        return hits[0] if hits else "default"
+
+    labels = jax.tree_util.tree_map_with_path(label, tree, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    paths = param_paths(tree)
+    unused = [g.name for g in groups if g.name not in used]
+    if unused and paths:  # (optax also labels trees without parameters, e.g. empty states)
+        shown = ", ".join(paths[:8]) + (f", ... ({len(paths)} in all)" if len(paths) > 8 else "")
+        raise ConfigError(
+            f"learner.groups {unused} match no trained parameter, so their learners would train nothing. "
+            f"The paths their regexes are searched in: {shown}. Fix the regex, or drop the group."
+        )
+    return labels
+
+
+def _make_one(cfg: LearnerConfig) -> Learner:
+    """One learner: `cfg`'s optimizer chain and schedule (its groups aside)."""
     schedule = make_schedule(cfg.schedule)
     parts: list[optax.GradientTransformation] = []
     if cfg.clip_gradient_norm is not None:

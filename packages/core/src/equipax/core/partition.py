@@ -12,6 +12,8 @@ logical axes to mesh axes (`LOGICAL_TO_MESH` is their default, `DEFAULT_LOGICAL_
 - pipeline parallelism: a pipelined stack's weights carry a leading `stage` axis, split over
   the `stage` mesh axis, so each stage's devices hold only their own layers
   (equipax.core.nn.pipeline);
+- context parallelism: no weight is split over `context`; batches and activations split their
+  sequence dimension over it (`batch_sharding`, `constrain_batch`; docs/long_context.md);
 - everything else (norm scales, the CNN's small weights) is replicated.
 
 The contract a layer follows::
@@ -48,7 +50,7 @@ from jax.sharding import PartitionSpec as P
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from equipax.core.configs import DEFAULT_LOGICAL_AXIS_RULES
-from equipax.core.mesh import BATCH_AXES, TENSOR
+from equipax.core.mesh import BATCH_AXES, CONTEXT, TENSOR
 from equipax.core.task import trainable
 
 __all__ = [
@@ -260,14 +262,17 @@ def train_state_shardings(
     # The optimizer state holds the trainable parameters' moments only (`trainable`: a LoRA model's
     # adapters, not its frozen base).
     trained = eqx.filter(eqx.filter(state.model, trainable(state.model)), _is_param)
-    opt_specs = optax.tree_map_params(
-        optimizer,
-        lambda _, spec: spec,
-        state.opt_state,
-        param_specs(trained, mesh, rules),
-        transform_non_params=lambda x: P() if _is_array(x) else None,
-        is_leaf=lambda x: isinstance(x, P),
-    )
+    if _has_multi_transform(state.opt_state):  # several learners: optax.tree_map_params cannot see them
+        opt_specs = _specs_by_path(state.opt_state, trained, param_specs(trained, mesh, rules))
+    else:
+        opt_specs = optax.tree_map_params(
+            optimizer,
+            lambda _, spec: spec,
+            state.opt_state,
+            param_specs(trained, mesh, rules),
+            transform_non_params=lambda x: P() if _is_array(x) else None,
+            is_leaf=lambda x: isinstance(x, P),
+        )
     specs = eqx.tree_at(
         lambda s: (s.model, s.opt_state),
         eqx.filter(state, _is_array),
@@ -278,14 +283,51 @@ def train_state_shardings(
     return named(specs, mesh)
 
 
+def _has_multi_transform(opt_state: PyTree) -> bool:
+    found = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, optax.MultiTransformState))
+    return any(isinstance(x, optax.MultiTransformState) for x in found)
+
+
+def _specs_by_path(opt_state: PyTree, params: PyTree, specs: PyTree) -> PyTree:
+    """The optimizer state's specs for an `optax.multi_transform` (`LearnerConfig.groups`): a
+    state leaf whose key path ends with a parameter's path and has its shape (a moment of that
+    parameter, in its group's inner state) gets the parameter's spec; the rest (counts, masked
+    placeholders) are replicated or dropped. `optax.tree_map_params` re-initialises the optimizer
+    on a placeholder, which cannot be labelled by group, so it cannot find these."""
+    by_path = {}
+    param_leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))
+    for (path, leaf), spec in zip(param_leaves, spec_leaves, strict=True):
+        by_path[jax.tree_util.keystr(tuple(path))] = (tuple(leaf.shape), spec)
+
+    def spec_of(path: Any, leaf: Any) -> Any:
+        if not _is_array(leaf):
+            return None
+        text = jax.tree_util.keystr(tuple(path))
+        for suffix, (shape, spec) in by_path.items():
+            if text.endswith(suffix) and tuple(leaf.shape) == shape:
+                return spec
+        return P()
+
+    return jax.tree_util.tree_map_with_path(spec_of, opt_state)
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Batches split on their leading (example) dimension over (data, fsdp)."""
+    """Batches split on their leading (example) dimension over the batch axes, and on their second
+    (the sequence) over `context` when the mesh has one (`[batch seq]` token batches)."""
     axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
-    return NamedSharding(mesh, P(axes))
+    return NamedSharding(mesh, P(axes, CONTEXT) if mesh.shape.get(CONTEXT, 1) > 1 else P(axes))
+
+
+def _seq_axis(x: jax.Array, mesh: Mesh, manual: frozenset[str]) -> str | None:
+    """`context` for the sequence dimension of a `[batch seq ...]` activation, when it splits it."""
+    cp = mesh.shape.get(CONTEXT, 1)
+    return CONTEXT if cp > 1 and CONTEXT not in manual and x.ndim >= 3 and x.shape[1] % cp == 0 else None
 
 
 def constrain_batch(x: jax.Array, mesh: Mesh | None) -> jax.Array:
-    """Pin an activation's leading (batch) dimension to the batch axes; others replicated.
+    """Pin an activation's leading (batch) dimension to the batch axes (and a `[batch seq ...]`
+    activation's sequence to `context`, if the mesh has one); others replicated.
 
     Without this, GSPMD may follow the FSDP weights and split activations on `embed`
     instead, replicating the batch on every device (orders of magnitude more memory).
@@ -297,12 +339,15 @@ def constrain_batch(x: jax.Array, mesh: Mesh | None) -> jax.Array:
     manual = _manual_axes()
     axes = tuple(a for a in BATCH_AXES if a in mesh.shape and a not in manual)
     spec = P(axes, *([None] * (x.ndim - 1)))
+    if seq := _seq_axis(x, mesh, manual):
+        spec = P(axes, seq, *([None] * (x.ndim - 2)))
     # In a manual region the sharding refers to the context mesh (its axis types differ).
     return jax.lax.with_sharding_constraint(x, spec if manual else NamedSharding(mesh, spec))
 
 
 def constrain_batch_and_last(x: jax.Array, mesh: Mesh | None) -> jax.Array:
-    """Pin an activation's batch dimension to the batch axes and its last dimension to `tensor`.
+    """Pin an activation's batch dimension to the batch axes and its last dimension to `tensor`
+    (and the sequence of a `[batch seq ... last]` activation to `context`, if the mesh has one).
 
     For the residual stream between blocks (`[batch seq embed]`) and the logits (`[batch seq
     vocab]`): without it each tensor-parallel device holds the whole width, and under remat the
@@ -316,7 +361,7 @@ def constrain_batch_and_last(x: jax.Array, mesh: Mesh | None) -> jax.Array:
     axes = tuple(a for a in BATCH_AXES if a in mesh.shape and a not in manual)
     tp = mesh.shape.get(TENSOR, 1)
     last = TENSOR if tp > 1 and TENSOR not in manual and x.shape[-1] % tp == 0 else None
-    spec = P(axes, *([None] * (x.ndim - 2)), last)
+    spec = P(axes, _seq_axis(x, mesh, manual), *([None] * (x.ndim - 3)), last) if x.ndim >= 3 else P(axes, last)
     return jax.lax.with_sharding_constraint(x, spec if manual else NamedSharding(mesh, spec))
 
 

@@ -6,10 +6,26 @@ at once, naming its option, instead of failing after the work is done.
 """
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["output_problem"]
+__all__ = ["output_problem", "url_problem"]
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def url_problem(value: str | Path) -> str | None:
+    """Why `value` cannot be used as a path when it is a URL (`gs://bucket/job`, `s3://...`), or
+    None. equipax reads and writes local or mounted filesystems only; as a path a URL would quietly
+    become a local directory named after its scheme (`gs:`)."""
+    if not _URL.match(str(value).strip()):
+        return None
+    return (
+        f"{str(value)!r} is a URL: object storage (gs://, s3://) is not supported yet, and as a path it would "
+        "become a local directory named after the scheme. Give a local or shared-filesystem path, e.g. where "
+        "the bucket is mounted (gcsfuse, s3fs); docs/coming_from_pax.md"
+    )
 
 
 def output_problem(path: str | Path, *, kind: Literal["file", "directory"]) -> str | None:

@@ -113,6 +113,7 @@ def make_train_step(
     batch_sharding: Any | None = None,
     skip_nonfinite: bool = False,
     variational_noise: VariationalNoiseConfig | None = None,
+    group_schedules: Mapping[str, optax.Schedule] | None = None,
 ) -> "TrainStep[ModelT]":
     """Build the jitted train step.
 
@@ -141,6 +142,8 @@ def make_train_step(
         variational_noise: Gaussian weight noise for the loss and its gradient
             (`equipax.core.variational_noise`); the update goes to the noise-free parameters.
             None (or `vn_scale=0`): none.
+        group_schedules: the schedules of the optimizer's parameter groups
+            (`equipax.core.optim.group_schedules`), logged as `learning_rate/<group>`.
 
     Returns:
         `train_step(state, batch, key) -> (new_state, metrics)`. The step's random key is
@@ -200,6 +203,10 @@ def make_train_step(
             "grad_norm": grad_norm,
             "param_norm": param_norm,
             "learning_rate": jnp.asarray(schedule(state.step), jnp.float32),
+            **{
+                f"learning_rate/{name}": jnp.asarray(group(state.step), jnp.float32)
+                for name, group in (group_schedules or {}).items()
+            },
         }
         new_state = TrainState(step=state.step + 1, model=model, opt_state=opt_state, model_state=model_state)
         if skip_nonfinite:

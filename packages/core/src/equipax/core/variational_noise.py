@@ -20,28 +20,11 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int, PRNGKeyArray
 
 from equipax.core.configs import VariationalNoiseConfig
+from equipax.core.param_paths import is_param, param_paths, path_string
 
 __all__ = ["VariationalNoiseConfig", "add_variational_noise", "noise_key", "param_paths", "variational_noise"]
 
 _SALT = 0x766E  # "vn": the noise's key is the step key folded with this, apart from dropout's
-
-
-def _name(entry: Any) -> str:
-    for attr in ("name", "key", "idx"):
-        if hasattr(entry, attr):
-            return str(getattr(entry, attr))
-    return str(entry)
-
-
-def param_paths(params: Any) -> list[str]:
-    """The paths `vn_regex` is matched against: one per inexact-array leaf, parts joined by `/`
-    (`blocks/attention/qkv/weight`), in the leaves' flattening order."""
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    return ["/".join(_name(e) for e in path) for path, leaf in leaves if _is_param(leaf)]
-
-
-def _is_param(leaf: Any) -> bool:
-    return isinstance(leaf, jax.Array | jax.ShapeDtypeStruct) and jnp.issubdtype(leaf.dtype, jnp.inexact)
 
 
 def noise_key(cfg: VariationalNoiseConfig, step_key: PRNGKeyArray, step: Int[Array, ""] | int) -> PRNGKeyArray:
@@ -59,8 +42,8 @@ def _draws(params: Any, cfg: VariationalNoiseConfig, key: PRNGKeyArray, step: In
     pairs, index = [], 0
     for path, leaf in flat:
         draw = None
-        if _is_param(leaf):
-            if pattern.search("/".join(_name(e) for e in path)):
+        if is_param(leaf):
+            if pattern.search(path_string(path)):
                 normal = jax.random.normal(jax.random.fold_in(key, index), leaf.shape, jnp.float32)
                 draw = (scale * normal).astype(leaf.dtype)
             index += 1
@@ -81,7 +64,7 @@ def variational_noise(
         step: the step number (the noise starts at `cfg.vn_start_step`).
     """
     pairs, treedef = _draws(params, cfg, key, step)
-    zeros = [d if d is not None else jnp.zeros_like(x) if _is_param(x) else x for x, d in pairs]
+    zeros = [d if d is not None else jnp.zeros_like(x) if is_param(x) else x for x, d in pairs]
     return jax.tree_util.tree_unflatten(treedef, zeros)
 
 

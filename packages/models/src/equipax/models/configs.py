@@ -10,7 +10,14 @@ import dataclasses
 import math
 from typing import Any, ClassVar, Literal
 
-from equipax.core.configs import MeshConfig, RopeScalingConfig, TransformerConfig, check_experts, check_pipeline
+from equipax.core.configs import (
+    MeshConfig,
+    RopeScalingConfig,
+    TransformerConfig,
+    check_context,
+    check_experts,
+    check_pipeline,
+)
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
 
 __all__ = ["CNNConfig", "cnn_param_count", "DTYPES", "LMConfig", "LORA_TARGETS", "LoRAConfig", "RopeScalingConfig"]
@@ -211,11 +218,13 @@ class LMConfig:
         m = self.embedding_multiplier
         return math.sqrt(self.transformer.model_dims) if m == "sqrt_model_dims" else m  # pyright: ignore[reportReturnType]
 
-    def check_mesh(self, mesh: MeshConfig, global_batch: int) -> None:
-        """Raise ConfigError unless the pipeline knobs fit `mesh` and `global_batch`, and the
-        `expert` axis divides the experts."""
+    def check_mesh(self, mesh: MeshConfig, global_batch: int, seq_len: int | None = None) -> None:
+        """Raise ConfigError unless the pipeline knobs fit `mesh` and `global_batch`, the
+        `expert` axis divides the experts, and the model and `seq_len` (positions per example)
+        can be split over the `context` axis."""
         check_pipeline(self.transformer, mesh, global_batch)
         check_experts(self.transformer, mesh)
+        check_context(self.transformer, mesh, seq_len)
 
     @property
     def pipeline_stages(self) -> int:

@@ -17,7 +17,9 @@ import jax.random as jr
 from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
+from equipax.core.mesh import CONTEXT
 from equipax.core.nn import Embedding, LayerNorm, Linear, RMSNorm, TransformerStack
+from equipax.core.nn.context_parallel import zigzag_batch
 from equipax.core.nn.moe import MoEStats, update_router_bias
 from equipax.core.nn.moe_metrics import moe_loss_and_metrics
 from equipax.core.nn.pipeline import PipelinedStack, make_stack
@@ -155,6 +157,7 @@ class TransformerLM(eqx.Module):
         mesh: Mesh | None = None,
         segment_ids: Int[ArrayLike, "batch seq"] | None = None,
         positions: Int[ArrayLike, "batch seq"] | None = None,
+        sequence_index: Int[ArrayLike, "batch seq"] | None = None,
     ) -> Float[Array, "batch seq vocab"]:
         """Next-token logits (`forward` without the mixture-of-experts stats).
 
@@ -167,11 +170,16 @@ class TransformerLM(eqx.Module):
                 segment (one document each); `None` = one sequence per row.
             positions: each token's position within its segment (restarting at 0), for the
                 sinusoidal table or the rotary angles; `None` = `0 .. seq-1`.
+            sequence_index: each token's index in its unreordered row, when the rows come in a
+                context-parallel layout (`equipax.core.nn.context_parallel.zigzag_batch`): the
+                causal and window masks compare these; `None` = `0 .. seq-1`.
 
         Returns:
             Float32 logits; `logits[:, t]` predicts the token after `ids[:, t]`.
         """
-        return self.forward(ids, key=key, mesh=mesh, segment_ids=segment_ids, positions=positions)[0]
+        return self.forward(
+            ids, key=key, mesh=mesh, segment_ids=segment_ids, positions=positions, sequence_index=sequence_index
+        )[0]
 
     def forward(
         self,
@@ -181,11 +189,12 @@ class TransformerLM(eqx.Module):
         mesh: Mesh | None = None,
         segment_ids: Int[ArrayLike, "batch seq"] | None = None,
         positions: Int[ArrayLike, "batch seq"] | None = None,
+        sequence_index: Int[ArrayLike, "batch seq"] | None = None,
     ) -> tuple[Float[Array, "batch seq vocab"], MoEStats | None]:
         """Next-token logits and the mixture-of-experts layers' stats.
 
         Arguments:
-            ids, key, mesh, segment_ids, positions: as for `__call__`.
+            ids, key, mesh, segment_ids, positions, sequence_index: as for `__call__`.
 
         Returns:
             `(float32 logits, MoEStats with a leading layer axis)`; the stats are None for a
@@ -194,7 +203,10 @@ class TransformerLM(eqx.Module):
         del key
         ids, segment_ids, positions = token_ids(ids, segment_ids, positions)
         x, rotary = self.embed(ids, self._positions(ids, positions))
-        x, stats = self.stack.forward(constrain_batch(x, mesh), mesh=mesh, segment_ids=segment_ids, rotary=rotary)
+        index = None if sequence_index is None else jnp.asarray(sequence_index)
+        x, stats = self.stack.forward(
+            constrain_batch(x, mesh), mesh=mesh, segment_ids=segment_ids, rotary=rotary, sequence_index=index
+        )
         return self.logits(self.final_norm(x), mesh), stats
 
     def cached(
@@ -296,9 +308,21 @@ def lm_loss_and_stats(
         `router_aux_loss_coef * aux + router_z_loss_coef * z` and aux holds
         `moe_loss_and_metrics`' metrics (`loss_sum` stays the cross-entropy alone). Third, the
         `MoEStats` with a leading layer axis (None for dense feed-forwards).
+
+        On a mesh with a `context` axis and `context_parallel_load_balance`, the batch is first
+        reordered into the zigzag layout (`zigzag_batch`): the same loss, balanced causal work.
     """
+    index = None
+    cp = 1 if mesh is None else mesh.shape.get(CONTEXT, 1)
+    if cp > 1 and model.cfg.transformer.context_parallel_load_balance:
+        batch, index = zigzag_batch(batch, cp)
     logits, moe_stats = model.forward(
-        batch["ids"], key=key, mesh=mesh, segment_ids=batch.get("segment_ids"), positions=batch.get("positions")
+        batch["ids"],
+        key=key,
+        mesh=mesh,
+        segment_ids=batch.get("segment_ids"),
+        positions=batch.get("positions"),
+        sequence_index=index,
     )
     labels, weights = jnp.asarray(batch["labels"]), jnp.asarray(batch["weights"], jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)

@@ -8,7 +8,7 @@ positions meet every other position, so it needs the other devices' keys and val
   positions and segment ids) inside `jax.shard_map` and attends its own queries over all of them.
   Simple and fast on a fast interconnect; holds the whole sequence's keys and values per device.
 - "ring" (`equipax.core.nn.ring_attention`): the key/value blocks rotate around the axis and an
-  online softmax merges them; O(S/N) memory per device.
+  online softmax merges them; O(S/N) keys and values per device.
 
 Layouts. Both kernels mask by each token's *global* position (its index in the unsplit sequence),
 never by its slot, so any order of the sequence works. With causal attention the contiguous split
@@ -21,7 +21,8 @@ Both equal `equipax.core.nn.attention.reference_attention` on the unpermuted seq
 and gradients (tests/core/test_context_parallel.py).
 """
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,7 @@ __all__ = [
     "from_zigzag",
     "ring_attention",
     "to_zigzag",
+    "zigzag_batch",
     "zigzag_inverse",
     "zigzag_permutation",
 ]
@@ -86,6 +88,34 @@ def to_zigzag(x: Array, num_shards: int, axis: int = 1) -> Array:
 def from_zigzag(x: Array, num_shards: int, axis: int = 1) -> Array:
     """The inverse of `to_zigzag`: `x`'s `axis` back in sequence order."""
     return jnp.take(x, zigzag_inverse(x.shape[axis], num_shards), axis=axis)
+
+
+def zigzag_batch(batch: Mapping[str, Any], num_shards: int) -> tuple[dict[str, Any], Int[Array, "batch seq"]]:
+    """A token batch reordered into the zigzag layout (once per step, before the model), and each
+    slot's global position: the `sequence_index` the attention masks compare.
+
+    Every `[batch seq ...]` field (ids, labels, weights, segment ids) is reordered along its
+    sequence, so each token keeps its label and weight (the loss is a sum over tokens and does not
+    change). `positions` (the rotary or sinusoidal positions) are reordered too, or, when the
+    batch has none, set to the global positions, so every token is rotated as in sequence order.
+
+    Arguments:
+        batch: `ids` `[batch seq]` and the fields that go with it.
+        num_shards: devices on the context axis.
+
+    Returns:
+        `(reordered batch, sequence_index [batch seq] int32)`.
+    """
+    ids = jnp.asarray(batch["ids"])
+    b, seq = ids.shape
+    out = {
+        k: to_zigzag(jnp.asarray(v), num_shards) if jnp.ndim(v) >= 2 and jnp.shape(v)[:2] == (b, seq) else v
+        for k, v in batch.items()
+    }
+    index = jnp.broadcast_to(jnp.asarray(zigzag_permutation(seq, num_shards), jnp.int32), (b, seq))
+    if out.get("positions") is None:
+        out["positions"] = index
+    return out, index
 
 
 def _specs(mesh: Mesh, q: Array, k: Array, axis: str) -> tuple[P, P]:
@@ -174,7 +204,7 @@ def ring_attention(
     """Context-parallel attention by rotating key/value blocks around `axis` (ring attention).
 
     Arguments and returns as `all_gather_attention`; see `equipax.core.nn.ring_attention` for the
-    algorithm (online softmax, skipped blocks, a backward with O(S/N) memory).
+    algorithm (online softmax, skipped blocks, a backward that rotates the gradients home).
     """
     n = _check(q, k, mesh, axis)
     cfg = RingConfig(axis=axis if n > 1 else None, size=n, causal=causal, window=window, logit_cap=logit_cap)

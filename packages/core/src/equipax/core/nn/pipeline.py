@@ -122,9 +122,17 @@ class PipelinedStack(eqx.Module):
         mesh: Mesh | None = None,
         segment_ids: Int[Array, "batch seq"] | None = None,
         rotary: Rotary | None = None,
+        sequence_index: Int[Array, "batch seq"] | None = None,
     ) -> tuple[Float[Array, "batch seq embed"], None]:
         """`(__call__'s outputs, None)`: `TransformerStack.forward`'s contract; a pipeline runs dense
-        blocks only (the config refuses a mixture of experts in one), so it has no MoE stats."""
+        blocks only (the config refuses a mixture of experts in one), so it has no MoE stats, and
+        rows in their own order only (the config refuses context parallelism in one: no
+        `sequence_index`)."""
+        if sequence_index is not None:
+            raise ValueError(
+                "A pipelined stack takes rows in their own order: context parallelism (a reordered "
+                "sequence_index) does not run in a pipeline; set model.transformer.pipeline_stages=1."
+            )
         return self(x, mesh=mesh, segment_ids=segment_ids, rotary=rotary), None
 
     def __call__(

@@ -18,8 +18,10 @@ Per attention layer and device (N devices on the axis, S/N positions each):
 - grouped-query attention rotates the `kv_heads` key/value heads, never the repeated ones.
 - backward (`jax.custom_vjp`): the saved log-sum-exp per row lets each block's probabilities be
   recomputed; keys and values rotate again (N permutes) and their float32 gradient accumulators
-  travel with them (N permutes: after the last, each block's gradient is home). Memory stays
-  O(S/N) per device: no device holds more than two blocks, nor any `[S S]` logits.
+  travel with them (N permutes: after the last, each block's gradient is home). Per device, the
+  keys and values stay O(S/N) (no more than two blocks alive) and the logits are those of one
+  half-block pair at a time, `(S/2N)^2` per head, never `[S/N S]` (benchmarks/README.md,
+  "Context parallelism": measured per-device memory).
 
 The positions and segment ids of every key (int32 `[batch S]`, small next to the keys) are
 all-gathered once per layer, so a block's mask is computed from its source device's slice.
@@ -37,7 +39,7 @@ from jaxtyping import Array
 
 from equipax.core.nn.attention_masks import attention_mask
 
-__all__ = ["ring_attention_shard"]
+__all__ = ["RingConfig", "ring_attention_shard"]
 
 
 @dataclasses.dataclass(frozen=True)

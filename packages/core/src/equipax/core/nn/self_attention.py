@@ -12,7 +12,10 @@ are those of the families built from it:
 - the kernel: softmax (`softmax_attention`, behind `attention_impl`) with an optional tanh logit
   cap and sliding window, or linear attention;
 - a KV cache (`AttentionCache`): decoding calls the same module with the cache, which takes this
-  call's keys and values and is attended over with `cached_attention`.
+  call's keys and values and is attended over with `cached_attention`;
+- context parallelism: on a mesh with a `context` axis the sequence is split over it and the
+  softmax kernel is `context_attention` (`context_parallel`: all-gather or ring), masked by each
+  token's index in the unsplit row (`sequence_index`; docs/long_context.md).
 """
 
 from typing import Literal
@@ -25,7 +28,9 @@ from jax.sharding import Mesh
 from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from equipax.core._mesh_config import CONTEXT
 from equipax.core.nn.attention import cached_attention, check_groups, softmax_attention
+from equipax.core.nn.context_parallel import ContextParallel, context_attention
 from equipax.core.nn.fused_attention import AttentionImpl
 from equipax.core.nn.linear import expand_to, fan_in_init
 from equipax.core.nn.linear_attention import linear_attention
@@ -77,6 +82,7 @@ class Attention(eqx.Module):
     window: int | None = eqx.field(static=True)
     kernel: Literal["softmax", "linear"] = eqx.field(static=True)
     impl: AttentionImpl = eqx.field(static=True)
+    context_parallel: ContextParallel = eqx.field(static=True)
 
     def __init__(
         self,
@@ -93,6 +99,7 @@ class Attention(eqx.Module):
         window: int | None = None,
         kernel: Literal["softmax", "linear"] = "softmax",
         impl: AttentionImpl = "xla",
+        context_parallel: ContextParallel = "all_gather",
         key: PRNGKeyArray,
     ) -> None:
         """Arguments:
@@ -110,12 +117,15 @@ class Attention(eqx.Module):
         kernel: "softmax" (`softmax_attention`) or "linear" (`linear_attention`, which has no
             logits to cap, no window and no segment mask).
         impl: the softmax kernel (`softmax_attention`): "xla", "cudnn", "splash" or "auto".
+        context_parallel: the kernel on a mesh with a `context` axis: "all_gather" or "ring"
+            (`equipax.core.nn.context_parallel`).
         key: PRNG key.
         """
         kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         check_groups(num_heads, kv_heads)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, kv_heads, head_dim
         self.logit_cap, self.window, self.kernel, self.impl = logit_cap, window, kernel, impl
+        self.context_parallel = context_parallel
         self.q = self.q_bias = self.kv = self.kv_bias = self.qkv = self.qkv_bias = None
         if fused_qkv:
             if kv_heads != num_heads:
@@ -209,6 +219,7 @@ class Attention(eqx.Module):
         mesh: Mesh | None = None,
         cache: AttentionCache | None = None,
         positions: Int[Array, "batch seq"] | None = None,
+        sequence_index: Int[Array, "batch seq"] | None = None,
     ) -> tuple[Float[Array, "batch seq embed"], AttentionCache | None]:
         """Attend over the sequence (or, with a cache, over the cache); computes in `x.dtype`.
 
@@ -221,6 +232,9 @@ class Attention(eqx.Module):
                 written to the slots `positions`, and each query attends over the slots up to its
                 own position (a prompt in one call, then one token per call).
             positions: with `cache`, each token's position (its slot).
+            sequence_index: each token's index in its unsplit row, when the row is reordered for
+                context parallelism (the zigzag layout); None = 0 .. seq-1. The causal and window
+                masks compare these.
 
         Returns:
             `(outputs, cache)`: outputs of the same shape as `x`, and the cache with this call's
@@ -250,6 +264,21 @@ class Attention(eqx.Module):
                     "attention='softmax', or set data.packing=False."
                 )
             o = linear_attention(q, k, v, causal=True)
+        elif sequence_index is not None or (mesh is not None and mesh.shape.get(CONTEXT, 1) > 1):
+            if sequence_index is None:
+                sequence_index = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
+            o = context_attention(
+                q,
+                k,
+                v,
+                strategy=self.context_parallel,
+                positions=sequence_index,
+                causal=True,
+                logit_cap=self.logit_cap,
+                segment_ids=segment_ids,
+                window=self.window,
+                mesh=mesh,
+            )
         else:
             o = softmax_attention(
                 q,

@@ -127,6 +127,7 @@ class TransformerBlock(eqx.Module):
             window=cfg.sliding_window,
             kernel=cfg.attention,
             impl=_attention_impl(cfg),
+            context_parallel=cfg.context_parallel_strategy,
             key=k_att,
         )
         self.ffn_norm = make_norm(cfg)
@@ -142,6 +143,7 @@ class TransformerBlock(eqx.Module):
         cache: AttentionCache | None = None,
         positions: Int[Array, "batch seq"] | None = None,
         reduce: Callable[[Array], Array] | None = None,
+        sequence_index: Int[Array, "batch seq"] | None = None,
     ) -> tuple[Float[Array, "batch seq embed"], AttentionCache | None, MoEStats | None]:
         """Apply the block.
 
@@ -154,13 +156,21 @@ class TransformerBlock(eqx.Module):
             reduce: applied to each sub-layer's output before it is added to the residual
                 stream: the all-reduce of a tensor-parallel block's row-split projections
                 (`shard_map_block`); None = as computed.
+            sequence_index: each token's index in its unsplit row (a context-parallel layout
+                reorders rows; `Attention.__call__`); None = 0 .. seq-1.
 
         Returns:
             `(outputs, cache, stats)`: outputs of the same shape and dtype, the updated cache (None
             without one), and a mixture-of-experts feed-forward's `MoEStats` (None for a dense one).
         """
         y, cache = self.attention(
-            self.atten_norm(x), segment_ids, rotary=rotary, mesh=mesh, cache=cache, positions=positions
+            self.atten_norm(x),
+            segment_ids,
+            rotary=rotary,
+            mesh=mesh,
+            cache=cache,
+            positions=positions,
+            sequence_index=sequence_index,
         )
         # The residual stream entering the MLP: what remat='save_attention_out' keeps beside the context.
         x = checkpoint_name(x + (y if reduce is None else reduce(y)), "mlp_in")
@@ -179,6 +189,7 @@ def _block_apply(
     segment_ids: Array | None = None,
     shard_map: bool = False,
     rotary: Rotary | None = None,
+    sequence_index: Array | None = None,
 ) -> Callable[[TransformerBlock, Array], tuple[Array, MoEStats | None]]:
     """`(block params, x) -> (block(x), MoE stats or None)`, wrapped in the remat policy.
 
@@ -191,7 +202,7 @@ def _block_apply(
         block = eqx.combine(params, static)
         if shard_map and mesh is not None:  # dense blocks only (the config refuses MoE here)
             return shard_map_block(block, x, mesh, segment_ids=segment_ids, rotary=rotary), None
-        y, _, stats = block(x, segment_ids, rotary=rotary, mesh=mesh)
+        y, _, stats = block(x, segment_ids, rotary=rotary, mesh=mesh, sequence_index=sequence_index)
         return constrain_batch_and_last(y, mesh), stats
 
     if remat == "none":
@@ -250,6 +261,7 @@ def run_stacked_layers(
     segment_ids: Array | None = None,
     shard_map: bool = False,
     rotary: Rotary | None = None,
+    sequence_index: Array | None = None,
 ) -> tuple[Array, MoEStats | None]:
     """Apply blocks whose parameters are stacked on a leading layer axis, in order.
 
@@ -259,12 +271,12 @@ def run_stacked_layers(
         x: the activations entering the first layer.
         remat: the remat policy applied to each layer.
         scan: `jax.lax.scan` over the layers (one compiled body) or an unrolled loop.
-        mesh, segment_ids, shard_map, rotary: as for `TransformerStack.__call__`.
+        mesh, segment_ids, shard_map, rotary, sequence_index: as for `TransformerStack.__call__`.
 
     Returns:
         `(the activations leaving the last layer, MoEStats stacked over the layers or None)`.
     """
-    apply = _block_apply(remat, static, mesh, segment_ids, shard_map, rotary)
+    apply = _block_apply(remat, static, mesh, segment_ids, shard_map, rotary, sequence_index)
     if scan:
         return jax.lax.scan(lambda h, p: apply(p, h), x, params)
     num_layers = jax.tree.leaves(params)[0].shape[0]
@@ -375,6 +387,7 @@ class TransformerStack(eqx.Module):
         mesh: Mesh | None = None,
         segment_ids: Int[Array, "batch seq"] | None = None,
         rotary: Rotary | None = None,
+        sequence_index: Int[Array, "batch seq"] | None = None,
     ) -> Float[Array, "batch seq embed"]:
         """Run all layers in order (`forward` without the mixture-of-experts stats).
 
@@ -385,11 +398,13 @@ class TransformerStack(eqx.Module):
                 one device.
             segment_ids: packed sequences: attention stays within each segment.
             rotary: `(sin, cos)` of each token's position (rotary positions), or None.
+            sequence_index: each token's index in its unsplit row, for a context-parallel layout
+                (`Attention.__call__`); None = 0 .. seq-1.
 
         Returns:
             Outputs of the same shape and dtype.
         """
-        return self.forward(x, mesh=mesh, segment_ids=segment_ids, rotary=rotary)[0]
+        return self.forward(x, mesh=mesh, segment_ids=segment_ids, rotary=rotary, sequence_index=sequence_index)[0]
 
     def forward(
         self,
@@ -398,11 +413,12 @@ class TransformerStack(eqx.Module):
         mesh: Mesh | None = None,
         segment_ids: Int[Array, "batch seq"] | None = None,
         rotary: Rotary | None = None,
+        sequence_index: Int[Array, "batch seq"] | None = None,
     ) -> tuple[Float[Array, "batch seq embed"], MoEStats | None]:
         """Run all layers in order.
 
         Arguments:
-            x, mesh, segment_ids, rotary: as for `__call__`.
+            x, mesh, segment_ids, rotary, sequence_index: as for `__call__`.
 
         Returns:
             `(outputs of the same shape and dtype, MoEStats with a leading layer axis)`; the
@@ -421,11 +437,13 @@ class TransformerStack(eqx.Module):
                 segment_ids=segment_ids,
                 shard_map=shard_map,
                 rotary=rotary,
+                sequence_index=sequence_index,
             )
         stats = []
         for block in self.layers:
             params, static = eqx.partition(block, eqx.is_array)
-            x, s = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map, rotary)(params, x)
+            apply = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map, rotary, sequence_index)
+            x, s = apply(params, x)
             stats.append(s)
         return x, _stack_stats(stats)
 

@@ -1,6 +1,5 @@
 """What every `launch` command shares: consoles, option types, resolving an experiment."""
 
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, NoReturn
@@ -9,6 +8,7 @@ import typer
 from rich.console import Console
 
 from equipax.core.knobs import ConfigError, apply_overrides
+from equipax.core.paths import url_problem
 from equipax.launch.errors import EXIT_USER_ERROR
 from equipax.launch.experiments import registry
 
@@ -66,12 +66,8 @@ def path_option(value: str) -> Path:
             "is empty (an unset shell variable?): give a path. An empty path would mean the current "
             "directory, and the command would write over what is there."
         )
-    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", value.strip()):
-        raise typer.BadParameter(
-            f"{value!r} is a URL: object storage (gs://, s3://) is not supported yet, and as a path it would "
-            "become a local directory named after the scheme. Give a local or shared-filesystem path, e.g. "
-            "where the bucket is mounted (gcsfuse, s3fs); docs/coming_from_pax.md."
-        )
+    if (problem := url_problem(value)) is not None:
+        raise typer.BadParameter(problem + ".")
     return Path(value)
 
 

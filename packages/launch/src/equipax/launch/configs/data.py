@@ -8,6 +8,7 @@ experiment's model can read it (`check_model`). Pure values: nothing here touche
 import dataclasses
 from typing import ClassVar, Literal
 
+from equipax.core.paths import url_problem
 from equipax.launch.configs.image_sources import (
     DIGITS_CHANNELS,
     DIGITS_CLASSES,
@@ -146,6 +147,9 @@ class DataConfig:
             raise ValueError(f"data.batch_size (global) must be positive; got {self.batch_size}.")
         if self.per_device_batch is not None and self.per_device_batch <= 0:
             raise ValueError(f"data.per_device_batch must be positive or None; got {self.per_device_batch}.")
+        for name in ("path", "vocab_path"):
+            if (problem := url_problem(getattr(self, name))) is not None:
+                raise ValueError(f"data.{name}={problem}.")
         source = self.token_source
         source.check(self)
         if self.packing and not source.packs_documents:

@@ -9,7 +9,8 @@ files. Derived numbers (parameters, tokens per step) come from `equipax.launch.t
 import dataclasses
 from typing import Any, ClassVar, Protocol, cast, runtime_checkable
 
-from equipax.core.configs import LearnerConfig, MeshConfig
+from equipax.core.configs import CONTEXT, LearnerConfig, MeshConfig
+from equipax.core.knobs import ConfigError
 from equipax.launch.configs.data import BYTE_VOCAB_SIZE, DataConfig, ImageDataConfig
 from equipax.launch.configs.train import TrainConfig
 from equipax.models.configs import CNNConfig, LMConfig
@@ -114,9 +115,15 @@ class ExperimentConfig:
                 f"size {split} (mesh axes data x fsdp of {self.mesh.shape}); change data.batch_size "
                 f"(or data.per_device_batch) to a multiple of {split}, or change the mesh."
             )
+        if self.kind != "lm" and self.mesh.axis_size(CONTEXT) > 1:
+            raise ConfigError(
+                f"The mesh's `context` axis ({self.mesh.axis_size(CONTEXT)} devices, axes {self.mesh.axis_names}) "
+                f"splits a token sequence; this is a {self.kind} experiment, which has none. Make the `context` "
+                "axis 1 (or drop it from mesh.axis_names)."
+            )
         check_mesh = getattr(self.model, "check_mesh", None)
-        if check_mesh is not None:  # the model's own constraints on the mesh (pipeline stages)
-            check_mesh(self.mesh, self.global_batch_size)
+        if check_mesh is not None:  # the model's own constraints on the mesh (pipeline stages, context)
+            check_mesh(self.mesh, self.global_batch_size, getattr(self.data, "seq_len", None))
         if self.train.num_epochs is not None:
             if self.steps_per_epoch is None:
                 raise ValueError(

@@ -15,7 +15,7 @@ from jaxtyping import PRNGKeyArray
 
 from equipax.core.configs import VariationalNoiseConfig
 from equipax.core.knobs import ConfigError
-from equipax.core.optim import Learner, make_learner
+from equipax.core.optim import Learner, group_schedules, make_learner
 from equipax.core.partition import batch_sharding, train_state_shardings
 from equipax.core.step import TrainState, TrainStep, init_train_state, make_eval_step, make_train_step
 from equipax.core.task import AbstractTask, trainable
@@ -151,6 +151,7 @@ def build_training(cfg: ExperimentConfig, mesh: Mesh) -> Training:
         batch_sharding=data_sharding,
         skip_nonfinite=True,
         variational_noise=_checked_vn(cfg, abstract.model),
+        group_schedules=group_schedules(cfg.learner),
     )
     return Training(
         cfg=cfg,

@@ -106,6 +106,8 @@ class TrainLog:
         record = {k: values.get(k, math.nan) for k in _RECORDED}
         # A mixture of experts' router losses, per-expert token counts and dropped share (docs/moe.md).
         record |= {k: v for k, v in values.items() if k.startswith("moe_")}
+        # Each parameter group's learning rate (learner.groups, docs/extending.md).
+        record |= {k: v for k, v in values.items() if k.startswith("learning_rate/")}
         # The input's running counts over every host (a chat input's truncated and dropped
         # conversations and packing efficiency, docs/finetuning.md).
         record |= data_counts

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from equipax.core.configs import EXPERT_AXES, STAGE
+from equipax.core.configs import CONTEXT, CONTEXT_AXES, EXPERT_AXES, STAGE
 from equipax.core.knobs import ConfigError, flatten, set_knobs
 from equipax.launch.translators.maxtext_converters import MESH_AXES, OTHER_AXES, SCALE_RULES, Skip, Values, brief
 from equipax.launch.translators.maxtext_families import (
@@ -172,7 +172,15 @@ def _block(v: Values) -> str | None:
         v.moe = FAMILIES[v.family].moe
         v.axes = EXPERT_AXES if v.moe else MESH_AXES
         exp = base_experiment(v)
-    if pipeline_stages(v) > 1:
+    context = int(v.given.get("ici_context_parallelism", 1)) * int(v.given.get("dcn_context_parallelism", 1))
+    if context > 1:
+        if v.axes != MESH_AXES or pipeline_stages(v) > 1:
+            v.skipped["ici_context_parallelism"] = (
+                f"{context}: equipax's context axis goes with data, fsdp and tensor only (no expert or stage)"
+            )
+        else:
+            v.axes = CONTEXT_AXES
+    if pipeline_stages(v) > 1 and CONTEXT not in v.axes:
         if "expert" in v.axes:
             v.skipped["ici_pipeline_parallelism"] = (
                 "equipax pipelines a dense stack (no expert and stage axes together)"
@@ -246,6 +254,9 @@ def to_maxtext(knobs: Mapping[str, Any]) -> Translation:
             f"None (a global data.batch_size={knobs['data.batch_size']}): written as per_device_batch_size="
             f"{out['per_device_batch_size']}, the batch over this mesh's devices"
         )
+    if out.get("context_parallel_strategy") == "ring" and out.get("attention") == "autoselected":
+        out |= {"attention": "flash", "use_tokamax_splash": True}  # MaxText's ring runs on that kernel only
+        skipped["model.transformer.attention_impl"] = "'auto': written as flash (MaxText's ring needs it)"
     size = knobs.get("model.transformer.pipeline_microbatch_size")
     if size is not None and knobs["model.transformer.pipeline_stages"] > 1:
         skipped["model.transformer.pipeline_microbatch_size"] = (

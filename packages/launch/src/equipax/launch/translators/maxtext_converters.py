@@ -79,11 +79,17 @@ MAXTEXT_DEFAULTS: dict[str, Any] = {
 }
 MESH_AXES = ("data", "fsdp", "tensor")  # equipax's default (data, fsdp, tensor) mesh axes
 # equipax mesh axis -> MaxText's `{ici,dcn}_X_parallelism` name.
-MAXTEXT_MESH_AXES = {"data": "data", "fsdp": "fsdp", "tensor": "tensor", "expert": "expert", "stage": "pipeline"}
+MAXTEXT_MESH_AXES = {
+    "data": "data",
+    "fsdp": "fsdp",
+    "tensor": "tensor",
+    "expert": "expert",
+    "stage": "pipeline",
+    "context": "context",
+}
 OTHER_AXES = (
     "fsdp_transpose",
     "sequence",
-    "context",
     "context_usp_ulysses",
     "context_autoregressive",
     "autoregressive",

@@ -35,7 +35,10 @@ def _slices(v: Values) -> int:
 def mesh_to_equipax(v: Values) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for where in ("ici", "dcn"):
-        for axis in (*OTHER_AXES, *(a for a in ("expert", "pipeline") if a not in map(MAXTEXT_MESH_AXES.get, v.axes))):
+        for axis in (
+            *OTHER_AXES,
+            *(a for a in ("expert", "pipeline", "context") if a not in map(MAXTEXT_MESH_AXES.get, v.axes)),
+        ):
             key = f"{where}_{axis}_parallelism"
             if v.given.get(key, 1) != 1:
                 v.skipped[key] = (

@@ -55,6 +55,7 @@ REMATS = {"full": "full", "minimal": "dots_saveable"}
 DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
 # MaxText's `attention` kernels -> equipax's attention_impl (docs/attention.md): `flash` is
 # MaxText's Pallas splash kernel on TPU, `cudnn_flash_te` cuDNN's fused attention on GPU.
+CONTEXT_STRATEGIES = {"all_gather": "all_gather", "ring": "ring"}
 ATTENTION_IMPLS = {"autoselected": "auto", "dot_product": "xla", "flash": "splash", "cudnn_flash_te": "cudnn"}
 
 
@@ -186,6 +187,14 @@ RULES: tuple[Rule, ...] = (
         pipeline_to_equipax,
         pipeline_to_maxtext,
     ),
+    direct(
+        "context_parallel_strategy",
+        TRANSFORMER + "context_parallel_strategy",
+        "all_gather or ring (MaxText's ulysses and usp are not translated)",
+        one_of("context_parallel_strategy", CONTEXT_STRATEGIES),
+        one_of("model.transformer.context_parallel_strategy", CONTEXT_STRATEGIES),
+    ),
+    direct("context_parallel_load_balance", TRANSFORMER + "context_parallel_load_balance", to=bool),
     direct("scan_layers", TRANSFORMER + "scan_layers", to=bool),
     direct(
         "attention",
