@@ -105,11 +105,7 @@ def persistent_compile_cache(cache_dir):
         import jax
         from jax._src import compilation_cache
 
-        settings = {
-            "jax_compilation_cache_dir": str(cache_dir),
-            "jax_persistent_cache_min_compile_time_secs": 0.0,
-            "jax_persistent_cache_min_entry_size_bytes": 0,
-        }
+        settings = shared_compile_cache(cache_dir)
         before = {k: getattr(jax.config, k) for k in settings}
         for k, v in settings.items():
             jax.config.update(k, v)
