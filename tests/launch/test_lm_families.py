@@ -10,7 +10,7 @@ import json
 import pytest
 
 from helpers.cli import assert_one_paragraph, invoke
-from helpers.multidevice import run_with_devices
+from helpers.multidevice import FAST_COMPILE, run_with_devices
 from helpers.toy import persistent_compile_cache, set_args
 
 # Totals from the published model configurations; the model cards give them rounded (Llama 3.2:
@@ -102,6 +102,7 @@ def test_every_family_smoke_trains_on_its_8_device_mesh():
     print(json.dumps(report))
     """,
         timeout=900,
+        xla_flags=FAST_COMPILE,
     )
     report = json.loads(out.strip().splitlines()[-1])
     for name in SMOKES:

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from helpers.multidevice import run_with_devices
+from helpers.multidevice import FAST_COMPILE, run_with_devices
 
 COMPARE = """
 import dataclasses, json
@@ -61,7 +61,8 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def results():
-    return json.loads(run_with_devices(f"CASES = {CASES!r}\n" + COMPARE, timeout=600).splitlines()[-1])
+    out = run_with_devices(f"CASES = {CASES!r}\n" + COMPARE, timeout=600, xla_flags=FAST_COMPILE)
+    return json.loads(out.splitlines()[-1])
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ CLI: tests/launch/test_pipeline_experiments.py)."""
 import json
 import textwrap
 
-from helpers.multidevice import run_with_devices
+from helpers.multidevice import FAST_COMPILE, run_with_devices
 
 # A tiny LM (8 layers: 2 or 4 stages, x2 repeats) trained by plain Adam, shared by the children.
 _MODEL = """
@@ -77,7 +77,8 @@ def test_pipelined_equals_unpipelined_gpipe_and_circular():
         diff = max(float(np.max(np.abs(a - b))) for g, r in zip(grads, ref_grads) for a, b in zip(g, r))
         results[f"{stages}-{schedule}"] = (rel, diff)
     print(json.dumps({"ref": ref_losses, "results": results}))
-    """)
+    """),
+        xla_flags=FAST_COMPILE,
     )
     report = json.loads(out.strip().splitlines()[-1])
     assert report["ref"][-1] < report["ref"][0]  # the steps train
@@ -140,7 +141,8 @@ def test_pipelined_llama_block_with_packed_documents_equals_unpipelined():
     rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
     diff = max(float(np.max(np.abs(a - b))) for g, r in zip(grads, ref_grads) for a, b in zip(g, r))
     print(json.dumps({"ref": ref_losses, "rel": rel, "diff": diff}))
-    """)
+    """),
+        xla_flags=FAST_COMPILE,
     )
     report = json.loads(out.strip().splitlines()[-1])
     assert report["ref"][-1] < report["ref"][0]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from helpers.multidevice import run_with_devices
+from helpers.multidevice import FAST_COMPILE, run_with_devices
 
 # Trains a small LM for 3 steps on one device and on a mesh; prints losses and max param diff.
 TRAIN_COMPARE = """
@@ -54,7 +54,8 @@ def test_sharded_training_equals_one_device():
         "tensor_shard_map": ((1, 2, 4), (1, 1, 1), "shard_map"),
         "all_axes_shard_map": ((1, 2, 2), (2, 1, 1), "shard_map"),
     }
-    out = json.loads(run_with_devices(f"MESHES = {meshes!r}\n" + TRAIN_COMPARE).splitlines()[-1])
+    out = run_with_devices(f"MESHES = {meshes!r}\n" + TRAIN_COMPARE, xla_flags=FAST_COMPILE)
+    out = json.loads(out.splitlines()[-1])
     for name in meshes:
         assert out[name]["losses"] == pytest.approx(out["ref"], rel=1e-5, abs=1e-5), name
         assert out[name]["max_param_diff"] < 1e-5, (name, out[name]["max_param_diff"])
