@@ -273,3 +273,23 @@ def test_variational_noise_knobs_reach_the_train_step_and_a_regex_matching_nothi
         ConfigError, match=r"train\.vn\.vn_regex='nothing' matches no trained parameter.*embedding/weight"
     ):
         program("train.vn.vn_scale=0.01", "train.vn.vn_regex=nothing")
+
+
+def test_a_context_axis_across_processes_is_refused():
+    """One sequence's shards must come from one host (the input places whole rows per host): a
+    `context` axis whose device groups span processes is refused before anything is built."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from equipax.launch.training.build import context_within_processes
+
+    def spans(process_of, shape, names):
+        devices = np.array([SimpleNamespace(process_index=p) for p in process_of], dtype=object).reshape(shape)
+        return not context_within_processes(devices, names)
+
+    names = ("data", "context")
+    assert not spans([0, 0, 1, 1], (2, 2), names)  # hosts split over data
+    assert spans([0, 1, 0, 1], (2, 2), names)  # one row's shards on two hosts
+    assert not spans([0, 1], (2, 1), names)  # context of size 1
+    assert not spans([0, 1], (2,), ("data",))  # no context axis

@@ -13,7 +13,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from jaxtyping import PRNGKeyArray
 
-from equipax.core.configs import VariationalNoiseConfig
+from equipax.core.configs import CONTEXT, VariationalNoiseConfig
 from equipax.core.knobs import ConfigError
 from equipax.core.optim import Learner, group_schedules, make_learner
 from equipax.core.partition import batch_sharding, train_state_shardings
@@ -125,6 +125,17 @@ def _checked_vn(cfg: ExperimentConfig, model: Any) -> VariationalNoiseConfig | N
     return vn
 
 
+def context_within_processes(devices: Any, axis_names: tuple[str, ...]) -> bool:
+    """Whether every group of devices along the mesh's `context` axis (one sequence's shards)
+    belongs to one process (`devices`, `axis_names`: a mesh's). The input places whole rows on
+    each host (`Training.place`), so the parts of one row cannot come from several hosts yet."""
+    if CONTEXT not in axis_names or devices.shape[axis_names.index(CONTEXT)] == 1:
+        return True
+    axis = axis_names.index(CONTEXT)
+    groups = devices.swapaxes(axis, -1).reshape(-1, devices.shape[axis])
+    return all(len({d.process_index for d in group}) == 1 for group in groups)
+
+
 def build_training(cfg: ExperimentConfig, mesh: Mesh) -> Training:
     """Build the task, learner, shardings and jitted steps of `cfg` on `mesh`.
 
@@ -137,6 +148,13 @@ def build_training(cfg: ExperimentConfig, mesh: Mesh) -> Training:
     Returns:
         A `Training`.
     """
+    if not context_within_processes(mesh.devices, tuple(mesh.axis_names)):
+        raise ConfigError(
+            f"The mesh's `context` axis (size {mesh.shape[CONTEXT]}) spans several processes, but each host "
+            "reads whole rows of the batch: the shards of one sequence cannot come from different hosts yet "
+            "(docs/long_context.md). Keep the context axis within a host (mesh.ici_mesh_shape, with its "
+            "mesh.dcn_mesh_shape entry 1) and split the hosts over data or fsdp."
+        )
     task = family(cfg).make_task(cfg, mesh)
     learner = make_learner(cfg.learner)
     keys = Keys.from_seed(cfg.train.seed)
