@@ -69,7 +69,7 @@ MISSING_BLOCKS: dict[str, str] = {
 }
 # Llama 3.1's rotary scaling as MaxText applies it (a `model_name` starting with "llama3.1", or
 # `rope_type: llama3.1`, with `rope_use_scale`): factor 8, frequency factors 1 and 4, context 8192.
-LLAMA3_1_SCALING = {
+LLAMA3_1_SCALING: dict[str, Any] = {
     "kind": "llama3",
     "factor": 8.0,
     "low_freq_factor": 1.0,
