@@ -16,10 +16,10 @@ from jaxtyping import PRNGKeyArray
 from equipax.core.configs import CONTEXT, VariationalNoiseConfig
 from equipax.core.knobs import ConfigError
 from equipax.core.optim import Learner, group_schedules, make_learner
+from equipax.core.param_paths import param_paths
 from equipax.core.partition import batch_sharding, train_state_shardings
 from equipax.core.step import TrainState, TrainStep, init_train_state, make_eval_step, make_train_step
 from equipax.core.task import AbstractTask, trainable
-from equipax.core.variational_noise import param_paths
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.tasks import family
 
