@@ -373,7 +373,7 @@ def mean_eval_metrics(aux_batches: Iterable[Mapping[str, Any]]) -> dict[str, flo
         `loss` and `accuracy` (weighted means; NaN when there were no batches), `weight` (the
         total weight: tokens or examples counted), `batches`, and `loss/<name>` for each named loss.
     """
-    totals = dict.fromkeys(EVAL_SUMS, 0.0)
+    totals: dict[str, float] = dict.fromkeys(EVAL_SUMS, 0.0)
     count = 0
     for aux in aux_batches:
         for k in EVAL_SUMS:

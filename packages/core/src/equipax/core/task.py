@@ -24,7 +24,7 @@ model family means writing one Task (docs/extending.md).
 
 import abc
 from collections.abc import Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import equinox as eqx
 import jax
@@ -121,7 +121,7 @@ class AbstractTask(eqx.Module, Generic[ModelT]):
         loss, aux, _ = self.loss(model, batch, key=None, model_state=model_state)
         sums = {k: aux[k] for k in EVAL_SUMS}
         if is_named_losses(loss):
-            sums |= named_loss_sums(aggregate_losses(loss)[1] | sums)
+            sums |= named_loss_sums(aggregate_losses(cast(NamedLosses, loss))[1] | sums)
         return sums
 
     def check_batch(self, batch: Mapping[str, Any], batch_size: int) -> None:
