@@ -6,6 +6,15 @@ from equipax.data.chat_input import ChatSFTInput
 from equipax.data.documents import DocumentLMInput
 from equipax.data.eval import RollingEvalInput, make_eval_input
 from equipax.data.lm_input import TokenWindowInput, build_lm_texts_tokens, unigram_entropy
+from equipax.data.metrics import (
+    MULTIPLE_CHOICE_SETS,
+    MultipleChoiceItem,
+    MultipleChoiceSet,
+    choice_accuracy,
+    exact_match,
+    shakespeare_next_line,
+    token_f1,
+)
 from equipax.data.sources import (
     DataError,
     ImageClassificationInput,
@@ -44,6 +53,9 @@ __all__ = [
     "DocumentLMInput",
     "HFTokenizer",
     "MappedInput",
+    "MULTIPLE_CHOICE_SETS",
+    "MultipleChoiceItem",
+    "MultipleChoiceSet",
     "RollingEvalInput",
     "TextShards",
     "SentencePieceTokenizer",
@@ -53,8 +65,10 @@ __all__ = [
     "build_lm_texts_tokens",
     "chat_example",
     "check_complete_sets",
+    "choice_accuracy",
     "check_shard_output",
     "clean_markdown",
+    "exact_match",
     "find_shards",
     "input_files",
     "iter_text_documents",
@@ -65,9 +79,11 @@ __all__ = [
     "load_plays",
     "play_conversations",
     "split_digits",
+    "shakespeare_next_line",
     "shard_split",
     "split_plays",
     "synthetic_images",
+    "token_f1",
     "unigram_entropy",
     "write_shards",
 ]
