@@ -172,5 +172,8 @@ class CheckpointHook(Hook):
         run = ctx.run
         run.check_nonfinite(ctx.step)  # never save past an unchecked step
         run.checkpointer.save(
-            ctx.step, ctx.state, gather_host_states(run.inputs.train.get_state()), loop_state=ctx.loop_state()
+            ctx.step,
+            ctx.state,
+            gather_host_states(run.inputs.train.get_state(), global_state=run.inputs.train.global_state),
+            loop_state=ctx.loop_state(),
         )

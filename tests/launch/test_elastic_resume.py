@@ -1,0 +1,131 @@
+"""A job resumes on another number of devices: the state is re-sharded onto the new mesh and the
+data order is the same, so the following losses are the uninterrupted run's (to the float
+tolerance of a reduction over another sharding). Fresh processes: the device count is fixed when
+JAX starts."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers.cli import FAST
+from helpers.toy import set_args, suite_compile_cache_env
+
+# fsdp takes every device present (-1): the parameters and optimizer moments are split over 2, 4
+# or 8 devices, so a resume on another count restores them onto another sharding.
+ELASTIC = [
+    *FAST,
+    "model.transformer.num_layers=1",
+    "mesh.ici_mesh_shape=(1, -1, 1)",
+    "data.batch_size=8",
+    "train.eval_every=100",
+]
+
+
+def launch_run(job, devices, *overrides):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "equipax.launch.cli",
+            "run",
+            "--exp",
+            "shakespeare_tiny",
+            "--cpu-devices",
+            str(devices),
+            "--job-log-dir",
+            str(job),
+            *set_args([*ELASTIC, *overrides]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **suite_compile_cache_env(), "JAX_PLATFORMS": "cpu"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def train_losses(job):
+    records = [json.loads(ln) for ln in (job / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
+
+
+def data_state(job, step):
+    return json.loads((job / "checkpoints" / str(step) / "data" / "metadata").read_text())
+
+
+@pytest.mark.slow
+def test_resume_on_fewer_and_more_devices_continues_the_uninterrupted_run(tmp_path):
+    reference = tmp_path / "reference"
+    launch_run(reference, 4, "train.num_steps=6")
+    saved = tmp_path / "saved"
+    launch_run(saved, 4, "train.num_steps=4")
+    expected = train_losses(reference)
+    assert train_losses(saved) == {s: expected[s] for s in range(1, 5)}  # the same program: bit for bit
+    for devices in (2, 8):
+        job = tmp_path / f"on{devices}"
+        shutil.copytree(saved, job)
+        out = launch_run(job, devices, "train.num_steps=6")
+        (line,) = [ln for ln in out.splitlines() if "Resumed from step 4" in ln]
+        assert re.search(
+            rf"on {devices} devices in 1 process, mesh fsdp={devices} \(the checkpoint was written on 4 devices in "
+            r"1 process, mesh fsdp=4\): state re-sharded onto the new mesh, the data order is unchanged\.",
+            line,
+        ), line
+        losses = train_losses(job)
+        assert [losses[s] for s in (5, 6)] == pytest.approx([expected[5], expected[6]], rel=1e-5)
+        assert losses[5] != losses[1]  # the run moved on: not the first batch again
+        state = data_state(job, 6)
+        assert state == data_state(reference, 6) and state["global"]["row"] == 6 * 8, state  # one global cursor
+
+
+def test_host_rows_must_be_the_contiguous_block_the_input_reads():
+    """The batch sharding decides which rows of a global batch a process's devices hold; the
+    input of host h reads rows [h * b, (h + 1) * b). A mesh that interleaves the hosts is refused."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from equipax.core.knobs import ConfigError
+    from equipax.launch.training.loop import check_host_rows
+
+    def training(*blocks):
+        sharding = SimpleNamespace(
+            addressable_devices_indices_map=lambda shape: {d: (slice(*b), slice(None)) for d, b in enumerate(blocks)}
+        )
+        batch = {"ids": np.zeros((8, 4))}
+        return SimpleNamespace(
+            abstract_batch=lambda: batch, batch_sharding=sharding, mesh=SimpleNamespace(shape={"data": 4})
+        )
+
+    host1 = SimpleNamespace(infeed_host_index=1, batch_size=4)
+    check_host_rows(training((4, 6), (6, 8)), host1)  # two devices, one block: rows 4..7
+    with pytest.raises(ConfigError, match="holds 4 rows from 2 to 7 .* but its input reads rows 4 to 7"):
+        check_host_rows(training((2, 4), (6, 8)), host1)
+
+
+def test_a_data_state_that_does_not_fit_is_refused_or_with_the_flag_a_new_order():
+    import numpy as np
+
+    from equipax.core.knobs import ConfigError
+    from equipax.data import TokenWindowInput
+    from equipax.launch.training.loop import restore_data_state
+
+    inp = TokenWindowInput(np.arange(400, dtype=np.int32), seq_len=7, batch_size=2)
+    inp.get_next()
+    good = {"global": inp.get_state()}
+    old = {"hosts": [{"epoch": 0, "position": 2}]}  # a per-host state of an earlier version
+    fresh = TokenWindowInput(np.arange(400, dtype=np.int32), seq_len=7, batch_size=2)
+    notes = []
+    assert not restore_data_state(fresh, good, moved=False, allow_new_data_order=False, log=notes.append)
+    assert fresh.get_state() == inp.get_state()
+    with pytest.raises(ConfigError, match="per-host positions.*--allow-new-data-order"):
+        restore_data_state(fresh, old, moved=False, allow_new_data_order=False, log=notes.append)
+    start = TokenWindowInput(np.arange(400, dtype=np.int32), seq_len=7, batch_size=2)
+    assert restore_data_state(start, old, moved=True, allow_new_data_order=True, log=notes.append)
+    assert start.get_state()["row"] == 0 and "The data starts a new order" in notes[-1]
