@@ -276,3 +276,27 @@ def check_pipeline(cfg: TransformerConfig, mesh: MeshConfig, global_batch: int) 
             f"next round starts on stage 0 after it left the last stage): {m} microbatches < "
             f"{_KNOB}.pipeline_stages={stages}. Raise {_KNOB}.pipeline_microbatches."
         )
+
+
+def check_layer_groups(cfg: TransformerConfig) -> None:
+    """Raise ValueError for a `num_hidden_groups` (shared layers) the stack cannot build."""
+    g = cfg.num_hidden_groups
+    if g is None:
+        return
+    if not _is_int(g, 1) or cfg.num_layers % g:
+        raise ValueError(
+            f"{_KNOB}.num_hidden_groups={g!r} must be a positive divisor of num_layers={cfg.num_layers} "
+            "(each shared block serves num_layers / num_hidden_groups consecutive layers); e.g. 1 (ALBERT: "
+            "every layer one block), or None for no sharing."
+        )
+    if cfg.pipeline_stages > 1:
+        raise ValueError(
+            f"{_KNOB}.num_hidden_groups={g} shares blocks across layers, but pipeline_stages="
+            f"{cfg.pipeline_stages} splits the layers' weights over stages; use one of them."
+        )
+    if cfg.num_experts > 0:
+        raise ValueError(
+            f"{_KNOB}.num_hidden_groups={g} with num_experts={cfg.num_experts}: shared mixture-of-experts "
+            "blocks are not supported (each layer's router keeps its own load and biases); set "
+            "num_hidden_groups=None or num_experts=0."
+        )

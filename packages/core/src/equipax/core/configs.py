@@ -20,6 +20,7 @@ from equipax.core._config_checks import (
     check_attention_impl,
     check_experts,
     check_heads,
+    check_layer_groups,
     check_moe,
     check_pipeline,
     check_pipeline_knobs,
@@ -156,6 +157,11 @@ class TransformerConfig:
             for choosing the experts (not for weighting them), and after each training step every
             bias moves by this rate towards balance (+rate if the expert got fewer assignments
             than the mean, -rate if more); 0 = off.
+        num_hidden_groups: shared layers (ALBERT's `num_hidden_groups`): the stack holds this many
+            blocks and applies each to `num_layers / num_hidden_groups` consecutive layers, so
+            every use of a block trains one set of weights (gradients summed over its uses),
+            stored once in the checkpoint and counted once in the parameters; the FLOPs are those
+            of `num_layers` blocks. 1 = every layer the same block; None = no sharing.
     """
 
     num_layers: int = 4
@@ -215,6 +221,12 @@ class TransformerConfig:
     router_aux_loss_coef: float = 0.001
     router_z_loss_coef: float = 0.0
     router_bias_update_rate: float = 0.0
+    num_hidden_groups: int | None = None
+
+    @property
+    def layer_groups(self) -> int:
+        """Distinct blocks the stack holds (`num_hidden_groups`, or `num_layers` when None)."""
+        return self.num_layers if self.num_hidden_groups is None else self.num_hidden_groups
 
     @property
     def kv_heads(self) -> int:
@@ -266,6 +278,7 @@ class TransformerConfig:
         check_moe(self)
         check_pipeline_knobs(self)
         check_attention_impl(self)
+        check_layer_groups(self)
 
 
 _ROPE_KINDS = ("llama3",)

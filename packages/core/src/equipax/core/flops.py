@@ -152,8 +152,9 @@ def lm_param_counts(cfg: TransformerConfig, vocab_size: int, *, tie_embeddings: 
     per_layer = 2 * norm + attention + mlp
     unembedding = 0 if tie_embeddings else d * vocab_size
     embedding = vocab_size * d + unembedding
-    total = embedding + cfg.num_layers * per_layer + norm
-    inactive = cfg.num_layers * (_mlp_params(cfg, active=False) - _mlp_params(cfg, active=True))
+    # Shared layers (`num_hidden_groups`) hold `layer_groups` blocks: counted once each.
+    total = embedding + cfg.layer_groups * per_layer + norm
+    inactive = cfg.layer_groups * (_mlp_params(cfg, active=False) - _mlp_params(cfg, active=True))
     return {
         "embedding": embedding,
         "unembedding": unembedding,

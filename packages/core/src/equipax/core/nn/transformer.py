@@ -246,7 +246,7 @@ def remat_policy(remat: str) -> Callable[..., bool] | None:
     )
 
 
-def _layer(params: TransformerBlock, i: int) -> TransformerBlock:
+def _layer(params: TransformerBlock, i: int | Array) -> TransformerBlock:
     return jax.tree.map(lambda w: w[i], params)
 
 
@@ -262,6 +262,7 @@ def run_stacked_layers(
     shard_map: bool = False,
     rotary: Rotary | None = None,
     sequence_index: Array | None = None,
+    repeats: int = 1,
 ) -> tuple[Array, MoEStats | None]:
     """Apply blocks whose parameters are stacked on a leading layer axis, in order.
 
@@ -272,17 +273,24 @@ def run_stacked_layers(
         remat: the remat policy applied to each layer.
         scan: `jax.lax.scan` over the layers (one compiled body) or an unrolled loop.
         mesh, segment_ids, shard_map, rotary, sequence_index: as for `TransformerStack.__call__`.
+        repeats: shared layers (`num_hidden_groups`): each stacked block is applied this many
+            times in a row (layer `i` is block `i // repeats`); the scan then runs over the layer
+            index and reads its block from the closed-over parameters, so the backward sums each
+            block's gradient over its uses and no copy per layer is made.
 
     Returns:
         `(the activations leaving the last layer, MoEStats stacked over the layers or None)`.
     """
     apply = _block_apply(remat, static, mesh, segment_ids, shard_map, rotary, sequence_index)
-    if scan:
+    num_layers = jax.tree.leaves(params)[0].shape[0] * repeats
+    if scan and repeats == 1:
         return jax.lax.scan(lambda h, p: apply(p, h), x, params)
-    num_layers = jax.tree.leaves(params)[0].shape[0]
+    if scan:
+        blocks = jnp.arange(num_layers, dtype=jnp.int32) // repeats
+        return jax.lax.scan(lambda h, b: apply(_layer(params, b), h), x, blocks)
     stats = []
     for i in range(num_layers):
-        x, s = apply(_layer(params, i), x)
+        x, s = apply(_layer(params, i // repeats), x)
         stats.append(s)
     return x, _stack_stats(stats)
 
@@ -302,6 +310,7 @@ def run_cached_layers(
     *,
     scan: bool,
     rotary: Rotary | None = None,
+    repeats: int = 1,
 ) -> tuple[Array, StackCache]:
     """Apply the blocks in order with their KV caches (decoding; no remat, one device's numbers).
 
@@ -312,6 +321,8 @@ def run_cached_layers(
         positions: each token's position (its cache slot).
         scan: for a stacked block, `jax.lax.scan` over the layers or an unrolled loop.
         rotary: `(sin, cos)` of each token's position, or None.
+        repeats: shared layers: each block serves this many consecutive layers, each layer with
+            its own cache (`run_stacked_layers`).
 
     Returns:
         `(activations leaving the last layer, the updated cache)`.
@@ -319,7 +330,7 @@ def run_cached_layers(
     if isinstance(layers, tuple):
         assert isinstance(cache, tuple)
         new: list[AttentionCache] = []
-        for block, c in zip(layers, cache, strict=True):
+        for block, c in zip([b for b in layers for _ in range(repeats)], cache, strict=True):
             x, updated, _ = block(x, rotary=rotary, cache=c, positions=positions)
             assert updated is not None
             new.append(updated)
@@ -332,23 +343,31 @@ def run_cached_layers(
         assert updated is not None
         return h, updated
 
-    if scan:
+    if scan and repeats == 1:
         return jax.lax.scan(lambda h, pc: step(h, *pc), x, (params, cache))
     num_layers = cache.keys.shape[0]
+    if scan:
+        blocks = jnp.arange(num_layers, dtype=jnp.int32) // repeats
+        return jax.lax.scan(lambda h, bc: step(h, _layer(params, bc[0]), bc[1]), x, (blocks, cache))
     caches = []
     for i in range(num_layers):
-        x, c = step(x, _layer(params, i), _layer(cache, i))  # pyright: ignore[reportArgumentType]
+        x, c = step(x, _layer(params, i // repeats), _layer(cache, i))  # pyright: ignore[reportArgumentType]
         caches.append(c)
     return x, jax.tree.map(lambda *cs: jnp.stack(cs), *caches)
 
 
 def init_stack_cache(
-    layers: TransformerBlock | tuple[TransformerBlock, ...], batch_size: int, max_len: int, dtype: DTypeLike
+    layers: TransformerBlock | tuple[TransformerBlock, ...],
+    batch_size: int,
+    max_len: int,
+    dtype: DTypeLike,
+    repeats: int = 1,
 ) -> StackCache:
-    """A zero cache for `layers` (stacked block: one cache with a leading layer axis)."""
+    """A zero cache for `layers` (stacked block: one cache with a leading layer axis), one per
+    layer: with shared layers, `repeats` per block."""
     if isinstance(layers, tuple):
-        return tuple(b.attention.init_cache(batch_size, max_len, dtype) for b in layers)
-    num_layers = jax.tree.leaves(eqx.filter(layers, eqx.is_array))[0].shape[0]
+        return tuple(b.attention.init_cache(batch_size, max_len, dtype) for b in layers for _ in range(repeats))
+    num_layers = jax.tree.leaves(eqx.filter(layers, eqx.is_array))[0].shape[0] * repeats
     one = layers.attention.init_cache(batch_size, max_len, dtype)
     return jax.tree.map(lambda a: jnp.zeros((num_layers, *a.shape), a.dtype), one)
 
@@ -359,6 +378,10 @@ class TransformerStack(eqx.Module):
     With `cfg.scan_layers`, `layers` is ONE `TransformerBlock` whose array leaves carry a
     leading `[num_layers]` axis; otherwise a tuple of blocks. Both layouts built from the
     same key hold the same numbers (layer `i` is initialised from `split(key)[i]`).
+
+    Shared layers (`cfg.num_hidden_groups`, ALBERT's): the stack holds `layer_groups` blocks
+    (leading axis, or tuple, of that length) and layer `i` applies block `i // (num_layers /
+    layer_groups)`; block `g` is initialised from `split(key, layer_groups)[g]`.
     """
 
     layers: TransformerBlock | tuple[TransformerBlock, ...]
@@ -370,11 +393,16 @@ class TransformerStack(eqx.Module):
         key: PRNG key.
         """
         self.cfg = cfg
-        keys = jr.split(key, cfg.num_layers)
+        keys = jr.split(key, cfg.layer_groups)
         if cfg.scan_layers:
             self.layers = eqx.filter_vmap(lambda k: TransformerBlock(cfg, key=k))(keys)
         else:
             self.layers = tuple(TransformerBlock(cfg, key=k) for k in keys)
+
+    @property
+    def _repeats(self) -> int:
+        """Layers each held block serves (1 without shared layers)."""
+        return self.cfg.num_layers // self.cfg.layer_groups
 
     def logical_axes(self) -> dict[str, Axes]:
         """Scanned: every array of the one stacked block has a leading `layers` axis."""
@@ -438,9 +466,10 @@ class TransformerStack(eqx.Module):
                 shard_map=shard_map,
                 rotary=rotary,
                 sequence_index=sequence_index,
+                repeats=self._repeats,
             )
         stats = []
-        for block in self.layers:
+        for block in (b for b in self.layers for _ in range(self._repeats)):
             params, static = eqx.partition(block, eqx.is_array)
             apply = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map, rotary, sequence_index)
             x, s = apply(params, x)
@@ -466,8 +495,8 @@ class TransformerStack(eqx.Module):
         Returns:
             `(outputs, the updated cache)`.
         """
-        return run_cached_layers(self.layers, x, cache, positions, scan=True, rotary=rotary)
+        return run_cached_layers(self.layers, x, cache, positions, scan=True, rotary=rotary, repeats=self._repeats)
 
     def init_cache(self, batch_size: int, max_len: int, dtype: DTypeLike) -> StackCache:
         """A zero KV cache for `batch_size` rows of `max_len` tokens, in `dtype`."""
-        return init_stack_cache(self.layers, batch_size, max_len, dtype)
+        return init_stack_cache(self.layers, batch_size, max_len, dtype, repeats=self._repeats)

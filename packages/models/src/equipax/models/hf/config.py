@@ -305,6 +305,12 @@ def model_type_of(cfg: LMConfig) -> str:
                 f"{knob}={found!r}: a Hugging Face Llama / Mistral / Qwen3 model has {knob}={expected!r}, so this "
                 "model has no Hugging Face equivalent to export to (Pax's GPT block is not one of those families)."
             )
+    if t.num_hidden_groups is not None:
+        raise ConfigError(
+            f"model.transformer.num_hidden_groups={t.num_hidden_groups}: a Hugging Face Llama / Mistral / Qwen3 "
+            "model has its own weights in every layer, so shared layers have no equivalent to export to (set "
+            "num_hidden_groups=None)."
+        )
     if t.qk_norm and t.sliding_window is not None:
         raise ConfigError(
             "model.transformer.qk_norm=True with sliding_window set: Hugging Face's Qwen3 has QK-norm and "
