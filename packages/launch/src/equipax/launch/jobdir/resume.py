@@ -11,11 +11,11 @@ eval, mesh) may change on resume. docs/errors.md ("Resuming with changed knobs")
 
 import dataclasses
 import hashlib
-from pathlib import Path
 from typing import Any
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.configs.experiment import ExperimentConfig
+from equipax.launch.jobdir.storage import AnyPath
 
 __all__ = ["check_resume", "resume_meta", "SAFE_DATA_KNOBS"]
 
@@ -35,7 +35,7 @@ SAFE_DATA_KNOBS = frozenset(
 )
 
 
-def _file_digest(path: Path) -> str | None:
+def _file_digest(path: AnyPath) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     except OSError:
@@ -48,7 +48,7 @@ def _train_shards(cfg: ExperimentConfig) -> str | None:
     return source.fingerprint(cfg.data) if source is not None else None
 
 
-def _vocabulary(cfg: ExperimentConfig, job_dir: Path) -> str | None:
+def _vocabulary(cfg: ExperimentConfig, job_dir: AnyPath) -> str | None:
     """A fingerprint of the vocabulary file the ids come from (None for bytes and images)."""
     if cfg.kind != "lm":
         return None
@@ -59,7 +59,7 @@ def _vocabulary(cfg: ExperimentConfig, job_dir: Path) -> str | None:
     return None if path is None else _file_digest(path)
 
 
-def resume_meta(cfg: ExperimentConfig, job_dir: Path, *, hosts: int) -> dict[str, Any]:
+def resume_meta(cfg: ExperimentConfig, job_dir: AnyPath, *, hosts: int) -> dict[str, Any]:
     """What a checkpoint of this run means, JSON-ready (saved with each checkpoint).
 
     Arguments:
@@ -82,7 +82,7 @@ def resume_meta(cfg: ExperimentConfig, job_dir: Path, *, hosts: int) -> dict[str
     }
 
 
-def check_resume(saved: dict[str, Any], current: dict[str, Any], *, step: int, where: Path) -> list[str]:
+def check_resume(saved: dict[str, Any], current: dict[str, Any], *, step: int, where: AnyPath) -> list[str]:
     """Refuse to resume a checkpoint whose saved state this run would misread.
 
     Arguments:
