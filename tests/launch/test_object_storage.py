@@ -54,6 +54,11 @@ def _finish(proc: subprocess.Popen, lines=()) -> tuple[int, str]:
     return proc.returncode, out
 
 
+def _words(output: str) -> str:
+    """A usage error's text as one line (typer draws it in a box, wrapped)."""
+    return " ".join(output.replace("│", " ").split())
+
+
 def _store(env):
     from gcsfs.core import GCSFileSystem  # not gcsfs's default class, which asks a control-plane API first
 
@@ -76,20 +81,23 @@ def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypa
     assert fs.exists("bkt/straight/checkpoints/4/commit_success.txt")  # orbax's commit marker
     assert not fs.exists("bkt/straight/.lock")  # a finished run releases the job
 
-    # The same run stopped by SIGTERM after its first step; meanwhile a second run of the job is refused.
+    # The same run stopped by SIGTERM after its first step. Frozen there (SIGSTOP: its lock held),
+    # it makes a second run of the job exit 2 naming it.
     proc = _launch(_run_args("gs://bkt/job"), gcs, cache)
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line)
         if line.startswith("step 1/"):
+            proc.send_signal(signal.SIGSTOP)
             break
     for name, value in gcs.items():
         monkeypatch.setenv(name, value)
     code, second = invoke(*_run_args("gs://bkt/job"))
+    proc.send_signal(signal.SIGCONT)
+    proc.send_signal(signal.SIGTERM)
     assert code == 2, second
     assert_one_paragraph(second, "is in use by another run", f"pid {proc.pid}")
-    proc.send_signal(signal.SIGTERM)
     code, out = _finish(proc, lines)
     assert code == 75, out
     assert "Run the same command again to resume" in out, out
@@ -101,6 +109,12 @@ def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypa
 
     # Bit rot in the newest checkpoint's array data: the checksums catch it, the step is set aside
     # (kept, in corrupt_checkpoints/), and the run resumes from the step before, to the same bits.
+    from equipax.launch.inference.trained_job import checkpoint_steps
+    from equipax.launch.jobdir.storage import job_path
+
+    steps = checkpoint_steps(job_path("gs://bkt/job"))
+    assert steps[-1] == 4 and len(steps) >= 2, steps  # the SIGTERM's own step, and 4
+    previous = steps[-2]
     data = sorted((p for p in fs.find("bkt/job/checkpoints/4/state") if "/d/" in p), key=lambda p: fs.info(p)["size"])[
         -1
     ]
@@ -109,20 +123,18 @@ def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypa
     fs.pipe(data, bytes(raw))
     code, out = _finish(_launch(_run_args("gs://bkt/job"), gcs, cache))
     assert code == 0, out
-    assert "the checkpoint of step 4 does not restore" in out and "Resumed from step 2" in out, out
+    assert "the checkpoint of step 4 does not restore" in out and f"Resumed from step {previous}" in out, out
     assert [p.rsplit("/", 1)[1].split("-")[0] for p in fs.ls("bkt/job/corrupt_checkpoints")] == ["4"]
     assert json.loads(fs.cat("bkt/job/result.json"))["state_digest"] == straight["state_digest"]
 
     # A save killed before orbax wrote its commit marker: that step is never restored.
-    from equipax.launch.inference.trained_job import checkpoint_steps
     from equipax.launch.jobdir.checkpoints import Checkpointer
-    from equipax.launch.jobdir.storage import job_path
 
     fs.rm("bkt/job/checkpoints/4/commit_success.txt")
-    assert checkpoint_steps(job_path("gs://bkt/job")) == [2]
+    assert checkpoint_steps(job_path("gs://bkt/job")) == steps[:-1]
     ckpt = Checkpointer(job_path("gs://bkt/job/checkpoints"), keep=3)
     try:
-        assert ckpt.latest_step() == 2
+        assert ckpt.latest_step() == previous
     finally:
         ckpt.close()
 
@@ -133,6 +145,7 @@ def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch):
     for name, value in gcs.items():
         monkeypatch.setenv(name, value)
     code, out = invoke("run", "--job-log-dir", "gs://no-such-bucket/job")
+    out = _words(out)
     assert code == 2, out
     assert "the bucket gs://no-such-bucket does not exist" in out and "gcloud storage buckets create" in out, out
 
@@ -141,6 +154,7 @@ def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")
     started = time.monotonic()
     code, out = invoke("run", "--job-log-dir", "gs://bkt/job")
+    out = _words(out)
     assert code == 2 and "does not answer" in out and "STORAGE_EMULATOR_HOST" in out, out
     assert time.monotonic() - started < 10
 
@@ -154,4 +168,5 @@ def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch):
         storage.check_store("gs://bkt/job", "--job-log-dir")
 
     code, out = invoke("run", "--job-log-dir", "hdfs://namenode/job")
+    out = _words(out)
     assert code == 2 and "hdfs:// URL" in out and "gs:// and s3:// only" in out, out

@@ -26,7 +26,7 @@ from equipax.core.mesh import MeshConfig, build_mesh
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.jobdir.checksums import ALGORITHM, array_checksums, differences, unverified_warning
 from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
-from equipax.launch.jobdir.storage import AnyPath, is_remote, job_path
+from equipax.launch.jobdir.storage import COMMIT_MARKER, AnyPath, is_remote, job_path
 
 __all__ = [
     "CheckpointUnreadable",
@@ -72,7 +72,7 @@ def checkpoint_steps(job_dir: AnyPath) -> list[int]:
     if not folder.is_dir():
         return []
     # In a store a step is complete once orbax has written its commit marker (no rename there).
-    complete = (lambda p: (p / "commit_success.txt").exists()) if is_remote(folder) else (lambda p: True)
+    complete = (lambda p: (p / COMMIT_MARKER).exists()) if is_remote(folder) else (lambda p: True)
     return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit() and complete(p))
 
 

@@ -113,20 +113,37 @@ def append_line(path: AnyPath, line: bytes) -> None:
 
 
 def move(source: AnyPath, target: AnyPath) -> None:
-    """Move a file or directory (in a store: every object under it copied, then deleted)."""
-    if is_remote(source):
-        fs, src = _fs(source)
-        fs.mv(src, _fs(target)[1], recursive=True)
+    """Move a file or directory. In a store, where nothing renames, every object under `source` is
+    copied to `target` first, then deleted, a checkpoint's commit marker (`COMMIT_MARKER`) first:
+    stopped half-way, `target` is whole or `source` still is, and `source` is never a complete step
+    with objects missing."""
+    if not is_remote(source):
+        shutil.move(str(source), str(target))
         return
-    shutil.move(str(source), str(target))
+    fs, src = _fs(source)
+    dst = _fs(target)[1]
+    fs.invalidate_cache()
+    objects = sorted(fs.find(src)) or [src]
+    for name in objects:
+        fs.copy(name, dst + name[len(src) :])
+    for name in sorted(objects, key=lambda n: not n.endswith("/" + COMMIT_MARKER)):
+        fs.rm_file(name)
+    fs.invalidate_cache()
+
+
+COMMIT_MARKER = "commit_success.txt"
+"""What orbax writes last into a checkpoint step in an object store (where it cannot rename a
+finished temporary folder into place): a step without it is incomplete and never restored."""
 
 
 def rmtree(path: AnyPath) -> None:
     """Remove a directory and everything under it; nothing when it is not there."""
     if is_remote(path):
         fs, p = _fs(path)
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm(p, recursive=True)
+        fs.invalidate_cache()
+        for name in sorted(fs.find(p)):
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(name)
         return
     shutil.rmtree(path, ignore_errors=True)
 
@@ -154,11 +171,12 @@ def upload(local: Path, remote: AnyPath) -> None:
 
 
 def _fs(path: AnyPath) -> tuple[Any, str]:
-    """The fsspec filesystem of a store path and the path as that filesystem names it."""
-    import fsspec
+    """The fsspec filesystem of a store path (the very instance `epath` and so orbax use, so a
+    listing cached there is invalidated here) and the path as that filesystem names it."""
+    from etils.epath import backend
 
-    fs, _, (name,) = fsspec.get_fs_token_paths(str(path))
-    return fs, name
+    fs = backend.fsspec_backend.fs(str(path))
+    return fs, fs._strip_protocol(str(path))
 
 
 # --- checked before any work -------------------------------------------------------------------
