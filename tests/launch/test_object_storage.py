@@ -169,4 +169,7 @@ def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch):
 
     code, out = invoke("run", "--job-log-dir", "hdfs://namenode/job")
     out = _words(out)
-    assert code == 2 and "hdfs:// URL" in out and "gs:// and s3:// only" in out, out
+    assert code == 2 and "hdfs:// URL" in out and "supported as gs://" in out, out
+    code, out = invoke("run", "--job-log-dir", "s3://bkt/job")
+    out = _words(out)
+    assert code == 2 and "s3:// job directories are not supported yet" in out, out

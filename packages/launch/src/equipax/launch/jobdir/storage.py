@@ -1,7 +1,8 @@
-"""Where a job's files live: a local (or mounted) directory, or object storage (`gs://`, `s3://`).
+"""Where a job's files live: a local (or mounted) directory, or object storage (`gs://`).
 
 Every file a run writes or reads in its job directory goes through the few functions here, so a
-job directory can be `gs://bucket/job` or `s3://bucket/job` as well as a local path:
+job directory can be `gs://bucket/job` as well as a local path (`s3://` paths are recognised and
+refused by `check_store` until their checkpoints commit safely: `SUPPORTED`):
 
 - `job_path` turns what the user gave into a path: `pathlib.Path` for a local one, `etils.epath.Path`
   for a URL (epath reads and writes objects through fsspec's `gcsfs` / `s3fs`). Orbax takes the
@@ -15,7 +16,7 @@ job directory can be `gs://bucket/job` or `s3://bucket/job` as well as a local p
 
 Emulators (tests, local development): `STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT` points gcsfs
 (and, through `TENSORSTORE_GCS_HTTP_URL`, set from it here when unset, TensorStore) at a GCS
-emulator; `AWS_ENDPOINT_URL` points s3fs and TensorStore at an S3 one.
+emulator.
 """
 
 import contextlib
@@ -176,10 +177,13 @@ def _fs(path: AnyPath) -> tuple[Any, str]:
     from etils.epath import backend
 
     fs = backend.fsspec_backend.fs(str(path))
-    return fs, fs._strip_protocol(str(path))
+    return fs, str(fs._strip_protocol(str(path)))
 
 
 # --- checked before any work -------------------------------------------------------------------
+
+SUPPORTED = ("gs",)
+"""The stores a job directory may be in so far."""
 
 
 def _endpoint(scheme: str) -> tuple[str, str]:
@@ -231,6 +235,12 @@ def check_store(path: AnyPath | str, option: str, *, timeout_s: float = 5.0) -> 
     scheme = remote_scheme(str(path))
     if scheme is None:
         return
+    if scheme not in SUPPORTED:
+        raise ConfigError(
+            f"{option} {str(path)!r}: {scheme}:// job directories are not supported yet (orbax's checkpoints "
+            "commit without a rename on gs:// only). Use a gs:// bucket, or a local path where the bucket is "
+            "mounted (mountpoint-s3, s3fs); docs/object_storage.md."
+        )
     _configure_endpoints()
     url, variable = _endpoint(scheme)
     parsed = urllib.parse.urlsplit(url)
