@@ -10,6 +10,12 @@ from pathlib import Path
 # Tests run on the CPU in float32, whatever else is installed.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    # Before any of the suite's processes (this one included) imports jax: see helpers.bytecode.
+    from helpers.bytecode import compile_bytecode
+
+    compile_bytecode()
+
 import jax
 import numpy as np
 import pytest

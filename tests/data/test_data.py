@@ -140,30 +140,24 @@ def test_token_window_shapes_and_labels():
 
 
 def test_token_window_hosts_disjoint_and_cover_each_epoch():
-    hosts = 3
-    num_windows = 50
-    per_host = num_windows // hosts  # 16 or 17; take whole batches below the smaller
+    hosts, num_windows, per_host = 3, 50, 4
     inputs = [
-        window_input(num_windows, num_infeed_hosts=hosts, infeed_host_index=h, batch_size=4, seed=7)
+        window_input(num_windows, num_infeed_hosts=hosts, infeed_host_index=h, batch_size=per_host, seed=7)
         for h in range(hosts)
     ]
     firsts = [inp.get_next() for inp in inputs]
     assert not np.array_equal(firsts[0]["ids"], firsts[1]["ids"])
-    seen = [set(b["example_id"].tolist()) for b in firsts]
-    for inp, s in zip(inputs, seen):
-        for b in drain(inp, per_host // 4 - 1):
-            s.update(b["example_id"].tolist())
-    assert all(len(s) == 4 * (per_host // 4) for s in seen)  # no repeats on a host
-    union = set().union(*seen)
-    assert len(union) == sum(len(s) for s in seen)  # hosts disjoint within the epoch
-    assert union <= set(range(num_windows))
-    # The full epoch on every host covers every window exactly once.
-    full = []
-    for h in range(hosts):
-        inp = window_input(num_windows, num_infeed_hosts=hosts, infeed_host_index=h, batch_size=1, seed=7)
-        full += [int(b["example_id"][0]) for b in drain(inp, len(inp._host_part(0)))]
-        assert inp.get_state() == {"epoch": 1, "position": 0}
-    assert sorted(full) == list(range(num_windows))
+    # Host h reads rows [4h, 4h + 4) of the global order: the hosts' rows of one batch are disjoint,
+    # and the whole epoch (read as global batches) covers every window exactly once.
+    order = window_input(num_windows, seed=7).window_order(0)
+    for h, b in enumerate(firsts):
+        assert b["example_id"].tolist() == order[per_host * h : per_host * (h + 1)].tolist()
+    assert sorted(order.tolist()) == list(range(num_windows))
+    seen = np.concatenate([b["example_id"] for b in firsts])
+    for _ in range(3):
+        seen = np.concatenate([seen, *[inp.get_next()["example_id"] for inp in inputs]])
+    assert len(set(seen.tolist())) == len(seen) == 48  # 4 global batches of 12 < 50 windows: no repeat
+    assert {inp.get_state()["row"] for inp in inputs} == {48}
 
 
 def test_token_window_epochs_reshuffle_and_seed_matters():
@@ -184,7 +178,7 @@ def test_token_window_batches_cross_epoch_boundary():
 
 
 def test_token_window_eval_pass():
-    hosts, num_windows = 3, 23  # per host 8, 8, 7 -> 2 batches of 5 on every host
+    hosts, num_windows = 3, 23  # a global batch of 15: 2 batches, the last 7 rows padding
     per_host = []
     for h in range(hosts):
         inp = window_input(num_windows, num_infeed_hosts=hosts, infeed_host_index=h, batch_size=5, repeat=False)
@@ -196,15 +190,12 @@ def test_token_window_eval_pass():
         for b in batches:
             real = b["example_id"] >= 0
             assert (b["weights"][real] == 1).all() and (b["weights"][~real] == 0).all()
-        per_host.append(np.concatenate([b["example_id"] for b in batches]))
+        per_host.append(batches)
         inp.reset()
         assert_batches_equal(drain(inp), batches)
-    real_ids = np.concatenate(per_host)
-    real_ids = real_ids[real_ids >= 0]
-    assert sorted(real_ids.tolist()) == list(range(num_windows))
-    assert [int((p >= 0).sum()) for p in per_host] == [8, 8, 7]
-    # In order within a host.
-    assert per_host[0][per_host[0] >= 0].tolist() == list(range(0, num_windows, hosts))
+    # The global batches read the windows in order, once; padding at the end of the pass.
+    ids = np.concatenate([per_host[h][n]["example_id"] for n in range(2) for h in range(hosts)])
+    assert ids.tolist() == list(range(num_windows)) + [-1] * 7
 
 
 def test_eval_host_with_no_real_examples_still_emits_padded_batches():
@@ -237,13 +228,11 @@ def test_token_window_bad_arguments():
         TokenWindowInput(np.arange(100, dtype=np.int32), seq_len=0, batch_size=1)
     with pytest.raises(ValueError, match="fewer than one window"):
         TokenWindowInput(np.arange(5, dtype=np.int32), seq_len=8, batch_size=1)
-    with pytest.raises(ValueError, match="3 hosts"):
-        window_input(2, num_infeed_hosts=3, infeed_host_index=0)
     inp = window_input()
     with pytest.raises(ValueError, match="get_state"):
-        inp.set_state({"step": 1})
-    with pytest.raises(ValueError, match="does not fit"):
-        inp.set_state({"epoch": 0, "position": 10_000})
+        inp.set_state({"epoch": 0, "position": 1})
+    with pytest.raises(ValueError, match="not the start of a global batch"):
+        inp.set_state(dict(inp.get_state(), row=3))
 
 
 # --- helpers and ids_to_strings ------------------------------------------------------------

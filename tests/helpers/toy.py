@@ -54,15 +54,21 @@ CNN_SHORT = [*CNN_TOY, "train.num_epochs=1", "data.num_train=128", "data.num_tes
 
 def shared_compile_cache(cache_dir) -> dict:
     """JAX's settings (config names) for a persistent compilation cache in `cache_dir` that several
-    processes read and write at once: every program cached however fast it compiled, and a maximum
-    size, far above what the suite writes (nothing is evicted), which makes JAX read and write each
-    entry under a file lock, so no process reads an entry another is still writing. A process
-    killed mid-write (or one under a file-size limit) can leave a truncated entry: give such
-    processes a cache of their own."""
+    processes read and write at once: a maximum size, far above what the suite writes (nothing is
+    evicted), which makes JAX read and write each entry under a file lock, so no process reads an
+    entry another is still writing. A process killed mid-write (or one under a file-size limit) can
+    leave a truncated entry: give such processes a cache of their own.
+
+    Only programs that took at least half a second to compile are written (train and eval steps,
+    the multi-device equivalence programs): with a maximum size, every write first lists the whole
+    cache and reads each entry's access time, under the lock, so its cost grows with the number of
+    entries. Caching every eager op's program too (tens of thousands of sub-second entries by the
+    end of a suite) made each write take about half a second: two tests that take 4.5 s with a
+    fresh cache took 106 s with 20000 entries in it; their programs recompile in milliseconds."""
     return {
         "jax_compilation_cache_dir": str(cache_dir),
         "jax_compilation_cache_max_size": 64 << 30,
-        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_compile_time_secs": 0.5,
         "jax_persistent_cache_min_entry_size_bytes": -1,
     }
 

@@ -70,10 +70,11 @@ def test_train_records_carry_the_router_metrics():
     log = TrainLog.__new__(TrainLog)
     log.run, log.timer, log.units_per_step, log.flops_per_step = run, StepTimer(0), 8, None  # pyright: ignore[reportAttributeAccessIssue]
     log.peak_tflops, log.nonfinite_total, log.progress, log.pending = None, lambda: 0, lambda s, r: None, None
-    metrics = {"loss": 1.5, "loss_sum": 3.0, "moe_aux_loss": 2.1, "moe_expert_0_tokens": 5.0}
+    metrics = {"loss": 1.5, "loss_sum": 3.0, "moe_aux_loss": 2.1, "moe_expert_0_tokens": 5.0, "loss/router_aux": 2.1}
     log.after_dispatch(1, metrics, stopping=False)
     log.flush()
     [(step, split, record)] = written
     assert (step, split, record["loss"]) == (1, "train", 1.5)
     assert record["moe_aux_loss"] == 2.1 and record["moe_expert_0_tokens"] == 5.0
+    assert record["loss/router_aux"] == 2.1  # each named loss (docs/extending.md, "Several losses")
     assert "loss_sum" not in record

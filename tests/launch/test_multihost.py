@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -68,6 +69,7 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
     # Stop after 2 steps, then resume the 2-process run to 4: the same as never stopping.
     first = cluster(tmp_path / "split", "train.num_steps=2", env=env)
     assert first.returncode == 0, first.stdout[-3000:]
+    shutil.copytree(tmp_path / "split", tmp_path / "as_one")
     second = cluster(tmp_path / "split", env=env)
     assert second.returncode == 0, second.stdout[-3000:]
     assert "Resumed from step 2" in second.stdout
@@ -75,6 +77,15 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
     a = json.loads((tmp_path / "two" / "result.json").read_text())
     b = json.loads((tmp_path / "split" / "result.json").read_text())
     assert a["state_digest"] == b["state_digest"]
+
+    # The 2-process checkpoint resumes as one process on the same 8 devices: the data order is
+    # global (one saved cursor), so the losses continue the 2-process run's.
+    alone = launch("run", *SMOKE, "--cpu-devices", "8", "--job-log-dir", str(tmp_path / "as_one"), env=env)
+    assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-2000:]
+    assert "Resumed from step 2 on 8 devices in 1 process" in alone.stdout, alone.stdout[-3000:]
+    assert "(the checkpoint was written on 8 devices in 2 processes" in alone.stdout
+    assert "the data order is unchanged" in alone.stdout
+    assert train_losses(tmp_path / "as_one") == pytest.approx(train_losses(tmp_path / "two"), rel=1e-5)
 
 
 @pytest.mark.slow
@@ -147,6 +158,10 @@ def test_host_states_round_trip_and_refuse_another_host_count():
     assert host_state(saved) == {"epoch": 1, "position": 5}
     with pytest.raises(ConfigError, match="input state of 2 host"):
         host_state({"hosts": [{}, {}]})
+    # A global data order's state is saved once and read by any number of hosts.
+    state = {"row": 16, "global_batch": 8, "rows_per_epoch": 40}
+    assert gather_host_states(state, global_state=True) == {"global": state}
+    assert host_state({"global": state}) == state
 
 
 def test_local_cluster_needs_a_run_command():

@@ -133,6 +133,28 @@ def test_resume_refuses_changed_data_knobs_and_lists_them(job_copy):
     assert snapshot(job_copy) == before
 
 
+def test_resume_with_a_new_global_batch_needs_allow_new_data_order_and_records_it(job_copy):
+    from equipax.launch.jobdir.checkpoints import Checkpointer
+
+    code, out = run(job_copy, "train.num_steps=6", "data.batch_size=8", *ONE_LAYER)
+    assert code == 2, out
+    assert_one_paragraph(out, "global batch", "4 -> 8", "--allow-new-data-order")
+    code, out = invoke(
+        *run_args(job_copy, "train.num_steps=6", "data.batch_size=8", *ONE_LAYER), "--allow-new-data-order"
+    )
+    assert code == 0, out
+    assert "--allow-new-data-order: the data changed" in out and "Resumed from step 4" in out, out
+    checkpointer = Checkpointer(job_copy / "checkpoints", keep=3)
+    try:
+        meta = checkpointer._read_meta(6)
+    finally:
+        checkpointer.close()
+    assert meta is not None and [c["step"] for c in meta["data_order_changes"]] == [4], meta
+    # The new order is the job's order from now on: the next resume needs no flag.
+    code, out = run(job_copy, "train.num_steps=8", "data.batch_size=8", *ONE_LAYER)
+    assert code == 0 and "Resumed from step 6" in out, out
+
+
 def test_resume_refuses_another_tokenizer(job_copy):
     before = {k: v for k, v in snapshot(job_copy).items() if not k.startswith("tokenizer")}
     code, out = run(job_copy, "train.num_steps=6", "data.tokenizer=sentencepiece", *ONE_LAYER)

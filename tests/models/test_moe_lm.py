@@ -159,3 +159,47 @@ def test_auxiliary_loss_free_balancing_sets_the_biases_from_each_steps_load():
 def test_rate_without_experts_is_refused():
     with pytest.raises(ValueError, match=r"router_bias_update_rate=0.01 balances the experts.*num_experts=0"):
         dataclasses.replace(BLOCK, num_experts=0, router_bias_update_rate=0.01)
+
+
+def test_the_lm_task_returns_named_losses_the_step_sums_logs_and_evaluates_each():
+    from equipax.core.optim import LearnerConfig, ScheduleConfig, make_learner, make_schedule
+    from equipax.core.step import init_train_state, make_eval_step, make_train_step
+    from equipax.models import LMTask
+
+    cfg = dataclasses.replace(CFG, z_loss_coef=1e-3)
+    task = LMTask(cfg, seq_len=8)
+    model, state = task.init(jr.key(0))
+    batch = _batch()
+    losses, _, _ = task.loss(model, batch, key=jr.key(1), model_state=state)
+    assert list(losses) == ["cross_entropy", "z_loss", "router_aux", "router_z"]
+    # The z-loss against float64 numpy on the model's own logits.
+    logits = np.asarray(jax.jit(lambda m, i: m.forward(i)[0])(model, batch["ids"]), np.float64)
+    top = logits.max(-1, keepdims=True)
+    lse = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+    np.testing.assert_allclose(float(losses["z_loss"][0]), np.mean(lse**2), rtol=1e-5)
+    learner = make_learner(LearnerConfig())
+    _, metrics = make_train_step(task, learner.optimizer, make_schedule(ScheduleConfig()))(
+        init_train_state(model, learner.optimizer), batch, jr.key(1)
+    )
+    parts = {n: float(metrics[f"loss/{n}"]) for n in losses}
+    want = parts["cross_entropy"] + 1e-3 * parts["z_loss"] + 0.02 * parts["router_aux"] + 0.001 * parts["router_z"]
+    np.testing.assert_allclose(float(metrics["loss"]), want, rtol=1e-6)
+    assert parts["router_aux"] == float(metrics["moe_aux_loss"])
+    sums = jax.device_get(make_eval_step(task)(model, batch))
+    assert sorted(k for k in sums if k.startswith("loss_sum/")) == sorted(f"loss_sum/{n}" for n in losses)
+    np.testing.assert_allclose(sums["loss_sum/cross_entropy"], sums["loss_sum"], rtol=1e-6)
+
+
+def test_a_dense_lm_without_z_loss_keeps_one_scalar_loss():
+    from equipax.models import LMTask
+
+    task = LMTask(dataclasses.replace(CFG, transformer=dataclasses.replace(BLOCK, num_experts=0)), seq_len=8)
+    model, _ = task.init(jr.key(0))
+    loss, _, _ = task.loss(model, _batch(), key=None, model_state=None)
+    assert np.shape(loss) == ()
+
+
+@pytest.mark.parametrize("bad", [-1e-4, float("inf"), float("nan")])
+def test_z_loss_coef_must_be_a_finite_non_negative_number(bad):
+    with pytest.raises(ValueError, match=r"model.z_loss_coef must be a finite number >= 0"):
+        dataclasses.replace(CFG, z_loss_coef=bad)

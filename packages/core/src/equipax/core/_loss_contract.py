@@ -16,6 +16,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, PRNGKeyArray, Scalar
 
+from equipax.core.losses import (
+    LOSS_PREFIX,
+    NamedLosses,
+    aggregate_losses,
+    check_named_losses,
+    is_named_losses,
+    named_loss_sums,
+)
 from equipax.core.task import AbstractTask, Batch, Metrics, ModelState, ModelT
 
 __all__ = [
@@ -38,7 +46,8 @@ RESERVED_METRICS = ("loss", "grad_norm", "param_norm", "learning_rate", "nonfini
 LOSS_CONTRACT = (
     "The loss contract: the steps take a Task (equipax.core.task.AbstractTask) whose "
     "`loss(model, batch, *, key, model_state)` returns `(loss, aux, new_model_state)`, with `loss` a "
-    "scalar array, `aux` a dict of scalar metrics whose names are not "
+    "scalar array (or named losses `{name: (value, weight)}`, which the steps sum: "
+    "equipax.core.losses), `aux` a dict of scalar metrics whose names are not "
     f"{', '.join(RESERVED_METRICS)}, and `key` a PRNG key or None (deterministic evaluation); a plain "
     "`loss_fn(model, batch, *, key) -> (loss, aux)` is wrapped as `LossFnTask(loss_fn)`."
 )
@@ -62,8 +71,8 @@ class LossFn(Protocol[_ModelT_contra]):
 
     def __call__(
         self, model: _ModelT_contra, batch: Batch, /, *, key: PRNGKeyArray | None
-    ) -> tuple[Scalar, Mapping[str, Array]]:
-        """The loss and its metrics on one batch."""
+    ) -> tuple[Scalar | NamedLosses, Mapping[str, Array]]:
+        """The loss (or named losses) and its metrics on one batch."""
         ...
 
 
@@ -111,12 +120,25 @@ def checked_loss(out: Any, want: int) -> tuple[Scalar, Metrics, Any]:
             f"The loss function's aux is a {type(aux).__name__}, not a dict.",
             "Return a dict of scalar metrics (`{}` for none).",
         )
-    if jnp.shape(loss) != ():
+    aux = dict(cast(Mapping[str, Array], aux))
+    if is_named_losses(loss):
+        problem = check_named_losses(loss)
+        if problem is not None:
+            raise contract_error(problem, "Return `{name: (scalar value, weight)}` with names like `cross_entropy`.")
+        loss, parts = aggregate_losses(loss)
+        clash = sorted(set(parts) & set(aux))
+        if clash:
+            raise contract_error(
+                f"The loss function's aux uses the metric name(s) {clash}, which its named losses write.",
+                f"Rename these aux entries (`{LOSS_PREFIX}<name>` is each named loss's metric).",
+            )
+        aux |= parts
+    elif jnp.shape(loss) != ():
         raise contract_error(
             f"The loss function's loss has shape {jnp.shape(loss)}; expected a scalar.",
-            "Reduce it to one number (e.g. `jnp.mean`).",
+            "Reduce it to one number (e.g. `jnp.mean`), or return named losses `{name: (value, weight)}`.",
         )
-    return loss, dict(cast(Mapping[str, Array], aux)), out[2] if want == 3 else None
+    return loss, aux, out[2] if want == 3 else None
 
 
 class LossFnTask(AbstractTask[ModelT]):
@@ -161,7 +183,8 @@ class LossFnTask(AbstractTask[ModelT]):
         return loss, aux, None
 
     def eval_sums(self, model: ModelT, batch: Batch, *, model_state: ModelState) -> Metrics:
-        return self.loss(model, batch, key=None, model_state=model_state)[1]
+        aux = self.loss(model, batch, key=None, model_state=model_state)[1]
+        return aux | named_loss_sums(aux)
 
 
 def as_task(task: Any) -> AbstractTask[Any]:

@@ -33,6 +33,7 @@ from equipax.core._loss_contract import (
     contract_error,
 )
 from equipax.core.configs import VariationalNoiseConfig
+from equipax.core.losses import LOSS_PREFIX, SUM_PREFIX
 from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics, ModelState, ModelT, trainable
 from equipax.core.variational_noise import add_variational_noise, noise_key
 
@@ -365,22 +366,28 @@ def mean_eval_metrics(aux_batches: Iterable[Mapping[str, Any]]) -> dict[str, flo
     """Combine per-batch eval sums into weighted means over the whole pass.
 
     Arguments:
-        aux_batches: host values of each batch's eval aux (`EVAL_SUMS`).
+        aux_batches: host values of each batch's eval aux (`EVAL_SUMS`, and `loss_sum/<name>`
+            for each named loss: `equipax.core.losses`).
 
     Returns:
         `loss` and `accuracy` (weighted means; NaN when there were no batches), `weight` (the
-        total weight: tokens or examples counted) and `batches`.
+        total weight: tokens or examples counted), `batches`, and `loss/<name>` for each named loss.
     """
-    totals = dict.fromkeys(EVAL_SUMS, 0.0)
+    totals: dict[str, float] = dict.fromkeys(EVAL_SUMS, 0.0)
     count = 0
     for aux in aux_batches:
         for k in EVAL_SUMS:
             totals[k] += float(aux[k])
+        for k, v in aux.items():
+            if k.startswith(SUM_PREFIX):
+                totals[k] = totals.get(k, 0.0) + float(v)
         count += 1
     weight = max(totals["weight_sum"], 1e-9)
+    named = {LOSS_PREFIX + k[len(SUM_PREFIX) :]: v / weight for k, v in totals.items() if k.startswith(SUM_PREFIX)}
     return {
         "loss": totals["loss_sum"] / weight if count else float("nan"),
         "accuracy": totals["correct_sum"] / weight if count else float("nan"),
         "weight": totals["weight_sum"],
         "batches": float(count),
+        **named,
     }

@@ -6,7 +6,8 @@ Pax's Task bundles a model with its loss and metrics; here a Task is a small fro
 - `init(key) -> (model, model_state)`: build the model (and its non-trained state, e.g.
   BatchNorm statistics in an `eqx.nn.State`; None for a stateless model);
 - `loss(model, batch, *, key, model_state) -> (loss, aux, model_state)`: the scalar that is
-  differentiated, a dict of scalar metrics, and the new non-trained state. `key=None` means
+  differentiated (or several named, weighted losses that the steps sum: `equipax.core.losses`),
+  a dict of scalar metrics, and the new non-trained state. `key=None` means
   evaluation (no dropout, running statistics unchanged). `aux` carries the eval sums
   (`EVAL_SUMS`) so that results over batches combine by addition;
 - `eval_sums(model, batch, *, model_state)`: those sums for one eval batch;
@@ -23,13 +24,15 @@ model family means writing one Task (docs/extending.md).
 
 import abc
 from collections.abc import Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, PRNGKeyArray, Scalar
+
+from equipax.core.losses import NamedLosses, aggregate_losses, is_named_losses, named_loss_sums
 
 __all__ = [
     "AbstractTask",
@@ -79,7 +82,7 @@ class AbstractTask(eqx.Module, Generic[ModelT]):
     @abc.abstractmethod
     def loss(
         self, model: ModelT, batch: Batch, *, key: PRNGKeyArray | None, model_state: ModelState
-    ) -> tuple[Scalar, Metrics, ModelState]:
+    ) -> tuple[Scalar | NamedLosses, Metrics, ModelState]:
         """The training loss on one batch.
 
         Arguments:
@@ -89,7 +92,9 @@ class AbstractTask(eqx.Module, Generic[ModelT]):
             model_state: the non-trained state, or None.
 
         Returns:
-            `(loss, aux, new_model_state)`; aux holds scalar metrics including `EVAL_SUMS`.
+            `(loss, aux, new_model_state)`; aux holds scalar metrics including `EVAL_SUMS`. `loss`
+            is one scalar, or named losses `{name: (value, weight)}` that the steps sum, log as
+            `loss/<name>` and evaluate each (`equipax.core.losses`).
         """
 
     @abc.abstractmethod
@@ -111,9 +116,13 @@ class AbstractTask(eqx.Module, Generic[ModelT]):
         return model
 
     def eval_sums(self, model: ModelT, batch: Batch, *, model_state: ModelState) -> Metrics:
-        """Summed metrics of one eval batch (`EVAL_SUMS`): deterministic, state unchanged."""
-        _, aux, _ = self.loss(model, batch, key=None, model_state=model_state)
-        return {k: aux[k] for k in EVAL_SUMS}
+        """Summed metrics of one eval batch (`EVAL_SUMS`, and `loss_sum/<name>` of each named loss:
+        `equipax.core.losses`): deterministic, state unchanged."""
+        loss, aux, _ = self.loss(model, batch, key=None, model_state=model_state)
+        sums = {k: aux[k] for k in EVAL_SUMS}
+        if is_named_losses(loss):
+            sums |= named_loss_sums(aggregate_losses(cast(NamedLosses, loss))[1] | sums)
+        return sums
 
     def check_batch(self, batch: Mapping[str, Any], batch_size: int) -> None:
         """Raise BatchError unless `batch` has the fields, shapes and dtype kinds expected.

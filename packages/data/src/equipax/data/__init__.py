@@ -5,6 +5,7 @@ from equipax.data.chat import ChatError, ChatTemplate, Conversations, chat_examp
 from equipax.data.chat_input import ChatSFTInput
 from equipax.data.documents import DocumentLMInput
 from equipax.data.eval import RollingEvalInput, make_eval_input
+from equipax.data.global_order import GlobalOrderInput, epoch_permutation
 from equipax.data.lm_input import TokenWindowInput, build_lm_texts_tokens, unigram_entropy
 from equipax.data.sources import (
     DataError,
@@ -40,6 +41,7 @@ __all__ = [
     "Conversations",
     "DataError",
     "Documents",
+    "GlobalOrderInput",
     "ImageClassificationInput",
     "DocumentLMInput",
     "HFTokenizer",
@@ -55,6 +57,7 @@ __all__ = [
     "check_complete_sets",
     "check_shard_output",
     "clean_markdown",
+    "epoch_permutation",
     "find_shards",
     "input_files",
     "iter_text_documents",

@@ -52,6 +52,10 @@ class BaseInput(abc.ABC):
     - `tokenizer`: used by `ids_to_strings`; None prints raw ids.
     """
 
+    # True where `get_state()` is the same on every host (a global data order): a run saves it
+    # once and may resume it on another number of hosts; False: each host saves its own.
+    global_state: bool = False
+
     def __init__(
         self,
         *,

@@ -1,56 +1,62 @@
-"""Language-model inputs over a collection of documents, on grain (shuffle, host slices, packing)."""
+"""Language-model inputs over a collection of documents: a global shuffle and host-count-free packing."""
 
-from collections.abc import Mapping
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
-import grain
 import numpy as np
-from grain.experimental import ConcatThenSplitIterDataset
+from jaxtyping import Int, Integer
 
-from equipax.data.base import BaseInput, Batch, Documents, check_positive
+from equipax.data.base import Batch, Documents, check_positive
+from equipax.data.global_order import GlobalOrderInput, epoch_permutation
 from equipax.data.tokenizers import Tokenizer
 
-__all__ = ["DocumentLMInput"]
+__all__ = ["DocumentLMInput", "packed_row_spans"]
+
+_CACHED_DOCUMENTS = 512  # encoded documents kept: neighbouring packed rows share documents
 
 
-def _tuples(tree: Any) -> Any:
-    """JSON turns tuples into lists; grain's packing state compares slices with tuples."""
-    if isinstance(tree, Mapping):
-        return {k: _tuples(v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return tuple(_tuples(v) for v in tree)
-    return tree
+def packed_row_spans(starts: Int[np.ndarray, " docs_plus_one"], row: int, seq_len: int) -> list[tuple[int, int, int]]:
+    """The pieces of packed row `row`: `(j, begin, end)`, tokens `[begin, end)` of the j-th document.
+
+    `starts` is the prefix sum of the documents' lengths in reading order (`starts[0] = 0`,
+    `starts[-1]` = all tokens); the row covers tokens `[row * seq_len, (row + 1) * seq_len)` of
+    their concatenation, found by binary search: the layout of a row is a function of its global
+    position alone.
+    """
+    lo, hi = row * seq_len, min((row + 1) * seq_len, int(starts[-1]))
+    j = int(np.searchsorted(starts, lo, side="right")) - 1
+    spans = []
+    while lo < hi:
+        end = min(hi, int(starts[j + 1]))
+        if end > lo:
+            spans.append((j, lo - int(starts[j]), end - int(starts[j])))
+        lo = end
+        j += 1
+    return spans
 
 
-def _jsonable(tree: Any) -> Any:
-    if isinstance(tree, Mapping):
-        return {str(k): _jsonable(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return [_jsonable(v) for v in tree]
-    if isinstance(tree, np.integer):
-        return int(tree)
-    return tree
-
-
-class DocumentLMInput(BaseInput):
+class DocumentLMInput(GlobalOrderInput):
     """LM batches from documents: each document is `[bos] + encode(text) + [eos]`.
 
-    The pipeline is grain's: document indices -> (training) a seeded global shuffle, different
-    every epoch and the same on every host, repeated forever -> this host's slice
-    `[infeed_host_index::num_infeed_hosts]` -> tokenize -> rows -> batches. Hosts therefore never
-    share a document within an epoch.
+    The order is global (`equipax.data.global_order`): training reads every epoch's shuffle of the
+    documents (drawn from `(seed, epoch)`, the same on every host), eval reads them in order once;
+    host h reads its contiguous rows of each global batch. Rows:
 
-    Rows: with `packing=True`, documents are concatenated and split into rows of `seq_len`
-    (grain's `ConcatThenSplitIterDataset`); each row carries `segment_ids` (1, 2, ... per document
-    piece, 0 on padding) and `positions` (restarting at 0 in every segment), which the LM uses to
-    mask attention across documents. With `packing=False` each document is one row, cut to
-    `seq_len` tokens and padded (weight 0).
+    - `packing=True`: an epoch's documents, in its order, are concatenated and cut into rows of
+      `seq_len` tokens (the last row of an epoch is padded); a row's pieces are found from the
+      prefix sum of the documents' token counts (`packed_row_spans`), so the packed layout is a
+      function of the global row alone, never of the number of hosts. Each row carries
+      `segment_ids` (1, 2, ... per document piece, 0 on padding) and `positions` (restarting at 0
+      in every segment), which the LM uses to mask attention across documents. The token counts
+      are computed once, on first use (one encoding pass over the documents).
+    - `packing=False`: each document is one row, cut to `seq_len` tokens and padded (weight 0);
+      `example_id` is the document's index.
 
-    Eval (`repeat=False`): one ordered pass over this host's documents. Every host emits the same
-    number of batches, `num_batches`, the most any host needs; rows and batches past the data are
-    padding with weight 0. With packing, computing that number tokenizes every host's share once.
+    Eval (`repeat=False`): `num_batches` global batches cover every row once; rows past the data
+    are padding with weight 0, so the pass gives the same sums at any host count.
 
-    State (`get_state`) is grain's iterator state plus the batch count: small and JSON-serialisable.
+    State (`get_state`): `{"row", "global_batch", "rows_per_epoch"}`, the same on every host.
 
     **Arguments:**
 
@@ -58,7 +64,7 @@ class DocumentLMInput(BaseInput):
     - `tokenizer`: encodes texts; its `pad_id`, `bos_id`, `eos_id` are used.
     - `seq_len`: tokens per row.
     - `packing`: pack documents into rows (True) or one document per row (False).
-    - `read_threads`: grain reader threads for tokenization (0 reads on the calling thread).
+    - `read_threads`: threads encoding the documents of a batch (0 encodes on the calling thread).
     - `batch_size`, `num_infeed_hosts`, `infeed_host_index`, `seed`, `repeat`: see `BaseInput`.
     """
 
@@ -87,8 +93,6 @@ class DocumentLMInput(BaseInput):
         check_positive("seq_len", seq_len)
         if len(documents) == 0:
             raise ValueError("documents is empty: an input needs at least one document.")
-        if seed >= 2**32:
-            raise ValueError(f"seed must be below 2**32 for grain's shuffle, got {seed}.")
         if read_threads < 0:
             raise ValueError(f"read_threads must be >= 0, got {read_threads}.")
         self.documents = documents
@@ -96,74 +100,103 @@ class DocumentLMInput(BaseInput):
         self.packing: bool = bool(packing)
         self.read_threads: int = int(read_threads)
         self._tok = tokenizer
-        self._rows_per_host: list[int] | None = None
-        self._iter = self._make_iter()
-        self._batches = 0
-
-    # --- the grain pipeline ----------------------------------------------------------------
-
-    def _encode(self, index: int) -> dict[str, np.ndarray]:
-        tokens = [self._tok.bos_id, *self._tok.encode(self.documents[int(index)]), self._tok.eos_id]
-        t = np.asarray(tokens, np.int32)
-        if not self.packing:
-            return {"ids": t[:-1], "labels": t[1:], "example_id": np.asarray(int(index), np.int64)}
-        return {"ids": t[:-1], "labels": t[1:]}
-
-    def _pad_row(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        n = min(len(element["ids"]), self.seq_len)
-        ids = np.full((self.seq_len,), self._tok.pad_id, np.int32)
-        labels = np.full((self.seq_len,), self._tok.pad_id, np.int32)
-        ids[:n], labels[:n] = element["ids"][:n], element["labels"][:n]
-        weights = np.zeros((self.seq_len,), np.float32)
-        weights[:n] = 1.0
-        return {"ids": ids, "labels": labels, "weights": weights, "example_id": element["example_id"]}
-
-    def _packed_row(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        segments = element["ids_segment_ids"].astype(np.int32)
-        real = segments > 0
-        return {
-            "ids": np.where(real, element["ids"], self._tok.pad_id).astype(np.int32),
-            "labels": np.where(real, element["labels"], self._tok.pad_id).astype(np.int32),
-            "weights": real.astype(np.float32),
-            "segment_ids": segments,
-            "positions": np.where(real, element["ids_positions"], 0).astype(np.int32),
-        }
-
-    def _rows(self, host: int) -> grain.IterDataset:
-        ds = grain.MapDataset.range(len(self.documents))
-        if self.repeat:
-            ds = ds.shuffle(self.seed).repeat()
-        ds = ds[host :: self.num_infeed_hosts].map(self._encode)
-        if self.read_threads > 0:
-            options = grain.ReadOptions(num_threads=self.read_threads, prefetch_buffer_size=4 * self.batch_size)
-        else:
-            options = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
-        rows = ds.to_iter_dataset(options)
+        self._encoded: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._lengths: np.ndarray | None = None
+        self._starts: tuple[int, np.ndarray] | None = None
+        self._order: tuple[int, np.ndarray] | None = None
+        self._init_order(len(documents))
         if self.packing:
-            length = {"ids": self.seq_len, "labels": self.seq_len}
-            return ConcatThenSplitIterDataset(rows, length_struct=length).map(self._packed_row)
-        return rows.map(self._pad_row)
+            self._init_order(-(-int(self.document_lengths().sum()) // self.seq_len))
 
-    def _make_iter(self) -> grain.DatasetIterator:
-        return iter(self._rows(self.infeed_host_index).batch(self.batch_size, drop_remainder=False))
+    # --- documents ---------------------------------------------------------------------------
 
-    # --- eval padding ------------------------------------------------------------------------
+    def _encode_one(self, index: int) -> np.ndarray:
+        tokens = [self._tok.bos_id, *self._tok.encode(self.documents[int(index)]), self._tok.eos_id]
+        return np.asarray(tokens, np.int32)
 
-    def _host_rows(self, host: int) -> int:
+    def _encode_all(self, indices: Iterable[int]) -> list[np.ndarray]:
+        wanted = list(indices)
+        if self.read_threads > 0 and len(wanted) > 1:
+            with ThreadPoolExecutor(self.read_threads) as pool:
+                return list(pool.map(self._encode_one, wanted))
+        return [self._encode_one(i) for i in wanted]
+
+    def encoded(self, indices: Iterable[int]) -> dict[int, np.ndarray]:
+        """`bos + tokens + eos` of each document in `indices` (a small cache keeps recent ones)."""
+        wanted = list(dict.fromkeys(int(i) for i in indices))
+        missing = [i for i in wanted if i not in self._encoded]
+        for i, tokens in zip(missing, self._encode_all(missing), strict=True):
+            self._encoded[i] = tokens
+        for i in wanted:
+            self._encoded.move_to_end(i)
+        while len(self._encoded) > max(_CACHED_DOCUMENTS, len(wanted)):
+            self._encoded.popitem(last=False)
+        return {i: self._encoded[i] for i in wanted}
+
+    def document_lengths(self) -> Int[np.ndarray, " docs"]:
+        """Tokens each document contributes to packed rows (`len(encode(text)) + 1`), computed once."""
+        if self._lengths is None:
+            n, step = len(self.documents), 256
+            lengths = np.empty(n, np.int64)
+            for lo in range(0, n, step):
+                chunk = self._encode_all(range(lo, min(lo + step, n)))
+                lengths[lo : lo + len(chunk)] = [len(t) - 1 for t in chunk]
+            self._lengths = lengths
+        return self._lengths
+
+    def document_order(self, epoch: int) -> Int[np.ndarray, " docs"]:
+        """Document indices in the order `epoch` reads them (identity for an eval pass)."""
+        if not self.repeat:
+            return np.arange(len(self.documents), dtype=np.int64)
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_permutation(self.seed, epoch, len(self.documents)))
+        return self._order[1]
+
+    def _epoch_starts(self, epoch: int) -> np.ndarray:
+        if self._starts is None or self._starts[0] != epoch:
+            lengths = self.document_lengths()[self.document_order(epoch)]
+            self._starts = (epoch, np.concatenate([[0], np.cumsum(lengths)]))
+        return self._starts[1]
+
+    # --- rows --------------------------------------------------------------------------------
+
+    def _read_rows(self, positions: Integer[np.ndarray, " n"]) -> Batch:
+        epochs, offsets = np.divmod(np.asarray(positions, np.int64), self.rows_per_epoch)
         if not self.packing:
-            return len(range(host, len(self.documents), self.num_infeed_hosts))
-        return sum(1 for _ in self._rows(host))
+            docs = np.array([self.document_order(int(e))[o] for e, o in zip(epochs, offsets)], np.int64)
+            return self._unpacked(docs)
+        batch = self._blank(len(offsets))
+        for r, (e, o) in enumerate(zip(epochs.tolist(), offsets.tolist())):
+            starts, order = self._epoch_starts(e), self.document_order(e)
+            spans = packed_row_spans(starts, o, self.seq_len)
+            tokens = self.encoded(order[j] for j, _, _ in spans)
+            at = 0
+            for segment, (j, begin, end) in enumerate(spans, start=1):
+                t, n = tokens[int(order[j])], end - begin
+                batch["ids"][r, at : at + n] = t[begin:end]
+                batch["labels"][r, at : at + n] = t[begin + 1 : end + 1]
+                batch["segment_ids"][r, at : at + n] = segment
+                batch["positions"][r, at : at + n] = np.arange(n)
+                at += n
+            batch["weights"][r, :at] = 1.0
+        return batch
 
-    @property
-    def num_batches(self) -> int | None:
-        """Batches per eval pass, the same on every host; None for a repeating input."""
-        if self.repeat:
-            return None
-        if self._rows_per_host is None:
-            self._rows_per_host = [self._host_rows(h) for h in range(self.num_infeed_hosts)]
-        return max(1, -(-max(self._rows_per_host) // self.batch_size))
+    def _unpacked(self, docs: Int[np.ndarray, " n"]) -> Batch:
+        batch = self._blank(len(docs))
+        tokens = self.encoded(docs.tolist())
+        for r, d in enumerate(docs.tolist()):
+            t = tokens[d]
+            n = min(len(t) - 1, self.seq_len)
+            batch["ids"][r, :n], batch["labels"][r, :n] = t[:n], t[1 : n + 1]
+            batch["weights"][r, :n] = 1.0
+        batch["example_id"] = docs.copy()
+        return batch
 
     def _padding(self, n: int) -> Batch:
+        return self._blank(n)
+
+    def _blank(self, n: int) -> dict[str, np.ndarray]:
+        """`n` padding rows, to fill in."""
         batch = {
             "ids": np.full((n, self.seq_len), self._tok.pad_id, np.int32),
             "labels": np.full((n, self.seq_len), self._tok.pad_id, np.int32),
@@ -175,49 +208,3 @@ class DocumentLMInput(BaseInput):
         else:
             batch["example_id"] = np.full((n,), -1, np.int64)
         return batch
-
-    # --- BaseInput ---------------------------------------------------------------------------
-
-    def get_next(self) -> Batch:
-        num_batches = self.num_batches
-        if num_batches is not None and self._batches >= num_batches:
-            raise StopIteration
-        try:
-            batch = {k: np.asarray(v) for k, v in next(self._iter).items()}
-        except StopIteration:
-            if num_batches is None:
-                raise RuntimeError("a repeating DocumentLMInput ran out of documents") from None
-            batch = self._padding(self.batch_size)
-        short = self.batch_size - batch["ids"].shape[0]
-        if short:
-            pad = self._padding(short)
-            batch = {k: np.concatenate([v, pad[k]]) for k, v in batch.items()}
-        self._batches += 1
-        return batch
-
-    def reset(self) -> None:
-        self._iter = self._make_iter()
-        self._batches = 0
-
-    def get_state(self) -> dict[str, Any]:
-        return {"grain": _jsonable(self._iter.get_state()), "batches": self._batches}
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        name = type(self).__name__
-        if not isinstance(state, Mapping) or set(state) != {"grain", "batches"}:
-            raise ValueError(
-                f"{name}.set_state expects the dict from {name}.get_state() (keys ['batches', 'grain']), got {state!r}."
-            )
-        batches = state["batches"]
-        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
-            raise ValueError(f"{name} state field 'batches' must be a non-negative int, got {batches!r}.")
-        it = self._make_iter()
-        try:
-            it.set_state(_tuples(state["grain"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(
-                f"state {dict(state)} does not fit this {name} ({e}); was it saved with a different "
-                f"dataset, packing or host layout?"
-            ) from None
-        self._iter = it
-        self._batches = batches

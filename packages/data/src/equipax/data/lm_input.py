@@ -1,12 +1,13 @@
 """Language-model inputs over a token stream cut into fixed windows, and corpus helpers."""
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 from jaxtyping import Int, Integer
 
-from equipax.data.base import BaseInput, Batch, check_positive, check_state_keys
+from equipax.data.base import Batch, check_positive
+from equipax.data.global_order import GlobalOrderInput, epoch_permutation
 from equipax.data.tokenizers import Tokenizer
 
 __all__ = ["build_lm_texts_tokens", "lm_batch", "TokenWindowInput", "unigram_entropy"]
@@ -36,18 +37,18 @@ def lm_batch(
     return {"ids": padded[:, :-1].copy(), "labels": padded[:, 1:].copy(), "weights": weights, "example_id": ids}
 
 
-class TokenWindowInput(BaseInput):
+class TokenWindowInput(GlobalOrderInput):
     """Non-overlapping windows of `seq_len + 1` tokens from one token stream; example i = window i.
 
-    Training (`repeat=True`): every epoch draws a permutation of all windows from `(seed, epoch)`,
-    the same on every host; host h takes positions h, h + num_infeed_hosts, ... of it, so hosts
-    never share a window within an epoch. Batches run on across epoch boundaries, forever.
+    The order is global (`equipax.data.global_order`): training (`repeat=True`) reads every
+    epoch's permutation of all windows, drawn from `(seed, epoch)`, as one stream cut into global
+    batches that run on across epoch boundaries, forever; host h reads its contiguous rows
+    `[h * batch_size, (h + 1) * batch_size)` of each global batch. The global batches are the same
+    whatever the number of hosts. Eval (`repeat=False`): the windows in order, once, in
+    `num_batches` global batches; rows past the last window are padding with weight 0. Then
+    StopIteration until `reset()`.
 
-    Eval (`repeat=False`): host h reads windows h, h + num_infeed_hosts, ... in order, once. Every
-    host emits `num_batches` batches (set by the host with the most windows); missing rows are
-    padding with weight 0. Then StopIteration until `reset()`.
-
-    State is `{"epoch": int, "position": int}`: the next unread position in this host's part.
+    State is `{"row", "global_batch", "rows_per_epoch"}` (the next global row), the same on every host.
 
     **Arguments:**
 
@@ -88,79 +89,36 @@ class TokenWindowInput(BaseInput):
                 f"tokens has {stream.shape[0]} tokens, fewer than one window of seq_len + 1 = "
                 f"{self.seq_len + 1}; use more text or a smaller seq_len."
             )
-        if repeat and self.num_windows < self.num_infeed_hosts:
-            raise ValueError(
-                f"{self.num_windows} windows of {self.seq_len + 1} tokens cannot give each of "
-                f"{self.num_infeed_hosts} hosts a training example; use more text or a smaller seq_len."
-            )
         self._windows = stream[: self.num_windows * (self.seq_len + 1)].astype(np.int32)
         self._windows = self._windows.reshape(self.num_windows, self.seq_len + 1)
         self._pad_id = tokenizer.pad_id if tokenizer is not None else 0
-        self._epoch = 0
-        self._position = 0
-        self._part_cache: tuple[int, np.ndarray] | None = None
+        self._order_cache: tuple[int, np.ndarray] | None = None
+        self._init_order(self.num_windows)
 
-    @property
-    def num_batches(self) -> int | None:
-        """Batches per eval pass (the same on every host); None for a repeating input."""
-        if self.repeat:
-            return None
-        max_per_host = -(-self.num_windows // self.num_infeed_hosts)
-        return -(-max_per_host // self.batch_size)
-
-    def _host_part(self, epoch: int) -> np.ndarray:
-        """Window indices this host reads in `epoch`, in order."""
-        if self._part_cache is not None and self._part_cache[0] == epoch:
-            return self._part_cache[1]
-        order = np.arange(self.num_windows, dtype=np.int64)
-        if self.repeat:
-            order = np.random.default_rng([self.seed, epoch]).permutation(order)
-        part = order[self.infeed_host_index :: self.num_infeed_hosts]
-        self._part_cache = (epoch, part)
-        return part
-
-    def get_next(self) -> Batch:
+    def window_order(self, epoch: int) -> Int[np.ndarray, " windows"]:
+        """Window indices in the order `epoch` reads them (identity for an eval pass)."""
         if not self.repeat:
-            num_batches = self.num_batches
-            assert num_batches is not None
-            if self._position >= num_batches * self.batch_size:
-                raise StopIteration
-            part = self._host_part(0)
-            picks = part[self._position : self._position + self.batch_size]
-            self._position += self.batch_size
-        else:
-            chunks = []
-            need = self.batch_size
-            while need > 0:
-                part = self._host_part(self._epoch)
-                chunk = part[self._position : self._position + need]
-                chunks.append(chunk)
-                need -= len(chunk)
-                self._position += len(chunk)
-                if self._position >= len(part):
-                    self._epoch += 1
-                    self._position = 0
-            picks = np.concatenate(chunks)
-        return lm_batch(self._windows[picks], picks, batch_size=self.batch_size, pad_id=self._pad_id)
+            return np.arange(self.num_windows, dtype=np.int64)
+        if self._order_cache is None or self._order_cache[0] != epoch:
+            self._order_cache = (epoch, epoch_permutation(self.seed, epoch, self.num_windows))
+        return self._order_cache[1]
 
-    def reset(self) -> None:
-        self._epoch = 0
-        self._position = 0
+    def window_indices(self, positions: Integer[np.ndarray, " n"]) -> Int[np.ndarray, " n"]:
+        """The window at each global position."""
+        epochs, offsets = np.divmod(np.asarray(positions, np.int64), self.num_windows)
+        out = np.empty(len(offsets), np.int64)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            out[sel] = self.window_order(int(e))[offsets[sel]]
+        return out
 
-    def get_state(self) -> dict[str, Any]:
-        return {"epoch": self._epoch, "position": self._position}
+    def _read_rows(self, positions: Integer[np.ndarray, " n"]) -> Batch:
+        picks = self.window_indices(positions)
+        return lm_batch(self._windows[picks], picks, batch_size=len(picks), pad_id=self._pad_id)
 
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        fields = check_state_keys(state, ("epoch", "position"), type(self).__name__)
-        limit = len(self._host_part(fields["epoch"])) if self.repeat else (self.num_batches or 0) * self.batch_size
-        if fields["position"] > limit or (not self.repeat and fields["epoch"] != 0):
-            raise ValueError(
-                f"state {dict(state)} does not fit this input (host {self.infeed_host_index} of "
-                f"{self.num_infeed_hosts}, {self.num_windows} windows); was it saved from a "
-                f"different dataset, seq_len or host layout?"
-            )
-        self._epoch = fields["epoch"]
-        self._position = fields["position"]
+    def _padding(self, n: int) -> Batch:
+        empty = np.zeros((0, self.seq_len + 1), np.int32)
+        return lm_batch(empty, np.zeros((0,), np.int64), batch_size=n, pad_id=self._pad_id)
 
 
 def build_lm_texts_tokens(texts: Iterable[str], tokenizer: Tokenizer) -> Int[np.ndarray, " stream"]:

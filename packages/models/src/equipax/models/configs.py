@@ -102,6 +102,11 @@ class LMConfig:
             Face model directory DIR (config.json + safetensors) instead of a random init; its
             config.json must describe this architecture (docs/hf.md). None = random init.
         lora: low-rank adapters trained on the frozen model (`LoRAConfig`; off by default).
+        z_loss_coef: weight of the output z-loss, the weighted mean over tokens of
+            `logsumexp(logits)**2` (PaLM's 1e-4; MaxText's `z_loss_multiplier`): keeps the softmax
+            normaliser near 1 in long bf16 runs. A named loss `z_loss` beside `cross_entropy` (and a
+            mixture of experts' `router_aux`, `router_z`), each logged as `loss/<name>` and
+            evaluated (docs/extending.md, "Several losses"). 0 = off.
     """
 
     # Knobs the Llama experiments had before the LM families shared this config, and where they are
@@ -134,6 +139,7 @@ class LMConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     init_from: str | None = None
     lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
+    z_loss_coef: float = 0.0
 
     @classmethod
     def saved_layout_error(cls, data: Any) -> str | None:
@@ -162,6 +168,11 @@ class LMConfig:
         if not isinstance(self.transformer, TransformerConfig):
             raise ValueError(
                 f"LMConfig.transformer must be a TransformerConfig, got {type(self.transformer).__name__}."
+            )
+        z = self.z_loss_coef
+        if isinstance(z, bool) or not isinstance(z, (int, float)) or not 0 <= z < math.inf:
+            raise ValueError(
+                f"model.z_loss_coef must be a finite number >= 0, got {z!r}; PaLM used 1e-4, 0 turns it off."
             )
         cap = self.output_logit_cap
         if cap is not None and not cap > 0:

@@ -17,6 +17,7 @@ import jax.random as jr
 from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
+from equipax.core.losses import aggregate_losses
 from equipax.core.mesh import CONTEXT
 from equipax.core.nn import Embedding, LayerNorm, Linear, RMSNorm, TransformerStack
 from equipax.core.nn.context_parallel import zigzag_batch
@@ -30,7 +31,16 @@ from equipax.core.partition import constrain_batch, constrain_batch_and_last
 from equipax.core.task import Batch, is_param
 from equipax.models.configs import LMConfig
 
-__all__ = ["generate", "lm_loss", "lm_loss_and_stats", "LMConfig", "sinusoidal_embedding", "token_ids", "TransformerLM"]
+__all__ = [
+    "generate",
+    "lm_loss",
+    "lm_loss_and_stats",
+    "lm_losses",
+    "LMConfig",
+    "sinusoidal_embedding",
+    "token_ids",
+    "TransformerLM",
+]
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -291,7 +301,15 @@ def lm_loss(
 def lm_loss_and_stats(
     model: Any, batch: Batch, *, key: PRNGKeyArray | None = None, mesh: Mesh | None = None
 ) -> tuple[Float[Array, ""], dict[str, Array], MoEStats | None]:
-    """Weighted mean next-token cross-entropy (+ the weighted router losses of a mixture of experts).
+    """`lm_losses` summed (`equipax.core.losses.aggregate_losses`): `(loss, aux, moe_stats)`."""
+    losses, aux, moe_stats = lm_losses(model, batch, key=key, mesh=mesh)
+    return aggregate_losses(losses)[0], aux, moe_stats
+
+
+def lm_losses(
+    model: Any, batch: Batch, *, key: PRNGKeyArray | None = None, mesh: Mesh | None = None
+) -> tuple[dict[str, tuple[Float[Array, ""], float]], dict[str, Array], MoEStats | None]:
+    """The language model's named losses (`equipax.core.losses`), its metrics and its stats.
 
     Arguments:
         model: the language model (a `TransformerLM`, or a `LoRALM` over one): its
@@ -303,11 +321,14 @@ def lm_loss_and_stats(
         mesh: forwarded to the model (bind it with functools.partial for a train step).
 
     Returns:
-        `(loss, aux)` with aux scalars `loss_sum`, `weight_sum`, `correct_sum` (weighted
-        count of argmax == label) and `accuracy`. With `num_experts > 0` the loss adds
-        `router_aux_loss_coef * aux + router_z_loss_coef * z` and aux holds
-        `moe_loss_and_metrics`' metrics (`loss_sum` stays the cross-entropy alone). Third, the
-        `MoEStats` with a leading layer axis (None for dense feed-forwards).
+        `(losses, aux, moe_stats)`. `losses` is `{name: (value, weight)}`: `cross_entropy`
+        (the weighted mean next-token cross-entropy, weight 1); with `model.z_loss_coef > 0`,
+        `z_loss` (the weighted mean of `logsumexp(logits)**2`); with `num_experts > 0`,
+        `router_aux` and `router_z` (layer means, weighted by `router_aux_loss_coef` and
+        `router_z_loss_coef`). aux holds the scalars `loss_sum`, `weight_sum`, `correct_sum`
+        (weighted count of argmax == label) and `accuracy` (`loss_sum` is the cross-entropy
+        alone), and `moe_loss_and_metrics`' metrics. Third, the `MoEStats` with a leading layer
+        axis (None for dense feed-forwards).
 
         On a mesh with a `context` axis and `context_parallel_load_balance`, the batch is first
         reordered into the zigzag layout (`zigzag_batch`): the same loss, balanced causal work.
@@ -333,14 +354,19 @@ def lm_loss_and_stats(
     correct_sum = jnp.sum(correct * weights)
     denom = jnp.maximum(weight_sum, 1e-8)
     aux = {"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum, "accuracy": correct_sum / denom}
-    loss = loss_sum / denom
+    losses = {"cross_entropy": (loss_sum / denom, 1.0)}
+    if model.cfg.z_loss_coef > 0:
+        normaliser = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+        losses["z_loss"] = (jnp.sum(jnp.square(normaliser) * weights) / denom, model.cfg.z_loss_coef)
     if moe_stats is not None:
         block = model.cfg.transformer
-        router_loss, metrics = moe_loss_and_metrics(
+        _, metrics = moe_loss_and_metrics(
             moe_stats, aux_loss_coef=block.router_aux_loss_coef, z_loss_coef=block.router_z_loss_coef
         )
-        loss, aux = loss + router_loss, aux | metrics
-    return loss, aux, moe_stats
+        losses["router_aux"] = (metrics["moe_aux_loss"], block.router_aux_loss_coef)
+        losses["router_z"] = (metrics["moe_z_loss"], block.router_z_loss_coef)
+        aux |= metrics
+    return losses, aux, moe_stats
 
 
 @eqx.filter_jit

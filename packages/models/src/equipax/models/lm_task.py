@@ -7,8 +7,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jaxtyping import Array, Float, PRNGKeyArray, Scalar
 
+from equipax.core.losses import NamedLosses
 from equipax.core.task import AbstractTask, Batch, Metrics
-from equipax.models.lm import LMConfig, TransformerLM, lm_loss, lm_loss_and_stats
+from equipax.models.lm import LMConfig, TransformerLM, lm_losses
 from equipax.models.lora import LoRALM
 
 __all__ = ["LMTask"]
@@ -62,13 +63,15 @@ class LMTask(AbstractTask[TransformerLM | LoRALM]):
         *,
         key: PRNGKeyArray | None,
         model_state: Float[Array, "layers experts"] | None,
-    ) -> tuple[Scalar, Metrics, Float[Array, "layers experts"] | None]:
-        """`lm_loss` (weighted mean next-token cross-entropy); in training with routing biases,
-        the step's load per layer and expert as the new state (evaluation passes it through)."""
+    ) -> tuple[Scalar | NamedLosses, Metrics, Float[Array, "layers experts"] | None]:
+        """`lm_losses`: the weighted mean next-token cross-entropy, alone as a scalar, or with the
+        z-loss and a mixture of experts' router losses as named losses (each logged and
+        evaluated: `equipax.core.losses`); in training with routing biases, the step's load per
+        layer and expert as the new state (evaluation passes it through)."""
+        losses, aux, stats = lm_losses(model, batch, key=key, mesh=self.mesh)
+        loss = losses if len(losses) > 1 else losses["cross_entropy"][0]
         if model_state is None or key is None:
-            loss, aux = lm_loss(model, batch, key=key, mesh=self.mesh)
             return loss, aux, model_state
-        loss, aux, stats = lm_loss_and_stats(model, batch, key=key, mesh=self.mesh)
         assert stats is not None  # routing biases come with num_experts > 0 (the config checks)
         return loss, aux, jax.lax.stop_gradient(stats.tokens_per_expert)
 

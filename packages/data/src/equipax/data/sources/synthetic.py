@@ -14,7 +14,7 @@ __all__ = ["SyntheticLMInput"]
 class SyntheticLMInput(BaseInput):
     """Uniformly random tokens; example i depends only on `(seed, i)`, whatever the host count.
 
-    State is `{"step": n}`. With `repeat=False` it yields `num_batches` batches then stops.
+    State is `{"step": n}`, the same on every host. With `repeat=False` it yields `num_batches` batches then stops.
 
     **Arguments:**
 
@@ -23,6 +23,8 @@ class SyntheticLMInput(BaseInput):
     - `num_batches`: batches per pass; required when `repeat=False`, ignored otherwise.
     - `batch_size`, `num_infeed_hosts`, `infeed_host_index`, `seed`, `repeat`: see `BaseInput`.
     """
+
+    global_state = True  # the step count, the same on every host
 
     def __init__(
         self,

@@ -1,8 +1,9 @@
 """Multi-host runs on JAX's own multi-controller runtime (`jax.distributed`).
 
 One process per host runs the same command. Process 0 writes the job directory's files;
-every process feeds its own input shard and takes part in checkpoints. The per-host data
-iterator states are gathered into one JSON object so a resumed run gives every host its own.
+every process feeds its own input shard and takes part in checkpoints. An input with a global
+data order saves one state for all hosts; the states of per-host inputs are gathered into one
+JSON object so a resumed run gives every host its own.
 Joining the job (`DistributedArgs`, `initialize`) is `cluster.join`'s, re-exported here.
 """
 
@@ -44,10 +45,16 @@ def barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def gather_host_states(state: dict[str, Any]) -> dict[str, Any]:
-    """Collect every host's JSON-able iterator state into `{"hosts": [state_0, ...]}`."""
+def gather_host_states(state: dict[str, Any], *, global_state: bool = False) -> dict[str, Any]:
+    """The input state to checkpoint: `{"global": state}` for an input whose state is the same on
+    every host (`BaseInput.global_state`: written once, resumable on any number of hosts), else
+    every host's state collected into `{"hosts": [state_0, ...]}`.
+
+    Raises:
+        RuntimeError: a global state differs between hosts (the hosts would read different orders).
+    """
     if jax.process_count() == 1:
-        return {"hosts": [state]}
+        return {"global": state} if global_state else {"hosts": [state]}
     data = np.frombuffer(json.dumps(state).encode(), dtype=np.uint8)
     lengths = multihost_utils.process_allgather(np.array([data.size], np.int32))
     width = int(np.max(lengths))
@@ -55,23 +62,30 @@ def gather_host_states(state: dict[str, Any]) -> dict[str, Any]:
     padded[: data.size] = data
     rows = multihost_utils.process_allgather(padded)
     states = [json.loads(bytes(rows[i, : int(lengths[i, 0])]).decode()) for i in range(rows.shape[0])]
-    return {"hosts": states}
+    if not global_state:
+        return {"hosts": states}
+    if any(s != states[0] for s in states):
+        raise RuntimeError(f"The hosts' data states differ, but the input's order is global: {states}.")
+    return {"global": state}
 
 
 def host_state(saved: dict[str, Any]) -> dict[str, Any]:
-    """This host's iterator state from a gathered checkpoint entry.
+    """This host's iterator state from a checkpoint entry of `gather_host_states`.
 
     Raises:
-        ConfigError: the checkpoint was written by a different number of hosts.
+        ConfigError: the checkpoint holds per-host states of a different number of hosts.
     """
+    if "global" in saved:
+        return saved["global"]
     hosts = saved.get("hosts")
     if hosts is None:  # written by a single-process run before host states were gathered
         hosts = [saved]
     if len(hosts) != jax.process_count():
         raise ConfigError(
             f"The checkpoint holds the input state of {len(hosts)} host(s) but this run has "
-            f"{jax.process_count()} processes. Resume with the same number of processes, or start "
-            "a new --job-log-dir."
+            f"{jax.process_count()} processes, and this input keeps a position per host. Resume with "
+            f'the same number of processes, or start a new --job-log-dir (docs/data.md, "Resuming on '
+            'another mesh").'
         )
     return hosts[jax.process_index()]
 

@@ -186,7 +186,7 @@ class EvalJob:
         """Restore checkpoint `step` (model only), evaluate it, record it."""
         from equipax.core.knobs import ConfigError
         from equipax.launch.inference.trained_job import CheckpointUnreadable, restore_model
-        from equipax.launch.training.builtin_hooks import eval_pass
+        from equipax.launch.training.builtin_hooks import eval_pass, eval_record
 
         if self.program is None:
             self._build()
@@ -213,13 +213,7 @@ class EvalJob:
                 return
             raise
         m = eval_pass(training, eval_input, model, model_state, limit=self.cfg.train.eval_batches)
-        record = {
-            "loss": m["loss"],
-            "accuracy": m["accuracy"],
-            unit: m["weight"],
-            "batches": m["batches"],
-            "seconds": time.monotonic() - start,
-        }
+        record = eval_record(m, unit) | {"seconds": time.monotonic() - start}
         try:
             self.writer.write(step, EVAL_DIR, record, flush=True)
         except OSError as e:

@@ -145,8 +145,17 @@ def run(
             help="START:COUNT: trace COUNT steps from step START into <job>/profile (':COUNT' = from the second step).",
         ),
     ] = None,
+    allow_new_data_order: Annotated[
+        bool,
+        typer.Option(
+            "--allow-new-data-order",
+            help="Resume although the global batch, dataset or tokenizer changed: keep the model and "
+            "optimizer state, start the data in a new order (recorded in the checkpoints' meta).",
+        ),
+    ] = False,
 ) -> None:
-    """Train an experiment; rerun the same command to resume from its last checkpoint."""
+    """Train an experiment; rerun the same command to resume from its last checkpoint (on any
+    number of hosts and devices: the data order stays the same)."""
     from equipax.launch.training import startup
 
     startup.reset()
@@ -206,4 +215,10 @@ def run(
     from equipax.launch.training.loop import run_experiment
 
     # Errors (ConfigError -> exit 2, Preempted -> 75, NonFiniteError -> 4) are mapped in errors.py.
-    run_experiment(cfg, job_dir=job_dir, sources=sources, console=HostConsole(soft_wrap=True))
+    run_experiment(
+        cfg,
+        job_dir=job_dir,
+        sources=sources,
+        console=HostConsole(soft_wrap=True),
+        allow_new_data_order=allow_new_data_order,
+    )

@@ -6,7 +6,10 @@ parameters were trained on, a fingerprint of the training shards and of the voca
 number of hosts. Resuming compares that record with the new run (`check_resume`) and refuses,
 listing every difference, where the saved state would be misread; the model's shapes are
 checked separately (`Checkpointer.check_compatible`). Knobs not listed here (learner, loop,
-eval, mesh) may change on resume. docs/errors.md ("Resuming with changed knobs") has the table.
+eval, mesh) may change on resume, and so may the number of hosts and devices where the training
+input's order is global (`BaseInput.global_state`): the model and optimizer state are restored
+onto the new mesh and the data continues in the same order. docs/errors.md ("Resuming with
+changed knobs") has the table.
 """
 
 import dataclasses
@@ -17,7 +20,7 @@ from equipax.core.knobs import ConfigError
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.jobdir.storage import AnyPath
 
-__all__ = ["check_resume", "resume_meta", "SAFE_DATA_KNOBS"]
+__all__ = ["check_resume", "describe_layout", "layout_change", "resume_meta", "SAFE_DATA_KNOBS"]
 
 # Data knobs a resumed run may change: they touch evaluation, or only the training of a
 # vocabulary the job already has. Every other `data.*` knob is part of the saved state's meaning.
@@ -59,30 +62,61 @@ def _vocabulary(cfg: ExperimentConfig, job_dir: AnyPath) -> str | None:
     return None if path is None else _file_digest(path)
 
 
-def resume_meta(cfg: ExperimentConfig, job_dir: AnyPath, *, hosts: int) -> dict[str, Any]:
+def resume_meta(
+    cfg: ExperimentConfig,
+    job_dir: AnyPath,
+    *,
+    hosts: int,
+    global_state: bool = False,
+    layout: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """What a checkpoint of this run means, JSON-ready (saved with each checkpoint).
 
     Arguments:
         cfg: the experiment.
         job_dir: the job directory (its tokenizer.model).
-        hosts: the number of processes (each has its own saved input position).
+        hosts: the number of processes.
+        global_state: the training input's state is the same on every host (a global data order,
+            `BaseInput.global_state`): the number of hosts may change on resume. Otherwise each host
+            has its own saved position and the number of hosts is one of the knobs.
+        layout: where the run is (`{"processes", "devices", "mesh"}`): recorded, not compared.
     """
     data = {f"data.{k}": v for k, v in dataclasses.asdict(cfg.data).items() if k not in SAFE_DATA_KNOBS}
     knobs = {
         **data,
         "global batch (data.batch_size or data.per_device_batch x devices)": cfg.global_batch_size,
         "model.vocab_size": getattr(cfg.model, "vocab_size", None),
-        "hosts (processes)": hosts,
     }
+    if not global_state:
+        knobs["hosts (processes)"] = hosts
     return {
         "experiment": cfg.name,
         "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
         "train_shards": _train_shards(cfg),
         "vocabulary": _vocabulary(cfg, job_dir),
+        "layout": dict(layout or {"processes": hosts}),
     }
 
 
-def check_resume(saved: dict[str, Any], current: dict[str, Any], *, step: int, where: AnyPath) -> list[str]:
+def describe_layout(layout: dict[str, Any]) -> str:
+    """`4 devices in 1 process, mesh data=2 fsdp=2` (the axes of size 1 left out)."""
+    processes = layout.get("processes", "?")
+    text = f"{layout.get('devices', '?')} devices in {processes} process{'es' if processes != 1 else ''}"
+    axes = " ".join(f"{k}={v}" for k, v in (layout.get("mesh") or {}).items() if v != 1)
+    return text + (f", mesh {axes or '1 device'}" if "mesh" in layout else "")
+
+
+def layout_change(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """`"... (checkpoint: ...)"` when the checkpoint was written on another layout, else None."""
+    old = saved.get("layout")
+    if not old or old == current.get("layout"):
+        return None
+    return f"{describe_layout(current['layout'])} (the checkpoint was written on {describe_layout(old)})"
+
+
+def check_resume(
+    saved: dict[str, Any], current: dict[str, Any], *, step: int, where: AnyPath, allow_new_data_order: bool = False
+) -> tuple[list[str], bool]:
     """Refuse to resume a checkpoint whose saved state this run would misread.
 
     Arguments:
@@ -90,13 +124,16 @@ def check_resume(saved: dict[str, Any], current: dict[str, Any], *, step: int, w
         current: this run's `resume_meta`.
         step: the checkpoint's step (for the message).
         where: the checkpoint directory (for the message).
+        allow_new_data_order: accept the data differences (`launch run --allow-new-data-order`):
+            the model and optimizer state are restored and the data starts a new order.
 
     Returns:
-        Notes on accepted differences (e.g. moved data with the same shards).
+        (notes on accepted differences, e.g. moved data with the same shards; whether the data
+        state must be dropped because the data changed under `allow_new_data_order`).
 
     Raises:
         ConfigError: another experiment's checkpoint, or knobs that change the state's meaning
-            differ; the message lists every difference.
+            differ (and `allow_new_data_order` is off); the message lists every difference.
     """
     if saved.get("experiment") not in (None, current["experiment"]):
         raise ConfigError(
@@ -107,6 +144,8 @@ def check_resume(saved: dict[str, Any], current: dict[str, Any], *, step: int, w
         )
     old, new = saved.get("knobs", {}), current["knobs"]
     diffs = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+    if "hosts (processes)" not in new:  # this run's data order is global: the host count is free
+        diffs.pop("hosts (processes)", None)
     notes = []
     same_shards = saved.get("train_shards") is not None and saved.get("train_shards") == current["train_shards"]
     if "data.path" in diffs and same_shards:
@@ -122,12 +161,21 @@ def check_resume(saved: dict[str, Any], current: dict[str, Any], *, step: int, w
             "changed",
         )
     if not diffs:
-        return notes
+        return notes, False
     lines = "\n".join(f"  {k}: {a!r} -> {b!r}" for k, (a, b) in diffs.items())
+    if allow_new_data_order:
+        changed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diffs.items())
+        notes.append(
+            f"--allow-new-data-order: the data changed ({changed}); the model and optimizer state of step "
+            f"{step} are restored and the data starts a new order from its beginning (recorded in the "
+            "checkpoints' meta, data_order_changes)."
+        )
+        return notes, True
     raise ConfigError(
         f"The checkpoint at step {step} in {where} cannot be resumed with these knobs: they change what its "
         f"saved data position or token ids mean, so the run would mix two datasets. Differences "
-        f"(checkpoint -> this run):\n{lines}\nRestore these knobs (the job's config.json records them), or "
-        "point --job-log-dir at a new directory to start fresh. Learner, train.*, eval and mesh knobs may "
-        'change on resume (docs/errors.md, "Resuming with changed knobs").'
+        f"(checkpoint -> this run):\n{lines}\nRestore these knobs (the job's config.json records them), point "
+        "--job-log-dir at a new directory to start fresh, or pass --allow-new-data-order to keep the model "
+        "and optimizer state and start the data in a new order. Learner, train.*, eval and mesh knobs, and "
+        'the number of hosts and devices, may change on resume (docs/errors.md, "Resuming with changed knobs").'
     )

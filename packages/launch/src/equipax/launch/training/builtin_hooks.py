@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
+from equipax.core.losses import LOSS_PREFIX
 from equipax.core.step import mean_eval_metrics
 from equipax.core.task import EVAL_SUMS
 from equipax.launch.cluster.distributed import gather_host_states, to_host
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from equipax.data import BaseInput
     from equipax.launch.training.build import Training
 
-__all__ = ["builtin_hooks", "CheckpointHook", "EpochHook", "eval_pass", "evaluate", "EvalHook"]
+__all__ = ["builtin_hooks", "CheckpointHook", "EpochHook", "eval_pass", "eval_record", "evaluate", "EvalHook"]
 
 
 def builtin_hooks(run: RunContext) -> list[Hook]:
@@ -56,10 +57,17 @@ def eval_pass(
     return mean_eval_metrics(sums())
 
 
+def eval_record(m: Mapping[str, float], unit: str) -> dict[str, float]:
+    """An eval pass's record: loss, accuracy, tokens/examples (`unit`), batches, and `loss/<name>`
+    of each named loss (`equipax.core.losses`)."""
+    named = {k: v for k, v in m.items() if k.startswith(LOSS_PREFIX)}
+    return {"loss": m["loss"], "accuracy": m["accuracy"], unit: m["weight"], "batches": m["batches"], **named}
+
+
 def evaluate(run: RunContext, state: Any) -> dict[str, float]:
-    """The run's eval (`train.eval_batches`; 0 = a whole pass): loss, accuracy, tokens/examples, batches."""
+    """The run's eval (`train.eval_batches`; 0 = a whole pass): `eval_record`."""
     m = eval_pass(run.training, run.inputs.eval, state.model, state.model_state, limit=run.cfg.train.eval_batches)
-    return {"loss": m["loss"], "accuracy": m["accuracy"], run.unit: m["weight"], "batches": m["batches"]}
+    return eval_record(m, run.unit)
 
 
 class EvalHook(Hook):
@@ -164,5 +172,8 @@ class CheckpointHook(Hook):
         run = ctx.run
         run.check_nonfinite(ctx.step)  # never save past an unchecked step
         run.checkpointer.save(
-            ctx.step, ctx.state, gather_host_states(run.inputs.train.get_state()), loop_state=ctx.loop_state()
+            ctx.step,
+            ctx.state,
+            gather_host_states(run.inputs.train.get_state(), global_state=run.inputs.train.global_state),
+            loop_state=ctx.loop_state(),
         )

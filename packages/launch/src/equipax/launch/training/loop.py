@@ -22,7 +22,7 @@ from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.errors import Preempted
 from equipax.launch.jobdir.checkpoints import Checkpointer
 from equipax.launch.jobdir.ownership import JobLock, prepare_job_dir, write_text_atomic
-from equipax.launch.jobdir.resume import check_resume, resume_meta
+from equipax.launch.jobdir.resume import check_resume, layout_change, resume_meta
 from equipax.launch.jobdir.storage import AnyPath, job_path, rmtree
 from equipax.launch.jobdir.summaries import MetricsWriter
 from equipax.launch.tasks import family
@@ -43,6 +43,40 @@ def build_run_mesh(cfg: ExperimentConfig) -> jax.sharding.Mesh:
     if cfg.mesh.num_devices != jax.device_count():
         check_device_count(cfg.mesh, jax.device_count(), hint=_mesh_hint(cfg))
     return build_mesh(cfg.mesh)
+
+
+def check_host_rows(training: Any, inp: Any) -> None:
+    """Check that the rows of each global batch this process's devices hold (from the batch
+    sharding) are the rows its input reads: `[index * batch_size, (index + 1) * batch_size)`,
+    Pax's `infeed_host_index` contract. ConfigError otherwise (a mesh whose device order does
+    not give each process one contiguous block of the batch)."""
+    shape = next(iter(training.abstract_batch().values())).shape
+    rows: set[int] = set()
+    for index in training.batch_sharding.addressable_devices_indices_map(shape).values():
+        rows.update(range(*index[0].indices(shape[0])))
+    want = range(inp.infeed_host_index * inp.batch_size, (inp.infeed_host_index + 1) * inp.batch_size)
+    if sorted(rows) != list(want):
+        found = f"{len(rows)} rows from {min(rows)} to {max(rows)}" if rows else "no rows"
+        raise ConfigError(
+            f"Process {jax.process_index()} of {jax.process_count()} holds {found} of each global batch of "
+            f"{shape[0]} (the batch sharding over mesh {dict(training.mesh.shape)}), but its input reads rows "
+            f"{want.start} to {want.stop - 1}. Order the mesh's devices so that each process holds one contiguous "
+            "block of the batch dimension (mesh.dcn_mesh_shape for the axes across hosts)."
+        )
+
+
+def restore_data_state(inp: Any, data_state: dict[str, Any], *, moved: bool) -> None:
+    """Put the checkpoint's data state into the training input; a state this input cannot take
+    (another global batch, another dataset) is a ConfigError naming the way out."""
+    try:
+        inp.set_state(host_state(data_state))
+    except ValueError as e:
+        where = " on this layout" if moved else ""
+        raise ConfigError(
+            f"The checkpoint's data state does not fit this run's training input{where}: {e} Restore the "
+            "knobs it was saved with, pass --allow-new-data-order to keep the model and optimizer state "
+            "and start the data in a new order, or point --job-log-dir at a new directory."
+        ) from None
 
 
 def _mesh_hint(cfg: ExperimentConfig) -> str:
@@ -80,6 +114,7 @@ def run_experiment(
     sources: dict[str, str] | None = None,
     console: Console | None = None,
     hooks: Sequence[Hook] = (),
+    allow_new_data_order: bool = False,
 ) -> RunResult:
     """Train `cfg`, writing everything to `job_dir`; resume if it holds a checkpoint.
 
@@ -90,6 +125,9 @@ def run_experiment(
         console: where progress goes (default: stdout).
         hooks: the caller's hooks (`equipax.launch.training.hooks.Hook`), run with the run's own
             (evaluation, sampling, profiling, checkpoints) in the order their constraints give.
+        allow_new_data_order: resume even where the data knobs changed (another global batch,
+            dataset or tokenizer): the model and optimizer state are restored, the data starts a
+            new order (`launch run --allow-new-data-order`).
 
     Returns:
         A RunResult with the final losses and a digest of the final state.
@@ -111,7 +149,7 @@ def run_experiment(
             # JAX's automatic PGLE recompiles after profiling: its programs stay out of the cache.
             cache_dir = cfg.train.compiler.cache_dir if cfg.train.pgle.mode != "auto" else ""
             with compile_cache(cache_dir, job_dir):
-                return _train(cfg, job_dir, mesh, sources or {}, console, hooks)
+                return _train(cfg, job_dir, mesh, sources or {}, console, hooks, allow_new_data_order)
     except BaseException:
         # Stopped before writing anything (the compilation cache is no record of the job): leave no trace.
         kept = {".lock", *Path(cfg.train.compiler.cache_dir).parts[:1]}
@@ -164,6 +202,7 @@ def _train(
     sources: dict[str, str],
     console: Console,
     extra_hooks: Sequence[Hook],
+    allow_new_data_order: bool = False,
 ) -> RunResult:
     log = lambda m: console.print(m, highlight=False)  # noqa: E731
     if is_auto(cfg):  # before anything reads the model: the rest of the run sees the chosen policy
@@ -178,14 +217,25 @@ def _train(
     inputs = fam.build_inputs(cfg, job_dir, log=log)
     mark("inputs")
     training = build_training(cfg, mesh)
+    check_host_rows(training, inputs.train)
     state = training.init_state()
-    meta = resume_meta(cfg, job_dir, hosts=jax.process_count())
+    layout = {"processes": jax.process_count(), "devices": int(mesh.devices.size), "mesh": dict(mesh.shape)}
+    global_state = inputs.train.global_state
+    meta = resume_meta(cfg, job_dir, hosts=jax.process_count(), global_state=global_state, layout=layout)
     checkpointer = Checkpointer(job_dir / "checkpoints", keep=cfg.train.keep_checkpoints, meta=meta)
     writer = MetricsWriter(job_dir, enabled=is_primary(), log=log)
+    saved_meta: dict[str, Any] = {}
+    new_order: list[bool] = []
 
     def check_meta(saved: dict[str, Any], step: int) -> None:
-        for note in check_resume(saved, meta, step=step, where=job_dir / "checkpoints"):
+        notes, changed = check_resume(
+            saved, meta, step=step, where=job_dir / "checkpoints", allow_new_data_order=allow_new_data_order
+        )
+        for note in notes:
             log(f"note: {note}")
+        saved_meta.clear()
+        saved_meta.update(saved)
+        new_order[:] = [changed]
 
     try:  # the newest checkpoint that restores and verifies; damaged ones are set aside with a message
         restored = checkpointer.restore_latest(state, log=log, check_meta=check_meta)
@@ -207,8 +257,18 @@ def _train(
                 f"to at least {start} to continue it, or point --job-log-dir at a new directory for a "
                 "shorter run."
             )
-        inputs.train.set_state(host_state(data_state))
-        log(f"Resumed from step {start} ({job_dir / 'checkpoints'}).")
+        moved = layout_change(saved_meta, meta)
+        if new_order and new_order[0]:  # --allow-new-data-order over changed data: a new order from its start
+            changes = [*saved_meta.get("data_order_changes", []), {"step": start, "layout": layout}]
+            checkpointer.meta["data_order_changes"] = changes
+        else:
+            restore_data_state(inputs.train, data_state, moved=moved is not None)
+            checkpointer.meta["data_order_changes"] = saved_meta.get("data_order_changes", [])
+        if moved is None:
+            log(f"Resumed from step {start} ({job_dir / 'checkpoints'}).")
+        else:
+            order = "the data starts a new order" if new_order and new_order[0] else "the data order is unchanged"
+            log(f"Resumed from step {start} on {moved}: state re-sharded onto the new mesh, {order}.")
     mark("build")
     writer.truncate_after(start)  # records written after the checkpoint resumed from
     if is_primary():

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 
+from equipax.core.losses import LOSS_PREFIX
 from equipax.launch.cluster.accelerators import peak_tflops_of
 from equipax.launch.cluster.distributed import sum_over_processes, to_host
 from equipax.launch.configs.experiment import ExperimentConfig
@@ -106,6 +107,8 @@ class TrainLog:
         record = {k: values.get(k, math.nan) for k in _RECORDED}
         # A mixture of experts' router losses, per-expert token counts and dropped share (docs/moe.md).
         record |= {k: v for k, v in values.items() if k.startswith("moe_")}
+        # Each named loss of a Task that returns several (equipax.core.losses, docs/extending.md).
+        record |= {k: v for k, v in values.items() if k.startswith(LOSS_PREFIX)}
         # Each parameter group's learning rate (learner.groups, docs/extending.md).
         record |= {k: v for k, v in values.items() if k.startswith("learning_rate/")}
         # The input's running counts over every host (a chat input's truncated and dropped

@@ -171,10 +171,17 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
         (tmp / "hf_import.json").write_text(json.dumps(source, indent=2) + "\n")
         inputs = family(cfg).build_inputs(cfg, tmp, log=log)  # the tokenizer loads; the data's start state
         checkpointer = Checkpointer(
-            tmp / "checkpoints", keep=cfg.train.keep_checkpoints, meta=resume_meta(cfg, tmp, hosts=1)
+            tmp / "checkpoints",
+            keep=cfg.train.keep_checkpoints,
+            meta=resume_meta(cfg, tmp, hosts=1, global_state=inputs.train.global_state),
         )
         try:
-            checkpointer.save(0, state, gather_host_states(inputs.train.get_state()), loop_state={})
+            checkpointer.save(
+                0,
+                state,
+                gather_host_states(inputs.train.get_state(), global_state=inputs.train.global_state),
+                loop_state={},
+            )
         finally:
             checkpointer.close()
     return cfg
