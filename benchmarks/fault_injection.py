@@ -21,6 +21,13 @@ Figures: kills sent (by signal), SIGTERMs answered with exit 75, kills that left
 (a flipped checkpoint restored in a trial that then mismatched; must be 0), and mismatches
 against the uninterrupted run (must be 0).
 
+`--elastic`: every run of a trial (the killed ones and the last) starts on a seeded random number
+of simulated devices from `--devices` (default 1, 2, 4), never the previous run's, with the mesh's
+fsdp axis taking them all, so each resume restores the state onto another mesh; the uninterrupted reference runs on 1
+device. The data order must not change: every logged step once, and the losses equal the
+reference's to `--rtol` (1e-4: reductions over another sharding sum in another order; the
+parameters' digest is not compared).
+
 `--startup-signals`: instead, `--trials` fresh runs each get SIGTERM or SIGINT at a seeded random
 moment of start-up; a run that exits 0 lost its signal (must be 0), and none may print a traceback.
 """
@@ -46,11 +53,15 @@ EXIT_PREEMPTED = 75
 LOG_EVERY = 2
 
 
-def run_args(steps: int, tokenizer: str) -> list[str]:
+ELASTIC_KNOBS = ["mesh.ici_mesh_shape=(1, -1, 1)"]  # fsdp takes every device present
+
+
+def run_args(steps: int, tokenizer: str, elastic: bool = False) -> list[str]:
     """The tiny run every process of every trial repeats (checkpoints every 2 steps)."""
     return set_args(
         [
             *TOY,
+            *(ELASTIC_KNOBS if elastic else []),
             f"train.num_steps={steps}",
             f"train.log_every={LOG_EVERY}",
             "train.eval_every=8",
@@ -138,6 +149,24 @@ def flip_a_bit(job: Path, rng: random.Random) -> dict | None:
     return {"step": step, "file": str(target.relative_to(job)), "offset": offset, "bit": bit}
 
 
+def with_devices(args: list[str], devices: int | None) -> list[str]:
+    return args if devices is None else [*args, "--cpu-devices", str(devices)]
+
+
+def same_run(a: dict, b: dict, rtol: float | None) -> bool:
+    """Outcomes equal: exactly, or (`rtol`) the same logged steps with losses equal to `rtol`."""
+    if rtol is None:
+        return a == b
+    close = lambda x, y: abs(x - y) <= rtol * max(abs(x), abs(y))  # noqa: E731
+    return (
+        a["logged"] == b["logged"]
+        and a["duplicate_records"] == b["duplicate_records"] == 0
+        and all(close(x, y) for x, y in zip(a["losses"], b["losses"], strict=True))
+        and close(a["final_train_loss"], b["final_train_loss"])
+        and close(a["final_eval_loss"], b["final_eval_loss"])
+    )
+
+
 def outcome(job: Path) -> dict:
     res = json.loads((job / "result.json").read_text())
     records = [json.loads(ln) for ln in (job / "metrics.jsonl").read_text().splitlines() if ln.strip()]
@@ -184,16 +213,22 @@ def trial(
     anchored: bool | None = None,
     first_delay_s: float | None = None,
     bitflip: bool = False,
+    devices: list[int] | None = None,
 ) -> dict:
-    """One trial: `kills` interrupted runs, then one that finishes. Returns its record."""
+    """One trial: `kills` interrupted runs, then one that finishes (each on a random one of
+    `devices` simulated devices, when given). Returns its record."""
     job = work / f"trial{index}"
-    record = {"trial": index, "kills": [], "corrupt_found": 0, "partial_saves": 0, "bitflip": None}
+    record = {"trial": index, "kills": [], "corrupt_found": 0, "partial_saves": 0, "bitflip": None, "devices": []}
     flip_before = rng.randrange(1, kills + 1) if bitflip else -1  # a resume: there may be a checkpoint
     for k in range(kills + 1):
         remaining = (steps - latest_complete(job)) / steps  # a resumed run has less to do
         if k == flip_before:
             record["bitflip"] = flip_a_bit(job, rng)
-        proc = Proc(job, args, env)
+        # --elastic: another device count than the previous run's, so every resume changes the mesh
+        previous = record["devices"][-1] if record["devices"] else None
+        count = rng.choice([d for d in devices if d != previous] or devices) if devices else None
+        record["devices"].append(count)
+        proc = Proc(job, with_devices(args, count), env)
         if k < kills:
             sig = signals[k] if signals else rng.choice(["SIGKILL", "SIGTERM"])
             # A quarter of the kills land during start-up (imports, tokenizer, compile, restore);
@@ -259,14 +294,19 @@ def run_trials(
     first_delay_s: float | None = None,
     timeout: float = 300.0,
     bitflips: bool = False,
+    devices: list[int] | None = None,
+    rtol: float = 1e-4,
 ) -> dict:
-    """Run the reference and `trials` fault trials; return the figures (and every trial's record)."""
+    """Run the reference and `trials` fault trials; return the figures (and every trial's record).
+
+    `devices`: the elastic mode (each run on a random one of these device counts, the reference
+    on 1; outcomes compared to `rtol`)."""
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         work = work or Path(tmp)
         env = env_for(work / "jax-cache")
-        args = run_args(steps, tokenizer)
-        ref, startup_s, train_s = reference(work, args, env, timeout)
+        args = run_args(steps, tokenizer, elastic=bool(devices))
+        ref, startup_s, train_s = reference(work, with_devices(args, 1 if devices else None), env, timeout)
         rng = random.Random(seed)
         records = []
         for i in range(trials):
@@ -285,15 +325,17 @@ def run_trials(
                 anchored=anchored,
                 first_delay_s=first_delay_s,
                 bitflip=bitflips,
+                devices=devices,
             )
-            rec["match"] = rec.pop("outcome") == ref
+            rec["match"] = same_run(rec.pop("outcome"), ref, rtol if devices else None)
             records.append(rec)
             flip = rec["bitflip"]
             flip_text = (
                 f", bit flip in {flip['file']} {'detected' if flip['detected'] else 'not detected'}" if flip else ""
             )
+            on = f" on {rec['devices']} devices" if devices else ""
             print(
-                f"trial {i}: {[(k['signal'], k['exit']) for k in rec['kills']]} partial saves left "
+                f"trial {i}{on}: {[(k['signal'], k['exit']) for k in rec['kills']]} partial saves left "
                 f"{rec['partial_saves']}, corrupt found {rec['corrupt_found']}{flip_text}, "
                 f"{'match' if rec['match'] else 'MISMATCH'}",
                 flush=True,
@@ -305,6 +347,8 @@ def run_trials(
         "seed": seed,
         "steps": steps,
         "tokenizer": tokenizer,
+        "elastic_devices": devices,
+        "device_changes_on_resume": sum(sum(a != b for a, b in zip(r["devices"], r["devices"][1:])) for r in records),
         "kills_sent": len(sent),
         "sigkill": sum(k["signal"] == "SIGKILL" for k in sent),
         "sigterm": sum(k["signal"] == "SIGTERM" for k in sent),
@@ -407,6 +451,13 @@ def main() -> None:
         action="store_true",
         help="instead: --trials runs, each sent SIGTERM or SIGINT at a random moment of start-up; count lost signals",
     )
+    p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="start every run of a trial on a random device count from --devices (resume onto another mesh)",
+    )
+    p.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4], help="device counts for --elastic")
+    p.add_argument("--rtol", type=float, default=1e-4, help="--elastic: loss tolerance against the reference")
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     a = p.parse_args()
     if a.startup_signals:
@@ -418,7 +469,14 @@ def main() -> None:
             a.out.write_text(json.dumps(figures, indent=2) + "\n")
         sys.exit(1 if figures["lost_signals"] or figures["tracebacks"] or figures["other_exits"] else 0)
     figures = run_trials(
-        a.trials, seed=a.seed, steps=a.steps, kills=a.kills, tokenizer=a.tokenizer, bitflips=a.bitflips
+        a.trials,
+        seed=a.seed,
+        steps=a.steps,
+        kills=a.kills,
+        tokenizer=a.tokenizer,
+        bitflips=a.bitflips,
+        devices=a.devices if a.elastic else None,
+        rtol=a.rtol,
     )
     summary = {k: v for k, v in figures.items() if k != "records"}
     for k, v in summary.items():

@@ -7,7 +7,10 @@ Cases (all on this host, one process, no device work):
 - `c4_packed_jsonl` / `c4_packed_arrayrecord`: C4-format shards written from the Shakespeare
   plays (`launch data prepare`'s code, one document per blank-line block) into a temporary
   directory, read by `DocumentLMInput` with packing: read, JSON-parse, tokenize, pack, batch.
-  Measured with tokenization inline (`read_threads=0`) and on one grain reader thread.
+  Measured with tokenization inline (`read_threads=0`) and on reader threads (`--threads`), as
+  host 0 of 1, 2 and 4 simulated hosts (`--hosts`): the order is global, so each host reads its
+  `batch / hosts` rows of every global batch; `build_s` includes the one pass that counts every
+  document's tokens for the packing.
 
 The train step's consumption rate comes from `benchmarks/results/train_step.json` (the
 `default` preset), or `--step-tokens-per-s`. The pipeline keeps up when its rate is above it.
@@ -78,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--shards", type=int, default=4)
-    parser.add_argument("--threads", default="0,1", help="grain reader threads to try for the C4 cases.")
+    parser.add_argument("--threads", default="0,1", help="reader threads to try for the C4 cases.")
+    parser.add_argument("--hosts", default="1,2,4", help="simulated host counts for the C4 cases (host 0 is timed).")
     parser.add_argument("--step-tokens-per-s", type=float, default=None)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -107,21 +111,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             out = tmp_dir / fmt
             write_shards(docs, out, num_shards=args.shards, format=fmt)  # type: ignore[arg-type]
             for threads in (int(t) for t in args.threads.split(",")):
-                t0 = time.perf_counter()
-                shards = TextShards(find_shards(out, "c4-train.*"))
-                inp = DocumentLMInput(
-                    shards,
-                    tokenizer=tokenizer,
-                    seq_len=d.seq_len,
-                    batch_size=cfg.global_batch_size,
-                    seed=d.seed,
-                    packing=True,
-                    read_threads=threads,
-                )
-                cases[f"c4_packed_{fmt}_threads{threads}"] = {
-                    "build_s": time.perf_counter() - t0,
-                    **time_input(inp, args.batches, args.warmup),
-                }
+                for hosts in (int(h) for h in args.hosts.split(",")):
+                    t0 = time.perf_counter()
+                    shards = TextShards(find_shards(out, "c4-train.*"))
+                    inp = DocumentLMInput(
+                        shards,
+                        tokenizer=tokenizer,
+                        seq_len=d.seq_len,
+                        batch_size=cfg.global_batch_size // hosts,
+                        num_infeed_hosts=hosts,
+                        seed=d.seed,
+                        packing=True,
+                        read_threads=threads,
+                    )
+                    name = f"c4_packed_{fmt}_threads{threads}" + (f"_host0of{hosts}" if hosts > 1 else "")
+                    cases[name] = {
+                        "hosts": hosts,
+                        "build_s": time.perf_counter() - t0,
+                        **time_input(inp, args.batches, args.warmup),
+                    }
 
     rate, source = step_rate(args.step_tokens_per_s)
     for case in cases.values():
@@ -143,10 +151,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results = json.loads(json.dumps(results))  # tuples -> lists: what the file holds
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"{'case':34s} {'tokens/s':>12s} {'real tok/s':>12s} {'x train step':>12s}")
+    print(f"{'case':40s} {'build s':>8s} {'tokens/s':>12s} {'real tok/s':>12s} {'x train step':>12s}")
     for name, c in cases.items():
         x = "-" if c["x_train_step"] is None else f"{c['x_train_step']:.1f}x"
-        print(f"{name:34s} {c['tokens_per_s']:12,.0f} {c['real_tokens_per_s']:12,.0f} {x:>12s}")
+        print(f"{name:40s} {c['build_s']:8.2f} {c['tokens_per_s']:12,.0f} {c['real_tokens_per_s']:12,.0f} {x:>12s}")
     if rate is not None:
         print(f"{'train step (' + source + ')':34s} {rate:12,.0f}")
     return results

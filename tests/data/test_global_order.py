@@ -74,11 +74,21 @@ def global_batches(make, hosts, n, **kw):
     return out, [inp.get_state() for inp in inputs]
 
 
+def images(hosts, index, packing=None, repeat=True):
+    from equipax.data import ImageClassificationInput, synthetic_images
+
+    x, y = synthetic_images(44, image_size=4, channels=1, seed=0)
+    return ImageClassificationInput(
+        x, y, batch_size=GLOBAL // hosts, num_infeed_hosts=hosts, infeed_host_index=index, seed=4, repeat=repeat
+    )
+
+
 CASES = [
     pytest.param(documents, True, id="documents-packed"),
     pytest.param(documents, False, id="documents-unpacked"),
     pytest.param(windows, None, id="token-windows"),
     pytest.param(synthetic, None, id="synthetic"),
+    pytest.param(images, None, id="images"),
 ]
 
 

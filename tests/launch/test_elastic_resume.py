@@ -82,3 +82,50 @@ def test_resume_on_fewer_and_more_devices_continues_the_uninterrupted_run(tmp_pa
         assert losses[5] != losses[1]  # the run moved on: not the first batch again
         state = data_state(job, 6)
         assert state == data_state(reference, 6) and state["global"]["row"] == 6 * 8, state  # one global cursor
+
+
+def test_host_rows_must_be_the_contiguous_block_the_input_reads():
+    """The batch sharding decides which rows of a global batch a process's devices hold; the
+    input of host h reads rows [h * b, (h + 1) * b). A mesh that interleaves the hosts is refused."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from equipax.core.knobs import ConfigError
+    from equipax.launch.training.loop import check_host_rows
+
+    def training(*blocks):
+        sharding = SimpleNamespace(
+            addressable_devices_indices_map=lambda shape: {d: (slice(*b), slice(None)) for d, b in enumerate(blocks)}
+        )
+        batch = {"ids": np.zeros((8, 4))}
+        return SimpleNamespace(
+            abstract_batch=lambda: batch, batch_sharding=sharding, mesh=SimpleNamespace(shape={"data": 4})
+        )
+
+    host1 = SimpleNamespace(infeed_host_index=1, batch_size=4)
+    check_host_rows(training((4, 6), (6, 8)), host1)  # two devices, one block: rows 4..7
+    with pytest.raises(ConfigError, match="holds 4 rows from 2 to 7 .* but its input reads rows 4 to 7"):
+        check_host_rows(training((2, 4), (6, 8)), host1)
+
+
+def test_a_data_state_that_does_not_fit_is_refused_or_with_the_flag_a_new_order():
+    import numpy as np
+
+    from equipax.core.knobs import ConfigError
+    from equipax.data import TokenWindowInput
+    from equipax.launch.training.loop import restore_data_state
+
+    inp = TokenWindowInput(np.arange(400, dtype=np.int32), seq_len=7, batch_size=2)
+    inp.get_next()
+    good = {"global": inp.get_state()}
+    old = {"hosts": [{"epoch": 0, "position": 2}]}  # a per-host state of an earlier version
+    fresh = TokenWindowInput(np.arange(400, dtype=np.int32), seq_len=7, batch_size=2)
+    notes = []
+    assert not restore_data_state(fresh, good, moved=False, allow_new_data_order=False, log=notes.append)
+    assert fresh.get_state() == inp.get_state()
+    with pytest.raises(ConfigError, match="per-host positions.*--allow-new-data-order"):
+        restore_data_state(fresh, old, moved=False, allow_new_data_order=False, log=notes.append)
+    start = TokenWindowInput(np.arange(400, dtype=np.int32), seq_len=7, batch_size=2)
+    assert restore_data_state(start, old, moved=True, allow_new_data_order=True, log=notes.append)
+    assert start.get_state()["row"] == 0 and "The data starts a new order" in notes[-1]

@@ -155,9 +155,8 @@ def test_corrupt_arrayrecord_record_is_named_when_read(tmp_path):
     shards = TextShards([bad])
     with pytest.raises(DataError, match=str(bad)):
         shards[0]
-    # In a run the record is read by the input's reader threads (packing counts every document's
-    # tokens when it starts, so the damaged records are read whatever the order); the error still
-    # reaches the user.
+    # In a run the record is read while the input starts (packing counts every document's tokens,
+    # so the damaged records are read whatever the order); the error still reaches the user.
     job = tmp_path / "job"
     code, output = run_on_shards(job, data, "data.packing=true")
     assert code == 2, output

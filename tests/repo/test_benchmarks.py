@@ -109,6 +109,8 @@ def test_input_pipeline_benchmark_smoke(tmp_path):
             "1",
             "--threads",
             "0",
+            "--hosts",
+            "1,2",
             "--shards",
             "2",
             "--set",
@@ -120,7 +122,13 @@ def test_input_pipeline_benchmark_smoke(tmp_path):
         ]
     )
     assert json.loads(out.read_text()) == results
-    assert set(results["cases"]) == {"default", "c4_packed_jsonl_threads0", "c4_packed_arrayrecord_threads0"}
+    assert set(results["cases"]) == {
+        "default",
+        "c4_packed_jsonl_threads0",
+        "c4_packed_arrayrecord_threads0",
+        "c4_packed_jsonl_threads0_host0of2",
+        "c4_packed_arrayrecord_threads0_host0of2",
+    }
     for case in results["cases"].values():
         assert math.isfinite(case["tokens_per_s"]) and case["tokens_per_s"] > 0
         assert case["x_train_step"] == case["tokens_per_s"] / 1000

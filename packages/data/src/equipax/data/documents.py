@@ -64,7 +64,8 @@ class DocumentLMInput(GlobalOrderInput):
     - `tokenizer`: encodes texts; its `pad_id`, `bos_id`, `eos_id` are used.
     - `seq_len`: tokens per row.
     - `packing`: pack documents into rows (True) or one document per row (False).
-    - `read_threads`: threads encoding the documents of a batch (0 encodes on the calling thread).
+    - `read_threads`: threads reading and encoding the documents of a batch (0 or 1: the calling
+      thread; more help where the tokenizer releases the GIL, as Hugging Face tokenizers do).
     - `batch_size`, `num_infeed_hosts`, `infeed_host_index`, `seed`, `repeat`: see `BaseInput`.
     """
 
@@ -101,6 +102,7 @@ class DocumentLMInput(GlobalOrderInput):
         self.read_threads: int = int(read_threads)
         self._tok = tokenizer
         self._encoded: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._pool: ThreadPoolExecutor | None = None
         self._lengths: np.ndarray | None = None
         self._starts: tuple[int, np.ndarray] | None = None
         self._order: tuple[int, np.ndarray] | None = None
@@ -116,9 +118,10 @@ class DocumentLMInput(GlobalOrderInput):
 
     def _encode_all(self, indices: Iterable[int]) -> list[np.ndarray]:
         wanted = list(indices)
-        if self.read_threads > 0 and len(wanted) > 1:
-            with ThreadPoolExecutor(self.read_threads) as pool:
-                return list(pool.map(self._encode_one, wanted))
+        if self.read_threads > 1 and len(wanted) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.read_threads, thread_name_prefix="DocumentLMInput")
+            return list(self._pool.map(self._encode_one, wanted))
         return [self._encode_one(i) for i in wanted]
 
     def encoded(self, indices: Iterable[int]) -> dict[int, np.ndarray]:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from jaxtyping import Int
 
-from equipax.data.base import BaseInput, Batch
+from equipax.data.base import BaseInput, Batch, check_state_keys
 
 __all__ = ["GlobalOrderInput", "epoch_permutation"]
 
@@ -95,18 +95,14 @@ class GlobalOrderInput(BaseInput):
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         name = type(self).__name__
-        if not isinstance(state, Mapping) or set(state) != set(STATE_KEYS):
-            got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+        try:
+            fields = check_state_keys(state, STATE_KEYS, name)
+        except ValueError as e:
+            if isinstance(state, Mapping) and set(state) == set(STATE_KEYS):
+                raise
             raise ValueError(
-                f"{name}.set_state expects the dict from {name}.get_state() (keys {sorted(STATE_KEYS)}), got "
-                f"{got}; a state written by an input with per-host positions cannot be mapped onto the global order."
-            )
-        fields = {}
-        for k in STATE_KEYS:
-            v = state[k]
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-                raise ValueError(f"{name} state field {k!r} must be a non-negative int, got {v!r}.")
-            fields[k] = int(v)
+                f"{e} A state written by an input with per-host positions cannot be mapped onto the global order."
+            ) from None
         if fields["global_batch"] != self.global_batch_size:
             raise ValueError(
                 f"The {name} state was saved with a global batch of {fields['global_batch']} rows, but this input "

@@ -46,7 +46,13 @@ def synthetic_images(
 
 
 class ImageClassificationInput(BaseInput):
-    """Batches of labelled images from in-memory arrays. State is `{"step": n}`.
+    """Batches of labelled images from in-memory arrays. State is `{"step": n}`, the same on every host.
+
+    The order is global: batch j of an epoch is images `order[j * G : (j + 1) * G]` of the epoch's
+    order for the global batch G, and host h reads its contiguous rows `[h * batch_size, (h + 1) *
+    batch_size)` of it, so the global batches are the same at any number of hosts (a job resumes
+    on another number of hosts and devices with the same batches). Training drops an epoch's last
+    partial batch; eval pads it (weight 0).
 
     **Arguments:**
 
@@ -55,6 +61,8 @@ class ImageClassificationInput(BaseInput):
     - `shuffle`: training only: a new order every epoch, from `(seed, epoch)`.
     - `batch_size`, `num_infeed_hosts`, `infeed_host_index`, `seed`, `repeat`: see `BaseInput`.
     """
+
+    global_state = True  # the global batch count
 
     def __init__(
         self,

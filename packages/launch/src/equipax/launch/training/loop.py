@@ -65,12 +65,20 @@ def check_host_rows(training: Any, inp: Any) -> None:
         )
 
 
-def restore_data_state(inp: Any, data_state: dict[str, Any], *, moved: bool) -> None:
-    """Put the checkpoint's data state into the training input; a state this input cannot take
-    (another global batch, another dataset) is a ConfigError naming the way out."""
+def restore_data_state(
+    inp: Any, data_state: dict[str, Any], *, moved: bool, allow_new_data_order: bool, log: Any
+) -> bool:
+    """Put the checkpoint's data state into the training input. A state this input cannot take
+    (another global batch, another dataset, a per-host state of an earlier version) is a
+    ConfigError naming the way out, or, with `allow_new_data_order`, a note: the input keeps its
+    start (a new order). Returns whether the data starts a new order."""
     try:
         inp.set_state(host_state(data_state))
+        return False
     except ValueError as e:
+        if allow_new_data_order:
+            log(f"note: --allow-new-data-order: {e} The data starts a new order.")
+            return True
         where = " on this layout" if moved else ""
         raise ConfigError(
             f"The checkpoint's data state does not fit this run's training input{where}: {e} Restore the "
@@ -258,16 +266,17 @@ def _train(
                 "shorter run."
             )
         moved = layout_change(saved_meta, meta)
-        if new_order and new_order[0]:  # --allow-new-data-order over changed data: a new order from its start
-            changes = [*saved_meta.get("data_order_changes", []), {"step": start, "layout": layout}]
-            checkpointer.meta["data_order_changes"] = changes
-        else:
-            restore_data_state(inputs.train, data_state, moved=moved is not None)
-            checkpointer.meta["data_order_changes"] = saved_meta.get("data_order_changes", [])
+        fresh = bool(new_order and new_order[0]) or restore_data_state(  # a new order: changed data knobs
+            inputs.train, data_state, moved=moved is not None, allow_new_data_order=allow_new_data_order, log=log
+        )
+        changes = saved_meta.get("data_order_changes", [])
+        if fresh:  # recorded in every later checkpoint's meta
+            changes = [*changes, {"step": start, "layout": layout}]
+        checkpointer.meta["data_order_changes"] = changes
         if moved is None:
             log(f"Resumed from step {start} ({job_dir / 'checkpoints'}).")
         else:
-            order = "the data starts a new order" if new_order and new_order[0] else "the data order is unchanged"
+            order = "the data starts a new order" if fresh else "the data order is unchanged"
             log(f"Resumed from step {start} on {moved}: state re-sharded onto the new mesh, {order}.")
     mark("build")
     writer.truncate_after(start)  # records written after the checkpoint resumed from
