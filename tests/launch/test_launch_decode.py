@@ -152,7 +152,36 @@ def test_decode_split_eval_writes_each_example_to_the_job_directory(job):
     assert summary["reference_token_match"] == pytest.approx(
         sum(r["matching_tokens"] for r in rows) / sum(r["compared_tokens"] for r in rows)
     )
+    # The eval input's decode metrics (BaseInput.decode_metrics) on the decoded texts.
+    from equipax.data.metrics import exact_match, token_f1
+
+    refs, texts = [r["reference"] for r in rows], [r["text"] for r in rows]
+    assert summary["exact_match"] == exact_match(refs, texts)["exact_match"]
+    assert summary["token_f1"] == pytest.approx(token_f1(refs, texts)["token_f1"])
+    [record] = records(job / "decoder_out" / "metrics.jsonl", "decoder_out")
+    assert record["step"] == 2 and record["token_f1"] == pytest.approx(summary["token_f1"])
+    assert list((job / "summaries" / "decoder_out").glob("events.out.tfevents.*"))
     assert not (job / "decoder_out" / "4").exists()
+
+
+def test_eval_scores_each_checkpoint_on_a_multiple_choice_set(job, tmp_path):
+    """`launch eval --multiple-choice shakespeare_next_line`: each checkpoint's record carries the
+    set's accuracies beside the loss; the choices longer than the toy model's rows are noted."""
+    copy = tmp_path / "job"
+    shutil.copytree(job, copy)
+    result = invoke("eval", "--job-log-dir", copy, "--multiple-choice", "shakespeare_next_line")
+    assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+    text = " ".join(result.output.split())
+    assert "are longer than the job's rows allow (data.seq_len=32)" in text
+    evaluated = records(copy / "eval_job" / "metrics.jsonl", "eval_job")
+    assert [r["step"] for r in evaluated] == [2, 4]
+    for r in evaluated:
+        for name in ("accuracy", "accuracy_norm"):
+            value = r[f"shakespeare_next_line/{name}"] * 64  # 64 questions
+            assert 0 <= value <= 64 and value == pytest.approx(round(value))
+        assert f"shakespeare_next_line/accuracy {r['shakespeare_next_line/accuracy']:.3f}" in text
+    bad = invoke("eval", "--job-log-dir", copy, "--multiple-choice", "hellaswag")
+    assert bad.exit_code == 2 and "the sets are shakespeare_next_line" in " ".join(bad.output.split())
 
 
 def test_decode_split_drops_padding_rows():

@@ -7,6 +7,15 @@ from equipax.data.documents import DocumentLMInput
 from equipax.data.eval import RollingEvalInput, make_eval_input
 from equipax.data.global_order import GlobalOrderInput, epoch_permutation
 from equipax.data.lm_input import TokenWindowInput, build_lm_texts_tokens, unigram_entropy
+from equipax.data.metrics import (
+    MULTIPLE_CHOICE_SETS,
+    MultipleChoiceItem,
+    MultipleChoiceSet,
+    choice_accuracy,
+    exact_match,
+    shakespeare_next_line,
+    token_f1,
+)
 from equipax.data.sources import (
     DataError,
     ImageClassificationInput,
@@ -46,6 +55,9 @@ __all__ = [
     "DocumentLMInput",
     "HFTokenizer",
     "MappedInput",
+    "MULTIPLE_CHOICE_SETS",
+    "MultipleChoiceItem",
+    "MultipleChoiceSet",
     "RollingEvalInput",
     "TextShards",
     "SentencePieceTokenizer",
@@ -55,9 +67,11 @@ __all__ = [
     "build_lm_texts_tokens",
     "chat_example",
     "check_complete_sets",
+    "choice_accuracy",
     "check_shard_output",
     "clean_markdown",
     "epoch_permutation",
+    "exact_match",
     "find_shards",
     "input_files",
     "iter_text_documents",
@@ -68,9 +82,11 @@ __all__ = [
     "load_plays",
     "play_conversations",
     "split_digits",
+    "shakespeare_next_line",
     "shard_split",
     "split_plays",
     "synthetic_images",
+    "token_f1",
     "unigram_entropy",
     "write_shards",
 ]

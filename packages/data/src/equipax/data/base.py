@@ -7,6 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from equipax.core.task import Batch
+from equipax.data.metrics import DecodeMetric, MultipleChoiceSet, exact_match, token_f1
 from equipax.data.tokenizers import Tokenizer
 
 __all__ = ["BaseInput", "Batch", "Documents", "check_positive", "check_state_keys"]
@@ -116,6 +117,18 @@ class BaseInput(abc.ABC):
     def counter_metrics(self, totals: Mapping[str, int]) -> dict[str, int | float]:
         """The train record's fields for `counters` summed over every host: `data_<name>` each."""
         return {f"data_{k}": int(v) for k, v in totals.items()}
+
+    def decode_metrics(self) -> tuple[DecodeMetric, ...]:
+        """The metrics `launch decode --split eval` computes on what is decoded from this input:
+        `metric(targets, predictions) -> {name: value}` each (SeqIO's `predict_metric_fns`;
+        `equipax.data.metrics`). Override to add your own; default: exact match and token F1."""
+        return (exact_match, token_f1)
+
+    def multiple_choice(self) -> MultipleChoiceSet | None:
+        """A multiple-choice set that `launch eval` scores each checkpoint on (per-choice
+        log-likelihoods through the set's score metrics, SeqIO's `score_metric_fns`), beside the
+        loss; None (the default) for none. `launch eval --multiple-choice NAME` names a built-in set."""
+        return None
 
     def ids_to_strings(self, ids: np.ndarray, lengths: Sequence[int] | np.ndarray | None = None) -> list[str]:
         """Decode a `[batch, seq]` (or `[seq]`) array of token ids to one string per row.

@@ -4,6 +4,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from equipax.data.base import BaseInput, Batch, check_positive
+from equipax.data.metrics import DecodeMetric, MultipleChoiceSet
 
 __all__ = ["make_eval_input", "RollingEvalInput"]
 
@@ -50,6 +51,12 @@ class RollingEvalInput(BaseInput):
 
     def reset(self) -> None:
         self._taken = 0
+
+    def decode_metrics(self) -> tuple[DecodeMetric, ...]:
+        return self.source.decode_metrics()
+
+    def multiple_choice(self) -> MultipleChoiceSet | None:
+        return self.source.multiple_choice()
 
     def get_state(self) -> dict[str, Any]:
         return {"source": self.source.get_state(), "taken": self._taken}

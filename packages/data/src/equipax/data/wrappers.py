@@ -4,6 +4,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from equipax.data.base import BaseInput, Batch
+from equipax.data.metrics import DecodeMetric, MultipleChoiceSet
 
 __all__ = ["MappedInput"]
 
@@ -59,6 +60,12 @@ class MappedInput(BaseInput):
 
     def counter_metrics(self, totals: Mapping[str, int]) -> dict[str, int | float]:
         return self.source.counter_metrics(totals)
+
+    def decode_metrics(self) -> tuple[DecodeMetric, ...]:
+        return self.source.decode_metrics()
+
+    def multiple_choice(self) -> MultipleChoiceSet | None:
+        return self.source.multiple_choice()
 
     def __getattr__(self, name: str) -> Any:
         # num_batches, seq_len, ... of the wrapped input (only called for missing attributes).

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from equipax.core.knobs import ConfigError
 from equipax.launch.commands.common import CpuDevicesOption, JobSetOption, err, fail, out, resolve_job
 from equipax.launch.commands.decode_command import JobDirOption
 from equipax.launch.configs.experiment import ExperimentConfig
@@ -46,6 +47,14 @@ def eval_cmd(
     idle_timeout: Annotated[
         float, typer.Option("--idle-timeout", help="--follow: stop after this many seconds without a new checkpoint.")
     ] = 3600.0,
+    multiple_choice: Annotated[
+        str | None,
+        typer.Option(
+            "--multiple-choice",
+            help="Also score each checkpoint on this built-in multiple-choice set (shakespeare_next_line); "
+            "default: the eval input's own set, if it defines one.",
+        ),
+    ] = None,
     cpu_devices: CpuDevicesOption = None,
     set_: JobSetOption = None,
 ) -> None:
@@ -59,6 +68,9 @@ def eval_cmd(
             fail(f"{name} must be a number of seconds > 0; got {value}.")
     if eval_batches is not None and eval_batches < 0:
         fail(f"--eval-batches must be >= 0 (0 = the whole eval set); got {eval_batches}.")
+    from equipax.launch.inference.multiple_choice import check_set_name
+
+    check_set_name(multiple_choice)
     if follow:
         _wait_for_the_job(job_log_dir, poll_seconds, idle_timeout)
     cfg = resolve_job(job_log_dir, set_)[1]
@@ -68,7 +80,7 @@ def eval_cmd(
         except ValueError as e:
             fail(str(e))
     use_cpu_devices(cpu_devices)
-    job = EvalJob(cfg, job_log_dir)
+    job = EvalJob(cfg, job_log_dir, multiple_choice=multiple_choice)
     job.run(follow=follow, poll_seconds=poll_seconds, idle_timeout=idle_timeout)
     if job.unreadable:
         steps = ", ".join(map(str, job.unreadable))
@@ -95,9 +107,11 @@ def _wait_for_the_job(job_dir: Path, poll_seconds: float, idle_timeout: float) -
 class EvalJob:
     """The eval job of one training job: what it evaluated, and the program that evaluates."""
 
-    def __init__(self, cfg: ExperimentConfig, job_dir: Path) -> None:
+    def __init__(self, cfg: ExperimentConfig, job_dir: Path, *, multiple_choice: str | None = None) -> None:
         from equipax.launch.jobdir.summaries import read_metrics
 
+        self.multiple_choice_name = multiple_choice
+        self.scorer: Any = None  # (set, tokenizer, seq_len), at the first checkpoint, when there is a set
         self.cfg: ExperimentConfig = cfg
         self.job_dir: Path = Path(job_dir)
         self.path: Path = self.job_dir / EVAL_DIR / "metrics.jsonl"
@@ -179,12 +193,40 @@ class EvalJob:
         fam = family(cfg)
         inputs = fam.build_inputs(cfg, self.job_dir, log=lambda m: err.print(m, highlight=False))
         self.program = (build_training(cfg, mesh), inputs.eval, fam.UNIT)
+        self._build_scorer(inputs)
         self.path.parent.mkdir(exist_ok=True)
         self.writer = MetricsWriter(self.job_dir, path=self.path, summaries=self.tb_dir.parent)
 
+    def _build_scorer(self, inputs: Any) -> None:
+        from equipax.launch.inference.multiple_choice import multiple_choice_set
+
+        mc = multiple_choice_set(self.multiple_choice_name, inputs.eval)
+        tokenizer, seq_len = inputs.extra.get("tokenizer"), getattr(self.cfg.data, "seq_len", None)
+        if mc is not None and (tokenizer is None or seq_len is None):
+            raise ConfigError(
+                f"--multiple-choice scores text with a language model; this job ({self.cfg.name}) has no "
+                "tokenizer (it is not a language-model job). Drop --multiple-choice."
+            )
+        self.scorer = None if mc is None else (mc, tokenizer, seq_len)
+
+    def _score(self, model: Any, training: Any, rows: int) -> dict[str, float]:
+        from equipax.launch.inference.multiple_choice import score_multiple_choice
+
+        if self.scorer is None:
+            return {}
+        mc, tokenizer, seq_len = self.scorer
+        return score_multiple_choice(
+            mc,
+            model,
+            training,
+            tokenizer,
+            seq_len=seq_len,
+            rows_per_batch=rows,
+            log=lambda m: err.print(m, highlight=False),
+        )
+
     def evaluate(self, step: int, *, vanished_ok: bool) -> None:
         """Restore checkpoint `step` (model only), evaluate it, record it."""
-        from equipax.core.knobs import ConfigError
         from equipax.launch.inference.trained_job import CheckpointUnreadable, restore_model
         from equipax.launch.training.builtin_hooks import eval_pass, eval_record
 
@@ -213,7 +255,8 @@ class EvalJob:
                 return
             raise
         m = eval_pass(training, eval_input, model, model_state, limit=self.cfg.train.eval_batches)
-        record = eval_record(m, unit) | {"seconds": time.monotonic() - start}
+        scored = self._score(model, training, eval_input.batch_size)
+        record = eval_record(m, unit) | scored | {"seconds": time.monotonic() - start}
         try:
             self.writer.write(step, EVAL_DIR, record, flush=True)
         except OSError as e:
@@ -229,6 +272,6 @@ class EvalJob:
         self.done.add(step)
         out.print(
             f"step {step}: eval loss {m['loss']:.4f}, accuracy {m['accuracy']:.3f} on {m['weight']:,.0f} "
-            f"{unit} ({record['seconds']:.1f} s)",
+            f"{unit}{''.join(f', {k} {v:.3f}' for k, v in scored.items())} ({record['seconds']:.1f} s)",
             highlight=False,
         )

@@ -6,7 +6,11 @@ part to the same number of batches (missing rows have weight 0), so every host r
 number of decode steps and stops together; padding rows are dropped from the output. Each
 example's prompt is the first `prompt_tokens` tokens of its row, and its reference is the row's
 next `max_new_tokens` tokens (what the eval loss scores). Outputs go to
-`<job>/decoder_out/<step>/outputs.jsonl` (and `summary.json`), written by process 0.
+`<job>/decoder_out/<step>/outputs.jsonl` (and `summary.json`), written by process 0. The eval
+input's decode metrics (`BaseInput.decode_metrics`: exact match and token F1 of the decoded text
+against the reference text unless the input defines its own) go into summary.json and, as a
+`decoder_out` record, into `<job>/decoder_out/metrics.jsonl` and TensorBoard
+`<job>/summaries/decoder_out`.
 """
 
 import dataclasses
@@ -23,7 +27,7 @@ import numpy as np
 from equipax.core.knobs import ConfigError
 from equipax.launch.inference.sampling import host_array
 
-__all__ = ["DECODER_OUT", "decode_split", "DecodeSettings", "prompt_rows"]
+__all__ = ["DECODER_OUT", "decode_metrics", "decode_split", "DecodeSettings", "prompt_rows"]
 
 DECODER_OUT = "decoder_out"  # Pax's name for the decode outputs' directory
 
@@ -150,6 +154,7 @@ def decode_split(cfg: Any, job_dir: Path, step: int, settings: DecodeSettings, *
         batches += 1
     seconds = time.monotonic() - start
     records = sorted(records, key=lambda r: r["example_id"])[: settings.max_examples or None]
+    metrics = decode_metrics(source.decode_metrics(), records)
     return _write(
         Path(job_dir),
         step,
@@ -157,7 +162,27 @@ def decode_split(cfg: Any, job_dir: Path, step: int, settings: DecodeSettings, *
         batches=batches,
         seconds=seconds,
         settings=dataclasses.replace(settings, prompt_tokens=prompt_tokens, max_new_tokens=new_tokens),
+        metrics=metrics,
     )
+
+
+def decode_metrics(metrics: Any, records: list[dict[str, Any]]) -> dict[str, float]:
+    """The input's decode metrics on the outputs: each `metric(references, texts) -> {name: value}`.
+    A metric that fails or returns something else is a ConfigError naming it."""
+    targets, predictions = [r["reference"] for r in records], [r["text"] for r in records]
+    out: dict[str, float] = {}
+    for metric in metrics:
+        name = getattr(metric, "__qualname__", repr(metric))
+        try:
+            values = metric(targets, predictions)
+            out |= {str(k): float(v) for k, v in dict(values).items()}
+        except Exception as e:  # a user's function: say which one, keep the outputs' directory clean
+            raise ConfigError(
+                f"The eval input's decode metric {name} failed on {len(records)} decoded examples "
+                f"({type(e).__name__}: {e}); it must return {{name: number}} from (targets, predictions). "
+                "Fix it, or leave it out of the input's decode_metrics()."
+            ) from None
+    return out
 
 
 def _gather(x: np.ndarray) -> np.ndarray:
@@ -203,7 +228,14 @@ def _records(
 
 
 def _write(
-    job_dir: Path, step: int, records: list[dict[str, Any]], *, batches: int, seconds: float, settings: DecodeSettings
+    job_dir: Path,
+    step: int,
+    records: list[dict[str, Any]],
+    *,
+    batches: int,
+    seconds: float,
+    settings: DecodeSettings,
+    metrics: dict[str, float],
 ) -> Path:
     folder = job_dir / DECODER_OUT / str(step)
     if jax.process_index() != 0:
@@ -222,7 +254,16 @@ def _write(
         # Greedy decoding scored against the eval text: the share of generated tokens equal to the
         # reference token at the same position (0 when nothing was compared).
         "reference_token_match": sum(r["matching_tokens"] for r in records) / compared if compared else 0.0,
+        **metrics,
         **dataclasses.asdict(settings),
     }
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    from equipax.launch.jobdir.summaries import MetricsWriter
+
+    writer = MetricsWriter(job_dir, path=job_dir / DECODER_OUT / "metrics.jsonl")
+    try:
+        record = {"examples": len(records), "reference_token_match": summary["reference_token_match"], **metrics}
+        writer.write(step, DECODER_OUT, record, flush=True)
+    finally:
+        writer.close()
     return folder

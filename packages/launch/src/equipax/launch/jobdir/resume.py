@@ -14,12 +14,12 @@ changed knobs") has the table.
 
 import dataclasses
 import hashlib
-from pathlib import Path
 from typing import Any
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.cluster.distributed import host_state
 from equipax.launch.configs.experiment import ExperimentConfig
+from equipax.launch.jobdir.storage import AnyPath
 
 __all__ = ["check_resume", "describe_layout", "layout_change", "restore_data_state", "resume_meta", "SAFE_DATA_KNOBS"]
 
@@ -39,7 +39,7 @@ SAFE_DATA_KNOBS = frozenset(
 )
 
 
-def _file_digest(path: Path) -> str | None:
+def _file_digest(path: AnyPath) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     except OSError:
@@ -52,7 +52,7 @@ def _train_shards(cfg: ExperimentConfig) -> str | None:
     return source.fingerprint(cfg.data) if source is not None else None
 
 
-def _vocabulary(cfg: ExperimentConfig, job_dir: Path) -> str | None:
+def _vocabulary(cfg: ExperimentConfig, job_dir: AnyPath) -> str | None:
     """A fingerprint of the vocabulary file the ids come from (None for bytes and images)."""
     if cfg.kind != "lm":
         return None
@@ -65,7 +65,7 @@ def _vocabulary(cfg: ExperimentConfig, job_dir: Path) -> str | None:
 
 def resume_meta(
     cfg: ExperimentConfig,
-    job_dir: Path,
+    job_dir: AnyPath,
     *,
     hosts: int,
     global_state: bool = False,
@@ -116,7 +116,7 @@ def layout_change(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
 
 
 def check_resume(
-    saved: dict[str, Any], current: dict[str, Any], *, step: int, where: Path, allow_new_data_order: bool = False
+    saved: dict[str, Any], current: dict[str, Any], *, step: int, where: AnyPath, allow_new_data_order: bool = False
 ) -> tuple[list[str], bool]:
     """Refuse to resume a checkpoint whose saved state this run would misread.
 

@@ -7,7 +7,6 @@ the run's own hooks (`builtin_hooks.py`) and the caller's (`hooks.py` is their p
 """
 
 import contextlib
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from equipax.launch.errors import Preempted
 from equipax.launch.jobdir.checkpoints import Checkpointer
 from equipax.launch.jobdir.ownership import JobLock, prepare_job_dir, write_text_atomic
 from equipax.launch.jobdir.resume import check_resume, layout_change, restore_data_state, resume_meta
+from equipax.launch.jobdir.storage import AnyPath, job_path, rmtree
 from equipax.launch.jobdir.summaries import MetricsWriter
 from equipax.launch.tasks import family
 from equipax.launch.training.build import build_training, check_host_rows
@@ -63,7 +63,7 @@ def _mesh_hint(cfg: ExperimentConfig) -> str:
     return hint + (f"; to run its code path on this CPU, try `launch run --exp {smoke} --cpu-devices {devices}`")
 
 
-def _knob_changes(cfg: ExperimentConfig, job_dir: Path) -> str:
+def _knob_changes(cfg: ExperimentConfig, job_dir: AnyPath) -> str:
     """The knobs that differ from the job's recorded config.json, as text (or "")."""
     try:
         old = flatten(from_json(ExperimentConfig, (job_dir / "config.json").read_text()))
@@ -76,7 +76,7 @@ def _knob_changes(cfg: ExperimentConfig, job_dir: Path) -> str:
 def run_experiment(
     cfg: ExperimentConfig,
     *,
-    job_dir: Path,
+    job_dir: AnyPath,
     sources: dict[str, str] | None = None,
     console: Console | None = None,
     hooks: Sequence[Hook] = (),
@@ -86,7 +86,7 @@ def run_experiment(
 
     Arguments:
         cfg: the resolved experiment.
-        job_dir: the job directory (created if missing).
+        job_dir: the job directory (created if missing): local, or `gs://`/`s3://` (`jobdir/storage.py`).
         sources: which knobs came from `--set` (for knobs.txt).
         console: where progress goes (default: stdout).
         hooks: the caller's hooks (`equipax.launch.training.hooks.Hook`), run with the run's own
@@ -102,7 +102,7 @@ def run_experiment(
         Preempted: stopped by SIGTERM/SIGINT after saving a checkpoint.
     """
     console = console or Console()
-    job_dir = Path(job_dir)
+    job_dir = job_path(job_dir)
     try:
         cfg = cfg.for_devices(jax.device_count())  # a -1 mesh axis takes the devices present
     except ValueError as e:
@@ -120,7 +120,7 @@ def run_experiment(
         # Stopped before writing anything (the compilation cache is no record of the job): leave no trace.
         kept = {".lock", *Path(cfg.train.compiler.cache_dir).parts[:1]}
         if created and is_primary() and not any(p.name not in kept for p in job_dir.iterdir()):
-            shutil.rmtree(job_dir, ignore_errors=True)
+            rmtree(job_dir)
         raise
 
 
@@ -137,7 +137,7 @@ def local_device_memory_gib() -> float:
 
 
 def _choose_remat(
-    cfg: ExperimentConfig, mesh: jax.sharding.Mesh, job_dir: Path, sources: dict[str, str], log: Any
+    cfg: ExperimentConfig, mesh: jax.sharding.Mesh, job_dir: AnyPath, sources: dict[str, str], log: Any
 ) -> tuple[ExperimentConfig, dict[str, str]]:
     """`model.transformer.remat="auto"` resolved on this job's devices (`equipax.launch.aot.remat`)."""
     from equipax.launch.aot.remat import CACHE_FILE, KNOB, choose_remat, format_remat_table
@@ -163,7 +163,7 @@ def _choose_remat(
 
 def _train(
     cfg: ExperimentConfig,
-    job_dir: Path,
+    job_dir: AnyPath,
     mesh: jax.sharding.Mesh,
     sources: dict[str, str],
     console: Console,
