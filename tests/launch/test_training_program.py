@@ -18,6 +18,7 @@ from helpers.toy import (
     compile_cache_env,
     set_args,
     suite_compile_cache_env,
+    with_xla_flags,
 )
 
 
@@ -32,9 +33,7 @@ def invoke(*args):
 def launch(*args, timeout=600, xla_flags=""):
     """`launch ...` as its own process, on the suite's compile cache (never killed); `xla_flags`
     appended to XLA_FLAGS (FAST_COMPILE for runs compared only with each other)."""
-    env = {**os.environ, **suite_compile_cache_env()}
-    if xla_flags:
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
+    env = with_xla_flags({**os.environ, **suite_compile_cache_env()}, xla_flags)
     return subprocess.run(
         [sys.executable, "-m", "equipax.launch.cli", *map(str, args)],
         capture_output=True,
