@@ -5,12 +5,9 @@ import subprocess
 import sys
 import textwrap
 
-from helpers.toy import suite_compile_cache_env
+from helpers.toy import FAST_COMPILE, suite_compile_cache_env, with_xla_flags
 
-# XLA:CPU compiling with less LLVM optimisation (several times faster to compile): for children
-# that compare two computations compiled alike (sharded == one device, at a tolerance), never for
-# numbers checked against values recorded at the default level (golden files).
-FAST_COMPILE = "--xla_backend_optimization_level=0"
+__all__ = ["FAST_COMPILE", "run_with_devices"]
 
 
 def run_with_devices(code: str, devices: int = 8, timeout: float = 300, xla_flags: str = "") -> str:
@@ -23,9 +20,9 @@ def run_with_devices(code: str, devices: int = 8, timeout: float = 300, xla_flag
     warnings are errors) and on the suite's compile cache. Fails the calling test with the child's
     output on a non-zero exit.
     """
-    env = dict(os.environ, **suite_compile_cache_env(), JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
-    if xla_flags:
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
+    env = with_xla_flags(
+        dict(os.environ, **suite_compile_cache_env(), JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu"), xla_flags
+    )
     prelude = (
         "import warnings; warnings.simplefilter('error')\n"
         "import jax; jax.config.update('jax_numpy_rank_promotion', 'raise')\n"

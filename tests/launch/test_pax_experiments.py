@@ -219,9 +219,10 @@ def test_an_unknown_pax_class_suggests_the_close_ones_and_an_alias_cannot_be_giv
 
 
 def test_pax_spellings_on_the_command_line(tmp_path, monkeypatch):
-    """`--job_log_dir=X` / `--job_log_dir X` are `--job-log-dir`; a `gs://` job directory is exit 2
-    saying object storage is not supported (never a local directory named `gs:`); `launch list`
-    and `launch show` name the Pax paths."""
+    """`--job_log_dir=X` / `--job_log_dir X` are `--job-log-dir`; a `gs://` job directory whose store
+    does not answer is exit 2 naming the variable to set (never a local directory named `gs:`;
+    tests/launch/test_object_storage.py runs one against an emulator); `launch list` and `launch
+    show` name the Pax paths."""
     from typer.testing import CliRunner
 
     from equipax.launch.cli import app
@@ -231,11 +232,15 @@ def test_pax_spellings_on_the_command_line(tmp_path, monkeypatch):
     for args in (["--job_log_dir=missing"], ["--job_log_dir", "missing"]):
         result = runner.invoke(app, ["eval", *args])
         assert result.exit_code == 2 and "--job-log-dir missing does not exist" in result.output, result.output
+    from helpers.object_stores import free_port
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     result = runner.invoke(app, ["run", "--exp=C4Spmd1BAdam4Replicas", "--job_log_dir=gs://bucket/job"])
-    assert result.exit_code == 2 and "is a URL" in result.output and "not supported yet" in result.output, result.output
+    assert result.exit_code == 2 and "does not answer" in result.output, result.output
+    assert "STORAGE_EMULATOR_HOST" in result.output, result.output
     assert not any(tmp_path.iterdir())
     result = runner.invoke(app, ["show", "--set", "data.source=c4", "--set", "data.path=gs://bucket/c4"])
-    assert result.exit_code == 2 and "data.path='gs://bucket/c4' is a URL" in result.output, result.output
+    assert result.exit_code == 2 and "data.path='gs://bucket/c4' is in object storage" in result.output, result.output
     listing = runner.invoke(app, ["list"]).output
     rows = {tuple(line.split()) for line in listing.splitlines()}
     assert all((path, "=", name) in rows for path, name in PAX_README.items()), listing

@@ -10,21 +10,44 @@ import re
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["output_problem", "url_problem"]
+__all__ = ["output_problem", "REMOTE_SCHEMES", "remote_scheme", "url_problem"]
 
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+REMOTE_SCHEMES = ("gs", "s3")
+"""The object stores a path may name: Google Cloud Storage (`gs://bucket/...`) and S3 (`s3://bucket/...`)."""
 
 
-def url_problem(value: str | Path) -> str | None:
-    """Why `value` cannot be used as a path when it is a URL (`gs://bucket/job`, `s3://...`), or
-    None. equipax reads and writes local or mounted filesystems only; as a path a URL would quietly
-    become a local directory named after its scheme (`gs:`)."""
-    if not _URL.match(str(value).strip()):
+def remote_scheme(value: str | Path) -> str | None:
+    """`"gs"` or `"s3"` when `value` names an object in that store, else None."""
+    m = _URL.match(str(value).strip())
+    return m.group(1).lower() if m and m.group(1).lower() in REMOTE_SCHEMES else None
+
+
+def url_problem(value: str | Path, *, stores: bool = True) -> str | None:
+    """Why `value` cannot be used as a path when it is a URL, or None. Local paths and, with
+    `stores`, the object stores of `REMOTE_SCHEMES` are paths (`equipax.launch.jobdir.storage`);
+    any other URL (`http://`, `hdfs://`) is refused: as a path it would quietly become a local
+    directory named after its scheme (`http:`)."""
+    text = str(value).strip()
+    m = _URL.match(text)
+    if m is None:
         return None
+    scheme = m.group(1).lower()
+    if scheme in REMOTE_SCHEMES and stores:
+        if not re.match(r"[A-Za-z0-9+.-]+://[^/\s]+", text):
+            return f"{str(value)!r} names no bucket: write {scheme}://BUCKET/PATH"
+        return None
+    if scheme in REMOTE_SCHEMES:
+        return (
+            f"{str(value)!r} is in object storage, which only job directories can be so far (--job-log-dir "
+            "gs://BUCKET/JOB or s3://BUCKET/JOB). Give a local or shared-filesystem path (e.g. where the bucket is "
+            "mounted: gcsfuse, s3fs); docs/object_storage.md"
+        )
     return (
-        f"{str(value)!r} is a URL: object storage (gs://, s3://) is not supported yet, and as a path it would "
-        "become a local directory named after the scheme. Give a local or shared-filesystem path, e.g. where "
-        "the bucket is mounted (gcsfuse, s3fs); docs/coming_from_pax.md"
+        f"{str(value)!r} is a {m.group(1)}:// URL: object storage is supported as gs:// (s3:// recognised), and as "
+        "a path it would become a local directory named after the scheme. Give a gs:// path, or a local or "
+        "shared-filesystem path (e.g. where the store is mounted); docs/object_storage.md"
     )
 
 

@@ -15,7 +15,6 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -24,6 +23,7 @@ from equipax.core.configs import REMAT_POLICIES
 from equipax.core.knobs import ConfigError, set_knob, to_dict
 from equipax.launch.aot.compile_step import compile_step
 from equipax.launch.configs.experiment import ExperimentConfig
+from equipax.launch.jobdir.storage import AnyPath, write_atomic
 
 __all__ = ["CACHE_FILE", "candidate_policies", "choose_remat", "format_remat_table", "is_auto", "RematChoice"]
 
@@ -94,7 +94,7 @@ def _cache_key(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, target: dict[str,
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _read_cache(path: Path | None) -> dict[str, Any]:
+def _read_cache(path: AnyPath | None) -> dict[str, Any]:
     if path is None or not path.is_file():
         return {}
     try:
@@ -104,14 +104,12 @@ def _read_cache(path: Path | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _write_cache(path: Path | None, key: str, entry: dict[str, Any]) -> None:
+def _write_cache(path: AnyPath | None, key: str, entry: dict[str, Any]) -> None:
     if path is None or jax.process_index() != 0:
         return
     data = _read_cache(path) | {key: entry}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def choose_remat(
@@ -123,7 +121,7 @@ def choose_remat(
     peak_tflops: float | None,
     assumed_mfu: float = 0.5,
     target: dict[str, Any] | None = None,
-    cache: Path | None = None,
+    cache: AnyPath | None = None,
     log: Callable[[str], object] = print,
 ) -> RematChoice:
     """Compile `cfg`'s train step under each candidate policy (least recomputation first) until one fits.

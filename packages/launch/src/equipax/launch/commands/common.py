@@ -1,7 +1,7 @@
 """What every `launch` command shares: consoles, option types, resolving an experiment."""
 
 from collections.abc import Callable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal, NoReturn
 
 import typer
@@ -11,6 +11,7 @@ from equipax.core.knobs import ConfigError, apply_overrides
 from equipax.core.paths import url_problem
 from equipax.launch.errors import EXIT_USER_ERROR
 from equipax.launch.experiments import registry
+from equipax.launch.jobdir.storage import AnyPath
 
 __all__ = [
     "check_output",
@@ -21,6 +22,7 @@ __all__ = [
     "err",
     "ExpOption",
     "fail",
+    "job_dir_option",
     "JobLogDirOption",
     "out",
     "path_option",
@@ -59,16 +61,36 @@ JobSetOption = Annotated[
 def path_option(value: str) -> Path:
     """A path given on the command line; an empty one (`--job-log-dir ""`: an unset shell variable)
     is a usage error (exit 2), never the current directory and whatever is there. So is a URL
-    (`gs://bucket/job`, as Pax's commands pass): as a path it would quietly become a local
-    directory named `gs:`."""
+    other than a job directory's (`job_dir_option`): as a path it would quietly become a local
+    directory named after its scheme (`gs:`)."""
+    return _path(value, stores=False)  # pyright: ignore[reportReturnType]: never remote here
+
+
+def job_dir_option(value: str) -> AnyPath:
+    """A job directory given on the command line: `path_option`, or a directory in object storage
+    (`gs://BUCKET/JOB`, `s3://BUCKET/JOB`; an `etils.epath.Path`, `equipax.launch.jobdir.storage`).
+    Typed `Path` for typer, which reads the annotation; what comes back is a `storage.AnyPath`."""
+    path = _path(value, stores=True)
+    from equipax.launch.jobdir.storage import check_store
+
+    try:  # in seconds: an unreachable endpoint, no credentials, a missing bucket
+        check_store(path, "--job-log-dir")
+    except ConfigError as e:
+        raise typer.BadParameter(str(e).removeprefix(f"--job-log-dir {str(path)!r}: ")) from None
+    return path
+
+
+def _path(value: str, *, stores: bool) -> AnyPath:
     if not value.strip():
         raise typer.BadParameter(
             "is empty (an unset shell variable?): give a path. An empty path would mean the current "
             "directory, and the command would write over what is there."
         )
-    if (problem := url_problem(value)) is not None:
+    if (problem := url_problem(value, stores=stores)) is not None:
         raise typer.BadParameter(problem + ".")
-    return Path(value)
+    from equipax.launch.jobdir.storage import job_path
+
+    return job_path(value)
 
 
 # The files a job's run keeps at the top of its directory (its subdirectories are all its own).
@@ -87,8 +109,15 @@ JOB_FILES = frozenset(
     }
 )
 
+# Typed PurePath, the common base of `pathlib.Path` and `etils.epath.Path` (typer takes one type):
+# `storage.job_path` gives it back as an `AnyPath`.
 JobLogDirOption = Annotated[
-    Path | None, typer.Option("--job-log-dir", parser=path_option, help="Job directory (default: runs/<exp>).")
+    PurePath | None,
+    typer.Option(
+        "--job-log-dir",
+        parser=job_dir_option,
+        help="Job directory: a path, gs://BUCKET/JOB or s3://BUCKET/JOB (default: runs/<exp>).",
+    ),
 ]
 
 
@@ -179,7 +208,7 @@ def resolve(exp: str, overrides: list[str] | None) -> tuple[registry.Entry, Any,
         fail(str(e))
 
 
-def resolve_job(job_dir: Path, overrides: list[str] | None) -> tuple[registry.Entry, Any, dict[str, str]]:
+def resolve_job(job_dir: AnyPath, overrides: list[str] | None) -> tuple[registry.Entry, Any, dict[str, str]]:
     """The experiment a job directory records (its config.json) with overrides applied: `launch run
     --job-log-dir JOB` without `--exp` continues that job, registered or not (an imported model)."""
     from equipax.launch.inference.trained_job import load_config

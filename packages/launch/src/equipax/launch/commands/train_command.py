@@ -21,6 +21,7 @@ from equipax.launch.commands.common import (
     resolve_job,
 )
 from equipax.launch.experiments import registry
+from equipax.launch.jobdir.storage import job_path
 
 __all__ = ["list_cmd", "profile_overrides", "run", "show"]
 
@@ -161,8 +162,9 @@ def run(
     startup.mark("start-up")  # the interpreter and the imports so far
     if profile is not None:
         set_ = [*(set_ or []), *profile_overrides(profile)]
-    if exp is None and job_log_dir is not None and (job_log_dir / "config.json").exists():
-        entry, cfg, sources = resolve_job(job_log_dir, set_)  # the job's own experiment (an imported model...)
+    job_given = job_path(job_log_dir) if job_log_dir is not None else None
+    if exp is None and job_given is not None and (job_given / "config.json").exists():
+        entry, cfg, sources = resolve_job(job_given, set_)  # the job's own experiment (an imported model...)
     else:
         entry, cfg, sources = resolve(exp or DEFAULT_EXPERIMENT, set_)  # a pure value: no device touched yet
     # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
@@ -201,11 +203,13 @@ def run(
             check_shape(cfg.mesh, num_processes=jax.process_count(), local_devices=jax.local_device_count())
     except ConfigError as e:
         fail(str(e))
-    job_dir = job_log_dir or Path("runs") / cfg.name
+    job_dir = job_given or Path("runs") / cfg.name
     startup.mark("config")  # the knobs, the compiler flags, the devices
     if entry.kind == "benchmark":
         from equipax.launch.bench.attention_timing import run_attention_bench
 
+        if not isinstance(job_dir, Path):
+            fail(f"{cfg.name} is a benchmark: it writes to a local --job-log-dir, not {str(job_dir)!r}.")
         run_attention_bench(cfg, job_dir, console=out)
         return
     from equipax.launch.training.loop import run_experiment

@@ -148,7 +148,7 @@ class DataConfig:
         if self.per_device_batch is not None and self.per_device_batch <= 0:
             raise ValueError(f"data.per_device_batch must be positive or None; got {self.per_device_batch}.")
         for name in ("path", "vocab_path"):
-            if (problem := url_problem(getattr(self, name))) is not None:
+            if (problem := url_problem(getattr(self, name), stores=False)) is not None:
                 raise ValueError(f"data.{name}={problem}.")
         source = self.token_source
         source.check(self)

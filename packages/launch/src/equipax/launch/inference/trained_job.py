@@ -26,6 +26,7 @@ from equipax.core.mesh import MeshConfig, build_mesh
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.jobdir.checksums import ALGORITHM, array_checksums, differences, unverified_warning
 from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
+from equipax.launch.jobdir.storage import COMMIT_MARKER, AnyPath, is_remote, job_path
 
 __all__ = [
     "CheckpointUnreadable",
@@ -46,9 +47,9 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def load_config(job_dir: Path) -> ExperimentConfig:
+def load_config(job_dir: AnyPath) -> ExperimentConfig:
     """The experiment a job directory trained (its `config.json`); ConfigError when there is none."""
-    job_dir = Path(job_dir)
+    job_dir = job_path(job_dir)
     if not job_dir.is_dir():
         raise ConfigError(
             f"--job-log-dir {job_dir} does not exist; point it at the directory `launch run --job-log-dir` wrote."
@@ -65,20 +66,22 @@ def load_config(job_dir: Path) -> ExperimentConfig:
         raise ConfigError(f"{path} does not describe an experiment this version reads: {e}") from None
 
 
-def checkpoint_steps(job_dir: Path) -> list[int]:
+def checkpoint_steps(job_dir: AnyPath) -> list[int]:
     """The steps of the job's complete checkpoints, oldest first (temporary folders excluded)."""
-    folder = Path(job_dir) / "checkpoints"
+    folder = job_path(job_dir) / "checkpoints"
     if not folder.is_dir():
         return []
-    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+    # In a store a step is complete once orbax has written its commit marker (no rename there).
+    complete = (lambda p: (p / COMMIT_MARKER).exists()) if is_remote(folder) else (lambda p: True)
+    return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit() and complete(p))
 
 
-def pick_step(job_dir: Path, step: int | None) -> int:
+def pick_step(job_dir: AnyPath, step: int | None) -> int:
     """`step`, or the newest checkpoint's; ConfigError when it does not exist."""
     steps = checkpoint_steps(job_dir)
     if not steps:
         raise ConfigError(
-            f"{job_dir} has no checkpoint yet (nothing in {Path(job_dir) / 'checkpoints'}). Wait for the "
+            f"{job_dir} has no checkpoint yet (nothing in {job_path(job_dir) / 'checkpoints'}). Wait for the "
             "run to save one (every train.checkpoint_every steps), or train it with `launch run`."
         )
     if step is None:
@@ -170,7 +173,12 @@ class CheckpointUnreadable(ConfigError):
 
 
 def restore_model(
-    job_dir: Path, step: int, abstract_state: Any, *, remedy: str | None = None, log: Callable[[str], object] = _stderr
+    job_dir: AnyPath,
+    step: int,
+    abstract_state: Any,
+    *,
+    remedy: str | None = None,
+    log: Callable[[str], object] = _stderr,
 ) -> tuple[Any, Any]:
     """Restore the model and its non-trained state of checkpoint `step`, onto the shardings of
     `abstract_state` (`build_training(...).abstract_state`); the optimizer state is not read.
@@ -188,9 +196,10 @@ def restore_model(
         CheckpointUnreadable: it does not restore, or its arrays differ from the checksums recorded
             when it was saved.
     """
-    folder = Path(job_dir).absolute() / "checkpoints" / str(step)
+    job = job_path(job_dir)
+    folder = (job if is_remote(job) else Path(job).absolute()) / "checkpoints" / str(step)
     if remedy is None:
-        others = [s for s in checkpoint_steps(Path(job_dir)) if s != step]
+        others = [s for s in checkpoint_steps(job_path(job_dir)) if s != step]
         remedy = (
             f"pick another with --step (this job also has step(s) {', '.join(map(str, others[-5:]))})"
             if others
@@ -228,7 +237,7 @@ def restore_model(
     return _fill(abstract_state.model, ".model", flat), _fill(abstract_state.model_state, ".model_state", flat)
 
 
-def _verify(folder: Path, step: int, flat: dict[str, Any], *, remedy: str, log: Callable[[str], object]) -> None:
+def _verify(folder: AnyPath, step: int, flat: dict[str, Any], *, remedy: str, log: Callable[[str], object]) -> None:
     """CheckpointUnreadable unless the restored arrays have the checksums recorded at save time."""
     path = folder / "digests" / "metadata"
     if not path.exists():
@@ -246,7 +255,7 @@ def _verify(folder: Path, step: int, flat: dict[str, Any], *, remedy: str, log: 
         )
 
 
-def check_tokenizer(cfg: ExperimentConfig, job_dir: Path) -> None:
+def check_tokenizer(cfg: ExperimentConfig, job_dir: AnyPath) -> None:
     """ConfigError when the job's vocabulary file is missing (reading the job must never train a
     new one into its directory)."""
     from equipax.launch.configs.experiment import as_lm

@@ -4,7 +4,9 @@ The train state (an Equinox module) is saved as a flat `{path: array}` dict of i
 leaves, so the checkpoint is readable without our classes and a shape mismatch can be
 reported by name before anything is restored. Saves are asynchronous; orbax writes a step into
 `<step>.orbax-checkpoint-tmp-*` and renames it when complete, so a killed save never shows up as
-a restorable step (leftover temporary directories are removed when the next run starts). A step
+a restorable step (leftover temporary directories are removed when the next run starts). In an
+object store (`gs://`, `s3://`: no atomic rename) orbax writes the step in place and its
+`commit_success.txt` last; a step without that marker is never restored. A step
 directory that still fails to restore (damaged files) is moved to `<job>/corrupt_checkpoints/` and
 the previous step is used instead (`restore_latest`). Each checkpoint also records the checksum
 of every array and JSON item it holds (`checksums.py`) and what the saved state means (`meta`:
@@ -14,7 +16,6 @@ match what was saved is treated like damaged files.
 
 import json
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,7 @@ from equipax.launch.jobdir.checksums import (
 )
 from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
 from equipax.launch.jobdir.save_errors import CheckpointSaveError, save_error
+from equipax.launch.jobdir.storage import AnyPath, is_remote, job_path, move
 
 __all__ = ["Checkpointer", "ChecksumMismatch", "read_json"]
 
@@ -60,8 +62,9 @@ class Checkpointer:
             and handed to `restore_latest`'s `check_meta`).
     """
 
-    def __init__(self, directory: Path, *, keep: int, meta: dict[str, Any] | None = None) -> None:
-        self.directory: Path = Path(directory).absolute()
+    def __init__(self, directory: AnyPath, *, keep: int, meta: dict[str, Any] | None = None) -> None:
+        path = job_path(directory)
+        self.directory: AnyPath = path if is_remote(path) else Path(path).absolute()
         self.meta: dict[str, Any] = dict(meta or {})
         self._in_flight: int | None = None  # the step of the asynchronous save not yet waited for
         self._quiet = QuietOrbaxErrors()
@@ -203,7 +206,7 @@ class Checkpointer:
         target = self.directory.parent / "corrupt_checkpoints" / f"{step}-{time.strftime('%Y%m%d-%H%M%S')}"
         if jax.process_index() == 0 and source.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(source), str(target))
+            move(source, target)
         self._manager.reload()
         log(
             f"warning: the checkpoint of step {step} does not restore ({restore_failure(e)}); "
@@ -224,7 +227,7 @@ class Checkpointer:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             for s in moved:
                 target.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(self.directory / str(s)), str(target / f"{s}-{stamp}"))
+                move(self.directory / str(s), target / f"{s}-{stamp}")
         barrier_all("set_aside_unstable")
         self._manager.reload()
         return self._manager.latest_step(), moved, str(target)
@@ -290,7 +293,7 @@ class Checkpointer:
             logging.getLogger("absl").removeFilter(self._quiet)
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: AnyPath) -> dict[str, Any] | None:
     """A JSON file's content, or None if it does not exist."""
     if not path.exists():
         return None

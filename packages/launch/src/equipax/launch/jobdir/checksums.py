@@ -15,13 +15,14 @@ sharding, the device or the host count (an array saved on 8 devices verifies whe
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from equipax.launch.jobdir.storage import AnyPath
 
 __all__ = [
     "ALGORITHM",
@@ -135,7 +136,7 @@ def tree_digest(tree: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def unverified_warning(step: int, directory: Path) -> str:
+def unverified_warning(step: int, directory: AnyPath) -> str:
     """What a restore says of a checkpoint without its `digests` item (checksums recorded at save)."""
     return (
         f"warning: the checkpoint of step {step} in {directory} has no checksums (its digests item is "

@@ -20,25 +20,24 @@ from collections.abc import Callable
 from pathlib import Path
 
 from equipax.core.knobs import ConfigError
+from equipax.launch.jobdir.storage import AnyPath, StoreLock, is_remote, job_path, write_atomic
 
 __all__ = ["JobLock", "prepare_job_dir", "write_text_atomic"]
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename (never half a file)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def write_text_atomic(path: AnyPath, text: str) -> None:
+    """Write `text` to `path`, never half a file (`storage.write_atomic`: a temporary file and a
+    rename, or one object in a store)."""
+    write_atomic(path, text)
 
 
-def prepare_job_dir(job_dir: Path, experiment: str) -> None:
+def prepare_job_dir(job_dir: AnyPath, experiment: str) -> None:
     """Create `job_dir` if needed and check it is writable and holds no other experiment.
 
     Raises:
         ConfigError: not a directory, not writable, or another experiment's job directory.
     """
-    job_dir = Path(job_dir)
+    job_dir = job_path(job_dir)
     fix = "Choose another --job-log-dir, or fix the directory's permissions."
     try:
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -85,15 +84,26 @@ class JobLock:
         log: where the take-over warning goes.
     """
 
-    def __init__(self, job_dir: Path, *, log: Callable[[str], object] = print) -> None:
-        self.path: Path = Path(job_dir) / ".lock"
+    def __init__(self, job_dir: AnyPath, *, log: Callable[[str], object] = print) -> None:
+        self.path: AnyPath = job_path(job_dir) / ".lock"
         self.log = log
         self._fd: int | None = None
+        self._store: StoreLock | None = None
 
     def __enter__(self) -> "JobLock":
         import jax
 
         if jax.process_index() != 0:
+            return self
+        if is_remote(self.path):  # no flock in an object store: a renewed lease (`StoreLock`)
+            store = StoreLock(self.path)
+            previous = store.acquire()
+            if previous is not None:
+                self.log(
+                    f"warning: took over the job directory's lock left by {_owner(json.dumps(previous).encode())}, "
+                    "which is no longer running."
+                )
+            self._store = store
             return self
         fd = self._open()
         try:
@@ -130,11 +140,11 @@ class JobLock:
         """
         what = None
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+            fd = os.open(Path(self.path), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as e:
             if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EACCES, errno.EPERM):
                 raise
-            fd, what = None, "a symbolic link" if self.path.is_symlink() else None
+            fd, what = None, "a symbolic link" if Path(self.path).is_symlink() else None
             if what is None and e.errno in (errno.EACCES, errno.EPERM):
                 what = f"not writable ({e.strerror})"
         if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -142,7 +152,7 @@ class JobLock:
             fd = None
         if fd is None:
             if what is None:
-                mode = self.path.lstat().st_mode
+                mode = Path(self.path).lstat().st_mode
                 what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
             raise ConfigError(
                 f"The job directory's lock file {str(self.path)!r} is {what}; a run keeps a regular file "
@@ -152,6 +162,9 @@ class JobLock:
         return fd
 
     def __exit__(self, *exc: object) -> None:
+        if self._store is not None:
+            self._store.release()
+            self._store = None
         if self._fd is None:
             return
         os.ftruncate(self._fd, 0)  # a clean exit leaves no owner to warn about

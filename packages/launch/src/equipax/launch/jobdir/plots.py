@@ -1,9 +1,10 @@
 """Headless plots of a run's metrics (matplotlib, Agg backend)."""
 
-from pathlib import Path
 from typing import Any
 
 import matplotlib
+
+from equipax.launch.jobdir.storage import AnyPath, job_path, write_atomic
 
 __all__ = ["plot_attention_bench", "plot_classifier_history", "plot_loss"]
 
@@ -12,17 +13,21 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import NullFormatter
 
 
-def _save(fig: Any, path: Path) -> Path:
-    """Lay out, write `fig` as PNG to `path` (creating folders) and free it."""
-    path = Path(path)
+def _save(fig: Any, path: AnyPath) -> AnyPath:
+    """Lay out, write `fig` as PNG to `path` (creating folders; in a store, one object) and free it."""
+    import io
+
+    path = job_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
+    write_atomic(path, png.getvalue())
     return path
 
 
-def plot_loss(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
+def plot_loss(records: list[dict[str, Any]], path: AnyPath, *, title: str = "") -> AnyPath:
     """Train and eval loss against step, from metrics.jsonl records; writes a PNG.
 
     Arguments:
@@ -51,7 +56,7 @@ def plot_loss(records: list[dict[str, Any]], path: Path, *, title: str = "") -> 
     return _save(fig, path)
 
 
-def plot_attention_bench(result: dict[str, Any], path: Path) -> Path:
+def plot_attention_bench(result: dict[str, Any], path: AnyPath) -> AnyPath:
     """Log-log forward time vs sequence length per implementation; speed-ups below.
 
     Arguments:
@@ -107,7 +112,7 @@ def plot_attention_bench(result: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
-def plot_classifier_history(records: list[dict[str, Any]], path: Path, *, title: str = "") -> Path:
+def plot_classifier_history(records: list[dict[str, Any]], path: AnyPath, *, title: str = "") -> AnyPath:
     """The CNN tutorial's figure (docs/tutorial_cnn.md): training loss (left), train and test accuracy (right) by epoch.
 
     Arguments:

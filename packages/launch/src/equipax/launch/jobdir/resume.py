@@ -14,13 +14,14 @@ changed knobs") has the table.
 
 import dataclasses
 import hashlib
-from pathlib import Path
 from typing import Any
 
 from equipax.core.knobs import ConfigError
+from equipax.launch.cluster.distributed import host_state
 from equipax.launch.configs.experiment import ExperimentConfig
+from equipax.launch.jobdir.storage import AnyPath
 
-__all__ = ["check_resume", "describe_layout", "layout_change", "resume_meta", "SAFE_DATA_KNOBS"]
+__all__ = ["check_resume", "describe_layout", "layout_change", "restore_data_state", "resume_meta", "SAFE_DATA_KNOBS"]
 
 # Data knobs a resumed run may change: they touch evaluation, or only the training of a
 # vocabulary the job already has. Every other `data.*` knob is part of the saved state's meaning.
@@ -38,7 +39,7 @@ SAFE_DATA_KNOBS = frozenset(
 )
 
 
-def _file_digest(path: Path) -> str | None:
+def _file_digest(path: AnyPath) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
     except OSError:
@@ -51,7 +52,7 @@ def _train_shards(cfg: ExperimentConfig) -> str | None:
     return source.fingerprint(cfg.data) if source is not None else None
 
 
-def _vocabulary(cfg: ExperimentConfig, job_dir: Path) -> str | None:
+def _vocabulary(cfg: ExperimentConfig, job_dir: AnyPath) -> str | None:
     """A fingerprint of the vocabulary file the ids come from (None for bytes and images)."""
     if cfg.kind != "lm":
         return None
@@ -64,7 +65,7 @@ def _vocabulary(cfg: ExperimentConfig, job_dir: Path) -> str | None:
 
 def resume_meta(
     cfg: ExperimentConfig,
-    job_dir: Path,
+    job_dir: AnyPath,
     *,
     hosts: int,
     global_state: bool = False,
@@ -115,7 +116,7 @@ def layout_change(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
 
 
 def check_resume(
-    saved: dict[str, Any], current: dict[str, Any], *, step: int, where: Path, allow_new_data_order: bool = False
+    saved: dict[str, Any], current: dict[str, Any], *, step: int, where: AnyPath, allow_new_data_order: bool = False
 ) -> tuple[list[str], bool]:
     """Refuse to resume a checkpoint whose saved state this run would misread.
 
@@ -179,3 +180,25 @@ def check_resume(
         "and optimizer state and start the data in a new order. Learner, train.*, eval and mesh knobs, and "
         'the number of hosts and devices, may change on resume (docs/errors.md, "Resuming with changed knobs").'
     )
+
+
+def restore_data_state(
+    inp: Any, data_state: dict[str, Any], *, moved: bool, allow_new_data_order: bool, log: Any
+) -> bool:
+    """Put the checkpoint's data state into the training input. A state this input cannot take
+    (another global batch, another dataset, a per-host state of an earlier version) is a
+    ConfigError naming the way out, or, with `allow_new_data_order`, a note: the input keeps its
+    start (a new order). Returns whether the data starts a new order."""
+    try:
+        inp.set_state(host_state(data_state))
+        return False
+    except ValueError as e:
+        if allow_new_data_order:
+            log(f"note: --allow-new-data-order: {e} The data starts a new order.")
+            return True
+        where = " on this layout" if moved else ""
+        raise ConfigError(
+            f"The checkpoint's data state does not fit this run's training input{where}: {e} Restore the "
+            "knobs it was saved with, pass --allow-new-data-order to keep the model and optimizer state "
+            "and start the data in a new order, or point --job-log-dir at a new directory."
+        ) from None

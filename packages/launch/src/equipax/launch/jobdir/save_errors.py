@@ -1,7 +1,7 @@
 """A checkpoint that could not be written (disk full, permissions), in one paragraph: what failed,
 why (the OS error at the end of orbax's text), which checkpoint is intact, and what to do."""
 
-from pathlib import Path
+from equipax.launch.jobdir.storage import AnyPath
 
 __all__ = ["CheckpointSaveError", "save_error"]
 
@@ -10,7 +10,7 @@ class CheckpointSaveError(Exception):
     """Writing a checkpoint failed (disk full, permissions); the message says what is intact."""
 
 
-def save_error(directory: Path, step: int | None, e: Exception, *, intact: int | None) -> CheckpointSaveError:
+def save_error(directory: AnyPath, step: int | None, e: Exception, *, intact: int | None) -> CheckpointSaveError:
     """The error of a failed save of `step` (None: not known) into `directory`; `intact` is the
     newest complete checkpoint left (None: none)."""
     what = f"the checkpoint of step {step}" if step is not None else "a checkpoint"

@@ -6,13 +6,14 @@ Only process 0 writes (multi-host runs call this with `enabled=False` elsewhere)
 import contextlib
 import json
 import math
-import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from tensorboardX import SummaryWriter
+
+from equipax.launch.jobdir.storage import AnyPath, append_line, is_remote, job_path, upload, write_atomic
 
 __all__ = ["MetricsWriter", "read_metrics"]
 
@@ -41,23 +42,30 @@ class MetricsWriter:
 
     def __init__(
         self,
-        job_dir: Path,
+        job_dir: AnyPath,
         *,
         enabled: bool = True,
         log: Callable[[str], object] = print,
-        path: Path | None = None,
-        summaries: Path | None = None,
+        path: AnyPath | None = None,
+        summaries: AnyPath | None = None,
     ) -> None:
         self.enabled = enabled
         self.log = log
-        self.path: Path = Path(path) if path is not None else Path(job_dir) / "metrics.jsonl"
+        self.path: AnyPath = job_path(path) if path is not None else job_path(job_dir) / "metrics.jsonl"
         self._tb: dict[str, SummaryWriter] = {}
-        self._summaries = Path(summaries) if summaries is not None else Path(job_dir) / "summaries"
+        self._summaries = job_path(summaries) if summaries is not None else job_path(job_dir) / "summaries"
+        # TensorBoard's writer writes local files: for a store, here, uploaded on every flush.
+        self._staging: Path | None = None
         _quiet_writer_threads()
 
     def _writer(self, split: str) -> SummaryWriter:
         if split not in self._tb:
-            self._tb[split] = SummaryWriter(str(self._summaries / split))
+            if is_remote(self._summaries) and self._staging is None:
+                import tempfile
+
+                self._staging = Path(tempfile.mkdtemp(prefix="equipax-summaries-"))
+            where = self._staging if self._staging is not None else self._summaries
+            self._tb[split] = SummaryWriter(str(where / split))
         return self._tb[split]
 
     def truncate_after(self, step: int) -> None:
@@ -79,9 +87,7 @@ class MetricsWriter:
                 "object in UTF-8 (cut short by a killed run, or damaged). The steps they held are logged "
                 "again where this run trains them."
             )
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(ln + "\n" for ln in kept))
-        tmp.replace(self.path)  # atomic: a kill here never loses the earlier records
+        write_atomic(self.path, "".join(ln + "\n" for ln in kept))  # a kill here never loses the earlier records
 
     def write(self, step: int, split: str, metrics: Mapping[str, float | int], *, flush: bool = False) -> None:
         """Record `metrics` of `split` ("train" or "eval") at `step`: the TensorBoard scalars, then
@@ -100,8 +106,10 @@ class MetricsWriter:
                     tb.add_scalar(k, v, step)
             if flush:
                 tb.flush()
+        if flush:
+            self._upload()
         record = {"step": step, "split": split, **{k: _jsonable(v) for k, v in metrics.items()}}
-        _append(self.path, (json.dumps(record) + "\n").encode())
+        append_line(self.path, (json.dumps(record) + "\n").encode())
 
     def abandon(self) -> None:
         """After a failed write: stop every TensorBoard writer without writing to it again."""
@@ -119,6 +127,12 @@ class MetricsWriter:
         for tb in list(self._tb.values()):
             with self._guard(tb):
                 tb.flush()
+        self._upload()
+
+    def _upload(self) -> None:
+        """A store's summaries: the staged event files copied to `<job>/summaries` (whole objects)."""
+        if self._staging is not None:
+            upload(self._staging, self._summaries)
 
     def close(self) -> None:
         """Close every TensorBoard writer; the first failure is raised after all are closed."""
@@ -130,6 +144,12 @@ class MetricsWriter:
             except OSError as e:
                 failure = failure or e
         self._tb.clear()
+        self._upload()
+        if self._staging is not None:
+            import shutil
+
+            shutil.rmtree(self._staging, ignore_errors=True)
+            self._staging = None
         if failure is not None:
             raise failure
 
@@ -145,23 +165,6 @@ class MetricsWriter:
                     del self._tb[split]
             _retire(tb)
             raise
-
-
-def _append(path: Path, line: bytes) -> None:
-    """Append `line` whole or not at all: a write cut short (a full disk) is truncated away."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        start = os.fstat(fd).st_size
-        try:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view) :]
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, start)
-            raise
-    finally:
-        os.close(fd)
 
 
 def _retire(tb: SummaryWriter) -> None:
@@ -203,6 +206,6 @@ def _parse(raw: bytes) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and isinstance(record.get("step", 0), int) else None
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
+def read_metrics(path: AnyPath) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl file (lines that are not JSON objects are skipped)."""
-    return [r for r in map(_parse, Path(path).read_bytes().splitlines()) if r is not None]
+    return [r for r in map(_parse, job_path(path).read_bytes().splitlines()) if r is not None]

@@ -1,7 +1,6 @@
 """The image-classification family: ImageClassificationTask on in-memory labelled images."""
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from equipax.launch.configs.experiment import ExperimentConfig
@@ -12,6 +11,8 @@ if TYPE_CHECKING:  # JAX and the models load when a run builds its Task, not for
     from jax.sharding import Mesh
 
     from equipax.models.classifier import ImageClassificationTask
+
+from equipax.launch.jobdir.storage import AnyPath
 
 __all__ = ["build_inputs", "finish", "make_task", "numbers", "UNIT", "units_per_example"]
 
@@ -43,7 +44,7 @@ def make_task(cfg: ExperimentConfig, mesh: "Mesh | None") -> "ImageClassificatio
     return ImageClassificationTask(cfg.model, cfg.data.image_shape)  # pyright: ignore[reportArgumentType, reportAttributeAccessIssue]
 
 
-def build_inputs(cfg: ExperimentConfig, job_dir: Path, *, log: Callable[[str], object]) -> Inputs:
+def build_inputs(cfg: ExperimentConfig, job_dir: AnyPath, *, log: Callable[[str], object]) -> Inputs:
     """This host's share of the training images (shuffled per epoch) and one padded pass of the test set."""
     import jax
 

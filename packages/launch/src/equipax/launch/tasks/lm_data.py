@@ -13,6 +13,7 @@ from equipax.core.knobs import ConfigError
 from equipax.data import BaseInput, ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer, make_eval_input
 from equipax.launch.configs.experiment import LMExperiment
 from equipax.launch.configs.sources import HostShard
+from equipax.launch.jobdir.storage import AnyPath, job_path, local_copy, local_file
 
 __all__ = [
     "build_lm_inputs",
@@ -28,7 +29,7 @@ TOKENIZER_FILE = "tokenizer.model"
 HF_TOKENIZER_FILE = "tokenizer.json"
 
 
-def tokenizer_path(cfg: LMExperiment, job_dir: Path) -> Path | None:
+def tokenizer_path(cfg: LMExperiment, job_dir: AnyPath) -> AnyPath | None:
     """The vocabulary file the job's token ids come from (None: bytes, or synthetic ids)."""
     d = cfg.data
     if d.tokenizer == "byte" or not d.token_source.uses_tokenizer:
@@ -36,10 +37,10 @@ def tokenizer_path(cfg: LMExperiment, job_dir: Path) -> Path | None:
     if d.vocab_path:
         path = Path(d.vocab_path)
         return path / HF_TOKENIZER_FILE if d.tokenizer == "huggingface" and path.is_dir() else path
-    return Path(job_dir) / (HF_TOKENIZER_FILE if d.tokenizer == "huggingface" else TOKENIZER_FILE)
+    return job_path(job_dir) / (HF_TOKENIZER_FILE if d.tokenizer == "huggingface" else TOKENIZER_FILE)
 
 
-def _hf_tokenizer(cfg: LMExperiment, job_dir: Path) -> Tokenizer:
+def _hf_tokenizer(cfg: LMExperiment, job_dir: AnyPath) -> Tokenizer:
     path = tokenizer_path(cfg, job_dir)
     assert path is not None
     knob = f"data.vocab_path={cfg.data.vocab_path!r}" if cfg.data.vocab_path else f"The job's {path}"
@@ -72,7 +73,7 @@ class LMInputs:
     unigram_entropy: float | None  # nats/token of the training tokens; None where unknown
 
 
-def build_tokenizer(cfg: LMExperiment, job_dir: Path, log: Callable[[str], object] = print) -> Tokenizer:
+def build_tokenizer(cfg: LMExperiment, job_dir: AnyPath, log: Callable[[str], object] = print) -> Tokenizer:
     """The byte tokenizer, `data.vocab_path`, the job's SentencePiece model (trained on first use) or
     its Hugging Face tokenizer.json.
 
@@ -97,10 +98,10 @@ def build_tokenizer(cfg: LMExperiment, job_dir: Path, log: Callable[[str], objec
                 f"{cfg.model.vocab_size}; set model.vocab_size to at least {tok.vocab_size}."
             )
         return tok
-    path = Path(job_dir) / TOKENIZER_FILE
+    path = job_path(job_dir) / TOKENIZER_FILE
     if path.exists():
         try:
-            tok = SentencePieceTokenizer.load(path)
+            tok = SentencePieceTokenizer.load(local_file(path))
         except (OSError, RuntimeError) as e:
             raise ConfigError(
                 f"The job's vocabulary {str(path)!r} does not load ({e}); its checkpoints were trained "
@@ -117,12 +118,13 @@ def build_tokenizer(cfg: LMExperiment, job_dir: Path, log: Callable[[str], objec
         f"{source.describe(cfg.data)}..."
     )
     try:
-        return SentencePieceTokenizer.train(
-            source.vocabulary_texts(cfg.data),
-            vocab_size=cfg.model.vocab_size,
-            model_path=path,
-            max_sentences=cfg.data.tokenizer_max_sentences,
-        )
+        with local_copy(path.parent) as folder:  # a store's job: trained here, then uploaded
+            return SentencePieceTokenizer.train(
+                source.vocabulary_texts(cfg.data),
+                vocab_size=cfg.model.vocab_size,
+                model_path=folder / TOKENIZER_FILE,
+                max_sentences=cfg.data.tokenizer_max_sentences,
+            )
     except ConfigError:
         raise  # the training texts are unusable (missing data.path...): that message, not "raise vocab_size"
     except ValueError as e:

@@ -1,7 +1,6 @@
 """The language-model family: LMTask, token inputs (Shakespeare, synthetic, C4), the final sample."""
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from equipax.core.configs import FSDP, TENSOR, bubble_fraction, num_microbatches
@@ -12,6 +11,8 @@ if TYPE_CHECKING:  # JAX and the models load when a run builds its Task, not for
     from jax.sharding import Mesh
 
     from equipax.models.lm_task import LMTask
+
+from equipax.launch.jobdir.storage import AnyPath
 
 __all__ = [
     "build_inputs",
@@ -91,7 +92,7 @@ def make_task(cfg: ExperimentConfig, mesh: "Mesh | None") -> "LMTask":
     return LMTask(lm.model, lm.data.seq_len, packed=lm.data.packing, mesh=mesh)
 
 
-def build_inputs(cfg: ExperimentConfig, job_dir: Path, *, log: Callable[[str], object]) -> Inputs:
+def build_inputs(cfg: ExperimentConfig, job_dir: AnyPath, *, log: Callable[[str], object]) -> Inputs:
     """The job's tokenizer (process 0 trains or finds it; the others load it) and the inputs."""
     import jax
 

@@ -7,11 +7,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from etils import epath
 from rich.console import Console
 
 from equipax.launch.jobdir.checksums import tree_digest
 from equipax.launch.jobdir.ownership import write_text_atomic
 from equipax.launch.jobdir.plots import plot_loss
+from equipax.launch.jobdir.storage import AnyPath
 from equipax.launch.jobdir.summaries import read_metrics
 from equipax.launch.training.builtin_hooks import evaluate
 from equipax.launch.training.hooks import Hook, RunContext
@@ -23,7 +25,7 @@ __all__ = ["finish", "RunResult"]
 class RunResult:
     """What a finished run reports (also written to result.json)."""
 
-    job_dir: Path
+    job_dir: AnyPath
     start_step: int
     final_step: int
     final_train_loss: float | None
@@ -86,7 +88,9 @@ def finish(
     if run.primary:
         plot_loss(read_metrics(run.writer.path), run.job_dir / "plots" / "loss.png", title=run.cfg.name)
         summary = {
-            k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items() if k != "extra"
+            k: (str(v) if isinstance(v, (Path, epath.Path)) else v)
+            for k, v in dataclasses.asdict(result).items()
+            if k != "extra"
         } | extra
         write_text_atomic(run.job_dir / "result.json", json.dumps(_finite_or_null(summary), indent=2) + "\n")
     if result.final_eval_loss is not None:

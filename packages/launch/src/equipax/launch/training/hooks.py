@@ -18,8 +18,9 @@ returns (its output, which later hooks of the step and the end of the run read b
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from equipax.launch.jobdir.storage import AnyPath
 
 if TYPE_CHECKING:
     from equipax.launch.configs.experiment import ExperimentConfig
@@ -54,7 +55,7 @@ class RunContext:
     """
 
     cfg: "ExperimentConfig"
-    job_dir: Path
+    job_dir: AnyPath
     training: "Training"
     inputs: "Inputs"
     start: int

@@ -7,7 +7,6 @@ the run's own hooks (`builtin_hooks.py`) and the caller's (`hooks.py` is their p
 """
 
 import contextlib
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,15 +17,16 @@ from rich.console import Console
 from equipax.core.knobs import ConfigError, flatten, format_knobs, from_json, to_json
 from equipax.core.mesh import build_mesh, check_device_count
 from equipax.launch.aot.remat import is_auto
-from equipax.launch.cluster.distributed import host_state, is_primary
+from equipax.launch.cluster.distributed import is_primary
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.errors import Preempted
 from equipax.launch.jobdir.checkpoints import Checkpointer
 from equipax.launch.jobdir.ownership import JobLock, prepare_job_dir, write_text_atomic
-from equipax.launch.jobdir.resume import check_resume, layout_change, resume_meta
+from equipax.launch.jobdir.resume import check_resume, layout_change, restore_data_state, resume_meta
+from equipax.launch.jobdir.storage import AnyPath, job_path, rmtree
 from equipax.launch.jobdir.summaries import MetricsWriter
 from equipax.launch.tasks import family
-from equipax.launch.training.build import build_training
+from equipax.launch.training.build import build_training, check_host_rows
 from equipax.launch.training.builtin_hooks import builtin_hooks
 from equipax.launch.training.finish import RunResult, finish
 from equipax.launch.training.hooks import Hook, RunContext, order_hooks
@@ -43,48 +43,6 @@ def build_run_mesh(cfg: ExperimentConfig) -> jax.sharding.Mesh:
     if cfg.mesh.num_devices != jax.device_count():
         check_device_count(cfg.mesh, jax.device_count(), hint=_mesh_hint(cfg))
     return build_mesh(cfg.mesh)
-
-
-def check_host_rows(training: Any, inp: Any) -> None:
-    """Check that the rows of each global batch this process's devices hold (from the batch
-    sharding) are the rows its input reads: `[index * batch_size, (index + 1) * batch_size)`,
-    Pax's `infeed_host_index` contract. ConfigError otherwise (a mesh whose device order does
-    not give each process one contiguous block of the batch)."""
-    shape = next(iter(training.abstract_batch().values())).shape
-    rows: set[int] = set()
-    for index in training.batch_sharding.addressable_devices_indices_map(shape).values():
-        rows.update(range(*index[0].indices(shape[0])))
-    want = range(inp.infeed_host_index * inp.batch_size, (inp.infeed_host_index + 1) * inp.batch_size)
-    if sorted(rows) != list(want):
-        found = f"{len(rows)} rows from {min(rows)} to {max(rows)}" if rows else "no rows"
-        raise ConfigError(
-            f"Process {jax.process_index()} of {jax.process_count()} holds {found} of each global batch of "
-            f"{shape[0]} (the batch sharding over mesh {dict(training.mesh.shape)}), but its input reads rows "
-            f"{want.start} to {want.stop - 1}. Order the mesh's devices so that each process holds one contiguous "
-            "block of the batch dimension (mesh.dcn_mesh_shape for the axes across hosts)."
-        )
-
-
-def restore_data_state(
-    inp: Any, data_state: dict[str, Any], *, moved: bool, allow_new_data_order: bool, log: Any
-) -> bool:
-    """Put the checkpoint's data state into the training input. A state this input cannot take
-    (another global batch, another dataset, a per-host state of an earlier version) is a
-    ConfigError naming the way out, or, with `allow_new_data_order`, a note: the input keeps its
-    start (a new order). Returns whether the data starts a new order."""
-    try:
-        inp.set_state(host_state(data_state))
-        return False
-    except ValueError as e:
-        if allow_new_data_order:
-            log(f"note: --allow-new-data-order: {e} The data starts a new order.")
-            return True
-        where = " on this layout" if moved else ""
-        raise ConfigError(
-            f"The checkpoint's data state does not fit this run's training input{where}: {e} Restore the "
-            "knobs it was saved with, pass --allow-new-data-order to keep the model and optimizer state "
-            "and start the data in a new order, or point --job-log-dir at a new directory."
-        ) from None
 
 
 def _mesh_hint(cfg: ExperimentConfig) -> str:
@@ -105,7 +63,7 @@ def _mesh_hint(cfg: ExperimentConfig) -> str:
     return hint + (f"; to run its code path on this CPU, try `launch run --exp {smoke} --cpu-devices {devices}`")
 
 
-def _knob_changes(cfg: ExperimentConfig, job_dir: Path) -> str:
+def _knob_changes(cfg: ExperimentConfig, job_dir: AnyPath) -> str:
     """The knobs that differ from the job's recorded config.json, as text (or "")."""
     try:
         old = flatten(from_json(ExperimentConfig, (job_dir / "config.json").read_text()))
@@ -118,7 +76,7 @@ def _knob_changes(cfg: ExperimentConfig, job_dir: Path) -> str:
 def run_experiment(
     cfg: ExperimentConfig,
     *,
-    job_dir: Path,
+    job_dir: AnyPath,
     sources: dict[str, str] | None = None,
     console: Console | None = None,
     hooks: Sequence[Hook] = (),
@@ -128,7 +86,7 @@ def run_experiment(
 
     Arguments:
         cfg: the resolved experiment.
-        job_dir: the job directory (created if missing).
+        job_dir: the job directory (created if missing): local, or `gs://`/`s3://` (`jobdir/storage.py`).
         sources: which knobs came from `--set` (for knobs.txt).
         console: where progress goes (default: stdout).
         hooks: the caller's hooks (`equipax.launch.training.hooks.Hook`), run with the run's own
@@ -144,7 +102,7 @@ def run_experiment(
         Preempted: stopped by SIGTERM/SIGINT after saving a checkpoint.
     """
     console = console or Console()
-    job_dir = Path(job_dir)
+    job_dir = job_path(job_dir)
     try:
         cfg = cfg.for_devices(jax.device_count())  # a -1 mesh axis takes the devices present
     except ValueError as e:
@@ -162,7 +120,7 @@ def run_experiment(
         # Stopped before writing anything (the compilation cache is no record of the job): leave no trace.
         kept = {".lock", *Path(cfg.train.compiler.cache_dir).parts[:1]}
         if created and is_primary() and not any(p.name not in kept for p in job_dir.iterdir()):
-            shutil.rmtree(job_dir, ignore_errors=True)
+            rmtree(job_dir)
         raise
 
 
@@ -179,7 +137,7 @@ def local_device_memory_gib() -> float:
 
 
 def _choose_remat(
-    cfg: ExperimentConfig, mesh: jax.sharding.Mesh, job_dir: Path, sources: dict[str, str], log: Any
+    cfg: ExperimentConfig, mesh: jax.sharding.Mesh, job_dir: AnyPath, sources: dict[str, str], log: Any
 ) -> tuple[ExperimentConfig, dict[str, str]]:
     """`model.transformer.remat="auto"` resolved on this job's devices (`equipax.launch.aot.remat`)."""
     from equipax.launch.aot.remat import CACHE_FILE, KNOB, choose_remat, format_remat_table
@@ -205,7 +163,7 @@ def _choose_remat(
 
 def _train(
     cfg: ExperimentConfig,
-    job_dir: Path,
+    job_dir: AnyPath,
     mesh: jax.sharding.Mesh,
     sources: dict[str, str],
     console: Console,

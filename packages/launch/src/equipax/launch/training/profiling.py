@@ -6,12 +6,12 @@ step annotation per step, where TensorBoard's profile plugin and xprof look for 
 """
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
 
 from equipax.launch.configs.train import ProfileConfig
+from equipax.launch.jobdir.storage import AnyPath
 from equipax.launch.training.hooks import Hook, RunContext, StepContext
 from equipax.launch.training.pgle import PGLEHook
 
@@ -44,13 +44,13 @@ def profile_window(profile: ProfileConfig, *, start: int, total: int) -> tuple[i
     return (first, last) if first > start and first <= last else None
 
 
-def profile_log_dir(job_dir: Path) -> Path:
+def profile_log_dir(job_dir: AnyPath) -> AnyPath:
     """Where this process writes its trace: `<job>/profile` (process 0) or a subfolder."""
     index = jax.process_index()
     return job_dir / PROFILE_DIR if index == 0 else job_dir / PROFILE_DIR / f"process_{index}"
 
 
-def latest_trace(log_dir: Path) -> Path | None:
+def latest_trace(log_dir: AnyPath) -> AnyPath | None:
     """The newest `plugins/profile/<run>` folder under `log_dir`, or None."""
     runs = sorted(p for p in (log_dir / "plugins" / "profile").glob("*") if p.is_dir())
     return runs[-1] if runs else None
@@ -62,13 +62,13 @@ class ProfileHook(Hook):
     name: str = "profile"
     first: bool = True  # its step annotations bracket the dispatch alone
 
-    def __init__(self, first: int, last: int, *, log_dir: Path) -> None:
+    def __init__(self, first: int, last: int, *, log_dir: AnyPath) -> None:
         self.first_step: int = first
         self.last_step: int = last
-        self.log_dir: Path = log_dir
+        self.log_dir: AnyPath = log_dir
         self.tracing = False
         self.annotation: Any = None
-        self.trace_dir: Path | None = None
+        self.trace_dir: AnyPath | None = None
 
     def before_step(self, run: RunContext, step: int) -> None:
         if step == self.first_step:

@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from equipax.launch.jobdir.storage import AnyPath
+
 __all__ = ["compile_cache", "mark", "phases_line", "process_age_s", "reset"]
 
 _MARKS: list[tuple[str, float]] = []
@@ -57,7 +59,7 @@ def phases_line() -> str:
 
 
 @contextlib.contextmanager
-def compile_cache(cache_dir: str, job_dir: Path) -> Iterator[Path | None]:
+def compile_cache(cache_dir: str, job_dir: AnyPath) -> Iterator[AnyPath | None]:
     """JAX's persistent compilation cache in `cache_dir` (relative: under `job_dir`) while inside.
 
     Yields the directory, or None where the cache is off (`cache_dir` empty) or already chosen
@@ -71,8 +73,8 @@ def compile_cache(cache_dir: str, job_dir: Path) -> Iterator[Path | None]:
         return
     from jax._src import compilation_cache  # its directory is read once; reset it to switch
 
-    path = Path(cache_dir).expanduser()
-    path = path if path.is_absolute() else job_dir / path
+    local = Path(cache_dir).expanduser()
+    path = local if local.is_absolute() else job_dir / cache_dir
     jax.config.update("jax_compilation_cache_dir", str(path))
     compilation_cache.reset_cache()
     try:

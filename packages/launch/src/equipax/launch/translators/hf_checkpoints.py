@@ -23,6 +23,7 @@ from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
 from equipax.core.knobs import ConfigError, apply_overrides, format_knobs, to_json
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
 from equipax.launch.configs.train import TrainConfig
+from equipax.launch.jobdir.storage import AnyPath
 from equipax.launch.translators.hf_parity import KL_LIMIT, check_architecture, gate
 from equipax.models.hf.config import export_type_of, hf_config_from_lm, lm_config_from_hf, read_hf_config
 
@@ -80,11 +81,11 @@ def _base_model(job_dir: Path, init_from: str | None) -> str:
         return ""
 
 
-def _copy_tokenizer(source: Path, target: Path) -> list[str]:
+def _copy_tokenizer(source: AnyPath, target: Path) -> list[str]:
     copied = []
     for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, target / name)
+        if (source / name).exists():
+            (target / name).write_bytes((source / name).read_bytes())
             copied.append(name)
     return copied
 

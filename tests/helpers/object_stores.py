@@ -1,0 +1,137 @@
+"""Local object stores for the tests: a GCS emulator (`gcp-storage-emulator`) and an S3 one
+(`moto`'s server mode), each its own process listening on 127.0.0.1 at a free port.
+
+Run as a script (`python object_stores.py gcs PORT BUCKET`) it is the GCS emulator, with what
+TensorStore's `gcs` driver needs and the emulator leaves out: every download answers with the
+object's generation (`x-goog-generation`, which TensorStore reads to write OCDBT manifests
+conditionally; without it every second manifest write fails with "Malformed StorageGeneration"),
+and the generation preconditions (`ifGenerationMatch` on an upload named in its query,
+`ifGenerationMatch` / `ifGenerationNotMatch` on a download) are honoured as GCS does.
+"""
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from http import HTTPStatus
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the emulator exited with {proc.returncode}")
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"the emulator did not listen on 127.0.0.1:{port} within {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def emulator(kind: str, bucket: str, log: Path) -> Iterator[dict[str, str]]:
+    """Start the `kind` ("gcs" or "s3") emulator holding an empty `bucket`; yields the environment
+    variables that point clients at it. Its output goes to `log`."""
+    port = free_port()
+    if kind == "gcs":
+        cmd = [sys.executable, __file__, "gcs", str(port), bucket]
+        # gcsfs's default class asks GCS's control-plane API (gRPC) for the bucket's layout first,
+        # which an emulator does not serve: a minute of retries per bucket. Read at its import.
+        env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+        os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+    else:
+        cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+        env = {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
+    try:
+        _wait_for(port, proc)
+        if kind == "s3":
+            import boto3
+
+            boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1").create_bucket(
+                Bucket=bucket
+            )
+        yield env
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _serve_gcs(port: int, bucket: str) -> None:
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+
+    def generation(storage, request) -> str | None:
+        try:
+            obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+        except NotFound:
+            return None
+        return str(obj["generation"])
+
+    original_download, original_insert = objects.download, objects.insert
+
+    def download(request, response, storage, *args, **kwargs):
+        current = generation(storage, request)
+        match = request.query.get("ifGenerationMatch", [None])[0]
+        not_match = request.query.get("ifGenerationNotMatch", [None])[0]
+        if current is not None and match is not None and match != current:
+            response.status = HTTPStatus.PRECONDITION_FAILED
+            return
+        if current is not None and not_match is not None and not_match == current:
+            response["x-goog-generation"] = current
+            response.status = HTTPStatus.NOT_MODIFIED
+            return
+        if current is not None:
+            response["x-goog-generation"] = current
+            response["x-goog-metageneration"] = "1"
+        return original_download(request, response, storage, *args, **kwargs)
+
+    def insert(request, response, storage, *args, **kwargs):
+        match = request.query.get("ifGenerationMatch", [None])[0]
+        name = request.query.get("name", [None])[0]
+        if match is not None and name is not None:
+            try:
+                current = str(storage.get_file_obj(request.params["bucket_name"], name)["generation"])
+            except NotFound:
+                current = "0"
+            if current != match:
+                response.status = HTTPStatus.PRECONDITION_FAILED
+                return
+        return original_insert(request, response, storage, *args, **kwargs)
+
+    objects.download, objects.insert = download, insert
+    for _, handlers in server.HANDLERS:
+        for method, fn in list(handlers.items()):
+            if fn is original_download:
+                handlers[method] = download
+            elif fn is original_insert:
+                handlers[method] = insert
+    srv = server.create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket)
+    srv.run()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "gcs":
+        _serve_gcs(int(sys.argv[2]), sys.argv[3])
