@@ -1,8 +1,8 @@
 """Shared layers (`model.transformer.num_hidden_groups`, ALBERT's): a stack of G blocks over L
 layers equals an unshared stack whose layer i holds block i // (L / G) (a cyclic assignment
-would not), its gradient is the sum of those layers' gradients, scanned == unrolled, the
-parameters are counted once, KV-cache decoding equals the uncached reference, and the knob's
-errors name it."""
+would not), its gradient is the sum of those layers' gradients, scanned == unrolled, and the
+knob's errors name it (the language model's parameter count and decoding:
+tests/models/test_shared_layers_lm.py)."""
 
 import dataclasses
 
@@ -58,30 +58,6 @@ def test_scanned_and_unrolled_shared_stacks_agree():
     unrolled = TransformerStack(dataclasses.replace(cfg, scan_layers=False), key=jr.key(0))
     assert len(unrolled.layers) == 2
     np.testing.assert_allclose(apply(scanned), apply(unrolled), rtol=1e-5, atol=1e-6)
-
-
-def test_the_parameters_are_counted_once_and_the_flops_per_layer():
-    from equipax.core.flops import count_params, lm_param_counts, transformer_lm_flops_per_token
-    from equipax.models import LMConfig, TransformerLM
-
-    plain = LMConfig(vocab_size=64, max_seq_len=16, transformer=BLOCK)
-    albert = dataclasses.replace(plain, transformer=dataclasses.replace(BLOCK, num_hidden_groups=1))
-    counts = lm_param_counts(albert.transformer, 64, tie_embeddings=True)
-    assert count_params(TransformerLM(albert, key=jr.key(0))) == counts["total"]
-    assert counts["total"] == lm_param_counts(BLOCK, 64, tie_embeddings=True)["total"] - 3 * counts["per_layer"]
-    flops = transformer_lm_flops_per_token
-    assert flops(albert.transformer, vocab_size=64, seq_len=16) == flops(BLOCK, vocab_size=64, seq_len=16)  # 4 run
-
-
-def test_cached_decoding_of_a_shared_model_equals_the_uncached_reference():
-    from equipax.models import LMConfig, TransformerLM, generate
-    from equipax.models.decode import decode
-
-    cfg = LMConfig(vocab_size=64, max_seq_len=16, transformer=dataclasses.replace(BLOCK, num_hidden_groups=2))
-    model = TransformerLM(cfg, key=jr.key(0))
-    row = [3, 9, 4, 1]
-    tokens, _ = decode(model, jnp.asarray([row + [0] * 4], jnp.int32), jnp.asarray([4]), max_new_tokens=6)
-    np.testing.assert_array_equal(np.asarray(tokens)[0], np.asarray(generate(model, jnp.asarray(row), 6))[4:])
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ class MappedInput(BaseInput):
         )
         self.source = source
         self.fn = fn
-        self.global_state = source.global_state
+        self.global_state: bool = source.global_state
 
     def get_next(self) -> Batch:
         batch = self.fn(self.source.get_next())
