@@ -5,7 +5,7 @@ job directory can be `gs://bucket/job` as well as a local path (`s3://` paths ar
 refused by `check_store` until their checkpoints commit safely: `SUPPORTED`):
 
 - `job_path` turns what the user gave into a path: `pathlib.Path` for a local one, `etils.epath.Path`
-  for a URL (epath reads and writes objects through fsspec's `gcsfs` / `s3fs`). Orbax takes the
+  for a URL (epath reads and writes objects through fsspec's `gcsfs`). Orbax takes the
   same epath for checkpoints and writes their arrays with TensorStore's own `gcs` driver.
 - Object stores have no atomic rename, but a single object appears whole or not at all: small files
   (`write_atomic`) are written as one object, an appended line (`append_line`) rewrites the object
@@ -137,6 +137,13 @@ COMMIT_MARKER = "commit_success.txt"
 finished temporary folder into place): a step without it is incomplete and never restored."""
 
 
+def mtime(path: AnyPath) -> float:
+    """When `path` was last modified (seconds since the epoch)."""
+    if isinstance(path, Path):
+        return path.stat().st_mtime
+    return float(path.stat().mtime)
+
+
 def rmtree(path: AnyPath) -> None:
     """Remove a directory and everything under it; nothing when it is not there."""
     if is_remote(path):
@@ -187,38 +194,25 @@ SUPPORTED = ("gs",)
 
 
 def _endpoint(scheme: str) -> tuple[str, str]:
-    """(the endpoint URL requests go to, the variable that sets it) for a store."""
-    if scheme == "gs":
-        host = os.environ.get("STORAGE_EMULATOR_HOST")
-        return (host if host and "://" in host else f"http://{host}") if host else "https://storage.googleapis.com", (
-            "STORAGE_EMULATOR_HOST"
-        )
-    url = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return url or "https://s3.amazonaws.com", "AWS_ENDPOINT_URL"
+    """(the endpoint URL requests go to, the variable that sets it) for a store (`SUPPORTED`)."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST")
+    url = (host if "://" in host else f"http://{host}") if host else "https://storage.googleapis.com"
+    return url, "STORAGE_EMULATOR_HOST"
 
 
 def _credentials_problem(scheme: str) -> str | None:
     """Why requests to the store would be refused for want of credentials, or None."""
-    if scheme == "gs":
-        if os.environ.get("STORAGE_EMULATOR_HOST"):
-            return None  # an emulator takes anonymous requests
-        try:
-            import google.auth
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        return None  # an emulator takes anonymous requests
+    try:
+        import google.auth
 
-            google.auth.default()
-        except Exception:
-            return (
-                "no Google Cloud credentials were found (Application Default Credentials: set "
-                "GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run `gcloud auth "
-                "application-default login`; on a Cloud TPU/GCE VM the VM's service account is used)"
-            )
-        return None
-    import botocore.session
-
-    if botocore.session.get_session().get_credentials() is None:
+        google.auth.default()
+    except Exception:
         return (
-            "no AWS credentials were found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE "
-            "for a profile in ~/.aws/credentials)"
+            "no Google Cloud credentials were found (Application Default Credentials: set "
+            "GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run `gcloud auth "
+            "application-default login`; on a Cloud TPU/GCE VM the VM's service account is used)"
         )
     return None
 
