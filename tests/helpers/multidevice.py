@@ -5,12 +5,9 @@ import subprocess
 import sys
 import textwrap
 
-from helpers.toy import suite_compile_cache_env
+from helpers.toy import FAST_COMPILE, suite_compile_cache_env
 
-# XLA:CPU compiling with less LLVM optimisation (several times faster to compile): for children
-# that compare two computations compiled alike (sharded == one device, at a tolerance), never for
-# numbers checked against values recorded at the default level (golden files).
-FAST_COMPILE = "--xla_backend_optimization_level=0"
+__all__ = ["FAST_COMPILE", "run_with_devices"]
 
 
 def run_with_devices(code: str, devices: int = 8, timeout: float = 300, xla_flags: str = "") -> str:

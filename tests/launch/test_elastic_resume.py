@@ -92,7 +92,7 @@ def test_host_rows_must_be_the_contiguous_block_the_input_reads():
     import numpy as np
 
     from equipax.core.knobs import ConfigError
-    from equipax.launch.training.loop import check_host_rows
+    from equipax.launch.training.build import check_host_rows
 
     def training(*blocks):
         sharding = SimpleNamespace(
@@ -114,7 +114,7 @@ def test_a_data_state_that_does_not_fit_is_refused_or_with_the_flag_a_new_order(
 
     from equipax.core.knobs import ConfigError
     from equipax.data import TokenWindowInput
-    from equipax.launch.training.loop import restore_data_state
+    from equipax.launch.jobdir.resume import restore_data_state
 
     inp = TokenWindowInput(np.arange(400, dtype=np.int32), seq_len=7, batch_size=2)
     inp.get_next()

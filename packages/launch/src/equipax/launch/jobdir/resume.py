@@ -17,10 +17,11 @@ import hashlib
 from typing import Any
 
 from equipax.core.knobs import ConfigError
+from equipax.launch.cluster.distributed import host_state
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.jobdir.storage import AnyPath
 
-__all__ = ["check_resume", "describe_layout", "layout_change", "resume_meta", "SAFE_DATA_KNOBS"]
+__all__ = ["check_resume", "describe_layout", "layout_change", "restore_data_state", "resume_meta", "SAFE_DATA_KNOBS"]
 
 # Data knobs a resumed run may change: they touch evaluation, or only the training of a
 # vocabulary the job already has. Every other `data.*` knob is part of the saved state's meaning.
@@ -179,3 +180,25 @@ def check_resume(
         "and optimizer state and start the data in a new order. Learner, train.*, eval and mesh knobs, and "
         'the number of hosts and devices, may change on resume (docs/errors.md, "Resuming with changed knobs").'
     )
+
+
+def restore_data_state(
+    inp: Any, data_state: dict[str, Any], *, moved: bool, allow_new_data_order: bool, log: Any
+) -> bool:
+    """Put the checkpoint's data state into the training input. A state this input cannot take
+    (another global batch, another dataset, a per-host state of an earlier version) is a
+    ConfigError naming the way out, or, with `allow_new_data_order`, a note: the input keeps its
+    start (a new order). Returns whether the data starts a new order."""
+    try:
+        inp.set_state(host_state(data_state))
+        return False
+    except ValueError as e:
+        if allow_new_data_order:
+            log(f"note: --allow-new-data-order: {e} The data starts a new order.")
+            return True
+        where = " on this layout" if moved else ""
+        raise ConfigError(
+            f"The checkpoint's data state does not fit this run's training input{where}: {e} Restore the "
+            "knobs it was saved with, pass --allow-new-data-order to keep the model and optimizer state "
+            "and start the data in a new order, or point --job-log-dir at a new directory."
+        ) from None

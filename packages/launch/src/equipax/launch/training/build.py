@@ -23,7 +23,7 @@ from equipax.core.task import AbstractTask, trainable
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.tasks import family
 
-__all__ = ["build_training", "Keys", "Training"]
+__all__ = ["build_training", "check_host_rows", "Keys", "Training"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,3 +183,23 @@ def build_training(cfg: ExperimentConfig, mesh: Mesh) -> Training:
         train_step=train_step,
         eval_step=make_eval_step(task),
     )
+
+
+def check_host_rows(training: Any, inp: Any) -> None:
+    """Check that the rows of each global batch this process's devices hold (a `Training`'s batch
+    sharding) are the rows its input `inp` reads: `[index * batch_size, (index + 1) * batch_size)`,
+    Pax's `infeed_host_index` contract, which `Training.place` relies on. ConfigError otherwise (a
+    mesh whose device order does not give each process one contiguous block of the batch)."""
+    shape = next(iter(training.abstract_batch().values())).shape
+    rows: set[int] = set()
+    for index in training.batch_sharding.addressable_devices_indices_map(shape).values():
+        rows.update(range(*index[0].indices(shape[0])))
+    want = range(inp.infeed_host_index * inp.batch_size, (inp.infeed_host_index + 1) * inp.batch_size)
+    if sorted(rows) != list(want):
+        found = f"{len(rows)} rows from {min(rows)} to {max(rows)}" if rows else "no rows"
+        raise ConfigError(
+            f"Process {jax.process_index()} of {jax.process_count()} holds {found} of each global batch of "
+            f"{shape[0]} (the batch sharding over mesh {dict(training.mesh.shape)}), but its input reads rows "
+            f"{want.start} to {want.stop - 1}. Order the mesh's devices so that each process holds one contiguous "
+            "block of the batch dimension (mesh.dcn_mesh_shape for the axes across hosts)."
+        )

@@ -17,16 +17,16 @@ from rich.console import Console
 from equipax.core.knobs import ConfigError, flatten, format_knobs, from_json, to_json
 from equipax.core.mesh import build_mesh, check_device_count
 from equipax.launch.aot.remat import is_auto
-from equipax.launch.cluster.distributed import host_state, is_primary
+from equipax.launch.cluster.distributed import is_primary
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.errors import Preempted
 from equipax.launch.jobdir.checkpoints import Checkpointer
 from equipax.launch.jobdir.ownership import JobLock, prepare_job_dir, write_text_atomic
-from equipax.launch.jobdir.resume import check_resume, layout_change, resume_meta
+from equipax.launch.jobdir.resume import check_resume, layout_change, restore_data_state, resume_meta
 from equipax.launch.jobdir.storage import AnyPath, job_path, rmtree
 from equipax.launch.jobdir.summaries import MetricsWriter
 from equipax.launch.tasks import family
-from equipax.launch.training.build import build_training
+from equipax.launch.training.build import build_training, check_host_rows
 from equipax.launch.training.builtin_hooks import builtin_hooks
 from equipax.launch.training.finish import RunResult, finish
 from equipax.launch.training.hooks import Hook, RunContext, order_hooks
@@ -43,48 +43,6 @@ def build_run_mesh(cfg: ExperimentConfig) -> jax.sharding.Mesh:
     if cfg.mesh.num_devices != jax.device_count():
         check_device_count(cfg.mesh, jax.device_count(), hint=_mesh_hint(cfg))
     return build_mesh(cfg.mesh)
-
-
-def check_host_rows(training: Any, inp: Any) -> None:
-    """Check that the rows of each global batch this process's devices hold (from the batch
-    sharding) are the rows its input reads: `[index * batch_size, (index + 1) * batch_size)`,
-    Pax's `infeed_host_index` contract. ConfigError otherwise (a mesh whose device order does
-    not give each process one contiguous block of the batch)."""
-    shape = next(iter(training.abstract_batch().values())).shape
-    rows: set[int] = set()
-    for index in training.batch_sharding.addressable_devices_indices_map(shape).values():
-        rows.update(range(*index[0].indices(shape[0])))
-    want = range(inp.infeed_host_index * inp.batch_size, (inp.infeed_host_index + 1) * inp.batch_size)
-    if sorted(rows) != list(want):
-        found = f"{len(rows)} rows from {min(rows)} to {max(rows)}" if rows else "no rows"
-        raise ConfigError(
-            f"Process {jax.process_index()} of {jax.process_count()} holds {found} of each global batch of "
-            f"{shape[0]} (the batch sharding over mesh {dict(training.mesh.shape)}), but its input reads rows "
-            f"{want.start} to {want.stop - 1}. Order the mesh's devices so that each process holds one contiguous "
-            "block of the batch dimension (mesh.dcn_mesh_shape for the axes across hosts)."
-        )
-
-
-def restore_data_state(
-    inp: Any, data_state: dict[str, Any], *, moved: bool, allow_new_data_order: bool, log: Any
-) -> bool:
-    """Put the checkpoint's data state into the training input. A state this input cannot take
-    (another global batch, another dataset, a per-host state of an earlier version) is a
-    ConfigError naming the way out, or, with `allow_new_data_order`, a note: the input keeps its
-    start (a new order). Returns whether the data starts a new order."""
-    try:
-        inp.set_state(host_state(data_state))
-        return False
-    except ValueError as e:
-        if allow_new_data_order:
-            log(f"note: --allow-new-data-order: {e} The data starts a new order.")
-            return True
-        where = " on this layout" if moved else ""
-        raise ConfigError(
-            f"The checkpoint's data state does not fit this run's training input{where}: {e} Restore the "
-            "knobs it was saved with, pass --allow-new-data-order to keep the model and optimizer state "
-            "and start the data in a new order, or point --job-log-dir at a new directory."
-        ) from None
 
 
 def _mesh_hint(cfg: ExperimentConfig) -> str:
