@@ -175,11 +175,13 @@ def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch):
     monkeypatch.delenv("STORAGE_EMULATOR_HOST")
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/key.json")
     from equipax.core.knobs import ConfigError
-    from equipax.launch.jobdir import storage
+    from equipax.launch.jobdir import store_checks
 
-    monkeypatch.setattr(storage, "_endpoint", lambda scheme: (gcs["STORAGE_EMULATOR_HOST"], "STORAGE_EMULATOR_HOST"))
+    monkeypatch.setattr(
+        store_checks, "_endpoint", lambda scheme: (gcs["STORAGE_EMULATOR_HOST"], "STORAGE_EMULATOR_HOST")
+    )
     with pytest.raises(ConfigError, match="no Google Cloud credentials were found.*GOOGLE_APPLICATION_CREDENTIALS"):
-        storage.check_store("gs://bkt/job", "--job-log-dir")
+        store_checks.check_store("gs://bkt/job", "--job-log-dir")
 
     code, out = invoke("run", "--job-log-dir", "hdfs://namenode/job")
     out = _words(out)

@@ -71,7 +71,7 @@ def job_dir_option(value: str) -> AnyPath:
     (`gs://BUCKET/JOB`, `s3://BUCKET/JOB`; an `etils.epath.Path`, `equipax.launch.jobdir.storage`).
     Typed `Path` for typer, which reads the annotation; what comes back is a `storage.AnyPath`."""
     path = _path(value, stores=True)
-    from equipax.launch.jobdir.storage import check_store
+    from equipax.launch.jobdir.store_checks import check_store
 
     try:  # in seconds: an unreachable endpoint, no credentials, a missing bucket
         check_store(path, "--job-log-dir")

@@ -25,14 +25,9 @@ from equipax.launch.jobdir.storage import AnyPath, job_path
 
 __all__ = ["decode_cmd", "JobDirOption"]
 
-# PurePath: the common base of the local and the object-storage path `job_dir_option` gives.
-JobDirOption = Annotated[
+JobDirOption = Annotated[  # PurePath: the base of the local and the bucket paths job_dir_option gives
     PurePath,
-    typer.Option(
-        "--job-log-dir",
-        parser=job_dir_option,
-        help="The training job's directory (`launch run`'s): a path or gs://BUCKET/JOB.",
-    ),
+    typer.Option("--job-log-dir", parser=job_dir_option, help="The training job's directory: a path or gs://B/JOB."),
 ]
 
 
