@@ -18,8 +18,15 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
-from helpers.multidevice import FAST_COMPILE
-from helpers.toy import CNN_SHORT, SMOKE_SHORT, TOY_SHORT, set_args, suite_compile_cache_env
+from helpers.toy import (
+    CNN_SHORT,
+    FAST_COMPILE,
+    SMOKE_SHORT,
+    TOY_SHORT,
+    set_args,
+    suite_compile_cache_env,
+    with_xla_flags,
+)
 
 sys.path.insert(0, str(REPO))
 from docs_hooks import TEST_MARKERS, code_blocks
@@ -92,11 +99,10 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
             args[i] = str(tmp_path / "job")  # the job the block's `launch run` wrote
     if "--cpu-devices" in args or args[:1] == ["compile"]:
         # The device count is fixed when JAX starts: run in a fresh process, as a user would.
-        env = {**os.environ, **suite_compile_cache_env()}
-        if args[:1] in (["run"], ["local-cluster"]):
-            # Only the exit code is checked: XLA:CPU may compile these with less optimisation
-            # (a smoke run on 8 devices: ~30% less CPU). Not `compile`, whose report is the output.
-            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip()
+        # Only the exit code is checked: XLA:CPU may compile runs with less optimisation (a smoke
+        # run on 8 devices: ~30% less CPU). Not `compile`, whose report is the output.
+        fast = FAST_COMPILE if args[:1] in (["run"], ["local-cluster"]) else ""
+        env = with_xla_flags({**os.environ, **suite_compile_cache_env()}, fast)
         proc = subprocess.run(
             [sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True, timeout=600, env=env
         )

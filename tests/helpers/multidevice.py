@@ -5,7 +5,7 @@ import subprocess
 import sys
 import textwrap
 
-from helpers.toy import FAST_COMPILE, suite_compile_cache_env
+from helpers.toy import FAST_COMPILE, suite_compile_cache_env, with_xla_flags
 
 __all__ = ["FAST_COMPILE", "run_with_devices"]
 
@@ -20,9 +20,9 @@ def run_with_devices(code: str, devices: int = 8, timeout: float = 300, xla_flag
     warnings are errors) and on the suite's compile cache. Fails the calling test with the child's
     output on a non-zero exit.
     """
-    env = dict(os.environ, **suite_compile_cache_env(), JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu")
-    if xla_flags:
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
+    env = with_xla_flags(
+        dict(os.environ, **suite_compile_cache_env(), JAX_NUM_CPU_DEVICES=str(devices), JAX_PLATFORMS="cpu"), xla_flags
+    )
     prelude = (
         "import warnings; warnings.simplefilter('error')\n"
         "import jax; jax.config.update('jax_numpy_rank_promotion', 'raise')\n"

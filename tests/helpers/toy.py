@@ -92,6 +92,11 @@ def suite_compile_cache_env() -> dict[str, str]:
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 
 
+def with_xla_flags(env: dict, flags: str) -> dict:
+    """`env` with `flags` appended to its XLA_FLAGS (those already there kept)."""
+    return {**env, "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {flags}".strip()} if flags else env
+
+
 def compile_cache_env(cache_dir) -> dict:
     """The environment for `launch` subprocesses that share JAX's persistent compilation cache in
     `cache_dir`: a test that runs the same experiment several times (straight, then stopped and
@@ -101,13 +106,13 @@ def compile_cache_env(cache_dir) -> dict:
     26.6-29.6 s of CPU against 32.2-32.6 s)."""
     import os
 
-    return dict(
+    env = dict(
         os.environ,
         JAX_COMPILATION_CACHE_DIR=str(cache_dir),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-        XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}".strip(),
     )
+    return with_xla_flags(env, FAST_COMPILE)
 
 
 def persistent_compile_cache(cache_dir):

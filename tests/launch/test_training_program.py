@@ -10,7 +10,16 @@ import textwrap
 import pytest
 
 from helpers import REPO
-from helpers.toy import CNN_SHORT, CNN_TOY, SMOKE_SHORT, compile_cache_env, set_args, suite_compile_cache_env
+from helpers.toy import (
+    CNN_SHORT,
+    CNN_TOY,
+    FAST_COMPILE,
+    SMOKE_SHORT,
+    compile_cache_env,
+    set_args,
+    suite_compile_cache_env,
+    with_xla_flags,
+)
 
 
 def invoke(*args):
@@ -21,14 +30,16 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def launch(*args, timeout=600):
-    """`launch ...` as its own process, on the suite's compile cache (never killed)."""
+def launch(*args, timeout=600, xla_flags=""):
+    """`launch ...` as its own process, on the suite's compile cache (never killed); `xla_flags`
+    appended to XLA_FLAGS (FAST_COMPILE for runs compared only with each other)."""
+    env = with_xla_flags({**os.environ, **suite_compile_cache_env()}, xla_flags)
     return subprocess.run(
         [sys.executable, "-m", "equipax.launch.cli", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **suite_compile_cache_env()},
+        env=env,
     )
 
 
@@ -98,9 +109,12 @@ def test_cnn_digits_data_parallel_on_4_devices_matches_1_device(tmp_path):
             "train.log_every=1",
         ]
     )
-    one = launch("run", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "one", *sets)
+    fast = FAST_COMPILE  # the three runs compare with each other only
+    one = launch("run", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "one", *sets, xla_flags=fast)
     assert one.returncode == 0, one.stdout + one.stderr
-    four = launch("run", "--exp", "cnn_digits", "--cpu-devices", 4, "--job-log-dir", tmp_path / "four", *sets)
+    four = launch(
+        "run", "--exp", "cnn_digits", "--cpu-devices", 4, "--job-log-dir", tmp_path / "four", *sets, xla_flags=fast
+    )
     assert four.returncode == 0, four.stdout + four.stderr
     assert json.loads((tmp_path / "four" / "config.json").read_text())["mesh"]["ici_mesh_shape"] == [4, 1, 1]
     # The same 4 devices as two hosts (real jax.distributed processes): each feeds its half of every
@@ -118,6 +132,7 @@ def test_cnn_digits_data_parallel_on_4_devices_matches_1_device(tmp_path):
         "--job-log-dir",
         tmp_path / "hosts",
         *sets,
+        xla_flags=fast,
     )
     assert hosts.returncode == 0, hosts.stdout[-4000:] + hosts.stderr[-2000:]
     a = [json.loads(x) for x in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
