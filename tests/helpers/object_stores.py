@@ -1,5 +1,5 @@
-"""Local object stores for the tests: a GCS emulator (`gcp-storage-emulator`) and an S3 one
-(`moto`'s server mode), each its own process listening on 127.0.0.1 at a free port.
+"""A local object store for the tests: a GCS emulator (`gcp-storage-emulator`), its own process
+listening on 127.0.0.1 at a free port.
 
 Run as a script (`python object_stores.py gcs PORT BUCKET`) it is the GCS emulator, with what
 TensorStore's `gcs` driver needs and the emulator leaves out: every download answers with the
@@ -39,35 +39,19 @@ def _wait_for(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
 
 
 @contextlib.contextmanager
-def emulator(kind: str, bucket: str, log: Path) -> Iterator[dict[str, str]]:
-    """Start the `kind` ("gcs" or "s3") emulator holding an empty `bucket`; yields the environment
-    variables that point clients at it. Its output goes to `log`."""
+def emulator(bucket: str, log: Path) -> Iterator[dict[str, str]]:
+    """Start the GCS emulator holding an empty `bucket`; yields the environment variables that
+    point clients at it. Its output goes to `log`."""
     port = free_port()
-    if kind == "gcs":
-        cmd = [sys.executable, __file__, "gcs", str(port), bucket]
-        # gcsfs's default class asks GCS's control-plane API (gRPC) for the bucket's layout first,
-        # which an emulator does not serve: a minute of retries per bucket. Read at its import.
-        env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
-        os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
-    else:
-        cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-        env = {
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_REGION": "us-east-1",
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
+    cmd = [sys.executable, __file__, "gcs", str(port), bucket]
+    # gcsfs's default class asks GCS's control-plane API (gRPC) for the bucket's layout first,
+    # which an emulator does not serve: a minute of retries per bucket. Read at its import.
+    env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env})
     try:
         _wait_for(port, proc)
-        if kind == "s3":
-            import boto3
-
-            boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1").create_bucket(
-                Bucket=bucket
-            )
         yield env
     finally:
         proc.terminate()

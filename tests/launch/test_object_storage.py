@@ -1,8 +1,10 @@
-"""Job directories in object storage (`gs://`, `s3://`), end to end against local emulators that
-the tests start on 127.0.0.1 (tests/helpers/object_stores.py): a run trains into the store, is
-stopped by SIGTERM, resumes to the uninterrupted run's bits; a damaged checkpoint is detected by
-its checksums and set aside; the job's lock refuses a second run; a step whose save was killed
-before its commit marker is never restored; bad input is exit 2 in seconds."""
+"""Job directories in object storage (`gs://`), end to end against a local GCS emulator that the
+tests start on 127.0.0.1 (tests/helpers/object_stores.py): a run trains into the bucket, is
+stopped by SIGTERM, resumes to the uninterrupted run's bits; the job's lock refuses a second run;
+`launch eval` and `launch decode` read the job there; a damaged checkpoint is detected by its
+checksums and set aside; a step whose save was killed before its commit marker is never restored;
+bad input (a missing bucket, an endpoint that does not answer, no credentials, `s3://`) is exit 2
+in seconds."""
 
 import json
 import os
@@ -28,7 +30,7 @@ def gcs(tmp_path_factory):
     from helpers.object_stores import emulator
 
     try:
-        with emulator("gcs", "bkt", tmp_path_factory.mktemp("gcs") / "emulator.log") as env:
+        with emulator("bkt", tmp_path_factory.mktemp("gcs") / "emulator.log") as env:
             yield env
     except RuntimeError as e:
         pytest.skip(f"the GCS emulator did not start: {e}")
@@ -107,6 +109,18 @@ def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypa
     assert code == 0 and "Resumed from step" in out, out
     assert json.loads(fs.cat("bkt/job/result.json"))["state_digest"] == straight["state_digest"]
 
+    # `launch eval` and `launch decode` read the job from the bucket and write their outputs there.
+    code, out = invoke("eval", "--job-log-dir", "gs://bkt/job")
+    assert code == 0, out
+    assert {r["step"] for r in map(json.loads, fs.cat("bkt/job/eval_job/metrics.jsonl").splitlines())} >= {4}
+    code, out = invoke("decode", "--job-log-dir", "gs://bkt/job", "--prompt", "ROMEO:", "--max-new-tokens", 4)
+    assert code == 0 and "ROMEO:" in out and "step 4 of gs://bkt/job" in out, out
+    code, out = invoke(
+        "decode", "--job-log-dir", "gs://bkt/job", "--split", "eval", "--max-examples", 2, "--max-new-tokens", 2
+    )
+    assert code == 0, out
+    assert len(fs.cat("bkt/job/decoder_out/4/outputs.jsonl").splitlines()) == 2
+
     # Bit rot in the newest checkpoint's array data: the checksums catch it, the step is set aside
     # (kept, in corrupt_checkpoints/), and the run resumes from the step before, to the same bits.
     from equipax.launch.inference.trained_job import checkpoint_steps
@@ -161,11 +175,13 @@ def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch):
     monkeypatch.delenv("STORAGE_EMULATOR_HOST")
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/key.json")
     from equipax.core.knobs import ConfigError
-    from equipax.launch.jobdir import storage
+    from equipax.launch.jobdir import store_checks
 
-    monkeypatch.setattr(storage, "_endpoint", lambda scheme: (gcs["STORAGE_EMULATOR_HOST"], "STORAGE_EMULATOR_HOST"))
+    monkeypatch.setattr(
+        store_checks, "_endpoint", lambda scheme: (gcs["STORAGE_EMULATOR_HOST"], "STORAGE_EMULATOR_HOST")
+    )
     with pytest.raises(ConfigError, match="no Google Cloud credentials were found.*GOOGLE_APPLICATION_CREDENTIALS"):
-        storage.check_store("gs://bkt/job", "--job-log-dir")
+        store_checks.check_store("gs://bkt/job", "--job-log-dir")
 
     code, out = invoke("run", "--job-log-dir", "hdfs://namenode/job")
     out = _words(out)

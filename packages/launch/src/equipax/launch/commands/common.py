@@ -11,7 +11,7 @@ from equipax.core.knobs import ConfigError, apply_overrides
 from equipax.core.paths import url_problem
 from equipax.launch.errors import EXIT_USER_ERROR
 from equipax.launch.experiments import registry
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.jobdir.storage import AnyPath, is_remote
 
 __all__ = [
     "check_output",
@@ -71,7 +71,7 @@ def job_dir_option(value: str) -> AnyPath:
     (`gs://BUCKET/JOB`, `s3://BUCKET/JOB`; an `etils.epath.Path`, `equipax.launch.jobdir.storage`).
     Typed `Path` for typer, which reads the annotation; what comes back is a `storage.AnyPath`."""
     path = _path(value, stores=True)
-    from equipax.launch.jobdir.storage import check_store
+    from equipax.launch.jobdir.store_checks import check_store
 
     try:  # in seconds: an unreachable endpoint, no credentials, a missing bucket
         check_store(path, "--job-log-dir")
@@ -121,7 +121,9 @@ JobLogDirOption = Annotated[
 ]
 
 
-def check_output(path: Path, option: str, *, kind: Literal["file", "directory"], job_dir: Path | None = None) -> None:
+def check_output(
+    path: Path, option: str, *, kind: Literal["file", "directory"], job_dir: AnyPath | None = None
+) -> None:
     """Refuse (exit 2), before any work, an output a command could not write or must not write.
 
     Every command that writes a file or directory checks it here first: it must be creatable as
@@ -134,7 +136,7 @@ def check_output(path: Path, option: str, *, kind: Literal["file", "directory"],
     problem = output_problem(path, kind=kind)
     if problem:
         fail(f"{option} {str(path)!r} {problem}. Choose another {option}.")
-    if job_dir is None:
+    if job_dir is None or is_remote(job_dir):  # a local output is never inside a bucket's job
         return
     target, job = Path(path).expanduser().absolute().resolve(), job_dir.expanduser().absolute().resolve()
     if target == job or job not in target.parents:

@@ -5,7 +5,7 @@ Pax's decode dataset: outputs in `<job>/decoder_out/<step>/`)."""
 import json
 import math
 import os
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Annotated
 
 import typer
@@ -16,15 +16,18 @@ from equipax.launch.commands.common import (
     check_output,
     err,
     fail,
+    job_dir_option,
     out,
     path_option,
     resolve_job,
 )
+from equipax.launch.jobdir.storage import AnyPath, job_path
 
 __all__ = ["decode_cmd", "JobDirOption"]
 
-JobDirOption = Annotated[
-    Path, typer.Option("--job-log-dir", parser=path_option, help="The training job's directory (`launch run`'s).")
+JobDirOption = Annotated[  # PurePath: the base of the local and the bucket paths job_dir_option gives
+    PurePath,
+    typer.Option("--job-log-dir", parser=job_dir_option, help="The training job's directory: a path or gs://B/JOB."),
 ]
 
 
@@ -83,6 +86,7 @@ def decode_cmd(
     set_: JobSetOption = None,
 ) -> None:
     """Continue prompts with a trained language model's checkpoint (KV cache; model only, no optimizer state)."""
+    job_log_dir = job_path(job_log_dir)
     if split is not None:
         if prompt is not None or prompts is not None or output is not None:
             fail(
@@ -163,7 +167,7 @@ def decode_cmd(
         err.print(f"Wrote {len(samples)} samples to {output}.", highlight=False)
 
 
-def _decode_split(cfg, job_dir: Path, *, step: int | None, **settings) -> None:
+def _decode_split(cfg, job_dir: AnyPath, *, step: int | None, **settings) -> None:
     from equipax.launch.inference.decode_dataset import DecodeSettings, decode_split
     from equipax.launch.inference.trained_job import pick_step
 
@@ -236,7 +240,7 @@ def _chat_prompts(lm, tokenizer, texts: list[str]) -> tuple[list[str], int]:
 
 def _decode(
     cfg,
-    job_dir: Path,
+    job_dir: AnyPath,
     texts: list[str],
     *,
     step: int | None,

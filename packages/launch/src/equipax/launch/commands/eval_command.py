@@ -10,7 +10,6 @@ second `launch eval` skips the steps already recorded.
 import json
 import math
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -19,6 +18,7 @@ from equipax.core.knobs import ConfigError
 from equipax.launch.commands.common import CpuDevicesOption, JobSetOption, err, fail, out, resolve_job
 from equipax.launch.commands.decode_command import JobDirOption
 from equipax.launch.configs.experiment import ExperimentConfig
+from equipax.launch.jobdir.storage import COMMIT_MARKER, AnyPath, is_remote, job_path, mtime
 
 __all__ = ["eval_cmd", "EVAL_DIR", "EvalJob"]
 
@@ -63,6 +63,8 @@ def eval_cmd(
 
     from equipax.launch.cluster.devices import use_cpu_devices
 
+    job_log_dir = job_path(job_log_dir)
+
     for name, value in (("--poll-seconds", poll_seconds), ("--idle-timeout", idle_timeout)):
         if not (math.isfinite(value) and value > 0):
             fail(f"{name} must be a number of seconds > 0; got {value}.")
@@ -91,7 +93,7 @@ def eval_cmd(
         )
 
 
-def _wait_for_the_job(job_dir: Path, poll_seconds: float, idle_timeout: float) -> None:
+def _wait_for_the_job(job_dir: AnyPath, poll_seconds: float, idle_timeout: float) -> None:
     """--follow: wait for a job started at the same moment (`launch run ... & launch eval --follow`)
     to write its config.json, up to --idle-timeout; then `load_config` names what is missing."""
     config, waited, said = job_dir / "config.json", 0.0, False
@@ -107,15 +109,15 @@ def _wait_for_the_job(job_dir: Path, poll_seconds: float, idle_timeout: float) -
 class EvalJob:
     """The eval job of one training job: what it evaluated, and the program that evaluates."""
 
-    def __init__(self, cfg: ExperimentConfig, job_dir: Path, *, multiple_choice: str | None = None) -> None:
+    def __init__(self, cfg: ExperimentConfig, job_dir: AnyPath, *, multiple_choice: str | None = None) -> None:
         from equipax.launch.jobdir.summaries import read_metrics
 
         self.multiple_choice_name = multiple_choice
         self.scorer: Any = None  # (set, tokenizer, seq_len), at the first checkpoint, when there is a set
         self.cfg: ExperimentConfig = cfg
-        self.job_dir: Path = Path(job_dir)
-        self.path: Path = self.job_dir / EVAL_DIR / "metrics.jsonl"
-        self.tb_dir: Path = self.job_dir / "summaries" / EVAL_DIR
+        self.job_dir: AnyPath = job_path(job_dir)
+        self.path: AnyPath = self.job_dir / EVAL_DIR / "metrics.jsonl"
+        self.tb_dir: AnyPath = self.job_dir / "summaries" / EVAL_DIR
         self.done: set[int] = {int(r["step"]) for r in read_metrics(self.path)} if self.path.exists() else set()
         self.program: tuple[Any, Any, str] | None = None  # (training, eval input, unit), at the first checkpoint
         self.writer: Any = None  # MetricsWriter, at the first checkpoint
@@ -178,7 +180,9 @@ class EvalJob:
         except (OSError, ValueError):
             return False  # being written
         newest = self.job_dir / "checkpoints" / str(steps[-1])
-        return final in self.done and result.stat().st_mtime >= newest.stat().st_mtime
+        if is_remote(newest):  # an object store's folder has no time of its own: its commit marker's
+            newest = newest / COMMIT_MARKER
+        return final in self.done and mtime(result) >= mtime(newest)
 
     def _build(self) -> None:
         from equipax.launch.inference.trained_job import check_tokenizer, local_mesh

@@ -18,7 +18,6 @@ import json
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -26,6 +25,7 @@ import numpy as np
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.inference.sampling import host_array
+from equipax.launch.jobdir.storage import AnyPath, job_path
 
 __all__ = ["DECODER_OUT", "decode_metrics", "decode_split", "DecodeSettings", "prompt_rows"]
 
@@ -81,7 +81,9 @@ def _check(cfg: Any, s: DecodeSettings) -> tuple[int, int, str]:
     return prompt, new, note
 
 
-def decode_split(cfg: Any, job_dir: Path, step: int, settings: DecodeSettings, *, log: Callable[[str], object]) -> Path:
+def decode_split(
+    cfg: Any, job_dir: AnyPath, step: int, settings: DecodeSettings, *, log: Callable[[str], object]
+) -> AnyPath:
     """Decode the job's eval split at checkpoint `step`; returns the outputs' directory.
 
     Arguments:
@@ -156,7 +158,7 @@ def decode_split(cfg: Any, job_dir: Path, step: int, settings: DecodeSettings, *
     records = sorted(records, key=lambda r: r["example_id"])[: settings.max_examples or None]
     metrics = decode_metrics(source.decode_metrics(), records)
     return _write(
-        Path(job_dir),
+        job_path(job_dir),
         step,
         records,
         batches=batches,
@@ -228,7 +230,7 @@ def _records(
 
 
 def _write(
-    job_dir: Path,
+    job_dir: AnyPath,
     step: int,
     records: list[dict[str, Any]],
     *,
@@ -236,7 +238,7 @@ def _write(
     seconds: float,
     settings: DecodeSettings,
     metrics: dict[str, float],
-) -> Path:
+) -> AnyPath:
     folder = job_dir / DECODER_OUT / str(step)
     if jax.process_index() != 0:
         return folder

@@ -1,0 +1,88 @@
+"""A job directory's object store, checked before any work: it answers, there are credentials, the
+bucket exists (exit 2 in seconds, naming the variable to set). docs/object_storage.md."""
+
+import os
+import socket
+import urllib.parse
+
+from equipax.core.knobs import ConfigError
+from equipax.core.paths import remote_scheme
+from equipax.launch.jobdir.storage import AnyPath, configure_endpoints, filesystem, job_path
+
+__all__ = ["check_store", "SUPPORTED"]
+
+SUPPORTED = ("gs",)
+"""The stores a job directory may be in so far."""
+
+
+def _endpoint(scheme: str) -> tuple[str, str]:
+    """(the endpoint URL requests go to, the variable that sets it) for a store (`SUPPORTED`)."""
+    host = os.environ.get("STORAGE_EMULATOR_HOST")
+    url = (host if "://" in host else f"http://{host}") if host else "https://storage.googleapis.com"
+    return url, "STORAGE_EMULATOR_HOST"
+
+
+def _credentials_problem(scheme: str) -> str | None:
+    """Why requests to the store would be refused for want of credentials, or None."""
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        return None  # an emulator takes anonymous requests
+    try:
+        import google.auth
+
+        google.auth.default()
+    except Exception:
+        return (
+            "no Google Cloud credentials were found (Application Default Credentials: set "
+            "GOOGLE_APPLICATION_CREDENTIALS to a service account key file, or run `gcloud auth "
+            "application-default login`; on a Cloud TPU/GCE VM the VM's service account is used)"
+        )
+    return None
+
+
+def check_store(path: AnyPath | str, option: str, *, timeout_s: float = 5.0) -> None:
+    """Raise ConfigError, in seconds, when `path`'s store cannot be used: its endpoint does not
+    answer, there are no credentials, or its bucket does not exist. Nothing for a local path.
+
+    Arguments:
+        path: a job directory or data path.
+        option: the option or knob that gave it (named in the message).
+        timeout_s: how long the endpoint has to accept a connection.
+    """
+    scheme = remote_scheme(str(path))
+    if scheme is None:
+        return
+    if scheme not in SUPPORTED:
+        raise ConfigError(
+            f"{option} {str(path)!r}: {scheme}:// job directories are not supported yet (orbax's checkpoints "
+            "commit without a rename on gs:// only). Use a gs:// bucket, or a local path where the bucket is "
+            "mounted (mountpoint-s3, s3fs); docs/object_storage.md."
+        )
+    configure_endpoints()
+    url, variable = _endpoint(scheme)
+    parsed = urllib.parse.urlsplit(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "", port), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(
+            f"{option} {str(path)!r}: the {scheme}:// endpoint {url} does not answer ({e.strerror or e}). "
+            f"Check the network, or set {variable} to the store's endpoint (an emulator: "
+            f"{variable}=http://127.0.0.1:PORT)."
+        ) from None
+    if (problem := _credentials_problem(scheme)) is not None:
+        raise ConfigError(f"{option} {str(path)!r}: {problem}.")
+    bucket = urllib.parse.urlsplit(str(path)).netloc
+    fs, _ = filesystem(job_path(str(path)))
+    try:
+        found = fs.exists(bucket)
+    except Exception as e:  # refused credentials, a malformed name: the store's own words
+        raise ConfigError(
+            f"{option} {str(path)!r}: {scheme}://{bucket} could not be read ({type(e).__name__}: {e}). "
+            f"Check the credentials' permissions on the bucket, or {variable}."
+        ) from None
+    if not found:
+        raise ConfigError(
+            f"{option} {str(path)!r}: the bucket {scheme}://{bucket} does not exist at {url}. Create it "
+            f"(`gcloud storage buckets create gs://{bucket}` or `aws s3 mb s3://{bucket}`), or fix the "
+            "bucket's name."
+        )
