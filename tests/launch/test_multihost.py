@@ -34,13 +34,13 @@ def train_losses(job):
     return [r["loss"] for r in recs if r["split"] == "train"]
 
 
-def cluster(job, *sets, env=None):
+def cluster(job, *sets, env=None, processes=2):
     return launch(
         "local-cluster",
         "--processes",
-        "2",
+        str(processes),
         "--cpu-devices",
-        "4",
+        str(8 // processes),
         "--",
         "run",
         *SMOKE,
@@ -53,6 +53,7 @@ def cluster(job, *sets, env=None):
 
 @pytest.mark.slow
 def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly(tmp_path):
+    """Two processes train as one; a 2-process checkpoint resumes as 2, as 1 and as 4 processes."""
     env = compile_cache_env(tmp_path / "jax-cache")  # the four runs compile the same programs once
     two = cluster(tmp_path / "two", env=env)
     assert two.returncode == 0, two.stdout[-4000:] + two.stderr[-2000:]
@@ -70,6 +71,7 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
     first = cluster(tmp_path / "split", "train.num_steps=2", env=env)
     assert first.returncode == 0, first.stdout[-3000:]
     shutil.copytree(tmp_path / "split", tmp_path / "as_one")
+    shutil.copytree(tmp_path / "split", tmp_path / "as_four")
     second = cluster(tmp_path / "split", env=env)
     assert second.returncode == 0, second.stdout[-3000:]
     assert "Resumed from step 2" in second.stdout
@@ -86,6 +88,13 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
     assert "(the checkpoint was written on 8 devices in 2 processes" in alone.stdout
     assert "the data order is unchanged" in alone.stdout
     assert train_losses(tmp_path / "as_one") == pytest.approx(train_losses(tmp_path / "two"), rel=1e-5)
+
+    # And as four processes of 2 devices each: each reads a quarter of every global batch.
+    four = cluster(tmp_path / "as_four", env=env, processes=4)
+    assert four.returncode == 0, four.stdout[-3000:] + four.stderr[-2000:]
+    assert "Resumed from step 2 on 8 devices in 4 processes" in four.stdout, four.stdout[-3000:]
+    assert "the data order is unchanged" in four.stdout
+    assert train_losses(tmp_path / "as_four") == pytest.approx(train_losses(tmp_path / "two"), rel=1e-5)
 
 
 @pytest.mark.slow
