@@ -328,10 +328,14 @@ def test_malformed_coordinator(tmp_path):
 
 
 def test_ctrl_c_during_imports(tmp_path):
-    proc = launch_process(*run_args(tmp_path / "job"))
+    # With the suite's bytecode written (tests/helpers/bytecode.py) the imports take well under a
+    # second; read none of it (an empty bytecode tree, nothing written), so that they compile from
+    # source and take seconds, as on a first run: the signal then lands among them.
+    no_bytecode = {"PYTHONPYCACHEPREFIX": str(tmp_path / "no-bytecode"), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = launch_process(*run_args(tmp_path / "job"), env=no_bytecode)
     import time
 
-    time.sleep(0.3)  # python and the imports take seconds: the signal lands among them
+    time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 75, out
