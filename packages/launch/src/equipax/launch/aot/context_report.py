@@ -71,6 +71,7 @@ def comparison_section(with_cp: dict[str, Any], without: dict[str, Any] | None, 
         "per_device_param_bytes": without["params"]["per_device_param_bytes"],
         "per_device_optimizer_bytes": without["params"]["per_device_optimizer_bytes"],
         "collectives": without["collectives"],
+        "custom_calls": without["custom_calls"],  # e.g. a fused attention kernel (splash) the context kernels forgo
         "stablehlo_sha256": without["stablehlo_sha256"],
         "compile": without["compile"],
         "total_bytes_saved_by_context": w["total_bytes"] - m["total_bytes"],
@@ -88,6 +89,8 @@ def comparison_lines(with_cp: dict[str, Any], section: dict[str, Any]) -> list[s
         f"  without CP    the context axis folded into fsdp, mesh {section['mesh']}: total "
         f"{_size(w['total_bytes'])} per device (temporaries {_size(w['temp_bytes'])}, params "
         f"{_size(section['per_device_param_bytes'])}), " + ("fits" if w["fits"] else "DOES NOT FIT") + refused,
+        "                its custom calls "
+        + (", ".join(f"{k} {v}" for k, v in section["custom_calls"].items()) or "none"),
         f"                with CP {_size(m['total_bytes'])} (temporaries {_size(m['temp_bytes'])}, params "
         f"{_size(with_cp['params']['per_device_param_bytes'])}): context parallelism saves "
         f"{_size(section['total_bytes_saved_by_context'])} per device",
