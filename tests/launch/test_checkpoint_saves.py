@@ -23,8 +23,10 @@ def test_small_replicated_arrays_save_without_slice_programs_large_ones_still_sp
                     for i, s in enumerate(shapes)}}
 
         compiles = []
-        jax.monitoring.register_event_duration_secs_listener(
-            lambda name, secs, **kw: compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None)
+        def on_event(name, secs, **kw):
+            if name == "/jax/core/compile/backend_compile_duration":
+                compiles.append(name)
+        jax.monitoring.register_event_duration_secs_listener(on_event)
 
         def save(name, tree):
             ckpt = Checkpointer({str(tmp_path)!r} + "/" + name, keep=1)
