@@ -243,3 +243,30 @@ def test_threaded_encoding_matches_inline():
         5,
     )
     assert_batches_equal(threaded, inline)
+
+
+def test_given_lengths_are_checked_against_the_documents():
+    """Token counts computed before (a job's cache) replace the encoding pass; counts of another
+    dataset or tokenizer are refused, naming the first document that disagrees."""
+    counted = DocumentLMInput(DOCS, tokenizer=TOK, seq_len=SEQ, batch_size=4)
+    lengths = counted.document_lengths()
+    given = DocumentLMInput(DOCS, tokenizer=TOK, seq_len=SEQ, batch_size=4, lengths=lengths)
+    assert given.rows_per_epoch == counted.rows_per_epoch
+    assert_batches_equal([given.get_next() for _ in range(3)], [counted.get_next() for _ in range(3)])
+    with pytest.raises(ValueError, match=r"one positive token count per document \(37\); got shape \(36,\)"):
+        DocumentLMInput(DOCS, tokenizer=TOK, seq_len=SEQ, batch_size=4, lengths=lengths[:-1])
+    wrong = lengths.copy()
+    wrong[len(DOCS) // 3] += 1
+    with pytest.raises(ValueError, match="lengths\\[12\\] = .* document 12 encodes to .* another dataset or tokenizer"):
+        DocumentLMInput(DOCS, tokenizer=TOK, seq_len=SEQ, batch_size=4, lengths=wrong)
+
+
+def test_tokenizer_fingerprints_follow_the_vocabulary():
+    from pathlib import Path
+
+    from equipax.data import HFTokenizer
+
+    chat = Path(__file__).parents[1] / "fixtures" / "chat" / "llama3"
+    assert ByteTokenizer().fingerprint() == ByteTokenizer().fingerprint()
+    hf = HFTokenizer.load(chat)
+    assert hf.fingerprint() == HFTokenizer.load(chat).fingerprint() != ByteTokenizer().fingerprint()

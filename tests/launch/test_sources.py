@@ -118,3 +118,75 @@ def test_the_config_layer_knows_the_built_in_chat_templates():
     from equipax.launch.configs.chat_sources import CHAT_TEMPLATES
 
     assert set(CHAT_TEMPLATES) == set(BUILTIN_TEMPLATES)
+
+
+def _counting_bytes():
+    """The byte tokenizer, counting the documents it encodes (`.encoded`)."""
+    from equipax.data import ByteTokenizer
+
+    class Counting(ByteTokenizer):
+        encoded = 0
+
+        def encode(self, text):
+            self.encoded += 1
+            return super().encode(text)
+
+    return Counting()
+
+
+def test_packed_c4_documents_count_their_tokens_once_per_job(tmp_path):
+    """The packing's token counts (one encoding pass over a split) are written to the job's
+    data_cache/ on the first start and read back on the next, which encodes only the few documents
+    it checks them with; counts that do not match the documents are computed again; another
+    tokenizer or other shards are other files."""
+    import json
+
+    data_dir = tmp_path / "c4"
+    data_dir.mkdir()
+    for split, n in (("train", 300), ("validation", 40)):
+        lines = [json.dumps({"text": f"document {i} " + "word " * (i % 17)}) for i in range(n)]
+        (data_dir / f"c4-{split}.00000-of-00001.json").write_text("\n".join(lines) + "\n")
+    cfg, _ = apply_overrides(
+        get_experiment("shakespeare_tiny"),
+        ["data.source=c4", f"data.path={data_dir}", "data.tokenizer=byte", "data.packing=True", "data.seq_len=32"],
+    )
+    cache = tmp_path / "job" / "data_cache"
+
+    def build():
+        tok = _counting_bytes()
+        inputs = cfg.data.token_source.build(
+            cfg.data, tokenizer=tok, vocab_size=384, eval_batches=1, shard=HostShard(batch_size=4), cache_dir=cache
+        )
+        return tok, inputs
+
+    first_tok, first = build()
+    assert first_tok.encoded >= 340  # every document of both splits
+    files = sorted(p.name for p in cache.iterdir())
+    assert (
+        len(files) == 2
+        and files[0].startswith("document_lengths-eval-")
+        and files[1].startswith("document_lengths-train-")
+    )
+    again_tok, again = build()
+    assert again_tok.encoded <= 8  # four documents checked per split
+    np.testing.assert_array_equal(again.train.document_lengths(), first.train.document_lengths())
+    for _ in range(3):
+        a, b = first.train.get_next(), again.train.get_next()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    # Counts that are not these documents' (same file name): computed again, and rewritten.
+    train_file = cache / files[1]
+    wrong = first.train.document_lengths().copy()
+    wrong[0] += 1
+    with train_file.open("wb") as f:
+        np.save(f, wrong)
+    fixed_tok, fixed = build()
+    assert fixed_tok.encoded >= 300
+    np.testing.assert_array_equal(np.load(train_file), first.train.document_lengths())
+    np.testing.assert_array_equal(fixed.train.document_lengths(), first.train.document_lengths())
+    # More documents in a shard: another file, computed from the documents.
+    with (data_dir / "c4-train.00000-of-00001.json").open("a") as f:
+        f.write(json.dumps({"text": "one more"}) + "\n")
+    more_tok, more = build()
+    assert more_tok.encoded >= 301 and len(list(cache.iterdir())) == 3
+    assert len(more.train.document_lengths()) == 301

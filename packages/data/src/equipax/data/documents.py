@@ -49,7 +49,8 @@ class DocumentLMInput(GlobalOrderInput):
       function of the global row alone, never of the number of hosts. Each row carries
       `segment_ids` (1, 2, ... per document piece, 0 on padding) and `positions` (restarting at 0
       in every segment), which the LM uses to mask attention across documents. The token counts
-      are computed once, on first use (one encoding pass over the documents).
+      are computed once, at construction (one encoding pass over the documents), unless given as
+      `lengths` (a job caches them: `equipax.launch` keeps them in the job directory).
     - `packing=False`: each document is one row, cut to `seq_len` tokens and padded (weight 0);
       `example_id` is the document's index.
 
@@ -66,6 +67,9 @@ class DocumentLMInput(GlobalOrderInput):
     - `packing`: pack documents into rows (True) or one document per row (False).
     - `read_threads`: threads reading and encoding the documents of a batch (0 or 1: the calling
       thread; more help where the tokenizer releases the GIL, as Hugging Face tokenizers do).
+    - `lengths`: the documents' token counts as `document_lengths()` returns them, computed
+      before (packing only). A few documents spread over the set are encoded again to check them:
+      counts from another dataset or tokenizer raise `ValueError`.
     - `batch_size`, `num_infeed_hosts`, `infeed_host_index`, `seed`, `repeat`: see `BaseInput`.
     """
 
@@ -82,6 +86,7 @@ class DocumentLMInput(GlobalOrderInput):
         repeat: bool = True,
         packing: bool = True,
         read_threads: int = 1,
+        lengths: Integer[np.ndarray, " docs"] | None = None,
     ) -> None:
         super().__init__(
             batch_size=batch_size,
@@ -103,7 +108,7 @@ class DocumentLMInput(GlobalOrderInput):
         self._tok = tokenizer
         self._encoded: OrderedDict[int, np.ndarray] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
-        self._lengths: np.ndarray | None = None
+        self._lengths: np.ndarray | None = None if lengths is None else self._checked_lengths(lengths)
         self._starts: tuple[int, np.ndarray] | None = None
         self._order: tuple[int, np.ndarray] | None = None
         self._init_order(len(documents))
@@ -146,6 +151,22 @@ class DocumentLMInput(GlobalOrderInput):
                 lengths[lo : lo + len(chunk)] = [len(t) - 1 for t in chunk]
             self._lengths = lengths
         return self._lengths
+
+    def _checked_lengths(self, lengths: Integer[np.ndarray, " docs"]) -> np.ndarray:
+        lengths = np.asarray(lengths, np.int64)
+        n = len(self.documents)
+        if lengths.shape != (n,) or (lengths < 1).any():
+            raise ValueError(
+                f"lengths must hold one positive token count per document ({n}); got shape {lengths.shape}."
+            )
+        probe = sorted({0, n // 3, (2 * n) // 3, n - 1})
+        for i, tokens in zip(probe, self._encode_all(probe), strict=True):
+            if len(tokens) - 1 != lengths[i]:
+                raise ValueError(
+                    f"lengths[{i}] = {lengths[i]}, but document {i} encodes to {len(tokens) - 1} tokens: the counts "
+                    "were computed for another dataset or tokenizer."
+                )
+        return lengths
 
     def document_order(self, epoch: int) -> Int[np.ndarray, " docs"]:
         """Document indices in the order `epoch` reads them (identity for an eval pass)."""

@@ -2,6 +2,7 @@
 Hugging Face `tokenizer.json` (the `tokenizers` library) with its special tokens."""
 
 import abc
+import hashlib
 import io
 import json
 import os
@@ -42,6 +43,16 @@ class Tokenizer(abc.ABC):
     @abc.abstractmethod
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
         """Decode ids to text, skipping pad/bos/eos."""
+
+    def fingerprint(self) -> str:
+        """A digest of everything that decides the ids: equal fingerprints, equal encodings (the
+        class, the special ids and the vocabulary's own bytes, `_model_bytes`)."""
+        head = repr((type(self).__name__, self.vocab_size, self.pad_id, self.bos_id, self.eos_id)).encode()
+        return hashlib.sha256(head + self._model_bytes()).hexdigest()[:16]
+
+    def _model_bytes(self) -> bytes:
+        """The serialized vocabulary (empty for a fixed mapping such as bytes)."""
+        return b""
 
 
 class ByteTokenizer(Tokenizer):
@@ -91,6 +102,9 @@ class SentencePieceTokenizer(Tokenizer):
     def __init__(self, processor: spm.SentencePieceProcessor, model_path: Path | None = None) -> None:
         self._sp = processor
         self.model_path = model_path
+
+    def _model_bytes(self) -> bytes:
+        return self._sp.serialized_model_proto()
 
     @classmethod
     def load(cls, model_path: str | os.PathLike[str]) -> "SentencePieceTokenizer":
@@ -253,6 +267,9 @@ class HFTokenizer(Tokenizer):
             if i is None:
                 raise ValueError(f"the {role} token {text!r} of tokenizer_config.json is not in the vocabulary {path}.")
             self._ids[role] = int(i)
+
+    def _model_bytes(self) -> bytes:
+        return self._tok.to_str().encode()
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "HFTokenizer":

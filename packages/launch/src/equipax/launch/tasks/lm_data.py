@@ -6,6 +6,7 @@ shares: the vocabulary and the eval wrapper.
 """
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,11 +23,14 @@ __all__ = [
     "LMInputs",
     "per_host_batch_size",
     "tokenizer_path",
+    "DATA_CACHE",
     "TOKENIZER_FILE",
 ]
 
 TOKENIZER_FILE = "tokenizer.model"
 HF_TOKENIZER_FILE = "tokenizer.json"
+# Under the job directory: what a source keeps for the job's next start (`build_lm_inputs`).
+DATA_CACHE = "data_cache"
 
 
 def tokenizer_path(cfg: LMExperiment, job_dir: AnyPath) -> AnyPath | None:
@@ -147,9 +151,17 @@ def per_host_batch_size(cfg: LMExperiment, num_infeed_hosts: int) -> int:
 
 
 def build_lm_inputs(
-    cfg: LMExperiment, tokenizer: Tokenizer, *, num_infeed_hosts: int = 1, infeed_host_index: int = 0
+    cfg: LMExperiment,
+    tokenizer: Tokenizer,
+    *,
+    num_infeed_hosts: int = 1,
+    infeed_host_index: int = 0,
+    cache_dir: AnyPath | None = None,
 ) -> LMInputs:
     """Training (repeating, shuffled) and evaluation inputs for host `infeed_host_index`.
+
+    `cache_dir` (a job's `data_cache/`): where the source keeps what is slow to compute from the
+    data, for the job's next start (packed documents' token counts); None computes it each time.
 
     The eval input follows `data.reset_for_eval`: a padded full pass (True) or rolling batches
     from a repeating input (False). Data problems (missing directory, empty or malformed shards,
@@ -160,8 +172,15 @@ def build_lm_inputs(
         count=num_infeed_hosts, index=infeed_host_index, batch_size=per_host_batch_size(cfg, num_infeed_hosts)
     )
     try:
+        # A source written before `cache_dir` existed (a user's, docs/extending.md) builds without one.
+        takes_cache = "cache_dir" in inspect.signature(d.token_source.build).parameters
         built = d.token_source.build(
-            d, tokenizer=tokenizer, vocab_size=cfg.model.vocab_size, eval_batches=cfg.train.eval_batches, shard=shard
+            d,
+            tokenizer=tokenizer,
+            vocab_size=cfg.model.vocab_size,
+            eval_batches=cfg.train.eval_batches,
+            shard=shard,
+            **({"cache_dir": cache_dir} if takes_cache else {}),
         )
         evaluation = make_eval_input(built.eval, reset_for_eval=d.reset_for_eval, num_batches=cfg.train.eval_batches)
     except ConfigError:

@@ -97,13 +97,18 @@ def build_inputs(cfg: ExperimentConfig, job_dir: AnyPath, *, log: Callable[[str]
     import jax
 
     from equipax.launch.cluster.distributed import barrier, is_primary
-    from equipax.launch.tasks.lm_data import build_lm_inputs, build_tokenizer
+    from equipax.launch.jobdir.storage import job_path
+    from equipax.launch.tasks.lm_data import DATA_CACHE, build_lm_inputs, build_tokenizer
 
     tokenizer = build_tokenizer(as_lm(cfg), job_dir, log=log) if is_primary() else None
     barrier("tokenizer")
     tokenizer = tokenizer or build_tokenizer(as_lm(cfg), job_dir)
     lm = build_lm_inputs(
-        as_lm(cfg), tokenizer, num_infeed_hosts=jax.process_count(), infeed_host_index=jax.process_index()
+        as_lm(cfg),
+        tokenizer,
+        num_infeed_hosts=jax.process_count(),
+        infeed_host_index=jax.process_index(),
+        cache_dir=job_path(job_dir) / DATA_CACHE,
     )
     return Inputs(lm.train, lm.eval, info={"unigram_entropy": lm.unigram_entropy}, extra={"tokenizer": tokenizer})
 
