@@ -160,3 +160,43 @@ def _compiler_flags_restored():
             os.environ.pop(var, None)
         else:
             os.environ[var] = value
+
+
+def _max_map_count() -> int:
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530  # Linux's default
+
+
+def _mapped_regions() -> int:
+    """How many memory mappings this process has (0 where /proc is not Linux's)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return maps.read().count(b"\n")
+    except OSError:
+        return 0
+
+
+# A third of the kernel's limit: a test adds at most a few thousand mappings.
+_MAPPINGS_BEFORE_RELEASE = _max_map_count() // 3
+
+
+@pytest.fixture(autouse=True)
+def _compiled_programs_released():
+    """Each program XLA:CPU compiles keeps its machine code in three memory mappings (code,
+    constants, data) for as long as JAX's in-memory caches hold the executable, and a test worker
+    runs hundreds of tests that compile fresh functions (every in-process `launch run` builds new
+    jitted steps). The mappings only add up: measured on tests/models alone, about 18,000 after 130
+    tests in one process. Past Linux's `vm.max_map_count` (65,530 by default) every further mmap
+    fails, and LLVM segfaults inside a compile (`backend_compile_and_load`) or a thread cannot
+    start: a worker crashed that way near the end of a full suite run. So once this process holds
+    more than a third of the limit, JAX's caches are cleared (`jax.clear_caches()`, which unmaps
+    them: 2,658 -> 528 after tests/models/test_lm.py). Later tests recompile what they need, or
+    load it from the suite's persistent compile cache."""
+    yield
+    if _mapped_regions() > _MAPPINGS_BEFORE_RELEASE:
+        import gc
+
+        jax.clear_caches()
+        gc.collect()

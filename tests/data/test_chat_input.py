@@ -1,4 +1,5 @@
-"""ChatSFTInput: rows of whole conversations, exact resume, host shares, truncation, eval padding
+"""ChatSFTInput: rows of whole conversations, exact resume, the same global batches at any host count,
+truncation, eval padding
 (packed == unpacked loss and gradients: tests/models/test_chat_packing.py)."""
 
 from pathlib import Path
@@ -51,23 +52,81 @@ def test_resume_mid_epoch_is_exact():
         for k in x:
             np.testing.assert_array_equal(x[k], y[k])
     assert a.get_state() == b.get_state()
-    with pytest.raises(ValueError, match="set_state expects a dict with keys"):
-        b.set_state({"position": 1})
+    with pytest.raises(ValueError, match="per-host positions cannot be mapped onto the global order"):
+        b.set_state({"position": 1, "batches": 1})
 
 
-def test_hosts_share_no_conversation_within_an_epoch_and_eval_pads_equally():
-    seen = []
-    for host in range(3):
-        inp = make(packing=False, repeat=False, batch_size=2, num_infeed_hosts=3, infeed_host_index=host)
-        assert inp.num_batches == -(-len(CONVERSATIONS) // 3 // 2) == 9  # 49 conversations: 17, 16, 16
-        firsts = []
-        for _ in range(inp.num_batches):
-            b = inp.get_next()
-            firsts += [tuple(r) for r, w in zip(b["ids"], b["weights"]) if w.any()]
-        with pytest.raises(StopIteration):
-            inp.get_next()
-        seen.append(set(firsts))
-    assert sum(len(s) for s in seen) == len(set().union(*seen)) == len(CONVERSATIONS)
+def _global_batches(hosts: int, n: int, *, state=None, **kw) -> tuple[list[dict], list[dict]]:
+    """`n` global batches of 6 rows read by `hosts` hosts (each host's rows concatenated in host
+    order), optionally from `state`; and each host's state after them."""
+    inputs = [make(batch_size=6 // hosts, num_infeed_hosts=hosts, infeed_host_index=h, **kw) for h in range(hosts)]
+    if state is not None:
+        for inp in inputs:
+            inp.set_state(state)
+    batches = []
+    for _ in range(n):
+        parts = [inp.get_next() for inp in inputs]
+        batches.append({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+    return batches, [inp.get_state() for inp in inputs], [inp.counters() for inp in inputs]
+
+
+def _assert_same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "unpacked"])
+def test_global_batches_and_resume_are_the_same_at_any_host_count(packing):
+    """The rows of a global batch do not depend on how many hosts read it (train across epoch
+    boundaries, and eval with its padding); a state saved at 3 hosts (the same on each) resumes at
+    2 and at 1 host to the batches of an uninterrupted run; the counters summed over hosts are the
+    1-host run's."""
+    straight, _, totals = _global_batches(1, 14, packing=packing)
+    for hosts in (2, 3, 6):
+        batches, states, counters = _global_batches(hosts, 14, packing=packing)
+        _assert_same(batches, straight)
+        assert {k: sum(c[k] for c in counters) for k in counters[0]} == totals[0]
+    _, states, _ = _global_batches(3, 5, packing=packing)
+    assert states[0] == states[1] == states[2]
+    for hosts in (1, 2):
+        resumed, _, counters = _global_batches(hosts, 9, state=states[0], packing=packing)
+        _assert_same(resumed, straight[5:])
+    # The counters continue the run's: those of the 5 batches before the state, plus these 9.
+    assert {k: sum(c[k] for c in counters) for k in counters[0]} == totals[0]
+    evals = {
+        h: _global_batches(
+            h, make(batch_size=6, repeat=False, packing=packing).num_batches, repeat=False, packing=packing
+        )[0]
+        for h in (1, 2, 3)
+    }
+    _assert_same(evals[2], evals[1])
+    _assert_same(evals[3], evals[1])
+
+
+def test_every_conversation_once_per_epoch():
+    """Each epoch's rows hold every conversation exactly once (next fit over that epoch's shuffle),
+    the epochs in different orders; eval is one ordered pass, padded to whole global batches."""
+    inp = make(batch_size=1)
+    for epoch in range(3):
+        plan = inp._plan(epoch)
+        assert sorted(plan.members.tolist()) == list(range(len(CONVERSATIONS)))
+        assert plan.stats[:, 0].sum() == len(CONVERSATIONS)
+    assert inp._plan(1).members.tolist() != inp._plan(0).members.tolist()
+    rows, ids = 0, []
+    for _ in range(inp._plan(0).rows + inp._plan(1).rows):
+        b = inp.get_next()
+        rows += 1
+        ids.append(b["segment_ids"].max())
+    assert sum(ids) == 2 * len(CONVERSATIONS)  # two whole epochs, every conversation a segment
+    ev = make(batch_size=2, num_infeed_hosts=3, infeed_host_index=2, repeat=False, packing=False)
+    assert ev.num_batches == -(-len(CONVERSATIONS) // 6) == 9  # 49 conversations, 54 rows read
+    for _ in range(ev.num_batches):
+        ev.get_next()
+    with pytest.raises(StopIteration):
+        ev.get_next()
 
 
 def test_truncation_is_explicit_and_counted():
@@ -133,6 +192,5 @@ def test_play_conversations_alternate_speeches_of_a_scene():
             assert speaker.isupper() and lines and not speaker.startswith(("ACT ", "SCENE ", "Enter "))
     with pytest.raises(ValueError, match="turns must be >= 1"):
         play_conversations(hamlet, turns=0)
-    every = make(seq_len=40, truncation="drop")
-    with pytest.raises(ChatError, match="every conversation of this host's 49 is longer than seq_len=40"):
-        every.get_next()
+    with pytest.raises(ChatError, match="every one of the 49 conversations is longer than seq_len=40"):
+        make(seq_len=40, truncation="drop")

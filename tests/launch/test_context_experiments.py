@@ -2,6 +2,8 @@
 (tests/models/test_context_parallel_lm.py checks each error; this, that `launch show` reports it
 before anything is built), and a run on a context axis resumes bit for bit."""
 
+import dataclasses
+import json
 import subprocess
 import sys
 
@@ -30,8 +32,6 @@ def test_a_context_parallel_run_resumes_to_the_uninterrupted_runs_bits(tmp_path)
     """`launch run` on data 2 x context 2 (ring attention, zigzag) for 4 steps, and the same
     stopped at step 2 and resumed: the same parameters and optimizer state, bit for bit. One
     4-device child runs the three commands, so they share its compiled programs."""
-    import json
-
     from helpers.multidevice import FAST_COMPILE, run_with_devices
     from helpers.toy import TOY, set_args
 
@@ -72,3 +72,102 @@ def test_a_context_parallel_run_resumes_to_the_uninterrupted_runs_bits(tmp_path)
     assert a["final_train_loss"] == b["final_train_loss"]
     config = json.loads((tmp_path / "full" / "config.json").read_text())
     assert config["mesh"]["ici_mesh_shape"] == [2, 1, 2, 1]
+
+
+@pytest.mark.parametrize("name, seq_len, context", [("llama3_1_8b_32k", 32_768, 4), ("llama3_1_8b_128k", 131_072, 8)])
+def test_long_context_experiments_validate_and_split_their_sequence(name, seq_len, context):
+    """The 32K/128K experiments build (every config check passes), their context axis cuts the
+    sequence into the zigzag's 2 x CP chunks, and `launch show` prints them without hardware."""
+    from typer.testing import CliRunner
+
+    from equipax.core.configs import CONTEXT
+    from equipax.launch.cli import app
+    from equipax.launch.experiments.registry import get_experiment
+
+    cfg = get_experiment(name)
+    t = cfg.model.transformer
+    assert cfg.data.seq_len == seq_len <= cfg.model.max_seq_len
+    assert cfg.mesh.axis_size(CONTEXT) == context and t.context_parallel_load_balance
+    assert seq_len % (2 * context) == 0
+    assert cfg.global_batch_size == cfg.mesh.num_devices  # one sequence per chip, split over `context`
+    assert cfg.model.rope_scaling is not None and cfg.model.rope_scaling.factor == 8.0  # Llama 3.1's 128K RoPE
+    result = CliRunner().invoke(app, ["show", "--exp", name, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    assert shown["derived"]["tokens_per_step"] == seq_len * cfg.mesh.num_devices
+    assert shown["derived"]["params_total"] == 8_030_261_248
+
+
+def test_folding_the_context_axis_keeps_the_devices_and_the_batch():
+    from equipax.core.configs import AXES
+    from equipax.core.knobs import ConfigError
+    from equipax.launch.aot.context_report import fold_context
+    from equipax.launch.experiments.registry import get_experiment
+
+    cfg = get_experiment("llama3_1_8b_128k")
+    folded = fold_context(cfg)
+    assert folded.mesh.axis_names == AXES and folded.mesh.shape == (1, 128, 1)
+    assert folded.global_batch_size == cfg.global_batch_size and folded.data == cfg.data
+    two_slices = dataclasses.replace(
+        cfg, mesh=dataclasses.replace(cfg.mesh, ici_mesh_shape=(1, 8, 8, 1), dcn_mesh_shape=(1, 1, 2, 1))
+    )
+    assert fold_context(two_slices).mesh.dcn_mesh_shape == (1, 2, 1)  # DCN folds alike
+    # A fixed global batch the folded mesh cannot split: a ConfigError naming the flag.
+    small = dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(cfg.data, per_device_batch=None, batch_size=16),
+        mesh=dataclasses.replace(cfg.mesh, ici_mesh_shape=(16, 1, 8, 1)),
+    )
+    with pytest.raises(ConfigError, match="--compare-context folds"):
+        fold_context(small)
+
+
+def test_compare_context_needs_a_context_axis():
+    from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
+
+    result = CliRunner().invoke(app, ["compile", "--exp", "llama3_8b_smoke", "--compare-context"])
+    assert result.exit_code == 2, result.output
+    assert "has no `context` axis" in " ".join(result.output.split())
+
+
+@pytest.mark.slow
+def test_compile_reports_memory_with_and_without_context_parallelism(tmp_path):
+    """`launch compile --compare-context` on 4 simulated devices (context 4, ring) at 512 tokens: the
+    second program folds the axis into fsdp, has no collective-permute, and holds the [S, S] logits,
+    so its temporaries are larger; both are in compile.json and in the printout."""
+    import os
+
+    from helpers.multidevice import FAST_COMPILE
+    from helpers.toy import set_args, suite_compile_cache_env, with_xla_flags
+
+    knobs = [
+        "mesh.axis_names=('data', 'fsdp', 'context', 'tensor')",
+        "mesh.ici_mesh_shape=(1, 1, 4, 1)",
+        "mesh.dcn_mesh_shape=(1, 1, 1, 1)",
+        "model.transformer.context_parallel_strategy=ring",
+        "model.vocab_size=384",
+        "model.max_seq_len=512",
+        "model.transformer.num_layers=1",
+        "model.transformer.model_dims=32",
+        "model.transformer.head_dim=8",
+        "model.transformer.hidden_dims=64",
+        "data.seq_len=512",
+        "data.per_device_batch=1",
+    ]
+    env = with_xla_flags(dict(os.environ, **suite_compile_cache_env()), FAST_COMPILE)
+    cmd = [sys.executable, "-m", "equipax.launch.cli", "compile", "--exp", "shakespeare_llama_tiny"]
+    cmd += [*set_args(knobs), "--compare-context", "--job-log-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "compile.json").read_text())
+    without = report["without_context"]
+    assert report["mesh"] == {"data": 1, "fsdp": 1, "context": 4, "tensor": 1}
+    assert without["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1} and without["folded_into"] == "fsdp"
+    assert report["collectives"]["collective-permute"] > 0 and without["collectives"]["collective-permute"] == 0
+    m, w = report["memory_per_device"], without["memory_per_device"]
+    assert w["temp_bytes"] > m["temp_bytes"]
+    assert without["total_bytes_saved_by_context"] == w["total_bytes"] - m["total_bytes"]
+    assert without["stablehlo_sha256"] != report["stablehlo_sha256"]
+    assert "without CP    the context axis folded into fsdp" in proc.stdout

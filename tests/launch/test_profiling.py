@@ -155,33 +155,6 @@ def test_compile_refuses_auto_pgle():
     assert "train.pgle.mode='auto' cannot be compiled ahead of time" in result.output
 
 
-def test_pgle_collect_on_cpu(tmp_path):
-    job = tmp_path / "collect"
-    result = launch(
-        "pgle",
-        "collect",
-        "--exp",
-        "shakespeare_tiny",
-        *set_args(TOY),
-        "--steps",
-        "2",
-        "--warmup",
-        "1",
-        "--job-log-dir",
-        job,
-    )
-    assert result.exit_code == 0, result.output
-    [trace] = (job / "profile" / "plugins" / "profile").iterdir()
-    assert _step_annotations(trace) == [2, 3]  # after the warm-up step, which compiled
-    profile = job / "profile.pb"
-    # XLA:CPU records no per-instruction latencies: the profile is empty here, and says so.
-    assert profile.exists() and profile.stat().st_size == 0
-    assert "only on NVIDIA GPUs" in result.output
-    assert f"--set train.pgle.mode=manual --set train.pgle.profile_path={profile.resolve()}" in result.output
-    again = launch("pgle", "collect", "--exp", "shakespeare_tiny", "--job-log-dir", job)
-    assert again.exit_code == 2 and "is not empty" in again.output
-
-
 # The first profile.pb `launch pgle collect` wrote on an H200 (2026-11-30), before it turned XLA:GPU's
 # command buffers off: five CUDA-graph launches and no instruction, so the run matched nothing.
 H200_COMMAND_BUFFER_PROFILE = (
@@ -216,10 +189,13 @@ def test_profiled_instructions_decodes_xla_profiles():
         profiled_instructions(b"\x0f")
 
 
-def test_pgle_collect_turns_command_buffers_off(tmp_path, monkeypatch):
+def test_pgle_collect_on_cpu_turns_command_buffers_off(tmp_path, monkeypatch):
+    """One `launch pgle collect` (each costs a profiled run): its trace, its (empty, on CPU) profile
+    and advice, and the XLA flags it sets."""
     # XLA reads XLA_FLAGS when the backend starts: collect adds its flags (after the run's own
     # train.compiler.xla_flags) before that, and XLA:CPU accepts them.
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")
+    job = tmp_path / "collect"
     result = launch(
         "pgle",
         "collect",
@@ -227,13 +203,13 @@ def test_pgle_collect_turns_command_buffers_off(tmp_path, monkeypatch):
         "shakespeare_tiny",
         *set_args(TOY),
         "--steps",
-        "1",
+        "2",
         "--warmup",
         "1",
         "--set",
         "train.compiler.xla_flags=--xla_cpu_enable_fast_math=false",
         "--job-log-dir",
-        tmp_path / "c",
+        job,
     )
     assert result.exit_code == 0, result.output
     flags = os.environ["XLA_FLAGS"].split()
@@ -242,3 +218,12 @@ def test_pgle_collect_turns_command_buffers_off(tmp_path, monkeypatch):
         "--xla_gpu_enable_latency_hiding_scheduler=true",
         "--xla_gpu_enable_command_buffer=",
     ]
+    [trace] = (job / "profile" / "plugins" / "profile").iterdir()
+    assert _step_annotations(trace) == [2, 3]  # after the warm-up step, which compiled
+    profile = job / "profile.pb"
+    # XLA:CPU records no per-instruction latencies: the profile is empty here, and says so.
+    assert profile.exists() and profile.stat().st_size == 0
+    assert "only on NVIDIA GPUs" in result.output
+    assert f"--set train.pgle.mode=manual --set train.pgle.profile_path={profile.resolve()}" in result.output
+    again = launch("pgle", "collect", "--exp", "shakespeare_tiny", "--job-log-dir", job)
+    assert again.exit_code == 2 and "is not empty" in again.output

@@ -10,16 +10,23 @@ order (next fit: an example that does not fit the rest of the row starts the nex
 `segment_ids` number them 1, 2, ... (0 on padding) and `positions` restart at 0 in each, so
 attention never crosses conversations and the row's weighted loss sum is the sum of its
 conversations' (tests/data/test_chat_input.py).
+
+The order is global (`equipax.data.global_order`): an epoch's rows are the next-fit packing of
+that epoch's shuffle of every conversation, a function of `(seed, epoch)` alone, and host h reads
+its contiguous rows of each global batch; so the global batches, and a resume on another number
+of hosts, are the same whatever the number of hosts.
 """
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
+from jaxtyping import Int, Integer
 
-from equipax.data.base import BaseInput, Batch, check_positive, check_state_keys
+from equipax.data.base import Batch, check_positive
 from equipax.data.chat import ChatError, ChatTemplate, Conversations, chat_example
+from equipax.data.global_order import GlobalOrderInput, epoch_permutation
 from equipax.data.tokenizers import HFTokenizer
 
 __all__ = ["ChatSFTInput"]
@@ -27,20 +34,35 @@ __all__ = ["ChatSFTInput"]
 _STATS = ("conversations", "truncated", "dropped", "tokens", "row_tokens")
 
 
+class _EpochPlan(NamedTuple):
+    """One epoch's rows: row r holds conversations `members[starts[r]:starts[r + 1]]`; `stats[r]`
+    counts its conversations, truncated ones, dropped ones and tokens (the first four `_STATS`)."""
+
+    members: Int[np.ndarray, " kept"]
+    starts: Int[np.ndarray, " rows_plus_one"]
+    stats: Int[np.ndarray, "rows 4"]
+
+    @property
+    def rows(self) -> int:
+        return len(self.starts) - 1
+
+
 def _efficiency(stats: Mapping[str, int]) -> float:
     return stats["tokens"] / max(stats["row_tokens"], 1)
 
 
-class ChatSFTInput(BaseInput):
-    """Supervised fine-tuning batches from conversations (BaseInput semantics).
+class ChatSFTInput(GlobalOrderInput):
+    """Supervised fine-tuning batches from conversations (BaseInput semantics, global order).
 
-    Order: training (`repeat=True`) visits the conversations in a fresh seeded permutation every
-    epoch, the same on every host; host `h` of `H` takes every H-th of it, so hosts never share a
-    conversation within an epoch. Eval (`repeat=False`) is one ordered pass; every host emits
-    `num_batches` batches (the most any host needs), padded with weight-0 rows.
+    Order: training (`repeat=True`) packs every epoch's seeded permutation of the conversations,
+    the same on every host, into rows; global row p is found from the rows of the epochs before
+    it (their counts differ: the packing depends on the order). Host h reads rows
+    `[N * G + h * b, N * G + (h + 1) * b)` of global batch N. Eval (`repeat=False`) is one ordered
+    pass of `num_batches` global batches, padded with weight-0 rows.
 
-    State (`get_state`): the position in this host's stream, the batch count and the `stats`
-    counters: resuming replays nothing and skips nothing.
+    State (`get_state`): GlobalOrderInput's `{"row", "global_batch", "rows_per_epoch"}` (the
+    rows of epoch 0), the same on every host: resuming replays nothing and skips nothing, on any
+    number of hosts. `stats` counts what this host has read (recomputed from the plan on resume).
 
     **Arguments:**
 
@@ -82,11 +104,8 @@ class ChatSFTInput(BaseInput):
         check_positive("seq_len", seq_len)
         if truncation not in ("truncate", "drop"):
             raise ValueError(f"truncation must be 'truncate' or 'drop', got {truncation!r}.")
-        if len(conversations) < num_infeed_hosts:
-            raise ChatError(
-                f"{len(conversations)} conversation(s) cannot feed {num_infeed_hosts} hosts: each host needs "
-                "at least one."
-            )
+        if len(conversations) == 0:
+            raise ChatError("conversations is empty: an input needs at least one conversation.")
         self.conversations = conversations
         self.origins: Sequence[str] = (
             conversations.origins
@@ -99,12 +118,13 @@ class ChatSFTInput(BaseInput):
         self.packing: bool = bool(packing)
         self.truncation: Literal["truncate", "drop"] = truncation
         self.assistant_only_loss: bool = bool(assistant_only_loss)
-        self._per_host = len(range(infeed_host_index, len(conversations), num_infeed_hosts))
         self.example: Callable[[int], tuple[np.ndarray, np.ndarray, bool] | None] = functools.lru_cache(
             maxsize=1 << 16
         )(self._make_example)
-        self._rows_per_host: list[int] | None = None
-        self.reset()
+        self._plans: list[_EpochPlan] = []
+        self._first_rows: list[int] = [0]  # the global row where each planned epoch starts, then the end
+        self._init_order(self._plan(0).rows)
+        self.stats: dict[str, int] = dict.fromkeys(_STATS, 0)
 
     # --- examples ---------------------------------------------------------------------------
 
@@ -131,66 +151,100 @@ class ChatSFTInput(BaseInput):
             return None  # every reply starts past the row: it would train nothing, so it is dropped
         return ids, weights, cut
 
-    def _order(self, epoch: int) -> np.ndarray:
-        n = len(self.conversations)
-        order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.repeat else np.arange(n)
-        return order[self.infeed_host_index :: self.num_infeed_hosts]
+    def _plan(self, epoch: int) -> _EpochPlan:
+        """The rows of `epoch` (computed once per epoch, in order: a global row's epoch is found
+        from the rows of the epochs before it)."""
+        while len(self._plans) <= epoch:
+            e = len(self._plans)
+            n = len(self.conversations)
+            order = epoch_permutation(self.seed, e, n) if self.repeat else np.arange(n, dtype=np.int64)
+            self._plans.append(self._pack(order))
+            self._first_rows.append(self._first_rows[-1] + self._plans[-1].rows)
+        return self._plans[epoch]
 
-    def _conversation_at(self, position: int) -> int | None:
-        """The conversation at `position` of this host's stream; None past the end of an eval pass."""
-        epoch, j = divmod(position, self._per_host)
-        if epoch and not self.repeat:
-            return None
-        if self._orders[0] != epoch:
-            self._orders = (epoch, self._order(epoch))
-        return int(self._orders[1][j])
+    def _pack(self, order: np.ndarray) -> _EpochPlan:
+        """Next fit over `order`: whole examples fill each row in turn; a dropped conversation is
+        counted in the row that follows it (the epoch's last row for trailing ones)."""
+        members: list[int] = []
+        starts: list[int] = []
+        stats: list[list[int]] = []
+        used = dropped = 0
+        for index in order.tolist():
+            example = self.example(index)
+            if example is None:
+                dropped += 1
+                continue
+            tokens, _, cut = example
+            n = len(tokens) - 1
+            if not starts or not self.packing or used + n > self.seq_len:
+                starts.append(len(members))
+                stats.append([0, 0, 0, 0])
+                used = 0
+            members.append(index)
+            used += n
+            stats[-1][0] += 1
+            stats[-1][1] += int(cut)
+            stats[-1][2] += dropped
+            stats[-1][3] += n
+            dropped = 0
+        if not starts:
+            raise ChatError(
+                f"every one of the {len(order)} conversations is longer than seq_len={self.seq_len} and is "
+                "skipped (truncation='drop', or no reply token within the row): raise data.seq_len, or set "
+                "data.truncation='truncate' if the replies start within it."
+            )
+        stats[-1][2] += dropped
+        return _EpochPlan(
+            np.asarray(members, np.int64), np.asarray([*starts, len(members)], np.int64), np.asarray(stats, np.int64)
+        )
+
+    def _locate(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(epoch, row within the epoch) of each global row."""
+        last = int(positions.max(initial=0))
+        while self._first_rows[-1] <= last:
+            self._plan(len(self._plans))
+        first = np.asarray(self._first_rows, np.int64)
+        epochs = np.searchsorted(first, positions, side="right") - 1
+        return epochs, positions - first[epochs]
+
+    def _row_stats(self, positions: np.ndarray) -> dict[str, int]:
+        """The `stats` counters of the rows at global `positions`."""
+        totals: dict[str, int] = dict.fromkeys(_STATS, 0)
+        if positions.size == 0:
+            return totals
+        epochs, rows = self._locate(positions)
+        per_row = np.stack([self._plans[int(e)].stats[int(r)] for e, r in zip(epochs, rows)])
+        for name, value in zip(_STATS[:4], per_row.sum(axis=0).tolist(), strict=True):
+            totals[name] = int(value)
+        totals["row_tokens"] = int(positions.size) * self.seq_len
+        return totals
 
     # --- rows and batches --------------------------------------------------------------------
 
-    def _next_row(self) -> dict[str, np.ndarray] | None:
-        pieces: list[tuple[np.ndarray, np.ndarray]] = []
-        used = skipped = 0
-        while True:
-            index = self._conversation_at(self._position)
-            if index is None:
-                break
-            example = self.example(index)
-            if example is None:
-                self._position += 1
-                self.stats["dropped"] += 1
-                skipped += 1
-                if skipped > self._per_host:
-                    raise ChatError(
-                        f"every conversation of this host's {self._per_host} is longer than seq_len={self.seq_len} "
-                        "and is skipped (truncation='drop', or no reply token within the row): raise "
-                        "data.seq_len, or set data.truncation='truncate' if the replies start within it."
-                    )
-                continue
-            tokens, weights, cut = example
-            if pieces and (not self.packing or used + len(tokens) - 1 > self.seq_len):
-                break
-            pieces.append((tokens, weights))
-            used += len(tokens) - 1
-            self._position += 1
-            self.stats["conversations"] += 1
-            self.stats["truncated"] += int(cut)
-        if not pieces:
-            return None
-        row = self._empty_rows(1)
-        row = {k: v[0] for k, v in row.items()}
-        start = 0
-        for segment, (tokens, weights) in enumerate(pieces, start=1):
-            n = len(tokens) - 1
-            row["ids"][start : start + n] = tokens[:-1]
-            row["labels"][start : start + n] = tokens[1:]
-            row["weights"][start : start + n] = weights[1:]
-            if self.packing:
-                row["segment_ids"][start : start + n] = segment
-                row["positions"][start : start + n] = np.arange(n)
-            start += n
-        self.stats["tokens"] += start
-        self.stats["row_tokens"] += self.seq_len
-        return row
+    def _read_rows(self, positions: Integer[np.ndarray, " n"]) -> Batch:
+        positions = np.asarray(positions, np.int64)
+        batch = self._empty_rows(len(positions))
+        for r, (e, o) in enumerate(zip(*self._locate(positions), strict=True)):
+            plan = self._plans[int(e)]
+            start = 0
+            for segment, index in enumerate(plan.members[plan.starts[o] : plan.starts[o + 1]].tolist(), start=1):
+                example = self.example(index)
+                assert example is not None  # the plan holds only kept examples
+                tokens, weights, _ = example
+                n = len(tokens) - 1
+                batch["ids"][r, start : start + n] = tokens[:-1]
+                batch["labels"][r, start : start + n] = tokens[1:]
+                batch["weights"][r, start : start + n] = weights[1:]
+                if self.packing:
+                    batch["segment_ids"][r, start : start + n] = segment
+                    batch["positions"][r, start : start + n] = np.arange(n)
+                start += n
+        for name, value in self._row_stats(positions).items():
+            self.stats[name] += value
+        return batch
+
+    def _padding(self, n: int) -> Batch:
+        return self._empty_rows(n)
 
     def _empty_rows(self, n: int) -> dict[str, np.ndarray]:
         shape = (n, self.seq_len)
@@ -202,36 +256,6 @@ class ChatSFTInput(BaseInput):
         if self.packing:
             rows |= {"segment_ids": np.zeros(shape, np.int32), "positions": np.zeros(shape, np.int32)}
         return rows
-
-    @property
-    def num_batches(self) -> int | None:
-        """Batches per eval pass, the same on every host (computed by packing every host's share
-        once); None for a repeating input."""
-        if self.repeat:
-            return None
-        if self._rows_per_host is None:
-            counts = []
-            for host in range(self.num_infeed_hosts):
-                probe = ChatSFTInput(
-                    self.conversations,
-                    tokenizer=self._tok,
-                    template=self.template,
-                    seq_len=self.seq_len,
-                    batch_size=1,
-                    num_infeed_hosts=self.num_infeed_hosts,
-                    infeed_host_index=host,
-                    repeat=False,
-                    packing=self.packing,
-                    truncation=self.truncation,
-                    assistant_only_loss=self.assistant_only_loss,
-                )
-                probe.example = self.example if host == self.infeed_host_index else probe.example
-                rows = 0
-                while probe._next_row() is not None:
-                    rows += 1
-                counts.append(rows)
-            self._rows_per_host = counts
-        return max(1, -(-max(self._rows_per_host) // self.batch_size))
 
     def packing_efficiency(self) -> float:
         """The share of the emitted rows' positions that hold conversation tokens (not padding)."""
@@ -245,32 +269,18 @@ class ChatSFTInput(BaseInput):
         and `data_packing_efficiency` (tokens over row positions) of every host's stream so far."""
         return super().counter_metrics(totals) | {"data_packing_efficiency": _efficiency(totals)}
 
-    # --- BaseInput ---------------------------------------------------------------------------
-
-    def get_next(self) -> Batch:
-        num_batches = self.num_batches
-        if num_batches is not None and self._batches >= num_batches:
-            raise StopIteration
-        batch = self._empty_rows(self.batch_size)
-        for r in range(self.batch_size):
-            row = self._next_row()
-            if row is None:
-                break
-            for k, v in row.items():
-                batch[k][r] = v
-        self._batches += 1
-        return batch
+    # --- state -----------------------------------------------------------------------------
 
     def reset(self) -> None:
-        self._position = 0
-        self._batches = 0
-        self._orders: tuple[int, np.ndarray] = (0, self._order(0))
+        super().reset()
         self.stats: dict[str, int] = dict.fromkeys(_STATS, 0)
 
-    def get_state(self) -> dict[str, Any]:
-        return {"position": self._position, "batches": self._batches, **self.stats}
-
     def set_state(self, state: Mapping[str, Any]) -> None:
-        values = check_state_keys(state, ("position", "batches", *_STATS), type(self).__name__)
-        self._position, self._batches = values["position"], values["batches"]
-        self.stats = {k: values[k] for k in _STATS}
+        """The global row cursor (GlobalOrderInput); the counters are those of the rows this host
+        read before it, recomputed from the plan."""
+        super().set_state(state)
+        batches = np.arange(self._row // self.global_batch_size, dtype=np.int64)
+        positions = (batches[:, None] * self.global_batch_size + self.host_positions(0)[None, :]).ravel()
+        if not self.repeat:
+            positions = positions[positions < self.rows_per_epoch]
+        self.stats = self._row_stats(positions)

@@ -23,12 +23,12 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.configs import TransformerConfig
-from equipax.core.knobs import ConfigError
 from equipax.core.nn.fused_attention import AttentionImpl
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.moe import MoEFeedForward, MoEStats
 from equipax.core.nn.moe_parallel import apply_moe
 from equipax.core.nn.norm import LayerNorm, RMSNorm
+from equipax.core.nn.remat import remat_policy
 from equipax.core.nn.self_attention import Attention, AttentionCache, Rotary
 from equipax.core.nn.tensor_parallel import shard_map_block
 from equipax.core.partition import Axes, constrain_batch_and_last
@@ -208,42 +208,6 @@ def _block_apply(
     if remat == "none":
         return apply
     return jax.checkpoint(apply, policy=remat_policy(remat))
-
-
-# The tensors remat="save_attention_out" keeps (named with `checkpoint_name` in the block).
-SAVED_NAMES = ("attention_out", "mlp_in")
-
-
-def remat_policy(remat: str) -> Callable[..., bool] | None:
-    """The `jax.checkpoint` policy of a remat setting other than "none" (None = save nothing).
-
-    "offload_attention_out" moves the saved tensors to pinned host memory, which only backends
-    with host memory spaces (TPU, GPU) compile.
-    """
-    policies = jax.checkpoint_policies
-    if remat == "full":
-        return None
-    if remat == "dots_saveable":
-        return policies.dots_with_no_batch_dims_saveable
-    if remat == "save_attention_out":
-        return policies.save_only_these_names(*SAVED_NAMES)
-    if remat == "offload_attention_out":
-        return policies.save_and_offload_only_these_names(
-            names_which_can_be_saved=[],
-            names_which_can_be_offloaded=list(SAVED_NAMES),
-            offload_src="device",
-            offload_dst="pinned_host",
-        )
-    raise ConfigError(
-        f"model.transformer.remat={remat!r} is not a policy a block can apply"
-        + (
-            ": 'auto' is chosen by compiling before the model is built (`launch run`, `launch compile`, "
-            "or equipax.launch.aot.remat.choose_remat); a model built directly needs one of "
-            "'none', 'dots_saveable', 'save_attention_out', 'offload_attention_out', 'full'."
-            if remat == "auto"
-            else "."
-        )
-    )
 
 
 def _layer(params: TransformerBlock, i: int | Array) -> TransformerBlock:

@@ -176,7 +176,7 @@ def choose_remat(
         if chosen is not None:
             continue  # a cheaper policy fits: listed, not compiled
         log(f"{KNOB}='auto': compiling with remat={policy!r}...")
-        step = compile_step(build_training(candidate, mesh))
+        step = compile_step(build_training(candidate, mesh, feeds_batches=False))
         row["total_bytes"] = step.memory["total_bytes"]
         row["fits"] = step.memory["total_bytes"] <= budget and "compiler_refused" not in step.memory
         if "compiler_refused" in step.memory:

@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 from equipax.core.knobs import ConfigError
 from equipax.core.mesh import build_mesh
 from equipax.launch.aot.compile_step import compile_step, per_device_bytes
+from equipax.launch.aot.context_report import comparison_lines
 from equipax.launch.aot.memory import MEMORY_NOTES
 from equipax.launch.aot.pipeline_report import pipeline_lines, pipeline_section
 from equipax.launch.aot.remat import choose_remat, format_remat_table, is_auto
@@ -113,7 +114,7 @@ def compile_report(
         step = remat.compiled  # the chosen candidate was just compiled: not again
     else:
         log(f"Tracing the train state of {cfg.name} abstractly (nothing is allocated)...")
-        training = build_training(cfg, mesh)
+        training = build_training(cfg, mesh, feeds_batches=False)
         log(f"Lowering and compiling the train step for {mesh.size} devices {dict(mesh.shape)}...")
         step = compile_step(training)
     lowered, compiled, memory, state = step.lowered, step.compiled, step.memory, step.training.abstract_state
@@ -229,6 +230,8 @@ def format_report(r: dict[str, Any]) -> str:
     ]
     if "compiler_refused" in m:
         lines.insert(-1, f"                the compiler refused the program: {m['compiler_refused']}")
+    if r.get("without_context"):
+        lines += comparison_lines(r, r["without_context"])
     if r.get("remat"):
         remat = r["remat"]
         how = "cached choice" if remat["cached"] else "the cheapest that fits, by compiling"

@@ -54,6 +54,14 @@ def compile_cmd(
         float, typer.Option("--assumed-mfu", help="MFU for the realistic step-time projection, in (0, 1].")
     ] = 0.5,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if the step does not fit the budget.")] = False,
+    compare_context: Annotated[
+        bool,
+        typer.Option(
+            "--compare-context",
+            help="Also compile the step with the mesh's context axis folded into fsdp (no context "
+            "parallelism, same devices and global batch) and report both programs' memory per device.",
+        ),
+    ] = False,
     job_log_dir: Annotated[
         Path | None,
         typer.Option("--job-log-dir", parser=path_option, help="Where compile.json goes (default: runs/<exp>)."),
@@ -85,6 +93,15 @@ def compile_cmd(
             fail(str(e))
 
     _, cfg, _ = resolve_train(exp, set_, for_what="to compile")
+    from equipax.launch.aot.context_report import context_size
+
+    if compare_context and context_size(cfg) == 1:
+        fail(
+            f"--compare-context compares context parallelism with none, but {cfg.name}'s mesh has no `context` "
+            f"axis of more than one device (axes {cfg.mesh.axis_names}, shape {cfg.mesh.shape}). Add one (e.g. "
+            "--set \"mesh.axis_names=('data', 'fsdp', 'context', 'tensor')\" with mesh.ici_mesh_shape and "
+            "mesh.dcn_mesh_shape of four entries), or drop --compare-context."
+        )
     job_dir = job_log_dir or Path("runs") / cfg.name
     check_output(job_dir, "--job-log-dir", kind="directory")
     check_output(job_dir / "compile.json", "--job-log-dir", kind="file")
@@ -104,10 +121,15 @@ def compile_cmd(
         _log(f"{var}={value}")
     try:
         check_compiler_flags(flags, xla_flags=compiler.xla_flags, libtpu_init_args=compiler.libtpu_init_args)
-        if topology is None:
-            report = _compile_simulated(cfg, target or "tpu-v4", hbm_gib, assumed_mfu, cache)
-        else:
-            report = _compile_topology(cfg, topology, slices, target, hbm_gib, assumed_mfu, cache)
+
+        def compile_(cfg, cache: Path | None) -> dict:
+            if topology is None:
+                return _compile_simulated(cfg, target or "tpu-v4", hbm_gib, assumed_mfu, cache)
+            return _compile_topology(cfg, topology, slices, target, hbm_gib, assumed_mfu, cache)
+
+        report = compile_(cfg, cache)
+        if compare_context:
+            report["without_context"] = _without_context(cfg, report, compile_)
     except ConfigError as e:
         fail(str(e))
         return
@@ -131,6 +153,19 @@ def compile_cmd(
             raise typer.Exit(EXIT_DOES_NOT_FIT)
 
 
+def _without_context(cfg, report: dict, compile_) -> dict:
+    """`--compare-context`: the same step with the context axis folded into fsdp, compiled."""
+    from equipax.launch.aot.context_report import comparison_section, fold_context
+
+    try:
+        folded = fold_context(cfg)
+    except ConfigError as e:
+        return comparison_section(report, None, str(e))
+    _log(f"--compare-context: compiling {cfg.name} again without context parallelism, mesh {folded.mesh.shape}...")
+    # No remat cache: remat="auto" chooses again for this program.
+    return comparison_section(report, compile_(folded, None), None)
+
+
 def _log(message: str) -> None:
     err.print(message, highlight=False)
 
@@ -141,7 +176,7 @@ def _format(report: dict) -> str:
     return format_report(report)
 
 
-def _compile_simulated(cfg, target: str, hbm_gib: float | None, assumed_mfu: float, cache: Path) -> dict:
+def _compile_simulated(cfg, target: str, hbm_gib: float | None, assumed_mfu: float, cache: Path | None) -> dict:
     from equipax.launch.aot.report import check_compile_devices, compile_report
     from equipax.launch.cluster.accelerators import ACCELERATORS
     from equipax.launch.cluster.devices import use_cpu_devices
@@ -155,7 +190,13 @@ def _compile_simulated(cfg, target: str, hbm_gib: float | None, assumed_mfu: flo
 
 
 def _compile_topology(
-    cfg, topology: str, slices: int | None, target: str | None, hbm_gib: float | None, assumed_mfu: float, cache: Path
+    cfg,
+    topology: str,
+    slices: int | None,
+    target: str | None,
+    hbm_gib: float | None,
+    assumed_mfu: float,
+    cache: Path | None,
 ) -> dict:
     from equipax.launch.aot.report import compile_report
     from equipax.launch.aot.tpu import lookup_slice, topology_devices

@@ -136,7 +136,7 @@ def context_within_processes(devices: Any, axis_names: tuple[str, ...]) -> bool:
     return all(len({d.process_index for d in group}) == 1 for group in groups)
 
 
-def build_training(cfg: ExperimentConfig, mesh: Mesh) -> Training:
+def build_training(cfg: ExperimentConfig, mesh: Mesh, *, feeds_batches: bool = True) -> Training:
     """Build the task, learner, shardings and jitted steps of `cfg` on `mesh`.
 
     Nothing is allocated: the state is traced abstractly (`Training.init_state()` builds it).
@@ -144,11 +144,14 @@ def build_training(cfg: ExperimentConfig, mesh: Mesh) -> Training:
     Arguments:
         cfg: the resolved experiment.
         mesh: the mesh to shard over (`equipax.core.mesh.build_mesh`).
+        feeds_batches: whether this process will place real batches on the mesh (False for an AOT
+            compile, which lowers the step on abstract arguments: a `context` axis across processes
+            is then allowed, the program being the same whichever host reads which rows).
 
     Returns:
         A `Training`.
     """
-    if not context_within_processes(mesh.devices, tuple(mesh.axis_names)):
+    if feeds_batches and not context_within_processes(mesh.devices, tuple(mesh.axis_names)):
         raise ConfigError(
             f"The mesh's `context` axis (size {mesh.shape[CONTEXT]}) spans several processes, but each host "
             "reads whole rows of the batch: the shards of one sequence cannot come from different hosts yet "

@@ -1,0 +1,46 @@
+"""What a transformer block saves for its backward pass: the `jax.checkpoint` policy of each
+`model.transformer.remat` setting (`remat_policy`), and the names the block gives the tensors
+that "save_attention_out" keeps (`SAVED_NAMES`, set with `checkpoint_name` in the block)."""
+
+from collections.abc import Callable
+
+import jax
+
+from equipax.core.knobs import ConfigError
+
+__all__ = ["remat_policy", "SAVED_NAMES"]
+
+# The tensors remat="save_attention_out" keeps (named with `checkpoint_name` in the block).
+SAVED_NAMES = ("attention_out", "mlp_in")
+
+
+def remat_policy(remat: str) -> Callable[..., bool] | None:
+    """The `jax.checkpoint` policy of a remat setting other than "none" (None = save nothing).
+
+    "offload_attention_out" moves the saved tensors to pinned host memory, which only backends
+    with host memory spaces (TPU, GPU) compile.
+    """
+    policies = jax.checkpoint_policies
+    if remat == "full":
+        return None
+    if remat == "dots_saveable":
+        return policies.dots_with_no_batch_dims_saveable
+    if remat == "save_attention_out":
+        return policies.save_only_these_names(*SAVED_NAMES)
+    if remat == "offload_attention_out":
+        return policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[],
+            names_which_can_be_offloaded=list(SAVED_NAMES),
+            offload_src="device",
+            offload_dst="pinned_host",
+        )
+    raise ConfigError(
+        f"model.transformer.remat={remat!r} is not a policy a block can apply"
+        + (
+            ": 'auto' is chosen by compiling before the model is built (`launch run`, `launch compile`, "
+            "or equipax.launch.aot.remat.choose_remat); a model built directly needs one of "
+            "'none', 'dots_saveable', 'save_attention_out', 'offload_attention_out', 'full'."
+            if remat == "auto"
+            else "."
+        )
+    )
