@@ -54,6 +54,7 @@ TEST_MARKERS = {
     "no-run": "not run (the test command itself, external tools, long jobs)",
     "needs-hardware": "not run: needs accelerators or data the suite does not have",
     "expect-fail": "run; every command must exit with the user-error code 2",
+    "gcs-emulator": "not run here: tests/launch/test_object_storage.py runs it against a local GCS emulator",
 }
 
 # A fence opens with 3+ backticks or tildes (indented as inside a list or admonition) and closes

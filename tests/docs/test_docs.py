@@ -5,7 +5,8 @@ Fenced blocks are run by language: `python` blocks are executed, `bash` blocks r
 directory). Markers after the language (```` ```bash no-run ````; docs_hooks.TEST_MARKERS, which
 the site's build strips): `no-run` (not run: e.g. `uv run pytest` itself, external tools),
 `needs-hardware` (needs accelerators or data we don't have), `expect-fail` (must exit with the
-user-error code 2). Any other command in a runnable block is an error: mark it.
+user-error code 2), `gcs-emulator` (run by tests/launch/test_object_storage.py against a GCS
+emulator). Any other command in a runnable block is an error: mark it.
 """
 
 import os
@@ -32,7 +33,7 @@ sys.path.insert(0, str(REPO))
 from docs_hooks import TEST_MARKERS, code_blocks
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-SKIP_MARKERS = {"no-run", "needs-hardware"}
+SKIP_MARKERS = {"no-run", "needs-hardware", "gcs-emulator"}
 
 
 def blocks():

@@ -4,7 +4,7 @@ stopped by SIGTERM, resumes to the uninterrupted run's bits; the job's lock refu
 `launch eval` and `launch decode` read the job there; a damaged checkpoint is detected by its
 checksums and set aside; a step whose save was killed before its commit marker is never restored;
 bad input (a missing bucket, an endpoint that does not answer, no credentials, `s3://`) is exit 2
-in seconds."""
+in seconds; the Pax README's commands (docs/coming_from_pax.md) train into the bucket and resume."""
 
 import json
 import os
@@ -189,3 +189,88 @@ def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch):
     code, out = invoke("run", "--job-log-dir", "s3://bkt/job")
     out = _words(out)
     assert code == 2 and "s3:// job directories are not supported yet" in out, out
+
+
+# Runs `launch` command lines (JSON: a list of argument lists) one after another in this one
+# process, so programs compiled for one are cached for the next (the suite's compile cache);
+# writes [(exit code, output), ...] as JSON to the file named by the first argument.
+_IN_ONE_PROCESS = """
+import json, sys
+from typer.testing import CliRunner
+from equipax.launch.cli import app
+results = []
+for args in json.loads(sys.argv[2]):
+    r = CliRunner().invoke(app, args)
+    results.append((r.exit_code, r.output + (repr(r.exception) if r.exit_code else "")))
+with open(sys.argv[1], "w") as f:
+    json.dump(results, f)
+"""
+
+
+def _doc_commands(page: str, marker: str) -> list[list[str]]:
+    """The `launch` arguments of each command line of docs/`page`'s blocks marked `marker`."""
+    import shlex
+
+    from helpers import REPO
+
+    sys.path.insert(0, str(REPO))
+    from docs_hooks import code_blocks
+
+    lines = [
+        line.strip()
+        for block in code_blocks((REPO / "docs" / page).read_text())
+        if marker in block.markers
+        for line in block.body.splitlines()
+        if line.strip()
+    ]
+    words = [shlex.split(line) for line in lines]
+    assert words and all(w[:3] == ["uv", "run", "launch"] for w in words), lines
+    return [w[3:] for w in words]
+
+
+@pytest.mark.slow
+def test_pax_readme_commands_train_into_the_bucket_and_resume(gcs, tmp_path):
+    """docs/coming_from_pax.md's commands as a Pax user types them (`--exp=<Pax class path>_smoke
+    --job_log_dir=gs://my-bucket/...`), run as written against the emulator: the Pax README's six
+    experiments train into the bucket, and a run stopped after two steps resumes from its checkpoint
+    there to the uninterrupted run's state, bit for bit. One process on 8 simulated devices runs
+    them all (`--cpu-devices 8` on each line: the same count, so JAX starts once)."""
+    from helpers.toy import FAST_COMPILE, suite_compile_cache_env, with_xla_flags
+
+    fs = _store(gcs)
+    fs.mkdir("my-bucket")
+    commands = _doc_commands("coming_from_pax.md", "gcs-emulator")
+    assert len(commands) == 8, commands
+    env = with_xla_flags({**os.environ, **suite_compile_cache_env(), **gcs, "JAX_PLATFORMS": "cpu"}, FAST_COMPILE)
+    results = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", _IN_ONE_PROCESS, str(results), json.dumps(commands)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    outcomes = json.loads(results.read_text())
+
+    def job(args):
+        return next(a.split("=", 1)[1] for a in args if a.startswith("--job_log_dir=")).removeprefix("gs://")
+
+    from equipax.launch.experiments.registry import get_experiment
+
+    for args, (code, out) in zip(commands, outcomes, strict=True):
+        assert code == 0, f"{args}\n{out}"
+        cfg = get_experiment(args[1].removeprefix("--exp="))
+        steps = 2 if "train.num_steps=2" in args else cfg.train.num_steps
+        assert f"step {steps}/{steps}" in out, out
+        assert fs.exists(f"{job(args)}/checkpoints/{steps}/commit_success.txt"), out
+        assert cfg.name.endswith("_smoke") and json.loads(fs.cat(f"{job(args)}/config.json"))["name"] == cfg.name
+
+    # The six distinct Pax experiments.
+    assert len({json.loads(fs.cat(f"{job(a)}/config.json"))["name"] for a in commands}) == 6
+    # The stopped run, rerun as the same command: resumed in the bucket, to the uninterrupted bits.
+    (stopped, _), (resumed, (_, out)) = list(zip(commands, outcomes, strict=True))[-2:]
+    assert stopped == [*resumed, "--set", "train.num_steps=2"] and "Resumed from step 2" in out, out
+    straight = next(a for a in commands if a[1] == resumed[1] and job(a) != job(resumed))
+    a, b = (json.loads(fs.cat(f"{job(args)}/result.json")) for args in (straight, resumed))
+    assert a["state_digest"] == b["state_digest"] and a["final_train_loss"] == b["final_train_loss"]

@@ -1,13 +1,11 @@
 """The pipelined experiment through the CLI: its knob errors, `launch show`'s and `launch
-compile`'s pipeline figures, and a bit-for-bit resume."""
+compile`'s pipeline figures (its bit-for-bit resume, from a bucket: tests/launch/test_object_storage.py)."""
 
 import json
 import subprocess
 import sys
 
 import pytest
-
-from helpers.toy import compile_cache_env
 
 
 def test_pipeline_errors_reach_the_cli():
@@ -98,48 +96,3 @@ def test_unpipelined_report_has_no_pipeline_section():
     assert pipeline_section(derived_numbers(get_experiment("c4_1b"))) is None
     section = pipeline_section(derived_numbers(get_experiment("c4_gpt3_xl_pipeline")))
     assert section is not None and (section["stages"], section["microbatches"]) == (4, 32)
-
-
-@pytest.mark.slow
-def test_pipelined_smoke_resumes_bit_for_bit(tmp_path):
-    """The pipelined smoke, 4 steps straight vs 2 + 2 through a checkpoint: identical state."""
-
-    def run(job, steps):
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "equipax.launch.cli",
-                "run",
-                "--exp",
-                "c4_gpt3_xl_pipeline_smoke",
-                "--cpu-devices",
-                "8",
-                "--job-log-dir",
-                str(job),
-                "--set",
-                f"train.num_steps={steps}",
-                "--set",
-                "train.checkpoint_every=2",
-                "--set",
-                "train.log_every=1",
-                "--set",
-                "train.eval_every=2",
-                "--set",
-                "model.transformer.num_layers=2",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=compile_cache_env(tmp_path / "jax-cache"),
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        return proc.stdout
-
-    run(tmp_path / "full", 4)
-    run(tmp_path / "split", 2)
-    assert "Resumed from step 2" in run(tmp_path / "split", 4)
-    a = json.loads((tmp_path / "full" / "result.json").read_text())
-    b = json.loads((tmp_path / "split" / "result.json").read_text())
-    assert a["state_digest"] == b["state_digest"]
-    assert a["final_train_loss"] == b["final_train_loss"]

@@ -110,7 +110,8 @@ def _suffix_of(path: str, name: str) -> bool:
 
 
 def lookup(name: str) -> Entry:
-    """Find an experiment by short name or dotted suffix.
+    """Find an experiment by short name or dotted suffix, or by a Pax class path (`also_known_as`;
+    with `_smoke` after it: that experiment's smoke twin, `C4Spmd1BAdam4Replicas_smoke`).
 
     Raises:
         ConfigError: unknown or ambiguous name, listing the closest registered names.
@@ -120,9 +121,12 @@ def lookup(name: str) -> Entry:
     if name in by_name:
         return by_name[name]
     matches = [e for e in all_entries if _suffix_of(e.path, name)]
-    if not matches:  # another name: Pax's `tasks.lm.params.c4.C4Spmd1BAdam4Replicas`, `paxml.` or not
+    if not matches:  # another name: Pax's `tasks.lm.params.c4.C4Spmd1BAdam4Replicas`, `paxml.` or not,
+        # and with `_smoke` after it, that experiment's smoke twin
         bare = name.removeprefix("paxml.")
-        matches = [e for e in all_entries if any(_suffix_of(a, bare) for a in e.aliases)]
+        base, twin = (bare.removesuffix("_smoke"), "_smoke") if bare.endswith("_smoke") else (bare, "")
+        named = [e for e in all_entries if any(_suffix_of(a, base) for a in e.aliases)]
+        matches = [by_name[e.name + twin] for e in named if e.name + twin in by_name]
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
