@@ -115,11 +115,7 @@ def test_every_conversation_once_per_epoch():
         assert sorted(plan.members.tolist()) == list(range(len(CONVERSATIONS)))
         assert plan.stats[:, 0].sum() == len(CONVERSATIONS)
     assert inp._plan(1).members.tolist() != inp._plan(0).members.tolist()
-    rows, ids = 0, []
-    for _ in range(inp._plan(0).rows + inp._plan(1).rows):
-        b = inp.get_next()
-        rows += 1
-        ids.append(b["segment_ids"].max())
+    ids = [inp.get_next()["segment_ids"].max() for _ in range(inp._plan(0).rows + inp._plan(1).rows)]
     assert sum(ids) == 2 * len(CONVERSATIONS)  # two whole epochs, every conversation a segment
     ev = make(batch_size=2, num_infeed_hosts=3, infeed_host_index=2, repeat=False, packing=False)
     assert ev.num_batches == -(-len(CONVERSATIONS) // 6) == 9  # 49 conversations, 54 rows read

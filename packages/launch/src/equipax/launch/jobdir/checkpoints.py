@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import equinox as eqx
 import jax
 import orbax.checkpoint as ocp
 
@@ -33,46 +32,23 @@ from equipax.launch.jobdir.checksums import (
     array_checksums,
     flat_arrays,
     json_checksum,
+    unflatten_into,
     unverified_warning,
     verify,
 )
-from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
+from equipax.launch.jobdir.orbax_quiet import (
+    MIN_REPLICA_SLICE_BYTES,
+    QuietOrbaxErrors,
+    quiet_process,
+    restore_failure,
+    split_only_large_replicated_arrays,
+)
 from equipax.launch.jobdir.save_errors import CheckpointSaveError, save_error
 from equipax.launch.jobdir.storage import AnyPath, is_remote, job_path, move
 
-__all__ = ["Checkpointer", "ChecksumMismatch", "read_json"]
+__all__ = ["MIN_REPLICA_SLICE_BYTES", "Checkpointer", "ChecksumMismatch", "read_json"]
 
 PyTree = Any
-
-# A replicated array's copies are split among its replicas, each writing a part, only where a part
-# holds at least this many bytes. Orbax's default splits every replicated array: each part is an
-# eager slice on the device, a program compiled per shape and replica, at the first save of every
-# process (on 8 CPU devices, a toy model's first checkpoint compiled hundreds of them: about 3 s of
-# a 16 s run), and a part of a few kilobytes saves nothing in the write. Arrays whose parts reach
-# the threshold are still written cooperatively by all their replicas (hosts), as before.
-MIN_REPLICA_SLICE_BYTES = 1 << 20
-
-
-def _split_only_large_replicated_arrays() -> None:
-    """Register orbax's jax.Array handler again with `MIN_REPLICA_SLICE_BYTES` (once per process,
-    only over orbax's own default handler: one a user registered is kept). What is written, and
-    how it is read back, is unchanged; only which replica writes which bytes."""
-    default = ocp.type_handlers.get_type_handler(jax.Array)
-    if type(default) is not ocp.type_handlers.ArrayHandler or getattr(default, "_equipax_tuned", False):
-        return
-    handler = ocp.type_handlers.ArrayHandler(
-        array_metadata_store=default._array_metadata_store,  # the default's (records each array's metadata)
-        min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
-    )
-    handler._equipax_tuned = True  # pyright: ignore[reportAttributeAccessIssue]
-    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
-
-
-def _unflatten_into(template: PyTree, flat: dict[str, Any]) -> PyTree:
-    arrays, static = eqx.partition(template, eqx.is_array)
-    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(arrays)
-    leaves = [flat[jax.tree_util.keystr(p)] for p, _ in leaves_with_path]
-    return eqx.combine(jax.tree_util.tree_unflatten(treedef, leaves), static)
 
 
 class Checkpointer:
@@ -93,7 +69,7 @@ class Checkpointer:
         self._quiet = QuietOrbaxErrors()
         logging.getLogger("absl").addFilter(self._quiet)
         quiet_process()  # for the process: orbax's callbacks and futures outlive this checkpointer
-        _split_only_large_replicated_arrays()
+        split_only_large_replicated_arrays()
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -307,7 +283,7 @@ class Checkpointer:
         loop_state = dict(restored["loop"] or {}) if "loop" in items else {}
         if "digests" in items:
             verify(dict(restored["digests"] or {}), flat, data_state, loop_state)
-        return _unflatten_into(template, flat), data_state, loop_state
+        return unflatten_into(template, flat), data_state, loop_state
 
     def close(self) -> None:
         try:

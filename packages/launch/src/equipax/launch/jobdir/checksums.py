@@ -32,6 +32,7 @@ __all__ = [
     "flat_arrays",
     "json_checksum",
     "tree_digest",
+    "unflatten_into",
     "unverified_warning",
     "verify",
 ]
@@ -143,3 +144,11 @@ def unverified_warning(step: int, directory: AnyPath) -> str:
         "missing: written before checkpoints recorded them, or removed since), so what it restores is not "
         "verified against what was saved."
     )
+
+
+def unflatten_into(template: Any, flat: dict[str, Any]) -> Any:
+    """`template` with its array leaves taken from `flat` (`flat_arrays`'s `{path: array}`)."""
+    arrays, static = eqx.partition(template, eqx.is_array)
+    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(arrays)
+    leaves = [flat[jax.tree_util.keystr(p)] for p, _ in leaves_with_path]
+    return eqx.combine(jax.tree_util.tree_unflatten(treedef, leaves), static)
