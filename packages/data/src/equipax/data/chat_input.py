@@ -213,8 +213,8 @@ class ChatSFTInput(GlobalOrderInput):
         if positions.size == 0:
             return totals
         epochs, rows = self._locate(positions)
-        per_row = np.stack([self._plans[int(e)].stats[int(r)] for e, r in zip(epochs, rows)])
-        for name, value in zip(_STATS[:4], per_row.sum(axis=0).tolist(), strict=True):
+        summed = sum(self._plans[int(e)].stats[rows[epochs == e]].sum(axis=0) for e in np.unique(epochs))
+        for name, value in zip(_STATS[:4], np.asarray(summed).tolist(), strict=True):
             totals[name] = int(value)
         totals["row_tokens"] = int(positions.size) * self.seq_len
         return totals

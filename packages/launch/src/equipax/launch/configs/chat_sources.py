@@ -21,7 +21,6 @@ from equipax.launch.configs.token_sources import SourceInputs, TokenSource
 
 if TYPE_CHECKING:
     from equipax.data import ChatSFTInput, Conversations, Tokenizer
-    from equipax.launch.jobdir.storage import AnyPath
 
 __all__ = ["CHAT_TEMPLATES", "ChatFiles", "ChatSource", "PlayChat"]
 
@@ -58,14 +57,7 @@ class ChatSource(TokenSource):
         raise NotImplementedError(f"data.source={self.name!r} reads the model's own tokenizer (data.tokenizer).")
 
     def build(
-        self,
-        data: Any,
-        *,
-        tokenizer: "Tokenizer",
-        vocab_size: int,
-        eval_batches: int,
-        shard: HostShard,
-        cache_dir: "AnyPath | None" = None,
+        self, data: Any, *, tokenizer: "Tokenizer", vocab_size: int, eval_batches: int, shard: HostShard
     ) -> SourceInputs:
         from equipax.data import ChatSFTInput, ChatTemplate, HFTokenizer
 

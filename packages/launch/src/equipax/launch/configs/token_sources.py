@@ -9,7 +9,7 @@ A new token source is one more class here or in the user's own module, decorated
 import dataclasses
 import hashlib
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -49,18 +49,12 @@ class TokenSource(Source):
         return f"data.source={self.name!r}"
 
     def build(
-        self,
-        data: Any,
-        *,
-        tokenizer: "Tokenizer",
-        vocab_size: int,
-        eval_batches: int,
-        shard: HostShard,
-        cache_dir: "AnyPath | None" = None,
+        self, data: Any, *, tokenizer: "Tokenizer", vocab_size: int, eval_batches: int, shard: HostShard
     ) -> SourceInputs:
         """This host's training input (repeating, shuffled) and evaluation input (one pass, or
-        repeating when `data.reset_for_eval=False`). `cache_dir`: where the job keeps what is
-        slow to compute from the data (the documents' token counts of a packed source), or None."""
+        repeating when `data.reset_for_eval=False`). A source may also take `cache_dir=None`:
+        the job's `data_cache/` directory, where it keeps what is slow to compute from the data
+        for the job's next start (`C4Shards`: its packed documents' token counts)."""
         raise NotImplementedError
 
 
@@ -93,14 +87,7 @@ class ShakespearePlays(TokenSource):
         return "plays"
 
     def build(
-        self,
-        data: Any,
-        *,
-        tokenizer: "Tokenizer",
-        vocab_size: int,
-        eval_batches: int,
-        shard: HostShard,
-        cache_dir: "AnyPath | None" = None,
+        self, data: Any, *, tokenizer: "Tokenizer", vocab_size: int, eval_batches: int, shard: HostShard
     ) -> SourceInputs:
         import numpy as np
 
@@ -131,14 +118,7 @@ class SyntheticTokens(TokenSource):
     uses_tokenizer: ClassVar[bool] = False
 
     def build(
-        self,
-        data: Any,
-        *,
-        tokenizer: "Tokenizer",
-        vocab_size: int,
-        eval_batches: int,
-        shard: HostShard,
-        cache_dir: "AnyPath | None" = None,
+        self, data: Any, *, tokenizer: "Tokenizer", vocab_size: int, eval_batches: int, shard: HostShard
     ) -> SourceInputs:
         from equipax.data import SyntheticLMInput
 
@@ -194,8 +174,7 @@ class C4Shards(TokenSource):
         from equipax.data import find_shards
 
         try:
-            shards = find_shards(data.path, data.train_files, allow_partial=True)
-            listing = sorted((Path(p).name, Path(p).stat().st_size) for p in shards)
+            listing = sorted(_listing(find_shards(data.path, data.train_files, allow_partial=True)))
         except (OSError, ValueError):
             return None
         return hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
@@ -241,7 +220,7 @@ def _documents(shards: "TextShards", cache_dir: "AnyPath | None", split: str, **
     if cache_dir is None or not kwargs["packing"]:
         return DocumentLMInput(shards, **kwargs)
     try:
-        listing = [(f.name, f.stat().st_size) for f in shards.files]
+        listing = _listing(shards.files)
     except OSError:
         return DocumentLMInput(shards, **kwargs)
     key = hashlib.sha256(repr((listing, kwargs["tokenizer"].fingerprint())).encode()).hexdigest()[:16]
@@ -258,3 +237,8 @@ def _documents(shards: "TextShards", cache_dir: "AnyPath | None", split: str, **
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, buffer.getvalue())
     return built
+
+
+def _listing(files: Iterable[Any]) -> list[tuple[str, int]]:
+    """(name, size in bytes) of each shard file: what identifies a split's data."""
+    return [(Path(f).name, Path(f).stat().st_size) for f in files]
