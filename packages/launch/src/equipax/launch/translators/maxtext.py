@@ -131,6 +131,11 @@ def to_equipax(maxtext: Mapping[str, Any], *, scale_rule: str = "doubling") -> T
         used.add(key)
         if v.family is None and key in maxtext and not representable(key, maxtext[key]):  # checked above with a block
             v.skipped[key] = f"{brief(maxtext[key])}: {what}, which the base experiment's block does not have"
+    if maxtext.get("context_parallel_strategy") == "ring" and maxtext.get("use_tokamax_splash"):
+        used.add("use_tokamax_splash")  # show's own case, reversed: MaxText's ring runs in its splash kernel
+        if knobs.get("model.transformer.attention_impl") == "splash":
+            knobs["model.transformer.attention_impl"] = "auto"
+            v.notes.append("attention=flash with a ring: attention_impl='auto' (equipax's ring picks its block kernel)")
     ignored: dict[str, str] = {}
     for key, value in maxtext.items():
         if key in used or v.skipped.get(key) or _quiet(key, value):
