@@ -190,7 +190,10 @@ RULES: tuple[Rule, ...] = (
     direct(
         "context_parallel_strategy",
         TRANSFORMER + "context_parallel_strategy",
-        "all_gather or ring (MaxText's ulysses and usp are not translated)",
+        "all_gather or ring (MaxText's ulysses and usp are not translated); MaxText's loader takes ring "
+        "only with `attention: flash` and `use_tokamax_splash: true`, so `show` writes those for a ring, "
+        "and `convert` reads them back as `attention_impl='auto'` (equipax's ring chooses each device's "
+        "block kernel)",
         one_of("context_parallel_strategy", CONTEXT_STRATEGIES),
         one_of("model.transformer.context_parallel_strategy", CONTEXT_STRATEGIES),
     ),
