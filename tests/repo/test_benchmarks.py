@@ -290,3 +290,25 @@ def test_context_memory_benchmark_tiny(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert [(r["context"], r["strategy"]) for r in rows] == [(1, "all_gather"), (2, "all_gather"), (2, "ring")]
     assert all(r["temp_bytes"] > 0 and r["argument_bytes"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_context_step_time_benchmark_tiny(tmp_path):
+    """benchmarks/context_memory.py --time-steps runs the real train step at context 2 (2 simulated
+    devices), both strategies, tiny model, and writes interleaved step times; timings themselves
+    are not tested. A --cps other than the device count is a usage error."""
+    out = tmp_path / "time.json"
+    args = ["--seqs", "64", "--cps", "2", "--layers", "1", "--model-dims", "32", "--heads", "2", "--vocab", "384"]
+    args += ["--time-steps", "2", "--rounds", "2", "--warmup", "0", "--out", str(out)]
+    env = dict(timed_child_env(), JAX_NUM_CPU_DEVICES="2")
+    script = str(BENCHMARKS / "context_memory.py")
+    proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["context"], r["strategy"]) for r in rows] == [(2, "all_gather"), (2, "ring")]
+    assert all(len(r["steps_s"]) == 4 and r["step_q1_s"] <= r["step_s"] <= r["step_q3_s"] for r in rows)
+    assert "| 64 | 2 | ring |" in proc.stdout
+    bad = subprocess.run(
+        [sys.executable, script, *args[:-2], "--cps", "1"], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert bad.returncode == 2 and "--time-steps runs the train step on all 2 devices" in bad.stderr
