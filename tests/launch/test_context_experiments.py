@@ -74,10 +74,14 @@ def test_a_context_parallel_run_resumes_to_the_uninterrupted_runs_bits(tmp_path)
     assert config["mesh"]["ici_mesh_shape"] == [2, 1, 2, 1]
 
 
-@pytest.mark.parametrize("name, seq_len, context", [("llama3_1_8b_32k", 32_768, 4), ("llama3_1_8b_128k", 131_072, 8)])
-def test_long_context_experiments_validate_and_split_their_sequence(name, seq_len, context):
+@pytest.mark.parametrize(
+    "name, seq_len, context, strategy",
+    [("llama3_1_8b_32k", 32_768, 4, "all_gather"), ("llama3_1_8b_128k", 131_072, 16, "ring")],
+)
+def test_long_context_experiments_validate_and_split_their_sequence(name, seq_len, context, strategy):
     """The 32K/128K experiments build (every config check passes), their context axis cuts the
-    sequence into the zigzag's 2 x CP chunks, and `launch show` prints them without hardware."""
+    sequence into the zigzag's 2 x CP chunks, each chip holds 8,192 tokens, and `launch show`
+    prints them without hardware."""
     from typer.testing import CliRunner
 
     from equipax.core.configs import CONTEXT
@@ -89,37 +93,43 @@ def test_long_context_experiments_validate_and_split_their_sequence(name, seq_le
     assert cfg.data.seq_len == seq_len <= cfg.model.max_seq_len
     assert cfg.mesh.axis_size(CONTEXT) == context and t.context_parallel_load_balance
     assert seq_len % (2 * context) == 0
-    assert cfg.global_batch_size == cfg.mesh.num_devices  # one sequence per chip, split over `context`
+    assert t.context_parallel_strategy == strategy
+    # one sequence per fsdp group, split over `context`: 8,192 tokens per chip
+    assert cfg.global_batch_size == cfg.mesh.batch_parallelism and seq_len // context == 8_192
+    assert cfg.global_batch_size * seq_len // cfg.mesh.num_devices == 8_192
     assert cfg.model.rope_scaling is not None and cfg.model.rope_scaling.factor == 8.0  # Llama 3.1's 128K RoPE
     result = CliRunner().invoke(app, ["show", "--exp", name, "--format", "json"])
     assert result.exit_code == 0, result.output
     shown = json.loads(result.stdout)
-    assert shown["derived"]["tokens_per_step"] == seq_len * cfg.mesh.num_devices
+    assert shown["derived"]["tokens_per_step"] == 8_192 * cfg.mesh.num_devices
     assert shown["derived"]["params_total"] == 8_030_261_248
 
 
 def test_folding_the_context_axis_keeps_the_devices_and_the_batch():
     from equipax.core.configs import AXES
-    from equipax.core.knobs import ConfigError
     from equipax.launch.aot.context_report import fold_context
     from equipax.launch.experiments.registry import get_experiment
 
     cfg = get_experiment("llama3_1_8b_128k")
     folded = fold_context(cfg)
     assert folded.mesh.axis_names == AXES and folded.mesh.shape == (1, 128, 1)
-    assert folded.global_batch_size == cfg.global_batch_size and folded.data == cfg.data
-    two_slices = dataclasses.replace(
-        cfg, mesh=dataclasses.replace(cfg.mesh, ici_mesh_shape=(1, 8, 8, 1), dcn_mesh_shape=(1, 1, 2, 1))
-    )
-    assert fold_context(two_slices).mesh.dcn_mesh_shape == (1, 2, 1)  # DCN folds alike
-    # A fixed global batch the folded mesh cannot split: a ConfigError naming the flag.
-    small = dataclasses.replace(
+    # 8 sequences on 128 chips: without the axis a chip holds at least one whole sequence
+    assert (cfg.global_batch_size, folded.global_batch_size) == (8, 128)
+    per_device = dataclasses.replace(
         cfg,
-        data=dataclasses.replace(cfg.data, per_device_batch=None, batch_size=16),
-        mesh=dataclasses.replace(cfg.mesh, ici_mesh_shape=(16, 1, 8, 1)),
+        data=dataclasses.replace(cfg.data, per_device_batch=1),
+        mesh=dataclasses.replace(cfg.mesh, ici_mesh_shape=(1, 8, 8, 1), dcn_mesh_shape=(1, 1, 2, 1)),
     )
-    with pytest.raises(ConfigError, match="--compare-context folds"):
-        fold_context(small)
+    folded = fold_context(per_device)
+    assert folded.mesh.dcn_mesh_shape == (1, 2, 1) and folded.mesh.ici_mesh_shape == (1, 64, 1)  # DCN folds alike
+    assert folded.data == per_device.data  # a batch the folded mesh splits is kept
+    # 24 sequences over 16 data x 4 fsdp: the next multiple of 64
+    odd = dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(cfg.data, batch_size=24),
+        mesh=dataclasses.replace(cfg.mesh, ici_mesh_shape=(8, 1, 16, 1)),
+    )
+    assert fold_context(odd).global_batch_size == 128
 
 
 def test_compare_context_needs_a_context_axis():
@@ -169,5 +179,6 @@ def test_compile_reports_memory_with_and_without_context_parallelism(tmp_path):
     m, w = report["memory_per_device"], without["memory_per_device"]
     assert w["temp_bytes"] > m["temp_bytes"]
     assert without["total_bytes_saved_by_context"] == w["total_bytes"] - m["total_bytes"]
+    assert without["tokens_per_device"] == without["tokens_per_device_with_context"] == 512  # the batch kept
     assert without["stablehlo_sha256"] != report["stablehlo_sha256"]
     assert "without CP    the context axis folded into fsdp" in proc.stdout

@@ -422,3 +422,12 @@ def test_context_parallelism_round_trips_and_ring_gets_the_kernel_maxtext_needs(
         "mesh.axis_names": ("data", "fsdp", "context", "tensor"),
         "mesh.ici_mesh_shape": (1, 32, 2, 1),
     }
+    # Fewer sequences than devices (a sequence split over the context axis): MaxText's fraction
+    # per device, read back as the global batch over the mesh; without a device count, skipped.
+    small = knobs | {"data.per_device_batch": None, "data.batch_size": 16}
+    assert to_maxtext(small).knobs["per_device_batch_size"] == 0.25
+    assert {k: to_equipax(to_maxtext(small).knobs).knobs[k] for k in ("data.per_device_batch", "data.batch_size")} == {
+        "data.per_device_batch": None,
+        "data.batch_size": 16,
+    }
+    assert "per_device_batch_size" in to_equipax({"per_device_batch_size": 0.25}).skipped

@@ -254,7 +254,7 @@ def to_maxtext(knobs: Mapping[str, Any]) -> Translation:
             f"{knobs['model.max_seq_len']}: MaxText's max_target_length is both the training length "
             f"(data.seq_len={knobs['data.seq_len']}) and the longest sequence"
         )
-    if knobs["data.per_device_batch"] is None and "per_device_batch_size" in out:
+    if knobs["data.per_device_batch"] is None and isinstance(out.get("per_device_batch_size"), int):
         skipped["data.per_device_batch"] = (
             f"None (a global data.batch_size={knobs['data.batch_size']}): written as per_device_batch_size="
             f"{out['per_device_batch_size']}, the batch over this mesh's devices"

@@ -12,12 +12,14 @@ from equipax.launch.translators.maxtext_converters import (
     TRANSFORMER,
     Skip,
     Values,
+    batch_size,
 )
 
 __all__ = [
     "mesh_to_equipax",
     "mesh_to_maxtext",
     "per_device_batch_to_maxtext",
+    "per_device_batch_to_equipax",
     "pipeline_stages",
     "pipeline_to_equipax",
     "pipeline_to_maxtext",
@@ -116,12 +118,41 @@ def pipeline_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _devices(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def per_device_batch_to_equipax(v: Values) -> dict[str, Any]:
+    """MaxText's per_device_batch_size: whole examples per device (`data.per_device_batch`), or a
+    fraction below 1 (MaxText's own docs allow 0 < x < 1, e.g. 0.25: one sequence per 4 devices,
+    with context parallelism), read as the global `data.batch_size` over the config's mesh."""
+    value = v.given["per_device_batch_size"]
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
+        fraction = None
+    if fraction is None or not 0 < fraction < 1:
+        return {"data.per_device_batch": batch_size(value)}
+    mesh = mesh_to_equipax(v)
+    shape = (*mesh.get("mesh.ici_mesh_shape", (-1,)), *mesh.get("mesh.dcn_mesh_shape", (1,)))
+    if min(shape) < 1:
+        raise Skip(
+            f"per_device_batch_size={value}: a fraction of a batch per device needs the device count; "
+            "give every ici_*_parallelism (none -1)"
+        )
+    batch = fraction * _devices(shape)
+    if batch != int(batch) or batch < 1:
+        raise Skip(f"per_device_batch_size={value} over {_devices(shape)} devices is not a whole number of examples")
+    return {"data.per_device_batch": None, "data.batch_size": int(batch)}
+
+
 def per_device_batch_to_maxtext(k: Mapping[str, Any]) -> dict[str, Any]:
     if k["data.per_device_batch"] is not None:
         return {"per_device_batch_size": k["data.per_device_batch"]}
-    devices = 1
-    for size in (*k["mesh.ici_mesh_shape"], *k["mesh.dcn_mesh_shape"]):
-        devices *= size
-    if devices < 1 or k["data.batch_size"] % devices:
-        raise Skip(f"data.batch_size={k['data.batch_size']} over this mesh: give data.per_device_batch")
-    return {"per_device_batch_size": k["data.batch_size"] // devices}
+    devices = _devices((*k["mesh.ici_mesh_shape"], *k["mesh.dcn_mesh_shape"]))
+    batch = k["data.batch_size"]
+    if devices < 1 or batch < 1 or (batch % devices and (batch / devices) * devices != batch):
+        raise Skip(f"data.batch_size={batch} over this mesh: give data.per_device_batch")
+    if batch % devices:  # fewer examples than devices (context parallelism): MaxText takes a fraction
+        return {"per_device_batch_size": batch / devices}
+    return {"per_device_batch_size": batch // devices}

@@ -11,7 +11,6 @@ from equipax.launch.translators.maxtext_converters import (
     Rule,
     activation_to_equipax,
     activation_to_maxtext,
-    batch_size,
     dims_to_equipax,
     dims_to_maxtext,
     direct,
@@ -29,6 +28,7 @@ from equipax.launch.translators.maxtext_families import (
 from equipax.launch.translators.maxtext_mesh import (
     mesh_to_equipax,
     mesh_to_maxtext,
+    per_device_batch_to_equipax,
     per_device_batch_to_maxtext,
     pipeline_to_equipax,
     pipeline_to_maxtext,
@@ -150,9 +150,10 @@ RULES: tuple[Rule, ...] = (
     direct("dtype", "model.dtype", "bfloat16 or float32", one_of("dtype", DTYPES), one_of("model.dtype", DTYPES)),
     Rule(
         ("per_device_batch_size",),
-        ("data.per_device_batch",),
-        "whole examples only",
-        lambda v: {"data.per_device_batch": batch_size(v.given["per_device_batch_size"])},
+        ("data.per_device_batch", "data.batch_size"),
+        "whole examples per device, or a fraction below 1 (e.g. 0.25 with context parallelism: one "
+        "sequence per 4 devices) = the global batch_size over the mesh",
+        per_device_batch_to_equipax,
         per_device_batch_to_maxtext,
     ),
     Rule(
