@@ -24,6 +24,7 @@ from helpers.toy import (
     FAST_COMPILE,
     SMOKE_SHORT,
     TOY_SHORT,
+    fast_compile_in_process,
     set_args,
     suite_compile_cache_env,
     with_xla_flags,
@@ -109,7 +110,10 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
         )
         code, output = proc.returncode, proc.stdout + proc.stderr
     else:
-        result = CliRunner().invoke(app, args)
+        # In-process: the cheaper compile options, as FAST_COMPILE gives the children above (only
+        # the exit code is checked).
+        with fast_compile_in_process():
+            result = CliRunner().invoke(app, args)
         code, output = result.exit_code, f"{result.output}\n{result.exception!r}"
     if expect_fail:
         assert code == 2, output

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers.toy import TOY, set_args, suite_compile_cache_env
+from helpers.toy import TOY, fast_compile_in_process, set_args, suite_compile_cache_env
 
 FAST = [
     *TOY,
@@ -25,7 +25,8 @@ def invoke(*args):
 
     from equipax.launch.cli import app
 
-    result = CliRunner().invoke(app, [str(a) for a in args])
+    with fast_compile_in_process():  # behaviour, not numbers recorded at XLA's default level
+        result = CliRunner().invoke(app, [str(a) for a in args])
     return result.exit_code, result.output
 
 

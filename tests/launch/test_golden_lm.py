@@ -5,7 +5,7 @@ For each experiment: the parameter count (traced and analytic), next-token logit
 steps on fixed batches with the experiment's own learner (the fourth step's loss is the loss after
 three updates). They were recorded from the code as it was before the LM families shared one
 decoder stack (`golden/lm.json`, `golden/lm_logits.npz`); the model code must keep reproducing
-them (logits to 1e-6 in float32).
+them (logits to 1e-5 in float32, losses to 1e-6: the logits' tolerance covers the difference between CPU models, see LOGITS_TOL).
 
 The models run on one CPU device, without a mesh: a pipelined stack then runs its stages one after
 another (the same numbers; `tests/test_pipeline.py` compares the two).
@@ -30,7 +30,12 @@ JSON_PATH, LOGITS_PATH = GOLDEN / "lm.json", GOLDEN / "lm_logits.npz"
 BATCH, SEQ = 2, 16
 STEPS = 4  # losses of 4 steps: the last is the loss after 3 updates
 KEEP_VOCAB = 64  # logits kept per position (all positions); plus logsumexp and argmax over the vocabulary
-LOGITS_TOL = dict(rtol=1e-6, atol=1e-6)
+# Logits are compared to 1e-5: XLA:CPU's float32 kernels differ by CPU model (vector width, FMA,
+# the order of a dot's partial sums), and the values recorded on an Intel AVX-512 host differ on an
+# AMD EPYC host by up to 2.4e-6 (absolute, on logits of magnitude ~1; measured 2026-12-02 over every
+# recorded experiment, losses within 1.5e-7 relative). A model change is far larger: the mutation
+# test below (one norm scale x 1.001) moves the logits by ~1e-3.
+LOGITS_TOL = dict(rtol=1e-5, atol=1e-5)
 LOSS_TOL = dict(rtol=1e-6, atol=1e-6)
 
 

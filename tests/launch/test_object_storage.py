@@ -1,10 +1,13 @@
-"""Job directories in object storage (`gs://`), end to end against a local GCS emulator that the
-tests start on 127.0.0.1 (tests/helpers/object_stores.py): a run trains into the bucket, is
-stopped by SIGTERM, resumes to the uninterrupted run's bits; the job's lock refuses a second run;
-`launch eval` and `launch decode` read the job there; a damaged checkpoint is detected by its
-checksums and set aside; a step whose save was killed before its commit marker is never restored;
-bad input (a missing bucket, an endpoint that does not answer, no credentials, `s3://`) is exit 2
-in seconds; the Pax README's commands (docs/coming_from_pax.md) train into the bucket and resume."""
+"""Job directories and data in object storage (`gs://`), end to end against a local GCS emulator
+that the tests start on 127.0.0.1 (tests/helpers/object_stores.py): a run reading its C4-format
+shards and SentencePiece vocabulary from the bucket trains into the bucket, is stopped by SIGTERM,
+resumes to the uninterrupted run's bits; the job's lock refuses a second run; `launch eval` and
+`launch decode` read the job there; a damaged checkpoint is detected by its checksums and set
+aside; a step whose save was killed before its commit marker is never restored; conversation files
+and a Hugging Face tokenizer read from the bucket; bad input (a missing bucket, an endpoint that
+does not answer, no credentials, `s3://`, a data path or vocabulary that is not in the bucket) is
+exit 2 in seconds; the Pax README's commands (docs/coming_from_pax.md) train into the bucket and
+resume."""
 
 import json
 import os
@@ -21,6 +24,15 @@ from helpers.toy import compile_cache_env, set_args
 pytestmark = pytest.mark.xdist_group("object_storage")
 
 ONE_LAYER = ["model.transformer.num_layers=1", "train.num_steps=4", "train.eval_every=2", "train.eval_batches=1"]
+# The runs' data, in the bucket (`_upload_data`): packed documents, so the job's token-count cache
+# (`data_cache/`) is written there too.
+DATA = [
+    "data.source=c4",
+    "data.path=gs://bkt/data",
+    "data.tokenizer=sentencepiece",
+    "data.vocab_path=gs://bkt/data/vocab.model",
+    "data.packing=true",
+]
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +60,25 @@ def _launch(args, env, cache) -> subprocess.Popen:
 
 
 def _run_args(job, *overrides):
-    return ["run", "--exp", "shakespeare_tiny", "--job-log-dir", job, *set_args([*FAST, *ONE_LAYER, *overrides])]
+    return ["run", "--exp", "shakespeare_tiny", "--job-log-dir", job, *set_args([*FAST, *ONE_LAYER, *DATA, *overrides])]
+
+
+def _upload_data(fs, tmp_path) -> None:
+    """Two plays as a numbered set of two C4-format training shards, one as the validation shard,
+    and a 384-piece SentencePiece vocabulary trained on them, uploaded to gs://bkt/data."""
+    from equipax.data import SentencePieceTokenizer, load_plays
+
+    plays = load_plays()
+    shards = {
+        "c4-train.00000-of-00002.jsonl": plays["macbeth"],
+        "c4-train.00001-of-00002.jsonl": plays["othello"],
+        "c4-validation.00000-of-00001.jsonl": plays["hamlet"][:20_000],
+    }
+    for name, text in shards.items():
+        docs = [block for block in text.split("\n\n") if block.strip()]
+        fs.pipe(f"bkt/data/{name}", "".join(json.dumps({"text": d}) + "\n" for d in docs).encode())
+    SentencePieceTokenizer.train([plays["macbeth"], plays["othello"]], vocab_size=384, model_path=tmp_path / "v.model")
+    fs.pipe("bkt/data/vocab.model", (tmp_path / "v.model").read_bytes())
 
 
 def _finish(proc: subprocess.Popen, lines=()) -> tuple[int, str]:
@@ -71,14 +101,19 @@ def _store(env):
 def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypatch):
     cache = compile_cache_env(tmp_path / "jax-cache")
     fs = _store(gcs)
+    _upload_data(fs, tmp_path)
 
-    # The uninterrupted run: its result.json, in the bucket, holds the final state's digest.
+    # The uninterrupted run, its data read from the bucket: its result.json, in the bucket, holds
+    # the final state's digest.
     code, out = _finish(_launch(_run_args("gs://bkt/straight"), gcs, cache))
     assert code == 0, out
     straight = json.loads(fs.cat("bkt/straight/result.json"))
     assert {"config.json", "knobs.txt", "metrics.jsonl", "result.json", "checkpoints", "summaries", "plots"} <= {
         p.rsplit("/", 1)[1] for p in fs.ls("bkt/straight")
     }
+    assert not fs.exists("bkt/straight/tokenizer.model")  # data.vocab_path's, not one trained for the job
+    lengths = [p.rsplit("/", 1)[1].split("-")[1] for p in fs.ls("bkt/straight/data_cache")]
+    assert sorted(lengths) == ["eval", "train"], lengths  # the packed documents' token counts
     assert fs.ls("bkt/straight/summaries/train") and fs.exists("bkt/straight/plots/loss.png")
     assert fs.exists("bkt/straight/checkpoints/4/commit_success.txt")  # orbax's commit marker
     assert not fs.exists("bkt/straight/.lock")  # a finished run releases the job
@@ -116,9 +151,17 @@ def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypa
     code, out = invoke("decode", "--job-log-dir", "gs://bkt/job", "--prompt", "ROMEO:", "--max-new-tokens", 4)
     assert code == 0 and "ROMEO:" in out and "step 4 of gs://bkt/job" in out, out
     code, out = invoke(
-        "decode", "--job-log-dir", "gs://bkt/job", "--split", "eval", "--max-examples", 2, "--max-new-tokens", 2
-    )
-    assert code == 0, out
+        "decode",
+        "--job-log-dir",
+        "gs://bkt/job",
+        "--split",
+        "eval",
+        "--max-examples",
+        2,
+        "--max-new-tokens",
+        2,
+    )  # the job packs its rows; decode reads the eval split one document a row
+    assert code == 0 and "one example per row" in out, out
     assert len(fs.cat("bkt/job/decoder_out/4/outputs.jsonl").splitlines()) == 2
 
     # Bit rot in the newest checkpoint's array data: the checksums catch it, the step is set aside
@@ -153,15 +196,30 @@ def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypa
         ckpt.close()
 
 
-def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch):
+def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch, tmp_path):
     """A bucket that does not exist, an endpoint that does not answer, no credentials, a scheme that
-    is not a store: exit 2 with the fix, before anything starts."""
+    is not a store, data that is not in the bucket: exit 2 with the fix, before anything starts."""
     for name, value in gcs.items():
         monkeypatch.setenv(name, value)
     code, out = invoke("run", "--job-log-dir", "gs://no-such-bucket/job")
     out = _words(out)
     assert code == 2, out
     assert "the bucket gs://no-such-bucket does not exist" in out and "gcloud storage buckets create" in out, out
+
+    # Data paths: a directory or bucket that is not there, a vocabulary that is not, s3://.
+    c4 = [*FAST, "data.source=c4"]
+    for knobs, message in [
+        (["data.path=gs://bkt/no-such-dir"], "data.path 'gs://bkt/no-such-dir' does not exist"),
+        (["data.path=gs://no-such-bucket/c4"], "data.path 'gs://no-such-bucket/c4': the bucket gs://no-such-bucket"),
+        (
+            ["data.path=gs://bkt/c4", "data.tokenizer=sentencepiece", "data.vocab_path=gs://bkt/no.model"],
+            "data.vocab_path='gs://bkt/no.model': no vocabulary file 'gs://bkt/no.model' in the bucket",
+        ),
+        (["data.path=s3://bkt/c4"], "data.path='s3://bkt/c4': s3:// data paths are not supported yet"),
+    ]:
+        code, out = invoke("run", "--job-log-dir", tmp_path / "job", *set_args([*c4, *knobs]))
+        out = _words(out)
+        assert code == 2 and message in out, out
 
     from helpers.object_stores import free_port
 
@@ -189,6 +247,36 @@ def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch):
     code, out = invoke("run", "--job-log-dir", "s3://bkt/job")
     out = _words(out)
     assert code == 2 and "s3:// job directories are not supported yet" in out, out
+
+
+def test_conversations_and_a_hugging_face_vocabulary_read_from_the_bucket(gcs, monkeypatch):
+    """The chat source's conversation files and a Hugging Face tokenizer directory (tokenizer.json
+    with its tokenizer_config.json and chat template) read from gs://: what the local copies give."""
+    import dataclasses
+    from pathlib import Path
+
+    from equipax.launch.experiments.registry import get_experiment
+    from equipax.launch.tasks.lm_data import build_tokenizer
+    from helpers import REPO
+
+    for name, value in gcs.items():
+        monkeypatch.setenv(name, value)
+    fs = _store(gcs)
+    chat, vocab = REPO / "tests/fixtures/chat/sft", REPO / "tests/fixtures/chat/llama3"
+    for local, remote in [(chat, "bkt/sft"), (vocab, "bkt/llama3")]:
+        for file in local.iterdir():
+            fs.pipe(f"{remote}/{file.name}", file.read_bytes())
+    base = get_experiment("llama3_2_chat_cpu")
+    knobs = dict(source="chat", train_files="train*.jsonl", eval_files="eval*.jsonl")
+    here, there = (
+        dataclasses.replace(base, data=dataclasses.replace(base.data, path=path, vocab_path=vpath, **knobs))
+        for path, vpath in [(str(chat), str(vocab)), ("gs://bkt/sft", "gs://bkt/llama3")]
+    )
+    source = there.data.token_source
+    assert source.conversations(there.data, "train").messages == source.conversations(here.data, "train").messages
+    local, remote = (build_tokenizer(cfg, Path("unused"), log=lambda _: None) for cfg in (here, there))
+    assert remote.fingerprint() == local.fingerprint() and remote.chat_template == local.chat_template
+    assert remote.chat_template and remote.eos_id == local.eos_id
 
 
 # Runs `launch` command lines (JSON: a list of argument lists) one after another in this one

@@ -335,7 +335,16 @@ def test_ctrl_c_during_imports(tmp_path):
     proc = launch_process(*run_args(tmp_path / "job"), env=no_bytecode)
     import time
 
-    time.sleep(0.3)
+    # Signal once numpy is mapped: the handler is in (cli.py installs it before the heavy imports)
+    # and JAX's imports, seconds from source, are under way. A fixed delay raced the interpreter's
+    # own start-up on a loaded machine (the signal landed in `pathlib`'s import, before cli.py's
+    # first statement could run).
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if "_multiarray_umath" in maps.read_text():
+            break
+        time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 75, out

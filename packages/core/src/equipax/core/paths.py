@@ -40,9 +40,9 @@ def url_problem(value: str | Path, *, stores: bool = True) -> str | None:
         return None
     if scheme in REMOTE_SCHEMES:
         return (
-            f"{str(value)!r} is in object storage, which only job directories can be so far (--job-log-dir "
-            "gs://BUCKET/JOB or s3://BUCKET/JOB). Give a local or shared-filesystem path (e.g. where the bucket is "
-            "mounted: gcsfuse, s3fs); docs/object_storage.md"
+            f"{str(value)!r} is in object storage, where job directories (--job-log-dir gs://BUCKET/JOB) and data "
+            "(data.path, data.vocab_path) can be, but not this path. Give a local or shared-filesystem path (e.g. "
+            "where the bucket is mounted: gcsfuse, s3fs); docs/object_storage.md"
         )
     return (
         f"{str(value)!r} is a {m.group(1)}:// URL: object storage is supported as gs:// (s3:// recognised), and as "

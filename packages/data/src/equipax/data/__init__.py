@@ -19,6 +19,7 @@ from equipax.data.metrics import (
 from equipax.data.sources import (
     DataError,
     ImageClassificationInput,
+    ShardPath,
     SyntheticLMInput,
     TextShards,
     check_complete_sets,
@@ -59,6 +60,7 @@ __all__ = [
     "MultipleChoiceItem",
     "MultipleChoiceSet",
     "RollingEvalInput",
+    "ShardPath",
     "TextShards",
     "SentencePieceTokenizer",
     "SyntheticLMInput",

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from equipax.data.sources import DataError
-from equipax.data.sources.c4 import read_json_lines
+from equipax.data.sources.c4 import ShardPath, read_json_lines
 from equipax.data.tokenizers import HFTokenizer
 
 __all__ = [
@@ -101,15 +101,16 @@ class Conversations:
         return list(self.messages[index])
 
 
-def read_conversations(files: Sequence[str | Path]) -> Conversations:
-    """Every conversation of JSON-lines files (`.jsonl`, `.json`, optionally `.gz`), checked.
+def read_conversations(files: Sequence[str | ShardPath]) -> Conversations:
+    """Every conversation of JSON-lines files (`.jsonl`, `.json`, optionally `.gz`; local or in a
+    store, as `find_shards` gives them), checked.
 
     Raises:
         ChatError: a line that is not JSON, or a conversation `check_messages` rejects (naming the
             file and line); a file without conversations.
     """
     messages, origins = [], []
-    for file in map(Path, files):
+    for file in (Path(f) if isinstance(f, str) else f for f in files):
         if not file.is_file():
             raise ChatError(f"no conversation file {str(file)!r}.")
         raw = read_json_lines(file, "Conversation file")

@@ -2,6 +2,7 @@
 
 from equipax.data.sources.c4 import (
     DataError,
+    ShardPath,
     TextShards,
     check_complete_sets,
     find_shards,
@@ -19,6 +20,7 @@ __all__ = [
     "DataError",
     "ImageClassificationInput",
     "SyntheticLMInput",
+    "ShardPath",
     "TextShards",
     "check_complete_sets",
     "check_shard_output",

@@ -4,6 +4,12 @@ A shard directory holds files such as `c4-train.00000-of-01024.json.gz` (the lay
 public C4 release) or `c4-train.00000-of-00004.array_record` (written by `launch data prepare`).
 `TextShards` gives random access to their documents, which is what a grain `MapDataset` needs
 for a global seeded shuffle and per-host slicing.
+
+The shards' directory may be in object storage: `find_shards` and `TextShards` take any
+`ShardPath`, a `pathlib.Path` or a path that reads the same way, such as `etils.epath.Path` for
+`gs://BUCKET/DIR` (what `equipax.launch` passes for a `gs://` `data.path`). JSON-lines shards are
+read whole, so a bucket's are read like a disk's; ArrayRecord shards are read by random access
+from local files only.
 """
 
 import gzip
@@ -14,7 +20,7 @@ import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -32,6 +38,7 @@ __all__ = [
     "parse_record",
     "shard_split",
     "SHARD_SUFFIXES",
+    "ShardPath",
     "TextShards",
 ]
 
@@ -46,7 +53,38 @@ class DataError(ValueError):
     """A problem with data files or their contents; the message names the file and the fix."""
 
 
-def is_shard(path: Path) -> bool:
+@runtime_checkable
+class ShardPath(Protocol):
+    """A shard file or directory: a `pathlib.Path`, or a path in object storage with the same
+    reading methods (`etils.epath.Path` for `gs://BUCKET/...`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def parent(self) -> "ShardPath": ...
+
+    def read_bytes(self) -> bytes: ...
+
+    def is_file(self) -> bool: ...
+
+    def is_dir(self) -> bool: ...
+
+    def exists(self) -> bool: ...
+
+    def glob(self, pattern: str) -> Iterator["ShardPath"]: ...
+
+    def iterdir(self) -> Iterator["ShardPath"]: ...
+
+    def __lt__(self, other: Any, /) -> bool: ...
+
+
+def as_shard_path(path: "str | ShardPath") -> ShardPath:
+    """`path` as a `ShardPath`: a string or a local path as `pathlib.Path` (`~` expanded), a store's path as it is."""
+    return Path(path).expanduser() if isinstance(path, str | Path) else path
+
+
+def is_shard(path: ShardPath) -> bool:
     """True when `path`'s name ends in a shard suffix (`.jsonl`, `.json.gz`, `.array_record`, ...)."""
     return path.name.endswith(SHARD_SUFFIXES)
 
@@ -54,19 +92,19 @@ def is_shard(path: Path) -> bool:
 _C4_NAME = re.compile(r"c4-([^.]+)\.")
 
 
-def shard_split(path: Path) -> str | None:
+def shard_split(path: ShardPath) -> str | None:
     """The split a C4-named shard holds (`c4-validation.00000-of-00008.json.gz` -> "validation"), else None."""
     m = _C4_NAME.match(path.name)
     return m.group(1) if m and is_shard(path) else None
 
 
-def check_not_dangling(path: Path, what: str = "Shard") -> None:
-    """Raise DataError when `path` is a symbolic link whose target does not exist.
+def check_not_dangling(path: ShardPath, what: str = "Shard") -> None:
+    """Raise DataError when `path` is a symbolic link whose target does not exist (never so in a store).
 
     A dangling link (an unmounted volume, a moved file) must not be skipped silently: the run
     would read part of the data.
     """
-    if path.is_symlink() and not path.exists():
+    if isinstance(path, Path) and path.is_symlink() and not path.exists():
         raise DataError(
             f"{what} {str(path)!r} is a broken symbolic link (to {os.readlink(path)!r}, which does not "
             f"exist). Mount or restore the target, or remove the link if the file is not meant to be read."
@@ -76,7 +114,7 @@ def check_not_dangling(path: Path, what: str = "Shard") -> None:
 _NUMBERED = re.compile(r"(?P<stem>.+)\.(?P<index>\d+)-of-(?P<count>\d+)\.(?P<ext>.+)")
 
 
-def check_complete_sets(files: Sequence[Path], *, partial_setting: str = "data.allow_partial_shards") -> None:
+def check_complete_sets(files: Sequence[ShardPath], *, partial_setting: str = "data.allow_partial_shards") -> None:
     """Raise DataError when numbered shards (`NAME.00001-of-00003.EXT`) are not a whole set.
 
     A set read with shards missing (a copy or a `launch data prepare` cut short) would train on
@@ -85,7 +123,7 @@ def check_complete_sets(files: Sequence[Path], *, partial_setting: str = "data.a
     """
     sets: dict[tuple[str, int, str], set[int]] = {}
     for f in files:
-        m = _NUMBERED.fullmatch(Path(f).name)
+        m = _NUMBERED.fullmatch(f.name)
         if m:
             key = (m["stem"], int(m["count"]), m["ext"])
             sets.setdefault(key, set()).add(int(m["index"]))
@@ -95,7 +133,7 @@ def check_complete_sets(files: Sequence[Path], *, partial_setting: str = "data.a
         beyond = sorted(i for i in present if i >= count)
         if not missing and not beyond:
             continue
-        where = str(Path(files[0]).parent)
+        where = str(files[0].parent)
         problem = (
             f"{len(missing)} shard(s) missing: {', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}"
             if missing
@@ -110,19 +148,20 @@ def check_complete_sets(files: Sequence[Path], *, partial_setting: str = "data.a
 
 
 def find_shards(
-    path: str | Path,
+    path: str | ShardPath,
     pattern: str = "*",
     *,
     allow_partial: bool = False,
     partial_setting: str = "data.allow_partial_shards",
-) -> list[Path]:
+) -> list[ShardPath]:
     """The shard files in directory `path` whose names match the glob `pattern`, sorted.
 
-    Raises DataError for a missing directory, when no shard file matches, or (unless
-    `allow_partial`) when numbered shards `NAME.i-of-N.EXT` are not all N of their set
+    `path` is a local directory or one in object storage (a `ShardPath`); the files come back as
+    the same kind of path. Raises DataError for a missing directory, when no shard file matches,
+    or (unless `allow_partial`) when numbered shards `NAME.i-of-N.EXT` are not all N of their set
     (`check_complete_sets`; `partial_setting` is named in its message).
     """
-    root = Path(path).expanduser()
+    root = as_shard_path(path)
     if not root.is_dir():
         what = "is a file, not a directory" if root.exists() else "does not exist"
         raise DataError(
@@ -160,7 +199,7 @@ def parse_record(raw: bytes | str, text_field: str = "text") -> str | None:
     return text if isinstance(text, str) else None
 
 
-def read_json_lines(path: Path, what: str = "Shard") -> bytes:
+def read_json_lines(path: ShardPath, what: str = "Shard") -> bytes:
     """The bytes of a JSON-lines file, decompressed when its name ends in `.gz`.
 
     Raises:
@@ -178,7 +217,7 @@ def read_json_lines(path: Path, what: str = "Shard") -> bytes:
 class _JsonLinesShard:
     """One JSON-lines file held as bytes with the offsets of its well-formed lines."""
 
-    def __init__(self, path: Path, text_field: str) -> None:
+    def __init__(self, path: ShardPath, text_field: str) -> None:
         data = read_json_lines(path)
         self.data = data
         starts, ends = [], []
@@ -229,7 +268,8 @@ class TextShards(_TextSequence):
 
     **Arguments:**
 
-    - `files`: shard paths, in order (e.g. from `find_shards`).
+    - `files`: shard paths, in order (e.g. from `find_shards`); local, or JSON-lines shards in a
+      store (`ShardPath`).
     - `text_field`: the JSON field holding the document text.
     - `max_malformed_fraction`: the largest tolerated fraction of malformed records.
     - `fraction_setting`: how the caller's user sets `max_malformed_fraction` (a knob or a
@@ -238,7 +278,7 @@ class TextShards(_TextSequence):
 
     def __init__(
         self,
-        files: Sequence[str | Path],
+        files: Sequence[str | ShardPath],
         *,
         text_field: str = "text",
         max_malformed_fraction: float = 0.01,
@@ -248,7 +288,7 @@ class TextShards(_TextSequence):
             raise DataError("TextShards needs at least one shard file.")
         if not 0.0 <= max_malformed_fraction <= 1.0:
             raise DataError(f"max_malformed_fraction must be in [0, 1], got {max_malformed_fraction!r}.")
-        self.files: list[Path] = [Path(f) for f in files]
+        self.files: list[ShardPath] = [Path(f) if isinstance(f, str) else f for f in files]
         self.text_field = text_field
         self.max_malformed_fraction: float = float(max_malformed_fraction)
         self.fraction_setting = fraction_setting
@@ -266,6 +306,13 @@ class TextShards(_TextSequence):
             if not path.is_file():
                 raise DataError(f"Shard {str(path)!r} does not exist.")
             if path.name.endswith(ARRAY_RECORD_SUFFIXES):
+                if not isinstance(path, Path):
+                    raise DataError(
+                        f"Shard {str(path)!r} is an ArrayRecord file in object storage, which is read by random "
+                        "access from local files only. Copy the shards to a local disk, mount the bucket (gcsfuse) "
+                        "and point data.path there, or write JSON-lines shards "
+                        "(`launch data prepare --format jsonl.gz`)."
+                    )
                 shard: Any = _open_array_record(path)
                 size = len(shard)
                 lines += size
@@ -350,7 +397,7 @@ class TextShards(_TextSequence):
         return "" if text is None else text
 
 
-def _corrupt_array_record(path: Path, e: BaseException, what: str) -> DataError:
+def _corrupt_array_record(path: ShardPath, e: BaseException, what: str) -> DataError:
     reason = str(e).strip().splitlines()[0] if str(e).strip() else f"{type(e).__name__} with no message"
     return DataError(
         f"Shard {str(path)!r} is not a readable ArrayRecord file: {what} ({reason}). It is truncated or "

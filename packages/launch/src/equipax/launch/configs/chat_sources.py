@@ -107,11 +107,13 @@ class ChatFiles(ChatSource):
 
     def conversations(self, data: Any, split: str) -> "Conversations":
         from equipax.data import find_shards, read_conversations
+        from equipax.launch.jobdir.store_checks import data_path
 
         pattern = data.train_files if split == "train" else data.eval_files
         knob = "data.train_files" if split == "train" else "data.eval_files"
+        root = data_path(data.path, "data.path")  # local, or a bucket's (docs/object_storage.md)
         try:
-            return read_conversations(find_shards(data.path, pattern, allow_partial=data.allow_partial_shards))
+            return read_conversations(find_shards(root, pattern, allow_partial=data.allow_partial_shards))
         except ValueError as e:
             raise ConfigError(f"{knob}={pattern!r} under data.path={data.path!r}: {e}") from None
 

@@ -8,7 +8,7 @@ experiment's model can read it (`check_model`). Pure values: nothing here touche
 import dataclasses
 from typing import ClassVar, Literal
 
-from equipax.core.paths import url_problem
+from equipax.core.paths import remote_scheme, url_problem
 from equipax.launch.configs.image_sources import (
     DIGITS_CHANNELS,
     DIGITS_CLASSES,
@@ -55,7 +55,8 @@ class DataConfig:
     reads a Hugging Face `tokenizer.json` (with its `tokenizer_config.json`): `vocab_path`, or the
     job directory's (what `launch convert hf-import` puts there).
     source "c4": C4-format shards (JSON lines with a "text" field, optionally .gz, or ArrayRecord)
-    in the directory `path`; `train_files` / `eval_files` are glob patterns inside it. `packing`
+    in the directory `path` (local, or `gs://BUCKET/DIR` for JSON lines, as `vocab_path` may be:
+    docs/object_storage.md); `train_files` / `eval_files` are glob patterns inside it. `packing`
     packs documents into rows with segment ids (c4 only). `vocab_path`: an existing SentencePiece
     `.model` file to use instead of training one (tokenizer "huggingface": a tokenizer.json or its
     directory). `reset_for_eval`: each eval run is one full
@@ -148,8 +149,15 @@ class DataConfig:
         if self.per_device_batch is not None and self.per_device_batch <= 0:
             raise ValueError(f"data.per_device_batch must be positive or None; got {self.per_device_batch}.")
         for name in ("path", "vocab_path"):
-            if (problem := url_problem(getattr(self, name), stores=False)) is not None:
+            value = getattr(self, name)
+            if (problem := url_problem(value, stores=True)) is not None:
                 raise ValueError(f"data.{name}={problem}.")
+            if remote_scheme(value) == "s3":
+                raise ValueError(
+                    f"data.{name}={value!r}: s3:// data paths are not supported yet (object storage is read "
+                    "on gs:// only). Copy the files to a gs:// bucket, or mount the S3 bucket (mountpoint-s3, "
+                    "s3fs) and give the local path; docs/object_storage.md."
+                )
         source = self.token_source
         source.check(self)
         if self.packing and not source.packs_documents:

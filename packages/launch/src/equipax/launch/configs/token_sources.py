@@ -10,14 +10,13 @@ import dataclasses
 import hashlib
 import io
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.configs.sources import HostShard, Source, register_source
 
 if TYPE_CHECKING:
-    from equipax.data import BaseInput, DocumentLMInput, TextShards, Tokenizer
+    from equipax.data import BaseInput, DocumentLMInput, ShardPath, TextShards, Tokenizer
     from equipax.launch.jobdir.storage import AnyPath
 
 __all__ = ["C4Shards", "ShakespearePlays", "SourceInputs", "SyntheticTokens", "TokenSource"]
@@ -134,7 +133,8 @@ class SyntheticTokens(TokenSource):
 @register_source
 class C4Shards(TokenSource):
     """C4-format shards under `data.path` (JSON lines with a "text" field, optionally .gz, or
-    ArrayRecord), `data.train_files` / `data.eval_files` globs inside it; documents, optionally packed."""
+    ArrayRecord), `data.train_files` / `data.eval_files` globs inside it; documents, optionally packed.
+    `data.path` may be in object storage (`gs://BUCKET/DIR`: JSON lines; docs/object_storage.md)."""
 
     name: ClassVar[str] = "c4"
     packs_documents: ClassVar[bool] = True
@@ -149,11 +149,13 @@ class C4Shards(TokenSource):
     def open_split(self, data: Any, split: str) -> "TextShards":
         """The shards of `split` ("train" or "eval") under `data.path`, checked; ConfigError if unusable."""
         from equipax.data import TextShards, find_shards
+        from equipax.launch.jobdir.store_checks import data_path
 
         pattern = data.train_files if split == "train" else data.eval_files
         knob = "data.train_files" if split == "train" else "data.eval_files"
+        root = data_path(data.path, "data.path")  # a bucket's: its store answers and the bucket exists
         try:
-            files = find_shards(data.path, pattern, allow_partial=data.allow_partial_shards)
+            files = find_shards(root, pattern, allow_partial=data.allow_partial_shards)
             return TextShards(files, max_malformed_fraction=data.max_malformed_fraction)
         except ValueError as e:
             raise ConfigError(f"{knob}={pattern!r} under data.path={data.path!r}: {e}") from None
@@ -172,9 +174,10 @@ class C4Shards(TokenSource):
     def fingerprint(self, data: Any) -> str | None:
         """The training shards' names and sizes (a resumed run checks they did not change)."""
         from equipax.data import find_shards
+        from equipax.launch.jobdir.storage import job_path
 
         try:
-            listing = sorted(_listing(find_shards(data.path, data.train_files, allow_partial=True)))
+            listing = sorted(_listing(find_shards(job_path(data.path), data.train_files, allow_partial=True)))
         except (OSError, ValueError):
             return None
         return hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
@@ -239,6 +242,8 @@ def _documents(shards: "TextShards", cache_dir: "AnyPath | None", split: str, **
     return built
 
 
-def _listing(files: Iterable[Any]) -> list[tuple[str, int]]:
-    """(name, size in bytes) of each shard file: what identifies a split's data."""
-    return [(Path(f).name, Path(f).stat().st_size) for f in files]
+def _listing(files: Iterable["ShardPath"]) -> list[tuple[str, int]]:
+    """(name, size in bytes) of each shard file, local or in a store: what identifies a split's data."""
+    from equipax.launch.jobdir.storage import size
+
+    return [(f.name, size(f)) for f in files]  # pyright: ignore[reportArgumentType]: Path or epath.Path, as job_path gives

@@ -106,7 +106,10 @@ def decode_split(
     if note:
         log(note)
     check_tokenizer(cfg, job_dir)
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, reset_for_eval=True))  # one finite pass
+    if cfg.data.packing:  # a packed row holds several documents: no one prompt, no one example id
+        log("Decoding the eval split one example per row (the job packs its rows; decode reads them unpacked).")
+    # One finite pass over the eval examples, each in its own row.
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, reset_for_eval=True, packing=False))
     cfg, mesh, note = local_mesh(cfg)
     if note:
         log(note)

@@ -1,8 +1,9 @@
 """Where a job's files live: a local (or mounted) directory, or object storage (`gs://`).
 
 Every file a run writes or reads in its job directory goes through the few functions here, so a
-job directory can be `gs://bucket/job` as well as a local path (`s3://` paths are recognised and
-refused by `store_checks.check_store` until their checkpoints commit safely):
+job directory can be `gs://bucket/job` as well as a local path, and so can the data a run reads
+(`data.path`'s shards, `data.vocab_path`). `s3://` paths are recognised and refused
+(`store_checks.check_store`, `DataConfig`) until their checkpoints commit safely:
 
 - `job_path` turns what the user gave into a path: `pathlib.Path` for a local one, `etils.epath.Path`
   for a URL (epath reads and writes objects through fsspec's `gcsfs`). Orbax takes the
@@ -44,6 +45,7 @@ __all__ = [
     "move",
     "mtime",
     "rmtree",
+    "size",
     "upload",
     "write_atomic",
 ]
@@ -145,6 +147,13 @@ def mtime(path: AnyPath) -> float:
     return float(path.stat().mtime)
 
 
+def size(path: AnyPath) -> int:
+    """The size of the file `path` in bytes (a store's object: from its listing, nothing downloaded)."""
+    if isinstance(path, Path):
+        return path.stat().st_size
+    return int(path.stat().length)
+
+
 def rmtree(path: AnyPath) -> None:
     """Remove a directory and everything under it; nothing when it is not there."""
     if is_remote(path):
@@ -188,10 +197,11 @@ def filesystem(path: AnyPath) -> tuple[Any, str]:
     return fs, str(fs._strip_protocol(str(path)))
 
 
-def local_file(path: AnyPath) -> Path:
+def local_file(path: AnyPath, *, siblings: tuple[str, ...] = ()) -> Path:
     """A local file with `path`'s bytes: `path` itself when local; for a store, a copy downloaded
     into a temporary directory removed when the process exits (for readers that open local files
-    only, e.g. SentencePiece's)."""
+    only, e.g. SentencePiece's and Hugging Face's tokenizers), with those of the files named
+    `siblings` that are next to `path` (a tokenizer.json's tokenizer_config.json) beside it."""
     if not is_remote(path):
         return Path(path)
     import atexit
@@ -199,6 +209,9 @@ def local_file(path: AnyPath) -> Path:
 
     folder = Path(tempfile.mkdtemp(prefix="equipax-download-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    for name in siblings:
+        if name != path.name and (other := path.parent / name).is_file():
+            (folder / name).write_bytes(other.read_bytes())
     target = folder / path.name
     target.write_bytes(path.read_bytes())
     return target

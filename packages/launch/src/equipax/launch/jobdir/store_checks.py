@@ -9,7 +9,7 @@ from equipax.core.knobs import ConfigError
 from equipax.core.paths import remote_scheme
 from equipax.launch.jobdir.storage import AnyPath, configure_endpoints, filesystem, job_path
 
-__all__ = ["check_store", "SUPPORTED"]
+__all__ = ["check_store", "data_path", "SUPPORTED"]
 
 SUPPORTED = ("gs",)
 """The stores a job directory may be in so far."""
@@ -86,3 +86,11 @@ def check_store(path: AnyPath | str, option: str, *, timeout_s: float = 5.0) -> 
             f"(`gcloud storage buckets create gs://{bucket}` or `aws s3 mb s3://{bucket}`), or fix the "
             "bucket's name."
         )
+
+
+def data_path(value: str, knob: str) -> AnyPath:
+    """A data knob's path (`data.path`, `data.vocab_path`) to read from: local, or in a store whose
+    endpoint, credentials and bucket `check_store` has checked (ConfigError naming `knob`)."""
+    path = job_path(value)
+    check_store(path, knob)
+    return path

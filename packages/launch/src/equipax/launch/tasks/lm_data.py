@@ -14,7 +14,8 @@ from equipax.core.knobs import ConfigError
 from equipax.data import BaseInput, ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer, make_eval_input
 from equipax.launch.configs.experiment import LMExperiment
 from equipax.launch.configs.sources import HostShard
-from equipax.launch.jobdir.storage import AnyPath, job_path, local_copy, local_file
+from equipax.launch.jobdir.storage import AnyPath, is_remote, job_path, local_copy, local_file
+from equipax.launch.jobdir.store_checks import data_path
 
 __all__ = [
     "build_lm_inputs",
@@ -39,17 +40,19 @@ def tokenizer_path(cfg: LMExperiment, job_dir: AnyPath) -> AnyPath | None:
     if d.tokenizer == "byte" or not d.token_source.uses_tokenizer:
         return None
     if d.vocab_path:
-        path = Path(d.vocab_path)
+        path = job_path(d.vocab_path)  # local, or in a bucket (`gs://`)
         return path / HF_TOKENIZER_FILE if d.tokenizer == "huggingface" and path.is_dir() else path
     return job_path(job_dir) / (HF_TOKENIZER_FILE if d.tokenizer == "huggingface" else TOKENIZER_FILE)
 
 
 def _hf_tokenizer(cfg: LMExperiment, job_dir: AnyPath) -> Tokenizer:
+    if cfg.data.vocab_path:
+        data_path(cfg.data.vocab_path, "data.vocab_path")  # a bucket's: checked before it is listed
     path = tokenizer_path(cfg, job_dir)
     assert path is not None
     knob = f"data.vocab_path={cfg.data.vocab_path!r}" if cfg.data.vocab_path else f"The job's {path}"
     try:
-        tok = HFTokenizer.load(path)
+        tok = HFTokenizer.load(_local_vocabulary(path, siblings=HF_SIBLINGS))
     except (OSError, ValueError) as e:
         fix = "" if cfg.data.vocab_path else " (`launch convert hf-import` puts the model's tokenizer there)"
         raise ConfigError(f"{knob}: {e}{fix}") from None
@@ -93,7 +96,7 @@ def build_tokenizer(cfg: LMExperiment, job_dir: AnyPath, log: Callable[[str], ob
         return _hf_tokenizer(cfg, job_dir)
     if cfg.data.vocab_path:
         try:
-            tok = SentencePieceTokenizer.load(cfg.data.vocab_path)
+            tok = SentencePieceTokenizer.load(_local_vocabulary(data_path(cfg.data.vocab_path, "data.vocab_path")))
         except (OSError, RuntimeError) as e:
             raise ConfigError(f"data.vocab_path={cfg.data.vocab_path!r}: {e}") from None
         if tok.vocab_size > cfg.model.vocab_size:
@@ -137,6 +140,18 @@ def build_tokenizer(cfg: LMExperiment, job_dir: AnyPath, log: Callable[[str], ob
             "Raise model.vocab_size, point data.vocab_path at an existing .model file, "
             "or use --set data.tokenizer=byte."
         ) from None
+
+
+# What `HFTokenizer.load` reads beside a tokenizer.json.
+HF_SIBLINGS = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def _local_vocabulary(path: AnyPath, siblings: tuple[str, ...] = ()) -> Path:
+    """`path` as a local file the tokenizer libraries can open: a store's object downloaded (with
+    its `siblings`), or FileNotFoundError naming the object when there is none."""
+    if is_remote(path) and not path.is_file():
+        raise FileNotFoundError(f"no vocabulary file {str(path)!r} in the bucket; upload it there or fix the path")
+    return local_file(path, siblings=siblings)
 
 
 def per_host_batch_size(cfg: LMExperiment, num_infeed_hosts: int) -> int:
