@@ -5,7 +5,8 @@ For each experiment: the parameter count (traced and analytic), next-token logit
 steps on fixed batches with the experiment's own learner (the fourth step's loss is the loss after
 three updates). They were recorded from the code as it was before the LM families shared one
 decoder stack (`golden/lm.json`, `golden/lm_logits.npz`); the model code must keep reproducing
-them (logits to 1e-5 in float32, losses to 1e-6: the logits' tolerance covers the difference between CPU models, see LOGITS_TOL).
+them (logits to 1e-5 in float32, losses to 1e-6: the logits' tolerance covers the difference
+between CPU models, see LOGITS_TOL).
 
 The models run on one CPU device, without a mesh: a pipelined stack then runs its stages one after
 another (the same numbers; `tests/test_pipeline.py` compares the two).
