@@ -151,15 +151,7 @@ def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypa
     code, out = invoke("decode", "--job-log-dir", "gs://bkt/job", "--prompt", "ROMEO:", "--max-new-tokens", 4)
     assert code == 0 and "ROMEO:" in out and "step 4 of gs://bkt/job" in out, out
     code, out = invoke(
-        "decode",
-        "--job-log-dir",
-        "gs://bkt/job",
-        "--split",
-        "eval",
-        "--max-examples",
-        2,
-        "--max-new-tokens",
-        2,
+        "decode", "--job-log-dir", "gs://bkt/job", "--split", "eval", "--max-examples", 2, "--max-new-tokens", 2
     )  # the job packs its rows; decode reads the eval split one document a row
     assert code == 0 and "one example per row" in out, out
     assert len(fs.cat("bkt/job/decoder_out/4/outputs.jsonl").splitlines()) == 2
