@@ -115,7 +115,8 @@ def _lm(**transformer):
     from equipax.core.nn import TransformerConfig
     from equipax.models import LMConfig
 
-    block = TransformerConfig(num_layers=1, model_dims=16, num_heads=4, head_dim=8, hidden_dims=32, **transformer)
+    dims = dict(num_layers=1, model_dims=16, num_heads=4, head_dim=8, hidden_dims=32)
+    block = TransformerConfig(**(dims | transformer))
     return LMConfig(vocab_size=64, max_seq_len=64, transformer=block)
 
 
@@ -132,6 +133,7 @@ def _context_mesh(cp):
         ({"context_parallel_load_balance": False}, 34, r"data.seq_len=34 .* multiple of 4"),
         ({"attention": "linear", "atten_logit_cap": None}, 32, r"attention='linear'.* no context-parallel kernel"),
         ({"attention_impl": "splash"}, 32, r"attention_impl='splash'.*cannot take another device's keys"),
+        ({"attention_impl": "cudnn", "atten_logit_cap": None}, 32, r"attention_impl='cudnn'.*cannot take another"),
         ({"tensor_parallel": "shard_map"}, 32, r"tensor_parallel='shard_map'.*cannot nest"),
     ],
 )
@@ -142,6 +144,19 @@ def test_context_knob_errors(transformer, seq_len, match):
     lm.check_mesh(_context_mesh(1), 2, seq_len)  # no context axis: nothing to refuse
     with pytest.raises(ConfigError, match=match):
         lm.check_mesh(_context_mesh(4), 2, seq_len)
+
+
+def test_context_axis_with_pipeline_stages_is_refused():
+    from equipax.core.knobs import ConfigError
+    from equipax.core.mesh import MeshConfig
+
+    lm = _lm(pipeline_stages=2, num_layers=2)
+    names = ("stage", "data", "fsdp", "context", "tensor")
+    ok = MeshConfig(ici_mesh_shape=(2, 1, 1, 1, 1), dcn_mesh_shape=(1, 1, 1, 1, 1), axis_names=names)
+    lm.check_mesh(ok, 2, 32)  # the pipeline alone is fine
+    mesh = MeshConfig(ici_mesh_shape=(2, 1, 1, 4, 1), dcn_mesh_shape=(1, 1, 1, 1, 1), axis_names=names)
+    with pytest.raises(ConfigError, match=r"pipeline_stages=2.*cannot nest in a pipeline stage"):
+        lm.check_mesh(mesh, 2, 32)
 
 
 def test_context_strategy_must_be_known():
