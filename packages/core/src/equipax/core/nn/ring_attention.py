@@ -111,6 +111,19 @@ def _sub(ids: Array | None, sl: slice) -> Array | None:
     return None if ids is None else ids[:, sl]
 
 
+def _tied(kv: Array, kpos: Array | None, kseg: Array | None) -> tuple[Array, Array | None, Array | None]:
+    """The block's positions tied to its keys and values (an `optimization_barrier`), so that
+    JAX's partial evaluation sees the masks as depending on the rotating data.
+
+    Without it, under a scan over layers (`scan_layers=True`), the masks and everything the
+    skipped-block `cond`s derive from them depend on the positions alone, which are the same for
+    every layer: JAX hoists them out of the layer loop and keeps them for every ring step at
+    once, stacked (160 GiB per chip for the 128k experiment; docs/long_context.md).
+    `tests/core/test_context_parallel.py::test_ring_gradient_under_a_layer_scan_saves_no_per_step_blocks`
+    checks the traced program."""
+    return jax.lax.optimization_barrier((kv, kpos, kseg))
+
+
 def _forward(cfg: RingConfig, q: Array, k: Array, v: Array, qpos, qseg, kpos_all, kseg_all):
     b, sq, heads, d = q.shape
     sk, kv_heads = k.shape[1], k.shape[2]
@@ -132,6 +145,7 @@ def _forward(cfg: RingConfig, q: Array, k: Array, v: Array, qpos, qseg, kpos_all
         # Issued first: the transfer does not depend on this block's compute and can overlap it.
         upcoming = kv if cfg.axis is None else _rotate(cfg, kv)
         kpos, kseg = _source_ids(cfg, kpos_all, t, sk), _source_ids(cfg, kseg_all, t, sk)
+        kv, kpos, kseg = _tied(kv, kpos, kseg)
         states = list(states)
         for i, qsl in enumerate(qh):
             for ksl in kh:
@@ -203,6 +217,7 @@ def _ring_bwd(cfg: RingConfig, res, g):
         kv, dkv, dq = carry
         upcoming = kv if cfg.axis is None else _rotate(cfg, kv)
         kpos, kseg = _source_ids(cfg, kpos_all, t, sk), _source_ids(cfg, kseg_all, t, sk)
+        kv, kpos, kseg = _tied(kv, kpos, kseg)
         dq, dk_parts = list(dq), []
         for ksl in kh:
             dk_h = jnp.zeros((b, ksl.stop - ksl.start, 2, kv_heads, d), jnp.float32)
