@@ -270,14 +270,70 @@ def test_file_size_limit_while_saving_names_the_step_without_tracebacks(tmp_path
     job = tmp_path / "job"
     # Every file stops at 60 KB (Python ignores SIGXFSZ: writes fail with EFBIG, as on a full disk):
     # the small files fit, the checkpoint's array file does not.
-    proc = launch_process(*run_args(job, "train.num_steps=4", "train.log_every=4", *ONE_LAYER), file_size_limit=60_000)
+    # A compilation cache of its own (an entry cut at the limit must not reach other runs), written
+    # for every program: each write fails too, which the run reports in one line.
+    cache = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    args = run_args(job, "train.num_steps=4", "train.log_every=4", *ONE_LAYER)
+    proc = launch_process(*args, env=cache, file_size_limit=60_000)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 2, out
     assert_one_paragraph(out, "Could not write the checkpoint of step 2", "No complete checkpoint exists yet")
     # The OS error reaches the message as EFBIG's text or, when tensorstore's write fails first while
     # opening an array, as its OUT_OF_RANGE status: which one wins depends on thread timing.
     assert "File too large" in out or "OUT_OF_RANGE" in out, out
-    assert len(out.splitlines()) < 12, out  # no orbax tracebacks
+    # The cache's failed writes in one line, not JAX's two per program; no warnings about orbax's
+    # write coroutines left unawaited by the failed save (at exit, whenever they are collected).
+    assert out.count("warning: could not write JAX's compilation cache (OSError: [Errno 27]") == 1, out
+    assert "compilation cache entry" not in out and "never awaited" not in out, out
+    assert len(out.splitlines()) < 10, out  # no orbax tracebacks
+
+
+def test_a_failing_compilation_cache_is_one_warning_line(tmp_path, capsys):
+    import warnings
+
+    from equipax.launch.training.startup import compile_cache
+
+    with warnings.catch_warnings(record=True) as caught:  # what reaches the warnings machinery
+        warnings.simplefilter("always")
+        with compile_cache("cache", tmp_path):
+            for name in ("jit_make", "jit_train_step"):
+                warnings.warn(f"Error writing persistent compilation cache entry for '{name}': OSError: boom")
+            warnings.warn("Error reading persistent compilation cache entry for 'jit_x': ValueError: cut")
+            warnings.warn("something else")
+        warnings.warn(f"Error writing persistent compilation cache entry for 'after': OSError: later")
+    err = capsys.readouterr().err
+    assert err.count("warning: could not write JAX's compilation cache (OSError: boom); the run goes on") == 1, err
+    assert err.count("warning: could not read JAX's compilation cache (ValueError: cut)") == 1, err
+    assert len(err.splitlines()) == 2, err
+    # Other warnings are shown as before, and outside the run JAX's warning is JAX's again.
+    assert [str(w.message).split()[0] for w in caught] == ["something", "Error"], caught
+    assert "for 'after'" in str(caught[1].message)
+
+
+def test_only_orbax_coroutines_left_unawaited_are_silenced(tmp_path):
+    import gc
+    import warnings
+
+    from equipax.launch.jobdir.orbax_quiet import quiet_unawaited
+
+    def coroutine(filename: str):
+        scope: dict = {}
+        exec(compile("async def write_fragment():\n    pass\n", filename, "exec"), scope)
+        return scope["write_fragment"]()
+
+    shown: list = []
+    previous = warnings._showwarnmsg  # pyright: ignore[reportAttributeAccessIssue]
+    warnings._showwarnmsg = quiet_unawaited(shown.append)  # pyright: ignore[reportAttributeAccessIssue]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            orbax, ours = coroutine("/site-packages/orbax/checkpoint/x.py"), coroutine(str(tmp_path / "mine.py"))
+            del orbax, ours
+            gc.collect()
+    finally:
+        warnings._showwarnmsg = previous  # pyright: ignore[reportAttributeAccessIssue]
+    assert [str(m.message).splitlines()[0] for m in shown] == ["coroutine 'write_fragment' was never awaited"]
+    assert "mine.py" in shown[0].source.cr_code.co_filename
 
 
 def test_checkpoints_path_is_a_file(tmp_path):

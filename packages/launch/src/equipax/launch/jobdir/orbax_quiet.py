@@ -4,6 +4,7 @@ and which replicas write a replicated array (`split_only_large_replicated_arrays
 
 import logging
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ __all__ = [
     "QuietOrbaxFutures",
     "quiet_closed_loops",
     "quiet_process",
+    "quiet_unawaited",
     "restore_failure",
     "split_only_large_replicated_arrays",
 ]
@@ -66,6 +68,23 @@ def quiet_closed_loops(previous: Callable[[Any], object]) -> Callable[[Any], obj
     return hook
 
 
+def quiet_unawaited(previous: Callable[[Any], object]) -> Callable[[Any], object]:
+    """`warnings._showwarnmsg` without "coroutine ... was never awaited" for orbax's coroutines: a
+    failed save leaves its pending write coroutines unstarted, and Python warns for each one when it
+    is collected, often at exit (`sys:1: RuntimeWarning: coroutine
+    'async_serialize_from_host.<locals>.write_fragment' was never awaited`, then a tracemalloc hint),
+    after the failure itself was reported in one paragraph. The warning's `source` is the coroutine:
+    only those whose code is orbax's are dropped."""
+
+    def show(msg: Any) -> None:
+        if issubclass(msg.category, RuntimeWarning) and _from_orbax(None, getattr(msg, "source", None)):
+            return
+        previous(msg)
+
+    show.quiets_unawaited = True  # type: ignore[attr-defined]
+    return show
+
+
 class QuietOrbaxErrors(logging.Filter):
     """Drop orbax's logged tracebacks of a failed save (hundreds of lines from its threads): the
     failure reaches `save`/`wait` as an exception and is reported there in one paragraph."""
@@ -100,9 +119,13 @@ class QuietOrbaxFutures(logging.Filter):
 
 def quiet_process() -> None:
     """Install, once per process, the filters for what outlives a checkpointer: tensorstore callbacks
-    on a closed event loop (`sys.unraisablehook`) and orbax's never-retrieved write futures (asyncio)."""
+    on a closed event loop (`sys.unraisablehook`), orbax's never-retrieved write futures (asyncio)
+    and its never-awaited write coroutines (`warnings`)."""
     if not getattr(sys.unraisablehook, "quiets_closed_loops", False):
         sys.unraisablehook = quiet_closed_loops(sys.unraisablehook)
+    show = getattr(warnings, "_showwarnmsg", None)  # the hook every shown warning goes through
+    if show is not None and not getattr(show, "quiets_unawaited", False):
+        warnings._showwarnmsg = quiet_unawaited(show)  # pyright: ignore[reportAttributeAccessIssue]
     asyncio_log = logging.getLogger("asyncio")
     if not any(getattr(f, "quiets_orbax_futures", False) for f in asyncio_log.filters):
         asyncio_log.addFilter(QuietOrbaxFutures())

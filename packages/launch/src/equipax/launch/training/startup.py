@@ -8,14 +8,19 @@ lower, XLA compile and one step). `launch run` prints them after the first step.
 
 `train.compiler.cache_dir` (docs/compile.md, "The persistent compilation cache") turns on JAX's
 persistent compilation cache for the run: a rerun of the job (a resume, the same command again)
-loads its compiled programs from there instead of compiling them again.
+loads its compiled programs from there instead of compiling them again. A cache that cannot be
+written or read (a full disk, a file-size limit, a truncated entry) does not stop the run: JAX warns
+once per program, with its source line; `compile_cache` turns those warnings into one line per run
+(`warning: could not write JAX's compilation cache (...)`), whichever directory the cache is in.
 """
 
 import contextlib
 import itertools
 import os
+import sys
 import time
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from equipax.launch.jobdir.storage import AnyPath
@@ -58,27 +63,62 @@ def phases_line() -> str:
     return f"Time to first step {total:.1f} s: " + ", ".join(parts) + " (s)."
 
 
+# How JAX's warnings about its persistent cache begin (jax/_src/compiler.py), by what failed.
+_CACHE_ERRORS = {
+    "Error writing persistent compilation cache entry": "write",
+    "Error reading persistent compilation cache entry": "read",
+}
+
+
+def _once_per_run(previous: Callable[..., object], shown: set[str]) -> Callable[..., object]:
+    """`warnings.showwarning` that reports a failing compilation cache in one line per run and
+    failure kind (JAX warns once per program, two lines each); other warnings go to `previous`."""
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = str(message)
+        kind = next((k for prefix, k in _CACHE_ERRORS.items() if text.startswith(prefix)), None)
+        if kind is None:
+            previous(message, category, filename, lineno, file, line)
+            return
+        if kind not in shown:
+            shown.add(kind)
+            reason = text.split("': ", 1)[-1]  # after the program's name: the error's type and text
+            print(
+                f"warning: could not {kind} JAX's compilation cache ({reason}); the run goes on and "
+                "compiles its programs again next time (train.compiler.cache_dir='' turns the cache off).",
+                file=file if file is not None else sys.stderr,
+            )
+
+    return show
+
+
 @contextlib.contextmanager
 def compile_cache(cache_dir: str, job_dir: AnyPath) -> Iterator[AnyPath | None]:
     """JAX's persistent compilation cache in `cache_dir` (relative: under `job_dir`) while inside.
 
     Yields the directory, or None where the cache is off (`cache_dir` empty) or already chosen
     outside the run (`JAX_COMPILATION_CACHE_DIR`, or `jax_compilation_cache_dir` set in this
-    process), which is then left as it is. JAX's settings are restored on leaving.
+    process), which is then left as it is. JAX's settings are restored on leaving. Either way, a
+    cache that fails to write or read is reported in one line per run (`_once_per_run`).
     """
     import jax
 
-    if not cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
-        yield None
-        return
-    from jax._src import compilation_cache  # its directory is read once; reset it to switch
-
-    local = Path(cache_dir).expanduser()
-    path = local if local.is_absolute() else job_dir / cache_dir
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    compilation_cache.reset_cache()
+    previous = warnings.showwarning
+    warnings.showwarning = _once_per_run(previous, set())
     try:
-        yield path
-    finally:
-        jax.config.update("jax_compilation_cache_dir", None)
+        if not cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+            yield None
+            return
+        from jax._src import compilation_cache  # its directory is read once; reset it to switch
+
+        local = Path(cache_dir).expanduser()
+        path = local if local.is_absolute() else job_dir / cache_dir
+        jax.config.update("jax_compilation_cache_dir", str(path))
         compilation_cache.reset_cache()
+        try:
+            yield path
+        finally:
+            jax.config.update("jax_compilation_cache_dir", None)
+            compilation_cache.reset_cache()
+    finally:
+        warnings.showwarning = previous
