@@ -297,10 +297,12 @@ def test_a_failing_compilation_cache_is_one_warning_line(tmp_path, capsys):
         warnings.simplefilter("always")
         with compile_cache("cache", tmp_path):
             for name in ("jit_make", "jit_train_step"):
-                warnings.warn(f"Error writing persistent compilation cache entry for '{name}': OSError: boom")
-            warnings.warn("Error reading persistent compilation cache entry for 'jit_x': ValueError: cut")
-            warnings.warn("something else")
-        warnings.warn(f"Error writing persistent compilation cache entry for 'after': OSError: later")
+                warnings.warn(
+                    f"Error writing persistent compilation cache entry for '{name}': OSError: boom", stacklevel=1
+                )
+            warnings.warn("Error reading persistent compilation cache entry for 'jit_x': ValueError: cut", stacklevel=1)
+            warnings.warn("something else", stacklevel=1)
+        warnings.warn("Error writing persistent compilation cache entry for 'after': OSError: later", stacklevel=1)
     err = capsys.readouterr().err
     assert err.count("warning: could not write JAX's compilation cache (OSError: boom); the run goes on") == 1, err
     assert err.count("warning: could not read JAX's compilation cache (ValueError: cut)") == 1, err
