@@ -1,13 +1,14 @@
-"""Job directories and data in object storage (`gs://`), end to end against a local GCS emulator
-that the tests start on 127.0.0.1 (tests/helpers/object_stores.py): a run reading its C4-format
-shards and SentencePiece vocabulary from the bucket trains into the bucket, is stopped by SIGTERM,
-resumes to the uninterrupted run's bits; the job's lock refuses a second run; `launch eval` and
-`launch decode` read the job there; a damaged checkpoint is detected by its checksums and set
-aside; a step whose save was killed before its commit marker is never restored; conversation files
-and a Hugging Face tokenizer read from the bucket; bad input (a missing bucket, an endpoint that
-does not answer, no credentials, `s3://`, a data path or vocabulary that is not in the bucket) is
-exit 2 in seconds; the Pax README's commands (docs/coming_from_pax.md) train into the bucket and
-resume."""
+"""Job directories and data in object storage (`gs://`, `s3://`), end to end against local emulators
+that the tests start on 127.0.0.1 (tests/helpers/object_stores.py: `gcp-storage-emulator`, and
+moto's S3 server): a run reading its C4-format shards and SentencePiece vocabulary from the bucket
+trains into the bucket, is stopped by SIGTERM, resumes to the uninterrupted run's bits; the job's
+lock refuses a second run; `launch eval` and `launch decode` read the job there; a damaged
+checkpoint is detected by its checksums and set aside; a step whose save was killed before its
+commit marker is never restored (on S3, a run killed while the emulator holds that marker's upload);
+conversation files and a Hugging Face tokenizer read from the bucket; bad input (a missing bucket,
+an endpoint that does not answer, no credentials, a data path or vocabulary that is not in the
+bucket) is exit 2 in seconds; the Pax README's commands (docs/coming_from_pax.md) train into the
+bucket and resume."""
 
 import json
 import os
@@ -334,7 +335,7 @@ def test_s3_job_trains_stops_resumes_and_survives_a_killed_save(s3, tmp_path, mo
     assert code == 75 and "Run the same command again to resume" in out, out
     from equipax.launch.inference.trained_job import checkpoint_steps
     from equipax.launch.jobdir.checkpoints import Checkpointer
-    from equipax.launch.jobdir.storage import job_path
+    from equipax.launch.jobdir.storage import filesystem, job_path
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -355,6 +356,7 @@ def test_s3_job_trains_stops_resumes_and_survives_a_killed_save(s3, tmp_path, mo
     fs.invalidate_cache()
     written = fs.find("bkt/job/checkpoints/4")
     assert any("/state/" in p for p in written) and "bkt/job/checkpoints/4/commit_success.txt" not in written
+    filesystem(job_path("s3://bkt/job"))[0].invalidate_cache()  # this process listed the job before step 4
     complete = checkpoint_steps(job_path("s3://bkt/job"))
     assert 4 not in complete and complete[-1] >= stopped[-1], complete
     ckpt = Checkpointer(job_path("s3://bkt/job/checkpoints"), keep=3)
