@@ -10,7 +10,7 @@ in the same three places orbax handles `gs://`. And orbax picks its commit proto
 `commit_success.txt` last) for `gs://`, `AtomicRenameTemporaryPath` (write `<step>.orbax-checkpoint-
 tmp-*`, rename it) for everything else, including `s3://`, where s3fs's rename is a copy of each
 object then a delete (not atomic; it also fails outright). `atomicity_options` asks for the commit
-marker on S3. docs/object_storage.md.
+marker on S3 (`manager_options`, which equipax's `Checkpointer` uses). docs/object_storage.md.
 
 TensorStore's `s3` driver does not read `AWS_ENDPOINT_URL` (s3fs's botocore does), so the endpoint
 (`AWS_ENDPOINT_URL_S3`, else `AWS_ENDPOINT_URL`) goes into the spec.
@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 
 from equipax.core.paths import remote_scheme
 
-__all__ = ["atomicity_options", "endpoint", "install", "kvstore_spec"]
+__all__ = ["atomicity_options", "endpoint", "install", "kvstore_spec", "manager_options"]
 
 
 def endpoint() -> str | None:
@@ -53,6 +53,12 @@ def atomicity_options(directory: object) -> ocp.options.AtomicityOptions | None:
     if remote_scheme(str(directory)) == "s3":
         return ocp.options.AtomicityOptions(mode=ocp.options.AtomicityMode.COMMIT_FILE)
     return None
+
+
+def manager_options(directory: object, **options: Any) -> ocp.CheckpointManagerOptions:
+    """`ocp.CheckpointManagerOptions(**options)` with the commit protocol for `directory`
+    (`atomicity_options`)."""
+    return ocp.CheckpointManagerOptions(**options, atomicity_options=atomicity_options(directory))
 
 
 def install() -> None:
