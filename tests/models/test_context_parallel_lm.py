@@ -146,19 +146,6 @@ def test_context_knob_errors(transformer, seq_len, match):
         lm.check_mesh(_context_mesh(4), 2, seq_len)
 
 
-def test_context_axis_with_pipeline_stages_is_refused():
-    from equipax.core.knobs import ConfigError
-    from equipax.core.mesh import MeshConfig
-
-    lm = _lm(pipeline_stages=2, num_layers=2)
-    names = ("stage", "data", "fsdp", "context", "tensor")
-    ok = MeshConfig(ici_mesh_shape=(2, 1, 1, 1, 1), dcn_mesh_shape=(1, 1, 1, 1, 1), axis_names=names)
-    lm.check_mesh(ok, 2, 32)  # the pipeline alone is fine
-    mesh = MeshConfig(ici_mesh_shape=(2, 1, 1, 4, 1), dcn_mesh_shape=(1, 1, 1, 1, 1), axis_names=names)
-    with pytest.raises(ConfigError, match=r"pipeline_stages=2.*cannot nest in a pipeline stage"):
-        lm.check_mesh(mesh, 2, 32)
-
-
 def test_context_strategy_must_be_known():
     from equipax.core.knobs import ConfigError, apply_overrides
 

@@ -47,12 +47,11 @@ def check_context(cfg: TransformerConfig, mesh: MeshConfig, seq_len: int | None 
             f"device's blocks with the XLA kernel, and the {cfg.attention_impl} kernel cannot take another "
             f"device's keys. Set {_KNOB}.attention_impl='xla' (or 'auto'), or make the `context` axis 1."
         )
-    if cfg.pipeline_stages > 1 or cfg.tensor_parallel != "gspmd":
-        knob = "pipeline_stages" if cfg.pipeline_stages > 1 else "tensor_parallel"
+    if cfg.tensor_parallel != "gspmd":
         raise ConfigError(
-            f"{where}, but {_KNOB}.{knob}={getattr(cfg, knob)!r}: context parallelism runs attention in its own "
-            f"shard_map, which cannot nest in a pipeline stage or a tensor_parallel='shard_map' block yet. "
-            f"Set {_KNOB}.pipeline_stages=1 and tensor_parallel='gspmd', or make the `context` axis 1."
+            f"{where}, but {_KNOB}.tensor_parallel={cfg.tensor_parallel!r}: context parallelism runs attention in "
+            f"its own shard_map, which cannot nest in a tensor_parallel='shard_map' block yet. Set "
+            f"{_KNOB}.tensor_parallel='gspmd', or make the `context` axis 1."
         )
     if seq_len is None:
         return

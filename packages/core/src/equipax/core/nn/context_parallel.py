@@ -134,6 +134,12 @@ def _gather(x: Array | None, axis: str) -> Array | None:
 
 
 def _shard_map(local, mesh: Mesh, axis: str, q: Array, k: Array, v: Array, positions: Array, seg: Array | None):
+    """`local` on each device's part of the sequence: in a shard_map of its own, or directly where
+    the code is already manual over `axis` (a pipeline stage's shard_map, manual over `stage` and
+    `context`, hands each device its part: a shard_map nested in it fails to transpose in JAX 0.11)."""
+    abstract = jax.sharding.get_abstract_mesh()
+    if not abstract.empty and axis in abstract.manual_axes:
+        return local(q, k, v, positions, seg)
     qkv, ids = _specs(mesh, q, k, axis)
     return jax.shard_map(
         local, mesh=mesh, in_specs=(qkv, qkv, qkv, ids, None if seg is None else ids), out_specs=qkv, check_vma=False

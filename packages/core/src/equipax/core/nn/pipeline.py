@@ -39,6 +39,11 @@ are FSDP- and tensor-sharded exactly as an unpipelined stack's (their leading `s
 axis is the only difference) and each microbatch is split over (data, fsdp). Outside the
 pipeline, the embedding and logits split the batch over (data, fsdp, stage), as Pax does.
 
+With a `context` mesh axis the shard_map is manual over `stage` and `context`: each device runs
+its stage's layers on its part of each microbatch's sequence (in the context-parallel layout,
+with each slot's global position), and the attention kernels exchange keys and values over
+`context` inside it (`equipax.core.nn.context_parallel`; docs/long_context.md).
+
 Parameters are stored `[stage, repeat, layer, ...]` (`PipelinedStack.stages`);
 `PipelinedStack.in_layer_order()` gives them in model order. Without a mesh that has a `stage`
 axis the stack runs its layers one after another on the local devices (same numbers): that is
@@ -57,7 +62,7 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.configs import bubble_fraction, check_pipeline, check_pipeline_knobs, num_microbatches
-from equipax.core.mesh import BATCH_AXES, STAGE
+from equipax.core.mesh import BATCH_AXES, CONTEXT, STAGE
 from equipax.core.nn.self_attention import Rotary
 from equipax.core.nn.transformer import (
     StackCache,
@@ -125,15 +130,8 @@ class PipelinedStack(eqx.Module):
         sequence_index: Int[Array, "batch seq"] | None = None,
     ) -> tuple[Float[Array, "batch seq embed"], None]:
         """`(__call__'s outputs, None)`: `TransformerStack.forward`'s contract; a pipeline runs dense
-        blocks only (the config refuses a mixture of experts in one), so it has no MoE stats, and
-        rows in their own order only (the config refuses context parallelism in one: no
-        `sequence_index`)."""
-        if sequence_index is not None:
-            raise ValueError(
-                "A pipelined stack takes rows in their own order: context parallelism (a reordered "
-                "sequence_index) does not run in a pipeline; set model.transformer.pipeline_stages=1."
-            )
-        return self(x, mesh=mesh, segment_ids=segment_ids, rotary=rotary), None
+        blocks only (the config refuses a mixture of experts in one), so it has no MoE stats."""
+        return self(x, mesh=mesh, segment_ids=segment_ids, rotary=rotary, sequence_index=sequence_index), None
 
     def __call__(
         self,
@@ -142,6 +140,7 @@ class PipelinedStack(eqx.Module):
         mesh: Mesh | None = None,
         segment_ids: Int[Array, "batch seq"] | None = None,
         rotary: Rotary | None = None,
+        sequence_index: Int[Array, "batch seq"] | None = None,
     ) -> Float[Array, "batch seq embed"]:
         """Run all layers: pipelined over `mesh`'s `stage` axis, else one after another.
 
@@ -150,6 +149,8 @@ class PipelinedStack(eqx.Module):
             mesh: the device mesh; with a `stage` axis, it must have `pipeline_stages` slices.
             segment_ids: packed sequences: attention stays within each segment.
             rotary: `(sin, cos)` of each token's position (rotary positions), or None.
+            sequence_index: each token's index in its unsplit row, for a context-parallel layout
+                (zigzag); None = positions in order.
 
         Returns:
             Outputs of the same shape and dtype.
@@ -167,6 +168,7 @@ class PipelinedStack(eqx.Module):
                 mesh=mesh,
                 segment_ids=segment_ids,
                 rotary=rotary,
+                sequence_index=sequence_index,
             )
             return y
         if mesh.shape[STAGE] != cfg.pipeline_stages:
@@ -175,7 +177,7 @@ class PipelinedStack(eqx.Module):
                 f"{cfg.pipeline_stages}; make them equal."
             )
         params, static = eqx.partition(self.stages, eqx.is_array)
-        return _pipeline(params, static, x, segment_ids, rotary, cfg=cfg, mesh=mesh)
+        return _pipeline(params, static, x, segment_ids, rotary, sequence_index, cfg=cfg, mesh=mesh)
 
     def cached(
         self,
@@ -235,11 +237,13 @@ def _pipeline(
     x: Array,
     segment_ids: Array | None,
     rotary: Rotary | None,
+    sequence_index: Array | None,
     *,
     cfg: TransformerConfig,
     mesh: Mesh,
 ) -> Array:
-    """The schedule of the module docstring, as a shard_map manual over `stage` only."""
+    """The schedule of the module docstring, as a shard_map manual over `stage` only, or over
+    `stage` and `context` where the mesh splits the sequence (module docstring)."""
     s_count, repeats = cfg.pipeline_stages, cfg.pipeline_repeats
     m_count = num_microbatches(cfg, x.shape[0])
     dp = _data_parallel(mesh)
@@ -253,13 +257,21 @@ def _pipeline(
     rots = (
         None if rotary is None else (_to_microbatches(rotary[0], m_count, dp), _to_microbatches(rotary[1], m_count, dp))
     )
+    cp = mesh.shape.get(CONTEXT, 1)
+    if cp > 1 and sequence_index is None:  # each device's part of the row needs its global positions
+        sequence_index = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
+    poss = None if sequence_index is None else _to_microbatches(sequence_index, m_count, dp)
+    # [microbatch, rows, seq, ...]: the sequence split over `context` (manual), or whole.
+    seq = P(None, None, CONTEXT) if cp > 1 else P()
     # Forward to stage s + 1; circular also closes the ring (last stage -> stage 0).
     ring = [(i, (i + 1) % s_count) for i in range(s_count if repeats > 1 else s_count - 1)]
     # Item k of a stage = round k // M of microbatch k % M; stage s works on item t - s.
     num_items = m_count * repeats
     num_iterations = num_items + s_count - 1
 
-    def one_stage(params: TransformerBlock, xs: Array, segs: Array | None, rots: tuple[Array, Array] | None) -> Array:
+    def one_stage(
+        params: TransformerBlock, xs: Array, segs: Array | None, rots: tuple[Array, Array] | None, poss: Array | None
+    ) -> Array:
         params = jax.tree.map(lambda w: w[0], params)  # this stage's [repeat, layer, ...]
         stage = jax.lax.axis_index(STAGE)
         # The two sums over `stage` (the outputs below, and the inputs' gradient: the transpose
@@ -285,6 +297,7 @@ def _pipeline(
                 mesh=mesh,
                 segment_ids=None if segs is None else segs[micro],
                 rotary=None if rots is None else (rots[0][micro], rots[1][micro]),
+                sequence_index=None if poss is None else poss[micro],
             )
             sent = jax.lax.ppermute(y, STAGE, ring)
             if returned is not None:
@@ -306,7 +319,8 @@ def _pipeline(
         ys = jnp.where(stage == s_count - 1, ys, jnp.zeros_like(ys)).astype(jnp.float32)
         return jax.lax.psum(ys, STAGE).astype(x.dtype)
 
-    out = jax.shard_map(one_stage, mesh=mesh, in_specs=(P(STAGE), P(), P(), P()), out_specs=P(), axis_names={STAGE})(
-        params, xs, segs, rots
-    )
+    manual = {STAGE, CONTEXT} if cp > 1 else {STAGE}
+    out = jax.shard_map(
+        one_stage, mesh=mesh, in_specs=(P(STAGE), seq, seq, seq, seq), out_specs=seq, axis_names=manual
+    )(params, xs, segs, rots, poss)
     return _from_microbatches(out, dp)

@@ -124,6 +124,21 @@ def _tied(kv: Array, kpos: Array | None, kseg: Array | None) -> tuple[Array, Arr
     return jax.lax.optimization_barrier((kv, kpos, kseg))
 
 
+def _varying_like(x: Array, ref: Array) -> Array:
+    """`x` made to vary over the manual mesh axes `ref` varies over: a freshly built accumulator
+    (zeros, -inf) is "unvarying", and a `lax.cond` that returns it unchanged in one branch and
+    merged with a device's block in the other needs the two to agree, where JAX checks it (a
+    pipeline stage's shard_map, manual over `stage` and `context`). A no-op elsewhere."""
+    axes = tuple(sorted(_varying_axes(ref) - _varying_axes(x)))
+    return jax.lax.pcast(x, axes, to="varying") if axes else x
+
+
+def _varying_axes(x: Array) -> frozenset:
+    """The manual mesh axes `x` varies over (JAX 0.11 keeps them in its type's `mat.varying`)."""
+    mat = getattr(jax.typeof(x), "mat", None)
+    return frozenset(getattr(mat, "varying", ()) or ())
+
+
 def _forward(cfg: RingConfig, q: Array, k: Array, v: Array, qpos, qseg, kpos_all, kseg_all):
     b, sq, heads, d = q.shape
     sk, kv_heads = k.shape[1], k.shape[2]
@@ -138,6 +153,7 @@ def _forward(cfg: RingConfig, q: Array, k: Array, v: Array, qpos, qseg, kpos_all
         )
         for h in qh
     ]
+    states = [tuple(_varying_like(x, q) for x in state) for state in states]
     kv = jnp.stack([k, v], axis=2)  # [b sk 2 kv_heads d]: one permute per step
 
     def step(t: Array | int, carry):
@@ -209,9 +225,9 @@ def _ring_bwd(cfg: RingConfig, res, g):
     delta = jnp.moveaxis(jnp.sum(do.astype(jnp.float32) * out.reshape(do.shape).astype(jnp.float32), -1), 1, -1)
     do = do.astype(v.dtype)
     qh, kh = _halves(sq), _halves(sk)
-    dq = [jnp.zeros((b, h.stop - h.start, kv_heads, groups, d), jnp.float32) for h in qh]
+    dq = [_varying_like(jnp.zeros((b, h.stop - h.start, kv_heads, groups, d), jnp.float32), q) for h in qh]
     kv = jnp.stack([k, v], axis=2)
-    dkv = jnp.zeros(kv.shape, jnp.float32)  # travels with its block
+    dkv = _varying_like(jnp.zeros(kv.shape, jnp.float32), kv)  # travels with its block
 
     def step(t: Array | int, carry):
         kv, dkv, dq = carry
@@ -220,7 +236,7 @@ def _ring_bwd(cfg: RingConfig, res, g):
         kv, kpos, kseg = _tied(kv, kpos, kseg)
         dq, dk_parts = list(dq), []
         for ksl in kh:
-            dk_h = jnp.zeros((b, ksl.stop - ksl.start, 2, kv_heads, d), jnp.float32)
+            dk_h = _varying_like(jnp.zeros((b, ksl.stop - ksl.start, 2, kv_heads, d), jnp.float32), kv)
             for i, qsl in enumerate(qh):
                 mask = _mask(cfg, qpos[:, qsl], _sub(qseg, qsl), kpos[:, ksl], _sub(kseg, ksl))  # pyright: ignore[reportOptionalSubscript]
 
