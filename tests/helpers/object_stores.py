@@ -1,5 +1,6 @@
-"""A local object store for the tests: a GCS emulator (`gcp-storage-emulator`), its own process
-listening on 127.0.0.1 at a free port.
+"""Local object stores for the tests, listening on 127.0.0.1 at a free port: a GCS emulator
+(`gcp-storage-emulator`, its own process) and an S3 one (`moto`'s server mode, a thread of the
+test's process: `s3_emulator`, which can hold a chosen upload to stand for a save cut short).
 
 Run as a script (`python object_stores.py gcs PORT BUCKET`) it is the GCS emulator, with what
 TensorStore's `gcs` driver needs and the emulator leaves out: every download answers with the
@@ -60,6 +61,85 @@ def emulator(bucket: str, log: Path) -> Iterator[dict[str, str]]:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+class HeldUploads:
+    """Uploads (PUTs) to the S3 emulator whose key matches `pattern` are held: `held` is set, and
+    the request is answered 503 (never stored) once `release` is set. For a process killed while
+    that object is being written."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.pattern: str | None = None
+        self.held, self.release = threading.Event(), threading.Event()
+
+    def hold(self, pattern: str) -> None:
+        self.pattern = pattern
+        self.held.clear()
+        self.release.clear()
+
+    def wrap(self, app):
+        import re
+
+        def held_app(environ, start_response):
+            pattern = self.pattern
+            if pattern and environ.get("REQUEST_METHOD") == "PUT" and re.search(pattern, environ.get("PATH_INFO", "")):
+                self.held.set()
+                self.release.wait(timeout=120)
+                start_response("503 Service Unavailable", [("Content-Length", "0")])
+                return [b""]
+            return app(environ, start_response)
+
+        return held_app
+
+
+@contextlib.contextmanager
+def s3_emulator(bucket: str) -> Iterator[tuple[dict[str, str], HeldUploads]]:
+    """Start moto's S3 server holding an empty `bucket`; yields the environment variables that point
+    clients at it (s3fs/botocore and TensorStore) and its `HeldUploads`."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    uploads = HeldUploads()
+
+    class Server(ThreadedMotoServer):
+        def _server_entry(self) -> None:
+            from moto.moto_server.threaded_moto_server import MotoRequestHandler
+            from moto.server import DomainDispatcherApplication, create_backend_app
+            from werkzeug.serving import make_server
+
+            app = uploads.wrap(DomainDispatcherApplication(create_backend_app))
+            self._server = make_server(self._ip_address, self._port, app, True, request_handler=MotoRequestHandler)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+    port = free_port()
+    server = Server(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    try:
+        import boto3
+
+        boto3.client(
+            "s3",
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        ).create_bucket(Bucket=bucket)
+        yield env, uploads
+    finally:
+        uploads.release.set()
+        server.stop()
 
 
 def _serve_gcs(port: int, bucket: str) -> None:

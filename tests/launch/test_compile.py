@@ -1,15 +1,18 @@
 """`launch compile`: AOT compile of the exact train step on a simulated mesh (fresh processes)."""
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+from helpers.toy import suite_compile_cache_env
 
-def launch(*args, timeout=600):
+
+def launch(*args, timeout=600, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
 
 
@@ -32,11 +35,14 @@ def test_c4_22b_2x_compiles_on_128_simulated_devices(tmp_path):
 
 @pytest.mark.slow
 def test_budget_is_flagged_and_strict_exits_non_zero(tmp_path):
+    """Over budget: reported (exit 0), and exit 3 under --strict. Both compiles are one program: on
+    the suite's compile cache the second loads the first's executable (the figures are the same)."""
     args = ("compile", "--exp", "c4_22b_2x_smoke", "--hbm-gib", "0.0001", "--job-log-dir", str(tmp_path))
-    proc = launch(*args)
+    env = {**os.environ, **suite_compile_cache_env()}
+    proc = launch(*args, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "DOES NOT FIT" in proc.stdout and "over the 0.0001 GiB budget" in proc.stderr
-    strict = launch(*args, "--strict")
+    strict = launch(*args, "--strict", env=env)
     assert strict.returncode == 3, strict.stdout + strict.stderr
 
 

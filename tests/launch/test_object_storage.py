@@ -1,13 +1,14 @@
-"""Job directories and data in object storage (`gs://`), end to end against a local GCS emulator
-that the tests start on 127.0.0.1 (tests/helpers/object_stores.py): a run reading its C4-format
-shards and SentencePiece vocabulary from the bucket trains into the bucket, is stopped by SIGTERM,
-resumes to the uninterrupted run's bits; the job's lock refuses a second run; `launch eval` and
-`launch decode` read the job there; a damaged checkpoint is detected by its checksums and set
-aside; a step whose save was killed before its commit marker is never restored; conversation files
-and a Hugging Face tokenizer read from the bucket; bad input (a missing bucket, an endpoint that
-does not answer, no credentials, `s3://`, a data path or vocabulary that is not in the bucket) is
-exit 2 in seconds; the Pax README's commands (docs/coming_from_pax.md) train into the bucket and
-resume."""
+"""Job directories and data in object storage (`gs://`, `s3://`), end to end against local emulators
+that the tests start on 127.0.0.1 (tests/helpers/object_stores.py: `gcp-storage-emulator`, and
+moto's S3 server): a run reading its C4-format shards and SentencePiece vocabulary from the bucket
+trains into the bucket, is stopped by SIGTERM, resumes to the uninterrupted run's bits; the job's
+lock refuses a second run; `launch eval` and `launch decode` read the job there; a damaged
+checkpoint is detected by its checksums and set aside; a step whose save was killed before its
+commit marker is never restored (on S3, a run killed while the emulator holds that marker's upload);
+conversation files and a Hugging Face tokenizer read from the bucket; bad input (a missing bucket,
+an endpoint that does not answer, no credentials, a data path or vocabulary that is not in the
+bucket) is exit 2 in seconds; the Pax README's commands (docs/coming_from_pax.md) train into the
+bucket and resume."""
 
 import json
 import os
@@ -24,15 +25,21 @@ from helpers.toy import compile_cache_env, set_args
 pytestmark = pytest.mark.xdist_group("object_storage")
 
 ONE_LAYER = ["model.transformer.num_layers=1", "train.num_steps=4", "train.eval_every=2", "train.eval_batches=1"]
+
+
 # The runs' data, in the bucket (`_upload_data`): packed documents, so the job's token-count cache
 # (`data_cache/`) is written there too.
-DATA = [
-    "data.source=c4",
-    "data.path=gs://bkt/data",
-    "data.tokenizer=sentencepiece",
-    "data.vocab_path=gs://bkt/data/vocab.model",
-    "data.packing=true",
-]
+def _data(scheme="gs"):
+    return [
+        "data.source=c4",
+        f"data.path={scheme}://bkt/data",
+        "data.tokenizer=sentencepiece",
+        f"data.vocab_path={scheme}://bkt/data/vocab.model",
+        "data.packing=true",
+    ]
+
+
+DATA = _data()
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +67,16 @@ def _launch(args, env, cache) -> subprocess.Popen:
 
 
 def _run_args(job, *overrides):
-    return ["run", "--exp", "shakespeare_tiny", "--job-log-dir", job, *set_args([*FAST, *ONE_LAYER, *DATA, *overrides])]
+    data = _data(str(job).split("://", 1)[0])
+    return ["run", "--exp", "shakespeare_tiny", "--job-log-dir", job, *set_args([*FAST, *ONE_LAYER, *data, *overrides])]
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    """The `launch run` children's compile cache, one for the module: the gs:// and s3:// runs are
+    the same programs (the store is not part of them), compiled once."""
+    env = compile_cache_env(tmp_path_factory.mktemp("programs"))
+    return {k: v for k, v in env.items() if k.startswith(("JAX_", "XLA_"))}
 
 
 def _upload_data(fs, tmp_path) -> None:
@@ -98,8 +114,8 @@ def _store(env):
 
 
 @pytest.mark.slow
-def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypatch):
-    cache = compile_cache_env(tmp_path / "jax-cache")
+def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypatch, programs):
+    cache = programs
     fs = _store(gcs)
     _upload_data(fs, tmp_path)
 
@@ -207,7 +223,6 @@ def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch, tmp_path):
             ["data.path=gs://bkt/c4", "data.tokenizer=sentencepiece", "data.vocab_path=gs://bkt/no.model"],
             "data.vocab_path='gs://bkt/no.model': no vocabulary file 'gs://bkt/no.model' in the bucket",
         ),
-        (["data.path=s3://bkt/c4"], "data.path='s3://bkt/c4': s3:// data paths are not supported yet"),
     ]:
         code, out = invoke("run", "--job-log-dir", tmp_path / "job", *set_args([*c4, *knobs]))
         out = _words(out)
@@ -235,10 +250,7 @@ def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch, tmp_path):
 
     code, out = invoke("run", "--job-log-dir", "hdfs://namenode/job")
     out = _words(out)
-    assert code == 2 and "hdfs:// URL" in out and "supported as gs://" in out, out
-    code, out = invoke("run", "--job-log-dir", "s3://bkt/job")
-    out = _words(out)
-    assert code == 2 and "s3:// job directories are not supported yet" in out, out
+    assert code == 2 and "hdfs:// URL" in out and "supported as gs:// and s3://" in out, out
 
 
 def test_conversations_and_a_hugging_face_vocabulary_read_from_the_bucket(gcs, monkeypatch):
@@ -269,6 +281,141 @@ def test_conversations_and_a_hugging_face_vocabulary_read_from_the_bucket(gcs, m
     local, remote = (build_tokenizer(cfg, Path("unused"), log=lambda _: None) for cfg in (here, there))
     assert remote.fingerprint() == local.fingerprint() and remote.chat_template == local.chat_template
     assert remote.chat_template and remote.eos_id == local.eos_id
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server holding the empty bucket `bkt`: (the environment that points at it, its
+    `HeldUploads`)."""
+    pytest.importorskip("moto.server", reason="the S3 emulator (moto[server], a dev dependency)")
+    from helpers.object_stores import s3_emulator
+
+    with s3_emulator("bkt") as (env, uploads):
+        yield env, uploads
+
+
+def _s3_store(env):
+    import s3fs
+
+    return s3fs.S3FileSystem(
+        endpoint_url=env["AWS_ENDPOINT_URL"], key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"]
+    )
+
+
+@pytest.mark.slow
+def test_s3_job_trains_stops_resumes_and_survives_a_killed_save(s3, tmp_path, monkeypatch, programs):
+    """An s3:// job reading its shards and vocabulary from s3://: the uninterrupted run; the same run
+    stopped by SIGTERM, then resumed and SIGKILLed while its next checkpoint was being committed
+    (the step's commit marker held by the emulator), then resumed again, to the uninterrupted bits.
+    The killed save leaves a step without its marker, which nothing lists or restores."""
+    env, uploads = s3
+    fs = _s3_store(env)
+    _upload_data(fs, tmp_path)
+
+    code, out = _finish(_launch(_run_args("s3://bkt/straight"), env, programs))
+    assert code == 0, out
+    straight = json.loads(fs.cat("bkt/straight/result.json"))
+    assert {"config.json", "knobs.txt", "metrics.jsonl", "checkpoints", "summaries", "data_cache"} <= {
+        p.rsplit("/", 1)[1] for p in fs.ls("bkt/straight")
+    }
+    for step in (2, 4):  # orbax's commit marker, and no temporary folder renamed into place
+        assert fs.exists(f"bkt/straight/checkpoints/{step}/commit_success.txt")
+    assert not [p for p in fs.find("bkt/straight") if "orbax-checkpoint-tmp" in p]
+    assert not fs.exists("bkt/straight/.lock")
+
+    proc = _launch(_run_args("s3://bkt/job"), env, programs)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step 1/"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    code, out = _finish(proc, lines)
+    assert code == 75 and "Run the same command again to resume" in out, out
+    from equipax.launch.inference.trained_job import checkpoint_steps
+    from equipax.launch.jobdir.checkpoints import Checkpointer
+    from equipax.launch.jobdir.storage import filesystem, job_path
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    stopped = checkpoint_steps(job_path("s3://bkt/job"))
+    assert stopped and stopped[-1] < 4, stopped  # the SIGTERM's own step
+
+    # Resumed, and killed while orbax commits the last step (4): its commit marker's upload is held.
+    uploads.hold(r"/bkt/job/checkpoints/4/commit_success\.txt$")
+    proc = _launch(_run_args("s3://bkt/job"), env, programs)
+    try:
+        assert uploads.held.wait(timeout=240), "the save of step 4 never reached its commit marker"
+    finally:
+        proc.kill()
+        out = proc.communicate(timeout=60)[0]
+        uploads.hold("")
+        uploads.release.set()
+    assert f"Resumed from step {stopped[-1]}" in out, out
+    fs.invalidate_cache()
+    written = fs.find("bkt/job/checkpoints/4")
+    assert any("/state/" in p for p in written) and "bkt/job/checkpoints/4/commit_success.txt" not in written
+    filesystem(job_path("s3://bkt/job"))[0].invalidate_cache()  # this process listed the job before step 4
+    complete = checkpoint_steps(job_path("s3://bkt/job"))
+    assert 4 not in complete and complete[-1] >= stopped[-1], complete
+    ckpt = Checkpointer(job_path("s3://bkt/job/checkpoints"), keep=3)
+    try:
+        assert ckpt.latest_step() == complete[-1] and 4 not in ckpt.all_steps()
+    finally:
+        ckpt.close()
+
+    # Resumed again: from the newest complete step, to the uninterrupted run's bits.
+    code, out = _finish(_launch(_run_args("s3://bkt/job"), env, programs))
+    assert code == 0 and f"Resumed from step {complete[-1]}" in out, out
+    assert json.loads(fs.cat("bkt/job/result.json"))["state_digest"] == straight["state_digest"]
+    fs.invalidate_cache()
+    assert fs.exists("bkt/job/checkpoints/4/commit_success.txt")
+
+
+def test_s3_store_problems_are_exit_2_in_seconds(s3, monkeypatch, tmp_path):
+    """s3://: a bucket that does not exist (job directory and data path), an endpoint that does not
+    answer, no credentials: exit 2 naming what to set, before anything starts."""
+    env, _ = s3
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    started = time.monotonic()
+    code, out = invoke("run", "--job-log-dir", "s3://no-such-bucket/job")
+    out = _words(out)
+    assert code == 2 and "the bucket s3://no-such-bucket does not exist" in out and "aws s3 mb" in out, out
+    code, out = invoke(
+        "run",
+        "--job-log-dir",
+        tmp_path / "job",
+        *set_args([*FAST, "data.source=c4", "data.path=s3://no-such-bucket/c4"]),
+    )
+    out = _words(out)
+    assert code == 2 and "data.path 's3://no-such-bucket/c4': the bucket s3://no-such-bucket" in out, out
+    code, out = invoke(
+        "run", "--job-log-dir", tmp_path / "job", *set_args([*FAST, "data.source=c4", "data.path=s3://bkt/no-such-dir"])
+    )
+    out = _words(out)
+    assert code == 2 and "data.path 's3://bkt/no-such-dir' does not exist" in out, out
+
+    from helpers.object_stores import free_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    code, out = invoke("run", "--job-log-dir", "s3://bkt/job")
+    out = _words(out)
+    assert code == 2 and "does not answer" in out and "AWS_ENDPOINT_URL" in out, out
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", env["AWS_ENDPOINT_URL"])
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    missing = str(tmp_path / "none")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", missing)
+    monkeypatch.setenv("AWS_CONFIG_FILE", missing)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role off EC2 (skips its 1 s probe)
+    code, out = invoke("run", "--job-log-dir", "s3://bkt/job")
+    out = _words(out)
+    assert code == 2 and "no AWS credentials were found" in out and "AWS_ACCESS_KEY_ID" in out, out
+    assert not any((tmp_path / "job").glob("*"))
+    assert time.monotonic() - started < 30
 
 
 # Runs `launch` command lines (JSON: a list of argument lists) one after another in this one

@@ -228,8 +228,6 @@ def test_pax_spellings_on_the_command_line(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "does not answer" in result.output, result.output
     assert "STORAGE_EMULATOR_HOST" in result.output, result.output
     assert not any(tmp_path.iterdir())
-    result = runner.invoke(app, ["show", "--set", "data.source=c4", "--set", "data.path=s3://bucket/c4"])
-    assert result.exit_code == 2 and "s3:// data paths are not supported yet" in result.output, result.output
     listing = runner.invoke(app, ["list"]).output
     rows = {tuple(line.split()) for line in listing.splitlines()}
     assert all((path, "=", name) in rows for path, name in PAX_README.items()), listing

@@ -45,8 +45,8 @@ def url_problem(value: str | Path, *, stores: bool = True) -> str | None:
             "where the bucket is mounted: gcsfuse, s3fs); docs/object_storage.md"
         )
     return (
-        f"{str(value)!r} is a {m.group(1)}:// URL: object storage is supported as gs:// (s3:// recognised), and as "
-        "a path it would become a local directory named after the scheme. Give a gs:// path, or a local or "
+        f"{str(value)!r} is a {m.group(1)}:// URL: object storage is supported as gs:// and s3://, and as "
+        "a path it would become a local directory named after the scheme. Give a gs:// or s3:// path, or a local or "
         "shared-filesystem path (e.g. where the store is mounted); docs/object_storage.md"
     )
 

@@ -8,7 +8,7 @@ experiment's model can read it (`check_model`). Pure values: nothing here touche
 import dataclasses
 from typing import ClassVar, Literal
 
-from equipax.core.paths import remote_scheme, url_problem
+from equipax.core.paths import url_problem
 from equipax.launch.configs.image_sources import (
     DIGITS_CHANNELS,
     DIGITS_CLASSES,
@@ -152,12 +152,6 @@ class DataConfig:
             value = getattr(self, name)
             if (problem := url_problem(value, stores=True)) is not None:
                 raise ValueError(f"data.{name}={problem}.")
-            if remote_scheme(value) == "s3":
-                raise ValueError(
-                    f"data.{name}={value!r}: s3:// data paths are not supported yet (object storage is read "
-                    "on gs:// only). Copy the files to a gs:// bucket, or mount the S3 bucket (mountpoint-s3, "
-                    "s3fs) and give the local path; docs/object_storage.md."
-                )
         source = self.token_source
         source.check(self)
         if self.packing and not source.packs_documents:

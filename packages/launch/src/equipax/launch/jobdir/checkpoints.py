@@ -6,7 +6,7 @@ reported by name before anything is restored. Saves are asynchronous; orbax writ
 `<step>.orbax-checkpoint-tmp-*` and renames it when complete, so a killed save never shows up as
 a restorable step (leftover temporary directories are removed when the next run starts). In an
 object store (`gs://`, `s3://`: no atomic rename) orbax writes the step in place and its
-`commit_success.txt` last; a step without that marker is never restored. A step
+`commit_success.txt` last (`orbax_s3.manager_options`); a step without that marker is never restored. A step
 directory that still fails to restore (damaged files) is moved to `<job>/corrupt_checkpoints/` and
 the previous step is used instead (`restore_latest`). Each checkpoint also records the checksum
 of every array and JSON item it holds (`checksums.py`) and what the saved state means (`meta`:
@@ -43,6 +43,7 @@ from equipax.launch.jobdir.orbax_quiet import (
     restore_failure,
     split_only_large_replicated_arrays,
 )
+from equipax.launch.jobdir.orbax_s3 import manager_options
 from equipax.launch.jobdir.save_errors import CheckpointSaveError, save_error
 from equipax.launch.jobdir.storage import AnyPath, is_remote, job_path, move
 
@@ -70,11 +71,10 @@ class Checkpointer:
         logging.getLogger("absl").addFilter(self._quiet)
         quiet_process()  # for the process: orbax's callbacks and futures outlive this checkpointer
         split_only_large_replicated_arrays()
+        options = dict(max_to_keep=keep, create=True, enable_async_checkpointing=True, cleanup_tmp_directories=True)
         self._manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, create=True, enable_async_checkpointing=True, cleanup_tmp_directories=True
-            ),
+            options=manager_options(self.directory, **options),
             item_handlers={
                 "state": ocp.StandardCheckpointHandler(),
                 "data": ocp.JsonCheckpointHandler(),

@@ -1,24 +1,26 @@
-"""Where a job's files live: a local (or mounted) directory, or object storage (`gs://`).
+"""Where a job's files live: a local (or mounted) directory, or object storage (`gs://`, `s3://`).
 
 Every file a run writes or reads in its job directory goes through the few functions here, so a
-job directory can be `gs://bucket/job` as well as a local path, and so can the data a run reads
-(`data.path`'s shards, `data.vocab_path`). `s3://` paths are recognised and refused
-(`store_checks.check_store`, `DataConfig`) until their checkpoints commit safely:
+job directory can be `gs://bucket/job` or `s3://bucket/job` as well as a local path, and so can
+the data a run reads (`data.path`'s shards, `data.vocab_path`):
 
 - `job_path` turns what the user gave into a path: `pathlib.Path` for a local one, `etils.epath.Path`
-  for a URL (epath reads and writes objects through fsspec's `gcsfs`). Orbax takes the
-  same epath for checkpoints and writes their arrays with TensorStore's own `gcs` driver.
+  for a URL (epath reads and writes objects through fsspec's `gcsfs` / `s3fs`). Orbax takes the
+  same epath for checkpoints and writes their arrays with TensorStore's own `gcs` / `s3` driver
+  (`orbax_s3` routes `s3://` there).
 - Object stores have no atomic rename, but a single object appears whole or not at all: small files
   (`write_atomic`) are written as one object, an appended line (`append_line`) rewrites the object
   with the line added, and checkpoints commit the way orbax does on GCS (a `commit_success.txt`
-  marker written last; a step without it is never restored). docs/object_storage.md.
+  marker written last; a step without it is never restored; `orbax_s3.atomicity_options` asks for
+  it on S3). docs/object_storage.md.
 - `store_checks.check_store` fails in seconds, naming the variable to set, when the store cannot be
   reached, has no credentials, or the bucket does not exist; `store_lock.StoreLock` is the job's
   lock there.
 
 Emulators (tests, local development): `STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT` points gcsfs
 (and, through `TENSORSTORE_GCS_HTTP_URL`, set from it here when unset, TensorStore) at a GCS
-emulator.
+emulator; `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT_URL_S3`) points s3fs (botocore reads it) and
+TensorStore (`orbax_s3.kvstore_spec` puts it in the spec) at an S3 one.
 """
 
 import contextlib
@@ -63,12 +65,18 @@ def job_path(value: AnyPath | PurePath | str) -> AnyPath:
     """`value` as a path: `etils.epath.Path` for `gs://` and `s3://`, `pathlib.Path` otherwise."""
     if isinstance(value, Path) or not is_remote(value):
         return Path(value)
-    configure_endpoints()
+    configure_endpoints(remote_scheme(str(value)))
     return value if isinstance(value, epath.Path) else epath.Path(str(value))
 
 
-def configure_endpoints() -> None:
-    """One variable per store: TensorStore's GCS driver reads its own, set from gcsfs's when unset."""
+def configure_endpoints(scheme: str | None = "gs") -> None:
+    """One variable per store: TensorStore's GCS driver reads its own, set from gcsfs's when unset;
+    for S3, orbax is taught TensorStore's `s3` driver, with the endpoint in its spec (`orbax_s3`)."""
+    if scheme == "s3":
+        from equipax.launch.jobdir import orbax_s3
+
+        orbax_s3.install()
+        return
     host = os.environ.get("STORAGE_EMULATOR_HOST")
     if host and not os.environ.get("TENSORSTORE_GCS_HTTP_URL"):
         os.environ["TENSORSTORE_GCS_HTTP_URL"] = host if "://" in host else f"http://{host}"

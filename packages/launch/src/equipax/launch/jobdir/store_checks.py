@@ -11,12 +11,18 @@ from equipax.launch.jobdir.storage import AnyPath, configure_endpoints, filesyst
 
 __all__ = ["check_store", "data_path", "SUPPORTED"]
 
-SUPPORTED = ("gs",)
-"""The stores a job directory may be in so far."""
+SUPPORTED = ("gs", "s3")
+"""The stores a job directory or data path may be in."""
 
 
 def _endpoint(scheme: str) -> tuple[str, str]:
     """(the endpoint URL requests go to, the variable that sets it) for a store (`SUPPORTED`)."""
+    if scheme == "s3":
+        from equipax.launch.jobdir.orbax_s3 import endpoint
+
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        default = f"https://s3.{region}.amazonaws.com" if region else "https://s3.amazonaws.com"
+        return endpoint() or default, "AWS_ENDPOINT_URL"
     host = os.environ.get("STORAGE_EMULATOR_HOST")
     url = (host if "://" in host else f"http://{host}") if host else "https://storage.googleapis.com"
     return url, "STORAGE_EMULATOR_HOST"
@@ -24,6 +30,17 @@ def _endpoint(scheme: str) -> tuple[str, str]:
 
 def _credentials_problem(scheme: str) -> str | None:
     """Why requests to the store would be refused for want of credentials, or None."""
+    if scheme == "s3":
+        import botocore.session
+
+        # botocore's own chain (the environment, AWS_PROFILE's files, SSO, a container's or an EC2
+        # instance's role), as s3fs uses it; TensorStore's `s3` driver follows the same sources.
+        if botocore.session.get_session().get_credentials() is None:
+            return (
+                "no AWS credentials were found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE "
+                "naming a profile of ~/.aws/credentials; on EC2 the instance's role is used)"
+            )
+        return None
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         return None  # an emulator takes anonymous requests
     try:
@@ -51,13 +68,9 @@ def check_store(path: AnyPath | str, option: str, *, timeout_s: float = 5.0) -> 
     scheme = remote_scheme(str(path))
     if scheme is None:
         return
-    if scheme not in SUPPORTED:
-        raise ConfigError(
-            f"{option} {str(path)!r}: {scheme}:// job directories are not supported yet (orbax's checkpoints "
-            "commit without a rename on gs:// only). Use a gs:// bucket, or a local path where the bucket is "
-            "mounted (mountpoint-s3, s3fs); docs/object_storage.md."
-        )
-    configure_endpoints()
+    if scheme not in SUPPORTED:  # `remote_scheme` names no other store
+        raise ConfigError(f"{option} {str(path)!r}: {scheme}:// is not a supported store; docs/object_storage.md.")
+    configure_endpoints(scheme)
     url, variable = _endpoint(scheme)
     parsed = urllib.parse.urlsplit(url)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -81,10 +94,10 @@ def check_store(path: AnyPath | str, option: str, *, timeout_s: float = 5.0) -> 
             f"Check the credentials' permissions on the bucket, or {variable}."
         ) from None
     if not found:
+        create = f"aws s3 mb s3://{bucket}" if scheme == "s3" else f"gcloud storage buckets create gs://{bucket}"
         raise ConfigError(
             f"{option} {str(path)!r}: the bucket {scheme}://{bucket} does not exist at {url}. Create it "
-            f"(`gcloud storage buckets create gs://{bucket}` or `aws s3 mb s3://{bucket}`), or fix the "
-            "bucket's name."
+            f"(`{create}`), or fix the bucket's name."
         )
 
 
