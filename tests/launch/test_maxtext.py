@@ -281,6 +281,17 @@ def test_families_and_their_knobs():
         [1, -1, 4, 1],
         "ring",
     )
+    # With pipeline stages as well: both axes (context parallelism runs inside the stages).
+    both = _convert(
+        CONFIGS / "base.yml",
+        "model_name=llama3-8b",
+        "ici_context_parallelism=2",
+        "ici_pipeline_parallelism=2",
+        "num_layers_per_pipeline_stage=16",
+    )
+    assert both["set"]["mesh.axis_names"] == ["stage", "data", "fsdp", "context", "tensor"], both
+    assert both["set"]["mesh.ici_mesh_shape"] == [2, 1, -1, 2, 1], both
+    assert "ici_context_parallelism" not in both.get("skipped", {}), both
 
 
 @pytest.mark.parametrize(

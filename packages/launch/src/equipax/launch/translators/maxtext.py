@@ -179,13 +179,13 @@ def _block(v: Values) -> str | None:
         exp = base_experiment(v)
     context = int(v.given.get("ici_context_parallelism", 1)) * int(v.given.get("dcn_context_parallelism", 1))
     if context > 1:
-        if v.axes != MESH_AXES or pipeline_stages(v) > 1:
+        if v.axes != MESH_AXES:
             v.skipped["ici_context_parallelism"] = (
-                f"{context}: equipax's context axis goes with data, fsdp and tensor only (no expert or stage)"
+                f"{context}: equipax's context axis goes with data, fsdp, tensor and stage (no expert axis)"
             )
         else:
             v.axes = CONTEXT_AXES
-    if pipeline_stages(v) > 1 and CONTEXT not in v.axes:
+    if pipeline_stages(v) > 1:
         if "expert" in v.axes:
             v.skipped["ici_pipeline_parallelism"] = (
                 "equipax pipelines a dense stack (no expert and stage axes together)"
