@@ -134,7 +134,6 @@ def _context_mesh(cp):
         ({"attention": "linear", "atten_logit_cap": None}, 32, r"attention='linear'.* no context-parallel kernel"),
         ({"attention_impl": "splash"}, 32, r"attention_impl='splash'.*cannot take another device's keys"),
         ({"attention_impl": "cudnn", "atten_logit_cap": None}, 32, r"attention_impl='cudnn'.*cannot take another"),
-        ({"tensor_parallel": "shard_map"}, 32, r"tensor_parallel='shard_map'.*cannot nest"),
     ],
 )
 def test_context_knob_errors(transformer, seq_len, match):

@@ -1,9 +1,11 @@
-"""Context parallelism inside pipeline stages (docs/long_context.md, "With pipeline stages"): a
-Llama-style LM on a stage 2 x fsdp 2 x context 2 mesh (8 simulated devices) gives one device's
-loss and gradients on packed documents crossing the context shards, for ring attention under
-GPipe and all-gather attention under the circular schedule. A mutation (the stages given the rows'
-slot order instead of their zigzag positions) moves the gradients. And the config no longer refuses
-the combination."""
+"""Context parallelism inside pipeline stages and tensor_parallel='shard_map' blocks
+(docs/long_context.md, "Inside pipeline stages and shard_map blocks"): a Llama-style LM on a
+stage 2 x fsdp 2 x context 2 mesh (8 simulated devices) gives one device's loss and gradients on
+packed documents crossing the context shards, for ring attention under GPipe and all-gather
+attention under the circular schedule; and on fsdp 2 x context 2 x tensor 2 with the block's
+collectives written out (ring). A mutation (the stages given the rows'
+slot order instead of their zigzag positions) moves the gradients (the same mistake in the
+shard_map block fails the comparison too). And the config no longer refuses the combination."""
 
 import json
 
@@ -54,6 +56,14 @@ for schedule, strategy in [("gpipe", "ring"), ("circular", "all_gather")]:
     loss, grads = run(pipelined(schedule, strategy), mesh)
     out[f"{schedule}-{strategy}"] = [loss, max(float(np.max(np.abs(a - b))) for a, b in zip(grads, ref_grads))]
 
+# Tensor parallelism with its collectives written out (one shard_map manual over every axis).
+from equipax.core.mesh import CONTEXT_AXES
+flat = build_mesh(MeshConfig(ici_mesh_shape=(1, 2, 2, 2), dcn_mesh_shape=(1,) * 4, axis_names=CONTEXT_AXES))
+tp_cfg = dataclasses.replace(BASE, transformer=dataclasses.replace(
+    BASE.transformer, tensor_parallel="shard_map", context_parallel_strategy="ring"))
+loss, grads = run(tp_cfg, flat)
+out["shard_map-ring"] = [loss, max(float(np.max(np.abs(a - b))) for a, b in zip(grads, ref_grads))]
+
 # Mutation: the stages run on the zigzag rows but are told the slots' order as positions.
 original = pipeline_module._pipeline
 pipeline_module._pipeline = lambda params, static, x, seg, rot, index, **kw: original(
@@ -68,7 +78,7 @@ def test_context_parallel_pipeline_equals_one_device():
     """Loss to rel 1e-6 and every gradient to 1e-6 absolute (largest entries ~0.16; measured:
     losses identical, gradients within 1.4e-7), both schedules and strategies."""
     report = json.loads(run_with_devices(CHILD, xla_flags=FAST_COMPILE).strip().splitlines()[-1])
-    for case in ("gpipe-ring", "circular-all_gather"):
+    for case in ("gpipe-ring", "circular-all_gather", "shard_map-ring"):
         loss, grad_err = report[case]
         assert abs(loss - report["ref"]) <= 1e-6 * abs(report["ref"]), (case, report)
         assert grad_err <= 1e-6, (case, report)
@@ -80,8 +90,8 @@ def test_context_parallel_pipeline_equals_one_device():
 
 
 def test_context_axis_with_pipeline_stages_is_accepted():
-    """The config no longer refuses a `stage` x `context` mesh (tensor_parallel='shard_map' with a
-    context axis still is: tests/models/test_context_parallel_lm.py::test_context_knob_errors)."""
+    """The config no longer refuses a `stage` x `context` mesh, nor tensor_parallel='shard_map' with
+    a context axis."""
     from equipax.core.mesh import MeshConfig
     from equipax.core.nn import TransformerConfig
     from equipax.models import LMConfig
@@ -90,3 +100,8 @@ def test_context_axis_with_pipeline_stages_is_accepted():
     mesh = MeshConfig(ici_mesh_shape=(2, 1, 1, 4, 1), dcn_mesh_shape=(1, 1, 1, 1, 1), axis_names=names)
     block = TransformerConfig(num_layers=2, model_dims=16, num_heads=4, head_dim=4, hidden_dims=32, pipeline_stages=2)
     LMConfig(vocab_size=64, max_seq_len=32, transformer=block).check_mesh(mesh, 2, 32)
+    flat = MeshConfig(ici_mesh_shape=(1, 1, 4, 1), dcn_mesh_shape=(1, 1, 1, 1), axis_names=names[1:])
+    block = TransformerConfig(
+        num_layers=1, model_dims=16, num_heads=4, head_dim=4, hidden_dims=32, tensor_parallel="shard_map"
+    )
+    LMConfig(vocab_size=64, max_seq_len=32, transformer=block).check_mesh(flat, 2, 32)

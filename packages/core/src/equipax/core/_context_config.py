@@ -47,12 +47,6 @@ def check_context(cfg: TransformerConfig, mesh: MeshConfig, seq_len: int | None 
             f"device's blocks with the XLA kernel, and the {cfg.attention_impl} kernel cannot take another "
             f"device's keys. Set {_KNOB}.attention_impl='xla' (or 'auto'), or make the `context` axis 1."
         )
-    if cfg.tensor_parallel != "gspmd":
-        raise ConfigError(
-            f"{where}, but {_KNOB}.tensor_parallel={cfg.tensor_parallel!r}: context parallelism runs attention in "
-            f"its own shard_map, which cannot nest in a tensor_parallel='shard_map' block yet. Set "
-            f"{_KNOB}.tensor_parallel='gspmd', or make the `context` axis 1."
-        )
     if seq_len is None:
         return
     chunks = 2 * cp if cfg.context_parallel_load_balance else cp

@@ -11,6 +11,9 @@ them out, so what crosses the interconnect is visible in the code:
   no communication; the output and MLP-down projections are row-split, each device produces a
   partial sum, and one `psum` over `tensor` per sub-layer completes it.
 - The batch is split over (data, fsdp); activations are replicated over `tensor`.
+- Context parallelism: with a `context` axis the sequence is split over it too, each device's
+  slots carry their global positions (`sequence_index`), and attention exchanges keys and values
+  over `context` inside this shard_map (`equipax.core.nn.context_parallel`).
 
 The sharding rules are the same as the GSPMD path's (`equipax.core.partition`), and the
 numbers agree with it (tests/models/test_sharding.py).
@@ -20,11 +23,12 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
-from equipax.core.mesh import BATCH_AXES, FSDP, TENSOR
+from equipax.core.mesh import BATCH_AXES, CONTEXT, FSDP, TENSOR
 
 __all__ = ["shard_map_block"]
 
@@ -51,6 +55,7 @@ def shard_map_block(
     *,
     segment_ids: Int[Array, "batch seq"] | None = None,
     rotary: Any = None,
+    sequence_index: Int[Array, "batch seq"] | None = None,
 ) -> Float[Array, "batch seq embed"]:
     """Apply a pre-norm TransformerBlock with explicit FSDP + tensor-parallel collectives.
 
@@ -63,6 +68,8 @@ def shard_map_block(
         mesh: the device mesh with axes (data, fsdp, tensor).
         segment_ids: packed sequences (split over the batch like `x`).
         rotary: `(sin, cos)` of each token's position (split over the batch like `x`), or None.
+        sequence_index: each slot's index in its unsplit row (a context-parallel layout); with a
+            `context` axis None means 0 .. seq-1.
 
     Returns:
         The block's output, sharded like `x`.
@@ -72,22 +79,28 @@ def shard_map_block(
     params, static = eqx.partition(block, eqx.is_array)
     specs = param_specs(params, mesh)
     batch_axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
-    x_spec, row_spec = P(batch_axes, None, None), P(batch_axes, None)
+    cp = mesh.shape.get(CONTEXT, 1)
+    seq = CONTEXT if cp > 1 else None
+    x_spec, row_spec = P(batch_axes, seq, None), P(batch_axes, seq)
     tp = mesh.shape.get(TENSOR, 1)
     if tp > 1:
         _check_divisible(block, tp)
+    if cp > 1 and sequence_index is None:  # each device's slots need their global positions
+        sequence_index = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
 
-    def local(params, x, segment_ids, rotary):
+    def local(params, x, segment_ids, rotary, sequence_index):
         blk = eqx.combine(_gather_fsdp(params, specs), static)
         # The row-split output and down projections yield partial sums: all-reduce each.
         reduce = (lambda y: jax.lax.psum(y, TENSOR)) if tp > 1 else None
-        y, _, _ = blk(x, segment_ids, rotary=rotary, reduce=reduce)  # pyright: ignore[reportCallIssue]
+        context = dict(mesh=mesh, sequence_index=sequence_index) if cp > 1 else {}
+        y, _, _ = blk(x, segment_ids, rotary=rotary, reduce=reduce, **context)  # pyright: ignore[reportCallIssue]
         return y
 
     rot_spec = P() if rotary is None else (x_spec, x_spec)
     seg_spec = P() if segment_ids is None else row_spec
-    return jax.shard_map(local, mesh=mesh, in_specs=(specs, x_spec, seg_spec, rot_spec), out_specs=x_spec)(
-        params, x, segment_ids, rotary
+    index_spec = P() if sequence_index is None else row_spec
+    return jax.shard_map(local, mesh=mesh, in_specs=(specs, x_spec, seg_spec, rot_spec, index_spec), out_specs=x_spec)(
+        params, x, segment_ids, rotary, sequence_index
     )
 
 

@@ -201,7 +201,8 @@ def _block_apply(
     def apply(params: TransformerBlock, x: Array) -> tuple[Array, MoEStats | None]:
         block = eqx.combine(params, static)
         if shard_map and mesh is not None:  # dense blocks only (the config refuses MoE here)
-            return shard_map_block(block, x, mesh, segment_ids=segment_ids, rotary=rotary), None
+            y = shard_map_block(block, x, mesh, segment_ids=segment_ids, rotary=rotary, sequence_index=sequence_index)
+            return y, None
         y, _, stats = block(x, segment_ids, rotary=rotary, mesh=mesh, sequence_index=sequence_index)
         return constrain_batch_and_last(y, mesh), stats
 
