@@ -53,6 +53,7 @@ def test_smoke_compile_reports_the_real_models_parameter_count(tmp_path):
     report = json.loads((tmp_path / "compile.json").read_text())
     assert report["memory_per_device"]["fits"]
 
+    import equinox as eqx
     import jax
 
     from equipax.core.flops import count_params
@@ -60,7 +61,9 @@ def test_smoke_compile_reports_the_real_models_parameter_count(tmp_path):
     from equipax.models import TransformerLM
 
     cfg = get_experiment("lm_cloud_2b_smoke")
-    assert report["params"]["total"] == count_params(TransformerLM(cfg.model, key=jax.random.key(0)))
+    # The model's arrays by shape only (the same leaves, not initialised: 5.6 s against 0.8 s alone).
+    model = eqx.filter_eval_shape(TransformerLM, cfg.model, key=jax.random.key(0))
+    assert report["params"]["total"] == count_params(model)
 
 
 def test_unknown_target_is_a_user_error():
