@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from equipax.core.configs import CONTEXT, CONTEXT_AXES, EXPERT_AXES, STAGE
+from equipax.core.configs import CONTEXT_AXES, EXPERT_AXES, STAGE
 from equipax.core.knobs import ConfigError, flatten, set_knobs
 from equipax.launch.translators.maxtext_converters import MESH_AXES, OTHER_AXES, SCALE_RULES, Skip, Values, brief
 from equipax.launch.translators.maxtext_families import (
