@@ -97,6 +97,18 @@ def _upload_data(fs, tmp_path) -> None:
     fs.pipe("bkt/data/vocab.model", (tmp_path / "v.model").read_bytes())
 
 
+def _signal_after_first_step(proc: subprocess.Popen, sig: int) -> list[str]:
+    """Read the run's output until its first step's line, then send it `sig`; the lines read."""
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step 1/"):
+            proc.send_signal(sig)
+            break
+    return lines
+
+
 def _finish(proc: subprocess.Popen, lines=()) -> tuple[int, str]:
     out = "".join(lines) + proc.communicate(timeout=300)[0]
     return proc.returncode, out
@@ -137,13 +149,7 @@ def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypa
     # The same run stopped by SIGTERM after its first step. Frozen there (SIGSTOP: its lock held),
     # it makes a second run of the job exit 2 naming it.
     proc = _launch(_run_args("gs://bkt/job"), gcs, cache)
-    lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("step 1/"):
-            proc.send_signal(signal.SIGSTOP)
-            break
+    lines = _signal_after_first_step(proc, signal.SIGSTOP)
     for name, value in gcs.items():
         monkeypatch.setenv(name, value)
     code, second = invoke(*_run_args("gs://bkt/job"))
@@ -324,13 +330,7 @@ def test_s3_job_trains_stops_resumes_and_survives_a_killed_save(s3, tmp_path, mo
     assert not fs.exists("bkt/straight/.lock")
 
     proc = _launch(_run_args("s3://bkt/job"), env, programs)
-    lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("step 1/"):
-            proc.send_signal(signal.SIGTERM)
-            break
+    lines = _signal_after_first_step(proc, signal.SIGTERM)
     code, out = _finish(proc, lines)
     assert code == 75 and "Run the same command again to resume" in out, out
     from equipax.launch.inference.trained_job import checkpoint_steps
