@@ -42,6 +42,7 @@ __all__ = [
     "context_attention",
     "from_zigzag",
     "ring_attention",
+    "slot_index",
     "to_zigzag",
     "zigzag_batch",
     "zigzag_inverse",
@@ -116,6 +117,15 @@ def zigzag_batch(batch: Mapping[str, Any], num_shards: int) -> tuple[dict[str, A
     if out.get("positions") is None:
         out["positions"] = index
     return out, index
+
+
+def slot_index(x: Array, sequence_index: Array | None) -> Int[Array, "batch seq"]:
+    """Each slot's index in its unsplit row: `sequence_index`, or 0 .. seq-1 for rows of `x`
+    (`[batch seq ...]`) in their own order. Taken before the sequence is split over `context`:
+    each device's part then carries its global positions."""
+    if sequence_index is not None:
+        return sequence_index
+    return jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
 
 
 def _specs(mesh: Mesh, q: Array, k: Array, axis: str) -> tuple[P, P]:

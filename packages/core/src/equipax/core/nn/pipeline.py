@@ -63,6 +63,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.configs import bubble_fraction, check_pipeline, check_pipeline_knobs, num_microbatches
 from equipax.core.mesh import BATCH_AXES, CONTEXT, STAGE
+from equipax.core.nn.context_parallel import slot_index
 from equipax.core.nn.self_attention import Rotary
 from equipax.core.nn.transformer import (
     StackCache,
@@ -258,8 +259,8 @@ def _pipeline(
         None if rotary is None else (_to_microbatches(rotary[0], m_count, dp), _to_microbatches(rotary[1], m_count, dp))
     )
     cp = mesh.shape.get(CONTEXT, 1)
-    if cp > 1 and sequence_index is None:  # each device's part of the row needs its global positions
-        sequence_index = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
+    if cp > 1:  # each device's part of the row needs its global positions
+        sequence_index = slot_index(x, sequence_index)
     poss = None if sequence_index is None else _to_microbatches(sequence_index, m_count, dp)
     # [microbatch, rows, seq, ...]: the sequence split over `context` (manual), or whole.
     seq = P(None, None, CONTEXT) if cp > 1 else P()

@@ -30,7 +30,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core._mesh_config import CONTEXT
 from equipax.core.nn.attention import cached_attention, check_groups, softmax_attention
-from equipax.core.nn.context_parallel import ContextParallel, context_attention
+from equipax.core.nn.context_parallel import ContextParallel, context_attention, slot_index
 from equipax.core.nn.fused_attention import AttentionImpl
 from equipax.core.nn.linear import expand_to, fan_in_init
 from equipax.core.nn.linear_attention import linear_attention
@@ -265,8 +265,7 @@ class Attention(eqx.Module):
                 )
             o = linear_attention(q, k, v, causal=True)
         elif sequence_index is not None or (mesh is not None and mesh.shape.get(CONTEXT, 1) > 1):
-            if sequence_index is None:
-                sequence_index = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
+            sequence_index = slot_index(x, sequence_index)
             o = context_attention(
                 q,
                 k,

@@ -23,12 +23,12 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
 from equipax.core.mesh import BATCH_AXES, CONTEXT, FSDP, TENSOR
+from equipax.core.nn.context_parallel import slot_index
 
 __all__ = ["shard_map_block"]
 
@@ -85,8 +85,8 @@ def shard_map_block(
     tp = mesh.shape.get(TENSOR, 1)
     if tp > 1:
         _check_divisible(block, tp)
-    if cp > 1 and sequence_index is None:  # each device's slots need their global positions
-        sequence_index = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
+    if cp > 1:  # each device's slots need their global positions
+        sequence_index = slot_index(x, sequence_index)
 
     def local(params, x, segment_ids, rotary, sequence_index):
         blk = eqx.combine(_gather_fsdp(params, specs), static)
