@@ -7,7 +7,8 @@ TensorStore's `gcs` driver needs and the emulator leaves out: every download ans
 object's generation (`x-goog-generation`, which TensorStore reads to write OCDBT manifests
 conditionally; without it every second manifest write fails with "Malformed StorageGeneration"),
 and the generation preconditions (`ifGenerationMatch` on an upload named in its query,
-`ifGenerationMatch` / `ifGenerationNotMatch` on a download) are honoured as GCS does.
+`ifGenerationMatch` / `ifGenerationNotMatch` on a download) are honoured as GCS does; and a client
+that stalls mid-request (a run frozen by SIGSTOP) holds up no other client (`_threaded`).
 """
 
 import contextlib
@@ -192,8 +193,61 @@ def _serve_gcs(port: int, bucket: str) -> None:
                 handlers[method] = download
             elif fn is original_insert:
                 handlers[method] = insert
+    server.APIThread = _threaded(server)
     srv = server.create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket)
     srv.run()
+
+
+def _threaded(emulator):
+    """The emulator's API thread, serving each connection in a thread of its own. Its HTTP server
+    takes one connection at a time: a run frozen (SIGSTOP) halfway through sending an upload, or
+    through reading a download, would hold up every other client until it resumed (the tests'
+    own `fs.exists` waited for it, for ever). Each request is read whole first and its answer
+    written after; what lies between (the storage, which is not thread-safe) runs under one lock,
+    so requests are still served one at a time."""
+    import functools
+    import io
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    lock = threading.Lock()
+
+    class Handler(emulator.RequestHandler):
+        def _serialized(self, handle) -> None:
+            body = emulator._read_raw_data(self) or b""
+            del self.headers["Content-Length"], self.headers["Transfer-Encoding"]
+            self.headers["Content-Length"] = str(len(body))
+            wfile, self.rfile, self.wfile = self.wfile, io.BytesIO(body), io.BytesIO()
+            try:
+                with lock:
+                    handle(self)
+            finally:
+                answer, self.wfile = self.wfile.getvalue(), wfile
+                wfile.write(answer)
+
+        def do_GET(self):
+            self._serialized(emulator.RequestHandler.do_GET)
+
+        def do_POST(self):
+            self._serialized(emulator.RequestHandler.do_POST)
+
+        def do_DELETE(self):
+            self._serialized(emulator.RequestHandler.do_DELETE)
+
+        def do_PUT(self):
+            self._serialized(emulator.RequestHandler.do_PUT)
+
+        def do_PATCH(self):
+            self._serialized(emulator.RequestHandler.do_PATCH)
+
+    class APIThread(emulator.APIThread):
+        def run(self) -> None:
+            self._httpd = ThreadingHTTPServer((self._host, self._port), functools.partial(Handler, self._storage))
+            self._httpd.daemon_threads = True
+            self.is_running.set()
+            self._httpd.serve_forever()
+
+    return APIThread
 
 
 if __name__ == "__main__":

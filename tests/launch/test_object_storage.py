@@ -55,15 +55,34 @@ def gcs(tmp_path_factory):
         pytest.skip(f"the GCS emulator did not start: {e}")
 
 
+_CHILDREN: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_child_outlives_its_test():
+    """A test that fails while a `launch run` child is frozen (SIGSTOP) or still training kills it:
+    left running it would hold its job and warn about itself in whichever test came next."""
+    yield
+    while _CHILDREN:
+        proc = _CHILDREN.pop()
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        proc.wait()
+
+
 def _launch(args, env, cache) -> subprocess.Popen:
     entry = "import runpy, sys; sys.argv[0] = 'launch'; runpy.run_module('equipax.launch.cli', run_name='__main__')"
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-c", entry, *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **cache, **env},
     )
+    _CHILDREN.append(proc)
+    return proc
 
 
 def _run_args(job, *overrides):
@@ -208,6 +227,28 @@ def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypa
         assert ckpt.latest_step() == previous
     finally:
         ckpt.close()
+
+
+def test_a_stalled_client_does_not_hold_up_the_gcs_emulator(gcs):
+    """A client stopped halfway through an upload (a run frozen by SIGSTOP, as above) must not block
+    everyone else's requests: the emulator serves each connection in its own thread. On the
+    one-request-at-a-time server the listing below waits for the stalled upload forever."""
+    import socket
+    import urllib.request
+
+    host, port = gcs["STORAGE_EMULATOR_HOST"].removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as stalled:
+        stalled.sendall(
+            b"POST /upload/storage/v1/b/bkt/o?uploadType=media&name=stalled HTTP/1.1\r\n"
+            b"Host: x\r\nContent-Type: application/octet-stream\r\nContent-Length: 1000\r\n\r\n" + b"x" * 10
+        )
+        time.sleep(0.2)  # the emulator has taken the connection and waits for the rest of the body
+        with urllib.request.urlopen(
+            f"{gcs['STORAGE_EMULATOR_HOST']}/storage/v1/b/bkt/o?prefix=nothing", timeout=10
+        ) as r:
+            assert r.status == 200
+        stalled.sendall(b"x" * 990)  # finished, it is stored as any upload
+        assert stalled.recv(4096).split(b"\r\n", 1)[0].split()[1] == b"200"
 
 
 def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch, tmp_path):
