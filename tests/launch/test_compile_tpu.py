@@ -165,6 +165,30 @@ def test_splash_attention_lowers_and_compiles_for_a_tpu_slice(exp, topology, mes
     assert "tpu_custom_call" in proc.stdout
 
 
+def test_splash_under_context_parallelism_compiles_for_a_tpu_slice(tmp_path):
+    """attention_impl='splash' on a `context` axis of 2 (all-gather, zigzag layout: each chip's two
+    chunks of 128 queries over the gathered 512 keys): XLA:TPU compiles it, with the kernel per chunk
+    and per device (the `lax.switch` over the context index) as Mosaic custom calls."""
+    proc = launch(
+        "compile",
+        "--exp",
+        "c4_1b_smoke",
+        "--topology",
+        "v5p-8",
+        *("--set", "model.transformer.attention_impl=splash"),
+        *("--set", "data.seq_len=512", "--set", "model.max_seq_len=512"),
+        *("--set", "mesh.axis_names=('data','fsdp','context','tensor')"),
+        *("--set", "mesh.ici_mesh_shape=(1,2,2,1)", "--set", "mesh.dcn_mesh_shape=(1,1,1,1)"),
+        "--job-log-dir",
+        str(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "compile.json").read_text())
+    assert report["mesh"] == {"data": 1, "fsdp": 2, "context": 2, "tensor": 1}
+    # 2 devices' branches x 2 chunks x (forward, dq, dkv); with full remat the forward twice (16).
+    assert report["custom_calls"].get("tpu_custom_call", 0) >= 12, report["custom_calls"]
+
+
 def test_splash_on_simulated_cpu_devices_is_a_config_error(tmp_path):
     proc = launch("compile", "--exp", "c4_1b_smoke", *SPLASH, "--job-log-dir", str(tmp_path))
     assert proc.returncode == 2, proc.stdout + proc.stderr

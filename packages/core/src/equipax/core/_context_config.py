@@ -41,11 +41,19 @@ def check_context(cfg: TransformerConfig, mesh: MeshConfig, seq_len: int | None 
             f"over the sequence, and linear attention has no context-parallel kernel. Set {_KNOB}.attention="
             "'softmax', or make the `context` axis 1."
         )
-    if cfg.attention_impl in ("cudnn", "splash"):
+    if cfg.attention_impl == "cudnn":
         raise ConfigError(
-            f"{where}, but {_KNOB}.attention_impl={cfg.attention_impl!r}: context-parallel attention runs each "
-            f"device's blocks with the XLA kernel, and the {cfg.attention_impl} kernel cannot take another "
-            f"device's keys. Set {_KNOB}.attention_impl='xla' (or 'auto'), or make the `context` axis 1."
+            f"{where}, but {_KNOB}.attention_impl='cudnn': context-parallel attention runs each device's "
+            "blocks with the XLA kernel (or splash, on TPU, with context_parallel_strategy='all_gather'), and "
+            f"the cudnn kernel cannot take another device's keys. Set {_KNOB}.attention_impl='xla' (or "
+            "'auto'), or make the `context` axis 1."
+        )
+    if cfg.attention_impl == "splash" and cfg.context_parallel_strategy == "ring":
+        raise ConfigError(
+            f"{where}, but {_KNOB}.attention_impl='splash' with context_parallel_strategy='ring': the ring "
+            "merges each block into an online softmax, and the splash kernel cannot take another device's "
+            f"keys in blocks. Set {_KNOB}.context_parallel_strategy='all_gather' (splash over the gathered "
+            f"keys, per chunk of queries), or {_KNOB}.attention_impl='xla' (or 'auto')."
         )
     if seq_len is None:
         return
@@ -59,4 +67,10 @@ def check_context(cfg: TransformerConfig, mesh: MeshConfig, seq_len: int | None 
         raise ConfigError(
             f"data.seq_len={seq_len} cannot be split over {where}: {layout}. Use a data.seq_len that is a "
             f"multiple of {chunks}, or another `context` axis size."
+        )
+    if cfg.attention_impl == "splash" and (seq_len // chunks) % 128:
+        raise ConfigError(
+            f"{_KNOB}.attention_impl='splash' over {where}: data.seq_len={seq_len} gives each device "
+            f"chunks of {seq_len // chunks} positions, and the splash kernel's blocks are multiples of 128. "
+            f"Use a data.seq_len that is a multiple of {128 * chunks}, or {_KNOB}.attention_impl='xla'."
         )

@@ -21,6 +21,8 @@ Both equal `equipax.core.nn.attention.reference_attention` on the unpermuted seq
 and gradients (tests/core/test_context_parallel.py).
 """
 
+import functools
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -43,6 +45,7 @@ __all__ = [
     "from_zigzag",
     "ring_attention",
     "slot_index",
+    "splash_all_gather_attention",
     "to_zigzag",
     "zigzag_batch",
     "zigzag_inverse",
@@ -202,6 +205,96 @@ def all_gather_attention(
     if n == 1 or mesh is None:
         return local(q, k, v, positions, segment_ids)
     return _shard_map(local, mesh, axis, q, k, v, positions, segment_ids)
+
+
+def splash_all_gather_attention(
+    q: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq kv_heads head_dim"],
+    v: Float[Array, "batch seq kv_heads head_dim"],
+    *,
+    zigzag: bool,
+    causal: bool,
+    logit_cap: float | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+    window: int | None = None,
+    mesh: Mesh | None = None,
+    axis: str = CONTEXT,
+    interpret: bool = False,
+) -> Float[Array, "batch seq heads head_dim"]:
+    """`all_gather_attention` with each device's attention in the Pallas splash kernel (TPU;
+    `attention_impl='splash'` on a `context` axis).
+
+    A splash mask is static, so the layout is too: the sequence is split over `axis` in the zigzag
+    layout (`zigzag=True`: device i holds chunks i and 2N-1-i of 2N) or in contiguous blocks, as
+    the input put it (`context_parallel_load_balance`). Each device gathers the keys, values and
+    segment ids, puts them back in sequence order, and runs the kernel once per chunk of its
+    queries, with the chunk's first position as the causal (or window) mask's offset; the
+    device's chunks are known only inside the program (`lax.axis_index`), so a `lax.switch` picks
+    among the N devices' kernels. Equals `reference_attention` on the unpermuted sequence
+    (tests/core/test_context_parallel_splash.py, in the Pallas interpreter).
+
+    Arguments:
+        q, k, v: queries, keys and values, the sequence in the layout `zigzag` says, split over
+            `axis`.
+        zigzag: the zigzag layout (else contiguous blocks).
+        causal, logit_cap, window: as `reference_attention`.
+        segment_ids: packed documents, in the same layout.
+        mesh: the device mesh; without one (or with `axis` of size 1) this is splash attention.
+        axis: the context mesh axis.
+        interpret: run the kernel in the Pallas interpreter (any platform; slow: for tests).
+
+    Returns:
+        Attention outputs in `v.dtype`, in the layout of `q`.
+    """
+    from equipax.core.nn.fused_attention import splash_local
+
+    n = _check(q, k, mesh, axis)
+    if window is not None and not causal:
+        raise ValueError("a sliding window limits the causal prefix: pass causal=True with window.")
+    seq = q.shape[1]
+    zigzag = zigzag and n > 1
+    if zigzag and seq % (2 * n):
+        raise ValueError(f"the zigzag layout cuts {seq} positions into 2 x {n} chunks; they do not divide.")
+    chunk = seq // (2 * n) if zigzag else seq // n
+    q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+    seg = jnp.zeros(q.shape[:2], jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+    kw = dict(causal=causal, window=window, logit_cap=logit_cap, interpret=interpret)
+
+    def local(q: Array, k: Array, v: Array, pos: Array, seg: Array) -> Array:
+        del pos  # the layout is static here: each chunk's offset is its place in the sequence
+        if n > 1:
+            k, v, kseg = (jax.lax.all_gather(x, axis, axis=1, tiled=True) for x in (k, v, seg))
+        else:
+            kseg = seg
+        if zigzag:  # back in sequence order, where a chunk's keys start at its offset
+            k, v, kseg = (jnp.take(x, zigzag_inverse(seq, n), axis=1) for x in (k, v, kseg))
+
+        def attend(device: int) -> Array:
+            held = (device, 2 * n - 1 - device) if zigzag else (device,)
+            parts = [
+                splash_local(
+                    q[:, j * chunk : (j + 1) * chunk],
+                    k,
+                    v,
+                    seg[:, j * chunk : (j + 1) * chunk],
+                    kseg,
+                    offset=c * chunk,
+                    **kw,  # pyright: ignore[reportArgumentType]
+                )
+                for j, c in enumerate(held)
+            ]
+            return jnp.concatenate(parts, axis=1)
+
+        if not causal:  # a full mask has no offset: one kernel over the device's queries
+            return splash_local(q, k, v, seg, kseg, **kw)  # pyright: ignore[reportArgumentType]
+        if n == 1:
+            return attend(0)
+        return jax.lax.switch(jax.lax.axis_index(axis), [functools.partial(attend, d) for d in range(n)])
+
+    positions = slot_index(q, None)
+    if n == 1 or mesh is None:
+        return local(q, k, v, positions, seg)
+    return _shard_map(local, mesh, axis, q, k, v, positions, seg)
 
 
 def ring_attention(

@@ -33,6 +33,7 @@ __all__ = [
     "resolve_attention_impl",
     "splash_attention",
     "splash_block_size",
+    "splash_local",
 ]
 
 AttentionImpl = Literal["xla", "cudnn", "splash", "auto"]
@@ -154,28 +155,39 @@ def cudnn_attention(
 
 
 def _splash_kernel(
-    heads: int, seq_len: int, *, causal: bool, window: int | None, logit_cap: float | None, interpret: bool
+    heads: int,
+    q_len: int,
+    kv_len: int,
+    *,
+    offset: int,
+    causal: bool,
+    window: int | None,
+    logit_cap: float | None,
+    interpret: bool,
 ) -> Any:
+    """The splash kernel for `q_len` queries starting at key position `offset` over `kv_len` keys
+    (offset 0 and equal lengths: ordinary self-attention; a context-parallel chunk otherwise)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
-    block = splash_block_size(seq_len)
-    if block is None:
-        raise ConfigError(f"{_KNOB}='splash' needs a sequence length divisible by 128, found {seq_len}.")
-    shape = (seq_len, seq_len)
+    block_q, block_kv = splash_block_size(q_len), splash_block_size(kv_len)
+    if block_q is None or block_kv is None:
+        found = q_len if block_q is None else kv_len
+        raise ConfigError(f"{_KNOB}='splash' needs a sequence length divisible by 128, found {found}.")
+    shape = (q_len, kv_len)
     if window is not None:
         # Left side `window - 1` keys, none to the right: causal within the window (Mistral).
-        one = sa.LocalMask(shape, window_size=(window - 1, 0), offset=0)
+        one = sa.LocalMask(shape, window_size=(window - 1, 0), offset=offset)
     else:
-        one = sa.CausalMask(shape) if causal else sa.FullMask(shape)
+        one = sa.CausalMask(shape, offset=offset) if causal else sa.FullMask(shape)
     sizes = sa.BlockSizes(
-        block_q=block,
-        block_kv=block,
-        block_kv_compute=block,
-        block_q_dkv=block,
-        block_kv_dkv=block,
-        block_kv_dkv_compute=block,
-        block_q_dq=block,
-        block_kv_dq=block,
+        block_q=block_q,
+        block_kv=block_kv,
+        block_kv_compute=block_kv,
+        block_q_dkv=block_q,
+        block_kv_dkv=block_kv,
+        block_kv_dkv_compute=block_kv,
+        block_q_dq=block_q,
+        block_kv_dq=block_kv,
     )
     return sa.make_splash_mha(
         sa.MultiHeadMask([one] * heads),
@@ -185,6 +197,41 @@ def _splash_kernel(
         attn_logits_soft_cap=logit_cap,
         interpret=interpret,
     )
+
+
+def splash_local(
+    q: Float[Array, "batch q_len heads head_dim"],
+    k: Float[Array, "batch kv_len kv_heads head_dim"],
+    v: Float[Array, "batch kv_len kv_heads head_dim"],
+    q_segments: Int[Array, "batch q_len"],
+    kv_segments: Int[Array, "batch kv_len"],
+    *,
+    offset: int = 0,
+    causal: bool,
+    window: int | None = None,
+    logit_cap: float | None = None,
+    interpret: bool = False,
+) -> Float[Array, "batch q_len heads head_dim"]:
+    """The splash kernel on one device's arrays: queries (already scaled by 1/sqrt(head_dim)) at
+    key positions `offset .. offset + q_len - 1` against `kv_len` keys. What `splash_attention`
+    runs per device, and context parallelism per chunk of queries
+    (`equipax.core.nn.context_parallel.splash_all_gather_attention`)."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    kernel = _splash_kernel(
+        q.shape[2],
+        q.shape[1],
+        k.shape[1],
+        offset=offset,
+        causal=causal,
+        window=window,
+        logit_cap=logit_cap,
+        interpret=interpret,
+    )
+    heads_first = lambda t: jnp.swapaxes(t, 1, 2)  # noqa: E731  [b s h d] <-> [b h s d]
+    segments = sa.SegmentIds(q=q_segments, kv=kv_segments)
+    out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v), segment_ids=segments)
+    return heads_first(out).astype(v.dtype)
 
 
 def splash_attention(
@@ -219,20 +266,13 @@ def splash_attention(
     Returns:
         Attention outputs in `v.dtype`.
     """
-    from jax.experimental.pallas.ops.tpu import splash_attention as sa
-
     if window is not None and not causal:
         raise ValueError("a sliding window limits the causal prefix: pass causal=True with window.")
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
     seg = jnp.zeros(q.shape[:2], jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
 
     def local(q: Array, k: Array, v: Array, seg: Array) -> Array:
-        kernel = _splash_kernel(
-            q.shape[2], q.shape[1], causal=causal, window=window, logit_cap=logit_cap, interpret=interpret
-        )
-        heads_first = lambda t: jnp.swapaxes(t, 1, 2)  # noqa: E731  [b s h d] <-> [b h s d]
-        out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v), segment_ids=sa.SegmentIds(q=seg, kv=seg))
-        return heads_first(out).astype(v.dtype)
+        return splash_local(q, k, v, seg, seg, causal=causal, window=window, logit_cap=logit_cap, interpret=interpret)
 
     if mesh is None or mesh.size == 1:
         return local(q, k, v, seg)

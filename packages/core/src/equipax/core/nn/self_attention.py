@@ -15,7 +15,8 @@ are those of the families built from it:
   call's keys and values and is attended over with `cached_attention`;
 - context parallelism: on a mesh with a `context` axis the sequence is split over it and the
   softmax kernel is `context_attention` (`context_parallel`: all-gather or ring), masked by each
-  token's index in the unsplit row (`sequence_index`; docs/long_context.md).
+  token's index in the unsplit row (`sequence_index`; docs/long_context.md); with `impl="splash"`
+  (TPU) it is `splash_all_gather_attention`, the kernel per chunk of queries over the gathered keys.
 """
 
 from typing import Literal
@@ -30,8 +31,8 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core._mesh_config import CONTEXT
 from equipax.core.nn.attention import cached_attention, check_groups, softmax_attention
-from equipax.core.nn.context_parallel import ContextParallel, context_attention, slot_index
-from equipax.core.nn.fused_attention import AttentionImpl
+from equipax.core.nn.context_parallel import ContextParallel, context_attention, slot_index, splash_all_gather_attention
+from equipax.core.nn.fused_attention import AttentionImpl, mesh_platform, resolve_attention_impl
 from equipax.core.nn.linear import expand_to, fan_in_init
 from equipax.core.nn.linear_attention import linear_attention
 from equipax.core.nn.norm import RMSNorm
@@ -83,6 +84,7 @@ class Attention(eqx.Module):
     kernel: Literal["softmax", "linear"] = eqx.field(static=True)
     impl: AttentionImpl = eqx.field(static=True)
     context_parallel: ContextParallel = eqx.field(static=True)
+    context_zigzag: bool = eqx.field(static=True)
 
     def __init__(
         self,
@@ -100,6 +102,7 @@ class Attention(eqx.Module):
         kernel: Literal["softmax", "linear"] = "softmax",
         impl: AttentionImpl = "xla",
         context_parallel: ContextParallel = "all_gather",
+        context_zigzag: bool = True,
         key: PRNGKeyArray,
     ) -> None:
         """Arguments:
@@ -119,13 +122,17 @@ class Attention(eqx.Module):
         impl: the softmax kernel (`softmax_attention`): "xla", "cudnn", "splash" or "auto".
         context_parallel: the kernel on a mesh with a `context` axis: "all_gather" or "ring"
             (`equipax.core.nn.context_parallel`).
+        context_zigzag: the input's layout of the sequence on a `context` axis, zigzag (else
+            contiguous blocks; `context_parallel_load_balance`): what `impl="splash"` needs to
+            know statically there (`splash_all_gather_attention`); the other kernels mask by
+            the positions they are given.
         key: PRNG key.
         """
         kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         check_groups(num_heads, kv_heads)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, kv_heads, head_dim
         self.logit_cap, self.window, self.kernel, self.impl = logit_cap, window, kernel, impl
-        self.context_parallel = context_parallel
+        self.context_parallel, self.context_zigzag = context_parallel, context_zigzag
         self.q = self.q_bias = self.kv = self.kv_bias = self.qkv = self.qkv_bias = None
         if fused_qkv:
             if kv_heads != num_heads:
@@ -264,6 +271,21 @@ class Attention(eqx.Module):
                     "attention='softmax', or set data.packing=False."
                 )
             o = linear_attention(q, k, v, causal=True)
+        elif self.impl == "splash" and mesh is not None and mesh.shape.get(CONTEXT, 1) > 1:
+            resolve_attention_impl(
+                "splash", mesh_platform(mesh), seq_len=x.shape[1], dtype=q.dtype, logit_cap=self.logit_cap
+            )  # a TPU (a ConfigError naming the knob elsewhere)
+            o = splash_all_gather_attention(
+                q,
+                k,
+                v,
+                zigzag=self.context_zigzag,
+                causal=True,
+                logit_cap=self.logit_cap,
+                segment_ids=segment_ids,
+                window=self.window,
+                mesh=mesh,
+            )
         elif sequence_index is not None or (mesh is not None and mesh.shape.get(CONTEXT, 1) > 1):
             sequence_index = slot_index(x, sequence_index)
             o = context_attention(

@@ -128,6 +128,7 @@ class TransformerBlock(eqx.Module):
             kernel=cfg.attention,
             impl=_attention_impl(cfg),
             context_parallel=cfg.context_parallel_strategy,
+            context_zigzag=cfg.context_parallel_load_balance,
             key=k_att,
         )
         self.ffn_norm = make_norm(cfg)
