@@ -251,6 +251,25 @@ def test_a_stalled_client_does_not_hold_up_the_gcs_emulator(gcs):
         assert stalled.recv(4096).split(b"\r\n", 1)[0].split()[1] == b"200"
 
 
+def test_a_store_that_takes_connections_but_never_answers_is_exit_2(monkeypatch):
+    """An endpoint that accepts the connection and then says nothing (a stalled server, a proxy
+    holding requests: here a socket that listens and never accepts) is exit 2 naming the variable,
+    after `ANSWER_TIMEOUT_S` (2 s here), not a `launch run` waiting for ever."""
+    import socket
+
+    from equipax.launch.jobdir import store_checks
+
+    monkeypatch.setattr(store_checks, "ANSWER_TIMEOUT_S", 2.0)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nothing ever reads the request
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        code, out = invoke("run", "--job-log-dir", "gs://bkt/job")
+    out = _words(out)
+    assert code == 2, out
+    assert "accepted a connection but did not answer within 2 s" in out and "STORAGE_EMULATOR_HOST" in out, out
+
+
 def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch, tmp_path):
     """A bucket that does not exist, an endpoint that does not answer, no credentials, a scheme that
     is not a store, data that is not in the bucket: exit 2 with the fix, before anything starts."""

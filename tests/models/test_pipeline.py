@@ -44,6 +44,10 @@ def train(cfg, mesh, steps=2):
         batch = jax.device_put(BATCH, batch_sharding(mesh))
     opt = optax.adam(1e-2)
     state = opt.init(eqx.filter(model, eqx.is_array))
+    if mesh is not None:  # Adam's step count on the mesh (where the step returns it), not on one device
+        state = jax.device_put(state, jax.tree.map(lambda x: x.sharding if x.ndim else named(jax.P(), mesh), state))
+    arrays, static = eqx.partition(model, eqx.is_array)
+    shardings = jax.tree.map(lambda x: x.sharding, (arrays, state))
 
     @eqx.filter_jit
     def step(model, state, batch):
@@ -54,6 +58,9 @@ def train(cfg, mesh, steps=2):
     losses, grads = [], []
     for _ in range(steps):
         model, state, loss, g = step(model, state, batch)
+        if mesh is not None:  # back on the shardings the step was compiled for (XLA returns others): one compile
+            arrays, state = jax.device_put((eqx.filter(model, eqx.is_array), state), shardings)
+            model = eqx.combine(arrays, static)
         losses.append(float(loss))
         grads.append(layer_grads(g) + [np.asarray(g.embedding.weight)])
     return losses, grads, model

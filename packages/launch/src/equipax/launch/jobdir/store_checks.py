@@ -56,14 +56,26 @@ def _credentials_problem(scheme: str) -> str | None:
     return None
 
 
-def check_store(path: AnyPath | str, option: str, *, timeout_s: float = 5.0) -> None:
+ANSWER_TIMEOUT_S = 30.0
+"""How long the store has to answer the bucket check once it has accepted the connection. A real
+store answers in well under a second; one that takes connections and never answers (a stalled
+server or emulator, a proxy holding requests) would otherwise hold `launch` there for ever,
+printing nothing."""
+
+
+def check_store(
+    path: AnyPath | str, option: str, *, timeout_s: float = 5.0, answer_timeout_s: float | None = None
+) -> None:
     """Raise ConfigError, in seconds, when `path`'s store cannot be used: its endpoint does not
-    answer, there are no credentials, or its bucket does not exist. Nothing for a local path.
+    accept a connection or does not answer, there are no credentials, or its bucket does not exist.
+    Nothing for a local path.
 
     Arguments:
         path: a job directory or data path.
         option: the option or knob that gave it (named in the message).
         timeout_s: how long the endpoint has to accept a connection.
+        answer_timeout_s: how long it then has to answer whether the bucket exists
+            (`ANSWER_TIMEOUT_S` when None).
     """
     scheme = remote_scheme(str(path))
     if scheme is None:
@@ -86,8 +98,15 @@ def check_store(path: AnyPath | str, option: str, *, timeout_s: float = 5.0) -> 
         raise ConfigError(f"{option} {str(path)!r}: {problem}.")
     bucket = urllib.parse.urlsplit(str(path)).netloc
     fs, _ = filesystem(job_path(str(path)))
+    answer_s = ANSWER_TIMEOUT_S if answer_timeout_s is None else answer_timeout_s
     try:
-        found = fs.exists(bucket)
+        found = _exists(fs, bucket, answer_s)
+    except TimeoutError:
+        raise ConfigError(
+            f"{option} {str(path)!r}: the {scheme}:// endpoint {url} accepted a connection but did not answer "
+            f"within {answer_s:.0f} s (a stalled server or emulator, or a proxy holding requests). Check the "
+            f"network, or set {variable} to the store's endpoint."
+        ) from None
     except Exception as e:  # refused credentials, a malformed name: the store's own words
         raise ConfigError(
             f"{option} {str(path)!r}: {scheme}://{bucket} could not be read ({type(e).__name__}: {e}). "
@@ -99,6 +118,16 @@ def check_store(path: AnyPath | str, option: str, *, timeout_s: float = 5.0) -> 
             f"{option} {str(path)!r}: the bucket {scheme}://{bucket} does not exist at {url}. Create it "
             f"(`{create}`), or fix the bucket's name."
         )
+
+
+def _exists(fs, name: str, timeout_s: float) -> bool:
+    """`fs.exists(name)`, raising TimeoutError past `timeout_s` (gcsfs and s3fs are fsspec async
+    filesystems, whose blocking calls take a deadline: fsspec's FSTimeoutError, a TimeoutError)."""
+    from fsspec.asyn import AsyncFileSystem
+
+    if isinstance(fs, AsyncFileSystem) and not fs.asynchronous:
+        return fs.exists(name, timeout=timeout_s)
+    return fs.exists(name)
 
 
 def data_path(value: str, knob: str) -> AnyPath:
