@@ -9,6 +9,7 @@ user-error code 2), `gcs-emulator` (run by tests/launch/test_object_storage.py a
 emulator). Any other command in a runnable block is an error: mark it.
 """
 
+import hashlib
 import os
 import re
 import shlex
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers import REPO
@@ -122,8 +124,38 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path) -> None:
         assert code == 0, f"{' '.join(words)}\n{output}"
 
 
+# {(tokenizer fingerprint, digest of the texts): token stream}, kept across the blocks of a run.
+_TOKEN_STREAMS: dict[tuple[str, str], "np.ndarray"] = {}
+
+
+def _remember_token_streams(monkeypatch) -> None:
+    """`equipax.data.build_lm_texts_tokens` (what a `launch` command's token source calls to encode
+    its documents) remembers what it returned, for this process: the docs' commands encode the
+    same Shakespeare plays with the same tokenizers again and again (an `hf-import` of llama3_2,
+    its `launch run`, its `launch eval`: about 10 s of `tokenizers` encoding each on 2 cores). The
+    stream is a function of the tokenizer's ids alone (`Tokenizer.fingerprint`: its class, special
+    ids and vocabulary bytes) and the texts (their SHA-256, in order), so a remembered stream is the
+    one the call would build; the first call with each pair runs the encoder itself."""
+    import equipax.data
+
+    encode = equipax.data.build_lm_texts_tokens
+
+    def remembered(texts, tokenizer):
+        texts = list(texts)
+        digest = hashlib.sha256()
+        for text in texts:
+            digest.update(hashlib.sha256(text.encode()).digest())
+        key = (tokenizer.fingerprint(), digest.hexdigest())
+        if key not in _TOKEN_STREAMS:
+            _TOKEN_STREAMS[key] = encode(texts, tokenizer)
+        return _TOKEN_STREAMS[key].copy()
+
+    monkeypatch.setattr(equipax.data, "build_lm_texts_tokens", remembered)
+
+
 @pytest.mark.parametrize("lang, flags, code", list(blocks()))
 def test_doc_block(lang, flags, code, tmp_path, monkeypatch):
+    _remember_token_streams(monkeypatch)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tests").symlink_to(REPO / "tests")  # commands name the repository's fixtures
     if lang == "python":
