@@ -9,6 +9,16 @@ from pathlib import Path
 
 # Tests run on the CPU in float32, whatever else is installed.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Every compile in the suite, in its processes and (through the environment) their children, takes
+# JAX's cheaper compile options (`jax_disable_most_optimizations`: XLA:CPU's LLVM at level 0, no
+# expensive LLVM passes; XLA's HLO passes, the partitioner and buffer assignment run as always, so
+# collective counts, shardings and memory analyses are the ones a default compile gives). Most of
+# the suite's time is XLA compiling toy programs: tests/models/test_lm.py took 46.3 s of CPU at the
+# default level and 24.4-25.9 s this way (one run each, 2026-12-04). Checks against values recorded
+# at the default level (tests/launch/test_golden_lm.py) take the default back with the
+# `xla_default_level` marker; `EQUIPAX_TEST_XLA_DEFAULT=1` runs the whole suite at the default.
+if os.environ.get("EQUIPAX_TEST_XLA_DEFAULT") != "1":
+    os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 if "PYTEST_XDIST_WORKER" not in os.environ:
     # Before any of the suite's processes (this one included) imports jax: see helpers.bytecode.
@@ -135,6 +145,21 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     if "PYTEST_XDIST_WORKER" not in os.environ:
         shutil.rmtree(os.environ[_SUITE], ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _xla_default_level(request):
+    """A test marked `xla_default_level` compiles at JAX's default options in this process (see the
+    top of this file), the suite's setting restored after."""
+    if request.node.get_closest_marker("xla_default_level") is None:
+        yield
+        return
+    before = jax.config.jax_disable_most_optimizations
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
 
 
 @pytest.fixture(autouse=True)

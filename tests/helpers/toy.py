@@ -88,7 +88,9 @@ def suite_compile_cache_env() -> dict[str, str]:
 # XLA:CPU compiling with less LLVM optimisation (several times faster to compile): for children
 # that compare two computations compiled alike (sharded == one device, at a tolerance; a resumed
 # run == an uninterrupted one), never for numbers checked against values recorded at the default
-# level (golden files).
+# level (golden files). The suite now compiles this way everywhere (JAX_DISABLE_MOST_OPTIMIZATIONS,
+# set by tests/conftest.py and inherited by children), so these flags only say, where a test passes
+# them, that its check does not depend on the level.
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 
 
