@@ -111,3 +111,37 @@ def test_classifier_config_errors_exit_2():
     assert result.exit_code == 2 and "set model.in_channels=1" in result.output, result.output
     result = invoke("show", "--exp", "cnn_tutorial", "--set", "model.num_heads=3")
     assert result.exit_code == 2 and "must divide" in result.output, result.output
+
+
+def test_digits_keep_the_first_num_train_and_num_test_of_their_split():
+    """`data.num_train` / `data.num_test` size the digits as they size the synthetic images (they
+    were once ignored there: a 512-image run trained on all 1438); the split stays the seed's."""
+    from equipax.data import split_digits
+    from equipax.launch.configs.data import ImageDataConfig
+
+    whole = ImageDataConfig(source="digits")
+    assert (whole.train_size, whole.image_source.test_size(whole)) == (1438, 359)
+    (all_x, all_y), (all_tx, _) = whole.image_source.load(whole)
+    assert (len(all_x), len(all_tx)) == (1438, 359)
+    np.testing.assert_array_equal(all_x, split_digits(0.2, seed=0)[0][0])
+
+    some = ImageDataConfig(source="digits", num_train=100, num_test=20)
+    (x, y), (tx, ty) = some.image_source.load(some)
+    assert some.train_size == len(x) == len(y) == 100 and len(tx) == len(ty) == 20
+    np.testing.assert_array_equal(x, all_x[:100])
+    np.testing.assert_array_equal(y, all_y[:100])
+    np.testing.assert_array_equal(tx, all_tx[:20])
+    synthetic = ImageDataConfig()
+    assert synthetic.train_size == 1000 and synthetic.image_source.test_size(synthetic) == 200
+    with pytest.raises(ValueError, match=r"data.num_train=2000 but the digits' train split has 1438 images"):
+        ImageDataConfig(source="digits", num_train=2000)
+    with pytest.raises(ValueError, match=r"data.num_test=400 .* has 359 images .* set data.num_test<=359"):
+        ImageDataConfig(source="digits", num_test=400)
+
+
+def test_digits_num_train_sets_the_epoch_and_too_many_is_a_config_error():
+    shown = invoke("show", "--exp", "cnn_digits", "--set", "data.num_train=256")
+    assert shown.exit_code == 0, shown.output
+    assert "steps_per_epoch = 8" in shown.output and "total_steps = 80" in shown.output, shown.output
+    result = invoke("run", "--exp", "cnn_digits", "--set", "data.num_train=5000")
+    assert result.exit_code == 2 and "set data.num_train<=1438" in result.output, result.output

@@ -176,8 +176,10 @@ class ImageDataConfig:
     accuracy stays at chance) or "digits" (1797 8x8 handwritten digits, split once into train and
     test by `seed`).
     batch_size: the global batch (all hosts together); per_device_batch as for token data.
-    num_train, num_test, image_size, channels, num_classes: synthetic only; the digits are
-    8x8x1 with 10 classes.
+    num_train, num_test: how many training and test images: synthetic draws that many (unset:
+    1000 and 200); the digits keep the first that many of their seeded split (unset: the whole
+    split, 1438 and 359 at test_fraction 0.2; more than the split has is an error).
+    image_size, channels, num_classes: synthetic only; the digits are 8x8x1 with 10 classes.
     test_fraction: digits only: the share of images held out for testing.
     shuffle: reshuffle the training images every epoch (the tutorial keeps their order).
     seed: the data seed (synthetic images; the digits' split and shuffling).
@@ -186,8 +188,8 @@ class ImageDataConfig:
     source: str = "synthetic"
     batch_size: int = 32
     per_device_batch: int | None = None
-    num_train: int = 1000
-    num_test: int = 200
+    num_train: int | None = None
+    num_test: int | None = None
     image_size: int = 32
     channels: int = 3
     num_classes: int = 10
@@ -239,12 +241,13 @@ class ImageDataConfig:
     def __post_init__(self) -> None:
         if self.per_device_batch is not None and self.per_device_batch <= 0:
             raise ValueError(f"data.per_device_batch must be positive or None; got {self.per_device_batch}.")
-        self.image_source.check(self)
         for name in ("batch_size", "num_train", "num_test", "image_size", "channels", "num_classes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"data.{name} must be positive; got {getattr(self, name)}.")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"data.{name} must be positive; got {value}.")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"data.test_fraction must be in (0, 1); got {self.test_fraction}.")
+        self.image_source.check(self)
         if self.seed < 0:
             raise ValueError(f"data.seed must be >= 0; got {self.seed}.")
 

@@ -19,6 +19,8 @@ __all__ = [
     "DIGITS_CLASSES",
     "DIGITS_COUNT",
     "DIGITS_IMAGE_SIZE",
+    "SYNTHETIC_TEST",
+    "SYNTHETIC_TRAIN",
 ]
 
 # The digits' fixed geometry (equipax.data.load_digits).
@@ -26,6 +28,11 @@ DIGITS_IMAGE_SIZE = 8
 DIGITS_CHANNELS = 1
 DIGITS_CLASSES = 10
 DIGITS_COUNT = 1797
+
+# The synthetic source's image counts where `data.num_train` / `data.num_test` are unset (the
+# tutorial's).
+SYNTHETIC_TRAIN = 1000
+SYNTHETIC_TEST = 200
 
 Arrays = tuple["np.ndarray", "np.ndarray"]
 
@@ -49,7 +56,11 @@ class ImageSource(Source):
 
     def train_size(self, data: Any) -> int:
         """Training images (one epoch)."""
-        return data.num_train
+        raise NotImplementedError
+
+    def test_size(self, data: Any) -> int:
+        """Test images (one evaluation pass)."""
+        raise NotImplementedError
 
     def load(self, data: Any) -> tuple[Arrays, Arrays]:
         """`((train_images, train_labels), (test_images, test_labels))`, the whole split on every host."""
@@ -63,23 +74,43 @@ class SyntheticImages(ImageSource):
 
     name: ClassVar[str] = "synthetic"
 
+    def train_size(self, data: Any) -> int:
+        return SYNTHETIC_TRAIN if data.num_train is None else data.num_train
+
+    def test_size(self, data: Any) -> int:
+        return SYNTHETIC_TEST if data.num_test is None else data.num_test
+
     def load(self, data: Any) -> tuple[Arrays, Arrays]:
         from equipax.data import synthetic_images
 
         # Separate seeds: the tutorial drew its test set with the training set's key.
         shape: dict[str, Any] = dict(image_size=data.image_size, channels=data.channels, num_classes=data.num_classes)
         return (
-            synthetic_images(data.num_train, seed=data.seed, **shape),
-            synthetic_images(data.num_test, seed=data.seed + 1, **shape),
+            synthetic_images(self.train_size(data), seed=data.seed, **shape),
+            synthetic_images(self.test_size(data), seed=data.seed + 1, **shape),
         )
 
 
 @register_source
 class Digits(ImageSource):
     """1797 8x8 one-channel handwritten digits in 10 classes, split once into train and test by
-    `data.seed` (`data.test_fraction` held out)."""
+    `data.seed` (`data.test_fraction` held out); `data.num_train` / `data.num_test` keep the first
+    that many of each split (the split itself is the same whatever they are), unset: all of it."""
 
     name: ClassVar[str] = "digits"
+
+    def check(self, data: Any) -> None:
+        test = round(DIGITS_COUNT * data.test_fraction)  # ImageDataConfig checked the fraction first
+        for knob, value, available in (
+            ("num_train", data.num_train, DIGITS_COUNT - test),
+            ("num_test", data.num_test, test),
+        ):
+            if value is not None and value > available:
+                raise ValueError(
+                    f"data.{knob}={value} but the digits' {knob[4:]} split has {available} images "
+                    f"(data.test_fraction={data.test_fraction} of {DIGITS_COUNT}); set data.{knob}<={available}, "
+                    f"or unset it to use the whole split."
+                )
 
     def image_size(self, data: Any) -> int:
         return DIGITS_IMAGE_SIZE
@@ -91,9 +122,16 @@ class Digits(ImageSource):
         return DIGITS_CLASSES
 
     def train_size(self, data: Any) -> int:
-        return DIGITS_COUNT - round(DIGITS_COUNT * data.test_fraction)
+        split = DIGITS_COUNT - round(DIGITS_COUNT * data.test_fraction)
+        return split if data.num_train is None else data.num_train
+
+    def test_size(self, data: Any) -> int:
+        split = round(DIGITS_COUNT * data.test_fraction)
+        return split if data.num_test is None else data.num_test
 
     def load(self, data: Any) -> tuple[Arrays, Arrays]:
         from equipax.data import split_digits
 
-        return split_digits(data.test_fraction, seed=data.seed)
+        (train_x, train_y), (test_x, test_y) = split_digits(data.test_fraction, seed=data.seed)
+        n, m = self.train_size(data), self.test_size(data)
+        return (train_x[:n], train_y[:n]), (test_x[:m], test_y[:m])

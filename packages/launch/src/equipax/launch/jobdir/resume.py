@@ -83,6 +83,8 @@ def resume_meta(
         layout: where the run is (`{"processes", "devices", "mesh"}`): recorded, not compared.
     """
     data = {f"data.{k}": v for k, v in dataclasses.asdict(cfg.data).items() if k not in SAFE_DATA_KNOBS}
+    if "data.num_train" in data:  # images: the count trained on (unset = the source's own)
+        data["data.num_train"] = cfg.data.train_size
     knobs = {
         **data,
         "global batch (data.batch_size or data.per_device_batch x devices)": cfg.global_batch_size,
