@@ -3,7 +3,8 @@
 The train step (built with `skip_nonfinite=True`) never applies an update whose loss or
 gradient norm is not finite and reports `nonfinite` = 1.0 for it, so the state stays finite and
 every checkpoint restores to usable parameters. The step also skips an update whose own norm
-or the updated parameters' norm is not finite (a learning rate so large the update overflows).
+is not finite (a learning rate so large the update overflows; with the parameters' and the
+update's norms finite, every updated parameter is finite).
 The loop hands each step's metrics to a
 `NonFiniteMonitor` (device arrays, no sync) and calls `check` where it reads the device anyway:
 when logged metrics are read back and before every checkpoint. `check` raises `NonFiniteError`
