@@ -154,7 +154,9 @@ def _xla_default_level(request):
     if request.node.get_closest_marker("xla_default_level") is None:
         yield
         return
-    before = jax.config.jax_disable_most_optimizations
+    from jax._src import compiler
+
+    before = compiler._DISABLE_MOST_OPTIMIZATIONS.value
     jax.config.update("jax_disable_most_optimizations", False)
     try:
         yield
