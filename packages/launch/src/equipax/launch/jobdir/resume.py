@@ -18,6 +18,7 @@ from typing import Any
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.cluster.distributed import host_state
+from equipax.launch.configs.data import ImageDataConfig
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.jobdir.storage import AnyPath
 
@@ -83,7 +84,7 @@ def resume_meta(
         layout: where the run is (`{"processes", "devices", "mesh"}`): recorded, not compared.
     """
     data = {f"data.{k}": v for k, v in dataclasses.asdict(cfg.data).items() if k not in SAFE_DATA_KNOBS}
-    if "data.num_train" in data:  # images: the count trained on (unset = the source's own)
+    if isinstance(cfg.data, ImageDataConfig):  # the count trained on (unset = the source's own)
         data["data.num_train"] = cfg.data.train_size
     knobs = {
         **data,
