@@ -122,6 +122,10 @@ def test_input_pipeline_benchmark_smoke(tmp_path):
             "1,2",
             "--shards",
             "2",
+            # Two plays' documents, not all 38: each C4 build's token-count pass covers the shards
+            # (four builds of every play took most of this test's 90 s on a loaded 2-core machine).
+            "--plays",
+            "2",
             "--set",
             "data.tokenizer=byte",
             "--step-tokens-per-s",
@@ -131,6 +135,7 @@ def test_input_pipeline_benchmark_smoke(tmp_path):
         ]
     )
     assert json.loads(out.read_text()) == results
+    assert results["settings"]["plays"] == 2 and results["c4_documents"] > 0
     assert set(results["cases"]) == {
         "default",
         "c4_packed_jsonl_threads0",
