@@ -5,8 +5,9 @@ Cases (all on this host, one process, no device work):
 - `default`: the default experiment's training input (`shakespeare_tiny`: SentencePiece
   tokens cut into windows), built exactly as `launch run` builds it.
 - `c4_packed_jsonl` / `c4_packed_arrayrecord`: C4-format shards written from the Shakespeare
-  plays (all of them, or the first `--plays`; `launch data prepare`'s code, one document per blank-line block) into a temporary
-  directory, read by `DocumentLMInput` with packing: read, JSON-parse, tokenize, pack, batch.
+  plays (all of them, or the first `--plays`; `launch data prepare`'s code, one document per
+  blank-line block) into a temporary directory, read by `DocumentLMInput` with packing: read,
+  JSON-parse, tokenize, pack, batch.
   Measured with tokenization inline (`read_threads=0`) and on reader threads (`--threads`), as
   host 0 of 1, 2 and 4 simulated hosts (`--hosts`): the order is global, so each host reads its
   `batch / hosts` rows of every global batch; `build_s` includes the one pass that counts every

@@ -301,7 +301,7 @@ def test_context_memory_benchmark_tiny(tmp_path):
 def test_context_step_time_benchmark_tiny(tmp_path):
     """benchmarks/context_memory.py --time-steps runs the real train step at context 2 (2 simulated
     devices), both strategies, tiny model, and writes interleaved step times; timings themselves
-    are not tested. A --cps other than the device count is a usage error."""
+    are not tested."""
     out = tmp_path / "time.json"
     args = ["--seqs", "64", "--cps", "2", "--layers", "1", "--model-dims", "32", "--heads", "2", "--vocab", "384"]
     args += ["--time-steps", "2", "--rounds", "2", "--warmup", "0", "--out", str(out)]
@@ -313,7 +313,21 @@ def test_context_step_time_benchmark_tiny(tmp_path):
     assert [(r["context"], r["strategy"]) for r in rows] == [(2, "all_gather"), (2, "ring")]
     assert all(len(r["steps_s"]) == 4 and r["step_q1_s"] <= r["step_s"] <= r["step_q3_s"] for r in rows)
     assert "| 64 | 2 | ring |" in proc.stdout
-    bad = subprocess.run(
-        [sys.executable, script, *args[:-2], "--cps", "1"], capture_output=True, text=True, timeout=120, env=env
-    )
-    assert bad.returncode == 2 and "--time-steps runs the train step on all 2 devices" in bad.stderr
+
+
+def test_context_step_time_rejects_cps_other_than_device_count(monkeypatch, capsys):
+    """A --cps other than the device count is a usage error (checked in this process, before
+    anything compiles: a child would cost a JAX start-up for an argument check)."""
+    import jax
+
+    n = jax.device_count()
+    # The script sets JAX_NUM_CPU_DEVICES (for JAX started after it) if unset: not for this process's children.
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", str(n))
+    spec = importlib.util.spec_from_file_location("benchmarks_context_memory", BENCHMARKS / "context_memory.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--seqs", "64", "--cps", str(n + 1), "--time-steps", "2", "--out", "/nonexistent/never-written"])
+    assert exit_.value.code == 2
+    assert f"--time-steps runs the train step on all {n} devices" in capsys.readouterr().err
