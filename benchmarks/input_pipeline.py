@@ -5,8 +5,9 @@ Cases (all on this host, one process, no device work):
 - `default`: the default experiment's training input (`shakespeare_tiny`: SentencePiece
   tokens cut into windows), built exactly as `launch run` builds it.
 - `c4_packed_jsonl` / `c4_packed_arrayrecord`: C4-format shards written from the Shakespeare
-  plays (`launch data prepare`'s code, one document per blank-line block) into a temporary
-  directory, read by `DocumentLMInput` with packing: read, JSON-parse, tokenize, pack, batch.
+  plays (all of them, or the first `--plays`; `launch data prepare`'s code, one document per
+  blank-line block) into a temporary directory, read by `DocumentLMInput` with packing: read,
+  JSON-parse, tokenize, pack, batch.
   Measured with tokenization inline (`read_threads=0`) and on reader threads (`--threads`), as
   host 0 of 1, 2 and 4 simulated hosts (`--hosts`): the order is global, so each host reads its
   `batch / hosts` rows of every global batch; `build_s` includes the one pass that counts every
@@ -81,6 +82,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument(
+        "--plays",
+        type=int,
+        default=0,
+        help="C4 cases: documents of the first N plays only (0: all 38 plays; a small N is a smoke test "
+        "whose builds skip most of the token-count pass)",
+    )
     parser.add_argument("--threads", default="0,1", help="reader threads to try for the C4 cases.")
     parser.add_argument("--hosts", default="1,2,4", help="simulated host counts for the C4 cases (host 0 is timed).")
     parser.add_argument("--step-tokens-per-s", type=float, default=None)
@@ -103,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         plays = load_plays()
         play_dir = tmp_dir / "plays"
         play_dir.mkdir()
-        for name in list_plays():
+        for name in list_plays()[: args.plays or None]:
             (play_dir / f"{name}.txt").write_text(plays[name])
         docs = list(iter_text_documents([play_dir], split="blank-line"))
         d = cfg.data
@@ -146,7 +154,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "train_step_tokens_per_s": rate,
         "train_step_source": source,
         "cases": cases,
-        "settings": dataclasses.asdict(cfg.data) | {"batches": args.batches, "warmup": args.warmup},
+        "settings": dataclasses.asdict(cfg.data)
+        | {"batches": args.batches, "warmup": args.warmup, "plays": args.plays or len(list_plays())},
     }
     results = json.loads(json.dumps(results))  # tuples -> lists: what the file holds
     args.out.parent.mkdir(parents=True, exist_ok=True)

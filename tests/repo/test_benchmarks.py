@@ -122,6 +122,10 @@ def test_input_pipeline_benchmark_smoke(tmp_path):
             "1,2",
             "--shards",
             "2",
+            # Two plays' documents, not all 38: each C4 build's token-count pass covers the shards
+            # (four builds of every play took most of this test's 90 s on a loaded 2-core machine).
+            "--plays",
+            "2",
             "--set",
             "data.tokenizer=byte",
             "--step-tokens-per-s",
@@ -131,6 +135,7 @@ def test_input_pipeline_benchmark_smoke(tmp_path):
         ]
     )
     assert json.loads(out.read_text()) == results
+    assert results["settings"]["plays"] == 2 and results["c4_documents"] > 0
     assert set(results["cases"]) == {
         "default",
         "c4_packed_jsonl_threads0",
@@ -186,43 +191,47 @@ def test_decode_benchmark_smoke(tmp_path):
         assert row[key] >= 0, key
 
 
-@pytest.mark.slow
-def test_bubble_benchmark_tiny(tmp_path):
-    """benchmarks/pipeline_bubble.py runs (2 stages, circular, 2 and 4 microbatches, tiny model)
-    and writes its table's rows; timings themselves are not tested."""
+BUBBLE_ARGS = ["--stages", "2", "--schedules", "circular", "--microbatches", "2,4", "--model-dims", "32", "--seq", "16"]
+BUBBLE_ARGS += ["--steps", "2", "--rounds", "2", "--warmup", "0"]
+MOE_ARGS = ["--ep", "2", "--model-dims", "32", "--seq", "16", "--steps", "1", "--rounds", "2", "--warmup", "0"]
+# Both 8-device benchmarks in one child, through their importable `main`s: one JAX and equipax
+# start-up, not two. Its stdout is the bubble table, a marker line, then the MoE table.
+EIGHT_DEVICE_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import moe_dispatch, pipeline_bubble
+bubble, moe = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+pipeline_bubble.main(bubble)
+print("--- moe_dispatch.py ---", flush=True)
+moe_dispatch.main(moe)
+"""
 
-    script = BENCHMARKS / "pipeline_bubble.py"
-    out = tmp_path / "bubble.json"
+
+@pytest.fixture(scope="module")
+def eight_device_benchmarks(tmp_path_factory):
+    """`(bubble stdout, bubble JSON, MoE JSON)` of pipeline_bubble.py and moe_dispatch.py at tiny
+    sizes, run in one child process of 8 simulated devices."""
+    out = tmp_path_factory.mktemp("eight_device_benchmarks")
+    bubble = [*BUBBLE_ARGS, "--out", str(out / "bubble.json")]
+    moe = [*MOE_ARGS, "--out", str(out / "moe.json")]
     proc = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            "--stages",
-            "2",
-            "--schedules",
-            "circular",
-            "--microbatches",
-            "2,4",
-            "--model-dims",
-            "32",
-            "--seq",
-            "16",
-            "--steps",
-            "2",
-            "--rounds",
-            "2",
-            "--warmup",
-            "0",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, "-c", EIGHT_DEVICE_CHILD, str(BENCHMARKS), json.dumps(bubble), json.dumps(moe)],
         capture_output=True,
         text=True,
         timeout=600,
         env=timed_child_env(),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    bubble_stdout = proc.stdout.split("--- moe_dispatch.py ---")[0]
+    return bubble_stdout, json.loads((out / "bubble.json").read_text()), json.loads((out / "moe.json").read_text())
+
+
+@pytest.mark.slow
+def test_bubble_benchmark_tiny(eight_device_benchmarks):
+    """benchmarks/pipeline_bubble.py runs (2 stages, circular, 2 and 4 microbatches, tiny model)
+    and writes its table's rows; timings themselves are not tested."""
+    stdout, results, _ = eight_device_benchmarks
+    rows = results["rows"]
     assert [(r["schedule"], r["repeats"], r["microbatches"], r["iterations"]) for r in rows] == [
         ("circular", 2, 2, 5),
         ("circular", 2, 4, 9),
@@ -231,26 +240,16 @@ def test_bubble_benchmark_tiny(tmp_path):
     assert rows[0]["predicted_vs_most_microbatches"] == pytest.approx(10 / 9)
     assert rows[1]["measured_vs_most_microbatches"] == 1.0
     assert all(len(r["steps_s"]) == 4 and r["step_q1_s"] <= r["step_s"] <= r["step_q3_s"] for r in rows)
-    assert "circular R=2" in proc.stdout
+    assert "circular R=2" in stdout
 
 
 @pytest.mark.slow
-def test_moe_dispatch_benchmark_tiny(tmp_path):
+def test_moe_dispatch_benchmark_tiny(eight_device_benchmarks):
     """benchmarks/moe_dispatch.py runs (EP 2, dropless and capacity, tiny model) and writes its
     table's rows; timings themselves are not tested. One expert-parallel size: another is the same
     code on another mesh, and each costs two compiles (expert parallelism == one device is
     tests/models/test_moe_parallel.py's)."""
-    out = tmp_path / "moe.json"
-    args = ["--ep", "2", "--model-dims", "32", "--seq", "16", "--steps", "1", "--rounds", "2", "--warmup", "0"]
-    proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "moe_dispatch.py"), *args, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=timed_child_env(),
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    rows = eight_device_benchmarks[2]["rows"]
     assert [(r["ep"], r["dispatch"]) for r in rows] == [(2, "dropless"), (2, "capacity 1.25")]
     assert rows[0]["vs_dropless_lowest_ep"] == 1.0
     assert rows[1]["vs_dropless_lowest_ep"] == rows[1]["step_s"] / rows[0]["step_s"]
@@ -296,7 +295,7 @@ def test_context_memory_benchmark_tiny(tmp_path):
 def test_context_step_time_benchmark_tiny(tmp_path):
     """benchmarks/context_memory.py --time-steps runs the real train step at context 2 (2 simulated
     devices), both strategies, tiny model, and writes interleaved step times; timings themselves
-    are not tested. A --cps other than the device count is a usage error."""
+    are not tested."""
     out = tmp_path / "time.json"
     args = ["--seqs", "64", "--cps", "2", "--layers", "1", "--model-dims", "32", "--heads", "2", "--vocab", "384"]
     args += ["--time-steps", "2", "--rounds", "2", "--warmup", "0", "--out", str(out)]
@@ -308,7 +307,21 @@ def test_context_step_time_benchmark_tiny(tmp_path):
     assert [(r["context"], r["strategy"]) for r in rows] == [(2, "all_gather"), (2, "ring")]
     assert all(len(r["steps_s"]) == 4 and r["step_q1_s"] <= r["step_s"] <= r["step_q3_s"] for r in rows)
     assert "| 64 | 2 | ring |" in proc.stdout
-    bad = subprocess.run(
-        [sys.executable, script, *args[:-2], "--cps", "1"], capture_output=True, text=True, timeout=120, env=env
-    )
-    assert bad.returncode == 2 and "--time-steps runs the train step on all 2 devices" in bad.stderr
+
+
+def test_context_step_time_rejects_cps_other_than_device_count(monkeypatch, capsys):
+    """A --cps other than the device count is a usage error (checked in this process, before
+    anything compiles: a child would cost a JAX start-up for an argument check)."""
+    import jax
+
+    n = jax.device_count()
+    # The script sets JAX_NUM_CPU_DEVICES (for JAX started after it) if unset: not for this process's children.
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", str(n))
+    spec = importlib.util.spec_from_file_location("benchmarks_context_memory", BENCHMARKS / "context_memory.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--seqs", "64", "--cps", str(n + 1), "--time-steps", "2", "--out", "/nonexistent/never-written"])
+    assert exit_.value.code == 2
+    assert f"--time-steps runs the train step on all {n} devices" in capsys.readouterr().err
