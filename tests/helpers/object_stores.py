@@ -145,6 +145,7 @@ def s3_emulator(bucket: str) -> Iterator[tuple[dict[str, str], HeldUploads]]:
 
 def _serve_gcs(port: int, bucket: str) -> None:
     from gcp_storage_emulator import server
+    from gcp_storage_emulator import storage as storage_module
     from gcp_storage_emulator.exceptions import NotFound
     from gcp_storage_emulator.handlers import objects
 
@@ -194,8 +195,18 @@ def _serve_gcs(port: int, bucket: str) -> None:
             elif fn is original_insert:
                 handlers[method] = insert
     server.APIThread = _threaded(server)
+    _unsaved_metadata(storage_module)
     srv = server.create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket)
     srv.run()
+
+
+def _unsaved_metadata(storage_module) -> None:
+    """The in-memory emulator without its metadata file: after every write (each upload, each
+    delete) it serialises every object's metadata in every bucket (`json.dumps(..., indent=2)`)
+    into an in-memory `.meta` that it reads back only when it starts. With the suite's jobs in one
+    emulator (thousands of checkpoint, summary and cache objects) that grew to most of an upload's
+    cost: quadratic in the objects written. The metadata stays in the emulator's dicts, as before."""
+    storage_module.Storage._write_config_to_file = lambda self: None
 
 
 def _threaded(emulator):
