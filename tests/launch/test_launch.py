@@ -107,18 +107,22 @@ def test_toy_run_learns_and_writes_job_dir(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_equals_uninterrupted(tmp_path):
+def test_resume_equals_uninterrupted(tmp_path, monkeypatch):
     with persistent_compile_cache(tmp_path / "jax-cache"):  # the three runs compile the same programs once
-        _resume_equals_uninterrupted(tmp_path)
+        _resume_equals_uninterrupted(tmp_path, monkeypatch)
 
 
-def _resume_equals_uninterrupted(tmp_path):
+def _resume_equals_uninterrupted(tmp_path, monkeypatch):
+    from equipax.launch.training.build import Training
+
     common = ("train.log_every=5", "train.eval_every=10", "train.checkpoint_every=10")
     full = invoke("run", "--job-log-dir", str(tmp_path / "full"), *sets("train.num_steps=20", *common))
     assert full.exit_code == 0, full.output
     first = invoke("run", "--job-log-dir", str(tmp_path / "split"), *sets("train.num_steps=10", *common))
     assert first.exit_code == 0, first.output
-    second = invoke("run", "--job-log-dir", str(tmp_path / "split"), *sets("train.num_steps=20", *common))
+    with monkeypatch.context() as m:  # a resumed run restores into the abstract state: no random init
+        m.setattr(Training, "init_state", lambda self: pytest.fail("a resumed run initialised the state"))
+        second = invoke("run", "--job-log-dir", str(tmp_path / "split"), *sets("train.num_steps=20", *common))
     assert second.exit_code == 0, second.output
     assert "Resumed from step 10" in second.output
     a = json.loads((tmp_path / "full" / "result.json").read_text())

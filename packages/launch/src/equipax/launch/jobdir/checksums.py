@@ -116,9 +116,14 @@ def verify(
         )
 
 
+def _is_array_or_abstract(x: Any) -> bool:
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+
+
 def flat_arrays(tree: Any) -> dict[str, Any]:
-    """The array leaves of `tree` by key path (`.model.layers[0].weight`): what a checkpoint saves."""
-    arrays = eqx.filter(tree, eqx.is_array)
+    """The array leaves of `tree` by key path (`.model.layers[0].weight`): what a checkpoint saves.
+    `jax.ShapeDtypeStruct` leaves count as arrays (an abstract state is a restore's template)."""
+    arrays = eqx.filter(tree, _is_array_or_abstract)
     flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
     return {jax.tree_util.keystr(path): leaf for path, leaf in flat}
 
@@ -147,8 +152,9 @@ def unverified_warning(step: int, directory: AnyPath) -> str:
 
 
 def unflatten_into(template: Any, flat: dict[str, Any]) -> Any:
-    """`template` with its array leaves taken from `flat` (`flat_arrays`'s `{path: array}`)."""
-    arrays, static = eqx.partition(template, eqx.is_array)
+    """`template` with its array leaves (or `ShapeDtypeStruct`s) taken from `flat` (`flat_arrays`'s
+    `{path: array}`)."""
+    arrays, static = eqx.partition(template, _is_array_or_abstract)
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(arrays)
     leaves = [flat[jax.tree_util.keystr(p)] for p, _ in leaves_with_path]
     return eqx.combine(jax.tree_util.tree_unflatten(treedef, leaves), static)

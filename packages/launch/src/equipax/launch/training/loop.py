@@ -184,7 +184,6 @@ def _train(
     mark("inputs")
     training = build_training(cfg, mesh)
     check_host_rows(training, inputs.train)
-    state = training.init_state()
     layout = {"processes": jax.process_count(), "devices": int(mesh.devices.size), "mesh": dict(mesh.shape)}
     global_state = inputs.train.global_state
     meta = resume_meta(cfg, job_dir, hosts=jax.process_count(), global_state=global_state, layout=layout)
@@ -204,15 +203,19 @@ def _train(
         new_order[:] = [changed]
 
     try:  # the newest checkpoint that restores and verifies; damaged ones are set aside with a message
-        restored = checkpointer.restore_latest(state, log=log, check_meta=check_meta)
+        # Into the abstract state (shapes, dtypes, shardings): a resumed run never compiles or runs
+        # the random initialisation that the checkpoint would overwrite (3-9 s of a toy run's start).
+        restored = checkpointer.restore_latest(training.abstract_state, log=log, check_meta=check_meta)
     except ConfigError as e:
         checkpointer.close()
         raise ConfigError(f"{e}{_knob_changes(cfg, job_dir)}") from None
     start, loop_state = 0, {}
-    if restored is None and getattr(cfg.model, "init_from", None):  # a fresh run of model.init_from=hf:DIR
-        from equipax.launch.translators.hf_parity import init_from_hf
+    if restored is None:
+        state = training.init_state()
+        if getattr(cfg.model, "init_from", None):  # a fresh run of model.init_from=hf:DIR
+            from equipax.launch.translators.hf_parity import init_from_hf
 
-        state = init_from_hf(training, state, log=log)
+            state = init_from_hf(training, state, log=log)
     if restored is not None:
         start, state, data_state, loop_state = restored
         if start > cfg.num_steps:  # before anything (result.json, config.json) is rewritten
