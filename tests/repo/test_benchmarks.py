@@ -4,6 +4,7 @@ benchmarks/README.md's, never a pass/fail test)."""
 import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -194,43 +195,45 @@ def test_decode_benchmark_smoke(tmp_path):
 BUBBLE_ARGS = ["--stages", "2", "--schedules", "circular", "--microbatches", "2,4", "--model-dims", "32", "--seq", "16"]
 BUBBLE_ARGS += ["--steps", "2", "--rounds", "2", "--warmup", "0"]
 MOE_ARGS = ["--ep", "2", "--model-dims", "32", "--seq", "16", "--steps", "1", "--rounds", "2", "--warmup", "0"]
-# Both 8-device benchmarks in one child, through their importable `main`s: one JAX and equipax
-# start-up, not two. Its stdout is the bubble table, a marker line, then the MoE table.
+CONTEXT_MEMORY_ARGS = ["--seqs", "64", "--cps", "1,2", "--layers", "1", "--model-dims", "32", "--heads", "2"]
+CONTEXT_MEMORY_ARGS += ["--vocab", "64"]
+# The 8-device benchmarks in one child, through their importable `main`s: one JAX and equipax
+# start-up, not three. Its stdout is each one's, after a line `=== NAME ===`.
 EIGHT_DEVICE_CHILD = """
-import json, sys
+import importlib, json, sys
 sys.path.insert(0, sys.argv[1])
-import moe_dispatch, pipeline_bubble
-bubble, moe = json.loads(sys.argv[2]), json.loads(sys.argv[3])
-pipeline_bubble.main(bubble)
-print("--- moe_dispatch.py ---", flush=True)
-moe_dispatch.main(moe)
+for name, argv in json.loads(sys.argv[2]):
+    print(f"=== {name} ===", flush=True)
+    importlib.import_module(name).main(argv)
 """
 
 
 @pytest.fixture(scope="module")
 def eight_device_benchmarks(tmp_path_factory):
-    """`(bubble stdout, bubble JSON, MoE JSON)` of pipeline_bubble.py and moe_dispatch.py at tiny
-    sizes, run in one child process of 8 simulated devices."""
+    """`{name: (stdout, JSON written)}` of pipeline_bubble.py, moe_dispatch.py and
+    context_memory.py (memory only) at tiny sizes, run in one child process of 8 simulated devices."""
     out = tmp_path_factory.mktemp("eight_device_benchmarks")
-    bubble = [*BUBBLE_ARGS, "--out", str(out / "bubble.json")]
-    moe = [*MOE_ARGS, "--out", str(out / "moe.json")]
+    runs = {"pipeline_bubble": BUBBLE_ARGS, "moe_dispatch": MOE_ARGS, "context_memory": CONTEXT_MEMORY_ARGS}
+    argvs = [(name, [*args, "--out", str(out / f"{name}.json")]) for name, args in runs.items()]
     proc = subprocess.run(
-        [sys.executable, "-c", EIGHT_DEVICE_CHILD, str(BENCHMARKS), json.dumps(bubble), json.dumps(moe)],
+        [sys.executable, "-c", EIGHT_DEVICE_CHILD, str(BENCHMARKS), json.dumps(argvs)],
         capture_output=True,
         text=True,
         timeout=600,
         env=timed_child_env(),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    bubble_stdout = proc.stdout.split("--- moe_dispatch.py ---")[0]
-    return bubble_stdout, json.loads((out / "bubble.json").read_text()), json.loads((out / "moe.json").read_text())
+    parts = re.split(r"^=== (\w+) ===$", proc.stdout, flags=re.MULTILINE)[1:]
+    stdouts = dict(zip(parts[::2], parts[1::2]))
+    assert list(stdouts) == list(runs), proc.stdout[-3000:]
+    return {name: (stdouts[name], json.loads((out / f"{name}.json").read_text())) for name in runs}
 
 
 @pytest.mark.slow
 def test_bubble_benchmark_tiny(eight_device_benchmarks):
     """benchmarks/pipeline_bubble.py runs (2 stages, circular, 2 and 4 microbatches, tiny model)
     and writes its table's rows; timings themselves are not tested."""
-    stdout, results, _ = eight_device_benchmarks
+    stdout, results = eight_device_benchmarks["pipeline_bubble"]
     rows = results["rows"]
     assert [(r["schedule"], r["repeats"], r["microbatches"], r["iterations"]) for r in rows] == [
         ("circular", 2, 2, 5),
@@ -249,7 +252,7 @@ def test_moe_dispatch_benchmark_tiny(eight_device_benchmarks):
     table's rows; timings themselves are not tested. One expert-parallel size: another is the same
     code on another mesh, and each costs two compiles (expert parallelism == one device is
     tests/models/test_moe_parallel.py's)."""
-    rows = eight_device_benchmarks[2]["rows"]
+    rows = eight_device_benchmarks["moe_dispatch"][1]["rows"]
     assert [(r["ep"], r["dispatch"]) for r in rows] == [(2, "dropless"), (2, "capacity 1.25")]
     assert rows[0]["vs_dropless_lowest_ep"] == 1.0
     assert rows[1]["vs_dropless_lowest_ep"] == rows[1]["step_s"] / rows[0]["step_s"]
@@ -274,19 +277,11 @@ def test_hf_import_memory_benchmark_tiny(tmp_path):
     assert len(results["sharded"]) == 2 and all(r["shards_held_bytes"] * 2 == total for r in results["sharded"])
 
 
-def test_context_memory_benchmark_tiny(tmp_path):
+@pytest.mark.slow
+def test_context_memory_benchmark_tiny(eight_device_benchmarks):
     """benchmarks/context_memory.py compiles (never runs) the gradient step at a context axis of 2,
     both strategies, tiny model, and writes its rows of XLA's per-device memory analysis."""
-    out = tmp_path / "context.json"
-    args = ["--seqs", "64", "--cps", "1,2", "--layers", "1", "--model-dims", "32", "--heads", "2", "--vocab", "64"]
-    proc = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "context_memory.py"), *args, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    rows = eight_device_benchmarks["context_memory"][1]["rows"]
     assert [(r["context"], r["strategy"]) for r in rows] == [(1, "all_gather"), (2, "all_gather"), (2, "ring")]
     assert all(r["temp_bytes"] > 0 and r["argument_bytes"] > 0 for r in rows)
 
