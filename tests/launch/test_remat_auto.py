@@ -25,8 +25,10 @@ def remat_record(job):
     return json.loads((job / "compile.json").read_text())["remat"]
 
 
-def check_choice(record, budget_bytes):
-    """The chosen row fits, every cheaper one was compiled and did not, none after it was compiled."""
+def check_choice(record, budget_bytes, *, ordered=True):
+    """The chosen row fits, every cheaper one was compiled and did not, none after it was compiled.
+    `ordered`: also that recomputation grows down the list (at 1024 tokens dots_saveable recomputes
+    more than save_attention_out: 17.2 against 16.1 GFLOP a step for c4_1b_smoke)."""
     rows = record["candidates"]
     i = [r["policy"] for r in rows].index(record["policy"])
     assert rows[i]["fits"] and rows[i]["total_bytes"] <= budget_bytes
@@ -34,7 +36,8 @@ def check_choice(record, budget_bytes):
     assert all(r["total_bytes"] is None for r in rows[i + 1 :])
     # Recomputation grows down the list, and so does the projected step time.
     flops = [r["remat_flops_per_step"] for r in rows]
-    assert flops == sorted(flops) and flops[0] == 0 < flops[-1]
+    assert flops[0] == 0 < min(flops[1:]) and flops[-1] == max(flops)
+    assert flops == sorted(flops) or not ordered
     return i
 
 
@@ -98,8 +101,13 @@ def _auto_commands(tmp_path):
 def test_auto_for_a_tpu_topology_shrinks_with_the_budget(tmp_path):
     # XLA:TPU's own memory figures for a v4-16 slice: under a budget below the no-remat step's
     # (which fits the default 32 GiB), a recomputing policy is chosen; offloading is a candidate.
+    # Activations must outweigh the parameters and optimizer state for recomputing to save memory:
+    # at the smoke's own 32 tokens the no-remat step is the smallest of all (3.6 MiB per device
+    # against 6.8 for dots_saveable, since the non-finite guard lost its second norm); at 8 x 1024
+    # tokens per device it takes 1.15 GiB against 0.18 (dots_saveable) and 0.11 (full).
     args = ["compile", "--exp", "c4_1b_smoke", "--topology", "v4-16", "--set", "model.transformer.remat=auto"]
-    small = ["--hbm-gib", "0.005", "--set", "train.hbm_margin=0", "--job-log-dir", str(tmp_path)]
+    args += ["--set", "data.seq_len=1024", "--set", "model.max_seq_len=1024", "--set", "data.per_device_batch=8"]
+    small = ["--hbm-gib", "0.5", "--set", "train.hbm_margin=0", "--job-log-dir", str(tmp_path)]
     proc = subprocess.run(
         [sys.executable, "-m", "equipax.launch.cli", *args, *small], capture_output=True, text=True, timeout=300
     )
@@ -108,7 +116,7 @@ def test_auto_for_a_tpu_topology_shrinks_with_the_budget(tmp_path):
     assert "offload_attention_out" in [r["policy"] for r in record["candidates"]]
     none = record["candidates"][0]
     assert none["policy"] == "none" and none["total_bytes"] < 32 * 0.9 * 2**30  # the default budget's choice
-    assert check_choice(record, record["budget_bytes"]) > 0
+    assert check_choice(record, record["budget_bytes"], ordered=False) > 0
     assert json.loads((tmp_path / "compile.json").read_text())["compile"]["backend"] == "tpu"
 
 

@@ -18,7 +18,6 @@ from typing import Any
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.cluster.distributed import host_state
-from equipax.launch.configs.data import ImageDataConfig
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.jobdir.storage import AnyPath
 
@@ -84,8 +83,8 @@ def resume_meta(
         layout: where the run is (`{"processes", "devices", "mesh"}`): recorded, not compared.
     """
     data = {f"data.{k}": v for k, v in dataclasses.asdict(cfg.data).items() if k not in SAFE_DATA_KNOBS}
-    if isinstance(cfg.data, ImageDataConfig):  # the count trained on (unset = the source's own)
-        data["data.num_train"] = cfg.data.train_size
+    if (images := getattr(cfg.data, "image_source", None)) is not None:  # the count trained on (unset: all)
+        data["data.num_train"] = images.train_size(cfg.data)
     knobs = {
         **data,
         "global batch (data.batch_size or data.per_device_batch x devices)": cfg.global_batch_size,
