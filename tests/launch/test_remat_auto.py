@@ -102,8 +102,8 @@ def test_auto_for_a_tpu_topology_shrinks_with_the_budget(tmp_path):
     # XLA:TPU's own memory figures for a v4-16 slice: under a budget below the no-remat step's
     # (which fits the default 32 GiB), a recomputing policy is chosen; offloading is a candidate.
     # Activations must outweigh the parameters and optimizer state for recomputing to save memory:
-    # at the smoke's own 32 tokens the no-remat step is the smallest of all (3.6 MiB per device
-    # against 6.8 for dots_saveable, since the non-finite guard lost its second norm); at 8 x 1024
+    # at the smoke's own 32 tokens the no-remat step is the smallest of all (0.00362 GiB per device
+    # against 0.00683 for dots_saveable, since the non-finite guard lost its second norm); at 8 x 1024
     # tokens per device it takes 1.15 GiB against 0.18 (dots_saveable) and 0.11 (full).
     args = ["compile", "--exp", "c4_1b_smoke", "--topology", "v4-16", "--set", "model.transformer.remat=auto"]
     args += ["--set", "data.seq_len=1024", "--set", "model.max_seq_len=1024", "--set", "data.per_device_batch=8"]
