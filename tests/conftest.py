@@ -154,14 +154,10 @@ def _xla_default_level(request):
     if request.node.get_closest_marker("xla_default_level") is None:
         yield
         return
-    from jax._src import compiler
+    from helpers.toy import most_optimizations_disabled
 
-    before = compiler._DISABLE_MOST_OPTIMIZATIONS.value
-    jax.config.update("jax_disable_most_optimizations", False)
-    try:
+    with most_optimizations_disabled(False):
         yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", before)
 
 
 @pytest.fixture(autouse=True)

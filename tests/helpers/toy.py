@@ -103,21 +103,28 @@ def fast_compile_in_process():
     a toy `launch run` in-process took 74-80 s against 95-107 s on a loaded 2-core machine (one run of
     each, interleaved). Compiled programs get their own persistent-cache entries (the options are
     part of the key), so nothing compiled at the default level is reused here, nor the reverse."""
+    return most_optimizations_disabled(True)
+
+
+def most_optimizations_disabled(disabled: bool):
+    """A context manager: `jax_disable_most_optimizations` set to `disabled` in this process inside
+    it, the setting restored after (`fast_compile_in_process`; False: JAX's default options, the
+    `xla_default_level` marker of tests/conftest.py)."""
     import contextlib
 
     @contextlib.contextmanager
-    def fast():
+    def setting():
         import jax
         from jax._src import compiler
 
         before = compiler._DISABLE_MOST_OPTIMIZATIONS.value
-        jax.config.update("jax_disable_most_optimizations", True)
+        jax.config.update("jax_disable_most_optimizations", disabled)
         try:
             yield
         finally:
             jax.config.update("jax_disable_most_optimizations", before)
 
-    return fast()
+    return setting()
 
 
 def with_xla_flags(env: dict, flags: str) -> dict:
