@@ -99,12 +99,15 @@ class Digits(ImageSource):
 
     name: ClassVar[str] = "digits"
 
+    @staticmethod
+    def _splits(data: Any) -> tuple[int, int]:
+        """(train, test) images of the whole seeded split at `data.test_fraction`."""
+        test = round(DIGITS_COUNT * data.test_fraction)
+        return DIGITS_COUNT - test, test
+
     def check(self, data: Any) -> None:
-        test = round(DIGITS_COUNT * data.test_fraction)  # ImageDataConfig checked the fraction first
-        for knob, value, available in (
-            ("num_train", data.num_train, DIGITS_COUNT - test),
-            ("num_test", data.num_test, test),
-        ):
+        train, test = self._splits(data)  # ImageDataConfig checked the fraction first
+        for knob, value, available in (("num_train", data.num_train, train), ("num_test", data.num_test, test)):
             if value is not None and value > available:
                 raise ValueError(
                     f"data.{knob}={value} but the digits' {knob[4:]} split has {available} images "
@@ -122,12 +125,10 @@ class Digits(ImageSource):
         return DIGITS_CLASSES
 
     def train_size(self, data: Any) -> int:
-        split = DIGITS_COUNT - round(DIGITS_COUNT * data.test_fraction)
-        return split if data.num_train is None else data.num_train
+        return self._splits(data)[0] if data.num_train is None else data.num_train
 
     def test_size(self, data: Any) -> int:
-        split = round(DIGITS_COUNT * data.test_fraction)
-        return split if data.num_test is None else data.num_test
+        return self._splits(data)[1] if data.num_test is None else data.num_test
 
     def load(self, data: Any) -> tuple[Arrays, Arrays]:
         from equipax.data import split_digits
