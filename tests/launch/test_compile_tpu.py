@@ -165,10 +165,13 @@ def test_splash_attention_lowers_and_compiles_for_a_tpu_slice(exp, topology, mes
     assert "tpu_custom_call" in proc.stdout
 
 
-def test_splash_under_context_parallelism_compiles_for_a_tpu_slice(tmp_path):
-    """attention_impl='splash' on a `context` axis of 2 (all-gather, zigzag layout: each chip's two
-    chunks of 128 queries over the gathered 512 keys): XLA:TPU compiles it, with the kernel per chunk
-    and per device (the `lax.switch` over the context index) as Mosaic custom calls."""
+@pytest.mark.parametrize("strategy", ["all_gather", "ring"])
+def test_splash_under_context_parallelism_compiles_for_a_tpu_slice(tmp_path, strategy):
+    """attention_impl='splash' on a `context` axis of 2 (zigzag layout: each chip holds two chunks
+    of 128 positions of 512): XLA:TPU compiles it, the kernels as Mosaic custom calls. All-gather:
+    each chunk of queries over the gathered keys, per device (the `lax.switch` over the context
+    index). Ring: each pair of query and key chunks as the blocks rotate (the `lax.switch` over
+    the pair's mask), the keys and values moved by collective-permutes, not gathered."""
     proc = launch(
         "compile",
         "--exp",
@@ -176,6 +179,7 @@ def test_splash_under_context_parallelism_compiles_for_a_tpu_slice(tmp_path):
         "--topology",
         "v5p-8",
         *("--set", "model.transformer.attention_impl=splash"),
+        *("--set", f"model.transformer.context_parallel_strategy={strategy}"),
         *("--set", "data.seq_len=512", "--set", "model.max_seq_len=512"),
         *("--set", "mesh.axis_names=('data','fsdp','context','tensor')"),
         *("--set", "mesh.ici_mesh_shape=(1,2,2,1)", "--set", "mesh.dcn_mesh_shape=(1,1,1,1)"),
@@ -185,8 +189,12 @@ def test_splash_under_context_parallelism_compiles_for_a_tpu_slice(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "compile.json").read_text())
     assert report["mesh"] == {"data": 1, "fsdp": 2, "context": 2, "tensor": 1}
-    # 2 devices' branches x 2 chunks x (forward, dq, dkv); with full remat the forward twice (16).
+    # All-gather: 2 devices' branches x 2 chunks x (forward, dq, dkv); with full remat the forward
+    # twice (16). Ring: 4 pairs x 2 masks (causal, full) x (forward, dq, dkv), the forward twice (20).
     assert report["custom_calls"].get("tpu_custom_call", 0) >= 12, report["custom_calls"]
+    permutes = report["collectives"]["collective-permute"]
+    # The ring's loops: keys and values forward, and again with their gradients backward.
+    assert permutes >= 2 if strategy == "ring" else permutes == 0, report["collectives"]
 
 
 def test_splash_on_simulated_cpu_devices_is_a_config_error(tmp_path):

@@ -133,9 +133,9 @@ def _context_mesh(cp):
         ({"context_parallel_load_balance": False}, 34, r"data.seq_len=34 .* multiple of 4"),
         ({"attention": "linear", "atten_logit_cap": None}, 32, r"attention='linear'.* no context-parallel kernel"),
         (
-            {"attention_impl": "splash", "context_parallel_strategy": "ring"},
-            1024,
-            r"attention_impl='splash' with context_parallel_strategy='ring'.*cannot take another device's keys",
+            {"attention_impl": "splash", "context_parallel_strategy": "ring", "context_parallel_load_balance": False},
+            256,
+            r"attention_impl='splash'.*chunks of 64 positions.*multiple of 512",
         ),
         ({"attention_impl": "splash"}, 512, r"attention_impl='splash'.*chunks of 64 positions.*multiple of 1024"),
         ({"attention_impl": "cudnn", "atten_logit_cap": None}, 32, r"attention_impl='cudnn'.*cannot take another"),

@@ -44,16 +44,9 @@ def check_context(cfg: TransformerConfig, mesh: MeshConfig, seq_len: int | None 
     if cfg.attention_impl == "cudnn":
         raise ConfigError(
             f"{where}, but {_KNOB}.attention_impl='cudnn': context-parallel attention runs each device's "
-            "blocks with the XLA kernel (or splash, on TPU, with context_parallel_strategy='all_gather'), and "
+            "blocks with the XLA kernel (or splash, on TPU), and "
             f"the cudnn kernel cannot take another device's keys. Set {_KNOB}.attention_impl='xla' (or "
             "'auto'), or make the `context` axis 1."
-        )
-    if cfg.attention_impl == "splash" and cfg.context_parallel_strategy == "ring":
-        raise ConfigError(
-            f"{where}, but {_KNOB}.attention_impl='splash' with context_parallel_strategy='ring': the ring "
-            "merges each block into an online softmax, and the splash kernel cannot take another device's "
-            f"keys in blocks. Set {_KNOB}.context_parallel_strategy='all_gather' (splash over the gathered "
-            f"keys, per chunk of queries), or {_KNOB}.attention_impl='xla' (or 'auto')."
         )
     if seq_len is None:
         return

@@ -36,7 +36,12 @@ from jaxtyping import Array, Float, Int
 from equipax.core._mesh_config import BATCH_AXES, CONTEXT, TENSOR
 from equipax.core.nn.attention import _grouped_softmax, check_groups  # pyright: ignore[reportPrivateUsage]
 from equipax.core.nn.attention_masks import attention_mask
-from equipax.core.nn.ring_attention import RingConfig, ring_attention_shard
+from equipax.core.nn.ring_attention import (
+    RingConfig,
+    SplashRingConfig,
+    ring_attention_shard,
+    splash_ring_attention_shard,
+)
 
 __all__ = [
     "ContextParallel",
@@ -46,6 +51,7 @@ __all__ = [
     "ring_attention",
     "slot_index",
     "splash_all_gather_attention",
+    "splash_ring_attention",
     "to_zigzag",
     "zigzag_batch",
     "zigzag_inverse",
@@ -290,6 +296,77 @@ def splash_all_gather_attention(
         if n == 1:
             return attend(0)
         return jax.lax.switch(jax.lax.axis_index(axis), [functools.partial(attend, d) for d in range(n)])
+
+    positions = slot_index(q, None)
+    if n == 1 or mesh is None:
+        return local(q, k, v, positions, seg)
+    return _shard_map(local, mesh, axis, q, k, v, positions, seg)
+
+
+def splash_ring_attention(
+    q: Float[Array, "batch seq heads head_dim"],
+    k: Float[Array, "batch seq kv_heads head_dim"],
+    v: Float[Array, "batch seq kv_heads head_dim"],
+    *,
+    zigzag: bool,
+    causal: bool,
+    logit_cap: float | None = None,
+    segment_ids: Int[Array, "batch seq"] | None = None,
+    window: int | None = None,
+    mesh: Mesh | None = None,
+    axis: str = CONTEXT,
+    interpret: bool = False,
+) -> Float[Array, "batch seq heads head_dim"]:
+    """`ring_attention` with the Pallas splash kernel on every pair of query and key chunks a
+    device meets (TPU; `attention_impl='splash'` with `context_parallel_strategy='ring'`).
+
+    The keys and values rotate around `axis` as in `ring_attention`; each pair's kernel returns
+    its output and log-sum-exp, merged per row in float32. A splash mask is static, so, as in
+    `splash_all_gather_attention`, the layout is (`zigzag`, as the input put it), and each pair's
+    kernel is picked by a `lax.switch` over the few masks a pair can have (a later chunk:
+    skipped; the same chunk: causal; an earlier one: full, or windowed). The backward rotates the
+    blocks again with their gradients, each pair's from splash's backward kernels given the merged
+    output and log-sum-exp (`equipax.core.nn.ring_attention`). Equals `reference_attention` on
+    the unpermuted sequence (tests/core/test_context_parallel_splash.py, in the Pallas interpreter).
+
+    Arguments:
+        q, k, v: queries, keys and values, the sequence in the layout `zigzag` says, split over
+            `axis` into chunks of a multiple of 128 positions (the kernel's block).
+        zigzag: the zigzag layout (else contiguous blocks).
+        causal, logit_cap, window: as `reference_attention`.
+        segment_ids: packed documents, in the same layout.
+        mesh: the device mesh; without one (or with `axis` of size 1) this is splash attention.
+        axis: the context mesh axis.
+        interpret: run the kernel in the Pallas interpreter (any platform; slow: for tests).
+
+    Returns:
+        Attention outputs in `v.dtype`, in the layout of `q`.
+    """
+    n = _check(q, k, mesh, axis)
+    if window is not None and not causal:
+        raise ValueError("a sliding window limits the causal prefix: pass causal=True with window.")
+    seq = q.shape[1]
+    zigzag = zigzag and n > 1
+    if zigzag and seq % (2 * n):
+        raise ValueError(f"the zigzag layout cuts {seq} positions into 2 x {n} chunks; they do not divide.")
+    cfg = SplashRingConfig(
+        axis=axis if n > 1 else None,
+        size=n,
+        zigzag=zigzag,
+        chunk=seq // (2 * n) if zigzag else seq // n,
+        heads=q.shape[2],
+        causal=causal,
+        window=window,
+        logit_cap=logit_cap,
+        interpret=interpret,
+    )
+    q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+    seg = jnp.zeros(q.shape[:2], jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+
+    def local(q: Array, k: Array, v: Array, pos: Array, seg: Array) -> Array:
+        del pos  # the layout is static here
+        all_seg = _gather(seg, axis) if n > 1 else seg
+        return splash_ring_attention_shard(cfg, q, k, v, seg, all_seg)  # pyright: ignore[reportArgumentType]
 
     positions = slot_index(q, None)
     if n == 1 or mesh is None:

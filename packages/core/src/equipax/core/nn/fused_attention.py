@@ -164,9 +164,12 @@ def _splash_kernel(
     window: int | None,
     logit_cap: float | None,
     interpret: bool,
+    save_residuals: bool = False,
 ) -> Any:
     """The splash kernel for `q_len` queries starting at key position `offset` over `kv_len` keys
-    (offset 0 and equal lengths: ordinary self-attention; a context-parallel chunk otherwise)."""
+    (offset 0 and equal lengths: ordinary self-attention; a context-parallel chunk otherwise).
+    `save_residuals`: the kernel also returns each row's log-sum-exp (forward only: what ring
+    attention merges blocks with, `equipax.core.nn.ring_attention.splash_ring_attention_shard`)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     block_q, block_kv = splash_block_size(q_len), splash_block_size(kv_len)
@@ -195,6 +198,7 @@ def _splash_kernel(
         head_shards=1,
         q_seq_shards=1,
         attn_logits_soft_cap=logit_cap,
+        save_residuals=save_residuals,
         interpret=interpret,
     )
 

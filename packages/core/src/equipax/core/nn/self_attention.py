@@ -16,7 +16,8 @@ are those of the families built from it:
 - context parallelism: on a mesh with a `context` axis the sequence is split over it and the
   softmax kernel is `context_attention` (`context_parallel`: all-gather or ring), masked by each
   token's index in the unsplit row (`sequence_index`; docs/long_context.md); with `impl="splash"`
-  (TPU) it is `splash_all_gather_attention`, the kernel per chunk of queries over the gathered keys.
+  (TPU) it is `splash_all_gather_attention` (the kernel per chunk of queries over the gathered
+  keys) or `splash_ring_attention` (the kernel per pair of query and key chunks as the blocks rotate).
 """
 
 from typing import Literal
@@ -31,7 +32,13 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core._mesh_config import CONTEXT
 from equipax.core.nn.attention import cached_attention, check_groups, softmax_attention
-from equipax.core.nn.context_parallel import ContextParallel, context_attention, slot_index, splash_all_gather_attention
+from equipax.core.nn.context_parallel import (
+    ContextParallel,
+    context_attention,
+    slot_index,
+    splash_all_gather_attention,
+    splash_ring_attention,
+)
 from equipax.core.nn.fused_attention import AttentionImpl, mesh_platform, resolve_attention_impl
 from equipax.core.nn.linear import expand_to, fan_in_init
 from equipax.core.nn.linear_attention import linear_attention
@@ -124,7 +131,8 @@ class Attention(eqx.Module):
             (`equipax.core.nn.context_parallel`).
         context_zigzag: the input's layout of the sequence on a `context` axis, zigzag (else
             contiguous blocks; `context_parallel_load_balance`): what `impl="splash"` needs to
-            know statically there (`splash_all_gather_attention`); the other kernels mask by
+            know statically there (`splash_all_gather_attention`, `splash_ring_attention`); the
+            other kernels mask by
             the positions they are given.
         key: PRNG key.
         """
@@ -275,7 +283,8 @@ class Attention(eqx.Module):
             resolve_attention_impl(
                 "splash", mesh_platform(mesh), seq_len=x.shape[1], dtype=q.dtype, logit_cap=self.logit_cap
             )  # a TPU (a ConfigError naming the knob elsewhere)
-            o = splash_all_gather_attention(
+            splash = splash_ring_attention if self.context_parallel == "ring" else splash_all_gather_attention
+            o = splash(
                 q,
                 k,
                 v,
