@@ -125,6 +125,33 @@ def test_host_rows_must_be_the_contiguous_block_the_input_reads():
         check_host_rows(training(((0, 8), (2, 4)), infeed=group), by_process)
 
 
+def test_the_hosts_of_a_context_group_count_what_they_read_once():
+    """The hosts of one context group read the same rows: only the first of them adds its input's
+    counters (data_* in the train records) to the sum over processes."""
+    from types import SimpleNamespace
+
+    from equipax.core.infeed import HostInfeed
+    from equipax.launch.training.train_log import StepTimer, TrainLog
+
+    def counted(infeed):
+        run = SimpleNamespace(
+            cfg=SimpleNamespace(train=SimpleNamespace(log_every=1)),
+            total=1,
+            training=SimpleNamespace(infeed=infeed),
+            inputs=SimpleNamespace(
+                train=SimpleNamespace(counters=lambda: {"tokens": 12}, counter_metrics=lambda t: dict(t))
+            ),
+        )
+        log = TrainLog.__new__(TrainLog)  # a stand-in run, as in test_moe_experiments
+        log.run, log.timer, log.pending = run, StepTimer(0), None  # pyright: ignore[reportAttributeAccessIssue]
+        log.after_dispatch(1, {}, stopping=False)
+        assert log.pending is not None
+        return log.pending[2]
+
+    assert counted(HostInfeed(1, 0, hosts_per_index=2, leads_index=True)) == {"tokens": 12}
+    assert counted(HostInfeed(1, 0, hosts_per_index=2, leads_index=False)) == {"tokens": 0}
+
+
 def test_a_data_state_that_does_not_fit_is_refused_or_with_the_flag_a_new_order():
     import numpy as np
 
