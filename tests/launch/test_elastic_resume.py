@@ -85,28 +85,71 @@ def test_resume_on_fewer_and_more_devices_continues_the_uninterrupted_run(tmp_pa
 
 
 def test_host_rows_must_be_the_contiguous_block_the_input_reads():
-    """The batch sharding decides which rows of a global batch a process's devices hold; the
-    input of host h reads rows [h * b, (h + 1) * b). A mesh that interleaves the hosts is refused."""
+    """The batch sharding decides which rows of a global batch, and which positions of each
+    sequence, a process's devices hold; the input of infeed host h reads rows [h * b, (h + 1) * b)
+    and the process places the positions its `HostInfeed` names. Anything else is refused."""
     from types import SimpleNamespace
 
     import numpy as np
 
+    from equipax.core.infeed import HostInfeed
     from equipax.core.knobs import ConfigError
     from equipax.launch.training.build import check_host_rows
 
-    def training(*blocks):
+    def training(*blocks, infeed):  # blocks: (rows, positions) each device holds
         sharding = SimpleNamespace(
-            addressable_devices_indices_map=lambda shape: {d: (slice(*b), slice(None)) for d, b in enumerate(blocks)}
+            addressable_devices_indices_map=lambda shape: {d: (slice(*r), slice(*p)) for d, (r, p) in enumerate(blocks)}
         )
         batch = {"ids": np.zeros((8, 4))}
         return SimpleNamespace(
-            abstract_batch=lambda: batch, batch_sharding=sharding, mesh=SimpleNamespace(shape={"data": 4})
+            abstract_batch=lambda: batch,
+            batch_sharding=sharding,
+            mesh=SimpleNamespace(shape={"data": 4}),
+            infeed=infeed,
         )
 
-    host1 = SimpleNamespace(infeed_host_index=1, batch_size=4)
-    check_host_rows(training((4, 6), (6, 8)), host1)  # two devices, one block: rows 4..7
+    infeed, every = HostInfeed(num_infeed_hosts=2, infeed_host_index=1), (0, 4)  # every position
+    host1 = SimpleNamespace(infeed_host_index=1, num_infeed_hosts=2, batch_size=4)
+    check_host_rows(training(((4, 6), every), ((6, 8), every), infeed=infeed), host1)  # two devices, one block
     with pytest.raises(ConfigError, match="holds 4 rows from 2 to 7 .* but its input reads rows 4 to 7"):
-        check_host_rows(training((2, 4), (6, 8)), host1)
+        check_host_rows(training(((2, 4), every), ((6, 8), every), infeed=infeed), host1)
+    # The second host of a context group: every row, the second half of each sequence.
+    group = HostInfeed(1, 0, hosts_per_index=2, leads_index=False, seq_blocks=(1, 2), num_seq_blocks=2)
+    reader = SimpleNamespace(infeed_host_index=0, num_infeed_hosts=1, batch_size=8)
+    check_host_rows(training(((0, 8), (2, 4)), infeed=group), reader)
+    with pytest.raises(ConfigError, match="holds positions 0 to 1 of each sequence .* would place positions 2 to 3"):
+        check_host_rows(training(((0, 8), (0, 2)), infeed=group), reader)
+    # Its input built with the process index and count instead of the mesh's.
+    by_process = SimpleNamespace(infeed_host_index=1, num_infeed_hosts=2, batch_size=4)
+    with pytest.raises(ConfigError, match=r"holds 8 rows from 0 to 7 .* reads rows 4 to 7 .*infeed_host_index=0, num"):
+        check_host_rows(training(((0, 8), (2, 4)), infeed=group), by_process)
+
+
+def test_the_hosts_of_a_context_group_count_what_they_read_once():
+    """The hosts of one context group read the same rows: only the first of them adds its input's
+    counters (data_* in the train records) to the sum over processes."""
+    from types import SimpleNamespace
+
+    from equipax.core.infeed import HostInfeed
+    from equipax.launch.training.train_log import StepTimer, TrainLog
+
+    def counted(infeed):
+        run = SimpleNamespace(
+            cfg=SimpleNamespace(train=SimpleNamespace(log_every=1)),
+            total=1,
+            training=SimpleNamespace(infeed=infeed),
+            inputs=SimpleNamespace(
+                train=SimpleNamespace(counters=lambda: {"tokens": 12}, counter_metrics=lambda t: dict(t))
+            ),
+        )
+        log = TrainLog.__new__(TrainLog)  # a stand-in run, as in test_moe_experiments
+        log.run, log.timer, log.pending = run, StepTimer(0), None  # pyright: ignore[reportAttributeAccessIssue]
+        log.after_dispatch(1, {}, stopping=False)
+        assert log.pending is not None
+        return log.pending[2]
+
+    assert counted(HostInfeed(1, 0, hosts_per_index=2, leads_index=True)) == {"tokens": 12}
+    assert counted(HostInfeed(1, 0, hosts_per_index=2, leads_index=False)) == {"tokens": 0}
 
 
 def test_a_data_state_that_does_not_fit_is_refused_or_with_the_flag_a_new_order():

@@ -62,7 +62,7 @@ def test_train_records_carry_the_router_metrics():
         total=1,
         unit="tokens",
         check_nonfinite=lambda step: None,
-        training=SimpleNamespace(mesh=SimpleNamespace(size=1)),
+        training=SimpleNamespace(mesh=SimpleNamespace(size=1), infeed=None),
         writer=SimpleNamespace(write=lambda step, split, record: written.append((step, split, record))),
         inputs=SimpleNamespace(train=SimpleNamespace(counters=dict, counter_metrics=lambda totals: {})),
     )

@@ -29,18 +29,22 @@ def launch(*args, timeout=300, env=None):
     )
 
 
-def train_losses(job):
+def train_losses(job, split="train"):
     recs = [json.loads(ln) for ln in (job / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in recs if r["split"] == "train"]
+    return [r["loss"] for r in recs if r["split"] == split]
 
 
-def cluster(job, *sets, env=None, processes=2):
+def eval_losses(job):
+    return train_losses(job, "eval")
+
+
+def cluster(job, *sets, env=None, processes=2, devices=8):
     return launch(
         "local-cluster",
         "--processes",
         str(processes),
         "--cpu-devices",
-        str(8 // processes),
+        str(devices // processes),
         "--",
         "run",
         *SMOKE,
@@ -95,6 +99,42 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
     assert "Resumed from step 2 on 8 devices in 4 processes" in four.stdout, four.stdout[-3000:]
     assert "the data order is unchanged" in four.stdout
     assert train_losses(tmp_path / "as_four") == pytest.approx(train_losses(tmp_path / "two"), rel=1e-5)
+
+
+# A context axis of 4 across two processes of 2 devices: both read every row, each places half
+# of every sequence (docs/long_context.md, "A context axis across hosts").
+CONTEXT_ACROSS_HOSTS = [
+    "mesh.axis_names=('data', 'fsdp', 'context', 'tensor')",
+    "mesh.ici_mesh_shape=(1, 1, 2, 1)",
+    "mesh.dcn_mesh_shape=(1, 1, 2, 1)",
+    "train.eval_every=2",
+    "data.reset_for_eval=True",  # each eval the same batch (a rolling eval's place is not saved)
+]
+
+
+@pytest.mark.slow
+def test_a_context_axis_across_processes_trains_and_resumes_as_one_process(tmp_path):
+    """Two processes whose devices split each sequence train as one process on the same mesh, and
+    a one-process checkpoint resumes on them with the same batches (the data state is global).
+    Placing the same half of the sequence on both hosts changes the losses (checked by hand)."""
+    env = compile_cache_env(tmp_path / "jax-cache")
+    sets = [a for s in CONTEXT_ACROSS_HOSTS for a in ("--set", s)]
+    alone = launch("run", *SMOKE, *sets, "--set", "train.num_steps=2", "--cpu-devices", "4",
+                   "--job-log-dir", str(tmp_path / "resumed"), env=env)  # fmt: skip
+    assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-2000:]
+    resumed = cluster(tmp_path / "resumed", *CONTEXT_ACROSS_HOSTS, env=env, devices=4)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
+    assert "Resumed from step 2 on 4 devices in 2 processes" in resumed.stdout, resumed.stdout[-3000:]
+    assert "the data order is unchanged" in resumed.stdout
+    # Both hosts of the context group read the same rows (one infeed host).
+    reads = dict(re.findall(r"\[p(\d)\] host \d/2 reads examples (\[[\d, ]+\])", resumed.stdout))
+    assert set(reads) == {"0", "1"} and reads["0"] == reads["1"], resumed.stdout[-3000:]
+    two = cluster(tmp_path / "two", *CONTEXT_ACROSS_HOSTS, env=env, devices=4)
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-2000:]
+    assert len(train_losses(tmp_path / "two")) == 4
+    assert train_losses(tmp_path / "resumed") == pytest.approx(train_losses(tmp_path / "two"), rel=1e-5)
+    assert len(eval_losses(tmp_path / "two")) == 2  # steps 2 and 4
+    assert eval_losses(tmp_path / "resumed") == pytest.approx(eval_losses(tmp_path / "two"), rel=1e-5)
 
 
 @pytest.mark.slow

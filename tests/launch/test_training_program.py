@@ -62,7 +62,7 @@ def test_run_executes_the_program_compile_reports():
         mesh = build_run_mesh(cfg)
         training = build_training(cfg, mesh)
         state = training.init_state()
-        inputs = family(cfg).build_inputs(cfg, pathlib.Path(tempfile.mkdtemp()), log=print)
+        inputs = family(cfg).build_inputs(cfg, pathlib.Path(tempfile.mkdtemp()), mesh=mesh, log=print)
         host = inputs.train.get_next()
         batch = training.place(host)  # what the loop does with each batch
         dispatched = training.train_step.lower(state, batch, training.keys.step).as_text()
@@ -295,23 +295,3 @@ def test_variational_noise_knobs_reach_the_train_step_and_a_regex_matching_nothi
         ConfigError, match=r"train\.vn\.vn_regex='nothing' matches no trained parameter.*embedding/weight"
     ):
         program("train.vn.vn_scale=0.01", "train.vn.vn_regex=nothing")
-
-
-def test_a_context_axis_across_processes_is_refused():
-    """One sequence's shards must come from one host (the input places whole rows per host): a
-    `context` axis whose device groups span processes is refused before anything is built."""
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from equipax.launch.training.build import context_within_processes
-
-    def spans(process_of, shape, names):
-        devices = np.array([SimpleNamespace(process_index=p) for p in process_of], dtype=object).reshape(shape)
-        return not context_within_processes(devices, names)
-
-    names = ("data", "context")
-    assert not spans([0, 0, 1, 1], (2, 2), names)  # hosts split over data
-    assert spans([0, 1, 0, 1], (2, 2), names)  # one row's shards on two hosts
-    assert not spans([0, 1], (2, 1), names)  # context of size 1
-    assert not spans([0, 1], (2,), ("data",))  # no context axis

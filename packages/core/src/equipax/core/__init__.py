@@ -12,9 +12,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from equipax.core import flops, knobs, mesh, nn, optim, partition, step, task, variational_noise
+    from equipax.core import flops, infeed, knobs, mesh, nn, optim, partition, step, task, variational_noise
 
-__all__ = ["flops", "knobs", "mesh", "nn", "optim", "partition", "step", "task", "variational_noise"]
+__all__ = ["flops", "infeed", "knobs", "mesh", "nn", "optim", "partition", "step", "task", "variational_noise"]
 
 
 def __getattr__(name: str) -> Any:

@@ -37,16 +37,18 @@ def check_positive(name: str, value: int) -> None:
 class BaseInput(abc.ABC):
     """A per-host stream of batches: leading dim is the per-host `batch_size`.
 
-    Each host builds its own input with its own `infeed_host_index` (the JAX process index);
-    the global batch is `batch_size * num_infeed_hosts`. Training inputs (`repeat=True`) never
-    end and different hosts never emit the same examples. Eval inputs (`repeat=False`) make one
+    Each host builds its own input with its own `infeed_host_index` (the JAX process index, or
+    the one the hosts of a context group share: `equipax.core.infeed.host_infeed`); the global
+    batch is `batch_size * num_infeed_hosts`. Training inputs (`repeat=True`) never end and
+    different infeed hosts never emit the same examples. Eval inputs (`repeat=False`) make one
     pass, every host emitting the same number of batches, then raise StopIteration; `reset()`
     starts the pass again. `get_state()`/`set_state()` resume exactly where a run left off.
 
     **Arguments:**
 
     - `batch_size`: examples per host per batch.
-    - `num_infeed_hosts`: number of hosts feeding data (JAX process count).
+    - `num_infeed_hosts`: number of hosts feeding distinct rows (the JAX process count over
+      the processes that share each index).
     - `infeed_host_index`: this host's index in `[0, num_infeed_hosts)`.
     - `seed`: data seed; the same on every host (host differences come from the index).
     - `repeat`: True for training (endless), False for one eval pass.
@@ -76,7 +78,7 @@ class BaseInput(abc.ABC):
         ):
             raise ValueError(
                 f"infeed_host_index must be an int in [0, num_infeed_hosts={num_infeed_hosts}), "
-                f"got {infeed_host_index!r}. Pass jax.process_index() and jax.process_count()."
+                f"got {infeed_host_index!r}. Pass the mesh's (equipax.core.infeed.host_infeed(mesh))."
             )
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")

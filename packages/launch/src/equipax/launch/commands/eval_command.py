@@ -195,7 +195,7 @@ class EvalJob:
         if note:
             err.print(note, highlight=False)
         fam = family(cfg)
-        inputs = fam.build_inputs(cfg, self.job_dir, log=lambda m: err.print(m, highlight=False))
+        inputs = fam.build_inputs(cfg, self.job_dir, mesh=mesh, log=lambda m: err.print(m, highlight=False))
         self.program = (build_training(cfg, mesh), inputs.eval, fam.UNIT)
         self._build_scorer(inputs)
         self.path.parent.mkdir(exist_ok=True)

@@ -115,7 +115,7 @@ def decode_split(
         log(note)
     training = build_training(cfg, mesh)
     model, _ = restore_model(job_dir, step, training.abstract_state)
-    inputs = family(cfg).build_inputs(cfg, job_dir, log=log)
+    inputs = family(cfg).build_inputs(cfg, job_dir, mesh=mesh, log=log)
     tokenizer, source = inputs.extra["tokenizer"], inputs.eval
     limit = math.ceil(settings.max_examples / cfg.global_batch_size) if settings.max_examples else 0
     key = jax.random.key(settings.seed)

@@ -6,7 +6,9 @@ shapes). What the launcher adds per family lives here, in `lm_family.py` and `im
 - `numbers(cfg)`: derived numbers from the config alone (parameters, FLOPs, throughput units);
   pure and cheap, for `launch list` / `show` (no loop, no data, no devices);
 - `make_task(cfg, mesh)`: the family's Task for this experiment;
-- `build_inputs(cfg, job_dir, *, log)`: this host's train and eval inputs (`Inputs`);
+- `build_inputs(cfg, job_dir, *, mesh, log)`: this host's train and eval inputs (`Inputs`): the
+  rows of each global batch that `mesh` gives it (`equipax.core.infeed.host_infeed(mesh)`'s
+  `num_infeed_hosts` and `infeed_host_index`);
 - `finish(cfg, model, inputs, *, key, log)`: what a finished run adds (the LM's sample).
 
 `family(cfg)` picks the implementation by `cfg.kind` (the data config's family name). A new

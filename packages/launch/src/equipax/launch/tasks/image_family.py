@@ -44,15 +44,16 @@ def make_task(cfg: ExperimentConfig, mesh: "Mesh | None") -> "ImageClassificatio
     return ImageClassificationTask(cfg.model, cfg.data.image_shape)  # pyright: ignore[reportArgumentType, reportAttributeAccessIssue]
 
 
-def build_inputs(cfg: ExperimentConfig, job_dir: AnyPath, *, log: Callable[[str], object]) -> Inputs:
-    """This host's share of the training images (shuffled per epoch) and one padded pass of the test set."""
-    import jax
-
+def build_inputs(cfg: ExperimentConfig, job_dir: AnyPath, *, mesh: "Mesh", log: Callable[[str], object]) -> Inputs:
+    """This host's share of the training images (shuffled per epoch) and one padded pass of the test
+    set: the rows `mesh` gives it (`equipax.core.infeed.host_infeed`)."""
+    from equipax.core.infeed import host_infeed
     from equipax.data import ImageClassificationInput
 
     d: Any = cfg.data
     (train_x, train_y), (test_x, test_y) = d.image_source.load(d)
-    n, i = jax.process_count(), jax.process_index()
+    infeed = host_infeed(mesh)
+    n, i = infeed.num_infeed_hosts, infeed.infeed_host_index
     per_host = cfg.global_batch_size // n
     train = ImageClassificationInput(
         train_x, train_y, batch_size=per_host, seed=d.seed, shuffle=d.shuffle, num_infeed_hosts=n, infeed_host_index=i

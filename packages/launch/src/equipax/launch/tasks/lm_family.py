@@ -92,10 +92,11 @@ def make_task(cfg: ExperimentConfig, mesh: "Mesh | None") -> "LMTask":
     return LMTask(lm.model, lm.data.seq_len, packed=lm.data.packing, mesh=mesh)
 
 
-def build_inputs(cfg: ExperimentConfig, job_dir: AnyPath, *, log: Callable[[str], object]) -> Inputs:
-    """The job's tokenizer (process 0 trains or finds it; the others load it) and the inputs."""
-    import jax
-
+def build_inputs(cfg: ExperimentConfig, job_dir: AnyPath, *, mesh: "Mesh", log: Callable[[str], object]) -> Inputs:
+    """The job's tokenizer (process 0 trains or finds it; the others load it) and this host's
+    inputs: the rows `mesh` gives it (`equipax.core.infeed.host_infeed`; the hosts of one context
+    group read the same rows)."""
+    from equipax.core.infeed import host_infeed
     from equipax.launch.cluster.distributed import barrier, is_primary
     from equipax.launch.jobdir.storage import job_path
     from equipax.launch.tasks.lm_data import DATA_CACHE, build_lm_inputs, build_tokenizer
@@ -103,11 +104,12 @@ def build_inputs(cfg: ExperimentConfig, job_dir: AnyPath, *, log: Callable[[str]
     tokenizer = build_tokenizer(as_lm(cfg), job_dir, log=log) if is_primary() else None
     barrier("tokenizer")
     tokenizer = tokenizer or build_tokenizer(as_lm(cfg), job_dir)
+    infeed = host_infeed(mesh)
     lm = build_lm_inputs(
         as_lm(cfg),
         tokenizer,
-        num_infeed_hosts=jax.process_count(),
-        infeed_host_index=jax.process_index(),
+        num_infeed_hosts=infeed.num_infeed_hosts,
+        infeed_host_index=infeed.infeed_host_index,
         cache_dir=job_path(job_dir) / DATA_CACHE,
     )
     return Inputs(lm.train, lm.eval, info={"unigram_entropy": lm.unigram_entropy}, extra={"tokenizer": tokenizer})

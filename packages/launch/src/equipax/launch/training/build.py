@@ -11,9 +11,11 @@ from typing import Any
 import equinox as eqx
 import jax
 from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from jaxtyping import PRNGKeyArray
 
-from equipax.core.configs import CONTEXT, VariationalNoiseConfig
+from equipax.core.configs import VariationalNoiseConfig
+from equipax.core.infeed import HostInfeed, host_infeed
 from equipax.core.knobs import ConfigError
 from equipax.core.optim import Learner, group_schedules, make_learner
 from equipax.core.param_paths import param_paths
@@ -56,6 +58,9 @@ class Training:
         train_step: the jitted train step (`state, batch, key -> state, metrics`), non-finite
             updates skipped in-graph.
         eval_step: the jitted eval step (`model, batch, model_state -> eval sums`).
+        infeed: which rows of each global batch this process reads and which part of their
+            sequence it places (`equipax.core.infeed.host_infeed`); None where no batch is placed
+            (`build_training(feeds_batches=False)`).
     """
 
     cfg: ExperimentConfig
@@ -68,6 +73,7 @@ class Training:
     batch_sharding: NamedSharding
     train_step: TrainStep[Any]
     eval_step: Any
+    infeed: HostInfeed | None = None
 
     def init_state(self) -> TrainState[Any]:
         """The initial train state, built directly in its sharded layout (no full copy on one device)."""
@@ -78,12 +84,26 @@ class Training:
         return eqx.filter_jit(make)(self.keys.init)
 
     def place(self, batch: Mapping[str, Any]) -> dict[str, jax.Array]:
-        """This host's rows of the fields the task reads -> global arrays split over the mesh."""
-        return {
-            k: jax.make_array_from_process_local_data(self.batch_sharding, batch[k])
-            for k in self.task.abstract_batch(1)
-            if k in batch
-        }
+        """This host's rows of the fields the task reads -> global arrays split over the mesh.
+
+        The rows are the host's input's (`infeed.infeed_host_index`); of a `[batch seq ...]` field
+        on a `context` axis, only the part of the sequence this process's devices hold is placed
+        (`infeed.seq_slice`: the hosts of one context group read the same rows, each places its part).
+        """
+        if self.infeed is None:
+            raise RuntimeError("This Training was built with feeds_batches=False: it places no batches.")
+        return {k: self._place_field(batch[k], self.infeed) for k in self.task.abstract_batch(1) if k in batch}
+
+    def _place_field(self, x: Any, infeed: HostInfeed) -> jax.Array:
+        global_shape = (x.shape[0] * infeed.num_infeed_hosts, *x.shape[1:])
+        if x.ndim < 2:  # no sequence dimension: split the rows only
+            rows = NamedSharding(self.mesh, P(*self.batch_sharding.spec[:1]))
+            return jax.make_array_from_process_local_data(rows, x, global_shape)
+        if infeed.num_seq_blocks > 1:
+            # JAX maps a dimension shorter than the global one onto the positions this process's
+            # devices address, in order: exactly the contiguous part `seq_slice` cuts.
+            x = x[:, infeed.seq_slice(x.shape[1])]
+        return jax.make_array_from_process_local_data(self.batch_sharding, x, global_shape)
 
     def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
         """One global batch as sharded `ShapeDtypeStruct`s (for AOT lowering)."""
@@ -125,17 +145,6 @@ def _checked_vn(cfg: ExperimentConfig, model: Any) -> VariationalNoiseConfig | N
     return vn
 
 
-def context_within_processes(devices: Any, axis_names: tuple[str, ...]) -> bool:
-    """Whether every group of devices along the mesh's `context` axis (one sequence's shards)
-    belongs to one process (`devices`, `axis_names`: a mesh's). The input places whole rows on
-    each host (`Training.place`), so the parts of one row cannot come from several hosts yet."""
-    if CONTEXT not in axis_names or devices.shape[axis_names.index(CONTEXT)] == 1:
-        return True
-    axis = axis_names.index(CONTEXT)
-    groups = devices.swapaxes(axis, -1).reshape(-1, devices.shape[axis])
-    return all(len({d.process_index for d in group}) == 1 for group in groups)
-
-
 def build_training(cfg: ExperimentConfig, mesh: Mesh, *, feeds_batches: bool = True) -> Training:
     """Build the task, learner, shardings and jitted steps of `cfg` on `mesh`.
 
@@ -144,20 +153,15 @@ def build_training(cfg: ExperimentConfig, mesh: Mesh, *, feeds_batches: bool = T
     Arguments:
         cfg: the resolved experiment.
         mesh: the mesh to shard over (`equipax.core.mesh.build_mesh`).
-        feeds_batches: whether this process will place real batches on the mesh (False for an AOT
-            compile, which lowers the step on abstract arguments: a `context` axis across processes
-            is then allowed, the program being the same whichever host reads which rows).
+        feeds_batches: whether this process will place real batches on the mesh, so that its part
+            of each batch is worked out (`Training.infeed`; a mesh that gives a process a
+            non-contiguous part is then a ConfigError). False for an AOT compile, which lowers the
+            step on abstract arguments: the program is the same whichever host reads which rows.
 
     Returns:
         A `Training`.
     """
-    if feeds_batches and not context_within_processes(mesh.devices, tuple(mesh.axis_names)):
-        raise ConfigError(
-            f"The mesh's `context` axis (size {mesh.shape[CONTEXT]}) spans several processes, but each host "
-            "reads whole rows of the batch: the shards of one sequence cannot come from different hosts yet "
-            "(docs/long_context.md). Keep the context axis within a host (mesh.ici_mesh_shape, with its "
-            "mesh.dcn_mesh_shape entry 1) and split the hosts over data or fsdp."
-        )
+    infeed = host_infeed(mesh) if feeds_batches else None  # a mesh no host can feed fails before compiling
     task = family(cfg).make_task(cfg, mesh)
     learner = make_learner(cfg.learner)
     keys = Keys.from_seed(cfg.train.seed)
@@ -185,24 +189,40 @@ def build_training(cfg: ExperimentConfig, mesh: Mesh, *, feeds_batches: bool = T
         batch_sharding=data_sharding,
         train_step=train_step,
         eval_step=make_eval_step(task),
+        infeed=infeed,
     )
 
 
 def check_host_rows(training: Any, inp: Any) -> None:
-    """Check that the rows of each global batch this process's devices hold (a `Training`'s batch
-    sharding) are the rows its input `inp` reads: `[index * batch_size, (index + 1) * batch_size)`,
-    Pax's `infeed_host_index` contract, which `Training.place` relies on. ConfigError otherwise (a
-    mesh whose device order does not give each process one contiguous block of the batch)."""
+    """Check that the part of each global batch this process's devices hold (a `Training`'s batch
+    sharding, as JAX computes it) is the part `Training.place` gives them: the rows its input `inp`
+    reads, `[index * batch_size, (index + 1) * batch_size)` (Pax's `infeed_host_index` contract), and
+    on a `context` axis the positions `training.infeed.seq_slice`. ConfigError otherwise (an input
+    built with another host index than the mesh's, `equipax.core.infeed.host_infeed`)."""
     shape = next(iter(training.abstract_batch().values())).shape
     rows: set[int] = set()
+    positions: set[int] = set()
     for index in training.batch_sharding.addressable_devices_indices_map(shape).values():
         rows.update(range(*index[0].indices(shape[0])))
+        if len(shape) > 1:
+            positions.update(range(*index[1].indices(shape[1])))
     want = range(inp.infeed_host_index * inp.batch_size, (inp.infeed_host_index + 1) * inp.batch_size)
+    where = f"each global batch of {shape[0]} (the batch sharding over mesh {dict(training.mesh.shape)})"
     if sorted(rows) != list(want):
         found = f"{len(rows)} rows from {min(rows)} to {max(rows)}" if rows else "no rows"
+        infeed = training.infeed
         raise ConfigError(
-            f"Process {jax.process_index()} of {jax.process_count()} holds {found} of each global batch of "
-            f"{shape[0]} (the batch sharding over mesh {dict(training.mesh.shape)}), but its input reads rows "
-            f"{want.start} to {want.stop - 1}. Order the mesh's devices so that each process holds one contiguous "
-            "block of the batch dimension (mesh.dcn_mesh_shape for the axes across hosts)."
+            f"Process {jax.process_index()} of {jax.process_count()} holds {found} of {where}, but its input reads "
+            f"rows {want.start} to {want.stop - 1} (infeed_host_index={inp.infeed_host_index} of "
+            f"num_infeed_hosts={inp.num_infeed_hosts}). Build the input with the mesh's host index and count: "
+            f"infeed_host_index={infeed.infeed_host_index}, num_infeed_hosts={infeed.num_infeed_hosts} "
+            "(equipax.core.infeed.host_infeed(mesh); docs/multihost.md)."
+        )
+    placed = range(shape[1])[training.infeed.seq_slice(shape[1])] if len(shape) > 1 else range(0)
+    if sorted(positions) != list(placed):
+        raise ConfigError(
+            f"Process {jax.process_index()} of {jax.process_count()} holds positions {min(positions)} to "
+            f"{max(positions)} of each sequence of {where}, but would place positions {placed.start} to "
+            f"{placed.stop - 1}. Order the mesh so that each process holds one contiguous block of the sequence "
+            "(the context axis's hosts in mesh.dcn_mesh_shape, its devices within a host in mesh.ici_mesh_shape)."
         )

@@ -180,7 +180,7 @@ def _train(
         f"[bold]{cfg.name}[/]: {numbers['params_total'] / 1e6:.2f}M params, {cfg.global_batch_size:,} "
         f"examples/step, {cfg.num_steps} steps -> {job_dir}"
     )
-    inputs = fam.build_inputs(cfg, job_dir, log=log)
+    inputs = fam.build_inputs(cfg, job_dir, mesh=mesh, log=log)
     mark("inputs")
     training = build_training(cfg, mesh)
     check_host_rows(training, inputs.train)

@@ -88,7 +88,8 @@ class StepLoop:
             for step in range(run.start + 1, run.total + 1):
                 host_batch = run.inputs.train.get_next()
                 if step == run.start + 1:
-                    training.task.check_batch(host_batch, run.cfg.global_batch_size // jax.process_count())
+                    hosts = training.infeed.num_infeed_hosts if training.infeed else 1
+                    training.task.check_batch(host_batch, run.cfg.global_batch_size // hosts)
                     _log_host_examples(self.progress, host_batch)
                 if step in run.cfg.train.debug_nan_steps:  # test knob: a poisoned batch
                     host_batch = poison_batch(host_batch)
@@ -136,7 +137,8 @@ class StepLoop:
 
 
 def _log_host_examples(progress: ProgressReporter, batch: Mapping[str, Any]) -> None:
-    """Multi-host: say which examples this host reads first (disjoint across hosts)."""
+    """Multi-host: say which examples this host reads first (disjoint across infeed hosts; the
+    hosts of one context group read the same)."""
     if jax.process_count() > 1 and "example_id" in batch:
         ids = batch["example_id"]
         progress.message(

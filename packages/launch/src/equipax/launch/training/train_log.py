@@ -92,8 +92,10 @@ class TrainLog:
         self.flush()  # the previous logged step: the device has moved on to this one
         if step % self.run.cfg.train.log_every == 0 or step == self.run.total or stopping:
             # The input's counters now: it has emitted exactly the batches of steps up to `step`.
-            train = self.run.inputs.train
-            self.pending = (step, metrics, train.counter_metrics(sum_over_processes(train.counters())))
+            train, infeed = self.run.inputs.train, self.run.training.infeed
+            # The hosts of one context group read the same rows: the first of them counts them.
+            counts = {k: v if infeed is None or infeed.leads_index else 0 for k, v in train.counters().items()}
+            self.pending = (step, metrics, train.counter_metrics(sum_over_processes(counts)))
 
     def flush(self) -> None:
         """Write the pending record now (reading its metrics waits for its step)."""

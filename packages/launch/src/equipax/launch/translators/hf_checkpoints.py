@@ -169,7 +169,7 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
         (tmp / "knobs.txt").write_text(format_knobs(cfg, sources))
         source = {"source": str(directory.absolute()), "kl": kl, "kl_limit": KL_LIMIT, "tokenizer": copied}
         (tmp / "hf_import.json").write_text(json.dumps(source, indent=2) + "\n")
-        inputs = family(cfg).build_inputs(cfg, tmp, log=log)  # the tokenizer loads; the data's start state
+        inputs = family(cfg).build_inputs(cfg, tmp, mesh=mesh, log=log)  # the tokenizer loads; the data's start state
         checkpointer = Checkpointer(
             tmp / "checkpoints",
             keep=cfg.train.keep_checkpoints,
