@@ -1,9 +1,12 @@
 """What checkpoint checksums cost: save and restore of a preset's train state, with and without them.
 
-Every checkpoint records a checksum of each saved array (`equipax.launch.jobdir.checksums`,
-computed on the device) and verifies it on restore. This measures, on a `benchmarks/train_step.py`
+Every checkpoint records a checksum of each saved array (`equipax.launch.jobdir.checksums`: by
+numpy for arrays in the host's memory, CPU devices included; by a small device program on
+accelerators) and verifies it on restore. This measures, on a `benchmarks/train_step.py`
 preset (default: 20m, the ~20M-parameter LM with its Adam state), the time of:
-  - computing the checksums of the whole state (warm: the small device program is compiled once),
+  - computing the checksums of the whole state (warm: on an accelerator, the small device program
+    is compiled once), and the device program alone on the same arrays, first call (compile
+    included) and warm (on CPU devices `array_checksums` itself takes numpy),
   - a checkpoint save, from the call until the asynchronous write is on disk (with checksums),
   - a restore with verification, and the same restore with verification switched off.
 Prints a table and writes JSON:
@@ -48,7 +51,18 @@ def measure(preset_name: str, *, repeats: int) -> dict[str, Any]:
     state = training.init_state()
     flat = flat_arrays(state)
     nbytes = sum(x.nbytes for x in flat.values())
-    array_checksums(flat)  # compile
+    import numpy as np
+
+    from equipax.launch.jobdir.checksums import _checksums
+
+    # The device program on the same arrays (what accelerators run; on CPU devices `array_checksums`
+    # takes numpy): its first call, compile included, then warm.
+    leaves = [flat[k] for k in sorted(flat)]
+    t0 = time.perf_counter()
+    np.asarray(_checksums(leaves))
+    program_first_s = time.perf_counter() - t0
+    program_s = _median_s(lambda: np.asarray(_checksums(leaves)), repeats)
+    array_checksums(flat)  # compile (accelerators)
     checksum_s = _median_s(lambda: array_checksums(flat), repeats)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Checkpointer(Path(tmp) / "checkpoints", keep=2)
@@ -79,6 +93,8 @@ def measure(preset_name: str, *, repeats: int) -> dict[str, Any]:
         "repeats": repeats,
         "checksums_s": round(checksum_s, 4),
         "checksums_gb_per_s": round(nbytes / checksum_s / 1e9, 2),
+        "device_program_first_call_s": round(program_first_s, 4),
+        "device_program_warm_s": round(program_s, 4),
         "save_with_checksums_s": round(save_s, 4),
         "checksums_share_of_save": round(checksum_s / save_s, 3),
         "restore_verified_s": round(restore_s, 4),

@@ -230,6 +230,51 @@ def test_checksums_match_the_reference_and_see_every_flipped_bit():
             assert array_checksums({"f32": flipped.view(np.float32).reshape(33, 7, 5)})["f32"] != sums["f32"]
 
 
+def test_host_and_device_checksums_agree(monkeypatch):
+    """The numpy sums (arrays in this host's memory) equal the device program's (arrays on an
+    accelerator or split over processes) for every dtype a state holds, 64-bit and PRNG keys
+    included, and do not depend on the chunk size; a changed element changes both."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from equipax.launch.jobdir import checksums
+
+    def both(arrays):
+        names = sorted(arrays)
+        host = {k: checksums.host_checksum(arrays[k]) for k in names}
+        device = np.asarray(checksums._checksums([jnp.asarray(arrays[k]) for k in names]))
+        return host, {k: (int(a), int(b)) for k, (a, b) in zip(names, device)}
+
+    arrays = {
+        "f32": jax.random.normal(jax.random.key(0), (33, 7, 5)),
+        "bf16": jax.random.normal(jax.random.key(1), (9, 4), jnp.bfloat16),
+        "f16": jnp.linspace(-3, 3, 11, dtype=jnp.float16),
+        "i8": jnp.arange(-5, 6, dtype=jnp.int8),
+        "bool": jnp.array([True, False, True]),
+        "scalar": jnp.asarray(2.5),
+        "key": jax.random.split(jax.random.key(3), 3),
+        "empty": jnp.zeros((0, 4)),
+    }
+    host, device = both(arrays)
+    assert host == device
+    monkeypatch.setattr(checksums, "_HOST_CHUNK", 16)  # the f32 array's 1,155 elements in 73 chunks
+    assert both(arrays)[0] == host
+    # `array_checksums` takes numpy for a small state in host memory, the program above the limit.
+    small = checksums.array_checksums(arrays)
+    monkeypatch.setattr(checksums, "HOST_CHECKSUM_MAX_BYTES", 0)
+    assert checksums.array_checksums(arrays) == small == {k: f"{a:08x}{b:08x}" for k, (a, b) in host.items()}
+    assert checksums.on_this_host(arrays["f32"]) and checksums.on_this_host(np.zeros(3))
+    with jax.enable_x64(True):
+        wide = {"f64": jnp.linspace(-1, 1, 13, dtype=jnp.float64), "i64": jnp.arange(2**40, 2**40 + 9, dtype=jnp.int64)}
+        host64, device64 = both(wide)
+    assert host64 == device64
+    changed = np.asarray(arrays["f32"]).copy()
+    changed[4, 2, 1] += 1
+    host_changed, device_changed = both({"f32": changed})
+    assert host_changed["f32"] != host["f32"] and device_changed["f32"] != device["f32"]
+
+
 def test_bit_flip_and_unreadable_metrics_lines_on_resume(job_copy):
     """4: a flipped bit in the newest checkpoint is found by its checksums; 10: metrics.jsonl lines
     that are not JSON objects in UTF-8 are dropped with a warning naming the file."""
