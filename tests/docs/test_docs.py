@@ -102,6 +102,12 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path, first: bool
         # that start from a fixture checkpoint (model.init_from) keep its shape: only shorten.
         small = exp.endswith("_smoke") or bool(exp and getattr(get_experiment(exp).model, "init_from", None))
         toy = SMOKE_SHORT if small else CNN_SHORT if exp.startswith("cnn_") else TOY_SHORT
+        if toy is TOY_SHORT and not any(arg.startswith("train.sample.") for arg in args):
+            # No end-of-run sample (its decode program is a compile of its own, ~2 s of CPU per
+            # run): only the exit code is checked here, and `launch run`'s sample is checked by
+            # the CLI tests (TOY_SHORT's, tests/launch/test_reliability2.py) and
+            # tests/launch/test_launch_decode.py; the docs' `launch decode` commands still decode.
+            toy = [*toy, "train.sample.tokens=0"]
         args += ["--job-log-dir", str(tmp_path / "job"), *set_args(toy)]
     if args[:1] in (["decode"], ["eval"]) and "--job-log-dir" in args:
         i = args.index("--job-log-dir") + 1
