@@ -224,3 +224,37 @@ def test_train_step_skips_nonfinite_updates_in_graph(key):
         np.testing.assert_array_equal(a, b)  # parameters and optimizer state untouched
     state, m3 = step(state, good, key)
     assert np.isfinite(float(m3["loss"])) and float(m3["nonfinite"]) == 0.0
+
+
+def test_shardings_on_one_device_add_no_constraints_and_compile_once(key, batches):
+    """On a one-device mesh the step leaves its boundary constraints out (no-ops there) and still
+    compiles once over repeated calls; on several devices they stay (tests/models/test_sharding.py)."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from equipax.core import step as step_module
+
+    mesh = jax.make_mesh((1,), ("data",))
+    state = init_train_state(MLP(key=key), _OPTIMIZER)
+    state_sharding = jax.tree.map(lambda _: NamedSharding(mesh, P()), eqx.filter(state, eqx.is_array))
+    assert not step_module._placed_on_several_devices(state_sharding)
+    step = make_train_step(
+        LossFnTask(loss_fn),
+        _OPTIMIZER,
+        _SCHEDULE,
+        state_sharding=state_sharding,
+        batch_sharding=NamedSharding(mesh, P()),
+    )
+    assert "sharding_constraint" not in step.lower(state, batches[0], key).as_text()
+    compiles = []
+
+    def on_event(name, secs, **kw):
+        if name == "/jax/core/compile/backend_compile_duration" and kw.get("fun_name") == "jit(train_step)":
+            compiles.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:
+        run(step, state, batches, key, 3)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    assert len(compiles) == 1
