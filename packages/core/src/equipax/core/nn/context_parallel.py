@@ -36,12 +36,8 @@ from jaxtyping import Array, Float, Int
 from equipax.core._mesh_config import BATCH_AXES, CONTEXT, TENSOR
 from equipax.core.nn.attention import _grouped_softmax, check_groups  # pyright: ignore[reportPrivateUsage]
 from equipax.core.nn.attention_masks import attention_mask
-from equipax.core.nn.ring_attention import (
-    RingConfig,
-    SplashRingConfig,
-    ring_attention_shard,
-    splash_ring_attention_shard,
-)
+from equipax.core.nn.ring_attention import RingConfig, ring_attention_shard
+from equipax.core.nn.splash_ring_attention import SplashRingConfig, splash_ring_attention_shard
 
 __all__ = [
     "ContextParallel",

@@ -169,7 +169,7 @@ def _splash_kernel(
     """The splash kernel for `q_len` queries starting at key position `offset` over `kv_len` keys
     (offset 0 and equal lengths: ordinary self-attention; a context-parallel chunk otherwise).
     `save_residuals`: the kernel also returns each row's log-sum-exp (forward only: what ring
-    attention merges blocks with, `equipax.core.nn.ring_attention.splash_ring_attention_shard`)."""
+    attention merges blocks with, `equipax.core.nn.splash_ring_attention.splash_ring_attention_shard`)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     block_q, block_kv = splash_block_size(q_len), splash_block_size(kv_len)
