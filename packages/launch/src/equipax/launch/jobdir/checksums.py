@@ -148,16 +148,15 @@ def array_checksums(flat: dict[str, Any]) -> dict[str, str]:
     Every process of a multi-host job must call it (the sums over sharded arrays are collectives).
     """
     names = sorted(flat)
-    local = all(on_this_host(x) for x in flat.values())
-    small = local and sum(_nbytes(x) for x in flat.values()) <= HOST_CHECKSUM_MAX_BYTES
-    host = {k: host_checksum(flat[k]) for k in names} if small else {}
-    device = [k for k in names if k not in host]
-    if device:
-        sums = _checksums([flat[k] for k in device])
+    leaves = [flat[k] for k in names]
+    if all(map(on_this_host, leaves)) and sum(map(_nbytes, leaves)) <= HOST_CHECKSUM_MAX_BYTES:
+        sums: Any = [host_checksum(x) for x in leaves]
+    else:
+        sums = _checksums(leaves)
         if isinstance(sums, jax.Array) and not sums.is_fully_addressable:
             sums = sums.addressable_data(0)
-        host |= {k: (int(a), int(b)) for k, (a, b) in zip(device, np.asarray(sums))}
-    return {k: f"{host[k][0]:08x}{host[k][1]:08x}" for k in names}
+        sums = np.asarray(sums)
+    return {k: f"{int(a):08x}{int(b):08x}" for k, (a, b) in zip(names, sums)}
 
 
 def json_checksum(obj: Any) -> str:
