@@ -9,7 +9,6 @@ user-error code 2), `gcs-emulator` (run by tests/launch/test_object_storage.py a
 emulator). Any other command in a runnable block is an error: mark it.
 """
 
-import hashlib
 import os
 import re
 import shlex
@@ -18,7 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from helpers import REPO
@@ -152,74 +150,10 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path, first: bool
         assert code == 0, f"{' '.join(words)}\n{output}"
 
 
-# {(tokenizer fingerprint, digest of the texts): token stream}, kept across the blocks of a run.
-_TOKEN_STREAMS: dict[tuple[str, str], "np.ndarray"] = {}
-
-
-def _remember_token_streams(monkeypatch) -> None:
-    """`equipax.data.build_lm_texts_tokens` (what a `launch` command's token source calls to encode
-    its documents) remembers what it returned, for this process: the docs' commands encode the
-    same Shakespeare plays with the same tokenizers again and again (an `hf-import` of llama3_2,
-    its `launch run`, its `launch eval`: about 10 s of `tokenizers` encoding each on 2 cores). The
-    stream is a function of the tokenizer's ids alone (`Tokenizer.fingerprint`: its class, special
-    ids and vocabulary bytes) and the texts (their SHA-256, in order), so a remembered stream is the
-    one the call would build; the first call with each pair runs the encoder itself."""
-    import equipax.data
-
-    encode = equipax.data.build_lm_texts_tokens
-
-    def remembered(texts, tokenizer):
-        texts = list(texts)
-        digest = hashlib.sha256()
-        for text in texts:
-            digest.update(hashlib.sha256(text.encode()).digest())
-        key = (tokenizer.fingerprint(), digest.hexdigest())
-        if key not in _TOKEN_STREAMS:
-            _TOKEN_STREAMS[key] = encode(texts, tokenizer)
-        return _TOKEN_STREAMS[key].copy()
-
-    monkeypatch.setattr(equipax.data, "build_lm_texts_tokens", remembered)
-
-
-# {(digest of the training texts, the trainer's settings): the .model file's bytes}, kept across the
-# blocks of a run.
-_VOCABULARIES: dict[tuple, bytes] = {}
-
-
-def _remember_vocabularies(monkeypatch) -> None:
-    """`SentencePieceTokenizer.train` (what a job without a vocabulary calls on its first `launch
-    run`) remembers the model it wrote, for this process: the docs' commands train the same
-    384-piece vocabulary of `shakespeare_tiny` on the same plays in every block that starts such a
-    job (README.md, quickstart.md, decoding.md, ...). Training is deterministic (its docstring: the
-    same lines, no shuffling, a fixed thread count), so the model is a function of the texts (their
-    SHA-256, in order) and the settings; a remembered one is written to `model_path` as training
-    would write it and loaded from there. The first call with each key trains."""
-    from equipax.data.tokenizers import SentencePieceTokenizer
-
-    train = SentencePieceTokenizer.train.__func__
-
-    def remembered(cls, texts, *, model_path, **settings):
-        texts = list(texts)
-        digest = hashlib.sha256()
-        for text in texts:
-            digest.update(hashlib.sha256(text.encode()).digest())
-        key = (cls, digest.hexdigest(), tuple(sorted(settings.items())))
-        if key not in _VOCABULARIES:
-            tok = train(cls, texts, model_path=model_path, **settings)
-            _VOCABULARIES[key] = Path(model_path).read_bytes()
-            return tok
-        path = Path(model_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(_VOCABULARIES[key])
-        return cls.load(path)
-
-    monkeypatch.setattr(SentencePieceTokenizer, "train", classmethod(remembered))
-
-
 @pytest.mark.parametrize("lang, flags, code", list(blocks()))
 def test_doc_block(lang, flags, code, tmp_path, monkeypatch):
-    _remember_token_streams(monkeypatch)
-    _remember_vocabularies(monkeypatch)
+    # Every block's fresh jobs on the same plays train each vocabulary and encode each corpus once
+    # in this suite: the machine's cache (`EQUIPAX_CACHE_DIR`, set in tests/conftest.py).
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tests").symlink_to(REPO / "tests")  # commands name the repository's fixtures
     if lang == "python":

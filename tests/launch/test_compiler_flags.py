@@ -77,7 +77,8 @@ def test_launch_compile_hands_the_seeds_libtpu_args_to_xla_tpu(tmp_path):
 
 @pytest.fixture
 def probe_env(tmp_path, monkeypatch):
-    """An empty probe cache and no flags of the machine's own."""
+    """An empty probe cache (at its default place under XDG_CACHE_HOME) and no flags of the machine's own."""
+    monkeypatch.delenv("EQUIPAX_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     for var in ("XLA_FLAGS", "LIBTPU_INIT_ARGS"):
         monkeypatch.delenv(var, raising=False)

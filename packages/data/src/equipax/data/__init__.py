@@ -3,6 +3,7 @@
 from equipax.data.base import BaseInput, Batch, Documents
 from equipax.data.chat import ChatError, ChatTemplate, Conversations, chat_example, read_conversations
 from equipax.data.chat_input import ChatSFTInput
+from equipax.data.content_cache import ContentCache, content_key
 from equipax.data.documents import DocumentLMInput
 from equipax.data.eval import RollingEvalInput, make_eval_input
 from equipax.data.global_order import GlobalOrderInput, epoch_permutation
@@ -48,6 +49,7 @@ __all__ = [
     "ChatError",
     "ChatSFTInput",
     "ChatTemplate",
+    "ContentCache",
     "Conversations",
     "DataError",
     "Documents",
@@ -72,6 +74,7 @@ __all__ = [
     "choice_accuracy",
     "check_shard_output",
     "clean_markdown",
+    "content_key",
     "epoch_permutation",
     "exact_match",
     "find_shards",

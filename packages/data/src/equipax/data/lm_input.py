@@ -7,6 +7,7 @@ import numpy as np
 from jaxtyping import Int, Integer
 
 from equipax.data.base import Batch, check_positive
+from equipax.data.content_cache import ContentCache, content_key
 from equipax.data.global_order import GlobalOrderInput, epoch_permutation
 from equipax.data.tokenizers import Tokenizer
 
@@ -121,16 +122,30 @@ class TokenWindowInput(GlobalOrderInput):
         return lm_batch(empty, np.zeros((0,), np.int64), batch_size=n, pad_id=self._pad_id)
 
 
-def build_lm_texts_tokens(texts: Iterable[str], tokenizer: Tokenizer) -> Int[np.ndarray, " stream"]:
+def build_lm_texts_tokens(
+    texts: Iterable[str], tokenizer: Tokenizer, *, cache: ContentCache | None = None
+) -> Int[np.ndarray, " stream"]:
     """Encode each document and concatenate them, each followed by `tokenizer.eos_id`.
+
+    `cache`: where streams encoded before are kept by a digest of the texts and
+    `tokenizer.fingerprint()` (everything that decides the ids); an equal digest reads the kept
+    stream instead of encoding again. None: always encode.
 
     **Returns:** the int32 token stream to feed `TokenWindowInput`.
     """
+    texts = list(texts)
+    key = content_key("lm-texts-tokens", tokenizer.fingerprint(), texts) if cache is not None else ""
+    kept = cache.get(key) if cache is not None else None
+    if kept is not None and len(kept) % 4 == 0:
+        return np.frombuffer(kept, dtype="<i4").astype(np.int32)
     pieces: list[int] = []
     for text in texts:
         pieces.extend(tokenizer.encode(text))
         pieces.append(tokenizer.eos_id)
-    return np.asarray(pieces, dtype=np.int32)
+    stream = np.asarray(pieces, dtype=np.int32)
+    if cache is not None:
+        cache.put(key, stream.astype("<i4").tobytes())
+    return stream
 
 
 def unigram_entropy(tokens: Integer[np.ndarray, " stream"], vocab_size: int) -> float:

@@ -8,10 +8,12 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import sentencepiece as spm
+
+from equipax.data.content_cache import ContentCache, content_key
 
 __all__ = ["ByteTokenizer", "HFTokenizer", "SentencePieceTokenizer", "Tokenizer"]
 
@@ -102,6 +104,8 @@ class SentencePieceTokenizer(Tokenizer):
     def __init__(self, processor: spm.SentencePieceProcessor, model_path: Path | None = None) -> None:
         self._sp = processor
         self.model_path = model_path
+        # True when `train` found this model in its cache instead of training it.
+        self.from_cache = False
 
     def _model_bytes(self) -> bytes:
         return self._sp.serialized_model_proto()
@@ -128,6 +132,7 @@ class SentencePieceTokenizer(Tokenizer):
         model_type: Literal["bpe", "unigram", "char", "word"] = "bpe",
         max_sentences: int = 1_000_000,
         num_threads: int = 1,
+        cache: ContentCache | None = None,
     ) -> "SentencePieceTokenizer":
         """Train a vocabulary on `texts` locally and write it to `model_path`.
 
@@ -142,6 +147,9 @@ class SentencePieceTokenizer(Tokenizer):
         - `model_type`: SentencePiece algorithm; "bpe" is fast, "unigram" is SentencePiece's default.
         - `max_sentences`: cap on training lines, to bound training time.
         - `num_threads`: trainer threads (unigram only; keep fixed for reproducible models).
+        - `cache`: where models trained before are kept by a digest of the training lines, the
+          settings and the SentencePiece version; an equal digest writes the kept model to
+          `model_path` instead of training (`from_cache` is then True). None: always train.
 
         **Returns:** the loaded tokenizer.
         """
@@ -155,37 +163,46 @@ class SentencePieceTokenizer(Tokenizer):
         if len(lines) > max_sentences:
             picks = np.linspace(0, len(lines) - 1, max_sentences).round().astype(np.int64)
             lines = [lines[i] for i in picks]
+        settings: dict[str, Any] = dict(
+            vocab_size=vocab_size,
+            model_type=model_type,
+            pad_id=0,
+            unk_id=1,
+            bos_id=2,
+            eos_id=3,
+            byte_fallback=True,
+            character_coverage=0.9995,
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            # Documents are encoded whole, so a line-initial word has no preceding space; training
+            # lines must not get one either or line-initial pieces are never used.
+            add_dummy_prefix=False,
+            shuffle_input_sentence=False,
+            input_sentence_size=0,
+            max_sentence_length=1 << 16,
+            num_threads=num_threads,
+        )
+        path = Path(model_path)
+        key = content_key("sentencepiece", spm.__version__, repr(sorted(settings.items())), lines)
+        kept = cache.get(key) if cache is not None else None
+        if kept is not None:
+            _write_atomic(path, kept)
+            tok = cls.load(path)
+            tok.from_cache = True
+            return tok
         writer = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
                 sentence_iterator=iter(lines),
                 model_writer=writer,
-                vocab_size=vocab_size,
-                model_type=model_type,
-                pad_id=0,
-                unk_id=1,
-                bos_id=2,
-                eos_id=3,
-                byte_fallback=True,
-                character_coverage=0.9995,
-                normalization_rule_name="identity",
-                remove_extra_whitespaces=False,
-                # Documents are encoded whole, so a line-initial word has no preceding space; training
-                # lines must not get one either or line-initial pieces are never used.
-                add_dummy_prefix=False,
-                shuffle_input_sentence=False,
-                input_sentence_size=0,
-                max_sentence_length=1 << 16,
-                num_threads=num_threads,
                 minloglevel=2,  # warnings and errors only; training progress is not printed
+                **settings,
             )
         except RuntimeError as err:
             raise ValueError(f"SentencePiece training failed (vocab_size={vocab_size}): {err}") from err
-        path = Path(model_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(writer.getvalue())
-        tmp.replace(path)
+        _write_atomic(path, writer.getvalue())
+        if cache is not None:
+            cache.put(key, writer.getvalue())
         return cls.load(path)
 
     @property
@@ -351,3 +368,10 @@ class HFTokenizer(Tokenizer):
             if not 0 <= i < self.vocab_size:
                 raise ValueError(f"id {i} is outside the vocabulary [0, {self.vocab_size}).")
         return self._tok.decode(flat, skip_special_tokens=skip_special_tokens)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)

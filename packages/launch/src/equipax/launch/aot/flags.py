@@ -12,7 +12,8 @@ XLA_FLAGS"; libtpu: "Unknown command line flag"), with no word of which knob set
 loads even for a CPU run when JAX_PLATFORMS is unset. `check_compiler_flags` finds that out first,
 in a child process that starts the CPU backend and loads libtpu for a compile-only topology (no
 chip is opened), and turns it into an error naming the knob; a flag set that passed is remembered
-(in `~/.cache/equipax/compiler_flags.json`), so a rerun does not probe again.
+(in the machine's cache, `~/.cache/equipax/compiler_flags.json` by default:
+`equipax.launch.jobdir.machine_cache`), so a rerun does not probe again.
 """
 
 import hashlib
@@ -85,8 +86,11 @@ if os.environ.get("LIBTPU_INIT_ARGS") and importlib.util.find_spec("libtpu") is 
 """
 
 
-def _cache() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "equipax" / "compiler_flags.json"
+def _cache() -> Path | None:
+    from equipax.launch.jobdir.machine_cache import cache_root
+
+    root = cache_root()
+    return root / "compiler_flags.json" if root is not None else None
 
 
 def _key(environ: Mapping[str, str]) -> str:
@@ -99,14 +103,19 @@ def _key(environ: Mapping[str, str]) -> str:
 
 
 def _known_good() -> set[str]:
+    path = _cache()
+    if path is None:
+        return set()
     try:
-        return set(json.loads(_cache().read_text()))
+        return set(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return set()
 
 
 def _remember(key: str) -> None:
     path = _cache()
+    if path is None:
+        return  # caching is off (EQUIPAX_CACHE_DIR=""): the next run probes again
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

@@ -91,10 +91,14 @@ class ShakespearePlays(TokenSource):
         import numpy as np
 
         from equipax.data import TokenWindowInput, build_lm_texts_tokens, unigram_entropy
+        from equipax.launch.jobdir.machine_cache import content_cache
 
         train_texts, eval_texts = self.split(data)
-        train_stream = build_lm_texts_tokens(train_texts.values(), tokenizer)
-        eval_stream = build_lm_texts_tokens(eval_texts.values(), tokenizer)
+        # Encoded once per machine (docs/data.md, "The machine's cache"): a fresh job or a resume
+        # on the same plays and vocabulary reads the streams.
+        cache = content_cache("tokens")
+        train_stream = build_lm_texts_tokens(train_texts.values(), tokenizer, cache=cache)
+        eval_stream = build_lm_texts_tokens(eval_texts.values(), tokenizer, cache=cache)
         if int(np.max(train_stream)) >= vocab_size:
             raise ConfigError(
                 f"The tokenizer emits ids up to {int(np.max(train_stream))} but model.vocab_size="

@@ -14,6 +14,7 @@ from equipax.core.knobs import ConfigError
 from equipax.data import BaseInput, ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer, make_eval_input
 from equipax.launch.configs.experiment import LMExperiment
 from equipax.launch.configs.sources import HostShard
+from equipax.launch.jobdir.machine_cache import CACHE_ENV, cache_root, content_cache
 from equipax.launch.jobdir.storage import AnyPath, is_remote, job_path, local_copy, local_file
 from equipax.launch.jobdir.store_checks import data_path
 
@@ -126,12 +127,16 @@ def build_tokenizer(cfg: LMExperiment, job_dir: AnyPath, log: Callable[[str], ob
     )
     try:
         with local_copy(path.parent) as folder:  # a store's job: trained here, then uploaded
-            return SentencePieceTokenizer.train(
+            tok = SentencePieceTokenizer.train(
                 source.vocabulary_texts(cfg.data),
                 vocab_size=cfg.model.vocab_size,
                 model_path=folder / TOKENIZER_FILE,
                 max_sentences=cfg.data.tokenizer_max_sentences,
+                cache=content_cache("vocabularies"),
             )
+        if tok.from_cache:
+            log(f"  the same vocabulary was trained on these texts before: copied from {cache_root()} ({CACHE_ENV})")
+        return tok
     except ConfigError:
         raise  # the training texts are unusable (missing data.path...): that message, not "raise vocab_size"
     except ValueError as e:
