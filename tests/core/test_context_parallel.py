@@ -17,7 +17,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers.multidevice import run_with_devices
+from helpers.parts import part_stdout, run_parts_with_devices
 
 CHILD = r"""
 import json
@@ -158,10 +158,16 @@ print(json.dumps({"errors": errors, "hlo": hlo, "mutants": mutants}))
 
 
 @pytest.fixture(scope="module")
-def results():
-    return json.loads(
-        run_with_devices(CHILD, timeout=600, xla_flags="--xla_backend_optimization_level=0").splitlines()[-1]
-    )
+def children():
+    """The parity child and the ring-under-scan trace (4 of its devices) in one 8-device process
+    (one JAX start-up, not two), each passing or failing on its own (helpers.parts)."""
+    parts = {"parity": CHILD, "ring_under_scan": RING_UNDER_SCAN}
+    return run_parts_with_devices(parts, timeout=600, xla_flags="--xla_backend_optimization_level=0")
+
+
+@pytest.fixture(scope="module")
+def results(children):
+    return json.loads(part_stdout(children, "parity").splitlines()[-1])
 
 
 def test_context_parallel_attention_equals_dense_reference(results):
@@ -223,7 +229,7 @@ import re
 import jax.numpy as jnp
 from jax.sharding import Mesh
 from equipax.core.nn.context_parallel import ring_attention
-mesh = Mesh(jax.devices(), ("context",))
+mesh = Mesh(jax.devices()[:4], ("context",))
 pos = jnp.arange(256)[None]
 
 
@@ -247,10 +253,10 @@ for scanned in (False, True):
 """
 
 
-def test_ring_gradient_under_a_layer_scan_saves_no_per_step_blocks():
+def test_ring_gradient_under_a_layer_scan_saves_no_per_step_blocks(children):
     """The gradient of ring attention keeps only the custom backward's residuals, unrolled and under
     a scan over layers. Without the positions tied to the rotating block (ring_attention._tied),
     the scanned program kept every ring step's masks and the skipped-block conds' values, hoisted
     out of the layer loop as loop-invariant (160 GiB per chip for llama3_1_8b_128k)."""
-    out = run_with_devices(RING_UNDER_SCAN, devices=4).strip().splitlines()
+    out = part_stdout(children, "ring_under_scan").strip().splitlines()
     assert out == ["False []", "True []"], out

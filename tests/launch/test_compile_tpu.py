@@ -156,13 +156,14 @@ SPLASH = (
     ],
 )
 def test_splash_attention_lowers_and_compiles_for_a_tpu_slice(exp, topology, mesh, tmp_path):
-    proc = launch("compile", "--exp", exp, "--topology", topology, *SPLASH, "--job-log-dir", str(tmp_path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # In-process (as the multislice test): a child's Python, JAX and equipax start-up saved.
+    result = invoke("compile", "--exp", exp, "--topology", topology, *SPLASH, "--job-log-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "compile.json").read_text())
     assert report["mesh"] == mesh and report["compile"]["backend"] == "tpu"
     # The Pallas kernels (forward, and dq / dkv backward) are Mosaic custom calls in the program.
     assert report["custom_calls"].get("tpu_custom_call", 0) >= 3, report["custom_calls"]
-    assert "tpu_custom_call" in proc.stdout
+    assert "tpu_custom_call" in result.output
 
 
 @pytest.mark.parametrize("strategy", ["all_gather", "ring"])
@@ -171,8 +172,9 @@ def test_splash_under_context_parallelism_compiles_for_a_tpu_slice(tmp_path, str
     of 128 positions of 512): XLA:TPU compiles it, the kernels as Mosaic custom calls. All-gather:
     each chunk of queries over the gathered keys, per device (the `lax.switch` over the context
     index). Ring: each pair of query and key chunks as the blocks rotate (the `lax.switch` over
-    the pair's mask), the keys and values moved by collective-permutes, not gathered."""
-    proc = launch(
+    the pair's mask), the keys and values moved by collective-permutes, not gathered. In-process,
+    as the multislice test."""
+    result = invoke(
         "compile",
         "--exp",
         "c4_1b_smoke",
@@ -186,7 +188,7 @@ def test_splash_under_context_parallelism_compiles_for_a_tpu_slice(tmp_path, str
         "--job-log-dir",
         str(tmp_path),
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "compile.json").read_text())
     assert report["mesh"] == {"data": 1, "fsdp": 2, "context": 2, "tensor": 1}
     # All-gather: 2 devices' branches x 2 chunks x (forward, dq, dkv); with full remat the forward

@@ -1,12 +1,17 @@
 """Pipeline parallelism (equipax.core.nn.pipeline): pipelined == unpipelined on 8 simulated
 devices for GPipe and circular schedules, sharding over `stage` with FSDP and tensor inside each
 stage (the knob errors: tests/core/test_pipeline_knobs.py; the pipelined experiment through the
-CLI: tests/launch/test_pipeline_experiments.py)."""
+CLI: tests/launch/test_pipeline_experiments.py). The three checks run in one fresh process (one
+JAX start-up, not three), each in its own namespace and passing or failing on its own
+(helpers.parts)."""
 
 import json
 import textwrap
 
-from helpers.multidevice import FAST_COMPILE, run_with_devices
+import pytest
+
+from helpers.multidevice import FAST_COMPILE
+from helpers.parts import part_stdout, run_parts_with_devices
 
 # A tiny LM (8 layers: 2 or 4 stages, x2 repeats) trained by plain Adam, shared by the children.
 _MODEL = """
@@ -67,13 +72,7 @@ def train(cfg, mesh, steps=2):
 """
 
 
-def test_pipelined_equals_unpipelined_gpipe_and_circular():
-    """2 and 4 stages, GPipe and circular, composed with data/fsdp/tensor axes inside the stages:
-    2 Adam steps give the unpipelined losses (rel 1e-5) and gradients (max abs diff 1e-5; the
-    largest gradient entries are ~0.09; measured: loss rel <= 2.3e-7, gradients <= 2e-7)."""
-    out = run_with_devices(
-        _MODEL
-        + textwrap.dedent("""
+EQUALS_UNPIPELINED = _MODEL + textwrap.dedent("""
     ref_losses, ref_grads, _ = train(BASE, None)
     results = {}
     # (stages, schedule, mesh (stage, data, fsdp, tensor)).
@@ -84,22 +83,21 @@ def test_pipelined_equals_unpipelined_gpipe_and_circular():
         diff = max(float(np.max(np.abs(a - b))) for g, r in zip(grads, ref_grads) for a, b in zip(g, r))
         results[f"{stages}-{schedule}"] = (rel, diff)
     print(json.dumps({"ref": ref_losses, "results": results}))
-    """),
-        xla_flags=FAST_COMPILE,
-    )
-    report = json.loads(out.strip().splitlines()[-1])
+    """)
+
+
+def test_pipelined_equals_unpipelined_gpipe_and_circular(children):
+    """2 and 4 stages, GPipe and circular, composed with data/fsdp/tensor axes inside the stages:
+    2 Adam steps give the unpipelined losses (rel 1e-5) and gradients (max abs diff 1e-5; the
+    largest gradient entries are ~0.09; measured: loss rel <= 2.3e-7, gradients <= 2e-7)."""
+    report = json.loads(part_stdout(children, "equals_unpipelined").strip().splitlines()[-1])
     assert report["ref"][-1] < report["ref"][0]  # the steps train
     for name, (rel, diff) in report["results"].items():
         assert rel <= 1e-5, (name, rel)
         assert diff <= 1e-5, (name, diff)
 
 
-def test_stage_weights_are_split_over_stage_and_sharded_inside():
-    """Each stage's devices hold only its layers; inside a stage FSDP and tensor shard them as
-    unpipelined; activations cross stages by collective-permute (the ppermute)."""
-    out = run_with_devices(
-        _MODEL
-        + textwrap.dedent("""
+STAGE_WEIGHTS = _MODEL + textwrap.dedent("""
     cfg = pipelined(2, "gpipe")
     mesh = pipeline_mesh((2, 1, 2, 2))
     model = TransformerLM(cfg, key=jax.random.key(0))
@@ -124,10 +122,14 @@ def test_stage_weights_are_split_over_stage_and_sharded_inside():
                       "permute": hlo.count("collective-permute"),
                       "permute_unpipelined": flat_hlo.count("collective-permute"),
                       "emb": list(specs.embedding.weight)}))
-    """),
-        xla_flags=FAST_COMPILE,  # LLVM's level: the partitioned HLO (its collective-permutes) is the same
-    )
-    r = json.loads(out.strip().splitlines()[-1])
+    """)
+
+
+def test_stage_weights_are_split_over_stage_and_sharded_inside(children):
+    """Each stage's devices hold only its layers; inside a stage FSDP and tensor shard them as
+    unpipelined; activations cross stages by collective-permute (the ppermute). (Compiled with
+    FAST_COMPILE, LLVM's level: the partitioned HLO, its collective-permutes, is the same.)"""
+    r = json.loads(part_stdout(children, "stage_weights").strip().splitlines()[-1])
     assert r["qkv"][0] == "stage" and "fsdp" in r["qkv"] and "tensor" in r["qkv"], r
     assert r["down"] == ["stage", None, None, "tensor", "fsdp"], r
     assert r["full"][:3] == [2, 1, 4] and r["shard"][:3] == [1, 1, 4], r
@@ -136,14 +138,7 @@ def test_stage_weights_are_split_over_stage_and_sharded_inside():
     assert "stage" not in r["emb"]  # the embedding is outside the pipeline: replicated over stage
 
 
-def test_pipelined_llama_block_with_packed_documents_equals_unpipelined():
-    """The Llama block (RoPE, grouped-query attention, RMSNorm, SwiGLU, untied output) through the
-    same pipeline, 2 stages x 2-way FSDP x 2-way tensor, on packed rows (segments, positions and
-    rotary angles split into microbatches with the activations): 2 Adam steps give the unpipelined
-    losses and gradients."""
-    out = run_with_devices(
-        _MODEL
-        + textwrap.dedent("""
+LLAMA_BLOCK = _MODEL + textwrap.dedent("""
     LLAMA = dataclasses.replace(
         BASE, position="rope", output_logit_cap=None, tie_embeddings=False, embedding_multiplier=None,
         embedding_init_std=1.0, transformer=dataclasses.replace(
@@ -158,9 +153,21 @@ def test_pipelined_llama_block_with_packed_documents_equals_unpipelined():
     rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
     diff = max(float(np.max(np.abs(a - b))) for g, r in zip(grads, ref_grads) for a, b in zip(g, r))
     print(json.dumps({"ref": ref_losses, "rel": rel, "diff": diff}))
-    """),
-        xla_flags=FAST_COMPILE,
-    )
-    report = json.loads(out.strip().splitlines()[-1])
+    """)
+
+
+@pytest.fixture(scope="module")
+def children():
+    """Each test's child code, run in one 8-device process."""
+    parts = {"equals_unpipelined": EQUALS_UNPIPELINED, "stage_weights": STAGE_WEIGHTS, "llama_block": LLAMA_BLOCK}
+    return run_parts_with_devices(parts, xla_flags=FAST_COMPILE)
+
+
+def test_pipelined_llama_block_with_packed_documents_equals_unpipelined(children):
+    """The Llama block (RoPE, grouped-query attention, RMSNorm, SwiGLU, untied output) through the
+    same pipeline, 2 stages x 2-way FSDP x 2-way tensor, on packed rows (segments, positions and
+    rotary angles split into microbatches with the activations): 2 Adam steps give the unpipelined
+    losses and gradients."""
+    report = json.loads(part_stdout(children, "llama_block").strip().splitlines()[-1])
     assert report["ref"][-1] < report["ref"][0]
     assert report["rel"] <= 1e-5 and report["diff"] <= 1e-5, report

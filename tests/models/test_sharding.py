@@ -1,11 +1,13 @@
-"""Sharded LM training on 8 simulated CPU devices (each test in a fresh process): sharded ==
-one device, shardings follow the rules, shard_map blocks == GSPMD."""
+"""Sharded LM training on 8 simulated CPU devices: sharded == one device, shardings follow the
+rules, shard_map blocks == GSPMD. The three checks run in one fresh process (one JAX start-up, not
+three), each in its own namespace and passing or failing on its own (helpers.parts)."""
 
 import json
 
 import pytest
 
-from helpers.multidevice import FAST_COMPILE, run_with_devices
+from helpers.multidevice import FAST_COMPILE
+from helpers.parts import part_stdout, run_parts_with_devices
 
 # Trains a small LM for 3 steps on one device and on a mesh; prints losses and max param diff.
 TRAIN_COMPARE = """
@@ -46,24 +48,35 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.slow
-def test_sharded_training_equals_one_device():
-    meshes = {
-        "fsdp_2x": ((1, 4, 1), (2, 1, 1), "gspmd"),  # c4_22b_2x's pattern: DCN data x ICI fsdp
-        "tensor": ((1, 2, 4), (1, 1, 1), "gspmd"),
-        "tensor_shard_map": ((1, 2, 4), (1, 1, 1), "shard_map"),
-        "all_axes_shard_map": ((1, 2, 2), (2, 1, 1), "shard_map"),
+# name: (ici, dcn, tensor_parallel).
+MESHES = {
+    "fsdp_2x": ((1, 4, 1), (2, 1, 1), "gspmd"),  # c4_22b_2x's pattern: DCN data x ICI fsdp
+    "tensor": ((1, 2, 4), (1, 1, 1), "gspmd"),
+    "tensor_shard_map": ((1, 2, 4), (1, 1, 1), "shard_map"),
+    "all_axes_shard_map": ((1, 2, 2), (2, 1, 1), "shard_map"),
+}
+
+
+@pytest.fixture(scope="module")
+def children():
+    """Each test's child code, run in one 8-device process."""
+    parts = {
+        "train_compare": f"MESHES = {MESHES!r}\n" + TRAIN_COMPARE,
+        "shardings": SHARDINGS,
+        "shard_map_block": SHARD_MAP_BLOCK,
     }
-    out = run_with_devices(f"MESHES = {meshes!r}\n" + TRAIN_COMPARE, xla_flags=FAST_COMPILE)
-    out = json.loads(out.splitlines()[-1])
-    for name in meshes:
+    return run_parts_with_devices(parts, xla_flags=FAST_COMPILE)
+
+
+@pytest.mark.slow
+def test_sharded_training_equals_one_device(children):
+    out = json.loads(part_stdout(children, "train_compare").splitlines()[-1])
+    for name in MESHES:
         assert out[name]["losses"] == pytest.approx(out["ref"], rel=1e-5, abs=1e-5), name
         assert out[name]["max_param_diff"] < 1e-5, (name, out[name]["max_param_diff"])
 
 
-@pytest.mark.slow
-def test_shardings_follow_the_rules():
-    code = """
+SHARDINGS = """
     import jax
     from jax.sharding import PartitionSpec as P
     from equipax.core.mesh import MeshConfig, build_mesh
@@ -93,12 +106,8 @@ def test_shardings_follow_the_rules():
     assert adam.count.sharding.spec == P()
     print("ok")
     """
-    assert run_with_devices(code).strip().endswith("ok")
 
-
-@pytest.mark.slow
-def test_shard_map_block_equals_gspmd_forward_and_gradients():
-    code = """
+SHARD_MAP_BLOCK = """
     import functools
     import equinox as eqx, jax, jax.numpy as jnp, numpy as np
     from equipax.core.mesh import MeshConfig, build_mesh
@@ -131,4 +140,13 @@ def test_shard_map_block_equals_gspmd_forward_and_gradients():
     assert "psum" in hlo or "all_reduce" in hlo or "all-reduce" in hlo
     print("ok")
     """
-    assert run_with_devices(code).strip().endswith("ok")
+
+
+@pytest.mark.slow
+def test_shardings_follow_the_rules(children):
+    assert part_stdout(children, "shardings").strip().endswith("ok")
+
+
+@pytest.mark.slow
+def test_shard_map_block_equals_gspmd_forward_and_gradients(children):
+    assert part_stdout(children, "shard_map_block").strip().endswith("ok")
