@@ -29,12 +29,13 @@ ONE_LAYER = ["model.transformer.num_layers=1", "train.num_steps=4", "train.eval_
 
 # The runs' data, in the bucket (`_upload_data`): packed documents, so the job's token-count cache
 # (`data_cache/`) is written there too.
-def _data(scheme="gs"):
+def _data(scheme="gs", root=""):
+    base = f"{scheme}://bkt/data" if scheme else f"{root}/bkt/data"  # no scheme: on local disk
     return [
         "data.source=c4",
-        f"data.path={scheme}://bkt/data",
+        f"data.path={base}",
         "data.tokenizer=sentencepiece",
-        f"data.vocab_path={scheme}://bkt/data/vocab.model",
+        f"data.vocab_path={base}/vocab.model",
         "data.packing=true",
     ]
 
@@ -85,8 +86,8 @@ def _launch(args, env, cache) -> subprocess.Popen:
     return proc
 
 
-def _run_args(job, *overrides):
-    data = _data(str(job).split("://", 1)[0])
+def _run_args(job, *overrides, data=None):
+    data = data or _data(str(job).split("://", 1)[0])
     return ["run", "--exp", "shakespeare_tiny", "--job-log-dir", job, *set_args([*FAST, *ONE_LAYER, *data, *overrides])]
 
 
@@ -98,9 +99,10 @@ def programs(tmp_path_factory):
     return {k: v for k, v in env.items() if k.startswith(("JAX_", "XLA_"))}
 
 
-def _upload_data(fs, tmp_path) -> None:
+def _upload_data(fs, tmp_path, root="") -> None:
     """Two plays as a numbered set of two C4-format training shards, one as the validation shard,
-    and a 384-piece SentencePiece vocabulary trained on them, uploaded to gs://bkt/data."""
+    and a 384-piece SentencePiece vocabulary trained on them, uploaded to gs://bkt/data (or, with
+    a local `fs`, written to `root`/bkt/data)."""
     from equipax.data import SentencePieceTokenizer, load_plays
 
     plays = load_plays()
@@ -111,9 +113,23 @@ def _upload_data(fs, tmp_path) -> None:
     }
     for name, text in shards.items():
         docs = [block for block in text.split("\n\n") if block.strip()]
-        fs.pipe(f"bkt/data/{name}", "".join(json.dumps({"text": d}) + "\n" for d in docs).encode())
+        fs.pipe(f"{root}bkt/data/{name}", "".join(json.dumps({"text": d}) + "\n" for d in docs).encode())
     SentencePieceTokenizer.train([plays["macbeth"], plays["othello"]], vocab_size=384, model_path=tmp_path / "v.model")
-    fs.pipe("bkt/data/vocab.model", (tmp_path / "v.model").read_bytes())
+    fs.pipe(f"{root}bkt/data/vocab.model", (tmp_path / "v.model").read_bytes())
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory, programs) -> str:
+    """The state digest of the uninterrupted run that the stopped and resumed gs:// and s3:// jobs
+    must end on, bit for bit: the same run with the same data on local disk. One run for both tests
+    (the store is part of neither the data nor the programs) instead of one in each bucket."""
+    import fsspec
+
+    root = tmp_path_factory.mktemp("straight")
+    _upload_data(fsspec.filesystem("file", auto_mkdir=True), root, root=f"{root}/")
+    code, out = _finish(_launch(_run_args(root / "job", data=_data("", root)), {}, programs))
+    assert code == 0, out
+    return json.loads((root / "job" / "result.json").read_text())["state_digest"]
 
 
 def _signal_after_first_step(proc: subprocess.Popen, sig: int) -> list[str]:
@@ -145,28 +161,13 @@ def _store(env):
 
 
 @pytest.mark.slow
-def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypatch, programs):
+def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypatch, programs, straight):
     cache = programs
     fs = _store(gcs)
     _upload_data(fs, tmp_path)
 
-    # The uninterrupted run, its data read from the bucket: its result.json, in the bucket, holds
-    # the final state's digest.
-    code, out = _finish(_launch(_run_args("gs://bkt/straight"), gcs, cache))
-    assert code == 0, out
-    straight = json.loads(fs.cat("bkt/straight/result.json"))
-    assert {"config.json", "knobs.txt", "metrics.jsonl", "result.json", "checkpoints", "summaries", "plots"} <= {
-        p.rsplit("/", 1)[1] for p in fs.ls("bkt/straight")
-    }
-    assert not fs.exists("bkt/straight/tokenizer.model")  # data.vocab_path's, not one trained for the job
-    lengths = [p.rsplit("/", 1)[1].split("-")[1] for p in fs.ls("bkt/straight/data_cache")]
-    assert sorted(lengths) == ["eval", "train"], lengths  # the packed documents' token counts
-    assert fs.ls("bkt/straight/summaries/train") and fs.exists("bkt/straight/plots/loss.png")
-    assert fs.exists("bkt/straight/checkpoints/4/commit_success.txt")  # orbax's commit marker
-    assert not fs.exists("bkt/straight/.lock")  # a finished run releases the job
-
-    # The same run stopped by SIGTERM after its first step. Frozen there (SIGSTOP: its lock held),
-    # it makes a second run of the job exit 2 naming it.
+    # The run, its data read from the bucket, stopped by SIGTERM after its first step. Frozen there
+    # (SIGSTOP: its lock held), it makes a second run of the job exit 2 naming it.
     proc = _launch(_run_args("gs://bkt/job"), gcs, cache)
     lines = _signal_after_first_step(proc, signal.SIGSTOP)
     for name, value in gcs.items():
@@ -180,10 +181,19 @@ def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypa
     assert code == 75, out
     assert "Run the same command again to resume" in out, out
 
-    # Resumed to the end: the uninterrupted run's bits.
+    # Resumed to the end: the uninterrupted run's bits (`straight`), in result.json in the bucket.
     code, out = _finish(_launch(_run_args("gs://bkt/job"), gcs, cache))
     assert code == 0 and "Resumed from step" in out, out
-    assert json.loads(fs.cat("bkt/job/result.json"))["state_digest"] == straight["state_digest"]
+    assert json.loads(fs.cat("bkt/job/result.json"))["state_digest"] == straight
+    assert {"config.json", "knobs.txt", "metrics.jsonl", "result.json", "checkpoints", "summaries", "plots"} <= {
+        p.rsplit("/", 1)[1] for p in fs.ls("bkt/job")
+    }
+    assert not fs.exists("bkt/job/tokenizer.model")  # data.vocab_path's, not one trained for the job
+    lengths = [p.rsplit("/", 1)[1].split("-")[1] for p in fs.ls("bkt/job/data_cache")]
+    assert sorted(lengths) == ["eval", "train"], lengths  # the packed documents' token counts
+    assert fs.ls("bkt/job/summaries/train") and fs.exists("bkt/job/plots/loss.png")
+    assert fs.exists("bkt/job/checkpoints/4/commit_success.txt")  # orbax's commit marker
+    assert not fs.exists("bkt/job/.lock")  # a finished run releases the job
 
     # `launch eval` and `launch decode` read the job from the bucket and write their outputs there.
     code, out = invoke("eval", "--job-log-dir", "gs://bkt/job")
@@ -214,8 +224,9 @@ def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypa
     code, out = _finish(_launch(_run_args("gs://bkt/job"), gcs, cache))
     assert code == 0, out
     assert "the checkpoint of step 4 does not restore" in out and f"Resumed from step {previous}" in out, out
+    fs.invalidate_cache()  # this process listed the job before the run set step 4 aside
     assert [p.rsplit("/", 1)[1].split("-")[0] for p in fs.ls("bkt/job/corrupt_checkpoints")] == ["4"]
-    assert json.loads(fs.cat("bkt/job/result.json"))["state_digest"] == straight["state_digest"]
+    assert json.loads(fs.cat("bkt/job/result.json"))["state_digest"] == straight
 
     # A save killed before orbax wrote its commit marker: that step is never restored.
     from equipax.launch.jobdir.checkpoints import Checkpointer
@@ -369,25 +380,14 @@ def _s3_store(env):
 
 
 @pytest.mark.slow
-def test_s3_job_trains_stops_resumes_and_survives_a_killed_save(s3, tmp_path, monkeypatch, programs):
-    """An s3:// job reading its shards and vocabulary from s3://: the uninterrupted run; the same run
-    stopped by SIGTERM, then resumed and SIGKILLed while its next checkpoint was being committed
-    (the step's commit marker held by the emulator), then resumed again, to the uninterrupted bits.
-    The killed save leaves a step without its marker, which nothing lists or restores."""
+def test_s3_job_trains_stops_resumes_and_survives_a_killed_save(s3, tmp_path, monkeypatch, programs, straight):
+    """An s3:// job reading its shards and vocabulary from s3://, stopped by SIGTERM, then resumed
+    and SIGKILLed while its next checkpoint was being committed (the step's commit marker held by
+    the emulator), then resumed again, to the uninterrupted run's bits (`straight`). The killed save
+    leaves a step without its marker, which nothing lists or restores."""
     env, uploads = s3
     fs = _s3_store(env)
     _upload_data(fs, tmp_path)
-
-    code, out = _finish(_launch(_run_args("s3://bkt/straight"), env, programs))
-    assert code == 0, out
-    straight = json.loads(fs.cat("bkt/straight/result.json"))
-    assert {"config.json", "knobs.txt", "metrics.jsonl", "checkpoints", "summaries", "data_cache"} <= {
-        p.rsplit("/", 1)[1] for p in fs.ls("bkt/straight")
-    }
-    for step in (2, 4):  # orbax's commit marker, and no temporary folder renamed into place
-        assert fs.exists(f"bkt/straight/checkpoints/{step}/commit_success.txt")
-    assert not [p for p in fs.find("bkt/straight") if "orbax-checkpoint-tmp" in p]
-    assert not fs.exists("bkt/straight/.lock")
 
     proc = _launch(_run_args("s3://bkt/job"), env, programs)
     lines = _signal_after_first_step(proc, signal.SIGTERM)
@@ -428,9 +428,15 @@ def test_s3_job_trains_stops_resumes_and_survives_a_killed_save(s3, tmp_path, mo
     # Resumed again: from the newest complete step, to the uninterrupted run's bits.
     code, out = _finish(_launch(_run_args("s3://bkt/job"), env, programs))
     assert code == 0 and f"Resumed from step {complete[-1]}" in out, out
-    assert json.loads(fs.cat("bkt/job/result.json"))["state_digest"] == straight["state_digest"]
+    assert json.loads(fs.cat("bkt/job/result.json"))["state_digest"] == straight
     fs.invalidate_cache()
-    assert fs.exists("bkt/job/checkpoints/4/commit_success.txt")
+    assert {"config.json", "knobs.txt", "metrics.jsonl", "checkpoints", "summaries", "data_cache"} <= {
+        p.rsplit("/", 1)[1] for p in fs.ls("bkt/job")
+    }
+    for step in (2, 4):  # orbax's commit marker (step 4's rewritten), and no temporary folder renamed into place
+        assert fs.exists(f"bkt/job/checkpoints/{step}/commit_success.txt")
+    assert not [p for p in fs.find("bkt/job") if "orbax-checkpoint-tmp" in p]
+    assert not fs.exists("bkt/job/.lock")
 
 
 def test_s3_store_problems_are_exit_2_in_seconds(s3, monkeypatch, tmp_path):
