@@ -52,7 +52,7 @@ class ContentCache:
     """Files of one kind of result (vocabularies, token streams) in `directory`, by key."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
+        self.directory: Path = Path(directory)
 
     def path(self, key: str) -> Path:
         return self.directory / key
