@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["ContentCache", "content_key"]
+__all__ = ["ContentCache", "content_key", "write_atomic"]
 
 _DIGEST = hashlib.sha256().digest_size
 
@@ -48,6 +48,20 @@ def content_key(*parts: str | bytes | int | Iterable[str]) -> str:
     return h.hexdigest()
 
 
+def write_atomic(path: Path, data: bytes) -> None:
+    """`data` into `path` (its folders made) through a temporary file renamed into place, so no
+    reader sees a partial file; on failure the temporary file is removed and the OSError raised."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 class ContentCache:
     """Files of one kind of result (vocabularies, token streams) in `directory`, by key."""
 
@@ -74,14 +88,8 @@ class ContentCache:
 
     def put(self, key: str, payload: bytes) -> bool:
         """Store `payload` under `key` (atomically); False where the directory cannot be written."""
-        path = self.path(key)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(payload + hashlib.sha256(payload).digest())
-            tmp.replace(path)
+            write_atomic(self.path(key), payload + hashlib.sha256(payload).digest())
         except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             return False
         return True

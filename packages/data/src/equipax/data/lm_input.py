@@ -134,18 +134,23 @@ def build_lm_texts_tokens(
     **Returns:** the int32 token stream to feed `TokenWindowInput`.
     """
     texts = list(texts)
-    key = content_key("lm-texts-tokens", tokenizer.fingerprint(), texts) if cache is not None else ""
-    kept = cache.get(key) if cache is not None else None
-    if kept is not None and len(kept) % 4 == 0:
+    if cache is None:
+        return _encode(texts, tokenizer)
+    key = content_key("lm-texts-tokens", tokenizer.fingerprint(), texts)
+    kept = cache.get(key)
+    if kept is not None:
         return np.frombuffer(kept, dtype="<i4").astype(np.int32)
+    stream = _encode(texts, tokenizer)
+    cache.put(key, stream.astype("<i4").tobytes())
+    return stream
+
+
+def _encode(texts: list[str], tokenizer: Tokenizer) -> Int[np.ndarray, " stream"]:
     pieces: list[int] = []
     for text in texts:
         pieces.extend(tokenizer.encode(text))
         pieces.append(tokenizer.eos_id)
-    stream = np.asarray(pieces, dtype=np.int32)
-    if cache is not None:
-        cache.put(key, stream.astype("<i4").tobytes())
-    return stream
+    return np.asarray(pieces, dtype=np.int32)
 
 
 def unigram_entropy(tokens: Integer[np.ndarray, " stream"], vocab_size: int) -> float:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import numpy as np
 import sentencepiece as spm
 
-from equipax.data.content_cache import ContentCache, content_key
+from equipax.data.content_cache import ContentCache, content_key, write_atomic
 
 __all__ = ["ByteTokenizer", "HFTokenizer", "SentencePieceTokenizer", "Tokenizer"]
 
@@ -186,7 +186,7 @@ class SentencePieceTokenizer(Tokenizer):
         key = content_key("sentencepiece", spm.__version__, repr(sorted(settings.items())), lines)
         kept = cache.get(key) if cache is not None else None
         if kept is not None:
-            _write_atomic(path, kept)
+            write_atomic(path, kept)
             tok = cls.load(path)
             tok.from_cache = True
             return tok
@@ -200,7 +200,7 @@ class SentencePieceTokenizer(Tokenizer):
             )
         except RuntimeError as err:
             raise ValueError(f"SentencePiece training failed (vocab_size={vocab_size}): {err}") from err
-        _write_atomic(path, writer.getvalue())
+        write_atomic(path, writer.getvalue())
         if cache is not None:
             cache.put(key, writer.getvalue())
         return cls.load(path)
@@ -368,10 +368,3 @@ class HFTokenizer(Tokenizer):
             if not 0 <= i < self.vocab_size:
                 raise ValueError(f"id {i} is outside the vocabulary [0, {self.vocab_size}).")
         return self._tok.decode(flat, skip_special_tokens=skip_special_tokens)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
