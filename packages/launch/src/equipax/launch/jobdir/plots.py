@@ -2,15 +2,21 @@
 
 from typing import Any
 
-import matplotlib
-
 from equipax.launch.jobdir.storage import AnyPath, job_path, write_atomic
 
 __all__ = ["plot_attention_bench", "plot_classifier_history", "plot_loss"]
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from matplotlib.ticker import NullFormatter
+
+def _pyplot() -> Any:
+    """`matplotlib.pyplot` on the headless Agg backend, imported at the first plot, not with this
+    module: about 0.2 s of CPU that a process drawing no plot (every process of a multi-host run
+    but process 0, a run that stops on an error) does not pay."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _save(fig: Any, path: AnyPath) -> AnyPath:
@@ -22,7 +28,7 @@ def _save(fig: Any, path: AnyPath) -> AnyPath:
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png")
-    plt.close(fig)
+    _pyplot().close(fig)
     write_atomic(path, png.getvalue())
     return path
 
@@ -38,7 +44,7 @@ def plot_loss(records: list[dict[str, Any]], path: AnyPath, *, title: str = "") 
     Returns:
         The path written.
     """
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    fig, ax = _pyplot().subplots(figsize=(7, 4.5), dpi=100)
     for split, style in (("train", "-"), ("eval", "o-")):
         pts = [
             (r["step"], r["loss"])
@@ -67,7 +73,11 @@ def plot_attention_bench(result: dict[str, Any], path: AnyPath) -> AnyPath:
     Returns:
         The path written.
     """
-    fig, (ax_t, ax_r) = plt.subplots(2, 1, figsize=(7, 7), dpi=100, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    from matplotlib.ticker import NullFormatter
+
+    fig, (ax_t, ax_r) = _pyplot().subplots(
+        2, 1, figsize=(7, 7), dpi=100, sharex=True, gridspec_kw={"height_ratios": [2, 1]}
+    )
     ok = [r for r in result["results"] if r["status"] == "ok"]
     for name in dict.fromkeys(r["implementation"] for r in result["results"]):
         rows = sorted((r for r in ok if r["implementation"] == name), key=lambda r: r["seq_len"])
@@ -126,7 +136,7 @@ def plot_classifier_history(records: list[dict[str, Any]], path: AnyPath, *, tit
     """
     rows = sorted((r for r in records if r.get("split") == "epoch"), key=lambda r: r["epoch"])
     epochs = [r["epoch"] for r in rows]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4), dpi=100)
+    fig, (ax1, ax2) = _pyplot().subplots(1, 2, figsize=(12, 4), dpi=100)
     ax1.plot(epochs, [r["train_loss"] for r in rows], "o-", label="Train Loss")
     ax1.set_xlabel("Epoch")
     ax1.set_ylabel("Loss")
