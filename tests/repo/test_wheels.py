@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
-from helpers.toy import TOY, set_args
+from helpers.toy import TOY, set_args, suite_compile_cache_env
 
 PACKAGES = ("core", "models", "data", "launch")
 
@@ -85,7 +85,10 @@ def test_wheels_carry_license_readme_and_pinned_siblings(venv):
 def test_launch_runs_the_default_experiment_in_a_clean_venv(venv, tmp_path):
     launch = str(venv / "bin" / "launch")
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    env["JAX_PLATFORMS"] = "cpu"
+    # The suite's compile cache: the same jax and jaxlib as the workspace's (the lock's), so the toy
+    # programs other tests compiled load instead of compiling again; what is checked here is the
+    # install (the wheels, their dependencies, the entry point), not XLA.
+    env |= {"JAX_PLATFORMS": "cpu", **suite_compile_cache_env()}
     listed = subprocess.run([launch, "list"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr[-3000:]
     assert "shakespeare_tiny" in listed.stdout
