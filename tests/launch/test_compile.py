@@ -1,19 +1,39 @@
-"""`launch compile`: AOT compile of the exact train step on a simulated mesh (fresh processes)."""
+"""`launch compile`: AOT compile of the exact train step on a simulated mesh (fresh processes: the
+mesh's CPU devices are set before JAX starts)."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from helpers.toy import suite_compile_cache_env
+from helpers.launch_parts import launch_with_devices
 
 
-def launch(*args, timeout=600, env=None):
+def launch(*args, timeout=600):
     return subprocess.run(
-        [sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-m", "equipax.launch.cli", *args], capture_output=True, text=True, timeout=timeout
     )
+
+
+BUDGET = ("--exp", "c4_22b_2x_smoke", "--hbm-gib", "0.0001")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """The 8-device smoke compiles of this module, in one child process (one start-up, not four) on
+    the suite's compile cache: {name: (job directory, the command's exit code, stdout, stderr)}.
+    The two budget compiles are one program: the second loads the first's executable (the figures
+    are the same)."""
+    jobs = {name: tmp_path_factory.mktemp(name) for name in ("budget", "lm_cloud", "llama")}
+    commands = {
+        "budget": ["compile", *BUDGET, "--job-log-dir", jobs["budget"]],
+        "strict": ["compile", *BUDGET, "--job-log-dir", jobs["budget"], "--strict"],
+        "lm_cloud": ["compile", "--exp", "lm_cloud_2b_smoke", "--job-log-dir", jobs["lm_cloud"], "--target", "h100"],
+        "llama": ["compile", "--exp", "llama3_8b_smoke", "--job-log-dir", jobs["llama"]],
+    }
+    procs = launch_with_devices(commands, devices=8)
+    return {name: (jobs.get(name, jobs["budget"]), procs[name]) for name in commands}
 
 
 @pytest.mark.slow
@@ -34,23 +54,20 @@ def test_c4_22b_2x_compiles_on_128_simulated_devices(tmp_path):
 
 
 @pytest.mark.slow
-def test_budget_is_flagged_and_strict_exits_non_zero(tmp_path):
-    """Over budget: reported (exit 0), and exit 3 under --strict. Both compiles are one program: on
-    the suite's compile cache the second loads the first's executable (the figures are the same)."""
-    args = ("compile", "--exp", "c4_22b_2x_smoke", "--hbm-gib", "0.0001", "--job-log-dir", str(tmp_path))
-    env = {**os.environ, **suite_compile_cache_env()}
-    proc = launch(*args, env=env)
+def test_budget_is_flagged_and_strict_exits_non_zero(smoke):
+    """Over budget: reported (exit 0), and exit 3 under --strict."""
+    _, proc = smoke["budget"]
     assert proc.returncode == 0, proc.stderr
     assert "DOES NOT FIT" in proc.stdout and "over the 0.0001 GiB budget" in proc.stderr
-    strict = launch(*args, "--strict", env=env)
+    _, strict = smoke["strict"]
     assert strict.returncode == 3, strict.stdout + strict.stderr
 
 
 @pytest.mark.slow
-def test_smoke_compile_reports_the_real_models_parameter_count(tmp_path):
-    proc = launch("compile", "--exp", "lm_cloud_2b_smoke", "--job-log-dir", str(tmp_path), "--target", "h100")
+def test_smoke_compile_reports_the_real_models_parameter_count(smoke):
+    job, proc = smoke["lm_cloud"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads((tmp_path / "compile.json").read_text())
+    report = json.loads((job / "compile.json").read_text())
     assert report["memory_per_device"]["fits"]
 
     import equinox as eqx
@@ -142,8 +159,8 @@ def test_compiler_out_of_memory_is_a_does_not_fit_figure():
 
 
 @pytest.mark.slow
-def test_llama_smoke_compiles_with_model_flops(tmp_path):
-    proc = launch("compile", "--exp", "llama3_8b_smoke", "--job-log-dir", str(tmp_path))
+def test_llama_smoke_compiles_with_model_flops(smoke):
+    job, proc = smoke["llama"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads((tmp_path / "compile.json").read_text())
+    report = json.loads((job / "compile.json").read_text())
     assert report["flops"]["model_flops_per_token"] > 0 and report["projection"]["ideal_step_s"] > 0

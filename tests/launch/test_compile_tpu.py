@@ -24,8 +24,54 @@ def invoke(*args):
     return CliRunner().invoke(app, list(args))
 
 
-def test_small_experiment_compiles_for_a_v4_slice_with_xla_tpu(tmp_path):
-    proc = launch("compile", "--exp", "c4_1b_smoke", "--topology", "v4-16", "--job-log-dir", str(tmp_path))
+# Each command through the CLI (CliRunner: exit code, stdout, stderr), in turn, in one process.
+_COMMANDS = """
+import json, sys, traceback
+from typer.testing import CliRunner
+from equipax.launch.cli import app
+
+results = {}
+for name, args in json.loads(sys.argv[1]).items():
+    r = CliRunner().invoke(app, args)
+    stderr = r.stderr
+    if r.exc_info is not None and not isinstance(r.exception, SystemExit):  # a crash: its traceback
+        stderr += "".join(traceback.format_exception(*r.exc_info))
+    results[name] = {"returncode": r.exit_code, "stdout": r.stdout, "stderr": stderr}
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """The v4-16 compile and the refused c4_16b compile, in that order, in one fresh process (one
+    Python, JAX, equipax and libtpu start-up, not two): {name: (job directory, the command's exit
+    code, stdout and stderr)}. libtpu loads in the first; what it writes to the process's own stderr
+    (file descriptor 2, not the command's) is the v4-16 command's too."""
+    jobs = {name: tmp_path_factory.mktemp(name) for name in ("v4_16", "refused")}
+    commands = {
+        "v4_16": ["compile", "--exp", "c4_1b_smoke", "--topology", "v4-16", "--job-log-dir", str(jobs["v4_16"])],
+        # Twice c4_16b's per-device batch: XLA:TPU refuses the program (temporaries > 30.75 GiB of
+        # HBM) within seconds, before the full compile.
+        "refused": [
+            *("compile", "--exp", "c4_16b", "--topology", "v4-64", "--set", "data.per_device_batch=32"),
+            *("--job-log-dir", str(jobs["refused"]), "--strict"),
+        ],
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMMANDS, json.dumps(commands)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(proc.stdout.splitlines()[-1])
+    out = {}
+    for name, args in commands.items():
+        r = results[name]
+        stderr = r["stderr"] + (proc.stderr if name == "v4_16" else "")
+        out[name] = (jobs[name], subprocess.CompletedProcess(args, r["returncode"], r["stdout"], stderr))
+    return out
+
+
+def test_small_experiment_compiles_for_a_v4_slice_with_xla_tpu(fresh):
+    tmp_path, proc = fresh["v4_16"]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "compile.json").read_text())
     assert report["compile"]["backend"] == "tpu" and report["compile"]["device_kind"] == "TPU v4"
@@ -65,22 +111,9 @@ def test_multislice_mesh_spans_the_slices(tmp_path):
     assert "2 x v4-8 (v4:2x2x1, TPU v4)" in result.output
 
 
-def test_xla_tpu_refusing_the_program_is_does_not_fit(tmp_path):
-    # Twice c4_16b's per-device batch: XLA:TPU refuses the program (temporaries > 30.75 GiB of HBM)
-    # within seconds, before the full compile; that refusal is the report's answer, and --strict exits 3.
-    args = (
-        "compile",
-        "--exp",
-        "c4_16b",
-        "--topology",
-        "v4-64",
-        "--set",
-        "data.per_device_batch=32",
-        "--job-log-dir",
-        str(tmp_path),
-        "--strict",
-    )
-    proc = launch(*args)
+def test_xla_tpu_refusing_the_program_is_does_not_fit(fresh):
+    # The compiler's refusal is the report's answer, and --strict exits 3.
+    tmp_path, proc = fresh["refused"]
     assert proc.returncode == 3, proc.stdout + proc.stderr
     m = json.loads((tmp_path / "compile.json").read_text())["memory_per_device"]
     assert not m["fits"] and "RESOURCE_EXHAUSTED" in m["compiler_refused"]

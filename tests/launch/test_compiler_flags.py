@@ -94,14 +94,22 @@ def probe_env(tmp_path, monkeypatch):
     ids=["xla", "libtpu"],
 )
 def test_an_unknown_compiler_flag_is_refused_before_the_run(xla, libtpu, needles, probe_env):
+    from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
+
+    # In-process: the probe that finds the flag unknown is a child process of its own either way.
     job = probe_env / "job"
-    proc = _cli(
-        "run",
-        "--job-log-dir",
-        str(job),
-        *set_args([*TOY, f"train.compiler.xla_flags={xla}", f"train.compiler.libtpu_init_args={libtpu}"]),
+    proc = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--job-log-dir",
+            str(job),
+            *set_args([*TOY, f"train.compiler.xla_flags={xla}", f"train.compiler.libtpu_init_args={libtpu}"]),
+        ],
     )
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.exit_code == 2, proc.output
     assert "Traceback" not in proc.stderr and all(n in proc.stderr for n in needles), proc.stderr
     assert not job.exists()  # refused before anything was written
 

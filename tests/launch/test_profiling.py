@@ -191,7 +191,8 @@ def test_profiled_instructions_decodes_xla_profiles():
 
 def test_pgle_collect_on_cpu_turns_command_buffers_off(tmp_path, monkeypatch):
     """One `launch pgle collect` (each costs a profiled run): its trace, its (empty, on CPU) profile
-    and advice, and the XLA flags it sets."""
+    and advice, and the XLA flags it sets. No end-of-run sample (TOY's 8 tokens: a decode program
+    compiled for nothing checked here)."""
     # XLA reads XLA_FLAGS when the backend starts: collect adds its flags (after the run's own
     # train.compiler.xla_flags) before that, and XLA:CPU accepts them.
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")
@@ -201,7 +202,7 @@ def test_pgle_collect_on_cpu_turns_command_buffers_off(tmp_path, monkeypatch):
         "collect",
         "--exp",
         "shakespeare_tiny",
-        *set_args(TOY),
+        *set_args([*TOY, "train.sample.tokens=0"]),
         "--steps",
         "2",
         "--warmup",
