@@ -486,15 +486,19 @@ def test_s3_store_problems_are_exit_2_in_seconds(s3, monkeypatch, tmp_path):
 
 # Runs `launch` command lines (JSON: a list of argument lists) one after another in this one
 # process, so programs compiled for one are cached for the next (the suite's compile cache);
-# writes [(exit code, output), ...] as JSON to the file named by the first argument.
+# writes [(exit code, output), ...] as JSON to the file named by the first argument. Each line starts
+# in the shell's environment, as typed (left set, c4_22b_2x's LIBTPU_INIT_ARGS, part of JAX's cache
+# key, made the pipelined runs after it recompile the first one's programs).
 _IN_ONE_PROCESS = """
-import json, sys
+import json, os, sys
 from typer.testing import CliRunner
 from equipax.launch.cli import app
-results = []
+results, shell = [], dict(os.environ)
 for args in json.loads(sys.argv[2]):
     r = CliRunner().invoke(app, args)
     results.append((r.exit_code, r.output + (repr(r.exception) if r.exit_code else "")))
+    os.environ.clear()
+    os.environ.update(shell)
 with open(sys.argv[1], "w") as f:
     json.dump(results, f)
 """
