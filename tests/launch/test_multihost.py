@@ -10,7 +10,7 @@ import time
 import pytest
 
 from helpers.launch_lines import launch_in_one_process
-from helpers.toy import compile_cache_env
+from helpers.toy import compile_cache_env, suite_compile_cache_env
 
 SMOKE = [
     "--exp",
@@ -75,9 +75,12 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
     shutil.copytree(tmp_path / "split", tmp_path / "as_four")
 
     # The one-process runs (from scratch, and the 2-process checkpoint resumed) in one child: one
-    # start-up of Python and JAX for both, on the same 8 devices.
+    # start-up of Python and JAX for both, on the same 8 devices. It is never killed, so it shares
+    # the suite's compile cache: its programs are the ones the Pax README's c4_22b_2x_smoke line
+    # compiles (tests/launch/test_object_storage.py), so whichever test runs second reads them.
     (code, one), (code_alone, alone) = launch_in_one_process(
-        [["run", *SMOKE, "--cpu-devices", "8", "--job-log-dir", tmp_path / job] for job in ("one", "as_one")], env
+        [["run", *SMOKE, "--cpu-devices", "8", "--job-log-dir", tmp_path / job] for job in ("one", "as_one")],
+        {**env, **suite_compile_cache_env()},
     )
     assert code == 0, one[-4000:]
     assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
