@@ -31,7 +31,11 @@ def test_context_errors_reach_the_cli():
 def test_a_context_parallel_run_resumes_to_the_uninterrupted_runs_bits(tmp_path):
     """`launch run` on data 2 x context 2 (ring attention, zigzag) for 4 steps, and the same
     stopped at step 2 and resumed: the same parameters and optimizer state, bit for bit. One
-    4-device child runs the three commands, so they share its compiled programs."""
+    4-device child runs both commands, so they share its compiled programs. The stopped job is the
+    uninterrupted one as a run killed right after its checkpoint of step 2 left it (the checkpoint
+    of step 4 and result.json gone; a resumed run drops the records written after step 2): the
+    checkpoint a run of `train.num_steps=2` writes (nothing saved depends on num_steps), without
+    that run."""
     from helpers.multidevice import FAST_COMPILE, run_with_devices
     from helpers.toy import TOY, set_args
 
@@ -49,7 +53,7 @@ def test_a_context_parallel_run_resumes_to_the_uninterrupted_runs_bits(tmp_path)
     ]
     out = run_with_devices(
         f"""
-        import json
+        import json, pathlib, shutil
         from typer.testing import CliRunner
         from equipax.launch.cli import app
         def run(job, steps):
@@ -59,7 +63,10 @@ def test_a_context_parallel_run_resumes_to_the_uninterrupted_runs_bits(tmp_path)
             assert result.exit_code == 0, result.output
             return result.output
         run("full", 4)
-        run("split", 2)
+        root = pathlib.Path({str(tmp_path)!r})
+        shutil.copytree(root / "full", root / "split")
+        shutil.rmtree(root / "split" / "checkpoints" / "4")
+        (root / "split" / "result.json").unlink()
         print(json.dumps({{"resumed": "Resumed from step 2" in run("split", 4)}}))
         """,
         devices=4,

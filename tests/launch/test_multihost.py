@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from helpers.toy import compile_cache_env
+from helpers.launch_lines import launch_in_one_process
+from helpers.toy import compile_cache_env, suite_compile_cache_env
 
 SMOKE = [
     "--exp",
@@ -61,15 +62,6 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
     env = compile_cache_env(tmp_path / "jax-cache")  # the four runs compile the same programs once
     two = cluster(tmp_path / "two", env=env)
     assert two.returncode == 0, two.stdout[-4000:] + two.stderr[-2000:]
-    one = launch("run", *SMOKE, "--cpu-devices", "8", "--job-log-dir", str(tmp_path / "one"), env=env)
-    assert one.returncode == 0, one.stdout + one.stderr
-    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
-    # Every process logs with its prefix; each reads its own examples.
-    reads = dict(re.findall(r"\[p(\d)\] host \d/2 reads examples (\[[\d, ]+\])", two.stdout))
-    assert set(reads) == {"0", "1"}, two.stdout[-3000:]
-    assert not set(json.loads(reads["0"])) & set(json.loads(reads["1"]))
-    # Only process 0 wrote the job files (one copy of each record).
-    assert len(train_losses(tmp_path / "two")) == 4
 
     # Stopped after step 2: the uninterrupted run's job as a run killed right after its checkpoint
     # of step 2 left it (its checkpoint of step 4 and result.json gone; the records of steps 3-4,
@@ -81,6 +73,24 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
     (tmp_path / "split" / "result.json").unlink()
     shutil.copytree(tmp_path / "split", tmp_path / "as_one")
     shutil.copytree(tmp_path / "split", tmp_path / "as_four")
+
+    # The one-process runs (from scratch, and the 2-process checkpoint resumed) in one child: one
+    # start-up of Python and JAX for both, on the same 8 devices. It is never killed, so it shares
+    # the suite's compile cache: its programs are the ones the Pax README's c4_22b_2x_smoke line
+    # compiles (tests/launch/test_object_storage.py), so whichever test runs second reads them.
+    (code, one), (code_alone, alone) = launch_in_one_process(
+        [["run", *SMOKE, "--cpu-devices", "8", "--job-log-dir", tmp_path / job] for job in ("one", "as_one")],
+        {**env, **suite_compile_cache_env()},
+    )
+    assert code == 0, one[-4000:]
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), rel=1e-5)
+    # Every process logs with its prefix; each reads its own examples.
+    reads = dict(re.findall(r"\[p(\d)\] host \d/2 reads examples (\[[\d, ]+\])", two.stdout))
+    assert set(reads) == {"0", "1"}, two.stdout[-3000:]
+    assert not set(json.loads(reads["0"])) & set(json.loads(reads["1"]))
+    # Only process 0 wrote the job files (one copy of each record).
+    assert len(train_losses(tmp_path / "two")) == 4
+
     second = cluster(tmp_path / "split", env=env)
     assert second.returncode == 0, second.stdout[-3000:]
     assert "Resumed from step 2" in second.stdout
@@ -91,11 +101,10 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
 
     # The 2-process checkpoint resumes as one process on the same 8 devices: the data order is
     # global (one saved cursor), so the losses continue the 2-process run's.
-    alone = launch("run", *SMOKE, "--cpu-devices", "8", "--job-log-dir", str(tmp_path / "as_one"), env=env)
-    assert alone.returncode == 0, alone.stdout[-3000:] + alone.stderr[-2000:]
-    assert "Resumed from step 2 on 8 devices in 1 process" in alone.stdout, alone.stdout[-3000:]
-    assert "(the checkpoint was written on 8 devices in 2 processes" in alone.stdout
-    assert "the data order is unchanged" in alone.stdout
+    assert code_alone == 0, alone[-4000:]
+    assert "Resumed from step 2 on 8 devices in 1 process" in alone, alone[-3000:]
+    assert "(the checkpoint was written on 8 devices in 2 processes" in alone
+    assert "the data order is unchanged" in alone
     assert train_losses(tmp_path / "as_one") == pytest.approx(train_losses(tmp_path / "two"), rel=1e-5)
 
     # And as four processes of 2 devices each: each reads a quarter of every global batch.

@@ -484,22 +484,6 @@ def test_s3_store_problems_are_exit_2_in_seconds(s3, monkeypatch, tmp_path):
     assert time.monotonic() - started < 30
 
 
-# Runs `launch` command lines (JSON: a list of argument lists) one after another in this one
-# process, so programs compiled for one are cached for the next (the suite's compile cache);
-# writes [(exit code, output), ...] as JSON to the file named by the first argument.
-_IN_ONE_PROCESS = """
-import json, sys
-from typer.testing import CliRunner
-from equipax.launch.cli import app
-results = []
-for args in json.loads(sys.argv[2]):
-    r = CliRunner().invoke(app, args)
-    results.append((r.exit_code, r.output + (repr(r.exception) if r.exit_code else "")))
-with open(sys.argv[1], "w") as f:
-    json.dump(results, f)
-"""
-
-
 def _doc_commands(page: str, marker: str) -> list[list[str]]:
     """The `launch` arguments of each command line of docs/`page`'s blocks marked `marker`."""
     import shlex
@@ -522,12 +506,13 @@ def _doc_commands(page: str, marker: str) -> list[list[str]]:
 
 
 @pytest.mark.slow
-def test_pax_readme_commands_train_into_the_bucket_and_resume(gcs, tmp_path):
+def test_pax_readme_commands_train_into_the_bucket_and_resume(gcs):
     """docs/coming_from_pax.md's commands as a Pax user types them (`--exp=<Pax class path>_smoke
     --job_log_dir=gs://my-bucket/...`), run as written against the emulator: the Pax README's six
     experiments train into the bucket, and a run stopped after two steps resumes from its checkpoint
     there to the uninterrupted run's state, bit for bit. One process on 8 simulated devices runs
     them all (`--cpu-devices 8` on each line: the same count, so JAX starts once)."""
+    from helpers.launch_lines import launch_in_one_process
     from helpers.toy import FAST_COMPILE, suite_compile_cache_env, with_xla_flags
 
     fs = _store(gcs)
@@ -535,16 +520,7 @@ def test_pax_readme_commands_train_into_the_bucket_and_resume(gcs, tmp_path):
     commands = _doc_commands("coming_from_pax.md", "gcs-emulator")
     assert len(commands) == 8, commands
     env = with_xla_flags({**os.environ, **suite_compile_cache_env(), **gcs, "JAX_PLATFORMS": "cpu"}, FAST_COMPILE)
-    results = tmp_path / "results.json"
-    proc = subprocess.run(
-        [sys.executable, "-c", _IN_ONE_PROCESS, str(results), json.dumps(commands)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    outcomes = json.loads(results.read_text())
+    outcomes = launch_in_one_process(commands, env)
 
     def job(args):
         return next(a.split("=", 1)[1] for a in args if a.startswith("--job_log_dir=")).removeprefix("gs://")
