@@ -40,6 +40,12 @@ def test_launch_run_on_a_simulated_mesh(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Final eval loss" in proc.stdout
     # Without the devices: a clear error in seconds, pointing at compile and the smoke variant.
-    proc = subprocess.run(args[:4] + args[6:], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "needs 8 devices" in proc.stderr and "launch compile" in proc.stderr
+    # In this process (one CPU device, as a plain `launch run` has; the mesh is checked before
+    # anything compiles): a child would cost a JAX start-up, 2.5 s of CPU, for the check.
+    from typer.testing import CliRunner
+
+    from equipax.launch.cli import app
+
+    refused = CliRunner().invoke(app, args[3:4] + args[6:])
+    assert refused.exit_code == 2, refused.output
+    assert "needs 8 devices" in refused.stderr and "launch compile" in refused.stderr

@@ -119,8 +119,9 @@ def test_cnn_digits_data_parallel_on_4_devices_matches_1_device(tmp_path):
         ]
     )
     fast = FAST_COMPILE  # the three runs compare with each other only
-    one = launch("run", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "one", *sets, xla_flags=fast)
-    assert one.returncode == 0, one.stdout + one.stderr
+    # One device: in this process (its one CPU device), without a child's start-up.
+    one = invoke("run", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "one", *sets)
+    assert one.exit_code == 0, one.output
     four = launch(
         "run", "--exp", "cnn_digits", "--cpu-devices", 4, "--job-log-dir", tmp_path / "four", *sets, xla_flags=fast
     )
@@ -170,13 +171,14 @@ def test_cnn_nonfinite_policy_and_compile(tmp_path):
     compile` writes its report for that family (parameters counted, no FLOP count on XLA:CPU). Both
     at toy size and compiled with less optimisation: the exit code, the message and the report's
     fields are checked, no numbers (the full-size compile: 15.1 s against 8.5 s)."""
+    # In this process: children would cost two JAX start-ups (2.5 s of CPU each) for one device.
     sets = set_args([*CNN_SHORT, ONE_STAGE, "train.debug_nan_steps=(3,)", "train.on_nonfinite=abort"])
-    proc = launch("run", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "job", *sets, xla_flags=FAST_COMPILE)
-    assert proc.returncode == 4, proc.stdout + proc.stderr
-    assert "Step 3: the loss is nan" in proc.stderr
+    aborted = invoke("run", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "job", *sets)
+    assert aborted.exit_code == 4, aborted.output
+    assert "Step 3: the loss is nan" in aborted.stderr
     toy = set_args([*CNN_TOY, ONE_STAGE])
-    compiled = launch("compile", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "c", *toy, xla_flags=FAST_COMPILE)
-    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    compiled = invoke("compile", "--exp", "cnn_digits", "--job-log-dir", tmp_path / "c", *toy)
+    assert compiled.exit_code == 0, compiled.output
     report = json.loads((tmp_path / "c" / "compile.json").read_text())
     assert report["params"]["total"] > 0 and report["flops"] is None
 
