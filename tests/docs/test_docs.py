@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
+from helpers.docs_devices import DeviceServers
 from helpers.toy import (
     CNN_SHORT,
     FAST_COMPILE,
@@ -69,7 +70,9 @@ def _split_option(arg: str) -> list[str]:
 _FRESH_JOBS: dict[tuple[str, ...], Path] = {}
 
 
-def run_command(words: list[str], expect_fail: bool, tmp_path: Path, first: bool = False) -> None:
+def run_command(
+    words: list[str], expect_fail: bool, tmp_path: Path, devices: DeviceServers, first: bool = False
+) -> None:
     from typer.testing import CliRunner
 
     from equipax.launch.cli import app
@@ -111,7 +114,12 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path, first: bool
         i = args.index("--job-log-dir") + 1
         if not (tmp_path / args[i]).exists():
             args[i] = str(tmp_path / "job")  # the job the block's `launch run` wrote
-    if "--cpu-devices" in args or args[:1] == ["compile"]:
+    if "--cpu-devices" in args and args[:1] == ["run"]:
+        # The device count is fixed when JAX starts: in a process that started with that many, one
+        # per count for every block of this run (helpers.docs_devices), on the suite's compile cache
+        # and with FAST_COMPILE (only the exit code is checked).
+        code, output = devices.invoke(int(args[args.index("--cpu-devices") + 1]), args, tmp_path)
+    elif "--cpu-devices" in args or args[:1] == ["compile"]:
         # The device count is fixed when JAX starts: run in a fresh process, as a user would.
         # Only the exit code is checked: XLA:CPU may compile runs with less optimisation (a smoke
         # run on 8 devices: ~30% less CPU). Not `compile`, whose report is the output.
@@ -150,8 +158,16 @@ def run_command(words: list[str], expect_fail: bool, tmp_path: Path, first: bool
         assert code == 0, f"{' '.join(words)}\n{output}"
 
 
+@pytest.fixture(scope="session")
+def device_servers():
+    """The processes that run `launch run --cpu-devices N` commands, one per N (helpers.docs_devices)."""
+    servers = DeviceServers(with_xla_flags({**os.environ, **suite_compile_cache_env()}, FAST_COMPILE))
+    yield servers
+    servers.close()
+
+
 @pytest.mark.parametrize("lang, flags, code", list(blocks()))
-def test_doc_block(lang, flags, code, tmp_path, monkeypatch):
+def test_doc_block(lang, flags, code, tmp_path, monkeypatch, device_servers):
     # Every block's fresh jobs on the same plays train each vocabulary and encode each corpus once
     # in this suite: the machine's cache (`EQUIPAX_CACHE_DIR`, set in tests/conftest.py).
     monkeypatch.chdir(tmp_path)
@@ -161,7 +177,7 @@ def test_doc_block(lang, flags, code, tmp_path, monkeypatch):
         return
     commands = [cmd for cmd in (re.sub(r"\s+#.*$", "", line).strip() for line in code.splitlines()) if cmd]
     for i, line in enumerate(commands):
-        run_command(shlex.split(line), "expect-fail" in flags, tmp_path, first=i == 0)
+        run_command(shlex.split(line), "expect-fail" in flags, tmp_path, device_servers, first=i == 0)
 
 
 def test_docs_exist():
