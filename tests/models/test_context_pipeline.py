@@ -33,14 +33,22 @@ ids = rng.integers(0, V, (4, S + 1)).astype(np.int32)
 batch = {"ids": ids[:, :-1], "labels": ids[:, 1:], "weights": (rng.random((4, S)) > 0.2).astype(np.float32),
          "segment_ids": np.stack(segs).astype(np.int32), "positions": np.stack(poss).astype(np.int32)}
 
+def layer_grads(grads):
+    # Inside the jitted function: the layer-order reshapes compile with it, not as eager programs.
+    stack = grads.stack.in_layer_order() if hasattr(grads.stack, "in_layer_order") else grads.stack.layers
+    return jax.tree.leaves(eqx.filter(stack, eqx.is_array)) + [grads.embedding.weight]
+
 def run(cfg, mesh):
     model = TransformerLM(cfg, key=jax.random.key(0))
-    if mesh is not None:
-        model = eqx.filter_shard(model, named(param_specs(model, mesh), mesh))
-    loss, grads = eqx.filter_jit(eqx.filter_value_and_grad(lambda m: lm_loss(m, batch, mesh=mesh)[0]))(model)
-    stack = grads.stack.in_layer_order() if hasattr(grads.stack, "in_layer_order") else grads.stack.layers
-    return float(loss), [np.asarray(g) for g in jax.tree.leaves(eqx.filter(stack, eqx.is_array))] + [
-        np.asarray(grads.embedding.weight)]
+    if mesh is not None:  # placed from host copies: no eager program compiled per (shape, sharding)
+        arrays, static = eqx.partition(model, eqx.is_array)
+        shardings = named(param_specs(arrays, mesh), mesh)
+        model = eqx.combine(jax.device_put(jax.tree.map(np.asarray, arrays), shardings), static)
+    def loss_and_layer_grads(model):
+        loss, grads = eqx.filter_value_and_grad(lambda m: lm_loss(m, batch, mesh=mesh)[0])(model)
+        return loss, layer_grads(grads)
+    loss, grads = eqx.filter_jit(loss_and_layer_grads)(model)
+    return float(loss), [np.asarray(g) for g in grads]
 
 def pipelined(schedule, strategy):
     return dataclasses.replace(BASE, transformer=dataclasses.replace(

@@ -34,7 +34,10 @@ def run(capacity_factor, ici):
     mesh = None
     if ici is not None:
         mesh = build_mesh(MeshConfig(ici_mesh_shape=ici, dcn_mesh_shape=(1, 1, 1, 1), axis_names=EXPERT_AXES))
-        model = eqx.filter_shard(model, named(param_specs(model, mesh), mesh))
+        # Placed from host copies: no eager program compiled per (shape, sharding) to slice them.
+        arrays, static = eqx.partition(model, eqx.is_array)
+        shardings = named(param_specs(arrays, mesh), mesh)
+        model = eqx.combine(jax.device_put(jax.tree.map(np.asarray, arrays), shardings), static)
     fn = eqx.filter_jit(eqx.filter_value_and_grad(lambda m: lm_loss(m, batch, mesh=mesh), has_aux=True))
     (loss, aux), grads = fn(model)
     if mesh is not None:

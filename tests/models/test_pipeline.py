@@ -33,19 +33,26 @@ def pipelined(stages, schedule, microbatches=4):
 def pipeline_mesh(shape):
     return build_mesh(MeshConfig(ici_mesh_shape=shape, dcn_mesh_shape=(1, 1, 1, 1), axis_names=PIPELINE_AXES))
 
-ids = jax.random.randint(jax.random.key(1), (16, 17), 0, 64)
-BATCH = {"ids": ids[:, :-1], "labels": ids[:, 1:], "weights": jnp.ones((16, 16))}
+ids = np.asarray(jax.random.randint(jax.random.key(1), (16, 17), 0, 64))
+BATCH = {"ids": ids[:, :-1], "labels": ids[:, 1:], "weights": np.ones((16, 16), np.float32)}
+
+def place(model, mesh):
+    # From host copies: no eager program compiled per (shape, sharding) to slice the weights.
+    arrays, static = eqx.partition(model, eqx.is_array)
+    shardings = named(param_specs(arrays, mesh), mesh)
+    return eqx.combine(jax.device_put(jax.tree.map(np.asarray, arrays), shardings), static)
 
 def layer_grads(grads):
+    # Inside the step: the layer-order reshapes compile with it, not as eager programs per config.
     stack = grads.stack
     layers = stack.in_layer_order() if hasattr(stack, "in_layer_order") else stack.layers
-    return [np.asarray(g) for g in jax.tree.leaves(eqx.filter(layers, eqx.is_array))]
+    return jax.tree.leaves(eqx.filter(layers, eqx.is_array)) + [grads.embedding.weight]
 
 def train(cfg, mesh, steps=2):
     model = TransformerLM(cfg, key=jax.random.key(0))
     batch = BATCH
     if mesh is not None:
-        model = eqx.filter_shard(model, named(param_specs(eqx.filter(model, eqx.is_array), mesh), mesh))
+        model = place(model, mesh)
         batch = jax.device_put(BATCH, batch_sharding(mesh))
     opt = optax.adam(1e-2)
     state = opt.init(eqx.filter(model, eqx.is_array))
@@ -58,7 +65,7 @@ def train(cfg, mesh, steps=2):
     def step(model, state, batch):
         (loss, _), grads = eqx.filter_value_and_grad(lm_loss, has_aux=True)(model, batch, mesh=mesh)
         updates, state = opt.update(grads, state, eqx.filter(model, eqx.is_array))
-        return eqx.apply_updates(model, updates), state, loss, grads
+        return eqx.apply_updates(model, updates), state, loss, layer_grads(grads)
 
     losses, grads = [], []
     for _ in range(steps):
@@ -67,7 +74,7 @@ def train(cfg, mesh, steps=2):
             arrays, state = jax.device_put((eqx.filter(model, eqx.is_array), state), shardings)
             model = eqx.combine(arrays, static)
         losses.append(float(loss))
-        grads.append(layer_grads(g) + [np.asarray(g.embedding.weight)])
+        grads.append([np.asarray(x) for x in g])
     return losses, grads, model
 """
 
@@ -105,7 +112,7 @@ STAGE_WEIGHTS = _MODEL + textwrap.dedent("""
     att = specs.stack.stages.attention
     qkv = att.qkv
     down = specs.stack.stages.ffn.down.weight
-    sharded = eqx.filter_shard(model, named(specs, mesh))
+    sharded = place(model, mesh)
     shard_shape = sharded.stack.stages.ffn.down.weight.addressable_shards[0].data.shape
     full_shape = sharded.stack.stages.ffn.down.weight.shape
     params, static = eqx.partition(sharded, eqx.is_array)
@@ -114,7 +121,7 @@ STAGE_WEIGHTS = _MODEL + textwrap.dedent("""
     # The same model unpipelined on the same mesh: the partitioner's own collective-permutes, which
     # the pipelined program has too; the stage-to-stage ppermute is the one more.
     flat = TransformerLM(BASE, key=jax.random.key(0))
-    flat = eqx.filter_shard(flat, named(param_specs(eqx.filter(flat, eqx.is_array), mesh), mesh))
+    flat = place(flat, mesh)
     flat_params, flat_static = eqx.partition(flat, eqx.is_array)
     flat_loss = jax.jit(lambda p, b: lm_loss(eqx.combine(p, flat_static), b, mesh=mesh)[0])
     flat_hlo = flat_loss.lower(flat_params, jax.device_put(BATCH, batch_sharding(mesh))).compile().as_text()
@@ -144,9 +151,9 @@ LLAMA_BLOCK = _MODEL + textwrap.dedent("""
         embedding_init_std=1.0, transformer=dataclasses.replace(
             BASE.transformer, num_heads=4, num_kv_heads=2, head_dim=8, activation="silu", gated=True,
             norm="rmsnorm", norm_eps=1e-5, fused_qkv=False, atten_logit_cap=None))
-    cut = jnp.array([[5], [9]] * 8)
-    BATCH = dict(BATCH, segment_ids=(jnp.arange(16)[None] >= cut).astype(jnp.int32),
-                 positions=jnp.where(jnp.arange(16)[None] >= cut, jnp.arange(16)[None] - cut, jnp.arange(16)[None]))
+    cut = np.array([[5], [9]] * 8)
+    BATCH = dict(BATCH, segment_ids=(np.arange(16)[None] >= cut).astype(np.int32),
+                 positions=np.where(np.arange(16)[None] >= cut, np.arange(16)[None] - cut, np.arange(16)[None]))
     BASE = LLAMA
     ref_losses, ref_grads, _ = train(LLAMA, None)
     losses, grads, _ = train(pipelined(2, "gpipe"), pipeline_mesh((2, 1, 2, 2)))
