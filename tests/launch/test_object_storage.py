@@ -80,7 +80,7 @@ def _launch(args, env, cache) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **cache, **env},
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **cache, **env},
     )
     _CHILDREN.append(proc)
     return proc
@@ -145,7 +145,14 @@ def _signal_after_first_step(proc: subprocess.Popen, sig: int) -> list[str]:
 
 
 def _finish(proc: subprocess.Popen, lines=()) -> tuple[int, str]:
-    out = "".join(lines) + proc.communicate(timeout=300)[0]
+    try:
+        out = "".join(lines) + proc.communicate(timeout=300)[0]
+    except subprocess.TimeoutExpired:
+        # A run that hangs: SIGABRT makes Python's fault handler (PYTHONFAULTHANDLER, set by
+        # `_launch`) print every thread's stack, so the failure says where it waited.
+        proc.send_signal(signal.SIGABRT)
+        out = "".join(lines) + proc.communicate(timeout=60)[0]
+        pytest.fail(f"the run did not end within 300 s; its output, then each thread's stack:\n{out[-20000:]}")
     return proc.returncode, out
 
 
