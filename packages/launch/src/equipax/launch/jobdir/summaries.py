@@ -9,12 +9,11 @@ import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from tensorboardX import SummaryWriter
 
 from equipax.launch.jobdir.storage import AnyPath, append_line, is_remote, job_path, upload, write_atomic
-
-if TYPE_CHECKING:
-    from tensorboardX import SummaryWriter
 
 __all__ = ["MetricsWriter", "read_metrics"]
 
@@ -59,13 +58,8 @@ class MetricsWriter:
         self._staging: Path | None = None
         _quiet_writer_threads()
 
-    def _writer(self, split: str) -> "SummaryWriter":
+    def _writer(self, split: str) -> SummaryWriter:
         if split not in self._tb:
-            # Imported here, not with this module: tensorboardX imports boto3 and
-            # google-cloud-storage on import (about 0.25 s of CPU), which processes that write no
-            # summaries (every process but 0, commands that do not train) never need.
-            from tensorboardX import SummaryWriter
-
             if is_remote(self._summaries) and self._staging is None:
                 import tempfile
 
@@ -160,7 +154,7 @@ class MetricsWriter:
             raise failure
 
     @contextlib.contextmanager
-    def _guard(self, tb: "SummaryWriter") -> Iterator[None]:
+    def _guard(self, tb: SummaryWriter) -> Iterator[None]:
         """On a failed write, retire `tb`: its thread stopped, and its exit hook (which would flush
         into the same full disk and print a traceback at exit) disarmed."""
         try:
@@ -173,7 +167,7 @@ class MetricsWriter:
             raise
 
 
-def _retire(tb: "SummaryWriter") -> None:
+def _retire(tb: SummaryWriter) -> None:
     """Stop a TensorBoard writer whose file cannot be written, without writing to it again."""
     events = getattr(getattr(tb, "file_writer", None), "event_writer", None)
     if events is None or getattr(events, "_closed", True):
