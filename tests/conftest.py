@@ -172,8 +172,11 @@ def _xla_default_level(request):
 def _compiler_flags_restored():
     """In-process `launch run` / `pgle collect` set XLA_FLAGS and LIBTPU_INIT_ARGS (and, on a host
     without TPUs, libtpu's TPU_* variables) in this process's environment (as they must, before JAX
-    starts); each test gets back the values it started with,
-    so one test's flags never reach another's child processes."""
+    starts), and a run into a gs:// job TensorStore's endpoint from STORAGE_EMULATOR_HOST
+    (`equipax.launch.jobdir.storage.configure_endpoints`); each test gets back the values it started
+    with, so one test's settings never reach another's child processes. (A run against a port where
+    nothing listens, tests/launch/test_pax_experiments.py, left TensorStore's endpoint pointing
+    there: a later GCS test's child on the same worker then waited for ever in its checkpoint save.)"""
     saved = {
         var: os.environ.get(var)
         for var in (
@@ -183,6 +186,8 @@ def _compiler_flags_restored():
             "TPU_WORKER_HOSTNAMES",
             "TPU_WORKER_ID",
             "EQUIPAX_QUIETED_LIBTPU",
+            "TENSORSTORE_GCS_HTTP_URL",
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT",
         )
     }
     yield
