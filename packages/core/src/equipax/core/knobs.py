@@ -14,7 +14,7 @@ import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 __all__ = [
     "check_text",
@@ -320,7 +320,11 @@ def _check_path(cfg: Any, path: str) -> None:
     raise ConfigError(f"Unknown knob {path!r}.{_did_you_mean(path, list(knobs))}")
 
 
-def set_knobs[C](cfg: C, values: Mapping[str, Any]) -> C:
+C = TypeVar("C")
+"""A config dataclass type (the functions below return the type they were given)."""
+
+
+def set_knobs(cfg: C, values: Mapping[str, Any]) -> C:
     """Return `cfg` with the knobs at the dotted paths in `values` replaced (type-checked).
 
     All values are applied first and validation runs once on the result, so knobs that
@@ -361,7 +365,7 @@ def _with_changes(node: Any, changes: "_Changes", path: str) -> Any:
     return _rebuild(type(node), kwargs, path)
 
 
-def set_knob[C](cfg: C, path: str, value: Any) -> C:
+def set_knob(cfg: C, path: str, value: Any) -> C:
     """Return `cfg` with the knob at dotted `path` replaced by `value` (type-checked)."""
     return set_knobs(cfg, {path: value})
 
@@ -383,7 +387,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"Knob {path!r}: {e}") from None
 
 
-def apply_overrides[C](cfg: C, overrides: Sequence[str]) -> tuple[C, dict[str, str]]:
+def apply_overrides(cfg: C, overrides: Sequence[str]) -> tuple[C, dict[str, str]]:
     """Apply `--set KNOB=VALUE` overrides in order.
 
     Arguments:
@@ -419,7 +423,7 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return conv(cfg)
 
 
-def from_dict[C](cls: type[C], data: Mapping[str, Any], *, _path: str = "") -> C:
+def from_dict(cls: type[C], data: Mapping[str, Any], *, _path: str = "") -> C:
     """Build a config of type `cls` from a nested dict (the inverse of `to_dict`).
 
     Unknown keys are an error with a "did you mean" hint; missing keys take defaults. Keys a
@@ -468,7 +472,7 @@ def to_json(cfg: Any) -> str:
     return json.dumps(to_dict(cfg), indent=2, sort_keys=False)
 
 
-def from_json[C](cls: type[C], text: str) -> C:
+def from_json(cls: type[C], text: str) -> C:
     """Parse a config of type `cls` from `to_json` output (ConfigError unless it is a JSON object)."""
     data = json.loads(text)
     if not isinstance(data, Mapping):

@@ -101,7 +101,10 @@ def init_train_state(
     return TrainState(step=jnp.zeros((), jnp.int32), model=model, opt_state=opt_state, model_state=model_state)
 
 
-def _copy_arrays[T](tree: T) -> T:
+_T = TypeVar("_T")
+
+
+def _copy_arrays(tree: _T) -> _T:
     return jax.tree.map(lambda x: jnp.copy(x) if isinstance(x, jax.Array) else x, tree)
 
 
@@ -256,7 +259,7 @@ def _placed_on_several_devices(shardings: Any) -> bool:
     return any(len(s.device_set) > 1 for s in leaves if isinstance(s, jax.sharding.Sharding))
 
 
-def _select[T](pred: Array, on_true: T, on_false: T) -> T:
+def _select(pred: Array, on_true: _T, on_false: _T) -> _T:
     """`on_true` where the scalar `pred` holds, else `on_false`, leaf by leaf (same structure)."""
     a, static = eqx.partition(on_true, eqx.is_array)
     b, _ = eqx.partition(on_false, eqx.is_array)

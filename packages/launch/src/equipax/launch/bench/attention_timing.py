@@ -172,7 +172,7 @@ def run_attention_bench(cfg: AttentionBenchConfig, out_dir: Path, *, console: Co
     import jax
     import jax.random as jr
 
-    from equipax.launch.jobdir.plots import plot_attention_bench
+    from equipax.launch.jobdir.plots import NO_MATPLOTLIB, plot_attention_bench
 
     out_dir = Path(out_dir)
     _check_out_dir(out_dir)  # before the work, which can take minutes
@@ -229,9 +229,14 @@ def run_attention_bench(cfg: AttentionBenchConfig, out_dir: Path, *, console: Co
         "results": rows,
     }
     (out_dir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
-    plot_attention_bench(result, out_dir / PLOT_FILE)
+    plotted = plot_attention_bench(result, out_dir / PLOT_FILE)
     console.print(results_table(result))
-    console.print(f"Wrote {out_dir / RESULT_FILE} and {out_dir / PLOT_FILE}", highlight=False)
+    wrote = (
+        f"{out_dir / RESULT_FILE} and {out_dir / PLOT_FILE}"
+        if plotted
+        else f"{out_dir / RESULT_FILE} ({NO_MATPLOTLIB})"
+    )
+    console.print(f"Wrote {wrote}", highlight=False)
     return result
 
 

@@ -13,7 +13,7 @@ a job starts, with this process's share of the global batch as one `HostShard`.
 
 import dataclasses
 import difflib
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from equipax.core.knobs import ConfigError
 
@@ -54,7 +54,10 @@ class Source:
 _SOURCES: dict[str, dict[str, Source]] = {}
 
 
-def register_source[S: Source](cls: type[S]) -> type[S]:
+S = TypeVar("S", bound=Source)
+
+
+def register_source(cls: type[S]) -> type[S]:
     """Class decorator: make `cls` the source of its `kind` named `cls.name`."""
     for attr in ("name", "kind"):
         if not isinstance(getattr(cls, attr, None), str):

@@ -14,7 +14,7 @@ import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from equipax.core.knobs import ConfigError, suggest
 
@@ -33,6 +33,7 @@ __all__ = [
 # An ExperimentConfig ("train" entries) or a benchmark config ("benchmark" entries).
 Experiment = Any
 ExperimentFn = Callable[[], Experiment]
+F = TypeVar("F", bound=ExperimentFn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +52,7 @@ _REGISTRY: dict[str, Entry] = {}
 _ALIASES: dict[str, str] = {}  # alias (a dotted path) -> the registered short name
 
 
-def also_known_as[F: ExperimentFn](*aliases: str) -> Callable[[F], F]:
+def also_known_as(*aliases: str) -> Callable[[F], F]:
     """Let a registered experiment also answer to `aliases`: dotted paths (e.g. Pax's
     `tasks.lm.params.c4.C4Spmd1BAdam4Replicas`), found like a registered path, by the whole path
     or any dotted suffix (`C4Spmd1BAdam4Replicas`). Stack it on `@register` (in either order)."""
@@ -67,17 +68,17 @@ def also_known_as[F: ExperimentFn](*aliases: str) -> Callable[[F], F]:
     return add
 
 
-def register[F: ExperimentFn](fn: F) -> F:
+def register(fn: F) -> F:
     """Register a training experiment (returning an ExperimentConfig) under its function name."""
     return _register(fn, "train")
 
 
-def register_benchmark[F: ExperimentFn](fn: F) -> F:
+def register_benchmark(fn: F) -> F:
     """Register a benchmark (`launch run --exp NAME` runs it instead of training)."""
     return _register(fn, "benchmark")
 
 
-def _register[F: ExperimentFn](fn: F, kind: Literal["train", "benchmark"]) -> F:
+def _register(fn: F, kind: Literal["train", "benchmark"]) -> F:
     name = fn.__name__
     path = f"{fn.__module__}.{name}"
     existing = _REGISTRY.get(name)

@@ -1,17 +1,27 @@
-"""Headless plots of a run's metrics (matplotlib, Agg backend)."""
+"""Headless plots of a run's metrics (matplotlib, Agg backend).
+
+matplotlib is a dependency of equipax-launch, but a host set up with only what a run needs (a TPU
+image with the wheels of benchmarks/tpu/wheels.sh) may lack it: each plot function then draws
+nothing and returns None, and its caller says so once (`NO_MATPLOTLIB`); the run is not stopped
+for a picture."""
 
 from typing import Any
 
 from equipax.launch.jobdir.storage import AnyPath, job_path, write_atomic
 
-__all__ = ["plot_attention_bench", "plot_classifier_history", "plot_loss"]
+__all__ = ["NO_MATPLOTLIB", "plot_attention_bench", "plot_classifier_history", "plot_loss"]
+
+NO_MATPLOTLIB = "matplotlib is not installed here, so no plot was drawn (`pip install matplotlib` draws them)."
 
 
-def _pyplot() -> Any:
+def _pyplot() -> Any | None:
     """`matplotlib.pyplot` on the headless Agg backend, imported at the first plot, not with this
     module: about 0.2 s of CPU that a process drawing no plot (every process of a multi-host run
-    but process 0, a run that stops on an error) does not pay."""
-    import matplotlib
+    but process 0, a run that stops on an error) does not pay. None where matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -28,12 +38,14 @@ def _save(fig: Any, path: AnyPath) -> AnyPath:
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png")
-    _pyplot().close(fig)
+    plt = _pyplot()
+    assert plt is not None  # a figure exists, so matplotlib does
+    plt.close(fig)
     write_atomic(path, png.getvalue())
     return path
 
 
-def plot_loss(records: list[dict[str, Any]], path: AnyPath, *, title: str = "") -> AnyPath:
+def plot_loss(records: list[dict[str, Any]], path: AnyPath, *, title: str = "") -> AnyPath | None:
     """Train and eval loss against step, from metrics.jsonl records; writes a PNG.
 
     Arguments:
@@ -42,9 +54,12 @@ def plot_loss(records: list[dict[str, Any]], path: AnyPath, *, title: str = "") 
         title: figure title.
 
     Returns:
-        The path written.
+        The path written (None where matplotlib is missing: `NO_MATPLOTLIB`).
     """
-    fig, ax = _pyplot().subplots(figsize=(7, 4.5), dpi=100)
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for split, style in (("train", "-"), ("eval", "o-")):
         pts = [
             (r["step"], r["loss"])
@@ -62,7 +77,7 @@ def plot_loss(records: list[dict[str, Any]], path: AnyPath, *, title: str = "") 
     return _save(fig, path)
 
 
-def plot_attention_bench(result: dict[str, Any], path: AnyPath) -> AnyPath:
+def plot_attention_bench(result: dict[str, Any], path: AnyPath) -> AnyPath | None:
     """Log-log forward time vs sequence length per implementation; speed-ups below.
 
     Arguments:
@@ -71,13 +86,14 @@ def plot_attention_bench(result: dict[str, Any], path: AnyPath) -> AnyPath:
         path: the PNG to write (parent directories are created).
 
     Returns:
-        The path written.
+        The path written (None where matplotlib is missing: `NO_MATPLOTLIB`).
     """
     from matplotlib.ticker import NullFormatter
 
-    fig, (ax_t, ax_r) = _pyplot().subplots(
-        2, 1, figsize=(7, 7), dpi=100, sharex=True, gridspec_kw={"height_ratios": [2, 1]}
-    )
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, (ax_t, ax_r) = plt.subplots(2, 1, figsize=(7, 7), dpi=100, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     ok = [r for r in result["results"] if r["status"] == "ok"]
     for name in dict.fromkeys(r["implementation"] for r in result["results"]):
         rows = sorted((r for r in ok if r["implementation"] == name), key=lambda r: r["seq_len"])
@@ -122,7 +138,7 @@ def plot_attention_bench(result: dict[str, Any], path: AnyPath) -> AnyPath:
     return _save(fig, path)
 
 
-def plot_classifier_history(records: list[dict[str, Any]], path: AnyPath, *, title: str = "") -> AnyPath:
+def plot_classifier_history(records: list[dict[str, Any]], path: AnyPath, *, title: str = "") -> AnyPath | None:
     """The CNN tutorial's figure (docs/tutorial_cnn.md): training loss (left), train and test accuracy (right) by epoch.
 
     Arguments:
@@ -132,11 +148,14 @@ def plot_classifier_history(records: list[dict[str, Any]], path: AnyPath, *, tit
         title: figure title.
 
     Returns:
-        The path written.
+        The path written (None where matplotlib is missing: `NO_MATPLOTLIB`).
     """
     rows = sorted((r for r in records if r.get("split") == "epoch"), key=lambda r: r["epoch"])
     epochs = [r["epoch"] for r in rows]
-    fig, (ax1, ax2) = _pyplot().subplots(1, 2, figsize=(12, 4), dpi=100)
+    plt = _pyplot()
+    if plt is None:
+        return None
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4), dpi=100)
     ax1.plot(epochs, [r["train_loss"] for r in rows], "o-", label="Train Loss")
     ax1.set_xlabel("Epoch")
     ax1.set_ylabel("Loss")

@@ -28,7 +28,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, TypeAlias
 
 from etils import epath
 
@@ -52,7 +52,7 @@ __all__ = [
     "write_atomic",
 ]
 
-type AnyPath = Path | epath.Path
+AnyPath: TypeAlias = Path | epath.Path
 """A job directory or a file in it: local (`pathlib.Path`) or in object storage (`epath.Path`)."""
 
 

@@ -15,7 +15,7 @@ from equipax.core.losses import LOSS_PREFIX
 from equipax.core.step import mean_eval_metrics
 from equipax.core.task import EVAL_SUMS
 from equipax.launch.cluster.distributed import gather_host_states, to_host
-from equipax.launch.jobdir.plots import plot_classifier_history
+from equipax.launch.jobdir.plots import NO_MATPLOTLIB, plot_classifier_history
 from equipax.launch.jobdir.summaries import read_metrics
 from equipax.launch.training.hooks import ALL, Hook, RunContext, StepContext
 
@@ -144,8 +144,9 @@ class EpochHook(Hook):
         history = {
             k: [float(r[k]) for r in epochs] for k in ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
         }
-        if run.primary:
-            plot_classifier_history(epochs, run.job_dir / "plots" / "history.png", title=run.cfg.name)
+        plot = run.job_dir / "plots" / "history.png"
+        if run.primary and plot_classifier_history(epochs, plot, title=run.cfg.name) is None:
+            run.log(f"note: plots/history.png not written: {NO_MATPLOTLIB}")
         last = epochs[-1] if epochs else {}
         return {
             "num_epochs": run.cfg.train.num_epochs,

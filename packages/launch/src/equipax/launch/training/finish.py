@@ -12,7 +12,7 @@ from rich.console import Console
 
 from equipax.launch.jobdir.checksums import tree_digest
 from equipax.launch.jobdir.ownership import write_text_atomic
-from equipax.launch.jobdir.plots import plot_loss
+from equipax.launch.jobdir.plots import NO_MATPLOTLIB, plot_loss
 from equipax.launch.jobdir.storage import AnyPath
 from equipax.launch.jobdir.summaries import read_metrics
 from equipax.launch.training.builtin_hooks import evaluate
@@ -86,7 +86,8 @@ def finish(
         extra=extra,
     )
     if run.primary:
-        plot_loss(read_metrics(run.writer.path), run.job_dir / "plots" / "loss.png", title=run.cfg.name)
+        if plot_loss(read_metrics(run.writer.path), run.job_dir / "plots" / "loss.png", title=run.cfg.name) is None:
+            log(f"note: plots/loss.png not written: {NO_MATPLOTLIB}")
         summary = {
             k: (str(v) if isinstance(v, (Path, epath.Path)) else v)
             for k, v in dataclasses.asdict(result).items()

@@ -12,7 +12,7 @@ An architecture the stack lacks is a `ConfigError` naming the keys, never anothe
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from equipax.core.configs import CONTEXT_AXES, EXPERT_AXES, STAGE
 from equipax.core.knobs import ConfigError, flatten, set_knobs
@@ -232,7 +232,10 @@ def settable(cfg: Any, knobs: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def apply_translation[C](cfg: C, knobs: Mapping[str, Any]) -> C:
+C = TypeVar("C")
+
+
+def apply_translation(cfg: C, knobs: Mapping[str, Any]) -> C:
     """`cfg` with a translation's knobs set (raises ConfigError where the result is invalid)."""
     return set_knobs(cfg, settable(cfg, knobs))
 

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# equipax on a TPU host whose JAX is preinstalled (a Cloud TPU VM image, a container), offline.
+# The one script a developer or a user runs there (docs/install.md, "A machine with JAX
+# preinstalled"; the figures it made: benchmarks/README.md, "On a real TPU"):
+#
+#   bash benchmarks/tpu/run.sh [--wheels DIR] [--out DIR] [--source] [PART ...]
+#
+# It installs the wheels that benchmarks/tpu/wheels.sh made on a networked machine (default
+# .whl-tpu/) into a folder of its own (TARGET, default /tmp/equipax-site) appended to PYTHONPATH,
+# so the image's jax, jaxlib and libtpu stay the ones imported (pip runs with --no-deps and
+# --no-index: it never fetches, upgrades or replaces anything), checks that `jax.devices()` is a
+# TPU, and runs the parts asked for, each writing into one results folder (default runs/tpu/):
+#   usage      what a user does (benchmarks/tpu/usage.py): the default `launch run` trains; a
+#              checkpointed run stopped with SIGTERM resumes bit for bit; `launch decode` and
+#              `launch eval` of the job; `launch compile --topology v5e-8` on the host's CPU
+#   speed      equipax's train step against a hand-written plain-JAX step of the same model on the
+#              chip (benchmarks/train_step.py --compare: tokens/s, MFU, ratio)
+#   profile    a jax.profiler trace of both steps and their per-op device time (op_profile.py)
+#   peak       the chip's bf16 matmul peak (benchmarks/accelerator.sh, part 1)
+#   attention  the attention kernels: XLA against splash (accelerator.sh, part 3)
+# Default parts: usage speed; USAGE_ARGS, SPEED_ARGS and PROFILE_ARGS replace a part's default arguments. --source imports equipax from packages/*/src instead of its wheels
+# (a developer's edit, without building wheels again). ALLOW_CPU=1 runs on a host without a TPU
+# (a dry run of the script; the tests do this at toy size).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+WHEELS=.whl-tpu
+OUT=runs/tpu
+SOURCE=0
+PARTS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --wheels) WHEELS=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        --source) SOURCE=1; shift ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        usage|speed|profile|peak|attention) PARTS+=("$1"); shift ;;
+        *) echo "run.sh: unknown argument '$1' (parts: usage speed profile peak attention; options: --wheels DIR --out DIR --source)" >&2; exit 2 ;;
+    esac
+done
+[ ${#PARTS[@]} -gt 0 ] || PARTS=(usage speed)
+PY=${PY:-python3}
+TARGET=${TARGET:-/tmp/equipax-site}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+echo "== install: the wheels in $WHEELS into $TARGET (appended to PYTHONPATH; nothing of the image's replaced)"
+if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    echo "run.sh: no wheels in '$WHEELS'. Make them on a machine with network first: bash benchmarks/tpu/wheels.sh $WHEELS" >&2
+    exit 2
+fi
+wheels=("$WHEELS"/*.whl)
+if [ "$SOURCE" = 1 ]; then
+    wheels=()
+    for w in "$WHEELS"/*.whl; do case "$(basename "$w")" in equipax_*) ;; *) wheels+=("$w") ;; esac; done
+fi
+# (PIP_CONFIG_FILE=/dev/null and --isolated: no pip.conf or PIP_* variable of the host's may point
+# pip at an index or change where it installs.)
+PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated --quiet --no-index --no-deps --no-compile --no-cache-dir \
+    --disable-pip-version-check --upgrade --target "$TARGET" "${wheels[@]}" || { echo "run.sh: pip install failed" >&2; exit 1; }
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$TARGET"
+if [ "$SOURCE" = 1 ]; then
+    src=$(pwd)/packages
+    export PYTHONPATH="$src/core/src:$src/models/src:$src/data/src:$src/launch/src:$PYTHONPATH"
+fi
+
+echo "== check: Python, JAX and the devices"
+"$PY" - "$OUT" "$TARGET" <<'EOF' || exit $?
+import json, os, platform, sys
+import jax, jaxlib
+out, target = sys.argv[1], os.path.realpath(sys.argv[2])
+import equipax.launch.cli  # noqa: F401  (the install is whole)
+shadowed = [m.__name__ for m in (jax, jaxlib) if os.path.realpath(m.__file__).startswith(target)]
+try:
+    import libtpu
+    libtpu_version = getattr(libtpu, "__version__", "?")
+except ImportError:
+    libtpu_version = None
+devices = jax.devices()
+info = {"python": platform.python_version(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+        "libtpu": libtpu_version, "platform": devices[0].platform, "device_kind": devices[0].device_kind,
+        "devices": len(devices), "glibc": "-".join(platform.libc_ver()), "jax_from": os.path.dirname(jax.__file__)}
+print(json.dumps(info, indent=2))
+json.dump(info, open(os.path.join(out, "environment.json"), "w"), indent=2)
+if shadowed:
+    sys.exit(f"run.sh: {shadowed} came from {target}, not the image: a wheel of JAX was in the wheels folder.")
+if devices[0].platform != "tpu" and os.environ.get("ALLOW_CPU") != "1":
+    sys.exit(f"run.sh: jax.devices() is {devices[0].platform} ({devices[0].device_kind}), not a TPU. "
+             "On a TPU host, check that nothing else holds the chip and that JAX_PLATFORMS is unset or "
+             "names tpu; ALLOW_CPU=1 runs the script on a CPU anyway (a dry run).")
+EOF
+
+LAUNCH="$PY -m equipax.launch.cli"
+status=0
+summary=()
+for part in "${PARTS[@]}"; do
+    echo "== $part (log: $OUT/$part.log)"
+    start=$(date +%s)
+    case "$part" in
+        usage) "$PY" benchmarks/tpu/usage.py --out "$OUT/usage" ${USAGE_ARGS:-} ;;
+        speed) "$PY" benchmarks/train_step.py --compare ${SPEED_ARGS:---presets c4_1b_6l,llama_1b --steps 10 --warmup 3} --out "$OUT/speed.json" ;;
+        profile) "$PY" benchmarks/train_step.py --compare ${PROFILE_ARGS:---presets c4_1b_6l --steps 3 --warmup 2} --profile "$OUT/profile" --out "$OUT/profile.json" ;;
+        peak) PY="$PY" LAUNCH="$LAUNCH" PARTS=1 bash benchmarks/accelerator.sh "$OUT/accelerator" ;;
+        attention) PY="$PY" LAUNCH="$LAUNCH" PARTS=3 bash benchmarks/accelerator.sh "$OUT/accelerator" ;;
+    esac > >(tee "$OUT/$part.log") 2>&1
+    rc=$?
+    summary+=("$part: $([ $rc = 0 ] && echo ok || echo "failed (exit $rc)") in $(( $(date +%s) - start )) s")
+    [ $rc = 0 ] || status=1
+done
+echo "== summary (results in $OUT)"
+printf '  %s\n' "${summary[@]}"
+exit $status
