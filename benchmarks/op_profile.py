@@ -91,9 +91,7 @@ def _module_events(events: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         for e in events
         if e.get("name") == "thread_name"
     }
-    keys = {
-        k for k, n in threads.items() if n == "XLA Modules" and str(processes.get(k[0], "")).startswith("/device:")
-    }
+    keys = {k for k, n in threads.items() if n == "XLA Modules" and str(processes.get(k[0], "")).startswith("/device:")}
     totals: dict[str, float] = collections.defaultdict(float)
     for e in events:
         if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in keys:
@@ -132,8 +130,9 @@ def summarize_trace(path: str | Path, *, steps: int, top: int = 25) -> dict[str,
     Returns:
         `trace`, `source` (where the op events were found), `device_ms_per_step` (sum of the op
         events' self times: nested ops counted once), `modules_ms_per_step` (from the ops'
-        `hlo_module`, or the device's module events), `by_kind` and `top_ops` (each with `ms_per_step`, `count_per_step`, `share`,
-        `category`), and `seen` (the trace's processes and threads, to look at when empty).
+        `hlo_module`, or the device's module events), `by_kind` and `top_ops` (each with
+        `ms_per_step`, `count_per_step`, `share`, `category`), and `seen` (the trace's processes
+        and threads, to look at when empty).
     """
     trace = find_trace(path)
     events = _load_events(trace)

@@ -240,12 +240,7 @@ def _llama_tiny() -> Preset:
 
 
 def _with_overrides(
-    preset: Preset,
-    *,
-    scan: bool | None,
-    remat: str | None,
-    attention: str | None = None,
-    dtype: str | None = None,
+    preset: Preset, *, scan: bool | None, remat: str | None, attention: str | None = None, dtype: str | None = None
 ) -> Preset:
     """The preset with knob overrides (None keeps the preset's), applied through
     `equipax.core.knobs.set_knobs` (type-checked and validated as `launch run --set` does)."""
