@@ -56,11 +56,14 @@ class BaselineConfig:
     family: str = "gpt"
     num_kv_heads: int | None = None  # llama: key/value heads (None = num_heads)
     rope_theta: float = 10_000.0
+    # Llama 3.1's frequency rescaling: (factor, low_freq_factor, high_freq_factor, original_max_seq_len).
+    rope_scaling: tuple[float, float, float, int] | None = None
     tie_embeddings: bool | None = None  # None: the family's (gpt tied, llama untied)
     scan_layers: bool = False  # params["layers"] is one dict of arrays stacked on a layer axis
     remat: str = "none"  # "none", "full", "dots_saveable", "dots_all_saveable"
     dtype: str = "float32"  # compute dtype; parameters stay float32
     attention_impl: str = "xla"  # "xla" (jnp softmax) or "splash" (Pallas, TPU)
+    splash_interpret: bool = False  # run splash in the Pallas interpreter (any platform; tests)
 
     @property
     def tied(self) -> bool:
@@ -141,10 +144,22 @@ def _rmsnorm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     return y.astype(x.dtype)
 
 
-def _rope(x: jax.Array, theta: float) -> jax.Array:
+def _llama3_scaled(inv: jax.Array, scaling: tuple[float, float, float, int]) -> jax.Array:
+    """Llama 3.1's rule: keep high frequencies, divide low ones by `factor`, interpolate between."""
+    factor, low, high, original = scaling
+    wavelen = 2 * math.pi / inv
+    scaled = jnp.where(wavelen > original / low, inv / factor, inv)
+    smooth = (original / wavelen - low) / (high - low)
+    between = (1 - smooth) * scaled / factor + smooth * scaled
+    return jnp.where((wavelen >= original / high) & (wavelen <= original / low), between, scaled)
+
+
+def _rope(x: jax.Array, theta: float, scaling: tuple[float, float, float, int] | None = None) -> jax.Array:
     """Rotate each head's halves by position x frequency (the "rotate half" layout), in float32."""
     seq, half = x.shape[1], x.shape[-1] // 2
     inv = theta ** -(jnp.arange(half, dtype=jnp.float32) * 2 / x.shape[-1])
+    if scaling is not None:
+        inv = _llama3_scaled(inv, scaling)
     angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv[None, :]
     sin, cos = jnp.sin(angles)[None, :, None], jnp.cos(angles)[None, :, None]
     xf = x.astype(jnp.float32)
@@ -193,7 +208,12 @@ def _splash_attention(cfg: BaselineConfig, q: jax.Array, k: jax.Array, v: jax.Ar
     )
     mask = sa.MultiHeadMask([sa.CausalMask((s, s))] * h)
     kernel = sa.make_splash_mha(
-        mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, attn_logits_soft_cap=cfg.atten_logit_cap
+        mask,
+        block_sizes=sizes,
+        head_shards=1,
+        q_seq_shards=1,
+        attn_logits_soft_cap=cfg.atten_logit_cap,
+        interpret=cfg.splash_interpret,
     )
     heads_first = lambda t: jnp.swapaxes(t, 1, 2)  # noqa: E731  [b s h d] <-> [b h s d]
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
@@ -217,9 +237,9 @@ def _block(cfg: BaselineConfig, layer: Params, x: jax.Array) -> jax.Array:
     attention = _splash_attention if cfg.attention_impl == "splash" else _xla_attention
     if cfg.family == "llama":
         h = _rmsnorm(x, layer["ln1"], cfg.layernorm_eps)
-        q = _rope(jnp.einsum("bsd,dhk->bshk", h, w["q"]), cfg.rope_theta)
+        q = _rope(jnp.einsum("bsd,dhk->bshk", h, w["q"]), cfg.rope_theta, cfg.rope_scaling)
         kv = jnp.einsum("bsd,dtnk->bstnk", h, w["kv"])
-        k, v = _rope(kv[:, :, 0], cfg.rope_theta), kv[:, :, 1]
+        k, v = _rope(kv[:, :, 0], cfg.rope_theta, cfg.rope_scaling), kv[:, :, 1]
         x = x + jnp.einsum("bqhk,hkd->bqd", attention(cfg, q, k, v), w["out"])
         h = _rmsnorm(x, layer["ln2"], cfg.layernorm_eps)
         return x + (jax.nn.silu(h @ w["gate"]) * (h @ w["up"])) @ w["down"]

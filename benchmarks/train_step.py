@@ -166,9 +166,9 @@ PRESETS: dict[str, Callable[[], Preset]] = {
     ),
     "llama_1b": lambda: _chip_preset(
         "llama_1b",
-        "llama3_2_1b at 4 layers (d 2048, GQA 32/8 x 64, SwiGLU 8192, vocab 128256, tied), seq 1024, batch 4",
+        "llama3_2_1b at 4 layers (d 2048, GQA 32/8 x 64, SwiGLU 8192, vocab 128256, tied, RoPE x32), seq 1024, batch 4",
         "llama3_2_1b",
-        {"model.transformer.num_layers": 4, "model.rope_scaling": None, "model.max_seq_len": 1024},
+        {"model.transformer.num_layers": 4, "model.max_seq_len": 1024},
         per_device_batch=4,
     ),
 }
@@ -192,6 +192,7 @@ def _chip_preset(
             "mesh.ici_mesh_shape": (1, 1, 1),
             "mesh.dcn_mesh_shape": (1, 1, 1),
             "data.source": "synthetic",
+            "data.packing": False,
             "data.tokenizer": "byte",
             "data.seq_len": 1024,
             "data.per_device_batch": per_device_batch,
@@ -488,7 +489,7 @@ def baseline_for(preset: Preset, *, remat: str | None = None) -> Any:
         "activation": (t.activation, "silu" if llama else "gelu"),
         "gated": (t.gated, llama),
         "fused_qkv": (t.fused_qkv, not llama),
-        "rope_scaling": (m.rope_scaling, None),
+        "rope_scaling": (m.rope_scaling if not llama else None, None),  # Llama's "llama3" rule is written out
         "embedding_multiplier": (m.embedding_multiplier, None if llama else "sqrt_model_dims"),
         "position": (m.position, "rope" if llama else "sinusoidal"),
     } | (
@@ -525,6 +526,14 @@ def baseline_for(preset: Preset, *, remat: str | None = None) -> Any:
         family="llama" if llama else "gpt",
         num_kv_heads=t.num_kv_heads,
         rope_theta=m.rope_theta,
+        rope_scaling=None
+        if m.rope_scaling is None
+        else (
+            m.rope_scaling.factor,
+            m.rope_scaling.low_freq_factor,
+            m.rope_scaling.high_freq_factor,
+            m.rope_scaling.original_max_seq_len,
+        ),
         tie_embeddings=m.tie_embeddings,
         scan_layers=t.scan_layers,
         remat=remat or t.remat,
