@@ -9,6 +9,14 @@ written the obvious way: parameters in a dict of arrays, one `jax.jit` with the 
 optimizer state donated, and the loss as the only metric. `benchmarks/train_step.py --compare` times
 it against the equipax step, in one process, interleaved, on the same batch.
 
+For accelerators (benchmarks/README.md, "equipax vs plain JAX on a TPU"), the step can also scan
+over stacked layers (`scan_layers`), rematerialise each block (`remat`: "none", "full",
+"dots_saveable" with equipax's policy of that name, or "dots_all_saveable", JAX's own
+`dots_saveable`), compute in bfloat16 from float32 master weights (`dtype`: weights cast at use,
+norm statistics, the softmax and the loss in float32, as equipax's `model.dtype`) and run the
+attention as plain jnp softmax ("xla") or the Pallas TPU splash kernel ("splash", TPU only).
+The defaults (unrolled, no remat, float32, "xla") are the CPU comparison it was written for.
+
 This module imports only jax, numpy and optax, so the comparison cannot borrow anything from
 equipax by accident.
 """
@@ -48,6 +56,18 @@ class BaselineConfig:
     family: str = "gpt"
     num_kv_heads: int | None = None  # llama: key/value heads (None = num_heads)
     rope_theta: float = 10_000.0
+    # Llama 3.1's frequency rescaling: (factor, low_freq_factor, high_freq_factor, original_max_seq_len).
+    rope_scaling: tuple[float, float, float, int] | None = None
+    tie_embeddings: bool | None = None  # None: the family's (gpt tied, llama untied)
+    scan_layers: bool = False  # params["layers"] is one dict of arrays stacked on a layer axis
+    remat: str = "none"  # "none", "full", "dots_saveable", "dots_all_saveable"
+    dtype: str = "float32"  # compute dtype; parameters stay float32
+    attention_impl: str = "xla"  # "xla" (jnp softmax) or "splash" (Pallas, TPU)
+    splash_interpret: bool = False  # run splash in the Pallas interpreter (any platform; tests)
+
+    @property
+    def tied(self) -> bool:
+        return self.family != "llama" if self.tie_embeddings is None else self.tie_embeddings
 
 
 def init_params(cfg: BaselineConfig, key: jax.Array) -> Params:
@@ -75,12 +95,10 @@ def init_params(cfg: BaselineConfig, key: jax.Array) -> Params:
             }
             for _ in range(cfg.num_layers)
         ]
-        return {
-            "embed": jax.random.normal(next(keys), (cfg.vocab_size, d)),
-            "layers": blocks,
-            "final_ln": jnp.ones((d,)),
-            "unembed": dense((d, cfg.vocab_size), d),
-        }
+        params = {"embed": jax.random.normal(next(keys), (cfg.vocab_size, d)), "final_ln": jnp.ones((d,))}
+        if not cfg.tied:
+            params["unembed"] = dense((d, cfg.vocab_size), d)
+        return params | {"layers": stack_layers(blocks) if cfg.scan_layers else blocks}
     layers = [
         {
             "ln1": jnp.ones((d,)),
@@ -92,17 +110,21 @@ def init_params(cfg: BaselineConfig, key: jax.Array) -> Params:
         }
         for _ in range(cfg.num_layers)
     ]
-    return {"embed": dense((cfg.vocab_size, d), d), "layers": layers, "final_ln": jnp.ones((d,))}
+    params = {"embed": dense((cfg.vocab_size, d), d), "final_ln": jnp.ones((d,))}
+    if not cfg.tied:
+        params["unembed"] = dense((d, cfg.vocab_size), d)
+    return params | {"layers": stack_layers(layers) if cfg.scan_layers else layers}
 
 
 def _layernorm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     # square(x) before mean(x): the other order (or a centred two-pass variance) makes XLA:CPU
     # duplicate the backward fusions across deep stacks (benchmarks/README.md, "The LayerNorm
-    # trap"); a baseline slowed by that trap would flatter equipax.
-    mean_sq = jnp.mean(jnp.square(x), axis=-1, keepdims=True)
-    mean = jnp.mean(x, axis=-1, keepdims=True)
+    # trap"); a baseline slowed by that trap would flatter equipax. Statistics in float32.
+    xf = x.astype(jnp.float32)
+    mean_sq = jnp.mean(jnp.square(xf), axis=-1, keepdims=True)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
     var = mean_sq - jnp.square(mean)
-    return (x - mean) * jax.lax.rsqrt(var + eps) * scale[None, None]
+    return ((xf - mean) * jax.lax.rsqrt(var + eps) * scale[None, None]).astype(x.dtype)
 
 
 def _cap(x: jax.Array, cap: float | None) -> jax.Array:
@@ -117,76 +139,165 @@ def _positions(seq_len: int, dims: int) -> jax.Array:
 
 
 def _rmsnorm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-    return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps) * scale[None, None]
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(jnp.square(xf), axis=-1, keepdims=True) + eps) * scale[None, None]
+    return y.astype(x.dtype)
 
 
-def _rope(x: jax.Array, theta: float) -> jax.Array:
-    """Rotate each head's halves by position x frequency (the "rotate half" layout)."""
+def _llama3_scaled(inv: jax.Array, scaling: tuple[float, float, float, int]) -> jax.Array:
+    """Llama 3.1's rule: keep high frequencies, divide low ones by `factor`, interpolate between."""
+    factor, low, high, original = scaling
+    wavelen = 2 * math.pi / inv
+    scaled = jnp.where(wavelen > original / low, inv / factor, inv)
+    smooth = (original / wavelen - low) / (high - low)
+    between = (1 - smooth) * scaled / factor + smooth * scaled
+    return jnp.where((wavelen >= original / high) & (wavelen <= original / low), between, scaled)
+
+
+def _rope(x: jax.Array, theta: float, scaling: tuple[float, float, float, int] | None = None) -> jax.Array:
+    """Rotate each head's halves by position x frequency (the "rotate half" layout), in float32."""
     seq, half = x.shape[1], x.shape[-1] // 2
     inv = theta ** -(jnp.arange(half, dtype=jnp.float32) * 2 / x.shape[-1])
+    if scaling is not None:
+        inv = _llama3_scaled(inv, scaling)
     angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv[None, :]
     sin, cos = jnp.sin(angles)[None, :, None], jnp.cos(angles)[None, :, None]
-    x1, x2 = x[..., :half], x[..., half:]
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    xf = x.astype(jnp.float32)
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _llama_forward(cfg: BaselineConfig, params: Params, ids: jax.Array) -> jax.Array:
-    seq = ids.shape[1]
-    x = params["embed"][ids]
-    causal = jnp.tril(jnp.ones((seq, seq), bool))[None, None]
-    group = cfg.num_heads // (cfg.num_kv_heads or cfg.num_heads)
-    for layer in params["layers"]:
+def stack_layers(layers: list[Params]) -> Params:
+    """Per-layer parameter dicts -> one dict of arrays with a leading layer axis (for `scan_layers`)."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *layers)
+
+
+def _xla_attention(cfg: BaselineConfig, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal softmax attention, plain jnp: logits and softmax in float32, matmuls in the compute
+    dtype; query heads grouped over their key/value head (no repeated keys)."""
+    b, s, h, hd = q.shape
+    kv = k.shape[2]
+    qg = q.reshape(b, s, kv, h // kv, hd)
+    logits = jnp.einsum("bqngk,bsnk->bngqs", qg, k).astype(jnp.float32) / math.sqrt(hd)
+    causal = jnp.tril(jnp.ones((s, s), bool))[None, None, None]
+    logits = jnp.where(causal, _cap(logits, cfg.atten_logit_cap), -1e30)
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    return jnp.einsum("bngqs,bsnk->bqngk", probs, v).reshape(b, s, h, hd)
+
+
+def _splash_attention(cfg: BaselineConfig, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal attention with the Pallas TPU splash kernel, as a hand-writer calls it: one kernel
+    for all heads (grouped key/value heads are its own), vmapped over the batch, no segment ids.
+    The block sizes are equipax's (the largest of 512/256/128 dividing the sequence), so the
+    two sides run the same kernel configuration."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    s, h = q.shape[1], q.shape[2]
+    block = next((n for n in (512, 256, 128) if s % n == 0), None)
+    if block is None:
+        raise ValueError(f"splash attention needs a sequence length divisible by 128, got {s}")
+    sizes = sa.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
+    mask = sa.MultiHeadMask([sa.CausalMask((s, s))] * h)
+    kernel = sa.make_splash_mha(
+        mask,
+        block_sizes=sizes,
+        head_shards=1,
+        q_seq_shards=1,
+        attn_logits_soft_cap=cfg.atten_logit_cap,
+        interpret=cfg.splash_interpret,
+    )
+    heads_first = lambda t: jnp.swapaxes(t, 1, 2)  # noqa: E731  [b s h d] <-> [b h s d]
+    q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+    return heads_first(jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v)))
+
+
+_REMAT_POLICIES = {
+    "full": None,
+    # equipax's `model.transformer.remat="dots_saveable"` (equipax.core.nn.remat): matmuls without
+    # batch dimensions are saved (the projections and the MLP), the attention einsums recomputed.
+    "dots_saveable": "dots_with_no_batch_dims_saveable",
+    # JAX's `dots_saveable`: every matmul's output is saved, the attention's too.
+    "dots_all_saveable": "dots_saveable",
+}
+
+
+def _block(cfg: BaselineConfig, layer: Params, x: jax.Array) -> jax.Array:
+    """One pre-norm block of the family, computing in `x.dtype` (weights cast at use)."""
+    dt = x.dtype
+    w = {k: v.astype(dt) for k, v in layer.items() if not k.startswith("ln")}
+    attention = _splash_attention if cfg.attention_impl == "splash" else _xla_attention
+    if cfg.family == "llama":
         h = _rmsnorm(x, layer["ln1"], cfg.layernorm_eps)
-        q = _rope(jnp.einsum("bsd,dhk->bshk", h, layer["q"]), cfg.rope_theta)
-        kv = jnp.einsum("bsd,dtnk->bstnk", h, layer["kv"])
-        k = jnp.repeat(_rope(kv[:, :, 0], cfg.rope_theta), group, axis=2)
-        v = jnp.repeat(kv[:, :, 1], group, axis=2)
-        logits = jnp.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(cfg.head_dim)
-        attn = jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(jnp.where(causal, logits, -1e30), axis=-1), v)
-        x = x + jnp.einsum("bqhk,hkd->bqd", attn, layer["out"])
+        q = _rope(jnp.einsum("bsd,dhk->bshk", h, w["q"]), cfg.rope_theta, cfg.rope_scaling)
+        kv = jnp.einsum("bsd,dtnk->bstnk", h, w["kv"])
+        k, v = _rope(kv[:, :, 0], cfg.rope_theta, cfg.rope_scaling), kv[:, :, 1]
+        x = x + jnp.einsum("bqhk,hkd->bqd", attention(cfg, q, k, v), w["out"])
         h = _rmsnorm(x, layer["ln2"], cfg.layernorm_eps)
-        x = x + (jax.nn.silu(h @ layer["gate"]) * (h @ layer["up"])) @ layer["down"]
-    return _rmsnorm(x, params["final_ln"], cfg.layernorm_eps) @ params["unembed"]
+        return x + (jax.nn.silu(h @ w["gate"]) * (h @ w["up"])) @ w["down"]
+    h = _layernorm(x, layer["ln1"], cfg.layernorm_eps)
+    qkv = jnp.einsum("bsd,dthk->bsthk", h, w["qkv"])
+    x = x + jnp.einsum("bqhk,hkd->bqd", attention(cfg, qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]), w["out"])
+    h = _layernorm(x, layer["ln2"], cfg.layernorm_eps)
+    return x + jax.nn.gelu(h @ w["up"]) @ w["down"]
 
 
 def forward(cfg: BaselineConfig, params: Params, ids: jax.Array) -> jax.Array:
-    """Logits `[batch seq vocab]` of the token ids `[batch seq]`."""
-    if cfg.family == "llama":
-        return _llama_forward(cfg, params, ids)
-    seq = ids.shape[1]
-    x = params["embed"][ids] * math.sqrt(cfg.model_dims) + _positions(seq, cfg.model_dims)[None]
-    causal = jnp.tril(jnp.ones((seq, seq), bool))[None, None]
-    for layer in params["layers"]:
-        h = _layernorm(x, layer["ln1"], cfg.layernorm_eps)
-        qkv = jnp.einsum("bsd,dthk->bsthk", h, layer["qkv"])
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        logits = jnp.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(cfg.head_dim)
-        logits = jnp.where(causal, _cap(logits, cfg.atten_logit_cap), -1e30)
-        attn = jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(logits, axis=-1), v)
-        x = x + jnp.einsum("bqhk,hkd->bqd", attn, layer["out"])
-        h = _layernorm(x, layer["ln2"], cfg.layernorm_eps)
-        x = x + jax.nn.gelu(h @ layer["up"]) @ layer["down"]
-    x = _layernorm(x, params["final_ln"], cfg.layernorm_eps)
-    return _cap(x @ params["embed"].T, cfg.output_logit_cap)
+    """Float32 logits `[batch seq vocab]` of the token ids `[batch seq]`.
+
+    The embedding (and sinusoidal positions) are added in float32 and cast to the compute dtype;
+    the output logits come out of a matmul in the compute dtype and are cast to float32 (both as
+    equipax's `TransformerLM`).
+    """
+    dt = jnp.dtype(cfg.dtype)
+    x = params["embed"][ids]
+    if cfg.family != "llama":
+        x = x * math.sqrt(cfg.model_dims) + _positions(ids.shape[1], cfg.model_dims)[None]
+    x = x.astype(dt)
+    block = lambda layer, x: _block(cfg, layer, x)  # noqa: E731
+    if cfg.remat != "none":
+        if cfg.remat not in _REMAT_POLICIES:
+            raise ValueError(f"remat must be 'none' or one of {sorted(_REMAT_POLICIES)}, got {cfg.remat!r}")
+        name = _REMAT_POLICIES[cfg.remat]
+        block = jax.checkpoint(block, policy=None if name is None else getattr(jax.checkpoint_policies, name))
+    if cfg.scan_layers:
+        x, _ = jax.lax.scan(lambda x, layer: (block(layer, x), None), x, params["layers"])
+    else:
+        for layer in params["layers"]:
+            x = block(layer, x)
+    norm = _rmsnorm if cfg.family == "llama" else _layernorm
+    x = norm(x, params["final_ln"], cfg.layernorm_eps)
+    logits = x @ params["embed"].astype(dt).T if cfg.tied else x @ params["unembed"].astype(dt)
+    return _cap(logits.astype(jnp.float32), cfg.output_logit_cap)
 
 
 def loss_fn(cfg: BaselineConfig, params: Params, batch: dict[str, jax.Array]) -> jax.Array:
-    """Weighted mean next-token cross-entropy."""
+    """Weighted mean next-token cross-entropy (float32)."""
     log_probs = jax.nn.log_softmax(forward(cfg, params, batch["ids"]), axis=-1)
     nll = -jnp.take_along_axis(log_probs, batch["labels"][..., None], axis=-1)[..., 0]
     return jnp.sum(nll * batch["weights"]) / jnp.maximum(jnp.sum(batch["weights"]), 1e-8)
 
 
 def make_optimizer(cfg: BaselineConfig, learning_rate: float | Callable[[Any], Any]) -> optax.GradientTransformation:
-    """Global-norm clip (if set), then AdamW with decay on parameters of two or more dims."""
-    adamw = optax.adamw(
-        learning_rate,
-        b1=cfg.b1,
-        b2=cfg.b2,
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-        mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p),
-    )
+    """Global-norm clip (if set), then AdamW with decay on parameters of two or more dims
+    (stacked layers: of three or more, the leading axis being the layer's)."""
+    matrix = 3 if cfg.scan_layers else 2
+
+    def mask(params: Params) -> Any:
+        decay = jax.tree.map(lambda x: x.ndim >= 2, params)
+        if cfg.scan_layers:
+            decay["layers"] = jax.tree.map(lambda x: x.ndim >= matrix, params["layers"])
+        return decay
+
+    adamw = optax.adamw(learning_rate, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=mask)
     if cfg.clip_gradient_norm is None:
         return adamw
     return optax.chain(optax.clip_by_global_norm(cfg.clip_gradient_norm), adamw)

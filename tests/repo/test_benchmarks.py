@@ -94,6 +94,27 @@ def test_compare_mode_runs_both_steps_on_the_same_numbers(tmp_path, preset):
     assert tiny["ratio"] > 0
 
 
+def test_compare_chip_options_and_op_profile_on_cpu(tmp_path):
+    """The TPU comparison's options at toy size: scanned layers, full remat and bfloat16 compute
+    on both sides agree on the first loss (within bfloat16's rounding), and the profile of each
+    side, a real jax.profiler trace, gives a non-empty per-op table (benchmarks/op_profile.py)."""
+    bench = _load_script()
+    profile = tmp_path / "profile"
+    args = ["--compare", "--presets", "llama_tiny", "--scan", "--remat", "full", "--dtype", "bfloat16"]
+    args += ["--attention", "auto", "--steps", "1", "--warmup", "0", "--no-warm-process", "--no-isolate"]
+    results = bench.main(
+        [*args, "--profile", str(profile), "--profile-steps", "1", "--top", "5", "--out", str(tmp_path / "c.json")]
+    )
+
+    r = results["presets"]["llama_tiny"]
+    assert (r["dtype"], r["attention_impl"], r["remat"]) == ("bfloat16", "xla", {"equipax": "full", "baseline": "full"})
+    assert r["max_first_loss_diff"] < 1e-2 * r["equipax"]["first_loss"], (r["equipax"], r["baseline"])
+    summary = json.loads((profile / "llama_tiny" / "op_profile.json").read_text())
+    for side in ("equipax", "plain"):
+        assert summary[side]["device_ms_per_step"] > 0 and summary[side]["op_events"] > 0
+        assert 0 < len(summary[side]["top_ops"]) <= 5 and summary[side]["top_ops"][0]["ms_per_step"] > 0
+
+
 def test_cli_latency_benchmark_runs_and_reports_no_heavy_imports(tmp_path):
     spec = importlib.util.spec_from_file_location("benchmarks_cli_latency", BENCHMARKS / "cli_latency.py")
     assert spec is not None and spec.loader is not None
