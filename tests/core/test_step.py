@@ -226,6 +226,40 @@ def test_train_step_skips_nonfinite_updates_in_graph(key):
     assert np.isfinite(float(m3["loss"])) and float(m3["nonfinite"]) == 0.0
 
 
+def test_an_overflowing_update_never_makes_a_parameter_non_finite(key):
+    """Finite loss and gradients, an update that overflows (a learning rate of 1e38): the step is
+    reported non-finite, the moments advance, and each parameter is either updated (where that
+    stays finite) or kept; none becomes inf or NaN."""
+    import equinox as eqx
+    import optax
+
+    from equipax.core.step import LossFnTask, init_train_state, make_train_step
+
+    model = eqx.nn.Linear(3, 2, key=key)
+
+    def loss_fn(m, batch, *, key):
+        pred = jax.vmap(m)(batch["x"])
+        return jnp.mean((pred - batch["y"]) ** 2), {}
+
+    opt = optax.sgd(1e38)
+    step = make_train_step(LossFnTask(loss_fn), opt, optax.constant_schedule(1e38), skip_nonfinite=True)
+    # The first input's gradients are ~50 (their updates overflow), the second's ~0.05 (finite).
+    batch = {"x": jnp.asarray([[10.0, 0.01, 0.0]]), "y": jnp.full((1, 2), 5.0)}
+    state = init_train_state(model, opt)
+    before = np.asarray(state.model.weight)
+    state, metrics = step(state, batch, key)
+    after = np.asarray(state.model.weight)
+    assert float(metrics["nonfinite"]) == 1.0 and not np.isfinite(float(metrics["update_norm"]))
+    assert np.isfinite(float(metrics["grad_norm"])) and np.all(np.isfinite(after))
+    grad = np.asarray(jax.grad(lambda m: loss_fn(m, batch, key=None)[0])(model).weight)
+    with np.errstate(over="ignore"):
+        expected = (before - np.float32(1e38) * grad).astype(np.float32)
+    applied = np.isfinite(expected)
+    assert applied.any() and not applied.all()  # both cases occur in this batch
+    np.testing.assert_array_equal(after[~applied], before[~applied])  # kept where it would overflow
+    np.testing.assert_array_equal(after[applied], expected[applied])
+
+
 def test_shardings_on_one_device_add_no_constraints_and_compile_once(key, batches):
     """On a one-device mesh the step leaves its boundary constraints out (no-ops there) and still
     compiles once over repeated calls; on several devices they stay (tests/models/test_sharding.py)."""

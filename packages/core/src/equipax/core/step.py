@@ -138,13 +138,14 @@ def make_train_step(
             applied with `eqx.filter_shard` at the step's boundaries. None: leave it to XLA.
             Shardings on one device are not applied (`_placed_on_several_devices`).
         batch_sharding: sharding (or pytree of shardings) of the batch, likewise.
-        skip_nonfinite: when the loss, the gradient norm, the update's norm or the parameters'
-            norm is not finite, keep the old parameters and model state (in-graph, no host sync;
-            finite norms of the parameters and the update bound every updated parameter below
-            float32's overflow); the step counter still advances. The optimizer state is kept too
-            unless the loss and gradients were finite and only the update overflowed (a huge
-            learning rate): its moments then advance, as they depend on the gradients alone.
-            Adds the metrics `nonfinite` (1.0 for a skipped update) and `update_norm`.
+        skip_nonfinite: when the loss or the gradient norm is not finite, keep the old
+            parameters, optimizer state and model state (in-graph, no host sync); the step
+            counter still advances. An update that overflows although the gradients are finite
+            (a huge learning rate) is applied only where the updated parameter stays finite, so
+            no parameter ever becomes non-finite, and the step is reported as non-finite too
+            (its update norm is not). Every select is decided before the optimizer's pass or per
+            element, so it fuses into that pass. Adds the metrics `nonfinite` (1.0 for such a
+            step) and `update_norm`.
         variational_noise: Gaussian weight noise for the loss and its gradient
             (`equipax.core.variational_noise`); the update goes to the noise-free parameters.
             None (or `vn_scale=0`): none.
@@ -201,10 +202,11 @@ def make_train_step(
         # The update overwrites the parameters' donated buffers in place. Nothing orders the
         # `param_norm` read of the old parameters before it, so XLA would copy every parameter
         # at the start of the step (a second copy of the model in memory); the barrier makes the
-        # update wait for the norm instead.
-        grads, param_norm = jax.lax.optimization_barrier((grads, param_norm))
+        # update read the parameters only once the norm is taken. (On the parameters, not the
+        # gradients: a barrier on the gradients kept XLA from sharing `grad_norm` with the
+        # optimizer's global-norm clip, a second pass over every gradient, benchmarks/README.md.)
+        params, param_norm = jax.lax.optimization_barrier((params, param_norm))
         updates, opt_state = optimizer.update(grads, state.opt_state, params)
-        model = task.update_model(eqx.apply_updates(state.model, updates), model_state)
         metrics = {
             "loss": loss,
             **aux,
@@ -216,29 +218,32 @@ def make_train_step(
                 for name, group in (group_schedules or {}).items()
             },
         }
-        new_state = TrainState(step=state.step + 1, model=model, opt_state=opt_state, model_state=model_state)
-        if skip_nonfinite:
+        if not skip_nonfinite:
+            model = task.update_model(eqx.apply_updates(eqx.combine(params, state.model), updates), model_state)
+            new_state = TrainState(step=state.step + 1, model=model, opt_state=opt_state, model_state=model_state)
+        else:
             # Pax's in-graph skip of invalid steps. The counter still advances, so step numbers,
             # step keys and the schedule stay aligned with the batches consumed (and on resume).
-            # Two predicates, so that XLA can fuse the optimizer state's select into the update:
-            # - `grads_ok` (loss and gradient norm finite) is known before the update: it guards
-            #   everything (moments are computed from the gradients alone);
-            # - `ok` adds the update (a huge learning rate makes a finite gradient's update
-            #   overflow; its norm is inf long before an element is). It needs the update, so it
-            #   guards only what the update writes: the parameters and the model state. An
-            #   overflowing update thus still advances the moments, which are valid.
-            # The updated parameters need no norm of their own: a finite float32 norm (a sum of
-            # squares below 3.4e38) bounds every element below 1.9e19, so with the old parameters'
-            # norm and the update's both finite, every `p + u` is below 3.7e19, finite. (That
-            # second reduction over every leaf was 193 of the 12-layer unrolled toy's 2,245
-            # fusions, and kept old and new parameters alive at once: benchmarks/README.md.)
-            grads_ok = jnp.isfinite(loss) & jnp.isfinite(metrics["grad_norm"])
+            # Every select below is decided by values known before the optimizer's pass, or is
+            # one element's own, so XLA fuses it into that pass (reading and writing each
+            # parameter and moment once, as an unguarded step does):
+            # - `grads_ok` (loss and gradient norm finite) guards everything: parameters, moments
+            #   and model state keep their old values when it fails;
+            # - an update that overflows although the gradients are finite (a huge learning rate)
+            #   is applied only where the updated parameter is finite (elementwise), so no
+            #   parameter ever becomes non-finite; the step is reported non-finite (`ok` adds the
+            #   update's norm, reduced in the same pass) and `train.on_nonfinite` decides. A
+            #   global select on the update's norm instead had to write every update to memory
+            #   and read it back (two more passes over the model; benchmarks/README.md).
+            grads_ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
             metrics["update_norm"] = optax.tree.norm(updates)
             ok = grads_ok & jnp.isfinite(metrics["update_norm"]) & jnp.isfinite(param_norm)
+            applied = jax.tree.map(_apply_where_finite, params, updates, is_leaf=lambda x: x is None)
+            model = task.update_model(eqx.combine(applied, state.model), model_state)
             old_model_state_tree = jax.tree.unflatten(old_model_state[1], old_model_state[0])
             new_state = TrainState(
                 step=state.step + 1,
-                model=_select(ok, model, state.model),
+                model=_select(grads_ok, model, state.model),
                 opt_state=_select(grads_ok, opt_state, state.opt_state),
                 model_state=_select(ok, model_state, old_model_state_tree),
             )
@@ -257,6 +262,14 @@ def _placed_on_several_devices(shardings: Any) -> bool:
     XLA's compile the same within noise); the step still compiles once for every call."""
     leaves = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
     return any(len(s.device_set) > 1 for s in leaves if isinstance(s, jax.sharding.Sharding))
+
+
+def _apply_where_finite(param: Array | None, update: Array | None) -> Array | None:
+    """`param + update` where that is finite, else `param` (elementwise; see the step's guard)."""
+    if param is None or update is None:
+        return param
+    new = (param + update).astype(param.dtype)
+    return jnp.where(jnp.isfinite(new), new, param)
 
 
 def _select(pred: Array, on_true: _T, on_false: _T) -> _T:
