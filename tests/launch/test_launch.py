@@ -237,3 +237,20 @@ def test_moved_train_knobs_are_refused_by_their_new_name_and_old_config_json_rea
     cfg = from_json(ExperimentConfig, json.dumps(saved))
     assert (cfg.train.sample.tokens, cfg.train.decode.every, cfg.train.profile.steps) == (7, 5, 2)
     assert cfg.train.pgle.mode == "auto" and cfg.train.compiler.libtpu_init_args == "--x=1"
+
+
+def test_without_matplotlib_a_plot_is_skipped_and_said(tmp_path, monkeypatch):
+    """A host set up with only what a run needs (benchmarks/tpu/wheels.sh leaves matplotlib out)
+    draws no plot and says why, instead of failing the run at its end."""
+    import sys
+
+    from equipax.launch.jobdir import plots
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    records = [{"step": 1, "split": "train", "loss": 2.0}, {"step": 1, "split": "eval", "loss": 2.5}]
+    assert plots.plot_loss(records, tmp_path / "loss.png") is None
+    assert not (tmp_path / "loss.png").exists()
+    assert "pip install matplotlib" in plots.NO_MATPLOTLIB
+    monkeypatch.undo()  # matplotlib as it was
+    assert plots.plot_loss(records, tmp_path / "loss.png") == tmp_path / "loss.png"
+    assert (tmp_path / "loss.png").read_bytes().startswith(b"\x89PNG")

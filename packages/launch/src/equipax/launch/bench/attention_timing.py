@@ -229,14 +229,9 @@ def run_attention_bench(cfg: AttentionBenchConfig, out_dir: Path, *, console: Co
         "results": rows,
     }
     (out_dir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
-    plotted = plot_attention_bench(result, out_dir / PLOT_FILE)
+    plot = plot_attention_bench(result, out_dir / PLOT_FILE) or f"no plot: {NO_MATPLOTLIB}"
     console.print(results_table(result))
-    wrote = (
-        f"{out_dir / RESULT_FILE} and {out_dir / PLOT_FILE}"
-        if plotted
-        else f"{out_dir / RESULT_FILE} ({NO_MATPLOTLIB})"
-    )
-    console.print(f"Wrote {wrote}", highlight=False)
+    console.print(f"Wrote {out_dir / RESULT_FILE} and {plot}", highlight=False)
     return result
 
 
