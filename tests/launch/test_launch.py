@@ -1,6 +1,7 @@
 """The launcher end to end at toy size: registry, CLI errors, training, resume."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -118,8 +119,13 @@ def _resume_equals_uninterrupted(tmp_path, monkeypatch):
     common = ("train.log_every=5", "train.eval_every=10", "train.checkpoint_every=10")
     full = invoke("run", "--job-log-dir", str(tmp_path / "full"), *sets("train.num_steps=20", *common))
     assert full.exit_code == 0, full.output
-    first = invoke("run", "--job-log-dir", str(tmp_path / "split"), *sets("train.num_steps=10", *common))
-    assert first.exit_code == 0, first.output
+    # Stopped after step 10: the uninterrupted job as a run killed right after its checkpoint of
+    # step 10 left it (its checkpoint of step 20 and result.json gone; the records of steps 15-20
+    # stay, and the resumed run drops them). The checkpoint a `train.num_steps=10` run writes
+    # (nothing saved depends on num_steps), without that run.
+    shutil.copytree(tmp_path / "full", tmp_path / "split")
+    shutil.rmtree(tmp_path / "split" / "checkpoints" / "20")
+    (tmp_path / "split" / "result.json").unlink()
     with monkeypatch.context() as m:  # a resumed run restores into the abstract state: no random init
         m.setattr(Training, "init_state", lambda self: pytest.fail("a resumed run initialised the state"))
         second = invoke("run", "--job-log-dir", str(tmp_path / "split"), *sets("train.num_steps=20", *common))

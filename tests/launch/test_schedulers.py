@@ -28,8 +28,9 @@ from helpers.toy import compile_cache_env
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("schedulers")]  # one worker: one compile cache
 
 # 2-process CPU steps take ~0.3 s: a SIGTERM sent after the first lands with steps to go (the SLURM
-# job's landed after step 4 of 16 on a loaded 2-core machine). Each of the module's 4 runs trains them.
-STEPS = 16
+# job's landed after step 4 of 16, and of 10, on loaded 2-core machines: 6 steps to spare). Each of
+# the module's 4 runs trains them.
+STEPS = 10
 RUN = [
     "--exp",
     "c4_22b_2x_smoke",
