@@ -63,6 +63,9 @@ class BaselineConfig:
     remat: str = "none"  # "none", "full", "dots_saveable", "dots_all_saveable"
     dtype: str = "float32"  # compute dtype; parameters stay float32
     attention_impl: str = "xla"  # "xla" (jnp softmax) or "splash" (Pallas, TPU)
+    # "xla": the q.k logits out of the matmul in float32 (as equipax's XLA path and the splash
+    # kernel keep them) instead of rounded to the compute dtype before the float32 softmax.
+    float32_logits: bool = False
     splash_interpret: bool = False  # run splash in the Pallas interpreter (any platform; tests)
 
     @property
@@ -178,7 +181,10 @@ def _xla_attention(cfg: BaselineConfig, q: jax.Array, k: jax.Array, v: jax.Array
     b, s, h, hd = q.shape
     kv = k.shape[2]
     qg = q.reshape(b, s, kv, h // kv, hd)
-    logits = jnp.einsum("bqngk,bsnk->bngqs", qg, k).astype(jnp.float32) / math.sqrt(hd)
+    if cfg.float32_logits:
+        logits = jnp.einsum("bqngk,bsnk->bngqs", qg, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
+    else:
+        logits = jnp.einsum("bqngk,bsnk->bngqs", qg, k).astype(jnp.float32) / math.sqrt(hd)
     causal = jnp.tril(jnp.ones((s, s), bool))[None, None, None]
     logits = jnp.where(causal, _cap(logits, cfg.atten_logit_cap), -1e30)
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)

@@ -59,6 +59,9 @@ class Preset:
     experiment: ExperimentConfig | None = None
     # Sized for one accelerator chip: --compare runs each side in its own process (--isolate).
     chip: bool = False
+    # The plain side's XLA attention keeps the q.k logits in float32 out of the matmul, as
+    # equipax's does (--plain-float32-logits); default: rounded to the compute dtype first.
+    plain_float32_logits: bool = False
 
 
 def _toy(
@@ -539,6 +542,7 @@ def baseline_for(preset: Preset, *, remat: str | None = None) -> Any:
         remat=remat or t.remat,
         dtype=m.dtype,
         attention_impl=t.attention_impl,
+        float32_logits=preset.plain_float32_logits,
     )
 
 
@@ -852,6 +856,10 @@ def isolated_compare(preset_name: str, args: argparse.Namespace) -> dict[str, An
                     cmd += [flag, value]
             if args.plain_remat is not None:
                 cmd += ["--plain-remat", args.plain_remat]
+            for knob in args.set:
+                cmd += ["--set", knob]
+            if args.plain_float32_logits:
+                cmd.append("--plain-float32-logits")
             if args.scan is not None:
                 cmd.append("--scan" if args.scan else "--no-scan")
             if args.profile is not None:
@@ -985,6 +993,20 @@ def _parser() -> argparse.ArgumentParser:
         choices=("float32", "bfloat16"),
         default=None,
         help="override model.dtype (the compute dtype; weights stay float32) on both sides",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="an equipax knob for the experiment, as `launch run --set` takes it (repeatable), e.g. "
+        "train.check_update_norm=False; the plain side has no knobs",
+    )
+    p.add_argument(
+        "--plain-float32-logits",
+        action="store_true",
+        help="--compare: the plain side's XLA attention keeps its q.k logits in float32 out of the "
+        "matmul, as equipax's does (default: rounded to the compute dtype before the softmax)",
     )
     p.add_argument(
         "--profile",
@@ -1169,6 +1191,13 @@ def _resolved(name: str, args: argparse.Namespace) -> Preset:
     """The preset with the command line's overrides, "auto" attention and remat resolved."""
     preset = PRESETS[name]()
     preset = _with_overrides(preset, scan=args.scan, remat=args.remat, attention=args.attention, dtype=args.dtype)
+    if args.set:
+        from equipax.core.knobs import apply_overrides
+
+        cfg, _ = apply_overrides(preset_config(preset), args.set)
+        preset = dataclasses.replace(preset, model=cfg.model, experiment=cfg)
+    if args.plain_float32_logits:
+        preset = dataclasses.replace(preset, plain_float32_logits=True)
     return resolve_auto_remat(resolve_attention(preset))
 
 
@@ -1233,6 +1262,8 @@ def _main_compare(args: argparse.Namespace, names: list[str], *, isolate: bool) 
             "scan_override": args.scan,
             "remat_override": args.remat,
             "plain_remat": args.plain_remat,
+            "equipax_knobs": args.set,
+            "plain_float32_logits": args.plain_float32_logits,
             "attention_override": args.attention,
             "dtype_override": args.dtype,
             "isolate": isolate,

@@ -260,6 +260,34 @@ def test_an_overflowing_update_never_makes_a_parameter_non_finite(key):
     np.testing.assert_array_equal(after[applied], expected[applied])
 
 
+def test_without_the_update_norm_check_an_overflow_still_keeps_parameters_finite(key):
+    """`check_update_norm=False` (train.check_update_norm): no `update_norm` metric and no pass for
+    it; a non-finite loss still skips the step, and an overflowing update is still applied only
+    where it stays finite."""
+    import equinox as eqx
+    import optax
+
+    from equipax.core.step import LossFnTask, init_train_state, make_train_step
+
+    def loss_fn(m, batch, *, key):
+        return jnp.mean((jax.vmap(m)(batch["x"]) - batch["y"]) ** 2), {}
+
+    opt = optax.sgd(1e38)
+    step = make_train_step(
+        LossFnTask(loss_fn), opt, optax.constant_schedule(1e38), skip_nonfinite=True, check_update_norm=False
+    )
+    state = init_train_state(eqx.nn.Linear(3, 2, key=key), opt)
+    before = np.asarray(state.model.weight)
+    state, metrics = step(state, {"x": jnp.asarray([[10.0, 0.01, 0.0]]), "y": jnp.full((1, 2), 5.0)}, key)
+    assert "update_norm" not in metrics and float(metrics["nonfinite"]) == 0.0
+    after = np.asarray(state.model.weight)
+    assert np.all(np.isfinite(after)) and not np.array_equal(after, before)
+    nan = {"x": jnp.full((1, 3), jnp.nan), "y": jnp.zeros((1, 2))}
+    state, metrics = step(state, nan, key)
+    assert float(metrics["nonfinite"]) == 1.0
+    np.testing.assert_array_equal(np.asarray(state.model.weight), after)
+
+
 def test_shardings_on_one_device_add_no_constraints_and_compile_once(key, batches):
     """On a one-device mesh the step leaves its boundary constraints out (no-ops there) and still
     compiles once over repeated calls; on several devices they stay (tests/models/test_sharding.py)."""

@@ -173,6 +173,11 @@ class TrainConfig:
     on_nonfinite: a step whose loss or gradient norm is not finite never updates the state
     (in-graph). "skip" carries on, and stops (exit 4) once more than
     `max_consecutive_nonfinite` steps in a row were skipped; "abort" stops at the first one.
+    check_update_norm: also take the update's norm every step (`update_norm` in the metrics), so an
+    update that overflows although the gradients are finite (a learning rate far too high) is
+    reported at its own step and named in the stop message; costs one more write and read of
+    every update (~4% of a 0.5B-parameter step on a TPU v5e: benchmarks/README.md). Off, an
+    overflowing update still never makes a parameter non-finite (applied elementwise where finite).
     debug_nan_steps: FOR TESTS ONLY: these steps' batches get NaN weights (a poisoned batch).
 
     sample, decode, profile, pgle, compiler, vn: the sub-configs (this module's docstring).
@@ -191,6 +196,7 @@ class TrainConfig:
     hbm_margin: float = 0.1
     on_nonfinite: Literal["skip", "abort"] = "skip"
     max_consecutive_nonfinite: int = 3
+    check_update_norm: bool = True
     debug_nan_steps: tuple[int, ...] = ()
     sample: SampleConfig = dataclasses.field(default_factory=SampleConfig)
     decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)

@@ -175,6 +175,7 @@ def build_training(cfg: ExperimentConfig, mesh: Mesh, *, feeds_batches: bool = T
         state_sharding=state_sharding,
         batch_sharding=data_sharding,
         skip_nonfinite=True,
+        check_update_norm=cfg.train.check_update_norm,
         variational_noise=_checked_vn(cfg, abstract.model),
         group_schedules=group_schedules(cfg.learner),
     )
