@@ -231,16 +231,17 @@ def make_train_step(
             # Pax's in-graph skip of invalid steps. The counter still advances, so step numbers,
             # step keys and the schedule stay aligned with the batches consumed (and on resume).
             # Every select below is decided by values known before the optimizer's pass, or is
-            # one element's own, so XLA fuses it into that pass (reading and writing each
-            # parameter and moment once, as an unguarded step does):
+            # one element's own, so XLA fuses it into that pass:
             # - `grads_ok` (loss and gradient norm finite) guards everything: parameters, moments
             #   and model state keep their old values when it fails;
             # - an update that overflows although the gradients are finite (a huge learning rate)
             #   is applied only where the updated parameter is finite (elementwise), so no
-            #   parameter ever becomes non-finite; the step is reported non-finite (`ok` adds the
-            #   update's norm, reduced in the same pass) and `train.on_nonfinite` decides. A
-            #   global select on the update's norm instead had to write every update to memory
-            #   and read it back (two more passes over the model; benchmarks/README.md).
+            #   parameter ever becomes non-finite; with `check_update_norm` the step is reported
+            #   non-finite (`ok` adds the update's norm) and `train.on_nonfinite` decides.
+            # Without the update's norm each parameter and moment is read and written once, as in
+            # an unguarded step; with it, XLA:TPU still writes each update to memory to reduce it
+            # and reads it back to apply it (benchmarks/README.md, "On a real TPU"), where a global
+            # select on that norm (before) also kept every parameter's write waiting for it.
             grads_ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
             ok = grads_ok & jnp.isfinite(param_norm)
             if check_update_norm:
