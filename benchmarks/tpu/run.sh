@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # equipax on a TPU host whose JAX is preinstalled (a Cloud TPU VM image, a container), offline.
-# The one script a developer or a user runs there (docs/install.md, "A machine with JAX
+# The one script a developer or a user runs there (docs/library.md, "A machine with JAX
 # preinstalled"; the figures it made: benchmarks/README.md, "On a real TPU"):
 #
 #   bash benchmarks/tpu/run.sh [--wheels DIR] [--out DIR] [--source] [PART ...]
 #
 # It installs the wheels that benchmarks/tpu/wheels.sh made on a networked machine (default
-# .whl-tpu/) into a folder of its own (TARGET, default /tmp/equipax-site) appended to PYTHONPATH,
-# so the image's jax, jaxlib and libtpu stay the ones imported (pip runs with --no-deps and
-# --no-index: it never fetches, upgrades or replaces anything), checks that `jax.devices()` is a
-# TPU, and runs the parts asked for, each writing into one results folder (default runs/tpu/):
+# .whl-tpu/) into a folder of its own (TARGET, default /tmp/equipax-site) added at the end of
+# PYTHONPATH, so the image's jax, jaxlib and libtpu stay the ones imported (none is among the
+# wheels; pip, or uv where the interpreter has no pip, runs with --no-deps and --no-index: it never
+# fetches, upgrades or replaces anything), checks that `jax` comes from the image and that
+# `jax.devices()` is a TPU, and runs the parts asked for, each writing into one results folder
+# (default runs/tpu/):
+#   check      only the install and those checks (what every other part starts with)
 #   usage      what a user does (benchmarks/tpu/usage.py): the default `launch run` trains; a
 #              checkpointed run stopped with SIGTERM resumes bit for bit; `launch decode` and
 #              `launch eval` of the job; `launch compile --topology v5e-8` on the host's CPU
@@ -18,9 +21,10 @@
 #   profile    a jax.profiler trace of both steps and their per-op device time (op_profile.py)
 #   peak       the chip's bf16 matmul peak (benchmarks/accelerator.sh, part 1)
 #   attention  the attention kernels: XLA against splash (accelerator.sh, part 3)
-# Default parts: usage speed; USAGE_ARGS, SPEED_ARGS and PROFILE_ARGS replace a part's default arguments. --source imports equipax from packages/*/src instead of its wheels
-# (a developer's edit, without building wheels again). ALLOW_CPU=1 runs on a host without a TPU
-# (a dry run of the script; the tests do this at toy size).
+# Default parts: usage speed. USAGE_ARGS, SPEED_ARGS and PROFILE_ARGS replace a part's arguments;
+# PY the interpreter (default python3). --source imports equipax from packages/*/src instead of its
+# wheels (a developer's edit, without building wheels again). ALLOW_CPU=1 runs on a host without a
+# TPU (a dry run; tests/repo/test_wheels.py runs `check` so).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 WHEELS=.whl-tpu
@@ -32,9 +36,9 @@ while [ $# -gt 0 ]; do
         --wheels) WHEELS=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --source) SOURCE=1; shift ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
-        usage|speed|profile|peak|attention) PARTS+=("$1"); shift ;;
-        *) echo "run.sh: unknown argument '$1' (parts: usage speed profile peak attention; options: --wheels DIR --out DIR --source)" >&2; exit 2 ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        check|usage|speed|profile|peak|attention) PARTS+=("$1"); shift ;;
+        *) echo "run.sh: unknown argument '$1' (parts: check usage speed profile peak attention; options: --wheels DIR --out DIR --source)" >&2; exit 2 ;;
     esac
 done
 [ ${#PARTS[@]} -gt 0 ] || PARTS=(usage speed)
@@ -54,10 +58,18 @@ if [ "$SOURCE" = 1 ]; then
     wheels=()
     for w in "$WHEELS"/*.whl; do case "$(basename "$w")" in equipax_*) ;; *) wheels+=("$w") ;; esac; done
 fi
-# (PIP_CONFIG_FILE=/dev/null and --isolated: no pip.conf or PIP_* variable of the host's may point
-# pip at an index or change where it installs.)
-PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated --quiet --no-index --no-deps --no-compile --no-cache-dir \
-    --disable-pip-version-check --upgrade --target "$TARGET" "${wheels[@]}" || { echo "run.sh: pip install failed" >&2; exit 1; }
+if [ ${#wheels[@]} -gt 0 ]; then
+    if "$PY" -m pip --version >/dev/null 2>&1; then
+        # (PIP_CONFIG_FILE=/dev/null and --isolated: no pip.conf or PIP_* variable of the host's may
+        # point pip at an index or change where it installs.)
+        PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated --quiet --no-index --no-deps --no-compile \
+            --no-cache-dir --disable-pip-version-check --upgrade --target "$TARGET" "${wheels[@]}"
+    elif command -v uv >/dev/null 2>&1; then
+        uv pip install --quiet --offline --no-index --no-deps --python "$PY" --target "$TARGET" "${wheels[@]}"
+    else
+        echo "run.sh: $PY has no pip, and there is no uv to install with" >&2; false
+    fi || { echo "run.sh: installing the wheels failed" >&2; exit 1; }
+fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$TARGET"
 if [ "$SOURCE" = 1 ]; then
     src=$(pwd)/packages
@@ -97,6 +109,7 @@ for part in "${PARTS[@]}"; do
     echo "== $part (log: $OUT/$part.log)"
     start=$(date +%s)
     case "$part" in
+        check) true ;;
         usage) "$PY" benchmarks/tpu/usage.py --out "$OUT/usage" ${USAGE_ARGS:-} ;;
         speed) "$PY" benchmarks/train_step.py --compare ${SPEED_ARGS:---presets c4_1b_6l,llama_1b --steps 10 --warmup 3} --out "$OUT/speed.json" ;;
         profile) "$PY" benchmarks/train_step.py --compare ${PROFILE_ARGS:---presets c4_1b_6l --steps 3 --warmup 2} --profile "$OUT/profile" --out "$OUT/profile.json" ;;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make the folder of wheels that benchmarks/tpu/run.sh installs on a TPU host with JAX preinstalled
-# and no network (docs/install.md, "A machine with JAX preinstalled"). Run it here, on a machine
+# and no network (docs/library.md, "A machine with JAX preinstalled"). Run it here, on a machine
 # with network and uv, from the repository root:
 #   bash benchmarks/tpu/wheels.sh [OUT_DIR]          # default .whl-tpu/
 # It builds equipax's four wheels and downloads, for the target's Python (PYTHON_VERSION, default

@@ -148,3 +148,37 @@ def test_verifytypes(venv, pkg):
             problems.append(f"{symbol['name']}: {d['message'].splitlines()[0]}")
     score = report["typeCompleteness"]["completenessScore"]
     assert not problems, f"equipax.{pkg} type completeness {score:.1%}:\n" + "\n".join(problems)
+
+
+def test_tpu_run_script_installs_beside_a_preinstalled_jax_and_checks_the_device(venv, tmp_path):
+    """benchmarks/tpu/run.sh's `check` part, with the venv standing in for an image whose JAX is
+    preinstalled and the four wheels for what wheels.sh makes: it installs them into a folder of
+    its own (the venv has no pip: uv installs), imports equipax from there and JAX from the image,
+    and refuses a host whose devices are not a TPU unless ALLOW_CPU=1 (its dry run)."""
+    _uv()
+    target = tmp_path / "site"
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env |= {"PY": str(venv / "bin" / "python"), "TARGET": str(target), "JAX_PLATFORMS": "cpu"}
+    script = [str(REPO / "benchmarks" / "tpu" / "run.sh"), "--wheels", str(venv.parent / "dist")]
+
+    def run(out: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = ["bash", *script, "--out", str(out), "check"]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env | extra)
+
+    refused = run(tmp_path / "refused")
+    assert refused.returncode != 0 and "not a TPU" in refused.stdout + refused.stderr, refused.stderr[-2000:]
+    dry = run(tmp_path / "dry", ALLOW_CPU="1")
+    assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
+    info = json.loads((tmp_path / "dry" / "environment.json").read_text())
+    assert info["platform"] == "cpu" and info["jax_from"].startswith(str(venv)), info
+    assert sorted(p.name.split("-")[0] for p in target.glob("*.dist-info")) == [
+        "equipax_core",
+        "equipax_data",
+        "equipax_launch",
+        "equipax_models",
+    ]
+    assert "check: ok" in dry.stdout
+    missing = subprocess.run(
+        ["bash", *script[:1], "--wheels", str(tmp_path / "none"), "check"], capture_output=True, text=True, env=env
+    )
+    assert missing.returncode == 2 and "benchmarks/tpu/wheels.sh" in missing.stderr
