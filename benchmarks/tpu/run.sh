@@ -45,14 +45,14 @@ done
 PY=${PY:-python3}
 TARGET=${TARGET:-/tmp/equipax-site}
 export PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-
-echo "== install: the wheels in $WHEELS into $TARGET (appended to PYTHONPATH; nothing of the image's replaced)"
 if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
     echo "run.sh: no wheels in '$WHEELS'. Make them on a machine with network first: bash benchmarks/tpu/wheels.sh $WHEELS" >&2
     exit 2
 fi
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+echo "== install: the wheels in $WHEELS into $TARGET (appended to PYTHONPATH; nothing of the image's replaced)"
 wheels=("$WHEELS"/*.whl)
 if [ "$SOURCE" = 1 ]; then
     wheels=()

@@ -179,6 +179,10 @@ def test_tpu_run_script_installs_beside_a_preinstalled_jax_and_checks_the_device
     ]
     assert "check: ok" in dry.stdout
     missing = subprocess.run(
-        ["bash", *script[:1], "--wheels", str(tmp_path / "none"), "check"], capture_output=True, text=True, env=env
+        ["bash", script[0], "--wheels", str(tmp_path / "none"), "--out", str(tmp_path / "none-out"), "check"],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert missing.returncode == 2 and "benchmarks/tpu/wheels.sh" in missing.stderr
+    assert not (tmp_path / "none-out").exists()  # refused before writing anything
