@@ -12,10 +12,10 @@ cd "$(dirname "$0")/../.."
 OUT=${1:-.whl-tpu}
 PYTHON_VERSION=${PYTHON_VERSION:-3.11}
 JAX_VERSION=${JAX_VERSION:-0.10.2}
-# What a Cloud TPU VM image with JAX has already (JAX with its own needs, libtpu, the test
-# runner), as `pip list` read it on the lent v5e's image (benchmarks/README.md, "On a real TPU").
-# Each is left to the image: a version of ours would only shadow nothing (run.sh appends its
-# folder to PYTHONPATH, after the image's own packages).
+# What a Cloud TPU VM image with JAX has already and must keep: JAX with its own needs, libtpu,
+# the test runner (all of them in `pip list` of the lent v5e's image, which has more: what else it
+# has is downloaded anyway, and harmless). None of these is ever among the wheels, so run.sh cannot
+# shadow the image's JAX whatever the order on PYTHONPATH.
 IMAGE_HAS=${IMAGE_HAS:-"jax jaxlib libtpu numpy scipy ml-dtypes opt-einsum pytest pluggy iniconfig packaging hypothesis sortedcontainers attrs sympy mpmath"}
 # Left out to stay under 40 MiB (111 MiB with everything), none of them imported by run.sh's parts:
 # object storage (gcsfs, s3fs and their clients: for a gs:// or s3:// job directory), matplotlib
