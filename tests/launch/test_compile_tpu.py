@@ -237,3 +237,58 @@ def test_splash_on_simulated_cpu_devices_is_a_config_error(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     text = " ".join(proc.stderr.split())
     assert "model.transformer.attention_impl='splash' is a TPU kernel" in text and "Traceback" not in text
+
+
+def _weight_writes_on_xla_tpu(*, check_update_norm: bool) -> int:
+    """How many times XLA:TPU's program for a guarded AdamW step writes an array of the weight's
+    shape outside its loops (the step's own top level): 3 when the update is applied in one pass
+    (parameter, first and second moment), 4 when the update itself is written to memory too."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from equipax.core.step import LossFnTask, init_train_state, make_train_step
+    from equipax.launch.aot.tpu import lookup_slice, topology_devices
+
+    # 128 MiB of float32: too large for XLA:TPU to keep the arrays in the chip's on-core memory.
+    weight = jax.ShapeDtypeStruct((4096, 8192), jnp.float32)
+
+    def loss_fn(model, batch, key):
+        y = batch["x"] @ model["w"].astype(jnp.bfloat16)
+        return jnp.mean(jnp.square(y.astype(jnp.float32))), {}
+
+    sharding = jax.sharding.SingleDeviceSharding(topology_devices(lookup_slice("v5e-1"))[0])
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=0.1))
+    step = make_train_step(
+        LossFnTask(loss_fn),
+        opt,
+        optax.constant_schedule(1e-3),
+        skip_nonfinite=True,
+        check_update_norm=check_update_norm,
+    )
+    state = jax.eval_shape(lambda: init_train_state({"w": jnp.zeros(weight.shape, weight.dtype)}, opt))
+
+    def placed(x):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    batch = {"x": placed(jax.ShapeDtypeStruct((64, 4096), jnp.bfloat16))}
+    key = placed(jax.eval_shape(lambda: jax.random.key(0)))
+    hlo = step.lower(jax.tree.map(placed, state), batch, key).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY") :]
+    entry = entry[: entry.index("\n}\n")]
+    writes = 0
+    for line in entry.splitlines()[1:]:
+        m = re.match(r"\s*(?:ROOT )?%\S+ = (.*?) ([\w-]+)\(", line)
+        if m and m.group(2) not in ("parameter", "tuple", "get-tuple-element", "bitcast"):
+            writes += m.group(1).count("f32[4096,8192]")
+    return writes
+
+
+def test_update_norm_is_taken_in_the_pass_that_applies_the_update():
+    """train.check_update_norm's `update_norm` costs no memory pass on a TPU: XLA:TPU fuses the
+    sum into the pass that applies the update. (optax.tree.norm(updates) made it write every
+    update to memory and read it back: ~4% of a 0.5B-parameter step on a v5e, benchmarks/README.md.)"""
+    assert _weight_writes_on_xla_tpu(check_update_norm=False) == 3
+    assert _weight_writes_on_xla_tpu(check_update_norm=True) == 3

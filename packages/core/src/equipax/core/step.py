@@ -144,14 +144,14 @@ def make_train_step(
             counter still advances. An update that overflows although the gradients are finite
             (a huge learning rate) is applied only where the updated parameter stays finite, so
             no parameter ever becomes non-finite, and the step is reported as non-finite too
-            (its update norm is not). Every select is decided before the optimizer's pass or per
-            element, so it fuses into that pass. Adds the metrics `nonfinite` (1.0 for such a
-            step) and `update_norm`.
+            (its update norm is not finite). Every select is decided before the optimizer's pass
+            or per element, so it fuses into that pass. Adds the metrics `nonfinite` (1.0 for
+            such a step) and `update_norm`.
         check_update_norm: with `skip_nonfinite`, take the update's norm every step (the
-            `update_norm` metric; an overflowing update is then reported non-finite at its own
-            step). XLA writes each update to memory for it and reads it back to apply it: ~4% of
-            a 0.5B-parameter step on a TPU v5e (benchmarks/README.md). False: no `update_norm`;
-            parameters still never become non-finite, and the loss and gradient checks stay.
+            `update_norm` metric, inf where an element of the update would overflow its
+            parameter; such a step is then reported non-finite at its own step). It is summed in
+            the same pass that applies the update. False: no `update_norm`; parameters still
+            never become non-finite, and the loss and gradient checks stay.
         variational_noise: Gaussian weight noise for the loss and its gradient
             (`equipax.core.variational_noise`); the update goes to the noise-free parameters.
             None (or `vn_scale=0`): none.
@@ -238,16 +238,17 @@ def make_train_step(
             #   is applied only where the updated parameter is finite (elementwise), so no
             #   parameter ever becomes non-finite; with `check_update_norm` the step is reported
             #   non-finite (`ok` adds the update's norm) and `train.on_nonfinite` decides.
-            # Without the update's norm each parameter and moment is read and written once, as in
-            # an unguarded step; with it, XLA:TPU still writes each update to memory to reduce it
-            # and reads it back to apply it (benchmarks/README.md, "On a real TPU"), where a global
-            # select on that norm (before) also kept every parameter's write waiting for it.
+            # Each parameter and moment is read and written once, as in an unguarded step. The
+            # update's norm is summed from the same elements the apply computes (`_update_square_sum`),
+            # so XLA:TPU fuses it into the apply; `optax.tree.norm(updates)` made it write every
+            # update to memory and read it back (benchmarks/README.md, "On a real TPU").
             grads_ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
             ok = grads_ok & jnp.isfinite(param_norm)
-            if check_update_norm:
-                metrics["update_norm"] = optax.tree.norm(updates)
-                ok = ok & jnp.isfinite(metrics["update_norm"])
             applied = jax.tree.map(_apply_where_finite, params, updates, is_leaf=lambda x: x is None)
+            if check_update_norm:
+                squares = jax.tree.map(_update_square_sum, params, updates, is_leaf=lambda x: x is None)
+                metrics["update_norm"] = jnp.sqrt(sum(jax.tree.leaves(squares), jnp.zeros((), jnp.float32)))
+                ok = ok & jnp.isfinite(metrics["update_norm"])
             model = task.update_model(eqx.combine(applied, state.model), model_state)
             old_model_state_tree = jax.tree.unflatten(old_model_state[1], old_model_state[0])
             new_state = TrainState(
@@ -279,6 +280,16 @@ def _apply_where_finite(param: Array | None, update: Array | None) -> Array | No
         return param
     new = (param + update).astype(param.dtype)
     return jnp.where(jnp.isfinite(new), new, param)
+
+
+def _update_square_sum(param: Array | None, update: Array | None) -> Array | None:
+    """The update's squared norm (float32), or inf where `param + update` overflows: the elements
+    `_apply_where_finite` refuses make the step's `update_norm` non-finite, so it is reported."""
+    if param is None or update is None:
+        return None
+    finite = jnp.isfinite((param + update).astype(param.dtype))
+    square = jnp.square(update.astype(jnp.float32))
+    return jnp.sum(jnp.where(finite, square, jnp.inf))
 
 
 def _select(pred: Array, on_true: _T, on_false: _T) -> _T:
