@@ -186,8 +186,9 @@ class TransformerConfig:
     # The softmax kernel (docs/attention.md; MaxText's `attention`): "xla" = plain einsums on
     # every platform; "cudnn" = cuDNN flash attention (CUDA GPU, model.dtype='bfloat16', no
     # atten_logit_cap); "splash" = Pallas splash attention (TPU; seq a multiple of 128);
-    # "auto" = splash on TPU, cudnn on GPU where they can run the shapes, else xla.
-    attention_impl: Literal["xla", "cudnn", "splash", "auto"] = "xla"
+    # "auto" (default) = splash on TPU, cudnn on GPU where they can run the shapes, else xla
+    # (inside a pipeline stage or tensor_parallel='shard_map': xla).
+    attention_impl: Literal["xla", "cudnn", "splash", "auto"] = "auto"
     # How a sharded block computes: "gspmd" lets XLA place collectives from the parameter
     # shardings; "shard_map" runs nn/tensor_parallel.py with the collectives written out.
     tensor_parallel: Literal["gspmd", "shard_map"] = "gspmd"
