@@ -197,3 +197,33 @@ def test_global_norm_clip_reaches_adam_moments(kind, key):
     want = jax.tree.map(lambda g: (1 - b2) * (scale * g) ** 2, grads)
     for k in params:
         np.testing.assert_allclose(nu[k], want[k], rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "pax_adam"])
+def test_mu_dtype_stores_the_first_moment_in_bfloat16(kind, key):
+    """learner.mu_dtype='bfloat16': Adam's first moment is kept in bfloat16 (half its memory), the
+    second moment and the parameters stay float32, and ten steps land where float32 moments do
+    to bfloat16's precision."""
+    params = _params(key)
+    grads_at = [jax.tree.map(lambda p, i=i: jnp.sin(p * (i + 1)), params) for i in range(10)]
+    finals = {}
+    for mu_dtype in (None, "bfloat16"):
+        opt = make_learner(LearnerConfig(kind=kind, mu_dtype=mu_dtype, weight_decay=1e-2)).optimizer
+        state, p = opt.init(params), params
+        for grads in grads_at:
+            updates, state = opt.update(grads, state, p)
+            p = optax.apply_updates(p, updates)
+        mu, nu = optax.tree_utils.tree_get(state, "mu"), optax.tree_utils.tree_get(state, "nu")
+        want = jnp.bfloat16 if mu_dtype else jnp.float32
+        assert all(x.dtype == want for x in jax.tree.leaves(mu))
+        assert all(x.dtype == jnp.float32 for x in jax.tree.leaves((nu, p)))
+        finals[mu_dtype] = p
+    moved = jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)), finals[None], params)
+    for k in params:
+        err = float(jnp.max(jnp.abs(finals["bfloat16"][k] - finals[None][k])))
+        assert err < 0.02 * float(moved[k]) + 1e-7, (k, err, float(moved[k]))
+
+
+def test_bad_mu_dtype_names_the_knob():
+    with pytest.raises((ValueError, TypeError), match="mu_dtype"):
+        LearnerConfig(mu_dtype="float16")  # pyright: ignore[reportArgumentType]

@@ -26,6 +26,7 @@ LearnerKind = Literal["adamw", "pax_adam"]
 
 _SCHEDULE_KINDS = ("constant", "warmup_cosine", "linear_rampup_exponential_decay")
 _LEARNER_KINDS = ("adamw", "pax_adam")
+_MU_DTYPES = ("float32", "bfloat16")
 
 
 def _bad(field: str, expected: str, found: Any, fix: str = "") -> ConfigError:
@@ -111,6 +112,9 @@ class LearnerConfig:
         clip_gradient_norm: clip the global gradient norm to this value; None for no clip.
         clip_update_rms: `pax_adam` only: scale each tensor's Adam update so its RMS is at most
             this value; None for no clip.
+        mu_dtype: the dtype Adam's first moment is stored in (optax's and MaxText's `mu_dtype`):
+            None = the parameters' dtype (float32); "bfloat16" halves its memory and the bytes
+            the update's pass moves for it. The second moment stays in the parameters' dtype.
         groups: parameter groups with their own learner (Pax's several learners;
             `ParamGroupConfig`): each parameter whose path a group's `regex` matches is updated by
             that group's learner (or not at all: a frozen group); the rest by this one.
@@ -124,6 +128,7 @@ class LearnerConfig:
     weight_decay: float = 0.0
     clip_gradient_norm: float | None = 1.0
     clip_update_rms: float | None = None
+    mu_dtype: Literal["float32", "bfloat16"] | None = None
     groups: tuple["ParamGroupConfig", ...] = ()
 
     def __post_init__(self) -> None:
@@ -139,6 +144,8 @@ class LearnerConfig:
                 )
         if self.kind not in _LEARNER_KINDS:
             raise _bad("learner.kind", f"one of {_LEARNER_KINDS}", self.kind)
+        if self.mu_dtype not in (None, *_MU_DTYPES):
+            raise _bad("learner.mu_dtype", f"one of {_MU_DTYPES}, or None (the parameters' dtype)", self.mu_dtype)
         for name in ("b1", "b2"):
             value = getattr(self, name)
             if not 0 <= value < 1:

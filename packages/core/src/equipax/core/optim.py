@@ -194,10 +194,18 @@ def _make_one(cfg: LearnerConfig) -> Learner:
         parts.append(optax.clip_by_global_norm(cfg.clip_gradient_norm))
     if cfg.kind == "adamw":
         parts.append(
-            optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=decay_mask)
+            optax.adamw(
+                schedule,
+                b1=cfg.b1,
+                b2=cfg.b2,
+                eps=cfg.eps,
+                weight_decay=cfg.weight_decay,
+                mask=decay_mask,
+                mu_dtype=cfg.mu_dtype,
+            )
         )
     else:
-        parts.append(optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps))
+        parts.append(optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, mu_dtype=cfg.mu_dtype))
         if cfg.clip_update_rms is not None:
             parts.append(clip_by_update_rms(cfg.clip_update_rms))
         if cfg.weight_decay > 0:
