@@ -1195,7 +1195,12 @@ def _resolved(name: str, args: argparse.Namespace) -> Preset:
         from equipax.core.knobs import apply_overrides
 
         cfg, _ = apply_overrides(preset_config(preset), args.set)
-        preset = dataclasses.replace(preset, model=cfg.model, experiment=cfg)
+        # Both sides take the batch shape from the preset: `--set data.per_device_batch=16` (or
+        # data.seq_len) changes it for the plain side too.
+        seq_len = getattr(cfg.data, "seq_len", preset.seq_len)
+        preset = dataclasses.replace(
+            preset, model=cfg.model, experiment=cfg, batch_size=cfg.global_batch_size, seq_len=seq_len
+        )
     if args.plain_float32_logits:
         preset = dataclasses.replace(preset, plain_float32_logits=True)
     return resolve_auto_remat(resolve_attention(preset))
