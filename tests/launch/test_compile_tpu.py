@@ -4,7 +4,9 @@ libtpu is in the default environment (the `aot` dependency group), so these run 
 suite on any Linux x86_64 host; no TPU is needed.
 """
 
+import functools
 import json
+import re
 import subprocess
 import sys
 
@@ -239,12 +241,11 @@ def test_splash_on_simulated_cpu_devices_is_a_config_error(tmp_path):
     assert "model.transformer.attention_impl='splash' is a TPU kernel" in text and "Traceback" not in text
 
 
-def _weight_writes_on_xla_tpu(*, check_update_norm: bool) -> int:
-    """How many times XLA:TPU's program for a guarded AdamW step writes an array of the weight's
-    shape outside its loops (the step's own top level): 3 when the update is applied in one pass
-    (parameter, first and second moment), 4 when the update itself is written to memory too."""
-    import re
-
+@functools.cache  # one compile per program: a compile-only device cannot load one from the cache
+def _weight_passes_on_xla_tpu(**step_options) -> tuple[int, int]:
+    """How many times XLA:TPU's program for a guarded AdamW step writes and reads an array of the
+    weight's shape at its top level (outside loops): (writes, reads). Applying the update in one
+    pass writes 3 (parameter, first and second moment); each pass over the weight reads it."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -253,7 +254,7 @@ def _weight_writes_on_xla_tpu(*, check_update_norm: bool) -> int:
     from equipax.launch.aot.tpu import lookup_slice, topology_devices
 
     # 128 MiB of float32: too large for XLA:TPU to keep the arrays in the chip's on-core memory.
-    weight = jax.ShapeDtypeStruct((4096, 8192), jnp.float32)
+    weight = "f32[4096,8192]"
 
     def loss_fn(model, batch, key):
         y = batch["x"] @ model["w"].astype(jnp.bfloat16)
@@ -261,14 +262,9 @@ def _weight_writes_on_xla_tpu(*, check_update_norm: bool) -> int:
 
     sharding = jax.sharding.SingleDeviceSharding(topology_devices(lookup_slice("v5e-1"))[0])
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=0.1))
-    step = make_train_step(
-        LossFnTask(loss_fn),
-        opt,
-        optax.constant_schedule(1e-3),
-        skip_nonfinite=True,
-        check_update_norm=check_update_norm,
-    )
-    state = jax.eval_shape(lambda: init_train_state({"w": jnp.zeros(weight.shape, weight.dtype)}, opt))
+    options = {"skip_nonfinite": True, "check_update_norm": True, "platform": "tpu", **step_options}
+    step = make_train_step(LossFnTask(loss_fn), opt, optax.constant_schedule(1e-3), **options)
+    state = jax.eval_shape(lambda: init_train_state({"w": jnp.zeros((4096, 8192), jnp.float32)}, opt))
 
     def placed(x):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
@@ -278,17 +274,62 @@ def _weight_writes_on_xla_tpu(*, check_update_norm: bool) -> int:
     hlo = step.lower(jax.tree.map(placed, state), batch, key).compile().as_text()
     entry = hlo[hlo.index("\nENTRY") :]
     entry = entry[: entry.index("\n}\n")]
-    writes = 0
+    big: set[str] = set()  # names of the instructions that are (or hold) weight-shaped arrays
+    writes = reads = 0
     for line in entry.splitlines()[1:]:
-        m = re.match(r"\s*(?:ROOT )?%\S+ = (.*?) ([\w-]+)\(", line)
-        if m and m.group(2) not in ("parameter", "tuple", "get-tuple-element", "bitcast"):
-            writes += m.group(1).count("f32[4096,8192]")
-    return writes
+        m = re.match(r"\s*(?:ROOT )?%(\S+) = (.*?) ([\w-]+)\((.*?)\)", line)
+        if not m:
+            continue
+        name, shape, op, operands = m.groups()
+        if weight in shape:
+            big.add(name)
+        if op in ("parameter", "tuple", "get-tuple-element", "bitcast"):
+            continue
+        writes += shape.count(weight)
+        reads += sum(o.strip().lstrip("%").split("#")[0] in big for o in operands.split(","))
+    return writes, reads
 
 
 def test_update_norm_is_taken_in_the_pass_that_applies_the_update():
     """train.check_update_norm's `update_norm` costs no memory pass on a TPU: XLA:TPU fuses the
     sum into the pass that applies the update. (optax.tree.norm(updates) made it write every
     update to memory and read it back: ~4% of a 0.5B-parameter step on a v5e, benchmarks/README.md.)"""
-    assert _weight_writes_on_xla_tpu(check_update_norm=False) == 3
-    assert _weight_writes_on_xla_tpu(check_update_norm=True) == 3
+    assert _weight_passes_on_xla_tpu(check_update_norm=False)[0] == 3
+    assert _weight_passes_on_xla_tpu(check_update_norm=True)[0] == 3
+
+
+def test_param_norm_costs_no_pass_of_its_own_on_a_tpu():
+    """On a TPU the `param_norm` sum is fused into a pass that reads the parameters anyway: the
+    step reads the weight once less than with the barrier other platforms keep, and writes no
+    copy of it."""
+    writes_tpu, reads_tpu = _weight_passes_on_xla_tpu(platform="tpu")
+    writes_cpu, reads_cpu = _weight_passes_on_xla_tpu(platform="cpu")
+    assert writes_tpu == writes_cpu == 3
+    assert reads_tpu < reads_cpu, (reads_tpu, reads_cpu)
+
+
+def test_splash_without_segment_ids_runs_the_unsegmented_kernel():
+    """Unpacked rows (no segment ids) get the kernel without segment ids; packed rows the
+    segmented one. (All-zero ids made every unpacked step load and compare a block of ids per
+    block of logits: 2.8% of llama_1b's step on a v5e, benchmarks/README.md.)"""
+    import jax
+    import jax.numpy as jnp
+
+    from equipax.core.nn.fused_attention import splash_attention
+    from equipax.launch.aot.tpu import lookup_slice, topology_devices
+
+    sharding = jax.sharding.SingleDeviceSharding(topology_devices(lookup_slice("v5e-1"))[0])
+    qkv = jax.ShapeDtypeStruct((2, 256, 4, 128), jnp.bfloat16, sharding=sharding)
+    seg = jax.ShapeDtypeStruct((2, 256), jnp.int32, sharding=sharding)
+
+    def kernels(*args):
+        def attend(q, k, v, *seg):
+            return splash_attention(q, k, v, causal=True, segment_ids=seg[0] if seg else None)
+
+        hlo = jax.jit(attend).lower(*args).compile().as_text()
+        return set(re.findall(r"(splash_mha_fwd\w*)", hlo))
+
+    # (Each program compiled once: a compile-only device cannot load one from the persistent cache.)
+    unpacked, packed = kernels(qkv, qkv, qkv), kernels(qkv, qkv, qkv, seg)
+    assert unpacked and not any("segmented" in k for k in unpacked), unpacked
+    assert any("segmented" in k for k in packed), packed

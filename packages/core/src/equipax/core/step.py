@@ -119,6 +119,7 @@ def make_train_step(
     check_update_norm: bool = True,
     variational_noise: VariationalNoiseConfig | None = None,
     group_schedules: Mapping[str, optax.Schedule] | None = None,
+    platform: str | None = None,
 ) -> "TrainStep[ModelT]":
     """Build the jitted train step.
 
@@ -157,6 +158,10 @@ def make_train_step(
             None (or `vn_scale=0`): none.
         group_schedules: the schedules of the optimizer's parameter groups
             (`equipax.core.optim.group_schedules`), logged as `learning_rate/<group>`.
+        platform: the platform the step is lowered for ("cpu", "gpu", "tpu";
+            `equipax.core.nn.fused_attention.mesh_platform`), None = JAX's default backend. On
+            "tpu" the `param_norm` sum is left to XLA to place (it fuses it into the passes that
+            read the parameters anyway); elsewhere it is taken first (see the step's barrier).
 
     Returns:
         `train_step(state, batch, key) -> (new_state, metrics)`. The step's random key is
@@ -211,7 +216,11 @@ def make_train_step(
         # update read the parameters only once the norm is taken. (On the parameters, not the
         # gradients: a barrier on the gradients kept XLA from sharing `grad_norm` with the
         # optimizer's global-norm clip, a second pass over every gradient, benchmarks/README.md.)
-        params, param_norm = jax.lax.optimization_barrier((params, param_norm))
+        # (Not on a TPU: XLA:TPU orders the read itself, without a copy, and fuses the sum into
+        # the passes that read the parameters anyway, e.g. the optimizer's: a pass over the
+        # embedding less per step, benchmarks/README.md; tests/launch/test_compile_tpu.py.)
+        if (platform or jax.default_backend()) != "tpu":
+            params, param_norm = jax.lax.optimization_barrier((params, param_norm))
         updates, opt_state = optimizer.update(grads, state.opt_state, params)
         metrics = {
             "loss": loss,

@@ -326,9 +326,9 @@ def lm_losses(
         `z_loss` (the weighted mean of `logsumexp(logits)**2`); with `num_experts > 0`,
         `router_aux` and `router_z` (layer means, weighted by `router_aux_loss_coef` and
         `router_z_loss_coef`). aux holds the scalars `loss_sum`, `weight_sum`, `correct_sum`
-        (weighted count of argmax == label) and `accuracy` (`loss_sum` is the cross-entropy
-        alone), and `moe_loss_and_metrics`' metrics. Third, the `MoEStats` with a leading layer
-        axis (None for dense feed-forwards).
+        (weighted count of positions whose label has the largest logit; a tie counts) and
+        `accuracy` (`loss_sum` is the cross-entropy alone), and `moe_loss_and_metrics`'
+        metrics. Third, the `MoEStats` with a leading layer axis (None for dense feed-forwards).
 
         On a mesh with a `context` axis and `context_parallel_load_balance`, the batch is first
         reordered into the zigzag layout (`zigzag_batch`): the same loss, balanced causal work.
@@ -346,17 +346,23 @@ def lm_losses(
         sequence_index=index,
     )
     labels, weights = jnp.asarray(batch["labels"]), jnp.asarray(batch["weights"], jnp.float32)
-    log_probs = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    # log_softmax written out, so the accuracy reads the maximum it already takes: a label is
+    # correct where its logit is the largest (a tie counts), with no argmax pass over the
+    # [batch seq vocab] logits (benchmarks/README.md, "On a real TPU").
+    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    shifted = logits - top
+    label_shifted = jnp.take_along_axis(shifted, labels[..., None], axis=-1)[..., 0]
+    log_normaliser = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))  # logsumexp(logits) - top
+    nll = log_normaliser - label_shifted
     loss_sum = jnp.sum(nll * weights)
     weight_sum = jnp.sum(weights)
-    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    correct = (label_shifted >= 0).astype(jnp.float32)
     correct_sum = jnp.sum(correct * weights)
     denom = jnp.maximum(weight_sum, 1e-8)
     aux = {"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum, "accuracy": correct_sum / denom}
     losses = {"cross_entropy": (loss_sum / denom, 1.0)}
     if model.cfg.z_loss_coef > 0:
-        normaliser = jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)
+        normaliser = log_normaliser + top[..., 0]  # logsumexp(logits)
         losses["z_loss"] = (jnp.sum(jnp.square(normaliser) * weights) / denom, model.cfg.z_loss_coef)
     if moe_stats is not None:
         block = model.cfg.transformer

@@ -207,8 +207,8 @@ def splash_local(
     q: Float[Array, "batch q_len heads head_dim"],
     k: Float[Array, "batch kv_len kv_heads head_dim"],
     v: Float[Array, "batch kv_len kv_heads head_dim"],
-    q_segments: Int[Array, "batch q_len"],
-    kv_segments: Int[Array, "batch kv_len"],
+    q_segments: Int[Array, "batch q_len"] | None,
+    kv_segments: Int[Array, "batch kv_len"] | None,
     *,
     offset: int = 0,
     causal: bool,
@@ -219,7 +219,8 @@ def splash_local(
     """The splash kernel on one device's arrays: queries (already scaled by 1/sqrt(head_dim)) at
     key positions `offset .. offset + q_len - 1` against `kv_len` keys. What `splash_attention`
     runs per device, and context parallelism per chunk of queries
-    (`equipax.core.nn.context_parallel.splash_all_gather_attention`)."""
+    (`equipax.core.nn.context_parallel.splash_all_gather_attention`). Segments None (both):
+    the kernel without segment ids, which loads and compares no segment blocks."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     kernel = _splash_kernel(
@@ -233,8 +234,13 @@ def splash_local(
         interpret=interpret,
     )
     heads_first = lambda t: jnp.swapaxes(t, 1, 2)  # noqa: E731  [b s h d] <-> [b h s d]
-    segments = sa.SegmentIds(q=q_segments, kv=kv_segments)
-    out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v), segment_ids=segments)
+    if q_segments is None or kv_segments is None:
+        if q_segments is not None or kv_segments is not None:
+            raise ValueError("splash_local: give both q_segments and kv_segments, or neither.")
+        out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v))
+    else:
+        segments = sa.SegmentIds(q=q_segments, kv=kv_segments)
+        out = jax.vmap(kernel)(heads_first(q), heads_first(k), heads_first(v), segment_ids=segments)
     return heads_first(out).astype(v.dtype)
 
 
@@ -273,9 +279,11 @@ def splash_attention(
     if window is not None and not causal:
         raise ValueError("a sliding window limits the causal prefix: pass causal=True with window.")
     q = q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
-    seg = jnp.zeros(q.shape[:2], jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+    # Unpacked rows (no segment ids) run the kernel without them: the segmented kernel also
+    # loads and compares a block of ids per block of logits (benchmarks/README.md, "On a real TPU").
+    seg = None if segment_ids is None else segment_ids.astype(jnp.int32)
 
-    def local(q: Array, k: Array, v: Array, seg: Array) -> Array:
+    def local(q: Array, k: Array, v: Array, seg: Array | None = None) -> Array:
         return splash_local(q, k, v, seg, seg, causal=causal, window=window, logit_cap=logit_cap, interpret=interpret)
 
     if mesh is None or mesh.size == 1:
@@ -290,6 +298,10 @@ def splash_attention(
     heads = TENSOR if tp > 1 and q.shape[2] % tp == 0 and k.shape[2] % tp == 0 else None
     qkv_spec = P(batch or None, None, heads, None)
     seg_spec = P(batch or None, None)
+    if seg is None:
+        return jax.shard_map(
+            local, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec), out_specs=qkv_spec, check_vma=False
+        )(q, k, v)
     return jax.shard_map(
         local, mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, seg_spec), out_specs=qkv_spec, check_vma=False
     )(q, k, v, seg)

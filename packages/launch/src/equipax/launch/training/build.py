@@ -17,6 +17,7 @@ from jaxtyping import PRNGKeyArray
 from equipax.core.configs import VariationalNoiseConfig
 from equipax.core.infeed import HostInfeed, host_infeed
 from equipax.core.knobs import ConfigError
+from equipax.core.nn.fused_attention import mesh_platform
 from equipax.core.optim import Learner, group_schedules, make_learner
 from equipax.core.param_paths import param_paths
 from equipax.core.partition import batch_sharding, train_state_shardings
@@ -178,6 +179,7 @@ def build_training(cfg: ExperimentConfig, mesh: Mesh, *, feeds_batches: bool = T
         check_update_norm=cfg.train.check_update_norm,
         variational_noise=_checked_vn(cfg, abstract.model),
         group_schedules=group_schedules(cfg.learner),
+        platform=mesh_platform(mesh),
     )
     return Training(
         cfg=cfg,
