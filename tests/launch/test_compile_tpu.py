@@ -4,7 +4,6 @@ libtpu is in the default environment (the `aot` dependency group), so these run 
 suite on any Linux x86_64 host; no TPU is needed.
 """
 
-import functools
 import json
 import re
 import subprocess
@@ -241,11 +240,13 @@ def test_splash_on_simulated_cpu_devices_is_a_config_error(tmp_path):
     assert "model.transformer.attention_impl='splash' is a TPU kernel" in text and "Traceback" not in text
 
 
-@functools.cache  # one compile per program: a compile-only device cannot load one from the cache
-def _weight_passes_on_xla_tpu(**step_options) -> tuple[int, int]:
-    """How many times XLA:TPU's program for a guarded AdamW step writes and reads an array of the
-    weight's shape at its top level (outside loops): (writes, reads). Applying the update in one
-    pass writes 3 (parameter, first and second moment); each pass over the weight reads it."""
+def _weight_passes_on_xla_tpu(rows: int, **step_options) -> tuple[int, int]:
+    """How many times XLA:TPU's program for a guarded AdamW step of a `[rows, 8192]` weight writes
+    and reads an array of the weight's shape at its top level (outside loops): (writes, reads).
+    Applying the update in one pass writes 3 (parameter, first and second moment); each pass over
+    the weight reads it. Each test takes its own `rows`: a program compiled for a compile-only
+    device cannot be loaded back from the suite's persistent compilation cache, so no two tests
+    may compile the same one."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -253,8 +254,8 @@ def _weight_passes_on_xla_tpu(**step_options) -> tuple[int, int]:
     from equipax.core.step import LossFnTask, init_train_state, make_train_step
     from equipax.launch.aot.tpu import lookup_slice, topology_devices
 
-    # 128 MiB of float32: too large for XLA:TPU to keep the arrays in the chip's on-core memory.
-    weight = "f32[4096,8192]"
+    # >= 128 MiB of float32: too large for XLA:TPU to keep in the chip's on-core memory.
+    weight = f"f32[{rows},8192]"
 
     def loss_fn(model, batch, key):
         y = batch["x"] @ model["w"].astype(jnp.bfloat16)
@@ -264,12 +265,12 @@ def _weight_passes_on_xla_tpu(**step_options) -> tuple[int, int]:
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=0.1))
     options = {"skip_nonfinite": True, "check_update_norm": True, "platform": "tpu", **step_options}
     step = make_train_step(LossFnTask(loss_fn), opt, optax.constant_schedule(1e-3), **options)
-    state = jax.eval_shape(lambda: init_train_state({"w": jnp.zeros((4096, 8192), jnp.float32)}, opt))
+    state = jax.eval_shape(lambda: init_train_state({"w": jnp.zeros((rows, 8192), jnp.float32)}, opt))
 
     def placed(x):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
-    batch = {"x": placed(jax.ShapeDtypeStruct((64, 4096), jnp.bfloat16))}
+    batch = {"x": placed(jax.ShapeDtypeStruct((64, rows), jnp.bfloat16))}
     key = placed(jax.eval_shape(lambda: jax.random.key(0)))
     hlo = step.lower(jax.tree.map(placed, state), batch, key).compile().as_text()
     entry = hlo[hlo.index("\nENTRY") :]
@@ -294,16 +295,16 @@ def test_update_norm_is_taken_in_the_pass_that_applies_the_update():
     """train.check_update_norm's `update_norm` costs no memory pass on a TPU: XLA:TPU fuses the
     sum into the pass that applies the update. (optax.tree.norm(updates) made it write every
     update to memory and read it back: ~4% of a 0.5B-parameter step on a v5e, benchmarks/README.md.)"""
-    assert _weight_passes_on_xla_tpu(check_update_norm=False)[0] == 3
-    assert _weight_passes_on_xla_tpu(check_update_norm=True)[0] == 3
+    assert _weight_passes_on_xla_tpu(4096, check_update_norm=False)[0] == 3
+    assert _weight_passes_on_xla_tpu(4096, check_update_norm=True)[0] == 3
 
 
 def test_param_norm_costs_no_pass_of_its_own_on_a_tpu():
     """On a TPU the `param_norm` sum is fused into a pass that reads the parameters anyway: the
     step reads the weight once less than with the barrier other platforms keep, and writes no
     copy of it."""
-    writes_tpu, reads_tpu = _weight_passes_on_xla_tpu(platform="tpu")
-    writes_cpu, reads_cpu = _weight_passes_on_xla_tpu(platform="cpu")
+    writes_tpu, reads_tpu = _weight_passes_on_xla_tpu(4608, platform="tpu")
+    writes_cpu, reads_cpu = _weight_passes_on_xla_tpu(4608, platform="cpu")
     assert writes_tpu == writes_cpu == 3
     assert reads_tpu < reads_cpu, (reads_tpu, reads_cpu)
 
@@ -329,7 +330,7 @@ def test_splash_without_segment_ids_runs_the_unsegmented_kernel():
         hlo = jax.jit(attend).lower(*args).compile().as_text()
         return set(re.findall(r"(splash_mha_fwd\w*)", hlo))
 
-    # (Each program compiled once: a compile-only device cannot load one from the persistent cache.)
+    # (Programs of their own: a compile-only device cannot load one from the persistent cache.)
     unpacked, packed = kernels(qkv, qkv, qkv), kernels(qkv, qkv, qkv, seg)
     assert unpacked and not any("segmented" in k for k in unpacked), unpacked
     assert any("segmented" in k for k in packed), packed
