@@ -124,6 +124,7 @@ def run_cli(
 
 def load_reference(job: Path) -> tuple[Any, Any, Any, Any]:
     """`(equipax model, baseline config, baseline params, tokenizer)` of the job's newest checkpoint."""
+    from equipax.core.optim import LearnerConfig
     from equipax.launch.configs.experiment import as_lm
     from equipax.launch.inference.trained_job import load_config, local_mesh, pick_step, restore_model
     from equipax.launch.tasks.lm_data import build_tokenizer
@@ -134,7 +135,7 @@ def load_reference(job: Path) -> tuple[Any, Any, Any, Any]:
     lm = as_lm(cfg)
     cfg, mesh, _ = local_mesh(cfg)
     model, _ = restore_model(job, pick_step(job, None), build_training(cfg, mesh).abstract_state)
-    # The reference decodes with its own attention: the training kernel and remat do not apply.
+    # The reference decodes with its own attention: the training kernel, remat and learner do not apply.
     block = dataclasses.replace(lm.model.transformer, attention_impl="xla", remat="none")
     preset = train_step.Preset(
         name=cfg.name,
@@ -142,7 +143,7 @@ def load_reference(job: Path) -> tuple[Any, Any, Any, Any]:
         model=dataclasses.replace(lm.model, transformer=block),
         batch_size=1,
         seq_len=lm.data.seq_len,
-        learner=cfg.learner,
+        learner=LearnerConfig(),
     )
     tokenizer = build_tokenizer(lm, job, log=lambda m: None)
     return model, train_step.baseline_for(preset), train_step.baseline_params(model), tokenizer
