@@ -38,6 +38,7 @@ import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -92,12 +93,22 @@ def _prompts(batch: int, batches: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(batch * batches)]
 
 
+def _launch(*args: str) -> subprocess.CompletedProcess:
+    """`launch ARGS` to its end (launch_decode.py's); a failure's output is printed before it raises."""
+    try:
+        return _module("launch_decode")._launch(*args)
+    except subprocess.CalledProcessError as e:
+        tail = ((e.stdout or "") + (e.stderr or ""))[-4000:]
+        print(f"launch {args[0]} failed (exit {e.returncode}):\n{tail}", file=sys.stderr, flush=True)
+        raise
+
+
 def launch_decode(job: Path, prompts: Sequence[str], *, batch: int, new_tokens: int) -> list[dict[str, Any]]:
     """`launch decode` (greedy) of `prompts` in batches of `batch`: its JSON records, in order."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write("\n".join(prompts) + "\n")
     try:
-        done = _module("launch_decode")._launch(
+        done = _launch(
             "decode", "--job-log-dir", str(job), "--prompts", f.name, "--batch-size", str(batch),
             "--max-new-tokens", str(new_tokens), "--temperature", "0", "--output", "-",
         )  # fmt: skip
@@ -118,12 +129,20 @@ def run_cli(
     if not (job / "checkpoints").exists():
         t0 = time.perf_counter()
         overrides = [*ld._TRAIN, *knobs, *sets]
-        ld._launch("run", "--exp", experiment, "--job-log-dir", str(job), *[a for s in overrides for a in ("--set", s)])
+        _launch("run", "--exp", experiment, "--job-log-dir", str(job), *[a for s in overrides for a in ("--set", s)])
         out["train_wall_s"] = time.perf_counter() - t0
+        print(f"[{exp}] trained 2 steps in {out['train_wall_s']:.0f} s: {job}", flush=True)
     for batch in batch_sizes:
         t0 = time.perf_counter()
         records = launch_decode(job, _prompts(batch, batches), batch=batch, new_tokens=new_tokens)
         out["by_batch"][str(batch)] = {"records": records, "wall_s": time.perf_counter() - t0}
+        rates = [batch / records[i]["seconds_per_token"] for i in range(0, len(records), batch)]
+        print(
+            f"[{exp}] launch decode, batch {batch}: tokens/s per batch "
+            + ", ".join(f"{r:,.0f}" for r in rates)
+            + f" (the process: {out['by_batch'][str(batch)]['wall_s']:.0f} s)",
+            flush=True,
+        )
     return out
 
 
@@ -234,6 +253,13 @@ def benchmark_exp(
             "in_process_per_batch": eqx_rates,
             "reference_per_batch": ref_rates,
         }
+        row = rows[str(batch)]
+        print(
+            f"[{exp}] batch {batch}: in-process {row['in_process_tokens_per_s']:,.0f}, plain JAX "
+            f"{row['reference_tokens_per_s']:,.0f} tokens/s, paired ratio {row['paired_ratio']:.2f}, "
+            f"agreement {row['token_agreement']:.1%}",
+            flush=True,
+        )
     # A decode step reads every weight once (in the compute dtype: float32 weights are cast once
     # per call, outside the token loop, by XLA in both programs), plus the cache.
     weight_bytes = count_params(model) * jnp.dtype(bcfg.dtype).itemsize

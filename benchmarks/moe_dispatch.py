@@ -148,7 +148,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             dispatch = "dropless" if cf is None else f"capacity {cf:g}"
             configs.append({"ep": ep, "dispatch": dispatch, "steps_s": [], "step": PreparedStep(cfg, devices)})
     if args.parallel_compile:
+        t0 = time.perf_counter()
         compile_all([c["step"] for c in configs])
+        print(f"compiled {len(configs)} steps at once in {time.perf_counter() - t0:.0f} s", flush=True)
 
     def warm(c: dict[str, Any]) -> Any:
         run = c["step"].start()
@@ -167,6 +169,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             c["steps_s"] += run(args.steps)
             finish(c, run)
             run.close()
+            q1, med, q3 = quartiles(c["steps_s"])
+            print(f"EP {c['ep']} {c['dispatch']}: {1e3 * med:.1f} ms ({1e3 * q1:.1f}-{1e3 * q3:.1f})", flush=True)
     else:
         runs = [warm(c) for c in configs]
         for _ in range(args.rounds):

@@ -244,9 +244,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     seqs = [int(s) for s in args.kernel_seqs.split(",") if s.strip()]
     kernels = [KernelProgram(k, s, shape, dtype, args.interpret) for s in seqs for k in args.kernels.split(",")]
     timed = [steps["ring"]] if args.steps else []
+    same = identity["sha256"]["ring"] == identity["sha256"]["all_gather"]
+    print(f"one {device.device_kind}: context axis 1 (nothing rotates; N > 1 needs N chips)", flush=True)
+    print(
+        f"  programs: ring {'==' if same else '!='} all_gather; ring vs no context axis: "
+        f"{identity['ring_vs_none_differing_line_count']} differing lines",
+        flush=True,
+    )
     t0 = time.perf_counter()
     compile_all([*timed, *kernels])
     compile_wall = time.perf_counter() - t0
+    print(f"  compiled {len(timed) + len(kernels)} programs at once in {compile_wall:.0f} s", flush=True)
     peak = _peak_tflops()
 
     train: dict[str, Any] = {"lower_s": {n: s.lower_s for n, s in steps.items()}}
@@ -275,7 +283,19 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "model_tflops_per_s": flops["training"] * tokens / med / 1e12,
         }
         train["mfu"] = None if peak is None else train["model_tflops_per_s"] / peak
-    rows = [k.run(args.reps, peak) for k in kernels]
+        mfu = "-" if train["mfu"] is None else f"{train['mfu']:.1%}"
+        print(
+            f"  train step (seq {args.seq}): {1e3 * med:.1f} ms, {train['tokens_per_s']:,.0f} tokens/s, MFU {mfu}",
+            flush=True,
+        )
+    print(f"  {'kernel':<12} {'seq':>6} {'fwd+bwd ms':>11} {'TFLOP/s':>8}", flush=True)
+    rows = []
+    for k in kernels:
+        r = k.run(args.reps, peak)
+        rows.append(r)
+        cell = f"{r['ms']:>11.2f} {r['tflops_per_s']:>8.1f}" if "ms" in r else f"  {r.get('error', '')[:90]}"
+        print(f"  {r['kernel']:<12} {r['seq']:>6} {cell}", flush=True)
+    print(f"  (median of {args.reps})")
     from equipax.core.nn.fused_attention import resolve_attention_impl
 
     results = {
@@ -310,23 +330,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "kernels": rows,
         "args": {k: str(v) for k, v in vars(args).items()},
     }
-    same = identity["sha256"]["ring"] == identity["sha256"]["all_gather"]
-    print(f"one {device.device_kind}: context axis 1 (nothing rotates; N > 1 needs N chips)")
-    print(
-        f"  programs: ring {'==' if same else '!='} all_gather; ring vs no context axis: "
-        f"{identity['ring_vs_none_differing_line_count']} differing lines"
-    )
-    if args.steps:
-        mfu = "-" if train["mfu"] is None else f"{train['mfu']:.1%}"
-        print(
-            f"  train step ({results['model']['attention_impl']}, seq {args.seq}): {1e3 * train['step_s']:.1f} ms, "
-            f"{train['tokens_per_s']:,.0f} tokens/s, MFU {mfu}"
-        )
-    print(f"  {'kernel':<12} {'seq':>6} {'fwd+bwd ms':>11} {'TFLOP/s':>8}")
-    for r in rows:
-        cell = f"{r['ms']:>11.2f} {r['tflops_per_s']:>8.1f}" if "ms" in r else f"  {r.get('error', '')[:90]}"
-        print(f"  {r['kernel']:<12} {r['seq']:>6} {cell}")
-    print(f"  (median of {args.reps}; compiles took {compile_wall:.0f} s, in parallel)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     return results
