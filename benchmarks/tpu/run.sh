@@ -46,7 +46,7 @@ while [ $# -gt 0 ]; do
         --wheels) WHEELS=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --source) SOURCE=1; shift ;;
-        -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
         check|usage|speed|profile|peak|attention|decode|moe|ring) PARTS+=("$1"); shift ;;
         *) echo "run.sh: unknown argument '$1' (parts: check usage speed profile peak attention decode moe ring; options: --wheels DIR --out DIR --source)" >&2; exit 2 ;;
     esac
