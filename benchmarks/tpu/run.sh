@@ -21,10 +21,20 @@
 #   profile    a jax.profiler trace of both steps and their per-op device time (op_profile.py)
 #   peak       the chip's bf16 matmul peak (benchmarks/accelerator.sh, part 1)
 #   attention  the attention kernels: XLA against splash (accelerator.sh, part 3)
-# Default parts: usage speed. USAGE_ARGS, SPEED_ARGS and PROFILE_ARGS replace a part's arguments;
-# PY the interpreter (default python3). --source imports equipax from packages/*/src instead of its
-# wheels (a developer's edit, without building wheels again). ALLOW_CPU=1 runs on a host without a
-# TPU (a dry run; tests/repo/test_wheels.py runs `check` so).
+#   decode     `launch decode` tokens/s against a plain-JAX KV-cache loop of the same model, batch 1
+#              and 8 (benchmarks/decode_reference.py: c4_1b at 6 layers, bf16, 128 new tokens;
+#              decode.json)
+#   moe        the MoE train step, dropless (ragged_dot) against capacity dispatch, at expert
+#              parallelism 1 (benchmarks/moe_dispatch.py --real-devices: tokens/s, MFU; moe.json)
+#   ring       ring attention on one chip, where the context axis can only be 1
+#              (benchmarks/ring_one_chip.py: the train step's program and time with the ring
+#              strategy, the ring kernels' forward + backward against XLA's and splash; ring.json)
+# Default parts: usage speed. USAGE_ARGS, SPEED_ARGS, PROFILE_ARGS, DECODE_ARGS, MOE_ARGS and
+# RING_ARGS replace a part's arguments (its JSON goes to --out regardless); PART_TIMEOUT=S stops a
+# part after S seconds (the rest still run); PY the interpreter (default python3). --source
+# imports equipax from packages/*/src instead of its wheels (a developer's edit, without building
+# wheels again). ALLOW_CPU=1 runs on a host without a TPU (a dry run; tests/repo/test_wheels.py
+# runs `check` so; toy-size arguments for decode, moe and ring: benchmarks/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 WHEELS=.whl-tpu
@@ -36,9 +46,9 @@ while [ $# -gt 0 ]; do
         --wheels) WHEELS=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --source) SOURCE=1; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
-        check|usage|speed|profile|peak|attention) PARTS+=("$1"); shift ;;
-        *) echo "run.sh: unknown argument '$1' (parts: check usage speed profile peak attention; options: --wheels DIR --out DIR --source)" >&2; exit 2 ;;
+        -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+        check|usage|speed|profile|peak|attention|decode|moe|ring) PARTS+=("$1"); shift ;;
+        *) echo "run.sh: unknown argument '$1' (parts: check usage speed profile peak attention decode moe ring; options: --wheels DIR --out DIR --source)" >&2; exit 2 ;;
     esac
 done
 [ ${#PARTS[@]} -gt 0 ] || PARTS=(usage speed)
@@ -103,6 +113,14 @@ if devices[0].platform != "tpu" and os.environ.get("ALLOW_CPU") != "1":
 EOF
 
 LAUNCH="$PY -m equipax.launch.cli"
+# A part's defaults on one chip (each about 2 minutes, compiles included; benchmarks/README.md).
+DECODE_DEFAULT="--exps c4_1b_6l --batch-sizes 1,8 --batches 4 --new-tokens 128"
+MOE_DEFAULT="--devices 1 --ep 1 --dtype bfloat16 --model-dims 1024 --hidden-dims 3584 --layers 4 --heads 8 \
+--kv-heads 2 --head-dim 128 --vocab 32000 --remat none --seq 1024 --per-device-batch 4 --parallel-compile \
+--rounds 1 --steps 10 --warmup 2"
+RING_DEFAULT="--exp llama3_2_1b --layers 4 --vocab 32000 --seq 8192 --kernel-seqs 4096,8192 --steps 10"
+limit=()
+[ -n "${PART_TIMEOUT:-}" ] && limit=(timeout -k 10 "$PART_TIMEOUT")
 status=0
 summary=()
 for part in "${PARTS[@]}"; do
@@ -110,11 +128,14 @@ for part in "${PARTS[@]}"; do
     start=$(date +%s)
     case "$part" in
         check) true ;;
-        usage) "$PY" benchmarks/tpu/usage.py --out "$OUT/usage" ${USAGE_ARGS:-} ;;
-        speed) "$PY" benchmarks/train_step.py --compare ${SPEED_ARGS:---presets c4_1b_6l,llama_1b --steps 10 --warmup 3} --out "$OUT/speed.json" ;;
-        profile) "$PY" benchmarks/train_step.py --compare ${PROFILE_ARGS:---presets c4_1b_6l --steps 3 --warmup 2} --profile "$OUT/profile" --out "$OUT/profile.json" ;;
-        peak) PY="$PY" LAUNCH="$LAUNCH" PARTS=1 bash benchmarks/accelerator.sh "$OUT/accelerator" ;;
-        attention) PY="$PY" LAUNCH="$LAUNCH" PARTS=3 bash benchmarks/accelerator.sh "$OUT/accelerator" ;;
+        usage) "${limit[@]}" "$PY" benchmarks/tpu/usage.py --out "$OUT/usage" ${USAGE_ARGS:-} ;;
+        speed) "${limit[@]}" "$PY" benchmarks/train_step.py --compare ${SPEED_ARGS:---presets c4_1b_6l,llama_1b --steps 10 --warmup 3} --out "$OUT/speed.json" ;;
+        profile) "${limit[@]}" "$PY" benchmarks/train_step.py --compare ${PROFILE_ARGS:---presets c4_1b_6l --steps 3 --warmup 2} --profile "$OUT/profile" --out "$OUT/profile.json" ;;
+        peak) PY="$PY" LAUNCH="$LAUNCH" PARTS=1 "${limit[@]}" bash benchmarks/accelerator.sh "$OUT/accelerator" ;;
+        attention) PY="$PY" LAUNCH="$LAUNCH" PARTS=3 "${limit[@]}" bash benchmarks/accelerator.sh "$OUT/accelerator" ;;
+        decode) "${limit[@]}" "$PY" benchmarks/decode_reference.py ${DECODE_ARGS:-$DECODE_DEFAULT} --out "$OUT/decode.json" ;;
+        moe) "${limit[@]}" "$PY" benchmarks/moe_dispatch.py --real-devices ${MOE_ARGS:-$MOE_DEFAULT} --out "$OUT/moe.json" ;;
+        ring) "${limit[@]}" "$PY" benchmarks/ring_one_chip.py ${RING_ARGS:-$RING_DEFAULT} --out "$OUT/ring.json" ;;
     esac > >(tee "$OUT/$part.log") 2>&1
     rc=$?
     summary+=("$part: $([ $rc = 0 ] && echo ok || echo "failed (exit $rc)") in $(( $(date +%s) - start )) s")

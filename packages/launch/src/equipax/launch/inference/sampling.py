@@ -3,8 +3,11 @@ during training (`equipax.launch.training.decode_hook.DecodeHook`, Pax's `--deco
 
 `decode_texts` tokenizes the prompts with the job's tokenizer, right-pads them into one batch
 with per-row lengths, runs `equipax.models.decode.decode` (prefill + one jitted token loop) and
-detokenizes each row up to its end. Its timing leaves compilation out (JAX reports compile time
-through `jax.monitoring`), so `seconds_per_token` is the decode loop's own speed.
+detokenizes each row up to its end. The batch's width is padded up to a power of two
+(`padded_width`): the decode program is compiled per width, so batches of prompts of other
+lengths reuse one program instead of compiling their own (on a TPU, an XLA compile of the whole
+decode loop each). Its timing leaves compilation out (JAX reports compile time through
+`jax.monitoring`), so `seconds_per_token` is the decode loop's own speed.
 """
 
 import dataclasses
@@ -18,7 +21,7 @@ import numpy as np
 from equipax.core.knobs import ConfigError
 from equipax.launch.training.compile_events import CompileEvents
 
-__all__ = ["decode_texts", "encode_prompts", "host_array", "Sample"]
+__all__ = ["decode_texts", "encode_prompts", "host_array", "padded_width", "Sample"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +71,15 @@ def encode_prompts(tokenizer: Any, prompts: Sequence[str], max_seq_len: int) -> 
     return ids, np.asarray([len(r) for r in rows], np.int32)
 
 
+def padded_width(width: int, *, max_seq_len: int, max_new_tokens: int) -> int:
+    """The width a batch of prompts `width` tokens wide is right-padded to: the next power of two
+    from 16, so that prompts of other lengths share a compiled program (the padding is masked
+    and overwritten as tokens come: the samples do not change); never so wide that fewer than
+    `max_new_tokens` fit in `max_seq_len`, and never below `width`."""
+    bucket = max(16, 1 << (width - 1).bit_length())
+    return max(width, min(bucket, max_seq_len - max_new_tokens))
+
+
 def host_array(x: jax.Array) -> np.ndarray:
     """`x` as one numpy array on every process (gathered where it spans processes)."""
     if not x.is_fully_addressable:  # sharded over processes: every process gathers it
@@ -105,6 +117,8 @@ def decode_texts(
 
     max_seq_len = model.cfg.max_seq_len
     ids, lengths = encode_prompts(tokenizer, prompts, max_seq_len)
+    width = padded_width(ids.shape[1], max_seq_len=max_seq_len, max_new_tokens=max_new_tokens)
+    ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])), constant_values=tokenizer.pad_id)
     new = min(max_new_tokens, max_seq_len - ids.shape[1])
     start = time.monotonic()
     with CompileEvents() as compiling:

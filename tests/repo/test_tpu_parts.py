@@ -1,0 +1,107 @@
+"""benchmarks/tpu/run.sh's `decode`, `moe` and `ring` parts at toy size on this host's CPU, their
+Python entry points in this process (decode_reference.py, moe_dispatch.py --real-devices,
+ring_one_chip.py): each runs and writes its JSON (the timings themselves are the chip's,
+benchmarks/README.md "On a real TPU"); and run.sh takes the three parts by name."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO
+from helpers.cli import run as launch_run
+from helpers.toy import fast_compile_in_process
+
+BENCHMARKS = REPO / "benchmarks"
+
+
+def _load(name: str, monkeypatch):
+    """A benchmark script as a module (its sibling `step_timing` importable), under its own name."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    # moe_dispatch.py sets up 8 simulated CPU devices at import unless the command line asks for
+    # the host's own: this process's environment (inherited by later tests' children) stays as is.
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--real-devices"])
+    spec = importlib.util.spec_from_file_location(f"tpu_parts_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decode_part_compares_launch_decode_with_the_plain_loop(tmp_path, monkeypatch):
+    """decode_reference.py on a toy job trained here (no `launch` process: the job exists, and no
+    CLI batch size): decode_texts and the plain-JAX loop (decode_plain.py) decode the same tokens."""
+    bench = _load("decode_reference", monkeypatch)
+    code, output = launch_run(tmp_path / "jobs" / "shakespeare_tiny", "train.num_steps=2")
+    assert code == 0, output
+    out = tmp_path / "decode.json"
+    args = ["--exps", "shakespeare_tiny", "--job-root", str(tmp_path / "jobs"), "--cli-batch-sizes", ""]
+    args += ["--batch-sizes", "2", "--batches", "2", "--new-tokens", "4", "--compile-cache", "", "--out", str(out)]
+    with fast_compile_in_process():
+        results = bench.main(args)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    row = results["experiments"]["shakespeare_tiny"]["by_batch"]["2"]
+    assert row["same_tokens"] and row["token_agreement"] == 1.0 and row["cli_same_tokens"] is None
+    assert row["launch_decode_tokens_per_s"] is None and row["reference_tokens_per_s"] > 0
+    assert row["in_process_tokens_per_s"] > 0 and row["paired_ratio"] > 0
+
+
+def test_moe_part_times_both_dispatches_on_one_real_device(tmp_path, monkeypatch):
+    """moe_dispatch.py --real-devices --devices 1: dropless and capacity at EP 1, compiled at once
+    in threads, then each run in turn (its state freed): tokens/s, XLA memory, dropped fraction."""
+    bench = _load("moe_dispatch", monkeypatch)
+    out = tmp_path / "moe.json"
+    args = ["--real-devices", "--devices", "1", "--ep", "1", "--model-dims", "32", "--seq", "16", "--steps", "2"]
+    args += ["--rounds", "1", "--warmup", "0", "--parallel-compile", "--out", str(out)]
+    with fast_compile_in_process():
+        results = bench.main(args)
+    rows = results["rows"]
+    assert [(r["ep"], r["dispatch"]) for r in rows] == [(1, "dropless"), (1, "capacity 1.25")]
+    for r in rows:
+        assert len(r["steps_s"]) == 2 and r["tokens_per_s"] > 0 and r["compile_s"] > 0
+        assert r["xla_memory_bytes"]["argument_bytes"] > 0 and "moe_dropped_fraction" in r["last_metrics"]
+    assert rows[0]["last_metrics"]["moe_dropped_fraction"] == 0.0  # dropless
+    assert results["devices"].startswith("1 cpu devices")
+
+
+def test_ring_part_shows_one_program_at_context_one_and_runs_the_kernels(tmp_path, monkeypatch):
+    """ring_one_chip.py: at a context axis of 1 the ring and all-gather steps are one program, which
+    differs from the step without a context axis in its mesh declaration only; the ring step runs,
+    and the four attention kernels (the splash ones in the Pallas interpreter) run forward and back."""
+    bench = _load("ring_one_chip", monkeypatch)
+    out = tmp_path / "ring.json"
+    args = ["--layers", "1", "--model-dims", "32", "--heads", "2", "--kv-heads", "1", "--head-dim", "16"]
+    args += ["--hidden-dims", "64", "--vocab", "256", "--seq", "128", "--kernel-seqs", "128", "--interpret"]
+    args += ["--steps", "1", "--warmup", "0", "--reps", "1", "--out", str(out)]
+    with fast_compile_in_process():
+        results = bench.main(args)
+    programs = results["programs"]
+    assert programs["sha256"]["ring"] == programs["sha256"]["all_gather"] != programs["sha256"]["none"]
+    assert programs["ring_vs_none_differing_line_count"] == 2
+    assert all("sdy.mesh" in line for line in programs["ring_vs_none_differing_lines"])
+    assert results["train_step"]["step_s"] > 0 and results["train_step"]["tokens_per_step"] == 128
+    assert [(r["kernel"], r["seq"]) for r in results["kernels"]] == [
+        ("xla", 128),
+        ("splash", 128),
+        ("ring", 128),
+        ("splash_ring", 128),
+    ]
+    assert all(r["ms"] > 0 for r in results["kernels"]), results["kernels"]
+
+
+@pytest.mark.parametrize("part", ["decode", "moe", "ring"])
+def test_run_script_takes_the_parts_by_name(part, tmp_path):
+    """run.sh accepts each part (it stops at the missing wheels, before installing or running
+    anything), names them in its usage error, and its header documents each part's variable."""
+    script = BENCHMARKS / "tpu" / "run.sh"
+    taken = subprocess.run(
+        ["bash", str(script), "--wheels", str(tmp_path / "none"), "--out", str(tmp_path / "out"), part],
+        capture_output=True,
+        text=True,
+    )
+    assert taken.returncode == 2 and "no wheels" in taken.stderr
+    refused = subprocess.run(["bash", str(script), f"{part}x"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "check usage speed profile peak attention decode moe ring" in refused.stderr
+    assert f"{part.upper()}_ARGS" in script.read_text().split("set -uo pipefail")[0]
