@@ -12,8 +12,9 @@ chips and is not measured here. What is:
    mesh with `context_parallel_strategy` all_gather and ring. At a context axis of 1 equipax calls
    no context-parallel kernel (`SelfAttention` does only on an axis > 1, and the loss reorders no
    batch), so the strategy changes nothing: the JSON holds each program's sha256 and the lines in
-   which they differ. The ring configuration's step is compiled and timed (`--steps`): tokens/s
-   and MFU of the step a ring run is at N = 1.
+   which they differ. The ring configuration's step is compiled and timed (`--steps`; the others
+   too with `--time-layouts`, each a compile of its own): tokens/s and MFU of the step a ring
+   run is at N = 1.
 2. The attention kernels on one device, forward and backward of one call at the model's heads
    and each of `--kernel-seqs` (`--kernels`): `xla` (equipax's XLA softmax attention), `splash`
    (the Pallas TPU kernel), `ring` (`ring_attention` at N = 1: its half blocks, the one above the
@@ -213,6 +214,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-dims", type=int, default=None, help="default: the experiment's")
     p.add_argument("--dtype", default=None, help="model.dtype (default: the experiment's)")
     p.add_argument("--steps", type=int, default=10, help="timed train steps (0: lower only, time no step)")
+    p.add_argument(
+        "--time-layouts",
+        default="ring",
+        help="the steps timed, of none, all_gather, ring (the ring's is all_gather's program: see `programs`)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
     p.add_argument("--kernel-seqs", default="4096,8192", help="sequence lengths of the kernel runs ('' = none)")
     p.add_argument("--kernels", default=",".join(KERNELS))
@@ -229,9 +235,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         argv: command-line arguments (without the program name); None reads `sys.argv`.
 
     Returns:
-        What is written to `--out`: `programs` (hashes and differing lines), `train_step`
-        (the ring configuration's step time, tokens/s, MFU) and `kernels` (one row per kernel
-        and sequence length).
+        What is written to `--out`: `programs` (hashes and differing lines), `train_steps`
+        (per timed layout: step time, tokens/s, MFU) and `kernels` (one row per kernel and
+        sequence length).
     """
     args = _parser().parse_args(argv)
     device = jax.devices()[0]
@@ -243,7 +249,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     shape = (1, t.num_heads, t.num_kv_heads or t.num_heads, t.head_dim)
     seqs = [int(s) for s in args.kernel_seqs.split(",") if s.strip()]
     kernels = [KernelProgram(k, s, shape, dtype, args.interpret) for s in seqs for k in args.kernels.split(",")]
-    timed = [steps["ring"]] if args.steps else []
+    layouts = [x for x in args.time_layouts.split(",") if x.strip()] if args.steps else []
+    if set(layouts) - set(steps):
+        raise SystemExit(f"--time-layouts: expected names from {sorted(steps)}, got {layouts}")
     same = identity["sha256"]["ring"] == identity["sha256"]["all_gather"]
     print(f"one {device.device_kind}: context axis 1 (nothing rotates; N > 1 needs N chips)", flush=True)
     print(
@@ -252,27 +260,30 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         flush=True,
     )
     t0 = time.perf_counter()
-    compile_all([*timed, *kernels])
+    compile_all([*(steps[x] for x in layouts), *kernels])
     compile_wall = time.perf_counter() - t0
-    print(f"  compiled {len(timed) + len(kernels)} programs at once in {compile_wall:.0f} s", flush=True)
+    print(f"  compiled {len(layouts) + len(kernels)} programs at once in {compile_wall:.0f} s", flush=True)
     peak = _peak_tflops()
 
-    train: dict[str, Any] = {"lower_s": {n: s.lower_s for n, s in steps.items()}}
-    if args.steps:
-        step = steps["ring"]
+    train: dict[str, Any] = {}
+    for layout in layouts:  # each in turn, its state freed before the next
+        step = steps[layout]
         run = step.start()
         start = time.perf_counter()
         run(1)
-        train["first_step_s"] = time.perf_counter() - start
+        first = time.perf_counter() - start
         run(args.warmup)
         times = run(args.steps)
-        train["last_loss"] = run.metrics.get("loss")
+        loss = run.metrics.get("loss")
         run.close()
         q1, med, q3 = quartiles(times)
         tokens = cfg.global_batch_size * cfg.data.seq_len
         flops = transformer_lm_flops_per_token(t, vocab_size=cfg.model.vocab_size, seq_len=cfg.data.seq_len)
-        train |= {
+        row = {
+            "lower_s": step.lower_s,
             "compile_s": step.compile_s,
+            "first_step_s": first,
+            "last_loss": loss,
             "xla_memory_bytes": step.memory(),
             "step_s": med,
             "step_q1_s": q1,
@@ -282,10 +293,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "tokens_per_s": tokens / med,
             "model_tflops_per_s": flops["training"] * tokens / med / 1e12,
         }
-        train["mfu"] = None if peak is None else train["model_tflops_per_s"] / peak
-        mfu = "-" if train["mfu"] is None else f"{train['mfu']:.1%}"
+        row["mfu"] = None if peak is None else row["model_tflops_per_s"] / peak
+        train[layout] = row
+        mfu = "-" if row["mfu"] is None else f"{row['mfu']:.1%}"
         print(
-            f"  train step (seq {args.seq}): {1e3 * med:.1f} ms, {train['tokens_per_s']:,.0f} tokens/s, MFU {mfu}",
+            f"  train step, {layout} (seq {args.seq}): {1e3 * med:.1f} ms, {row['tokens_per_s']:,.0f} tokens/s, "
+            f"MFU {mfu}",
             flush=True,
         )
     print(f"  {'kernel':<12} {'seq':>6} {'fwd+bwd ms':>11} {'TFLOP/s':>8}", flush=True)
@@ -326,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         },
         "programs": identity,
         "compile_wall_s": compile_wall,
-        "train_step": train,
+        "train_steps": train,
         "kernels": rows,
         "args": {k: str(v) for k, v in vars(args).items()},
     }

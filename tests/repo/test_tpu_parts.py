@@ -68,20 +68,22 @@ def test_moe_part_times_both_dispatches_on_one_real_device(tmp_path, monkeypatch
 
 def test_ring_part_shows_one_program_at_context_one_and_runs_the_kernels(tmp_path, monkeypatch):
     """ring_one_chip.py: at a context axis of 1 the ring and all-gather steps are one program, which
-    differs from the step without a context axis in its mesh declaration only; the ring step runs,
-    and the four attention kernels (the splash ones in the Pallas interpreter) run forward and back."""
+    differs from the step without a context axis in its mesh declaration only; both steps run, each
+    in turn, and the four attention kernels (the splash ones in the Pallas interpreter) run forward
+    and back."""
     bench = _load("ring_one_chip", monkeypatch)
     out = tmp_path / "ring.json"
     args = ["--layers", "1", "--model-dims", "32", "--heads", "2", "--kv-heads", "1", "--head-dim", "16"]
     args += ["--hidden-dims", "64", "--vocab", "256", "--seq", "128", "--kernel-seqs", "128", "--interpret"]
-    args += ["--steps", "1", "--warmup", "0", "--reps", "1", "--out", str(out)]
+    args += ["--steps", "1", "--warmup", "0", "--time-layouts", "none,ring", "--reps", "1", "--out", str(out)]
     with fast_compile_in_process():
         results = bench.main(args)
     programs = results["programs"]
     assert programs["sha256"]["ring"] == programs["sha256"]["all_gather"] != programs["sha256"]["none"]
     assert programs["ring_vs_none_differing_line_count"] == 2
     assert all("sdy.mesh" in line for line in programs["ring_vs_none_differing_lines"])
-    assert results["train_step"]["step_s"] > 0 and results["train_step"]["tokens_per_step"] == 128
+    assert list(results["train_steps"]) == ["none", "ring"]
+    assert all(r["step_s"] > 0 and r["tokens_per_step"] == 128 for r in results["train_steps"].values())
     assert [(r["kernel"], r["seq"]) for r in results["kernels"]] == [
         ("xla", 128),
         ("splash", 128),
