@@ -473,7 +473,9 @@ def _load_benchmark_module(name: str) -> Any:
 
 def baseline_for(preset: Preset, *, remat: str | None = None) -> Any:
     """The plain-JAX `BaselineConfig` of the same math as `preset` (caps, clip, decay, scan, remat,
-    dtype and attention kernel included); `remat` overrides the plain side's policy only."""
+    dtype and attention kernel included); `remat` overrides the plain side's policy only.
+    Attention "auto" (the default) is resolved for this platform first (`resolve_attention`)."""
+    preset = resolve_attention(preset)
     m, t, lr = preset.model, preset.model.transformer, preset.learner
     llama = m.position == "rope"
     shared = {
