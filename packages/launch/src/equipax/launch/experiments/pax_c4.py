@@ -5,7 +5,6 @@ one and two slices, with `_smoke` variants. The bases and what equipax does not 
 
 import dataclasses
 
-from equipax.core.knobs import set_knob
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.experiments.pax_knobs import smoke, smoke_description
 from equipax.launch.experiments.pax_lm import C4_SPMD_ADAM
@@ -55,15 +54,9 @@ C4_SPMD_1B_ADAM_4_REPLICAS = dataclasses.replace(
 @also_known_as("tasks.lm.params.c4.C4Spmd1BAdam4Replicas")
 @register
 def c4_1b() -> ExperimentConfig:
-    cfg = C4_SPMD_1B_ADAM_4_REPLICAS.build(
+    return C4_SPMD_1B_ADAM_4_REPLICAS.build(
         "c4_1b", "Pax C4Spmd1BAdam4Replicas: 1B GPT on C4, FSDP over 4 devices (TPU v4-8), bf16."
     )
-    # equipax's default over Pax's SAVE_NOTHING: the cheapest remat policy whose step fits, chosen
-    # by compiling. On its v4-8, full remat fills 13.98 of 32 GiB; `auto` picks
-    # save_attention_out, projected 11% faster (docs/compile.md). The larger C4 experiments keep
-    # full remat: on their slices nothing cheaper fits (c4_16b on a v4-64, by the same compiles).
-    # The smoke variant keeps Pax's policy (its CPU run would pick no remat at all).
-    return set_knob(cfg, "model.transformer.remat", "auto")
 
 
 @register
