@@ -9,7 +9,7 @@ from helpers import REPO
 
 
 def test_launch_keeps_its_layout_rules():
-    """`equipax.launch`'s rules: no module over 300 lines, no branching on experiment or model
+    """`equipax.launch`'s rules: no branching on experiment or model
     config classes outside the experiment definitions and the config schemas (families dispatch on
     `cfg.kind`, configs answer for themselves), and no exit code written as a number
     (`equipax.launch.exit_codes` holds them all)."""
@@ -20,13 +20,21 @@ def test_launch_keeps_its_layout_rules():
     problems = []
     for path in modules:
         text, rel = path.read_text(), path.relative_to(root)
-        if (n := text.count("\n")) > 300:
-            problems.append(f"{rel}: {n} lines (> 300)")
         if rel.parts[0] not in ("experiments", "configs") and re.search(rf"isinstance\([^)]*\b{config_types}\b", text):
             problems.append(f"{rel}: isinstance on a config class")
         if rel.name != "exit_codes.py" and re.search(r"(typer\.Exit|sys\.exit|os\._exit|SystemExit)\(\s*\d", text):
             problems.append(f"{rel}: a literal exit code")
     assert not problems, problems
+
+
+def test_no_module_over_500_lines():
+    """STYLE's ceiling in all four packages: a file is one concept, split before 500 lines (by idea,
+    never to fit a count)."""
+    long = []
+    for path in sorted((REPO / "packages").glob("*/src/equipax/**/*.py")):
+        if (n := path.read_text().count("\n")) > 500:
+            long.append(f"{path.relative_to(REPO)}: {n} lines")
+    assert not long, long
 
 
 def test_models_and_data_do_not_import_launch():
