@@ -182,7 +182,12 @@ def test_an_empty_job_log_dir_is_refused(command, tmp_path, monkeypatch):
         "vocab-dir",
     ],
 )
-def test_outputs_are_checked_before_any_work(args, needle, tmp_path):
+def test_outputs_are_checked_before_any_work(args, needle, tmp_path, monkeypatch):
+    # Run from an empty working directory of its own: a command that wrote a default output there
+    # (e.g. `runs/`) before refusing shows in it, whatever the caller's directory already holds.
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     paths = {"{file}": tmp_path / "file", "{dir}": tmp_path / "dir", "{job}": tmp_path / "job"}
     paths["{file}"].write_text("a file")
     (paths["{dir}"] / "compile.json" / "inner").mkdir(parents=True)
@@ -200,7 +205,7 @@ def test_outputs_are_checked_before_any_work(args, needle, tmp_path):
     code, out = invoke(*map(fill, args))
     assert code == 2, out
     assert_one_paragraph(out, fill(needle))
-    assert snapshot(tmp_path) == before and not Path("runs").exists()
+    assert snapshot(tmp_path) == before and not any(cwd.iterdir())
 
 
 # --- user-module experiments: resolved in one place, never called blindly ---------------------
