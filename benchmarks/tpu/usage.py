@@ -11,7 +11,8 @@
 
 Each command runs in its own process, one after the other (one program at a time holds the chip),
 through `python -m equipax.launch.cli` with this interpreter; `--out` gets each command's output
-(`<name>.log`) and `usage.json`. Exit 0 only where every check holds.
+(`<name>.log`) and `usage.json`. Exit 0 only where every check holds; exit 2, touching nothing,
+where `--out` holds anything but what this script wrote there before (which it replaces).
 
     python benchmarks/tpu/usage.py --out runs/tpu/usage [--compile-exp c4_1b_smoke] [--steps N]
 """
@@ -74,6 +75,33 @@ def _last_train_record(job: Path) -> dict[str, Any]:
     return next((r for r in reversed(records) if r.get("split") == "train"), {})
 
 
+# What main() writes into --out; usage.json first (unfinished until the end), so a folder holding it
+# and nothing else but these is one this script made and may empty.
+LOGS = ("train", "stopped", "resumed", "decode", "eval", "compile")
+OWN = {"usage.json", "default", "stopped", "compiled", *(f"{n}.log" for n in LOGS)}
+
+
+def _clear_own_folder(out: Path) -> str:
+    """Make `out` an empty folder, removing only what this script wrote there before; a message
+    (and nothing touched) where it is a file or holds anything else."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        return f"--out '{out}' exists and is not a folder; it was left as it is. Give a new folder."
+    if out.is_dir():
+        entries = sorted(p.name for p in out.iterdir())
+        others = [n for n in entries if n not in OWN]
+        if others or (entries and "usage.json" not in entries):
+            named = ", ".join(others[:5]) if others else "no usage.json"
+            return (
+                f"--out '{out}' holds what this script did not write ({named}); nothing was changed. "
+                "Give a new or empty folder, or one this script wrote before (it replaces that)."
+            )
+        for name in entries:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/tpu/usage"))
@@ -83,9 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topology", default="v5e-8", help="the slice compiled for (default: %(default)s)")
     args = parser.parse_args(argv)
     out: Path = args.out
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    refused = _clear_own_folder(out)
+    if refused:
+        print(f"usage.py: {refused}", file=sys.stderr)
+        return 2
+    (out / "usage.json").write_text('{"unfinished": true}\n')  # marks the folder as this script's
     knobs = (["--exp", args.exp] if args.exp else []) + (
         ["--set", f"train.num_steps={args.steps}"] if args.steps is not None else []
     )

@@ -106,4 +106,4 @@ def test_run_script_takes_the_parts_by_name(part, tmp_path):
     assert taken.returncode == 2 and "no wheels" in taken.stderr
     refused = subprocess.run(["bash", str(script), f"{part}x"], capture_output=True, text=True)
     assert refused.returncode == 2 and "check usage speed profile peak attention decode moe ring" in refused.stderr
-    assert f"{part.upper()}_ARGS" in script.read_text().split("set -uo pipefail")[0]
+    assert f"{part.upper()}_ARGS" in script.read_text().split("set -Eeuo pipefail")[0]

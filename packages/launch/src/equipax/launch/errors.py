@@ -152,11 +152,17 @@ def _backend_error(exc: BaseException) -> str:
             and _platform_missing(requested)
         )
     ):
+        tpu = (
+            " On a TPU host, check that no other process holds the chip (one program at a time) and "
+            "that libtpu is installed (jax[tpu])."
+            if "tpu" in requested.lower()
+            else ""
+        )
         return (
             f"JAX could not start the platform(s) JAX_PLATFORMS={requested or '(unset)'!r} on this "
             f"machine ({type(exc).__name__}{': ' + _first_line(exc).rstrip('.') if str(exc).strip() else ''}). "
             "Unset JAX_PLATFORMS (JAX picks what is present), set it to 'cpu', or install the "
-            "jax plugin for the accelerator (e.g. jax[cuda12])."
+            f"jax plugin for the accelerator (e.g. jax[cuda12]).{tpu}"
         )
     return ""
 
