@@ -223,3 +223,13 @@ def test_sample_logits_top_k_and_top_p_restrict_support():
     many = sample_logits(jnp.log(jnp.tile(probs, (8192, 1))), keys[2], temperature=1.0)
     freq = np.bincount(np.asarray(many), minlength=4) / 8192
     np.testing.assert_allclose(freq, probs[0], atol=0.03)
+
+
+def test_decode_compiles_with_the_tpu_options_only_on_a_tpu():
+    """`decode_program` picks the loop by the platform that holds the weights: the XLA:TPU options
+    (tests/launch/test_decode_tpu.py) never reach another backend, which would refuse them."""
+    from equipax.models import decode as dec
+
+    model = TransformerLM(LM_CFG, key=jr.key(0))
+    assert dec.decode_program(model) is dec._DECODE_DEFAULT
+    assert dec._DECODE["tpu"] is not dec._DECODE_DEFAULT

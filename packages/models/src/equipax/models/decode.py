@@ -9,7 +9,15 @@ sliding window) and output projection as training. `decode` runs prefill and the
 (`jax.lax.while_loop`, stopping at EOS in every row or at `max_new_tokens`) inside one jitted
 function. `equipax.models.lm.generate` (no cache) is the reference that greedy decoding must
 reproduce token for token.
+
+On a TPU the loop is compiled with `TPU_DECODE_COMPILER_OPTIONS`: XLA:TPU's memory-space
+assignment otherwise may keep a stacked weight (read-only, carried through the loop) in on-chip
+memory and copy it out and back in every layer of every token, which made c4_1b at 6 layers
+decode a batch of 8 at 0.61x a plain-JAX loop on a v5e (benchmarks/README.md, "Decode on the
+chip").
 """
+
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -22,7 +30,24 @@ from equipax.core.nn.transformer import StackCache
 from equipax.models.lm import TransformerLM
 from equipax.models.lora import LoRALM
 
-__all__ = ["AttentionCache", "decode", "decode_step", "init_cache", "KVCache", "prefill", "sample_logits"]
+__all__ = [
+    "AttentionCache",
+    "decode",
+    "decode_program",
+    "decode_step",
+    "init_cache",
+    "KVCache",
+    "prefill",
+    "sample_logits",
+    "TPU_DECODE_COMPILER_OPTIONS",
+]
+
+# XLA:TPU's memory-space assignment keeps an allocation in on-chip memory only where its uses read
+# at least as many bytes as its copies move. Without it, libtpu 0.0.42.1 and 0.0.48.1 placed the
+# [layers heads head_dim embed] output projection of c4_1b at 6 layers (79 MB) in on-chip memory
+# across the token loop at batch 8 and moved all of it out and back once per layer: ~0.9 GB of
+# copies per token (tests/models/test_decode_tpu.py checks the compiled program).
+TPU_DECODE_COMPILER_OPTIONS = {"xla_tpu_msa_inefficient_use_to_copy_ratio": 1.0}
 
 KVCache = StackCache
 """A model's KV cache: one `AttentionCache` (`keys`, `values` `[layers batch kv_heads slots
@@ -121,8 +146,7 @@ def sample_logits(
     return jr.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
-@eqx.filter_jit
-def _decode(
+def _decode_loop(
     model: TransformerLM,
     prompts: Array,
     lengths: Array,
@@ -174,6 +198,19 @@ def _decode(
 
     _, _, out, num, _, _, _ = jax.lax.while_loop(cond, body, state)
     return out, num
+
+
+# (filter_jit passes jax.jit's keywords on; its type stubs do not list them.)
+_DECODE = {"tpu": eqx.filter_jit(_decode_loop, compiler_options=TPU_DECODE_COMPILER_OPTIONS)}  # pyright: ignore[reportCallIssue]
+_DECODE_DEFAULT = eqx.filter_jit(_decode_loop)
+
+
+def decode_program(model: TransformerLM) -> Callable[..., tuple[Array, Array]]:
+    """The jitted decode loop for the platform that holds `model`'s weights (TPU: compiled with
+    `TPU_DECODE_COMPILER_OPTIONS`); its arguments are those of the internal `_decode_loop`."""
+    leaves = [x for x in jax.tree.leaves(model) if isinstance(x, jax.Array)]
+    platform = next(iter(leaves[0].devices())).platform if leaves else jax.default_backend()
+    return _DECODE.get(platform, _DECODE_DEFAULT)
 
 
 def decode(
@@ -241,7 +278,7 @@ def decode(
     for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
         if value is not None and not 0 <= value < vocab:
             raise ValueError(f"{name} must be a token id in [0, {vocab}), got {value}.")
-    return _decode(
+    return decode_program(model)(
         model,
         prompts,
         lengths,
