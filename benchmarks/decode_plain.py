@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-__all__ = ["make_greedy_decode"]
+__all__ = ["make_greedy_decode", "make_prefill"]
 
 Params = dict[str, Any]
 
@@ -129,6 +129,32 @@ def _logits(cfg: Any, params: Params, h: jax.Array) -> jax.Array:
     return _baseline()._cap(out.astype(jnp.float32), cfg.output_logit_cap)
 
 
+def _empty_cache(cfg: Any, params: Params, batch: int, slots: int) -> tuple[Any, Any]:
+    """Zero keys and values for `batch` rows of `slots` slots, stacked or one per layer."""
+    dt = jnp.dtype(cfg.dtype)
+    shape = (batch, slots, cfg.num_kv_heads or cfg.num_heads, cfg.head_dim)
+    if isinstance(params["layers"], dict):
+        stacked = (cfg.num_layers, *shape)
+        return jnp.zeros(stacked, dt), jnp.zeros(stacked, dt)
+    return [jnp.zeros(shape, dt)] * cfg.num_layers, [jnp.zeros(shape, dt)] * cfg.num_layers
+
+
+def _prefill(cfg: Any, params: Params, prompts: jax.Array, lengths: jax.Array, slots: int) -> tuple[jax.Array, Any]:
+    """Float32 logits after each row's last prompt token, and the cache of `slots` slots filled."""
+    batch, seq = prompts.shape
+    positions = jnp.broadcast_to(jnp.arange(seq), (batch, seq))
+    h, cache = _hidden(cfg, params, prompts, positions, _empty_cache(cfg, params, batch, slots))
+    last = jnp.take_along_axis(h, (lengths - 1)[:, None, None], axis=1)
+    return _logits(cfg, params, last[:, 0]), cache
+
+
+def make_prefill(cfg: Any) -> Callable[..., jax.Array]:
+    """`prefill(params, prompts [batch seq], lengths [batch]) -> logits [batch vocab]`, jitted: the
+    prompts in one pass, their keys and values written to a cache of `seq` slots (the prefill of
+    `make_greedy_decode`, alone)."""
+    return jax.jit(lambda params, prompts, lengths: _prefill(cfg, params, prompts, lengths, prompts.shape[1])[0])
+
+
 def make_greedy_decode(cfg: Any, max_new_tokens: int) -> Callable[..., jax.Array]:
     """`decode(params, prompts [batch seq], lengths [batch]) -> tokens [batch max_new_tokens]`,
     jitted: greedy, a fixed number of steps (no end-of-sequence stop), in `cfg.dtype`.
@@ -140,17 +166,8 @@ def make_greedy_decode(cfg: Any, max_new_tokens: int) -> Callable[..., jax.Array
 
     def decode(params: Params, prompts: jax.Array, lengths: jax.Array) -> jax.Array:
         batch, seq = prompts.shape
-        dt = jnp.dtype(cfg.dtype)
-        shape = (batch, seq + max_new_tokens, cfg.num_kv_heads or cfg.num_heads, cfg.head_dim)
-        if isinstance(params["layers"], dict):
-            stacked = (cfg.num_layers, *shape)
-            cache = (jnp.zeros(stacked, dt), jnp.zeros(stacked, dt))
-        else:
-            cache = ([jnp.zeros(shape, dt)] * cfg.num_layers, [jnp.zeros(shape, dt)] * cfg.num_layers)
-        positions = jnp.broadcast_to(jnp.arange(seq), (batch, seq))
-        h, cache = _hidden(cfg, params, prompts, positions, cache)
-        last = jnp.take_along_axis(h, (lengths - 1)[:, None, None], axis=1)
-        token = jnp.argmax(_logits(cfg, params, last[:, 0]), axis=-1).astype(jnp.int32)
+        logits, cache = _prefill(cfg, params, prompts, lengths, seq + max_new_tokens)
+        token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         out = jnp.zeros((batch, max_new_tokens), jnp.int32).at[:, 0].set(token)
 
         def step(i: jax.Array, carry: tuple[jax.Array, jax.Array, Any]) -> tuple[jax.Array, jax.Array, Any]:

@@ -183,8 +183,55 @@ def _agreement(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def benchmark_prefill(
+    model: Any, bcfg: Any, params: Any, *, batch_sizes: Sequence[int], length: int, repeats: int = 5
+) -> dict[str, Any]:
+    """Prefill alone, both ways: `batch` prompts of `length` random tokens through the model in one
+    pass, filling a cache of `length` slots; per batch size the median tokens/s of `repeats` calls
+    of each (interleaved, after a warm-up call) and their ratio (> 1: equipax is faster)."""
+    import equinox as eqx
+    import jax
+    import numpy as np
+
+    from equipax.models.decode import init_cache, prefill
+
+    ours = eqx.filter_jit(lambda m, ids, lens: prefill(m, ids, lens, init_cache(m, ids.shape[0], ids.shape[1]))[0])
+    plain = _module("decode_plain").make_prefill(bcfg)
+    rng = np.random.default_rng(0)
+    rows: dict[str, Any] = {}
+    for batch in batch_sizes:
+        ids = jax.numpy.asarray(rng.integers(0, model.cfg.vocab_size, (batch, length)), dtype=jax.numpy.int32)
+        lens = jax.numpy.full((batch,), length, jax.numpy.int32)
+        times: dict[str, list[float]] = {"equipax": [], "plain": []}
+        for fn, side in ((lambda: ours(model, ids, lens), "equipax"), (lambda: plain(params, ids, lens), "plain")):
+            jax.block_until_ready(fn())  # compile and warm
+        for _ in range(repeats):
+            for fn, side in ((lambda: ours(model, ids, lens), "equipax"), (lambda: plain(params, ids, lens), "plain")):
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn())
+                times[side].append(time.perf_counter() - t0)
+        rate = {side: batch * length / statistics.median(ts) for side, ts in times.items()}
+        rows[str(batch)] = {
+            "equipax_tokens_per_s": rate["equipax"],
+            "plain_tokens_per_s": rate["plain"],
+            "ratio": rate["equipax"] / rate["plain"],
+        }
+        print(
+            f"  prefill, batch {batch} x {length} tokens: equipax {rate['equipax']:,.0f}, plain JAX "
+            f"{rate['plain']:,.0f} tokens/s, ratio {rate['equipax'] / rate['plain']:.2f}",
+            flush=True,
+        )
+    return {"length": length, "by_batch": rows}
+
+
 def benchmark_exp(
-    exp: str, cli: dict[str, Any], *, batch_sizes: Sequence[int], batches: int, new_tokens: int
+    exp: str,
+    cli: dict[str, Any],
+    *,
+    batch_sizes: Sequence[int],
+    batches: int,
+    new_tokens: int,
+    prefill_len: int = 0,
 ) -> dict[str, Any]:
     """Decode one trained experiment in this process, both ways, at each batch size (and read the
     CLI's records of `run_cli`)."""
@@ -266,8 +313,12 @@ def benchmark_exp(
     for batch, row in rows.items():
         for side in ("in_process", "reference"):
             row[f"{side}_weight_gb_per_s"] = weight_bytes * row[f"{side}_tokens_per_s"] / int(batch) / 1e9
+    prefill_rows = None
+    if prefill_len:
+        prefill_rows = benchmark_prefill(model, bcfg, params, batch_sizes=batch_sizes, length=prefill_len)
     stats = jax.devices()[0].memory_stats() or {}
     return {
+        "prefill": prefill_rows,
         "exp": exp,
         "experiment": JOBS.get(exp, (exp, ()))[0],
         "params": count_params(model),
@@ -297,6 +348,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batches", type=int, default=4, help="batches per size (the first is a warm-up)")
     p.add_argument("--new-tokens", type=int, default=96)
+    p.add_argument(
+        "--prefill-len", type=int, default=0, help="also time prefill alone on prompts this long (0: not)"
+    )
     p.add_argument("--set", dest="sets", action="append", default=[], help="a knob for the training runs (repeatable)")
     p.add_argument("--job-root", type=Path, default=None, help="where the trained jobs live (default: a temp dir)")
     p.add_argument(
@@ -346,7 +400,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         compilation_cache.reset_cache()
     try:
         experiments = {
-            e: benchmark_exp(e, cli[e], batch_sizes=sizes, batches=args.batches, new_tokens=args.new_tokens)
+            e: benchmark_exp(
+                e,
+                cli[e],
+                batch_sizes=sizes,
+                batches=args.batches,
+                new_tokens=args.new_tokens,
+                prefill_len=args.prefill_len,
+            )
             for e in exps
         }
     finally:

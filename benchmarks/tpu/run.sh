@@ -21,9 +21,9 @@
 #   profile    a jax.profiler trace of both steps and their per-op device time (op_profile.py)
 #   peak       the chip's bf16 matmul peak (benchmarks/accelerator.sh, part 1)
 #   attention  the attention kernels: XLA against splash (accelerator.sh, part 3)
-#   decode     `launch decode` tokens/s against a plain-JAX KV-cache loop of the same model, batch 1
-#              and 8 (benchmarks/decode_reference.py: c4_1b at 6 layers, bf16, 128 new tokens;
-#              decode.json)
+#   decode     `launch decode` tokens/s against a plain-JAX KV-cache loop of the same model, batch 1,
+#              8 and 32, and prefill alone on 512-token prompts (benchmarks/decode_reference.py:
+#              c4_1b at 6 layers, bf16, 128 new tokens; decode.json)
 #   moe        the MoE train step, dropless (ragged_dot) against capacity dispatch, at expert
 #              parallelism 1 (benchmarks/moe_dispatch.py --real-devices: tokens/s, MFU; moe.json)
 #   ring       ring attention on one chip, where the context axis can only be 1
@@ -183,7 +183,7 @@ EOF
 
 LAUNCH="$PY -m equipax.launch.cli"
 # A part's defaults on one chip (each about 2 minutes, compiles included; benchmarks/README.md).
-DECODE_DEFAULT="--exps c4_1b_6l --batch-sizes 1,8 --batches 4 --new-tokens 128"
+DECODE_DEFAULT="--exps c4_1b_6l --batch-sizes 1,8,32 --batches 4 --new-tokens 128 --prefill-len 512"
 MOE_DEFAULT="--devices 1 --ep 1 --dtype bfloat16 --model-dims 1024 --hidden-dims 3584 --layers 4 --heads 8 \
 --kv-heads 2 --head-dim 128 --vocab 32000 --remat none --seq 1024 --per-device-batch 4 --parallel-compile \
 --rounds 1 --steps 10 --warmup 2"

@@ -32,7 +32,8 @@ def _load(name: str, monkeypatch):
 
 def test_decode_part_compares_launch_decode_with_the_plain_loop(tmp_path, monkeypatch):
     """decode_reference.py on a toy job trained here (no `launch` process: the job exists, and no
-    CLI batch size): decode_texts and the plain-JAX loop (decode_plain.py) decode the same tokens."""
+    CLI batch size): decode_texts and the plain-JAX loop (decode_plain.py) decode the same tokens,
+    and both prefills are timed alone."""
     bench = _load("decode_reference", monkeypatch)
     code, output = launch_run(tmp_path / "jobs" / "shakespeare_tiny", "train.num_steps=2")
     assert code == 0, output
@@ -40,8 +41,11 @@ def test_decode_part_compares_launch_decode_with_the_plain_loop(tmp_path, monkey
     args = ["--exps", "shakespeare_tiny", "--job-root", str(tmp_path / "jobs"), "--cli-batch-sizes", ""]
     args += ["--batch-sizes", "2", "--batches", "2", "--new-tokens", "4", "--compile-cache", "", "--out", str(out)]
     with fast_compile_in_process():
-        results = bench.main(args)
+        results = bench.main([*args, "--prefill-len", "8"])
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    prefill = results["experiments"]["shakespeare_tiny"]["prefill"]
+    assert prefill["length"] == 8 and prefill["by_batch"]["2"]["equipax_tokens_per_s"] > 0
+    assert prefill["by_batch"]["2"]["plain_tokens_per_s"] > 0
     row = results["experiments"]["shakespeare_tiny"]["by_batch"]["2"]
     assert row["same_tokens"] and row["token_agreement"] == 1.0 and row["cli_same_tokens"] is None
     assert row["launch_decode_tokens_per_s"] is None and row["reference_tokens_per_s"] > 0
