@@ -202,13 +202,14 @@ def benchmark_prefill(
     for batch in batch_sizes:
         ids = jax.numpy.asarray(rng.integers(0, model.cfg.vocab_size, (batch, length)), dtype=jax.numpy.int32)
         lens = jax.numpy.full((batch,), length, jax.numpy.int32)
-        times: dict[str, list[float]] = {"equipax": [], "plain": []}
-        for fn, side in ((lambda: ours(model, ids, lens), "equipax"), (lambda: plain(params, ids, lens), "plain")):
-            jax.block_until_ready(fn())  # compile and warm
+        calls = {"equipax": (ours, model), "plain": (plain, params)}
+        times: dict[str, list[float]] = {side: [] for side in calls}
+        for fn, weights in calls.values():
+            jax.block_until_ready(fn(weights, ids, lens))  # compile and warm
         for _ in range(repeats):
-            for fn, side in ((lambda: ours(model, ids, lens), "equipax"), (lambda: plain(params, ids, lens), "plain")):
+            for side, (fn, weights) in calls.items():
                 t0 = time.perf_counter()
-                jax.block_until_ready(fn())
+                jax.block_until_ready(fn(weights, ids, lens))
                 times[side].append(time.perf_counter() - t0)
         rate = {side: batch * length / statistics.median(ts) for side, ts in times.items()}
         rows[str(batch)] = {
@@ -225,13 +226,7 @@ def benchmark_prefill(
 
 
 def benchmark_exp(
-    exp: str,
-    cli: dict[str, Any],
-    *,
-    batch_sizes: Sequence[int],
-    batches: int,
-    new_tokens: int,
-    prefill_len: int = 0,
+    exp: str, cli: dict[str, Any], *, batch_sizes: Sequence[int], batches: int, new_tokens: int, prefill_len: int = 0
 ) -> dict[str, Any]:
     """Decode one trained experiment in this process, both ways, at each batch size (and read the
     CLI's records of `run_cli`)."""
@@ -348,9 +343,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batches", type=int, default=4, help="batches per size (the first is a warm-up)")
     p.add_argument("--new-tokens", type=int, default=96)
-    p.add_argument(
-        "--prefill-len", type=int, default=0, help="also time prefill alone on prompts this long (0: not)"
-    )
+    p.add_argument("--prefill-len", type=int, default=0, help="also time prefill alone on prompts this long (0: not)")
     p.add_argument("--set", dest="sets", action="append", default=[], help="a knob for the training runs (repeatable)")
     p.add_argument("--job-root", type=Path, default=None, help="where the trained jobs live (default: a temp dir)")
     p.add_argument(
