@@ -16,6 +16,10 @@
 #   usage      what a user does (benchmarks/tpu/usage.py): the default `launch run` trains; a
 #              checkpointed run stopped with SIGTERM resumes bit for bit; `launch decode` and
 #              `launch eval` of the job; `launch compile --topology v5e-8` on the host's CPU
+#   runs       `launch run` of experiments as a user runs them, at their defaults cut to one chip
+#              (benchmarks/tpu/user_runs.py: c4_1b at 6 layers as written and at its best settings,
+#              qwen3_0_6b, llama3_2_1b at 6 layers; 20 steps each: time to first step by phase,
+#              tokens/s and MFU of the last logged step, wall time; runs/runs.json)
 #   speed      equipax's train step against a hand-written plain-JAX step of the same model on the
 #              chip (benchmarks/train_step.py --compare: tokens/s, MFU, ratio)
 #   profile    a jax.profiler trace of both steps and their per-op device time (op_profile.py)
@@ -29,7 +33,7 @@
 #   ring       ring attention on one chip, where the context axis can only be 1
 #              (benchmarks/ring_one_chip.py: the train step's program and time with the ring
 #              strategy, the ring kernels' forward + backward against XLA's and splash; ring.json)
-# Default parts: usage speed. USAGE_ARGS, SPEED_ARGS, PROFILE_ARGS, DECODE_ARGS, MOE_ARGS and
+# Default parts: usage speed. USAGE_ARGS, RUNS_ARGS, SPEED_ARGS, PROFILE_ARGS, DECODE_ARGS, MOE_ARGS and
 # RING_ARGS replace a part's arguments (its JSON goes to --out regardless); PART_TIMEOUT=S stops a
 # part after S seconds (the rest still run); PY the interpreter (default python3). --source
 # imports equipax from packages/*/src instead of its wheels (a developer's edit, without building
@@ -48,7 +52,7 @@ die() {
     exit 2
 }
 trap 'rc=$?; echo "run.sh: stopped: \`$BASH_COMMAND\` failed (exit $rc, line $LINENO); its message is above." >&2; exit $rc' ERR
-USAGE="bash benchmarks/tpu/run.sh [--wheels DIR] [--out DIR] [--source] [PART ...] (parts: check usage speed profile peak attention decode moe ring; --help: what each does)"
+USAGE="bash benchmarks/tpu/run.sh [--wheels DIR] [--out DIR] [--source] [PART ...] (parts: check usage runs speed profile peak attention decode moe ring; --help: what each does)"
 CALLER=$(pwd)
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
@@ -69,8 +73,8 @@ while [ $# -gt 0 ]; do
         --wheels=|--out=) die "${1%=} needs a folder after it. Usage: $USAGE" ;;
         --source) SOURCE=1; shift ;;
         -h|--help) sed -n '2,/^set -Eeuo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-        check|usage|speed|profile|peak|attention|decode|moe|ring) PARTS+=("$1"); shift ;;
-        *) echo "run.sh: unknown argument '$1' (parts: check usage speed profile peak attention decode moe ring; options: --wheels DIR --out DIR --source)" >&2; exit 2 ;;
+        check|usage|runs|speed|profile|peak|attention|decode|moe|ring) PARTS+=("$1"); shift ;;
+        *) echo "run.sh: unknown argument '$1' (parts: check usage runs speed profile peak attention decode moe ring; options: --wheels DIR --out DIR --source)" >&2; exit 2 ;;
     esac
 done
 [ ${#PARTS[@]} -gt 0 ] || PARTS=(usage speed)
@@ -199,6 +203,7 @@ for part in "${PARTS[@]}"; do
     case "$part" in
         check) true ;;
         usage) "${limit[@]}" "$PY" benchmarks/tpu/usage.py --out "$OUT/usage" ${USAGE_ARGS:-} ;;
+        runs) "${limit[@]}" "$PY" benchmarks/tpu/user_runs.py --out "$OUT/runs" ${RUNS_ARGS:-} ;;
         speed) "${limit[@]}" "$PY" benchmarks/train_step.py --compare ${SPEED_ARGS:---presets c4_1b_6l,llama_1b --steps 10 --warmup 3} --out "$OUT/speed.json" ;;
         profile) "${limit[@]}" "$PY" benchmarks/train_step.py --compare ${PROFILE_ARGS:---presets c4_1b_6l --steps 3 --warmup 2} --profile "$OUT/profile" --out "$OUT/profile.json" ;;
         peak) PY="$PY" LAUNCH="$LAUNCH" PARTS=1 "${limit[@]}" bash benchmarks/accelerator.sh "$OUT/accelerator" ;;
