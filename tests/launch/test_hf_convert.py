@@ -98,6 +98,8 @@ def _broken(tmp_path, how):
     path = d / "model.safetensors"
     if how == "no config":
         (d / "config.json").unlink()
+    elif how == "no tokenizer":
+        (d / "tokenizer.json").unlink()
     elif how == "truncated header":
         path.write_bytes(path.read_bytes()[:100])
     elif how == "missing shard":
@@ -125,6 +127,7 @@ def _broken(tmp_path, how):
     ("how", "message"),
     [
         ("no config", "has no config.json"),
+        ("no tokenizer", r"has no tokenizer\.json: .* --set data\.vocab_path=PATH"),
         ("truncated header", r"model\.safetensors.*truncated"),
         ("missing shard", r"model-00002-of-00002\.safetensors.*tensor 'model\.norm\.weight'"),
         (
@@ -144,6 +147,18 @@ def test_bad_checkpoints_exit_2_and_leave_nothing(tmp_path, how, message):
     assert re.search(message, " ".join(output.split())), output
     assert not (tmp_path / "job").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left either
+
+
+def test_a_tokenizer_given_by_vocab_path_imports_a_directory_without_one(tmp_path):
+    """The advice of the refusal above works: the tokenizer from data.vocab_path, none trained."""
+    d = _broken(tmp_path, "no tokenizer")
+    code, output = invoke(
+        "convert", "hf-import", d, "--out", tmp_path / "job", "--set", f"data.vocab_path={FIXTURES / 'mistral'}"
+    )
+    assert code == 0, output
+    data = json.loads((tmp_path / "job" / "config.json").read_text())["data"]
+    assert data["tokenizer"] == "huggingface" and data["vocab_path"] == str(FIXTURES / "mistral")
+    assert not list((tmp_path / "job").glob("tokenizer*"))
 
 
 def test_gate_refuses_a_wrong_conversion(tmp_path, monkeypatch):

@@ -82,6 +82,9 @@ def _base_model(job_dir: Path, init_from: str | None) -> str:
 
 
 def _copy_tokenizer(source: AnyPath, target: Path) -> list[str]:
+    """The tokenizer files `source` has, copied to `target`; none without a tokenizer.json."""
+    if not (source / TOKENIZER_FILES[0]).exists():
+        return []
     copied = []
     for name in TOKENIZER_FILES:
         if (source / name).exists():
@@ -92,17 +95,14 @@ def _copy_tokenizer(source: AnyPath, target: Path) -> list[str]:
 
 def imported_experiment(directory: Path, sets: list[str]) -> tuple[ExperimentConfig, dict[str, str]]:
     """The experiment of an imported job: the checkpoint's model, the model's own tokenizer on the
-    Shakespeare plays (synthetic tokens without a tokenizer.json), the fine-tuning learner, one device;
-    then `sets` (`--set KNOB=VALUE`) on top. Architecture knobs must stay the checkpoint's."""
+    Shakespeare plays, the fine-tuning learner, one device; then `sets` (`--set KNOB=VALUE`) on top.
+    Architecture knobs must stay the checkpoint's. The tokenizer is the directory's tokenizer.json,
+    or `data.vocab_path`'s; without either, ConfigError (a vocabulary trained anew would give the
+    pretrained embeddings' ids other meanings)."""
     hf = read_hf_config(directory)
     model = lm_config_from_hf(hf, where=str(directory / "config.json"))
     seq_len = min(128, model.max_seq_len)
-    has_tokenizer = (directory / "tokenizer.json").is_file()
-    data = (
-        DataConfig(source="shakespeare", tokenizer="huggingface", seq_len=seq_len, batch_size=8)
-        if has_tokenizer
-        else DataConfig(source="synthetic", seq_len=seq_len, batch_size=8)
-    )
+    data = DataConfig(source="shakespeare", tokenizer="huggingface", seq_len=seq_len, batch_size=8)
     cfg = ExperimentConfig(
         name=f"hf_{hf['model_type']}",
         description=f"Fine-tuning the Hugging Face {hf['model_type']} model imported from {directory}.",
@@ -116,6 +116,14 @@ def imported_experiment(directory: Path, sets: list[str]) -> tuple[ExperimentCon
         cfg, sources = apply_overrides(cfg, sets)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if not (directory / TOKENIZER_FILES[0]).is_file() and not as_lm(cfg).data.vocab_path:
+        raise ConfigError(
+            f"{directory} has no {TOKENIZER_FILES[0]}: the imported job would have no tokenizer for the pretrained "
+            "embeddings (a vocabulary trained anew gives their ids other meanings). Put the model's "
+            f"{TOKENIZER_FILES[0]} and {TOKENIZER_FILES[1]} in {directory} (e.g. `huggingface-cli download REPO "
+            f"{TOKENIZER_FILES[0]} {TOKENIZER_FILES[1]} --local-dir {directory}`), or pass "
+            "--set data.vocab_path=PATH (a tokenizer.json or the directory holding it)."
+        )
     check_architecture(as_lm(cfg).model, directory)
     return cfg, sources
 
