@@ -100,6 +100,13 @@ def _broken(tmp_path, how):
         (d / "config.json").unlink()
     elif how == "no tokenizer":
         (d / "tokenizer.json").unlink()
+    elif how == "nan weight":  # a damaged download: one bfloat16 NaN in the final norm
+        raw = bytearray(path.read_bytes())
+        (n,) = struct.unpack("<Q", raw[:8])
+        entry = json.loads(raw[8 : 8 + n])["model.norm.weight"]
+        assert entry["dtype"] == "BF16"
+        raw[8 + n + entry["data_offsets"][0] : 8 + n + entry["data_offsets"][0] + 2] = b"\xc0\x7f"
+        path.write_bytes(bytes(raw))
     elif how == "truncated header":
         path.write_bytes(path.read_bytes()[:100])
     elif how == "missing shard":
@@ -128,6 +135,10 @@ def _broken(tmp_path, how):
     [
         ("no config", "has no config.json"),
         ("no tokenizer", r"has no tokenizer\.json: .* --set data\.vocab_path=PATH"),
+        (
+            "nan weight",
+            r"refused: 1 Hugging Face tensor\(s\) hold NaN or inf \('model\.norm\.weight'\).* not the conversion's",
+        ),
         ("truncated header", r"model\.safetensors.*truncated"),
         ("missing shard", r"model-00002-of-00002\.safetensors.*tensor 'model\.norm\.weight'"),
         (
@@ -159,6 +170,18 @@ def test_a_tokenizer_given_by_vocab_path_imports_a_directory_without_one(tmp_pat
     data = json.loads((tmp_path / "job" / "config.json").read_text())["data"]
     assert data["tokenizer"] == "huggingface" and data["vocab_path"] == str(FIXTURES / "mistral")
     assert not list((tmp_path / "job").glob("tokenizer*"))
+
+
+def test_import_refuses_an_architecture_knob_by_name(tmp_path):
+    """The weights were trained for the checkpoint's architecture: a --set of it is refused before
+    anything loads, naming the knob (not left to the parity gate as a conversion error)."""
+    knob = "model.transformer.num_experts_per_tok"
+    code, output = invoke(
+        "convert", "hf-import", FIXTURES / "mixtral", "--out", tmp_path / "job", *FAST, "--set", f"{knob}=1"
+    )
+    assert code == 2, output
+    assert f"--set {knob}=1 (the checkpoint's: 2)" in " ".join(output.split()) and "report" not in output
+    assert not (tmp_path / "job").exists()
 
 
 def test_gate_refuses_a_wrong_conversion(tmp_path, monkeypatch):

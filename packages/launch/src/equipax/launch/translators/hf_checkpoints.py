@@ -24,7 +24,7 @@ from equipax.core.knobs import ConfigError, apply_overrides, format_knobs, to_js
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
 from equipax.launch.configs.train import TrainConfig
 from equipax.launch.jobdir.storage import AnyPath
-from equipax.launch.translators.hf_parity import KL_LIMIT, check_architecture, gate
+from equipax.launch.translators.hf_parity import KL_LIMIT, architecture_diffs, gate
 from equipax.models.hf.config import export_type_of, hf_config_from_lm, lm_config_from_hf, read_hf_config
 
 __all__ = [
@@ -124,7 +124,14 @@ def imported_experiment(directory: Path, sets: list[str]) -> tuple[ExperimentCon
             f"{TOKENIZER_FILES[0]} {TOKENIZER_FILES[1]} --local-dir {directory}`), or pass "
             "--set data.vocab_path=PATH (a tokenizer.json or the directory holding it)."
         )
-    check_architecture(as_lm(cfg).model, directory)
+    diffs = architecture_diffs(as_lm(cfg).model, model)
+    if diffs:
+        changed = ", ".join(f"--set {k}={a!r} (the checkpoint's: {b!r})" for k, a, b in diffs)
+        raise ConfigError(
+            f"hf-import takes the model's architecture from {directory / 'config.json'}, which the weights were "
+            f"trained for: {changed} would compute something else with them. Drop that --set (data, learner, "
+            "train, mesh and model.lora knobs may be set)."
+        )
     return cfg, sources
 
 
@@ -263,6 +270,10 @@ def export_job(
         files += ["config.json", "generation_config.json"]
         if tok_path is not None:
             files += _copy_tokenizer(tok_path.parent, tmp)
-        kl = gate(model, tmp, "The export", rounded_to=dtype)
+        broken = (
+            f"Step {step} of {job_dir} holds non-finite weights, or weights past --dtype {dtype}'s range (float16 "
+            "stops at 65504): export another --step, or a wider --dtype."
+        )
+        kl = gate(model, tmp, "The export", rounded_to=dtype, broken=broken)
         log(f"Parity gate: KL {kl:.2e} nats/token, equipax vs the reference of the written files (limit {KL_LIMIT:g}).")
     return files
