@@ -56,9 +56,10 @@ def test_decode_during_training_records_samples(job):
 
 def test_decode_restores_the_checkpoint_and_writes_json_lines(job, tmp_path):
     """Greedy `launch decode --step 4` continues the prompts exactly as the run did at step 4 (same
-    model restored, same KV-cache decoding); a prompts file decodes its lines as one batch."""
+    model restored, same KV-cache decoding); a prompts file decodes its lines as one batch (a UTF-8
+    byte-order mark, as some editors write, is not part of the first prompt)."""
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("ROMEO:\n\nTo be\n")
+    prompts.write_bytes("\ufeffROMEO:\n\nTo be\n".encode())
     result = invoke(
         "decode", "--job-log-dir", job, "--prompts", prompts, "--step", 4, "--max-new-tokens", 4, "--output", "-"
     )

@@ -195,7 +195,8 @@ def _read_prompts(prompt: str | None, prompts: Path | None) -> list[str]:
     if not prompts.is_file():
         fail(f"--prompts {prompts} is not a file; give a text file with one prompt per line.")
     try:
-        texts = [line for line in prompts.read_text(encoding="utf-8").splitlines() if line.strip()]
+        # utf-8-sig: a byte-order mark (what some editors write first) is not part of the first prompt.
+        texts = [line for line in prompts.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
     except UnicodeDecodeError as e:
         fail(
             f"--prompts {prompts} is not UTF-8 text (byte {e.object[e.start : e.start + 1]!r} at offset {e.start}); "
