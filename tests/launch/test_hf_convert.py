@@ -184,6 +184,20 @@ def test_import_refuses_an_architecture_knob_by_name(tmp_path):
     assert not (tmp_path / "job").exists()
 
 
+def test_a_directory_in_object_storage_is_refused_saying_to_copy_it_first(tmp_path):
+    """gs://B/M as a path would become a local `gs:` folder: hf-import and model.init_from refuse it
+    (exit 2 before anything is read), saying how to copy it."""
+    from equipax.models import LMConfig
+
+    code, output = invoke("convert", "hf-import", "gs://bucket/models/llama", "--out", tmp_path / "job")
+    text = " ".join(output.replace("│", " ").split())
+    assert code == 2 and "'gs://bucket/models/llama' is in object storage" in text, output
+    assert "gcloud storage cp -r gs://bucket/models/llama /models/NAME" in text
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match=r"model.init_from's directory 's3://b/m' is in object storage.*aws s3 cp"):
+        LMConfig(init_from="hf:s3://b/m")
+
+
 def test_gate_refuses_a_wrong_conversion(tmp_path, monkeypatch):
     from equipax.models.hf import params
 
