@@ -104,7 +104,7 @@ def test_each_prompt_gets_its_own_room_whatever_shares_its_batch(job, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(texts) + "\n")
     tokens, outputs = {}, []
-    for size in (1, 2, 4):
+    for size in (1, 3):  # alone; then [long, short, short] and [medium]
         result = invoke(
             "decode", "--job-log-dir", job, "--prompts", prompts, "--max-new-tokens", 12, "--batch-size", size,
             "--output", "-",
@@ -112,7 +112,7 @@ def test_each_prompt_gets_its_own_room_whatever_shares_its_batch(job, tmp_path):
         assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
         tokens[size] = [json.loads(line)["tokens"] for line in result.stdout.splitlines() if line.startswith("{")]
         outputs.append(" ".join(result.output.split()))
-    assert tokens[2] == tokens[1] and tokens[4] == tokens[1]
+    assert tokens[3] == tokens[1]
     assert [len(t) for t in tokens[1]] == [6, 12, 12, 12]  # this checkpoint never emits EOS this early
     assert all("prompt 1 (26 tokens) gets 6." in o and "prompt 2" not in o for o in outputs)
 
