@@ -148,3 +148,23 @@ def test_bad_input_errors(tmp_path: Path) -> None:
         )
     with pytest.raises(ChatError, match="does not compile"):
         ChatTemplate("{% for %}", name="broken", end_of_turn="x")
+
+
+def test_a_tokenizer_template_error_names_the_file_the_template_is_in(tmp_path: Path) -> None:
+    """The tokenizer's own template lives in chat_template.jinja or tokenizer_config.json, never
+    tokenizer.json: that is the file its errors name."""
+    import shutil
+
+    d = tmp_path / "tok"
+    shutil.copytree(FIXTURES / "llama3", d)
+    (d / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ raise_exception('no ' + m['role']) }}{% endfor %}"
+    )
+    with pytest.raises(ChatError, match=r"chat template /\S+/chat_template\.jinja fails to render it: no user"):
+        ChatTemplate.for_tokenizer(HFTokenizer.load(d)).render([{"role": "user", "content": "q"}])
+    (d / "chat_template.jinja").unlink()
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": "{% for %}"}))
+    with pytest.raises(ChatError, match=r"tokenizer_config\.json \(its chat_template\) does not compile") as e:
+        ChatTemplate.for_tokenizer(HFTokenizer.load(d))
+    assert "tokenizer.json" not in str(e.value).replace("tokenizer_config.json", "")

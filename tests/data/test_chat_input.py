@@ -188,5 +188,14 @@ def test_play_conversations_alternate_speeches_of_a_scene():
             assert speaker.isupper() and lines and not speaker.startswith(("ACT ", "SCENE ", "Enter "))
     with pytest.raises(ValueError, match="turns must be >= 1"):
         play_conversations(hamlet, turns=0)
-    with pytest.raises(ChatError, match="every one of the 49 conversations is longer than seq_len=40"):
+    with pytest.raises(ChatError, match="49 conversations is longer than seq_len=40 and is skipped .truncation='drop'"):
         make(seq_len=40, truncation="drop")
+
+
+def test_when_no_conversation_fits_the_advice_names_the_other_mode_only_where_it_helps():
+    """With truncation='truncate' already, what skips every conversation is that no reply starts
+    within the row: the error says so and does not advise 'truncate'."""
+    first_reply = min(int(np.argmax(chat_example(TOK, TEMPLATE, c).weights[1:] > 0)) for c in CONVERSATIONS)
+    with pytest.raises(ChatError, match="its cut keeps no reply token") as e:
+        make(seq_len=first_reply, truncation="truncate")
+    assert "data.truncation" not in str(e.value)

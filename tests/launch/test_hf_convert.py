@@ -98,6 +98,15 @@ def _broken(tmp_path, how):
     path = d / "model.safetensors"
     if how == "no config":
         (d / "config.json").unlink()
+    elif how == "no tokenizer":
+        (d / "tokenizer.json").unlink()
+    elif how == "nan weight":  # a damaged download: one bfloat16 NaN in the final norm
+        raw = bytearray(path.read_bytes())
+        (n,) = struct.unpack("<Q", raw[:8])
+        entry = json.loads(raw[8 : 8 + n])["model.norm.weight"]
+        assert entry["dtype"] == "BF16"
+        raw[8 + n + entry["data_offsets"][0] : 8 + n + entry["data_offsets"][0] + 2] = b"\xc0\x7f"
+        path.write_bytes(bytes(raw))
     elif how == "truncated header":
         path.write_bytes(path.read_bytes()[:100])
     elif how == "missing shard":
@@ -125,6 +134,11 @@ def _broken(tmp_path, how):
     ("how", "message"),
     [
         ("no config", "has no config.json"),
+        ("no tokenizer", r"has no tokenizer\.json: .* --set data\.vocab_path=PATH"),
+        (
+            "nan weight",
+            r"refused: 1 Hugging Face tensor\(s\) hold NaN or inf \('model\.norm\.weight'\).* not the conversion's",
+        ),
         ("truncated header", r"model\.safetensors.*truncated"),
         ("missing shard", r"model-00002-of-00002\.safetensors.*tensor 'model\.norm\.weight'"),
         (
@@ -144,6 +158,44 @@ def test_bad_checkpoints_exit_2_and_leave_nothing(tmp_path, how, message):
     assert re.search(message, " ".join(output.split())), output
     assert not (tmp_path / "job").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no temporary directory left either
+
+
+def test_a_tokenizer_given_by_vocab_path_imports_a_directory_without_one(tmp_path):
+    """The advice of the refusal above works: the tokenizer from data.vocab_path, none trained."""
+    d = _broken(tmp_path, "no tokenizer")
+    code, output = invoke(
+        "convert", "hf-import", d, "--out", tmp_path / "job", "--set", f"data.vocab_path={FIXTURES / 'mistral'}"
+    )
+    assert code == 0, output
+    data = json.loads((tmp_path / "job" / "config.json").read_text())["data"]
+    assert data["tokenizer"] == "huggingface" and data["vocab_path"] == str(FIXTURES / "mistral")
+    assert not list((tmp_path / "job").glob("tokenizer*"))
+
+
+def test_import_refuses_an_architecture_knob_by_name(tmp_path):
+    """The weights were trained for the checkpoint's architecture: a --set of it is refused before
+    anything loads, naming the knob (not left to the parity gate as a conversion error)."""
+    knob = "model.transformer.num_experts_per_tok"
+    code, output = invoke(
+        "convert", "hf-import", FIXTURES / "mixtral", "--out", tmp_path / "job", *FAST, "--set", f"{knob}=1"
+    )
+    assert code == 2, output
+    assert f"--set {knob}=1 (the checkpoint's: 2)" in " ".join(output.split()) and "report" not in output
+    assert not (tmp_path / "job").exists()
+
+
+def test_a_directory_in_object_storage_is_refused_saying_to_copy_it_first(tmp_path):
+    """gs://B/M as a path would become a local `gs:` folder: hf-import and model.init_from refuse it
+    (exit 2 before anything is read), saying how to copy it."""
+    from equipax.models import LMConfig
+
+    code, output = invoke("convert", "hf-import", "gs://bucket/models/llama", "--out", tmp_path / "job")
+    text = " ".join(output.replace("│", " ").split())
+    assert code == 2 and "'gs://bucket/models/llama' is in object storage" in text, output
+    assert "gcloud storage cp -r gs://bucket/models/llama /models/NAME" in text
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match=r"model.init_from's directory 's3://b/m' is in object storage.*aws s3 cp"):
+        LMConfig(init_from="hf:s3://b/m")
 
 
 def test_gate_refuses_a_wrong_conversion(tmp_path, monkeypatch):

@@ -56,9 +56,10 @@ def test_decode_during_training_records_samples(job):
 
 def test_decode_restores_the_checkpoint_and_writes_json_lines(job, tmp_path):
     """Greedy `launch decode --step 4` continues the prompts exactly as the run did at step 4 (same
-    model restored, same KV-cache decoding); a prompts file decodes its lines as one batch."""
+    model restored, same KV-cache decoding); a prompts file decodes its lines as one batch (a UTF-8
+    byte-order mark, as some editors write, is not part of the first prompt)."""
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("ROMEO:\n\nTo be\n")
+    prompts.write_bytes("\ufeffROMEO:\n\nTo be\n".encode())
     result = invoke(
         "decode", "--job-log-dir", job, "--prompts", prompts, "--step", 4, "--max-new-tokens", 4, "--output", "-"
     )
@@ -93,6 +94,27 @@ def test_decode_samples_reproducibly_by_seed(job):
     assert first.exit_code == 0, f"{first.output}\n{first.exception!r}"
     tokens = [json.loads(r.stdout.splitlines()[-1])["tokens"] for r in (first, again)]
     assert tokens[0] == tokens[1] and len(tokens[0]) == 6
+
+
+def test_each_prompt_gets_its_own_room_whatever_shares_its_batch(job, tmp_path):
+    """A prompt's room is `min(--max-new-tokens, max_seq_len - its own length)`: short prompts
+    batched with one near max_seq_len (32 here) are continued as when decoded alone (greedy), at
+    every --batch-size; only the long prompt gets fewer tokens, and a note says so."""
+    texts = ["First Citizen: Before we p", "ROMEO:", "To be", "O, speak again"]  # 26, 6, 5 and 14 bytes
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(texts) + "\n")
+    tokens, outputs = {}, []
+    for size in (1, 3):  # alone; then [long, short, short] and [medium]
+        result = invoke(
+            "decode", "--job-log-dir", job, "--prompts", prompts, "--max-new-tokens", 12, "--batch-size", size,
+            "--output", "-",
+        )  # fmt: skip
+        assert result.exit_code == 0, f"{result.output}\n{result.exception!r}"
+        tokens[size] = [json.loads(line)["tokens"] for line in result.stdout.splitlines() if line.startswith("{")]
+        outputs.append(" ".join(result.output.split()))
+    assert tokens[3] == tokens[1]
+    assert [len(t) for t in tokens[1]] == [6, 12, 12, 12]  # this checkpoint never emits EOS this early
+    assert all("prompt 1 (26 tokens) gets 6." in o and "prompt 2" not in o for o in outputs)
 
 
 @pytest.mark.parametrize(

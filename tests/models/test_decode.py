@@ -128,6 +128,19 @@ def test_unrolled_stack_decodes_like_scanned(name):
     np.testing.assert_array_equal(got, tokens)
 
 
+def test_each_row_gets_its_own_room_in_max_seq_len(family):
+    """Asking for more than the widest prompt leaves: each row still gets `max_seq_len - its
+    length` tokens (the uncached reference's), not the room of the batch's widest prompt."""
+    model, _, _ = family
+    tokens, num = decode(model, *_padded(ROWS), max_new_tokens=WIDTH + NEW, pad_id=0)
+    room = [WIDTH + NEW - len(row) for row in ROWS]  # 8, 13 and 11
+    np.testing.assert_array_equal(num, room)
+    for b, row in enumerate(ROWS):
+        ref = generate(model, jnp.array(row, jnp.int32), room[b])
+        np.testing.assert_array_equal(tokens[b, : room[b]], np.asarray(ref)[len(row) :])
+        assert not np.asarray(tokens[b, room[b] :]).any()  # padded after its room
+
+
 def test_eos_stops_each_row_and_pads(family):
     model, free, _ = family
     eos = int(free[0, 3])  # row 0 emits it by step 3; the others maybe earlier, maybe never
@@ -144,8 +157,8 @@ def test_eos_stops_each_row_and_pads(family):
 def test_length_limits_and_bad_arguments(family):
     model, _, _ = family
     prompts, lengths = _padded(ROWS)
-    with pytest.raises(ValueError, match="max_seq_len"):
-        decode(model, prompts, lengths, max_new_tokens=NEW + 1)
+    with pytest.raises(ValueError, match="max_seq_len=16"):  # as wide as the model reads: no room left
+        decode(model, jnp.zeros((3, WIDTH + NEW), jnp.int32), lengths, max_new_tokens=1)
     with pytest.raises(ValueError, match="max_new_tokens"):
         decode(model, prompts, lengths, max_new_tokens=0)
     with pytest.raises(ValueError, match="key"):

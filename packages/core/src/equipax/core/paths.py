@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["output_problem", "REMOTE_SCHEMES", "remote_scheme", "url_problem"]
+__all__ = ["local_only_problem", "output_problem", "REMOTE_SCHEMES", "remote_scheme", "url_problem"]
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
@@ -48,6 +48,21 @@ def url_problem(value: str | Path, *, stores: bool = True) -> str | None:
         f"{str(value)!r} is a {m.group(1)}:// URL: object storage is supported as gs:// and s3://, and as "
         "a path it would become a local directory named after the scheme. Give a gs:// or s3:// path, or a local or "
         "shared-filesystem path (e.g. where the store is mounted); docs/object_storage.md"
+    )
+
+
+def local_only_problem(value: str | Path, what: str) -> str | None:
+    """Why `value`, named `what` (e.g. "hf-import's directory"), cannot be a path that is read only
+    from a local or mounted filesystem, when it is a URL; None for a local path. An object store's
+    path is refused saying how to copy it first (as a path it would become a local `gs:` folder)."""
+    scheme = remote_scheme(value)
+    if scheme is None:
+        return url_problem(value, stores=False)
+    copy = "gcloud storage cp -r" if scheme == "gs" else "aws s3 cp --recursive"
+    return (
+        f"{what} {str(value)!r} is in object storage, but it is read from a local or mounted filesystem only: "
+        f"copy it first (e.g. `{copy} {str(value).rstrip('/')} /models/NAME`) or mount the bucket (gcsfuse, "
+        "s3fs), and give that path"
     )
 
 

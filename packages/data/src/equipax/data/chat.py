@@ -235,9 +235,8 @@ class ChatTemplate:
                 f"{' / '.join(repr(n) for n in BUILTIN_TEMPLATES)}."
             )
         else:
-            template = cls(
-                tokenizer.chat_template, name=str(tokenizer.path), special_tokens=special, end_of_turn=end_of_turn
-            )
+            name = tokenizer.chat_template_origin or f"of {tokenizer.path}"  # where the template is written
+            template = cls(tokenizer.chat_template, name=name, special_tokens=special, end_of_turn=end_of_turn)
         missing = [t for t in template.required_tokens if tokenizer.token_id(t) is None]
         if missing:
             raise ChatError(

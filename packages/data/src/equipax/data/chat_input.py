@@ -188,10 +188,15 @@ class ChatSFTInput(GlobalOrderInput):
             stats[-1][3] += n
             dropped = 0
         if not starts:
+            why = (
+                "skipped (truncation='drop'): raise data.seq_len, or set data.truncation='truncate' to train on "
+                "their first seq_len tokens"
+                if self.truncation == "drop"
+                else "skipped because its cut keeps no reply token (every assistant reply starts past the row): "
+                "raise data.seq_len, or shorten what comes before the first reply (system prompt, first question)"
+            )
             raise ChatError(
-                f"every one of the {len(order)} conversations is longer than seq_len={self.seq_len} and is "
-                "skipped (truncation='drop', or no reply token within the row): raise data.seq_len, or set "
-                "data.truncation='truncate' if the replies start within it."
+                f"every one of the {len(order)} conversations is longer than seq_len={self.seq_len} and is {why}."
             )
         stats[-1][2] += dropped
         return _EpochPlan(

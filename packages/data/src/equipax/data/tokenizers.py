@@ -239,15 +239,18 @@ def _token_text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _chat_template(jinja_file: Path, value: object) -> str | None:
-    """The chat template beside a tokenizer: `chat_template.jinja` (what transformers 5 saves), or
-    tokenizer_config.json's `chat_template` (a string, or a list of named templates: "default")."""
+def _chat_template(jinja_file: Path, value: object) -> tuple[str | None, str | None]:
+    """The chat template beside a tokenizer and where it is written: `chat_template.jinja` (what
+    transformers 5 saves), or tokenizer_config.json's `chat_template` (a string, or a list of named
+    templates: "default"). `(None, None)` when there is none."""
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
+        return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+    origin = f"{jinja_file.with_name('tokenizer_config.json')} (its chat_template)"
     if isinstance(value, list):
         named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
         value = named.get("default")
-    return value if isinstance(value, str) else None
+        origin = f"{jinja_file.with_name('tokenizer_config.json')} (its chat_template named 'default')"
+    return (value, origin) if isinstance(value, str) else (None, None)
 
 
 class HFTokenizer(Tokenizer):
@@ -268,6 +271,7 @@ class HFTokenizer(Tokenizer):
         pad: str | None,
         path: Path | None = None,
         chat_template: str | None = None,
+        chat_template_origin: str | None = None,
     ) -> None:
         import tokenizers
 
@@ -275,6 +279,7 @@ class HFTokenizer(Tokenizer):
         self._tok = tokenizer
         self.path = path
         self.chat_template: str | None = chat_template  # the Jinja source, where the files hold one
+        self.chat_template_origin = chat_template_origin  # the file it is written in (errors name it)
         self.tokens: dict[str, str | None] = {"bos": bos, "eos": eos, "pad": pad}
         self._ids = {}
         for role, text in self.tokens.items():
@@ -324,13 +329,15 @@ class HFTokenizer(Tokenizer):
                 f"{file.with_name('tokenizer_config.json')} names no eos_token, which ends every document; add "
                 '"eos_token": "<the end-of-text token>" to it.'
             )
+        template, origin = _chat_template(file.with_name("chat_template.jinja"), special.get("chat_template"))
         return cls(
             tok,
             bos=_token_text(special.get("bos_token")),
             eos=eos,
             pad=_token_text(special.get("pad_token")),
             path=file,
-            chat_template=_chat_template(file.with_name("chat_template.jinja"), special.get("chat_template")),
+            chat_template=template,
+            chat_template_origin=origin,
         )
 
     @property

@@ -19,6 +19,7 @@ from equipax.core.configs import (
     check_pipeline,
 )
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
+from equipax.core.paths import local_only_problem
 
 __all__ = ["CNNConfig", "cnn_param_count", "DTYPES", "LMConfig", "LORA_TARGETS", "LoRAConfig", "RopeScalingConfig"]
 
@@ -195,6 +196,8 @@ class LMConfig:
                 f"model.init_from must be 'hf:DIR' (a Hugging Face model directory) or None, got {src!r}; e.g. "
                 "--set model.init_from=hf:/models/Llama-3.2-1B."
             )
+        if src is not None and (problem := local_only_problem(src[3:].strip(), "model.init_from's directory")):
+            raise ValueError(problem + ".")
 
     def _check_positions(self) -> None:
         if not 0 < self.rope_theta < math.inf:

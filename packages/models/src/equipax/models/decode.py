@@ -7,8 +7,9 @@ one new token per row, each at its own position, and attends over the slots up t
 `TransformerLM.cached`: the same embedding, attention modules (with their positions, QK-norm and
 sliding window) and output projection as training. `decode` runs prefill and the token loop
 (`jax.lax.while_loop`, stopping at EOS in every row or at `max_new_tokens`) inside one jitted
-function. `equipax.models.lm.generate` (no cache) is the reference that greedy decoding must
-reproduce token for token.
+function. Each row's room is its own: `min(max_new_tokens, max_seq_len - its prompt length)`,
+whatever the batch's widest prompt. `equipax.models.lm.generate` (no cache) is the reference that
+greedy decoding must reproduce token for token.
 
 On a TPU the loop is compiled with `TPU_DECODE_COMPILER_OPTIONS`: XLA:TPU's memory-space
 assignment otherwise may keep a stacked weight (read-only, carried through the loop) in on-chip
@@ -46,7 +47,7 @@ __all__ = [
 # at least as many bytes as its copies move. Without it, libtpu 0.0.42.1 and 0.0.48.1 placed the
 # [layers heads head_dim embed] output projection of c4_1b at 6 layers (79 MB) in on-chip memory
 # across the token loop at batch 8 and moved all of it out and back once per layer: ~0.9 GB of
-# copies per token (tests/models/test_decode_tpu.py checks the compiled program).
+# copies per token (tests/launch/test_decode_tpu.py checks the compiled program).
 TPU_DECODE_COMPILER_OPTIONS = {"xla_tpu_msa_inefficient_use_to_copy_ratio": 1.0}
 
 KVCache = StackCache
@@ -166,8 +167,11 @@ def _decode_loop(
         (lengths < 1) | (lengths > seq),
         f"decode: every prompt length must be in [1, {seq}] (the prompts' width).",
     )
-    cache = init_cache(model, batch, seq + max_new_tokens)
+    slots = min(seq + max_new_tokens, model.cfg.max_seq_len)
+    cache = init_cache(model, batch, slots)
     logits, cache = prefill(model, prompts.astype(jnp.int32), lengths, cache)
+    # Each row's own room (>= 1: lengths <= seq < max_seq_len): prompt + generated fit max_seq_len.
+    room = jnp.minimum(max_new_tokens, model.cfg.max_seq_len - lengths)
 
     def pick(logits: Array, key: PRNGKeyArray | None) -> tuple[Array, PRNGKeyArray | None]:
         # The key schedule of `generate`: split once per token, sample with the second half.
@@ -176,12 +180,13 @@ def _decode_loop(
         key, sub = jr.split(key)
         return sample_logits(logits, sub, temperature=temperature, top_k=top_k, top_p=top_p), key
 
-    def stopped(tokens: Array) -> Array:
-        return tokens == eos_id
+    def stopped(tokens: Array, num: Array) -> Array:
+        return (tokens == eos_id) | (num >= room)
 
     token, key = pick(logits, key)
     out = jnp.full((batch, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(token)
-    state = (jnp.int32(1), token, out, jnp.ones((batch,), jnp.int32), stopped(token), cache, key)
+    num = jnp.ones((batch,), jnp.int32)
+    state = (jnp.int32(1), token, out, num, stopped(token, num), cache, key)
 
     def cond(state):
         step, _, _, _, done, _, _ = state
@@ -189,12 +194,13 @@ def _decode_loop(
 
     def body(state):
         step, token, out, num, done, cache, key = state
-        logits, cache = decode_step(model, token, lengths + step - 1, cache)
+        # A finished row's position may pass its room: clamped into the cache (its token is padding).
+        logits, cache = decode_step(model, token, jnp.minimum(lengths + step - 1, slots - 1), cache)
         token, key = pick(logits, key)
         token = jnp.where(done, pad_id, token)
         out = jax.lax.dynamic_update_slice(out, token[:, None], (0, step))
         num = num + (~done).astype(jnp.int32)
-        return step + 1, token, out, num, done | stopped(token), cache, key
+        return step + 1, token, out, num, done | stopped(token, num), cache, key
 
     _, _, out, num, _, _, _ = jax.lax.while_loop(cond, body, state)
     return out, num
@@ -229,15 +235,17 @@ def decode(
     """Generate up to `max_new_tokens` tokens per prompt with a KV cache, in one jitted call.
 
     Prefill fills the cache from the prompts in one pass; then one token per row per step
-    (`jax.lax.while_loop`) until every row has produced `eos_id` or `max_new_tokens` tokens.
+    (`jax.lax.while_loop`) until every row has produced `eos_id` or its room's worth of tokens:
+    `min(max_new_tokens, max_seq_len - lengths[b])` for row `b` (the model reads at most
+    `max_seq_len` tokens; a row's room does not depend on the other rows' prompts).
     Greedy decoding gives the tokens of `generate` (which recomputes the whole prefix).
 
     Arguments:
         model: the language model (softmax attention: any family); a `LoRALM` decodes as its merge.
         prompts: right-padded prompts (pad with anything): row `b` is `prompts[b, :lengths[b]]`.
         lengths: prompt length of each row, in `[1, seq]`.
-        max_new_tokens: the most tokens to generate per row (>= 1); `seq + max_new_tokens`
-            must not exceed the model's `max_seq_len`.
+        max_new_tokens: the most tokens to generate per row (>= 1); a row whose prompt leaves
+            less room in the model's `max_seq_len` stops there (`num_tokens` says where).
         temperature: 0 for greedy, > 0 to sample from `softmax(logits / temperature)`.
         top_k: when sampling, only among the `top_k` most likely tokens.
         top_p: when sampling, only among the smallest set of most likely tokens whose
@@ -250,6 +258,9 @@ def decode(
         `(tokens, num_tokens)`: int32 generated tokens (prompts excluded), shape
         `[batch, max_new_tokens]`, padded with `pad_id` after each row's end, and how many tokens
         each row generated (including its EOS).
+
+    Raises:
+        ValueError: a bad argument, or prompts as wide as `max_seq_len` (no room for a token).
     """
     if isinstance(model, LoRALM):
         model = model.merged()
@@ -260,12 +271,10 @@ def decode(
         raise ValueError(
             f"decode takes prompts [batch seq] and lengths [batch]; got shapes {prompts.shape} and {lengths.shape}."
         )
-    total = prompts.shape[1] + max_new_tokens
-    if total > model.cfg.max_seq_len:
+    if prompts.shape[1] >= model.cfg.max_seq_len:
         raise ValueError(
-            f"prompts of {prompts.shape[1]} tokens + max_new_tokens={max_new_tokens} = {total} "
-            f"exceeds the model's max_seq_len={model.cfg.max_seq_len}; shorten the prompts or "
-            "lower max_new_tokens."
+            f"prompts {prompts.shape[1]} tokens wide leave no room for a new token in the model's "
+            f"max_seq_len={model.cfg.max_seq_len}; pass prompts at most {model.cfg.max_seq_len - 1} tokens wide."
         )
     if not temperature >= 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}.")

@@ -161,9 +161,26 @@ def _size(text: str) -> int:
     fail(f"--shard-size takes a size such as 5GB, 500MB or 64KB (or a number of bytes); got {text!r}.")
 
 
+def _hf_directory(value: str) -> Path:
+    """hf-import's directory: a local (or mounted) path; a gs:// or s3:// one is refused saying to
+    copy it first (the weights are read as byte ranges of local files)."""
+    from equipax.core.paths import local_only_problem
+
+    if (problem := local_only_problem(value, "hf-import's directory")) is not None:
+        raise typer.BadParameter(problem + ".")
+    return path_option(value)
+
+
 @convert_app.command("hf-import")
 def hf_import(
-    directory: Annotated[Path, typer.Argument(help="A Hugging Face model directory (config.json + *.safetensors).")],
+    directory: Annotated[
+        Path,
+        typer.Argument(
+            parser=_hf_directory,
+            metavar="DIRECTORY",
+            help="A local Hugging Face model directory (config.json + *.safetensors).",
+        ),
+    ],
     out: Annotated[
         Path, typer.Option("--out", parser=path_option, help="The job directory to create (must not exist yet).")
     ],

@@ -195,7 +195,8 @@ def _read_prompts(prompt: str | None, prompts: Path | None) -> list[str]:
     if not prompts.is_file():
         fail(f"--prompts {prompts} is not a file; give a text file with one prompt per line.")
     try:
-        texts = [line for line in prompts.read_text(encoding="utf-8").splitlines() if line.strip()]
+        # utf-8-sig: a byte-order mark (what some editors write first) is not part of the first prompt.
+        texts = [line for line in prompts.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
     except UnicodeDecodeError as e:
         fail(
             f"--prompts {prompts} is not UTF-8 text (byte {e.object[e.start : e.start + 1]!r} at offset {e.start}); "
@@ -267,11 +268,14 @@ def _decode(
     eos_id = None
     if chat:
         texts, eos_id = _chat_prompts(lm, tokenizer, texts)
-    ids, _ = encode_prompts(tokenizer, texts, lm.model.max_seq_len)  # empty or too long: exit 2 before restoring
-    if ids.shape[1] + max_new_tokens > lm.model.max_seq_len:
+    _, lengths = encode_prompts(tokenizer, texts, lm.model.max_seq_len)  # empty or too long: exit 2 before restoring
+    cut = [(i, int(n)) for i, n in enumerate(lengths) if n + max_new_tokens > lm.model.max_seq_len]
+    if cut:
+        which = ", ".join(f"prompt {i + 1} ({n} tokens) gets {lm.model.max_seq_len - n}" for i, n in cut[:3])
+        more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
         err.print(
-            f"note: the model reads at most max_seq_len={lm.model.max_seq_len} tokens: prompts of "
-            f"{ids.shape[1]} tokens get at most {lm.model.max_seq_len - ids.shape[1]} new tokens.",
+            f"note: the model reads at most max_seq_len={lm.model.max_seq_len} tokens (prompt + generated), so "
+            f"fewer than --max-new-tokens {max_new_tokens} fit after a long prompt: {which}{more}.",
             highlight=False,
         )
     cfg, mesh, note = local_mesh(cfg)

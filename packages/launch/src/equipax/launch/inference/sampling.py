@@ -102,7 +102,8 @@ def decode_texts(
     eos_id: int | None = None,
 ) -> list[Sample]:
     """Continue each prompt by up to `max_new_tokens` tokens (fewer where the model's
-    `max_seq_len` leaves less room; a row stops after `eos_id`, default the tokenizer's EOS).
+    `max_seq_len` leaves less room after that prompt, whatever the others' lengths; a row stops
+    after `eos_id`, default the tokenizer's EOS).
 
     Arguments:
         model: a `TransformerLM` (any family).
@@ -119,7 +120,7 @@ def decode_texts(
     ids, lengths = encode_prompts(tokenizer, prompts, max_seq_len)
     width = padded_width(ids.shape[1], max_seq_len=max_seq_len, max_new_tokens=max_new_tokens)
     ids = np.pad(ids, ((0, 0), (0, width - ids.shape[1])), constant_values=tokenizer.pad_id)
-    new = min(max_new_tokens, max_seq_len - ids.shape[1])
+    new = min(max_new_tokens, max_seq_len - 1)  # the most any row can get; each row gets its own room
     start = time.monotonic()
     with CompileEvents() as compiling:
         tokens, counts = decode(

@@ -24,7 +24,7 @@ from equipax.core.knobs import ConfigError, apply_overrides, format_knobs, to_js
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
 from equipax.launch.configs.train import TrainConfig
 from equipax.launch.jobdir.storage import AnyPath
-from equipax.launch.translators.hf_parity import KL_LIMIT, check_architecture, gate
+from equipax.launch.translators.hf_parity import KL_LIMIT, architecture_diffs, gate
 from equipax.models.hf.config import export_type_of, hf_config_from_lm, lm_config_from_hf, read_hf_config
 
 __all__ = [
@@ -82,6 +82,9 @@ def _base_model(job_dir: Path, init_from: str | None) -> str:
 
 
 def _copy_tokenizer(source: AnyPath, target: Path) -> list[str]:
+    """The tokenizer files `source` has, copied to `target`; none without a tokenizer.json."""
+    if not (source / TOKENIZER_FILES[0]).exists():
+        return []
     copied = []
     for name in TOKENIZER_FILES:
         if (source / name).exists():
@@ -92,17 +95,14 @@ def _copy_tokenizer(source: AnyPath, target: Path) -> list[str]:
 
 def imported_experiment(directory: Path, sets: list[str]) -> tuple[ExperimentConfig, dict[str, str]]:
     """The experiment of an imported job: the checkpoint's model, the model's own tokenizer on the
-    Shakespeare plays (synthetic tokens without a tokenizer.json), the fine-tuning learner, one device;
-    then `sets` (`--set KNOB=VALUE`) on top. Architecture knobs must stay the checkpoint's."""
+    Shakespeare plays, the fine-tuning learner, one device; then `sets` (`--set KNOB=VALUE`) on top.
+    Architecture knobs must stay the checkpoint's. The tokenizer is the directory's tokenizer.json,
+    or `data.vocab_path`'s; without either, ConfigError (a vocabulary trained anew would give the
+    pretrained embeddings' ids other meanings)."""
     hf = read_hf_config(directory)
     model = lm_config_from_hf(hf, where=str(directory / "config.json"))
     seq_len = min(128, model.max_seq_len)
-    has_tokenizer = (directory / "tokenizer.json").is_file()
-    data = (
-        DataConfig(source="shakespeare", tokenizer="huggingface", seq_len=seq_len, batch_size=8)
-        if has_tokenizer
-        else DataConfig(source="synthetic", seq_len=seq_len, batch_size=8)
-    )
+    data = DataConfig(source="shakespeare", tokenizer="huggingface", seq_len=seq_len, batch_size=8)
     cfg = ExperimentConfig(
         name=f"hf_{hf['model_type']}",
         description=f"Fine-tuning the Hugging Face {hf['model_type']} model imported from {directory}.",
@@ -116,7 +116,22 @@ def imported_experiment(directory: Path, sets: list[str]) -> tuple[ExperimentCon
         cfg, sources = apply_overrides(cfg, sets)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    check_architecture(as_lm(cfg).model, directory)
+    if not (directory / TOKENIZER_FILES[0]).is_file() and not as_lm(cfg).data.vocab_path:
+        raise ConfigError(
+            f"{directory} has no {TOKENIZER_FILES[0]}: the imported job would have no tokenizer for the pretrained "
+            "embeddings (a vocabulary trained anew gives their ids other meanings). Put the model's "
+            f"{TOKENIZER_FILES[0]} and {TOKENIZER_FILES[1]} in {directory} (e.g. `huggingface-cli download REPO "
+            f"{TOKENIZER_FILES[0]} {TOKENIZER_FILES[1]} --local-dir {directory}`), or pass "
+            "--set data.vocab_path=PATH (a tokenizer.json or the directory holding it)."
+        )
+    diffs = architecture_diffs(as_lm(cfg).model, model)
+    if diffs:
+        changed = ", ".join(f"--set {k}={a!r} (the checkpoint's: {b!r})" for k, a, b in diffs)
+        raise ConfigError(
+            f"hf-import takes the model's architecture from {directory / 'config.json'}, which the weights were "
+            f"trained for: {changed} would compute something else with them. Drop that --set (data, learner, "
+            "train, mesh and model.lora knobs may be set)."
+        )
     return cfg, sources
 
 
@@ -255,6 +270,10 @@ def export_job(
         files += ["config.json", "generation_config.json"]
         if tok_path is not None:
             files += _copy_tokenizer(tok_path.parent, tmp)
-        kl = gate(model, tmp, "The export", rounded_to=dtype)
+        broken = (
+            f"Step {step} of {job_dir} holds non-finite weights, or weights past --dtype {dtype}'s range (float16 "
+            "stops at 65504): export another --step, or a wider --dtype."
+        )
+        kl = gate(model, tmp, "The export", rounded_to=dtype, broken=broken)
         log(f"Parity gate: KL {kl:.2e} nats/token, equipax vs the reference of the written files (limit {KL_LIMIT:g}).")
     return files

@@ -2,12 +2,15 @@
 
 `gate` compares a model's float32 logits on fixed tokens with the numpy reference of a Hugging
 Face directory (`equipax.models.hf.reference`, which reads only its config.json and weights) and
-refuses (ConfigError: exit 2) above `KL_LIMIT`. `check_architecture` refuses a checkpoint whose
-config.json describes another model than the experiment's. `init_from_hf` is the start of a run
-with `model.init_from=hf:DIR` and no checkpoint: the weights read into the train state's shardings.
+refuses (ConfigError: exit 2) above `KL_LIMIT`, naming the tensors when the files themselves hold
+NaN or inf (the input's fault, not the conversion's). `check_architecture` refuses a checkpoint whose
+config.json describes another model than the experiment's (`architecture_diffs`: the knobs that
+differ). `init_from_hf` is the start of a run with `model.init_from=hf:DIR` and no checkpoint: the
+weights read into the train state's shardings.
 """
 
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ from equipax.launch.configs.experiment import as_lm
 from equipax.models.configs import LMConfig
 from equipax.models.hf.config import lm_config_from_hf, read_hf_config
 
-__all__ = ["check_architecture", "gate", "init_from_hf", "KL_LIMIT"]
+__all__ = ["architecture_diffs", "check_architecture", "gate", "init_from_hf", "KL_LIMIT"]
 
 KL_LIMIT = 1e-6  # nats per token: equipax's logits vs the numpy reference of the Hugging Face files
 
@@ -46,21 +49,33 @@ _BLOCK = (
     "sliding_window",
     "atten_logit_cap",
     "attention",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "norm_topk_prob",
+    "shared_expert_intermediate_size",
+    "num_hidden_groups",
 )
+
+
+def architecture_diffs(model: LMConfig, hf: LMConfig) -> list[tuple[str, Any, Any]]:
+    """`(knob, model's value, hf's value)` for every architecture knob where `model` is not `hf`
+    (the knobs that change what the weights compute; not layouts, dtypes or training knobs)."""
+    diffs = [
+        (f"model.{k}", getattr(model, k), getattr(hf, k)) for k in _ARCHITECTURE if getattr(model, k) != getattr(hf, k)
+    ]
+    return diffs + [
+        (f"model.transformer.{k}", getattr(model.transformer, k), getattr(hf.transformer, k))
+        for k in _BLOCK
+        if getattr(model.transformer, k) != getattr(hf.transformer, k)
+    ]
 
 
 def check_architecture(model: LMConfig, directory: Path) -> LMConfig:
     """The Hugging Face directory's model config; ConfigError listing every architecture knob of
     `model` that differs from it (a checkpoint of another model or family)."""
     hf = lm_config_from_hf(read_hf_config(directory), where=str(Path(directory) / "config.json"))
-    diffs = [
-        (f"model.{k}", getattr(model, k), getattr(hf, k)) for k in _ARCHITECTURE if getattr(model, k) != getattr(hf, k)
-    ]
-    diffs += [
-        (f"model.transformer.{k}", getattr(model.transformer, k), getattr(hf.transformer, k))
-        for k in _BLOCK
-        if getattr(model.transformer, k) != getattr(hf.transformer, k)
-    ]
+    diffs = architecture_diffs(model, hf)
     if diffs:
         lines = "\n".join(f"  {k}: this experiment {a!r}, {directory} {b!r}" for k, a, b in diffs)
         raise ConfigError(
@@ -83,8 +98,29 @@ def _as_float32(model: Any) -> Any:
     return jax.tree_util.tree_unflatten(jax.tree.structure(abstract), jax.tree.leaves(model))
 
 
-def gate(model: Any, directory: Path, what: str, *, rounded_to: str = "float32") -> float:
-    """The KL of `model` against the reference of `directory`; ConfigError above `KL_LIMIT`."""
+def _nonfinite_tensors(directory: Path) -> list[str]:
+    """The tensors of the Hugging Face directory holding NaN or inf (read in chunks of rows)."""
+    import numpy as np
+
+    from equipax.models.hf.safetensors import HFCheckpoint
+
+    ckpt, bad = HFCheckpoint(directory), []
+    for name in ckpt.names():
+        info = ckpt.info(name)
+        rows = info.shape[0] if info.shape else 1
+        step = max(1, (64 << 20) // max(1, (info.end - info.begin) // rows))  # about 64 MiB a read
+        for start in range(0, rows, step):
+            part = ckpt.read(name, (slice(start, start + step),) if info.shape else ())
+            if not np.isfinite(part.astype(np.float32)).all():
+                bad.append(name)
+                break
+    return bad
+
+
+def gate(model: Any, directory: Path, what: str, *, rounded_to: str = "float32", broken: str | None = None) -> float:
+    """The KL of `model` against the reference of `directory`; ConfigError above `KL_LIMIT`. When
+    the KL is not finite because the files hold NaN or inf, the error names those tensors and says
+    `broken` (what to do about the input; default: the checkpoint in `directory` is damaged)."""
     import jax
     import jax.numpy as jnp
 
@@ -95,6 +131,15 @@ def gate(model: Any, directory: Path, what: str, *, rounded_to: str = "float32")
         dtype = jnp.dtype(rounded_to)
         model = jax.tree.map(lambda a: a.astype(dtype).astype(jnp.float32) if isinstance(a, jax.Array) else a, model)
     kl = parity_kl(model, directory)
+    bad = [] if math.isfinite(kl) else _nonfinite_tensors(directory)
+    if bad:
+        listed = ", ".join(repr(n) for n in bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ConfigError(
+            f"{what} refused: {len(bad)} Hugging Face tensor(s) hold NaN or inf ({listed}), so any model read from "
+            "them computes NaN logits; this is the weights' problem, not the conversion's. "
+            + (broken or f"The checkpoint in {directory} is damaged: use an intact copy (download it again).")
+            + " Nothing was written."
+        )
     if not kl <= KL_LIMIT:
         raise ConfigError(
             f"{what} refused: equipax's logits and the numpy reference of the Hugging Face files differ by KL "
