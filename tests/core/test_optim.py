@@ -227,3 +227,85 @@ def test_mu_dtype_stores_the_first_moment_in_bfloat16(kind, key):
 def test_bad_mu_dtype_names_the_knob():
     with pytest.raises((ValueError, TypeError), match="mu_dtype"):
         LearnerConfig(mu_dtype="float16")  # pyright: ignore[reportArgumentType]
+
+
+def _pax_adam_reference(cfg):
+    """Pax's Adam as the plain optax chain: global-norm clip, Adam, per-tensor update-RMS clip,
+    decoupled weight decay on matrices, learning rate (what `make_learner` builds, with optax's own
+    Adam, which computes its update from the moments before the train step's guard)."""
+    from equipax.core.optim import decay_mask
+
+    return optax.chain(
+        optax.clip_by_global_norm(cfg.clip_gradient_norm),
+        optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, mu_dtype=cfg.mu_dtype),
+        clip_by_update_rms(cfg.clip_update_rms),
+        optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask),
+        optax.scale_by_learning_rate(make_schedule(cfg.schedule)),
+    )
+
+
+@pytest.mark.parametrize("mu_dtype", [None, "bfloat16"])
+def test_pax_adam_trains_as_the_plain_optax_chain_bit_for_bit(mu_dtype, key):
+    """pax_adam's update, computed from the moments the guarded train step keeps (so XLA:TPU
+    applies it in the passes AdamW's update takes, tests/launch/test_compile_tpu.py), is the plain
+    optax chain's, bit for bit: parameters, optimizer state and metrics, over steps where the
+    update-RMS clip binds on some tensors, the global-norm clip on some steps, and one step whose
+    gradients are NaN is skipped."""
+    from equipax.core.step import LossFnTask, init_train_state, make_train_step
+
+    cfg = LearnerConfig(
+        kind="pax_adam",
+        clip_gradient_norm=3.0,
+        clip_update_rms=0.5,
+        weight_decay=0.1,
+        mu_dtype=mu_dtype,
+        schedule=ScheduleConfig(kind="warmup_cosine", peak_learning_rate=0.05, warmup_steps=2, decay_steps=20),
+    )
+    learner = make_learner(cfg)
+
+    def loss_fn(model, batch, key):
+        h = jnp.tanh(batch["x"] @ model["w"] + model["b"][None, :])
+        return jnp.mean(jnp.square(h @ model["v"] - batch["y"])), {}
+
+    k1, k2, k3 = jax.random.split(key, 3)
+    model = {"w": jax.random.normal(k1, (8, 16)), "b": jnp.zeros((16,)), "v": jax.random.normal(k2, (16, 4))}
+    batches = [
+        {"x": s * jax.random.normal(jax.random.fold_in(k3, i), (32, 8)), "y": jnp.ones((32, 4))}
+        for i, s in enumerate([1.0, 10.0, 1.0, jnp.nan, 0.5, 20.0, 1.0])
+    ]
+    runs = {}
+    for name, opt in (("learner", learner.optimizer), ("reference", _pax_adam_reference(cfg))):
+        step = make_train_step(LossFnTask(loss_fn), opt, learner.schedule, skip_nonfinite=True)
+        state, metrics = init_train_state(model, opt), []
+        for batch in batches:
+            state, m = step(state, batch, key)
+            metrics.append(m)
+        runs[name] = (state.model, state.opt_state, metrics)
+    got, want = jax.tree.leaves(runs["learner"]), jax.tree.leaves(runs["reference"])
+    assert jax.tree.structure(runs["learner"]) == jax.tree.structure(runs["reference"])
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    metrics = runs["learner"][2]
+    assert [float(m["nonfinite"]) for m in metrics] == [0, 0, 0, 1, 0, 0, 0]
+    assert any(float(m["grad_norm"]) > 3.0 for m in metrics)  # the global-norm clip bound
+    assert all(np.isfinite(float(m["update_norm"])) for i, m in enumerate(metrics) if i != 3)
+    assert float(metrics[3]["update_norm"]) == np.inf  # skipped: no update (not one from the kept moments)
+
+
+def test_pax_adam_told_the_step_is_skipped_still_returns_its_new_state(key):
+    """Given `grads_finite=False` (the step will keep the old state), pax_adam's optimizer
+    returns optax's new state all the same (the step selects), and with `grads_finite=True` both
+    its update and state are optax's."""
+    cfg = LearnerConfig(kind="pax_adam", clip_update_rms=0.5, weight_decay=0.1)
+    opt, reference = make_learner(cfg).optimizer, _pax_adam_reference(cfg)
+    params = _params(key)
+    state = opt.init(params)
+    grads = jax.tree.map(lambda p: 3.0 * p, params)
+    want_updates, want_state = reference.update(grads, state, params)
+    for finite in (True, False):
+        updates, new_state = opt.update(grads, state, params, grads_finite=jnp.asarray(finite))
+        for a, b in zip(jax.tree.leaves(new_state), jax.tree.leaves(want_state)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        if finite:
+            for a, b in zip(jax.tree.leaves(updates), jax.tree.leaves(want_updates)):
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

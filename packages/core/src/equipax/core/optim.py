@@ -8,6 +8,10 @@ Two learners:
 Weight decay (both learners) applies only to parameters with `ndim >= 2` (matrices, kernels,
 embeddings); biases and norm scales are not decayed.
 
+`pax_adam`'s Adam (`scale_by_adam_of_kept_moments`) is optax's, computing its update from the
+moments the train step's non-finite guard keeps, so that XLA applies the update-RMS clip in the
+passes the moments already take (the same numbers as the plain optax chain, bit for bit).
+
 Several learners (Pax's): `LearnerConfig.groups` names parameter groups by a regex on their paths
 (`equipax.core.param_paths`), each with its own learner or frozen; `make_learner` then builds one
 `optax.multi_transform` over them, the parameters no group matches under the "default" learner
@@ -17,7 +21,7 @@ the group's gradients), exactly as if it trained those parameters by itself.
 
 import re
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +43,7 @@ __all__ = [
     "make_learner",
     "make_schedule",
     "ParamGroupConfig",
+    "scale_by_adam_of_kept_moments",
     "ScheduleConfig",
     "ScheduleKind",
 ]
@@ -115,6 +120,55 @@ def clip_by_update_rms(max_rms: float) -> optax.GradientTransformation:
         return jax.tree.map(clip, updates), state
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+def scale_by_adam_of_kept_moments(
+    *, b1: float, b2: float, eps: float, mu_dtype: Any = None
+) -> optax.GradientTransformationExtraArgs:
+    """`optax.scale_by_adam` whose update is computed from the moments the train step keeps.
+
+    With the extra argument `grads_finite` (a scalar bool the train step passes under
+    `skip_nonfinite`: False when it discards the step and keeps the old optimizer state), the
+    update is computed from the moments the step keeps: the new ones where `grads_finite`, else
+    the old ones. Where the step applies it, the update is `optax.scale_by_adam`'s, bit for bit;
+    where it does not, the step discards it. The state returned is always optax's new state (the
+    step selects it against the old one).
+
+    Why: Pax's per-tensor update-RMS clip (`clip_by_update_rms`) needs each tensor's whole update
+    before any of it is applied, so XLA applies the update in a second pass, which recomputes it
+    from the moments the first pass wrote. It can do that only from the moments the step stores:
+    computed from the moments before the guard's select, the update made XLA write the unselected
+    first moment and the update's denominator as well and read them back, 14 arrays of a weight's
+    size moved per weight and step instead of 10 (AdamW's one pass: 8; benchmarks/README.md, "Pax's
+    learner"; tests/launch/test_compile_tpu.py).
+
+    Without `grads_finite`, or where the first moment is stored in a narrower dtype than the
+    update is computed in (`mu_dtype='bfloat16'`, whose rounding the update must not see), the
+    update is `optax.scale_by_adam`'s own.
+    """
+    adam = optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype)
+
+    def update_fn(updates, state, params=None, *, grads_finite=None, **extra_args):
+        del extra_args
+        new_updates, new_state = adam.update(updates, state, params)
+        if grads_finite is None:
+            return new_updates, new_state
+        new, old = cast(optax.ScaleByAdamState, new_state), cast(optax.ScaleByAdamState, state)
+
+        def kept(moment: Any, before: Any, decay: float) -> Any:
+            # The step's own select of the state, written the same way: XLA computes it once.
+            moment = jax.tree.map(lambda m, b: jnp.where(grads_finite, m, b), moment, before)
+            return optax.tree.bias_correction(moment, decay, new.count)
+
+        def direction(u, m, v):
+            if u is None or m.dtype != u.dtype:
+                return u
+            return m / (jnp.sqrt(v) + eps)
+
+        mu_hat, nu_hat = kept(new.mu, old.mu, b1), kept(new.nu, old.nu, b2)
+        return jax.tree.map(direction, new_updates, mu_hat, nu_hat, is_leaf=lambda x: x is None), new_state
+
+    return optax.GradientTransformationExtraArgs(adam.init, update_fn)
 
 
 class Learner(NamedTuple):
@@ -205,7 +259,7 @@ def _make_one(cfg: LearnerConfig) -> Learner:
             )
         )
     else:
-        parts.append(optax.scale_by_adam(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, mu_dtype=cfg.mu_dtype))
+        parts.append(scale_by_adam_of_kept_moments(b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, mu_dtype=cfg.mu_dtype))
         if cfg.clip_update_rms is not None:
             parts.append(clip_by_update_rms(cfg.clip_update_rms))
         if cfg.weight_decay > 0:

@@ -147,12 +147,15 @@ def make_train_step(
             no parameter ever becomes non-finite, and the step is reported as non-finite too
             (its update norm is not finite). Every select is decided before the optimizer's pass
             or per element, so it fuses into that pass. Adds the metrics `nonfinite` (1.0 for
-            such a step) and `update_norm`.
+            such a step) and `update_norm`. An optimizer that takes extra arguments
+            (`optax.GradientTransformationExtraArgs`, as every `optax.chain` does) is passed the
+            decision as `grads_finite` (a scalar bool, False for a step whose old state is kept).
         check_update_norm: with `skip_nonfinite`, take the update's norm every step (the
             `update_norm` metric, inf where an element of the update would overflow its
-            parameter; such a step is then reported non-finite at its own step). It is summed in
-            the same pass that applies the update. False: no `update_norm`; parameters still
-            never become non-finite, and the loss and gradient checks stay.
+            parameter, and for a step whose loss or gradients are not finite; such a step is then
+            reported non-finite at its own step). It is summed in the same pass that applies the
+            update. False: no `update_norm`; parameters still never become non-finite, and the
+            loss and gradient checks stay.
         variational_noise: Gaussian weight noise for the loss and its gradient
             (`equipax.core.variational_noise`); the update goes to the noise-free parameters.
             None (or `vn_scale=0`): none.
@@ -221,7 +224,13 @@ def make_train_step(
         # embedding less per step, benchmarks/README.md; tests/launch/test_compile_tpu.py.)
         if (platform or jax.default_backend()) != "tpu":
             params, param_norm = jax.lax.optimization_barrier((params, param_norm))
-        updates, opt_state = optimizer.update(grads, state.opt_state, params)
+        # The guard's decision (below) is known before the optimizer's pass; an optimizer that
+        # takes extra arguments is told it, so it may compute its update from the state the step
+        # keeps (`equipax.core.optim.scale_by_adam_of_kept_moments`).
+        grads_ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        told = skip_nonfinite and isinstance(optimizer, optax.GradientTransformationExtraArgs)
+        extra = {"grads_finite": grads_ok} if told else {}
+        updates, opt_state = optimizer.update(grads, state.opt_state, params, **extra)
         metrics = {
             "loss": loss,
             **aux,
@@ -251,12 +260,12 @@ def make_train_step(
             # update's norm is summed from the same elements the apply computes (`_update_square_sum`),
             # so XLA:TPU fuses it into the apply; `optax.tree.norm(updates)` made it write every
             # update to memory and read it back (benchmarks/README.md, "On a real TPU").
-            grads_ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
             ok = grads_ok & jnp.isfinite(param_norm)
             applied = jax.tree.map(_apply_where_finite, params, updates, is_leaf=lambda x: x is None)
             if check_update_norm:
                 squares = jax.tree.map(_update_square_sum, params, updates, is_leaf=lambda x: x is None)
-                metrics["update_norm"] = jnp.sqrt(sum(jax.tree.leaves(squares), jnp.zeros((), jnp.float32)))
+                norm = jnp.sqrt(sum(jax.tree.leaves(squares), jnp.zeros((), jnp.float32)))
+                metrics["update_norm"] = jnp.where(grads_ok, norm, jnp.inf)  # none is applied otherwise
                 ok = ok & jnp.isfinite(metrics["update_norm"])
             model = task.update_model(eqx.combine(applied, state.model), model_state)
             old_model_state_tree = jax.tree.unflatten(old_model_state[1], old_model_state[0])
@@ -302,7 +311,9 @@ def _update_square_sum(param: Array | None, update: Array | None) -> Array | Non
 
 
 def _select(pred: Array, on_true: _T, on_false: _T) -> _T:
-    """`on_true` where the scalar `pred` holds, else `on_false`, leaf by leaf (same structure)."""
+    """`on_true` where the scalar `pred` holds, else `on_false`, leaf by leaf (same structure).
+    (`jnp.where(pred, new, old)`: `equipax.core.optim.scale_by_adam_of_kept_moments` writes the
+    same select of the moments, so XLA computes it once.)"""
     a, static = eqx.partition(on_true, eqx.is_array)
     b, _ = eqx.partition(on_false, eqx.is_array)
     return eqx.combine(jax.tree.map(lambda x, y: jnp.where(pred, x, y), a, b), static)
