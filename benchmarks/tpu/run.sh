@@ -125,7 +125,7 @@ if [ ${#wheels[@]} -gt 0 ]; then
         PIP_CONFIG_FILE=/dev/null "$PY" -m pip install --isolated --quiet --no-index --no-deps --no-compile \
             --no-cache-dir --disable-pip-version-check --upgrade --target "$TARGET" "${wheels[@]}"
     elif command -v uv >/dev/null 2>&1; then
-        uv pip install --quiet --offline --no-index --no-deps --python "$PY" --target "$TARGET" "${wheels[@]}"
+        uv pip install --no-config --quiet --offline --no-index --no-deps --python "$PY" --target "$TARGET" "${wheels[@]}"
     else
         die "$PY has no pip, and there is no uv to install with: install pip for it (or put uv on PATH)."
     fi || die "installing the wheels into TARGET='$TARGET' failed (the message above): if it says 'No space left on device' or 'Read-only file system' or 'Permission denied', free space there or set TARGET to another folder. Nothing of the image's was changed."
