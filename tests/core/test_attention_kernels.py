@@ -112,9 +112,9 @@ def test_splash_kernel_matches_the_reference_for_gqa_and_windows(case, key):
 def test_cached_attention_over_slots_equals_the_reference(window, key):
     q, k, v = _qkv(key, 2, 16, 4, 2)
     want = reference_attention(q, k, v, causal=True, window=window)
-    head_major = lambda t: jnp.pad(jnp.transpose(t, (0, 2, 1, 3)), ((0, 0), (0, 0), (0, 8), (0, 0)))  # noqa: E731
+    slots = lambda t: jnp.pad(t, ((0, 0), (0, 8), (0, 0), (0, 0)))  # noqa: E731  (8 slots not yet written)
     positions = jnp.broadcast_to(jnp.arange(16), (2, 16))
-    got = cached_attention(q, head_major(k), head_major(v), query_positions=positions, window=window)
+    got = cached_attention(q, slots(k), slots(v), query_positions=positions, window=window)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -145,7 +145,7 @@ def test_cached_attention_masks_unwritten_slots_and_rows_at_their_own_positions(
     want = reference_attention(q, k, v, causal=True)
     # Slots past the written ones hold junk: masked.
     junk = jnp.full((2, 3, 2, 8), 1e3)
-    keys, values = (jnp.swapaxes(jnp.concatenate([t, junk], 1), 1, 2) for t in (k, v))
+    keys, values = (jnp.concatenate([t, junk], 1) for t in (k, v))
     got = cached_attention(q, keys, values, query_positions=jnp.broadcast_to(jnp.arange(5), (2, 5)))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # One query per row at different positions (per-row lengths).

@@ -132,7 +132,7 @@ def test_attention_with_a_cache_equals_attention_over_the_sequence(window, key):
     want, no_cache = attn(x, rotary=rot)
     assert no_cache is None
     cache = attn.init_cache(2, 10, jnp.float32)
-    assert cache.keys.shape == (2, 2, 10, 8)  # key/value heads, not query heads
+    assert cache.keys.shape == (2, 10, 2, 8)  # key/value heads, not query heads
     first, cache = attn(x[:, :4], rotary=(rot[0][:, :4], rot[1][:, :4]), cache=cache, positions=positions[:, :4])
     outs = [first]
     for t in range(4, 7):

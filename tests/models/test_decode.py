@@ -202,8 +202,8 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
 
 def test_cache_holds_kv_heads():
     cache = init_cache(MODELS["llama"], 3, 10)
-    assert cache.keys.shape == (2, 3, 2, 10, 8) and cache.max_len == 10  # pyright: ignore[reportAttributeAccessIssue]
-    assert init_cache(MODELS["lm"], 3, 10).values.shape == (2, 3, 2, 10, 16)  # pyright: ignore[reportAttributeAccessIssue]
+    assert cache.keys.shape == (2, 3, 10, 2, 8) and cache.max_len == 10  # pyright: ignore[reportAttributeAccessIssue]
+    assert init_cache(MODELS["lm"], 3, 10).values.shape == (2, 3, 10, 2, 16)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def test_a_window_the_decode_ignored_would_change_the_tokens():

@@ -51,7 +51,7 @@ __all__ = [
 TPU_DECODE_COMPILER_OPTIONS = {"xla_tpu_msa_inefficient_use_to_copy_ratio": 1.0}
 
 KVCache = StackCache
-"""A model's KV cache: one `AttentionCache` (`keys`, `values` `[layers batch kv_heads slots
+"""A model's KV cache: one `AttentionCache` (`keys`, `values` `[layers batch slots kv_heads
 head_dim]`) for scanned layers, or one per layer."""
 
 

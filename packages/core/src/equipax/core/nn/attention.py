@@ -86,27 +86,24 @@ def reference_attention(
     return jnp.einsum("bhqk,bkhd->bqhd", probs, vf).astype(v.dtype)
 
 
-def _grouped_softmax(
-    q: Array, k: Array, v: Array, mask: Array | None, logit_cap: float | None, *, head_major: bool
-) -> Array:
+def _grouped_softmax(q: Array, k: Array, v: Array, mask: Array | None, logit_cap: float | None) -> Array:
     """Softmax attention with the queries grouped per key/value head (no repeated keys).
 
-    `q` is `[b q heads d]`; `k`, `v` are `[b k kv_heads d]`, or `[b kv_heads k d]` with
-    `head_major` (the KV cache's layout: both products are then plain batched matmuls); `mask` is
-    bool `[b q k]`. Scales `q` instead of the `[q k]` logits, keeps matmul inputs in their own dtype
+    `q` is `[b q heads d]`; `k`, `v` are `[b k kv_heads d]` (a KV cache's too); `mask` is bool
+    `[b q k]`. Scales `q` instead of the `[q k]` logits, keeps matmul inputs in their own dtype
     with float32 accumulation (`einsum_f32`: the backward matmuls take the inputs' dtype too), and
     normalises after the value product (`[q d]` divides instead of `[q k]`). With one query head
     per key/value head the group axis is left out (XLA:CPU then runs the same matmuls as plain
     multi-head attention, to the bit).
     """
     b, s, heads, d = q.shape
-    kv_heads = k.shape[1 if head_major else 2]
+    kv_heads = k.shape[2]
     q = q * jnp.asarray(1.0 / math.sqrt(d), q.dtype)
     if heads == kv_heads:
-        qs, ls, kv, keep = "bqhd", "bhqk", ("bhkd" if head_major else "bkhd"), (slice(None), None)
+        qs, ls, kv, keep = "bqhd", "bhqk", "bkhd", (slice(None), None)
     else:
         q = q.reshape(b, s, kv_heads, heads // kv_heads, d)
-        qs, ls, kv, keep = "bqngd", "bngqk", ("bnkd" if head_major else "bknd"), (slice(None), None, None)
+        qs, ls, kv, keep = "bqngd", "bngqk", "bknd", (slice(None), None, None)
     logits = _cap(einsum_f32(f"{qs},{kv}->{ls}", q, k), logit_cap)
     if mask is not None:
         logits = jnp.where(mask[keep], logits, MASK_VALUE)
@@ -145,13 +142,13 @@ def dot_product_attention(
     """
     check_groups(q.shape[2], k.shape[2])
     mask = self_attention_mask(q.shape[1], k.shape[1], causal=causal, window=window, segment_ids=segment_ids)
-    return _grouped_softmax(q, k, v, mask, logit_cap, head_major=False)
+    return _grouped_softmax(q, k, v, mask, logit_cap)
 
 
 def cached_attention(
     q: Float[Array, "batch seq heads head_dim"],
-    keys: Float[Array, "batch kv_heads cache head_dim"],
-    values: Float[Array, "batch kv_heads cache head_dim"],
+    keys: Float[Array, "batch cache kv_heads head_dim"],
+    values: Float[Array, "batch cache kv_heads head_dim"],
     *,
     query_positions: Int[Array, "batch seq"],
     logit_cap: float | None = None,
@@ -165,7 +162,7 @@ def cached_attention(
 
     Arguments:
         q: queries of the new tokens.
-        keys, values: the cache of one layer, head-major (`kv_heads` may be fewer than `heads`).
+        keys, values: the cache of one layer, slot-major (`kv_heads` may be fewer than `heads`).
         query_positions: the position of each query in its row.
         logit_cap: if set, logits become `cap * tanh(logits / cap)` before masking.
         window: each query sees itself and the `window - 1` positions before it.
@@ -173,10 +170,10 @@ def cached_attention(
     Returns:
         Attention outputs in `values.dtype`.
     """
-    check_groups(q.shape[2], keys.shape[1])
-    slots = jnp.arange(keys.shape[2])[None]
+    check_groups(q.shape[2], keys.shape[2])
+    slots = jnp.arange(keys.shape[1])[None]
     mask = attention_mask(query_positions, slots, causal=True, window=window)
-    return _grouped_softmax(q, keys, values, mask, logit_cap, head_major=True)
+    return _grouped_softmax(q, keys, values, mask, logit_cap)
 
 
 def jax_nn_attention(

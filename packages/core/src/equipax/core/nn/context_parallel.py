@@ -202,7 +202,7 @@ def all_gather_attention(
             k, v = jax.lax.all_gather(k, axis, axis=1, tiled=True), jax.lax.all_gather(v, axis, axis=1, tiled=True)
         kpos, kseg = (_gather(pos, axis), _gather(seg, axis)) if n > 1 else (pos, seg)
         mask = attention_mask(pos, kpos, causal=causal, window=window, query_segments=seg, key_segments=kseg)  # pyright: ignore[reportArgumentType]
-        return _grouped_softmax(q, k, v, mask, logit_cap, head_major=False)
+        return _grouped_softmax(q, k, v, mask, logit_cap)
 
     if n == 1 or mesh is None:
         return local(q, k, v, positions, segment_ids)

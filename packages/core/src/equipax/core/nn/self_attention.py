@@ -55,19 +55,20 @@ Rotary = tuple[Float[Array, "batch seq half"], Float[Array, "batch seq half"]]
 class AttentionCache(eqx.Module):
     """One layer's keys and values for decoding; slot `j` of a row holds its token at position `j`.
 
-    Head-major (`[batch kv_heads slots head_dim]`): attention over the cache is then two plain
-    batched matmuls that read the keys and values in place; with grouped-query attention it holds
-    `num_kv_heads` heads, not `num_heads`. A stack of layers holds one with a leading layer axis
-    (scanned layers) or a tuple of them.
+    Slot-major (`[batch slots kv_heads head_dim]`), as the step's keys and values come: a token's
+    keys are written in place, with no change of layout (a head-major cache made XLA:TPU copy the
+    layer's cache each token, 0.97x a plain loop at batch 1: benchmarks/README.md, "Decode on the
+    chip"); with grouped-query attention it holds `num_kv_heads` heads, not `num_heads`. A stack of
+    layers holds one with a leading layer axis (scanned layers) or a tuple of them.
     """
 
-    keys: Float[Array, "*layers batch kv_heads slots head_dim"]
-    values: Float[Array, "*layers batch kv_heads slots head_dim"]
+    keys: Float[Array, "*layers batch slots kv_heads head_dim"]
+    values: Float[Array, "*layers batch slots kv_heads head_dim"]
 
     @property
     def max_len(self) -> int:
         """Number of slots per row."""
-        return self.keys.shape[-2]
+        return self.keys.shape[-3]
 
 
 class Attention(eqx.Module):
@@ -265,9 +266,8 @@ class Attention(eqx.Module):
             if positions is None:
                 raise ValueError("decoding with a cache needs each token's position (positions=...).")
             rows = jnp.arange(x.shape[0])[:, None]
-            # Advanced indices around a slice: the indexed shape is [b s kv_heads d], as k's.
-            keys = cache.keys.at[rows, :, positions].set(k.astype(cache.keys.dtype))
-            values = cache.values.at[rows, :, positions].set(v.astype(cache.values.dtype))
+            keys = cache.keys.at[rows, positions].set(k.astype(cache.keys.dtype))
+            values = cache.values.at[rows, positions].set(v.astype(cache.values.dtype))
             cache = AttentionCache(keys=keys, values=values)
             o = cached_attention(
                 q, keys, values, query_positions=positions, logit_cap=self.logit_cap, window=self.window
@@ -326,5 +326,5 @@ class Attention(eqx.Module):
 
     def init_cache(self, batch_size: int, max_len: int, dtype: DTypeLike) -> AttentionCache:
         """An empty (zero) cache of `batch_size` rows of `max_len` slots for this layer."""
-        shape = (batch_size, self.num_kv_heads, max_len, self.head_dim)
+        shape = (batch_size, max_len, self.num_kv_heads, self.head_dim)
         return AttentionCache(keys=jnp.zeros(shape, dtype), values=jnp.zeros(shape, dtype))
