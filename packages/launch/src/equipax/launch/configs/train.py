@@ -176,8 +176,9 @@ class TrainConfig:
     check_update_norm: also take the update's norm every step (`update_norm` in the metrics), so an
     update that overflows although the gradients are finite (a learning rate far too high) is
     reported at its own step and named in the stop message; summed in the pass that applies the
-    update, so it costs no pass over memory of its own (docs/errors.md). Off, an overflowing
-    update still never makes a parameter non-finite (applied elementwise where finite).
+    update, so it costs no pass over memory of its own (docs/errors.md). Off, the same pass
+    still flags an update with an element that overflows (or whose square does), and an
+    overflowing update still never makes a parameter non-finite (applied elementwise where finite).
     debug_nan_steps: FOR TESTS ONLY: these steps' batches get NaN weights (a poisoned batch).
 
     sample, decode, profile, pgle, compiler, vn: the sub-configs (this module's docstring).
