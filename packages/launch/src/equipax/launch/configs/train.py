@@ -15,6 +15,7 @@ import shlex
 from typing import ClassVar, Literal
 
 from equipax.core.configs import VariationalNoiseConfig
+from equipax.core.knobs import check_seed
 
 __all__ = ["CompilerConfig", "DecodeConfig", "PGLEConfig", "ProfileConfig", "SampleConfig", "TrainConfig"]
 
@@ -163,12 +164,13 @@ class TrainConfig:
     log_every, eval_every, checkpoint_every: steps between metric lines (stdout, metrics.jsonl,
     TensorBoard), between evaluations, and between checkpoints. keep_checkpoints: how many of the
     newest checkpoints are kept. seed: the root seed of the init and step keys (the data has
-    its own `data.seed`). peak_tflops_per_device: the device's peak TFLOP/s for the MFU figure;
-    None = looked up from the device kind. hbm_gib_per_device: the memory per device that
-    `model.transformer.remat="auto"` fits the step in; None = the device's own (its allocator's
-    limit; on a CPU, the host's memory shared by its devices; `launch compile`: the target's HBM,
-    or `--hbm-gib`). hbm_margin: the fraction of it kept free (fragmentation, the input pipeline's
-    buffers, what XLA's estimate misses).
+    its own `data.seed`), an int in [0, 2**63) as every seed. peak_tflops_per_device: the
+    device's peak TFLOP/s for the MFU figure; None = looked up from the device kind.
+    hbm_gib_per_device: the memory per device that `model.transformer.remat="auto"` fits the
+    step in; None = the device's own (its allocator's limit; on a CPU, the host's memory shared
+    by its devices; `launch compile`: the target's HBM, or `--hbm-gib`). hbm_margin: the
+    fraction of it kept free (fragmentation, the input pipeline's buffers, what XLA's estimate
+    misses).
 
     on_nonfinite: a step whose loss or gradient norm is not finite never updates the state
     (in-graph). "skip" carries on, and stops (exit 4) once more than
@@ -228,6 +230,7 @@ class TrainConfig:
     }
 
     def __post_init__(self) -> None:
+        check_seed(self.seed, "train.seed")
         hbm = self.hbm_gib_per_device
         if hbm is not None and not (isinstance(hbm, (int, float)) and 0 < hbm < float("inf")):
             raise ValueError(

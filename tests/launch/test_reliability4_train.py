@@ -1,0 +1,41 @@
+"""Reliability, training's knobs: every seed is range-checked with the config, model knobs that no
+shape depends on are still validated, and what `auto` knobs resolved to is recorded. Each test
+drives the CLI and checks the exit code and the one-paragraph message. docs/errors.md lists each case."""
+
+import pytest
+
+from helpers.cli import assert_one_paragraph, invoke
+
+
+def sets(*overrides: str) -> list[str]:
+    return [a for o in overrides for a in ("--set", o)]
+
+
+# --- seeds: an int in [0, 2**63), refused with the config (before any work) -----------------
+
+
+@pytest.mark.parametrize(
+    ("exp", "knob"),
+    [
+        ("shakespeare_tiny", "train.seed"),
+        ("shakespeare_tiny", "data.seed"),
+        ("shakespeare_tiny", "train.vn.vn_seed"),
+        ("cnn_digits", "data.seed"),
+    ],
+)
+@pytest.mark.parametrize("value", [2**63, -1])
+def test_a_seed_out_of_range_is_refused_by_show(exp, knob, value):
+    code, out = invoke("show", "--exp", exp, *sets(f"{knob}={value}"))
+    assert code == 2, out
+    assert_one_paragraph(out, knob, "expected a seed, an int in [0, 2**63)", str(value))
+
+
+def test_the_largest_seed_is_accepted():
+    code, out = invoke("show", "--exp", "shakespeare_tiny", *sets(f"train.seed={2**63 - 1}", f"data.seed={2**63 - 1}"))
+    assert code == 0, out
+
+
+def test_decode_refuses_a_seed_out_of_range(tmp_path):
+    code, out = invoke("decode", "--job-log-dir", tmp_path / "job", "--prompt", "ROMEO:", "--seed", 2**63)
+    assert code == 2, out
+    assert_one_paragraph(out, "--seed", "expected a seed, an int in [0, 2**63)")
