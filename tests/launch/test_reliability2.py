@@ -142,6 +142,24 @@ def test_non_finite_learning_rate_refused(value, tmp_path):
 # --- resuming checks what the saved state means --------------------------------------
 
 
+def test_resume_after_a_shape_keeping_model_change_names_the_changed_knobs(job_copy):
+    """The activation and the attention logit cap keep every parameter's shape, so the checkpoint
+    restores: the run says which model knobs changed. How the model is computed (remat) is free."""
+    code, out = run(
+        job_copy,
+        "train.num_steps=6",
+        "model.transformer.activation=silu",
+        "model.transformer.atten_logit_cap=20.0",
+        "model.transformer.remat=full",
+        *ONE_LAYER,
+    )
+    assert code == 0 and "Resumed from step 4" in out, out
+    note = next((ln for ln in out.splitlines() if ln.startswith("note: the model changed")), "")
+    assert "model.transformer.activation: 'gelu' -> 'silu'" in note, out
+    assert "model.transformer.atten_logit_cap: 50.0 -> 20.0" in note, out
+    assert "remat" not in note, out
+
+
 def test_resume_refuses_changed_data_knobs_and_lists_them(job_copy):
     before = snapshot(job_copy)
     code, out = run(job_copy, "train.num_steps=6", "data.batch_size=8", "data.seq_len=16", "data.seed=7", *ONE_LAYER)

@@ -5,6 +5,7 @@ drives the CLI and checks the exit code and the one-paragraph message. docs/erro
 import pytest
 
 from helpers.cli import assert_one_paragraph, invoke
+from helpers.toy import TOY
 
 
 def sets(*overrides: str) -> list[str]:
@@ -39,3 +40,34 @@ def test_decode_refuses_a_seed_out_of_range(tmp_path):
     code, out = invoke("decode", "--job-log-dir", tmp_path / "job", "--prompt", "ROMEO:", "--seed", 2**63)
     assert code == 2, out
     assert_one_paragraph(out, "--seed", "expected a seed, an int in [0, 2**63)")
+
+
+# --- model knobs are checked whatever else is set ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needles"),
+    [
+        (["model.lora.alpha=inf"], ["model.lora.alpha must be a finite number > 0", "inf"]),
+        (["model.lora.enabled=true", "model.lora.alpha=nan"], ["model.lora.alpha must be a finite number > 0"]),
+        # The toy's projections are 32 wide: an adapter of rank 64 has rank 32 at most.
+        (
+            ["model.lora.enabled=true", "model.lora.rank=64"],
+            ["model.lora.rank=64 exceeds the width", "has rank at most 32", "set model.lora.rank <= 32"],
+        ),
+        # A dense model (num_experts=0) still refuses MoE knobs out of their range.
+        (["model.transformer.capacity_factor=-5"], ["model.transformer.capacity_factor must be None", "-5"]),
+        (["model.transformer.moe_intermediate_size=0"], ["model.transformer.moe_intermediate_size"]),
+    ],
+)
+def test_out_of_range_model_knobs_are_refused_by_show(overrides, needles):
+    code, out = invoke("show", "--exp", "shakespeare_tiny", *sets(*TOY, *overrides))
+    assert code == 2, out
+    assert_one_paragraph(out, *needles)
+
+
+def test_a_lora_rank_up_to_the_narrowest_width_is_accepted():
+    code, out = invoke(
+        "show", "--exp", "shakespeare_tiny", *sets(*TOY, "model.lora.enabled=true", "model.lora.rank=32")
+    )
+    assert code == 0, out
