@@ -94,6 +94,16 @@ def test_small_experiment_compiles_for_a_v4_slice_with_xla_tpu(fresh):
     )
     assert m["fits"] and "XLA:TPU" in m["note"]
     assert report["collectives"]["all-gather"] > 0  # FSDP gathers the weights
+    # attention_impl='auto', resolved for the TPU: xla, as splash needs a sequence of 128 x k.
+    assert report["attention"] == {
+        "knob": "model.transformer.attention_impl",
+        "value": "auto",
+        "kernel": "xla",
+        "platform": "tpu",
+        "seq_len": 32,
+        "dtype": "float32",
+    }
+    assert "attention     auto -> xla (tpu, seq 32)" in proc.stdout
     assert "2 x v4-16" not in proc.stdout and "1 x v4-16 (v4:2x2x2, TPU v4)" in proc.stdout
     assert "all-gather" in proc.stdout and "TPU heap peak" in proc.stdout
     # libtpu's warnings about missing TPU VM metadata are silenced.

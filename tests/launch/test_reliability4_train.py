@@ -4,7 +4,7 @@ drives the CLI and checks the exit code and the one-paragraph message. docs/erro
 
 import pytest
 
-from helpers.cli import assert_one_paragraph, invoke
+from helpers.cli import assert_one_paragraph, invoke, run
 from helpers.toy import TOY
 
 
@@ -71,3 +71,14 @@ def test_a_lora_rank_up_to_the_narrowest_width_is_accepted():
         "show", "--exp", "shakespeare_tiny", *sets(*TOY, "model.lora.enabled=true", "model.lora.rank=32")
     )
     assert code == 0, out
+
+
+# --- what `auto` knobs resolved to is recorded ---------------------------------------------------
+
+
+def test_knobs_txt_records_what_attention_auto_runs_as(tmp_path):
+    code, out = run(tmp_path / "job", "train.num_steps=1", "train.eval_every=1", "train.checkpoint_every=1")
+    assert code == 0, out
+    line = next(ln for ln in (tmp_path / "job" / "knobs.txt").read_text().splitlines() if "attention_impl" in ln)
+    assert line.split("=", 1)[1].strip().startswith("'auto'  # experiment; auto -> 'xla' on this mesh (cpu, seq 32")
+    assert '"attention_impl": "auto"' in (tmp_path / "job" / "config.json").read_text()  # resolved again elsewhere
