@@ -10,7 +10,8 @@ import math
 import re
 from typing import Any, Literal
 
-from equipax.core.knobs import ConfigError, check_seed
+from equipax.core.knobs import ConfigError
+from equipax.core.seeds import check_seed
 
 __all__ = [
     "LearnerConfig",

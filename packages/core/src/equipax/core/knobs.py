@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 __all__ = [
-    "check_seed",
     "check_text",
     "apply_overrides",
     "coerce",
@@ -170,20 +169,6 @@ def check_text(value: str, what: str) -> None:
             f"Give the value as UTF-8 text (e.g. 'é' rather than a Latin-1 byte: check the terminal's or "
             f"the file's encoding)."
         ) from None
-
-
-# A seed is one value of a 64-bit signed integer that is >= 0: JAX's keys take no more
-# (`jax.random.key` of 2**63 overflows a C long, after the config was accepted), numpy's no less.
-SEED_LIMIT = 2**63
-
-
-def check_seed(value: Any, what: str) -> None:
-    """Raise ConfigError unless `value` is a seed: an int in [0, 2**63). `what` names the knob or option."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
-        raise ConfigError(
-            f"{what}: expected a seed, an int in [0, 2**63) ({SEED_LIMIT - 1} at most), found {value!r}. "
-            f"Give a non-negative int of at most 19 digits (every seed gives its own independent stream)."
-        )
 
 
 def coerce(value: Any, tp: Any, path: str) -> Any:

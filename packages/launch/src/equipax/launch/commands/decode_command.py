@@ -219,7 +219,8 @@ def _check_text(value: str, option: str) -> None:
 
 
 def _check_seed(seed: int) -> None:
-    from equipax.core.knobs import ConfigError, check_seed
+    from equipax.core.knobs import ConfigError
+    from equipax.core.seeds import check_seed
 
     try:
         check_seed(seed, "--seed")

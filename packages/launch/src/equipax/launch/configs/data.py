@@ -8,8 +8,8 @@ experiment's model can read it (`check_model`). Pure values: nothing here touche
 import dataclasses
 from typing import ClassVar, Literal
 
-from equipax.core.knobs import check_seed
 from equipax.core.paths import url_problem
+from equipax.core.seeds import check_seed
 from equipax.launch.configs.image_sources import (
     DIGITS_CHANNELS,
     DIGITS_CLASSES,

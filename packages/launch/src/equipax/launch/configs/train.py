@@ -15,7 +15,7 @@ import shlex
 from typing import ClassVar, Literal
 
 from equipax.core.configs import VariationalNoiseConfig
-from equipax.core.knobs import check_seed
+from equipax.core.seeds import check_seed
 
 __all__ = ["CompilerConfig", "DecodeConfig", "PGLEConfig", "ProfileConfig", "SampleConfig", "TrainConfig"]
 
