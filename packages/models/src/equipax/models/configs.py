@@ -204,33 +204,6 @@ class LMConfig:
                 "--set model.init_from=hf:/models/Llama-3.2-1B."
             )
 
-    def _check_lora_rank(self) -> None:
-        """An adapter `A @ B` on an `[in, out]` weight has rank at most min(in, out): a larger
-        `lora.rank` only adds parameters that change nothing."""
-        t = self.transformer
-        q, kv = t.num_heads * t.head_dim, t.kv_heads * t.head_dim
-        shapes = {
-            "q": (t.model_dims, q),
-            "k": (t.model_dims, kv),
-            "v": (t.model_dims, kv),
-            "o": (q, t.model_dims),
-            "gate": (t.model_dims, t.hidden_dims),
-            "up": (t.model_dims, t.hidden_dims),
-            "down": (t.hidden_dims, t.model_dims),
-        }
-        target = min(self.lora.targets, key=lambda name: min(shapes[name]))
-        width = min(shapes[target])
-        if self.lora.rank > width:
-            fix = f"set model.lora.rank <= {width}"
-            wider = [n for n in self.lora.targets if min(shapes[n]) >= self.lora.rank]
-            if wider:
-                fix += f", or adapt only {', '.join(map(repr, wider))} (model.lora.targets)"
-            raise ValueError(
-                f"model.lora.rank={self.lora.rank} exceeds the width of the {target!r} projection it adapts "
-                f"({shapes[target][0]} -> {shapes[target][1]} per layer): an adapter A @ B on it has rank at "
-                f"most {width}, so the rest only adds parameters that change nothing; {fix}."
-            )
-
     def _check_positions(self) -> None:
         if not 0 < self.rope_theta < math.inf:
             raise ValueError(f"model.rope_theta must be a finite number > 0, got {self.rope_theta!r}.")
@@ -256,6 +229,33 @@ class LMConfig:
         if std is not None and not 0 < std < math.inf:
             raise ValueError(
                 f"model.embedding_init_std must be a finite number > 0, or None for 1/sqrt(model_dims), got {std!r}."
+            )
+
+    def _check_lora_rank(self) -> None:
+        """An adapter `A @ B` on an `[in, out]` weight has rank at most min(in, out): a larger
+        `lora.rank` only adds parameters that change nothing."""
+        t = self.transformer
+        q, kv = t.num_heads * t.head_dim, t.kv_heads * t.head_dim
+        shapes = {
+            "q": (t.model_dims, q),
+            "k": (t.model_dims, kv),
+            "v": (t.model_dims, kv),
+            "o": (q, t.model_dims),
+            "gate": (t.model_dims, t.hidden_dims),
+            "up": (t.model_dims, t.hidden_dims),
+            "down": (t.hidden_dims, t.model_dims),
+        }
+        target = min(self.lora.targets, key=lambda name: min(shapes[name]))
+        width = min(shapes[target])
+        if self.lora.rank > width:
+            fix = f"set model.lora.rank <= {width}"
+            wider = [n for n in self.lora.targets if min(shapes[n]) >= self.lora.rank]
+            if wider:
+                fix += f", or adapt only {', '.join(map(repr, wider))} (model.lora.targets)"
+            raise ValueError(
+                f"model.lora.rank={self.lora.rank} exceeds the width of the {target!r} projection it adapts "
+                f"({shapes[target][0]} -> {shapes[target][1]} per layer): an adapter A @ B on it has rank at "
+                f"most {width}, so the rest only adds parameters that change nothing; {fix}."
             )
 
     @property
