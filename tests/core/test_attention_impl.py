@@ -5,6 +5,8 @@ tests/launch/test_launch.py). The splash kernel runs here in the Pallas interpre
 checked through the same `jax.nn` entry point with XLA (no GPU here); the TPU compile of splash is
 in tests/launch/test_compile_tpu.py."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -14,7 +16,7 @@ import pytest
 from equipax.core.knobs import ConfigError
 from equipax.core.nn import TransformerConfig
 from equipax.core.nn.attention import reference_attention, softmax_attention
-from equipax.core.nn.fused_attention import cudnn_attention, resolve_attention_impl, splash_attention
+from equipax.core.nn.fused_attention import attention_kernel, cudnn_attention, resolve_attention_impl, splash_attention
 
 B, S, H, D = 2, 128, 2, 16  # splash blocks are multiples of 128, in the interpreter too
 
@@ -118,3 +120,23 @@ def test_softmax_attention_xla_is_the_einsum_path(key):
     np.testing.assert_allclose(
         out, reference_attention(q, k, v, causal=True, logit_cap=3.0, segment_ids=seg), rtol=1e-5, atol=1e-5
     )
+
+
+@pytest.mark.parametrize(
+    ("knobs", "platform", "seq_len", "dtype", "context", "kernel"),
+    [
+        ({}, "tpu", 256, "float32", 1, "splash"),
+        ({}, "tpu", 200, "float32", 1, "xla"),  # splash needs 128 x k positions
+        ({"atten_logit_cap": None}, "gpu", 256, "bfloat16", 1, "cudnn"),
+        ({}, "gpu", 256, "bfloat16", 1, "xla"),  # cuDNN has no logit cap
+        ({}, "cpu", 256, "float32", 1, "xla"),
+        ({"pipeline_stages": 2}, "tpu", 256, "float32", 1, "xla"),  # splash cannot nest in a stage
+        ({}, "tpu", 256, "float32", 2, "xla (all_gather)"),
+        ({"attention_impl": "splash", "context_parallel_strategy": "ring"}, "tpu", 256, "float32", 2, "splash (ring)"),
+        ({"attention": "linear"}, "tpu", 256, "float32", 1, None),
+    ],
+)
+def test_attention_kernel_names_what_auto_resolves_to(knobs, platform, seq_len, dtype, context, kernel):
+    base = TransformerConfig(num_layers=2, model_dims=32, num_heads=2, head_dim=16, hidden_dims=64)
+    cfg = dataclasses.replace(base, **{"atten_logit_cap": 50.0, "attention_impl": "auto", **knobs})
+    assert attention_kernel(cfg, platform, seq_len=seq_len, dtype=dtype, context=context) == kernel

@@ -7,9 +7,11 @@ def test_small_replicated_arrays_save_without_slice_programs_large_ones_still_sp
     """On 8 devices, saving replicated arrays of a few kilobytes compiles nothing (orbax's default
     would slice every one among its 8 replicas, one compiled program per shape and replica); an
     array whose per-replica part reaches `MIN_REPLICA_SLICE_BYTES` is still split among its
-    replicas. Both read back exactly."""
+    replicas. Both read back exactly. The tuning logs nothing (orbax warns when a handler is
+    registered over its default one)."""
     out = run_with_devices(
         f"""
+        import logging
         import numpy as np, jax, jax.numpy as jnp
         from jax.sharding import NamedSharding, PartitionSpec as P
         from equipax.launch.jobdir import checkpoints
@@ -21,6 +23,12 @@ def test_small_replicated_arrays_save_without_slice_programs_large_ones_still_sp
         def state(shapes):
             return {{f"w{{i}}": jax.device_put(jnp.arange(np.prod(s), dtype=jnp.float32).reshape(s) / 7, replicated)
                     for i, s in enumerate(shapes)}}
+
+        absl = []  # what orbax logs (absl's logger), whatever its level
+        class Keep(logging.Handler):
+            def emit(self, record):
+                absl.append(record.getMessage())
+        logging.getLogger("absl").addHandler(Keep())
 
         compiles = []
         def on_event(name, secs, **kw):
@@ -46,8 +54,10 @@ def test_small_replicated_arrays_save_without_slice_programs_large_ones_still_sp
         per_replica = checkpoints.MIN_REPLICA_SLICE_BYTES // 4  # float32 elements in a part
         large = save("large", state([(8 * per_replica,)]))
         print("COMPILES", small, large)
+        print("OVERRIDES", [m for m in absl if "overriding" in m])
         """
     )
-    small, large = map(int, out.split("COMPILES")[1].split())
+    assert "OVERRIDES []" in out, out
+    small, large = map(int, out.split("COMPILES")[1].splitlines()[0].split())
     assert small == 0, out
     assert large > 0, out

@@ -106,6 +106,33 @@ def test_overflowing_learning_rate_names_a_checkpoint_training_continues_from(jo
     assert json.loads((job_copy / "result.json").read_text())["final_eval_loss"] < 10
 
 
+@pytest.mark.parametrize(("learning_rate", "rerun"), [("1e30", True), ("1e10", False)])
+def test_without_the_update_norm_check_a_blown_up_checkpoint_is_never_named_good(tmp_path, learning_rate, rerun):
+    """train.check_update_norm=false: the step whose update overflowed (1e30) or left the
+    parameters finite but too large for the model (1e10: the next loss is NaN) is where the run
+    became unstable; the checkpoint it wrote is set aside, not named good, and a rerun with a
+    sane learning rate trains from step 0 (once: both leave the same empty checkpoints/)."""
+    job = tmp_path / "job"
+    knobs = ["train.check_update_norm=false", *ONE_LAYER]
+    code, out = run(job, "train.num_steps=8", f"learner.schedule.peak_learning_rate={learning_rate}", *knobs)
+    assert code == 4, out
+    assert_one_paragraph(
+        out,
+        "The run became unstable at step 2",
+        "the learning rate is likely too high",
+        "No checkpoint from before that step remains",
+    )
+    assert "The last good checkpoint" not in out
+    assert list((job / "checkpoints").iterdir()) == []
+    assert sorted(p.name.split("-")[0] for p in (job / "unstable_checkpoints").iterdir()) == ["2", "4"]
+    if not rerun:
+        return
+    code, out = run(job, "train.num_steps=4", *knobs)
+    assert code == 0, out
+    records = train_records(job)
+    assert all(isinstance(records[s]["loss"], float) and records[s]["loss"] < 10 for s in range(1, 5)), records
+
+
 @pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
 def test_non_finite_learning_rate_refused(value, tmp_path):
     code, out = run(tmp_path / "job", f"learner.schedule.peak_learning_rate={value}")
@@ -115,6 +142,24 @@ def test_non_finite_learning_rate_refused(value, tmp_path):
 
 
 # --- resuming checks what the saved state means --------------------------------------
+
+
+def test_resume_after_a_shape_keeping_model_change_names_the_changed_knobs(job_copy):
+    """The activation and the attention logit cap keep every parameter's shape, so the checkpoint
+    restores: the run says which model knobs changed. How the model is computed (remat) is free."""
+    code, out = run(
+        job_copy,
+        "train.num_steps=6",
+        "model.transformer.activation=silu",
+        "model.transformer.atten_logit_cap=20.0",
+        "model.transformer.remat=full",
+        *ONE_LAYER,
+    )
+    assert code == 0 and "Resumed from step 4" in out, out
+    note = next((ln for ln in out.splitlines() if ln.startswith("note: the model changed")), "")
+    assert "model.transformer.activation: 'gelu' -> 'silu'" in note, out
+    assert "model.transformer.atten_logit_cap: 50.0 -> 20.0" in note, out
+    assert "remat" not in note, out
 
 
 def test_resume_refuses_changed_data_knobs_and_lists_them(job_copy):

@@ -81,17 +81,12 @@ def check_moe(cfg: TransformerConfig) -> None:
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
             raise ValueError(f"{_KNOB}.{name} must be a finite number >= 0 (0 = off), got {value!r}.")
-    if e == 0:
-        if cfg.router_bias_update_rate:
-            raise ValueError(
-                f"{_KNOB}.router_bias_update_rate={cfg.router_bias_update_rate!r} balances the experts of a "
-                "mixture of experts, but num_experts=0 (a dense feed-forward); set num_experts > 0 or the rate to 0."
-            )
-        return
-    if not _is_int(k, 1) or k > e:
+    # Each knob's own range is checked whether or not the block has experts: a value out of range
+    # is a mistake either way, and a dense block would otherwise carry it silently until it got some.
+    if not _is_int(k, 1):
         raise ValueError(
-            f"{_KNOB}.num_experts_per_tok={k!r} must be an int from 1 to num_experts={e} (each token "
-            f"goes to that many distinct experts); set num_experts_per_tok <= {e}, or more experts."
+            f"{_KNOB}.num_experts_per_tok={k!r} must be an int >= 1 (each token goes to that many "
+            "distinct experts, at most num_experts)."
         )
     size = cfg.moe_intermediate_size
     if size is not None and not _is_int(size, 1):
@@ -109,6 +104,18 @@ def check_moe(cfg: TransformerConfig) -> None:
         raise ValueError(
             f"{_KNOB}.shared_expert_intermediate_size must be an int >= 0 (0 = no shared expert), "
             f"got {cfg.shared_expert_intermediate_size!r}."
+        )
+    if e == 0:
+        if cfg.router_bias_update_rate:
+            raise ValueError(
+                f"{_KNOB}.router_bias_update_rate={cfg.router_bias_update_rate!r} balances the experts of a "
+                "mixture of experts, but num_experts=0 (a dense feed-forward); set num_experts > 0 or the rate to 0."
+            )
+        return
+    if k > e:
+        raise ValueError(
+            f"{_KNOB}.num_experts_per_tok={k!r} must be an int from 1 to num_experts={e} (each token "
+            f"goes to that many distinct experts); set num_experts_per_tok <= {e}, or more experts."
         )
     if not cfg.gated or cfg.use_bias:
         raise ValueError(

@@ -11,6 +11,7 @@ import re
 from typing import Any, Literal
 
 from equipax.core.knobs import ConfigError
+from equipax.core.seeds import check_seed
 
 __all__ = [
     "LearnerConfig",
@@ -210,7 +211,7 @@ class VariationalNoiseConfig:
         e.g. `blocks/attention|embed`); "" = every trained parameter.
     vn_start_step: the first step that gets noise.
     vn_seed: None = the noise comes from the run's step key (`train.seed`, new each step);
-        an int = from this seed folded with the step, so the noise does not change with `train.seed`.
+        an int in [0, 2**63) = from this seed folded with the step, so the noise does not change with `train.seed`.
     """
 
     vn_scale: float = 0.0
@@ -230,9 +231,8 @@ class VariationalNoiseConfig:
             raise _bad("train.vn.vn_regex", "a valid regular expression", self.vn_regex, f"({e}).") from None
         if isinstance(self.vn_start_step, bool) or not isinstance(self.vn_start_step, int) or self.vn_start_step < 0:
             raise _bad("train.vn.vn_start_step", "an int >= 0", self.vn_start_step)
-        seed = self.vn_seed
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise _bad("train.vn.vn_seed", "an int or None (the run's step key)", seed)
+        if self.vn_seed is not None:
+            check_seed(self.vn_seed, "train.vn.vn_seed")
 
     @property
     def enabled(self) -> bool:

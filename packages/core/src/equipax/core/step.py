@@ -154,8 +154,11 @@ def make_train_step(
             `update_norm` metric, inf where an element of the update would overflow its
             parameter, and for a step whose loss or gradients are not finite; such a step is then
             reported non-finite at its own step). It is summed in the same pass that applies the
-            update. False: no `update_norm`; parameters still never become non-finite, and the
-            loss and gradient checks stay.
+            update. False: no `update_norm`; the same pass still flags an update with an element
+            that overflows its parameter or whose float32 square overflows (an update past
+            ~1.8e19), and reports that step non-finite; parameters still never become non-finite,
+            and the loss and gradient checks stay. Only an overflow of the sum of squares alone
+            goes unreported without the norm.
         variational_noise: Gaussian weight noise for the loss and its gradient
             (`equipax.core.variational_noise`); the update goes to the noise-free parameters.
             None (or `vn_scale=0`): none.
@@ -254,8 +257,8 @@ def make_train_step(
             #   and model state keep their old values when it fails;
             # - an update that overflows although the gradients are finite (a huge learning rate)
             #   is applied only where the updated parameter is finite (elementwise), so no
-            #   parameter ever becomes non-finite; with `check_update_norm` the step is reported
-            #   non-finite (`ok` adds the update's norm) and `train.on_nonfinite` decides.
+            #   parameter ever becomes non-finite; the step is reported non-finite (`ok` adds the
+            #   update's norm, or without it each element's flag) and `train.on_nonfinite` decides.
             # Each parameter and moment is read and written once, as in an unguarded step. The
             # update's norm is summed from the same elements the apply computes (`_update_square_sum`),
             # so XLA:TPU fuses it into the apply; `optax.tree.norm(updates)` made it write every
@@ -267,6 +270,12 @@ def make_train_step(
                 norm = jnp.sqrt(sum(jax.tree.leaves(squares), jnp.zeros((), jnp.float32)))
                 metrics["update_norm"] = jnp.where(grads_ok, norm, jnp.inf)  # none is applied otherwise
                 ok = ok & jnp.isfinite(metrics["update_norm"])
+            else:
+                # No norm, but the same elements' flag, folded in the same pass: an update that
+                # overflows an element (or its float32 square: weights past ~1.8e19, which no
+                # forward pass survives) is still reported at its own step.
+                largest = jax.tree.map(_update_square_max, params, updates, is_leaf=lambda x: x is None)
+                ok = ok & jnp.isfinite(jnp.max(jnp.stack([jnp.zeros((), jnp.float32), *jax.tree.leaves(largest)])))
             model = task.update_model(eqx.combine(applied, state.model), model_state)
             old_model_state_tree = jax.tree.unflatten(old_model_state[1], old_model_state[0])
             new_state = TrainState(
@@ -300,14 +309,29 @@ def _apply_where_finite(param: Array | None, update: Array | None) -> Array | No
     return jnp.where(jnp.isfinite(new), new, param)
 
 
+def _update_squares(param: Array, update: Array) -> Array:
+    """The update's elementwise squares (float32), inf where `param + update` overflows (the
+    elements `_apply_where_finite` refuses)."""
+    finite = jnp.isfinite((param + update).astype(param.dtype))
+    return jnp.where(finite, jnp.square(update.astype(jnp.float32)), jnp.inf)
+
+
 def _update_square_sum(param: Array | None, update: Array | None) -> Array | None:
     """The update's squared norm (float32), or inf where `param + update` overflows: the elements
     `_apply_where_finite` refuses make the step's `update_norm` non-finite, so it is reported."""
     if param is None or update is None:
         return None
-    finite = jnp.isfinite((param + update).astype(param.dtype))
-    square = jnp.square(update.astype(jnp.float32))
-    return jnp.sum(jnp.where(finite, square, jnp.inf))
+    return jnp.sum(_update_squares(param, update))
+
+
+def _update_square_max(param: Array | None, update: Array | None) -> Array | None:
+    """The largest of `_update_squares` (inf where the update overflows its parameter or its
+    float32 square does): the check without the norm's sum. A max, because XLA:TPU fuses it into
+    the apply pass as it does the sum, while an `all` of the elements' flags cost two more reads
+    of every weight (tests/launch/test_compile_tpu.py counts them)."""
+    if param is None or update is None:
+        return None
+    return jnp.max(_update_squares(param, update), initial=0.0)
 
 
 def _select(pred: Array, on_true: _T, on_false: _T) -> _T:

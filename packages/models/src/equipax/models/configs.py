@@ -49,14 +49,20 @@ class LoRAConfig:
     targets: tuple[str, ...] = ("q", "k", "v", "o")
 
     def __post_init__(self) -> None:
-        if not self.enabled:
-            return
+        # Ranges are checked whether or not the adapters are on (a value out of range is a mistake
+        # either way); the rank against the model's widths is `LMConfig`'s.
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
             raise ValueError(
                 f"model.lora.rank must be a positive int; got {self.rank!r}. E.g. --set model.lora.rank=16."
             )
-        if not self.alpha > 0:
-            raise ValueError(f"model.lora.alpha must be > 0; got {self.alpha!r}.")
+        alpha = self.alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < math.inf:
+            raise ValueError(
+                f"model.lora.alpha must be a finite number > 0 (the adapters' scale is alpha / rank); got "
+                f"{alpha!r}. E.g. --set model.lora.alpha={2 * self.rank} (twice the rank, as PEFT's examples)."
+            )
+        if not self.enabled:
+            return
         unknown = [t for t in self.targets if t not in LORA_TARGETS]
         if unknown or not self.targets:
             raise ValueError(
@@ -190,6 +196,8 @@ class LMConfig:
                 f"model.lora.targets names 'gate', which this model does not have (its feed-forward is not gated: "
                 f"model.transformer.gated=False); its projections are {', '.join(present)}."
             )
+        if self.lora.enabled:
+            self._check_lora_rank()
         src = self.init_from
         if src is not None and (not isinstance(src, str) or not src.startswith("hf:") or not src[3:].strip()):
             raise ValueError(
@@ -224,6 +232,33 @@ class LMConfig:
         if std is not None and not 0 < std < math.inf:
             raise ValueError(
                 f"model.embedding_init_std must be a finite number > 0, or None for 1/sqrt(model_dims), got {std!r}."
+            )
+
+    def _check_lora_rank(self) -> None:
+        """An adapter `A @ B` on an `[in, out]` weight has rank at most min(in, out): a larger
+        `lora.rank` only adds parameters that change nothing."""
+        t = self.transformer
+        q, kv = t.num_heads * t.head_dim, t.kv_heads * t.head_dim
+        shapes = {
+            "q": (t.model_dims, q),
+            "k": (t.model_dims, kv),
+            "v": (t.model_dims, kv),
+            "o": (q, t.model_dims),
+            "gate": (t.model_dims, t.hidden_dims),
+            "up": (t.model_dims, t.hidden_dims),
+            "down": (t.hidden_dims, t.model_dims),
+        }
+        target = min(self.lora.targets, key=lambda name: min(shapes[name]))
+        width = min(shapes[target])
+        if self.lora.rank > width:
+            fix = f"set model.lora.rank <= {width}"
+            wider = [n for n in self.lora.targets if min(shapes[n]) >= self.lora.rank]
+            if wider:
+                fix += f", or adapt only {', '.join(map(repr, wider))} (model.lora.targets)"
+            raise ValueError(
+                f"model.lora.rank={self.lora.rank} exceeds the width of the {target!r} projection it adapts "
+                f"({shapes[target][0]} -> {shapes[target][1]} per layer): an adapter A @ B on it has rank at "
+                f"most {width}, so the rest only adds parameters that change nothing; {fix}."
             )
 
     @property

@@ -23,11 +23,13 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
-from equipax.core.configs import BATCH_AXES, TENSOR
+from equipax.core.configs import BATCH_AXES, TENSOR, TransformerConfig
 from equipax.core.knobs import ConfigError
 
 __all__ = [
+    "attention_kernel",
     "AttentionImpl",
+    "block_attention_impl",
     "cudnn_attention",
     "mesh_platform",
     "resolve_attention_impl",
@@ -117,6 +119,40 @@ def resolve_attention_impl(
             )
         return "splash"
     return "xla"
+
+
+def block_attention_impl(cfg: TransformerConfig) -> AttentionImpl:
+    """`cfg.attention_impl`, except that "auto" means "xla" inside a pipeline stage or a
+    `tensor_parallel="shard_map"` block (splash runs in its own shard_map, which cannot nest there)."""
+    nested = cfg.pipeline_stages > 1 or cfg.tensor_parallel != "gspmd"
+    return "xla" if cfg.attention_impl == "auto" and nested else cfg.attention_impl
+
+
+def attention_kernel(
+    cfg: TransformerConfig, platform: str, *, seq_len: int, dtype: Any, context: int = 1
+) -> str | None:
+    """The kernel a transformer's training step computes softmax attention with, for the record
+    (what `attention_impl="auto"` resolved to: knobs.txt, compile.json).
+
+    Arguments:
+        cfg: the transformer config.
+        platform: "cpu", "gpu" or "tpu" (`mesh_platform`).
+        seq_len: positions per training sequence.
+        dtype: the activations' dtype.
+        context: the mesh's `context` axis size.
+
+    Returns:
+        "xla", "cudnn" or "splash"; on a `context` axis, the kernel and the strategy that runs it
+        (`equipax.core.nn.self_attention.Attention`: splash per chunk there, else XLA's blocks),
+        e.g. "splash (ring)"; None for `attention="linear"` (no kernel to pick).
+    """
+    if cfg.attention != "softmax":
+        return None
+    impl = block_attention_impl(cfg)
+    if context > 1:
+        kernel = "splash" if impl == "splash" else "xla"
+        return f"{kernel} ({cfg.context_parallel_strategy})"
+    return resolve_attention_impl(impl, platform, seq_len=seq_len, dtype=dtype, logit_cap=cfg.atten_logit_cap)
 
 
 def cudnn_attention(

@@ -23,7 +23,7 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.configs import TransformerConfig
-from equipax.core.nn.fused_attention import AttentionImpl
+from equipax.core.nn.fused_attention import block_attention_impl
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.moe import MoEFeedForward, MoEStats
 from equipax.core.nn.moe_parallel import apply_moe
@@ -92,13 +92,6 @@ def make_feed_forward(cfg: TransformerConfig, *, key: PRNGKeyArray) -> FeedForwa
     )
 
 
-def _attention_impl(cfg: TransformerConfig) -> AttentionImpl:
-    """`cfg.attention_impl`, except that "auto" means "xla" inside a pipeline stage or a
-    `tensor_parallel="shard_map"` block (splash runs in its own shard_map, which cannot nest there)."""
-    nested = cfg.pipeline_stages > 1 or cfg.tensor_parallel != "gspmd"
-    return "xla" if cfg.attention_impl == "auto" and nested else cfg.attention_impl
-
-
 class TransformerBlock(eqx.Module):
     """Pre-norm block: `x + attn(norm(x))`, then `x + ffn(norm(x))`."""
 
@@ -126,7 +119,7 @@ class TransformerBlock(eqx.Module):
             logit_cap=cfg.atten_logit_cap,
             window=cfg.sliding_window,
             kernel=cfg.attention,
-            impl=_attention_impl(cfg),
+            impl=block_attention_impl(cfg),
             context_parallel=cfg.context_parallel_strategy,
             context_zigzag=cfg.context_parallel_load_balance,
             key=k_att,

@@ -29,7 +29,7 @@ from equipax.launch.aot.remat import choose_remat, format_remat_table, is_auto
 from equipax.launch.cluster.accelerators import Accelerator
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.tasks import family
-from equipax.launch.training.build import build_training
+from equipax.launch.training.build import attention_record, build_training
 
 __all__ = [
     "check_compile_devices",
@@ -157,6 +157,7 @@ def compile_report(
         },
         "topology": topology,
         "remat": remat.record() if remat is not None else None,
+        "attention": attention_record(cfg, mesh),
     }
     if "model_flops_per_step" in numbers:
         report["flops"], report["projection"] = _flops_and_projection(cfg, numbers, mesh.size, target, assumed_mfu)
@@ -232,6 +233,10 @@ def format_report(r: dict[str, Any]) -> str:
         lines.insert(-1, f"                the compiler refused the program: {m['compiler_refused']}")
     if r.get("without_context"):
         lines += comparison_lines(r, r["without_context"])
+    if (attention := r.get("attention")) and attention["value"] == "auto":
+        lines += [
+            f"  attention     auto -> {attention['kernel']} ({attention['platform']}, seq {attention['seq_len']})"
+        ]
     if r.get("remat"):
         remat = r["remat"]
         how = "cached choice" if remat["cached"] else "the cheapest that fits, by compiling"

@@ -113,6 +113,7 @@ def decode_cmd(
         fail(f"--top-p must be in (0, 1]; got {top_p}.")
     if top_k is not None and top_k < 1:
         fail(f"--top-k must be >= 1; got {top_k}.")
+    _check_seed(seed)
 
     from equipax.launch.cluster.devices import use_cpu_devices
 
@@ -214,6 +215,16 @@ def _check_text(value: str, option: str) -> None:
 
     try:
         check_text(value, option)
+    except ConfigError as e:
+        fail(str(e))
+
+
+def _check_seed(seed: int) -> None:
+    from equipax.core.knobs import ConfigError
+    from equipax.core.seeds import check_seed
+
+    try:
+        check_seed(seed, "--seed")
     except ConfigError as e:
         fail(str(e))
 

@@ -9,6 +9,7 @@ import dataclasses
 from typing import ClassVar, Literal
 
 from equipax.core.paths import url_problem
+from equipax.core.seeds import check_seed
 from equipax.launch.configs.image_sources import (
     DIGITS_CHANNELS,
     DIGITS_CLASSES,
@@ -46,7 +47,7 @@ class DataConfig:
     supervised fine-tuning (docs/finetuning.md).
     seq_len: tokens per example (the model's window). validation_plays: the Shakespeare plays
     held out for evaluation. tokenizer_max_sentences: at most this many sentences of the training
-    split train the SentencePiece vocabulary. seed: the data seed (order and windows).
+    split train the SentencePiece vocabulary. seed: the data seed (order and windows), an int in [0, 2**63).
     batch_size: the global batch (all hosts together); each of N hosts reads batch_size / N.
     per_device_batch: Pax's PERCORE_BATCH_SIZE; when set, the global batch is
     per_device_batch x the mesh's device count and batch_size is ignored.
@@ -142,6 +143,7 @@ class DataConfig:
             )
 
     def __post_init__(self) -> None:
+        check_seed(self.seed, "data.seed")
         if self.seq_len <= 0:
             raise ValueError(f"data.seq_len must be positive; got {self.seq_len}.")
         if self.batch_size <= 0:
@@ -182,7 +184,7 @@ class ImageDataConfig:
     image_size, channels, num_classes: synthetic only; the digits are 8x8x1 with 10 classes.
     test_fraction: digits only: the share of images held out for testing.
     shuffle: reshuffle the training images every epoch (the tutorial keeps their order).
-    seed: the data seed (synthetic images; the digits' split and shuffling).
+    seed: the data seed (synthetic images; the digits' split and shuffling), an int in [0, 2**63).
     """
 
     source: str = "synthetic"
@@ -248,8 +250,7 @@ class ImageDataConfig:
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"data.test_fraction must be in (0, 1); got {self.test_fraction}.")
         self.image_source.check(self)
-        if self.seed < 0:
-            raise ValueError(f"data.seed must be >= 0; got {self.seed}.")
+        check_seed(self.seed, "data.seed")
 
     @property
     def input_channels(self) -> int:

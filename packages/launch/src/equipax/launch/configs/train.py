@@ -15,6 +15,7 @@ import shlex
 from typing import ClassVar, Literal
 
 from equipax.core.configs import VariationalNoiseConfig
+from equipax.core.seeds import check_seed
 
 __all__ = ["CompilerConfig", "DecodeConfig", "PGLEConfig", "ProfileConfig", "SampleConfig", "TrainConfig"]
 
@@ -163,12 +164,13 @@ class TrainConfig:
     log_every, eval_every, checkpoint_every: steps between metric lines (stdout, metrics.jsonl,
     TensorBoard), between evaluations, and between checkpoints. keep_checkpoints: how many of the
     newest checkpoints are kept. seed: the root seed of the init and step keys (the data has
-    its own `data.seed`). peak_tflops_per_device: the device's peak TFLOP/s for the MFU figure;
-    None = looked up from the device kind. hbm_gib_per_device: the memory per device that
-    `model.transformer.remat="auto"` fits the step in; None = the device's own (its allocator's
-    limit; on a CPU, the host's memory shared by its devices; `launch compile`: the target's HBM,
-    or `--hbm-gib`). hbm_margin: the fraction of it kept free (fragmentation, the input pipeline's
-    buffers, what XLA's estimate misses).
+    its own `data.seed`), an int in [0, 2**63) as every seed. peak_tflops_per_device: the
+    device's peak TFLOP/s for the MFU figure; None = looked up from the device kind.
+    hbm_gib_per_device: the memory per device that `model.transformer.remat="auto"` fits the
+    step in; None = the device's own (its allocator's limit; on a CPU, the host's memory shared
+    by its devices; `launch compile`: the target's HBM, or `--hbm-gib`). hbm_margin: the
+    fraction of it kept free (fragmentation, the input pipeline's buffers, what XLA's estimate
+    misses).
 
     on_nonfinite: a step whose loss or gradient norm is not finite never updates the state
     (in-graph). "skip" carries on, and stops (exit 4) once more than
@@ -176,8 +178,9 @@ class TrainConfig:
     check_update_norm: also take the update's norm every step (`update_norm` in the metrics), so an
     update that overflows although the gradients are finite (a learning rate far too high) is
     reported at its own step and named in the stop message; summed in the pass that applies the
-    update, so it costs no pass over memory of its own (docs/errors.md). Off, an overflowing
-    update still never makes a parameter non-finite (applied elementwise where finite).
+    update, so it costs no pass over memory of its own (docs/errors.md). Off, the same pass
+    still flags an update with an element that overflows (or whose square does), and an
+    overflowing update still never makes a parameter non-finite (applied elementwise where finite).
     debug_nan_steps: FOR TESTS ONLY: these steps' batches get NaN weights (a poisoned batch).
 
     sample, decode, profile, pgle, compiler, vn: the sub-configs (this module's docstring).
@@ -227,6 +230,7 @@ class TrainConfig:
     }
 
     def __post_init__(self) -> None:
+        check_seed(self.seed, "train.seed")
         hbm = self.hbm_gib_per_device
         if hbm is not None and not (isinstance(hbm, (int, float)) and 0 < hbm < float("inf")):
             raise ValueError(

@@ -141,15 +141,14 @@ MIN_REPLICA_SLICE_BYTES = 1 << 20
 
 
 def split_only_large_replicated_arrays() -> None:
-    """Register orbax's jax.Array handler again with `MIN_REPLICA_SLICE_BYTES` (once per process,
-    only over orbax's own default handler: one a user registered is kept). What is written, and
-    how it is read back, is unchanged; only which replica writes which bytes."""
-    default = ocp.type_handlers.get_type_handler(jax.Array)
-    if type(default) is not ocp.type_handlers.ArrayHandler or getattr(default, "_equipax_tuned", False):
-        return
-    handler = ocp.type_handlers.ArrayHandler(
-        array_metadata_store=default._array_metadata_store,  # the default's (records each array's metadata)
-        min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES,
-    )
-    handler._equipax_tuned = True  # pyright: ignore[reportAttributeAccessIssue]
-    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+    """Set `MIN_REPLICA_SLICE_BYTES` on orbax's own jax.Array handler (only on orbax's default
+    handler: one a user registered is kept). What is written, and how it is read back, is
+    unchanged; only which replica writes which bytes.
+
+    The handler is tuned where it is, not replaced: registering a new one over the default makes
+    orbax log `Type handler registry type "<class 'jax.Array'>" overriding jax.Array` (absl, a
+    warning) in every process that checkpoints. An orbax whose handler keeps the setting under
+    another name is left untuned (the saves are the same, the first one slower)."""
+    handler = ocp.type_handlers.get_type_handler(jax.Array)
+    if type(handler) is ocp.type_handlers.ArrayHandler and hasattr(handler, "_min_slice_bytes_for_replica_parallel"):
+        handler._min_slice_bytes_for_replica_parallel = MIN_REPLICA_SLICE_BYTES  # pyright: ignore[reportAttributeAccessIssue]

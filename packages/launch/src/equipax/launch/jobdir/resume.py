@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 from typing import Any
 
-from equipax.core.knobs import ConfigError
+from equipax.core.knobs import ConfigError, flatten
 from equipax.launch.cluster.distributed import host_state
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.jobdir.storage import AnyPath
@@ -37,6 +37,25 @@ SAFE_DATA_KNOBS = frozenset(
         "per_device_batch",
     }
 )
+
+
+# Model knobs that choose how the same function is computed, or (init_from) where a run with no
+# checkpoint starts: like the mesh, free to change on resume without a note.
+_HOW_COMPUTED = (
+    "model.init_from",
+    "model.transformer.remat",
+    "model.transformer.attention_impl",
+    "model.transformer.scan_layers",
+    "model.transformer.tensor_parallel",
+    "model.transformer.pipeline_",
+    "model.transformer.context_parallel_",
+)
+
+
+def _model_knobs(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The model's knobs that define the function its parameters were trained as, JSON-ready."""
+    knobs = {f"model.{k}": v for k, v in flatten(cfg.model).items()}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items() if not k.startswith(_HOW_COMPUTED)}
 
 
 def _file_digest(path: AnyPath) -> str | None:
@@ -95,6 +114,7 @@ def resume_meta(
     return {
         "experiment": cfg.name,
         "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
+        "model": _model_knobs(cfg),
         "train_shards": _train_shards(cfg),
         "vocabulary": _vocabulary(cfg, job_dir),
         "layout": dict(layout or {"processes": hosts}),
@@ -145,11 +165,11 @@ def check_resume(
             f"a new directory to start {current['experiment']!r} fresh, or run --exp {saved['experiment']} "
             "to resume that job."
         )
+    notes = _model_changes(saved, current, step=step)
     old, new = saved.get("knobs", {}), current["knobs"]
     diffs = {k: (old.get(k), new.get(k)) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
     if "hosts (processes)" not in new:  # this run's data order is global: the host count is free
         diffs.pop("hosts (processes)", None)
-    notes = []
     same_shards = saved.get("train_shards") is not None and saved.get("train_shards") == current["train_shards"]
     if "data.path" in diffs and same_shards:
         notes.append(
@@ -182,6 +202,25 @@ def check_resume(
         "and optimizer state and start the data in a new order. Learner, train.*, eval and mesh knobs, and "
         'the number of hosts and devices, may change on resume (docs/errors.md, "Resuming with changed knobs").'
     )
+
+
+def _model_changes(saved: dict[str, Any], current: dict[str, Any], *, step: int) -> list[str]:
+    """A note naming the model knobs that changed since the checkpoint (those that keep its shapes:
+    the others are refused by `Checkpointer.check_compatible`); none for a checkpoint that did not
+    record them."""
+    old, new = saved.get("model"), current.get("model", {})
+    if old is None:
+        return []
+    changed = [
+        f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
+    ]
+    if not changed:
+        return []
+    return [
+        f"the model changed since the checkpoint of step {step} ({'; '.join(changed)}). Its parameters keep "
+        "their shapes, so they are restored, but they were trained as the model the checkpoint's knobs "
+        "describe: set those knobs back unless the change is meant."
+    ]
 
 
 def restore_data_state(

@@ -14,19 +14,19 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import PRNGKeyArray
 
-from equipax.core.configs import VariationalNoiseConfig
+from equipax.core.configs import CONTEXT, VariationalNoiseConfig
 from equipax.core.infeed import HostInfeed, host_infeed
 from equipax.core.knobs import ConfigError
-from equipax.core.nn.fused_attention import mesh_platform
+from equipax.core.nn.fused_attention import attention_kernel, mesh_platform
 from equipax.core.optim import Learner, group_schedules, make_learner
 from equipax.core.param_paths import param_paths
 from equipax.core.partition import batch_sharding, train_state_shardings
 from equipax.core.step import TrainState, TrainStep, init_train_state, make_eval_step, make_train_step
 from equipax.core.task import AbstractTask, trainable
-from equipax.launch.configs.experiment import ExperimentConfig
+from equipax.launch.configs.experiment import ExperimentConfig, as_lm
 from equipax.launch.tasks import family
 
-__all__ = ["build_training", "check_host_rows", "Keys", "Training"]
+__all__ = ["ATTENTION_KNOB", "attention_record", "build_training", "check_host_rows", "Keys", "Training"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +194,26 @@ def build_training(cfg: ExperimentConfig, mesh: Mesh, *, feeds_batches: bool = T
         eval_step=make_eval_step(task),
         infeed=infeed,
     )
+
+
+ATTENTION_KNOB = "model.transformer.attention_impl"
+
+
+def attention_record(cfg: ExperimentConfig, mesh: Mesh) -> dict[str, Any] | None:
+    """What the train step's attention runs as on `mesh` (`attention_kernel`: "auto" resolved for
+    the mesh's platform, the training sequence length and dtype), JSON-ready (compile.json's
+    `attention`, knobs.txt's note); None for a model without softmax attention."""
+    if cfg.kind != "lm":
+        return None
+    lm = as_lm(cfg)
+    transformer, platform = lm.model.transformer, mesh_platform(mesh)
+    seq_len, dtype = lm.data.seq_len, lm.model.dtype
+    context = int(dict(mesh.shape).get(CONTEXT, 1))
+    kernel = attention_kernel(transformer, platform, seq_len=seq_len, dtype=dtype, context=context)
+    if kernel is None:
+        return None
+    return {"knob": ATTENTION_KNOB, "value": transformer.attention_impl, "kernel": kernel, "platform": platform,
+            "seq_len": seq_len, "dtype": dtype}  # fmt: skip
 
 
 def check_host_rows(training: Any, inp: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 from rich.console import Console
 
-from equipax.core.knobs import ConfigError, flatten, format_knobs, from_json, to_json
+from equipax.core.knobs import EXPERIMENT, ConfigError, flatten, format_knobs, from_json, to_json
 from equipax.core.mesh import build_mesh, check_device_count
 from equipax.launch.aot.remat import is_auto
 from equipax.launch.cluster.distributed import is_primary
@@ -26,7 +26,7 @@ from equipax.launch.jobdir.resume import check_resume, layout_change, restore_da
 from equipax.launch.jobdir.storage import AnyPath, job_path, rmtree
 from equipax.launch.jobdir.summaries import MetricsWriter
 from equipax.launch.tasks import family
-from equipax.launch.training.build import build_training, check_host_rows
+from equipax.launch.training.build import ATTENTION_KNOB, attention_record, build_training, check_host_rows
 from equipax.launch.training.builtin_hooks import builtin_hooks
 from equipax.launch.training.finish import RunResult, finish
 from equipax.launch.training.hooks import Hook, RunContext, order_hooks
@@ -161,6 +161,19 @@ def _choose_remat(
     return choice.cfg, {**sources, KNOB: f"auto, chosen by compiling ({CACHE_FILE})"}
 
 
+def _with_attention_note(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, sources: dict[str, str]) -> dict[str, str]:
+    """`sources`, with what `attention_impl="auto"` runs as on this mesh noted beside the knob (its
+    value stays "auto" in config.json: another platform resolves it again)."""
+    record = attention_record(cfg, mesh)
+    if record is None or record["value"] != "auto":
+        return sources
+    where = f"on this mesh ({record['platform']}, seq {record['seq_len']}, {record['dtype']})"
+    return {
+        **sources,
+        ATTENTION_KNOB: f"{sources.get(ATTENTION_KNOB, EXPERIMENT)}; auto -> {record['kernel']!r} {where}",
+    }
+
+
 def _train(
     cfg: ExperimentConfig,
     job_dir: AnyPath,
@@ -243,7 +256,7 @@ def _train(
     writer.truncate_after(start)  # records written after the checkpoint resumed from
     if is_primary():
         write_text_atomic(job_dir / "config.json", to_json(cfg) + "\n")
-        write_text_atomic(job_dir / "knobs.txt", format_knobs(cfg, sources))
+        write_text_atomic(job_dir / "knobs.txt", format_knobs(cfg, _with_attention_note(cfg, mesh, sources)))
 
     progress = ProgressReporter(console, total=cfg.num_steps, start=start)
     nonfinite = NonFiniteMonitor(cfg.train.on_nonfinite, cfg.train.max_consecutive_nonfinite, loop_state)

@@ -1,10 +1,13 @@
 """Non-finite steps, host side: count the in-graph skips, stop when the policy says so.
 
 The train step (built with `skip_nonfinite=True`) never applies an update whose loss or
-gradient norm is not finite and reports `nonfinite` = 1.0 for it, so the state stays finite and
-every checkpoint restores to usable parameters. The step also skips an update whose own norm
-is not finite (a learning rate so large the update overflows; with the parameters' and the
-update's norms finite, every updated parameter is finite).
+gradient norm is not finite and reports `nonfinite` = 1.0 for it, so the state stays finite. It
+also reports a step whose update overflows (its norm, or without train.check_update_norm an
+element of it or of its square, is not finite; the update is applied only where the parameter
+stays finite) and a step whose parameters' norm is not finite. An update can still leave
+parameters finite but too large for the model (at a learning rate of 1e10 the next loss is NaN):
+when the run stops, the step that wrote them is found from the norms around it, and no
+checkpoint whose parameters a later step found to have no finite norm is named as good.
 The loop hands each step's metrics to a
 `NonFiniteMonitor` (device arrays, no sync) and calls `check` where it reads the device anyway:
 when logged metrics are read back and before every checkpoint. `check` raises `NonFiniteError`
@@ -120,17 +123,25 @@ class NonFiniteMonitor:
         start = int(self.streak_start or 0)
         seen = dict(self._history)
         # A blow-up just before the first skipped step (finite, but it wrecked the parameters
-        # that the next steps could no longer use) is where the trouble began.
-        while start - 1 in seen and _blew_up(start - 1, seen):
+        # that the next steps could no longer use) is where the trouble began; so is the step
+        # that wrote parameters whose norm the next step found not finite.
+        while start > 1 and (_params_overflowed(start, seen) or (start - 1 in seen and _blew_up(start - 1, seen))):
             start -= 1
         first = seen.get(start, {})
         lr = first.get("learning_rate", float("nan"))
-        update, params = first.get("update_norm", float("nan")), first.get("param_norm", float("nan"))
+        update, params = _update_norm(start, seen), first.get("param_norm", float("nan"))
         before = _median_grad_norm(start, seen)
         loss, grad_norm = first.get("loss", float("nan")), first.get("grad_norm", float("nan"))
-        if np.isfinite(loss) and np.isfinite(grad_norm) and (not np.isfinite(update) or update > params):
+        if np.isfinite(loss) and np.isfinite(grad_norm) and (update is None or not update <= params):
+            norm = (
+                f"update norm {update:.3g}"
+                if "update_norm" in first
+                else "an update whose square overflows float32"
+                if update is None or not np.isfinite(update)
+                else f"update norm at least {update:.3g}"
+            )
             cause = (
-                f"the updates outgrew the parameters (update norm {update:.3g} against parameter norm "
+                f"the updates outgrew the parameters ({norm} against parameter norm "
                 f"{params:.3g} at learning rate {lr:.3g}): the learning rate is likely too high"
             )
         elif np.isfinite(loss) and before is not None and not grad_norm <= GRAD_BLOWUP_FACTOR * before:
@@ -155,6 +166,11 @@ class NonFiniteMonitor:
             )
         start, cause = self._unstable_from()
         good, moved, moved_to = rollback(start)
+        seen = dict(self._history)
+        # Never name a checkpoint whose parameters a later step found to have no finite norm.
+        while good is not None and _params_overflowed(good + 1, seen):
+            good, more, moved_to = rollback(good)
+            moved = sorted({*moved, *more})
         unstable = f"The run became unstable at step {start}; likely cause: {cause}."
         if moved:
             unstable += (
@@ -182,10 +198,36 @@ def _quantity(v: dict[str, float]) -> str:
         return f"the loss is {loss}"
     if not np.isfinite(grad_norm):
         return f"the gradient norm is {grad_norm} (loss {loss:.4g})"
-    return (
-        f"the update is not finite (update norm {v.get('update_norm', float('nan'))}, learning rate "
-        f"{v.get('learning_rate', float('nan')):.3g}; loss {loss:.4g}, gradient norm {grad_norm:.4g})"
+    if not np.isfinite(v.get("param_norm", 0.0)):
+        return f"the parameter norm is {v['param_norm']} (loss {loss:.4g}, gradient norm {grad_norm:.4g})"
+    norm = (
+        f"update norm {v['update_norm']}"
+        if "update_norm" in v
+        else "an element of it or of its square overflows float32"
     )
+    return (
+        f"the update is not finite ({norm}, learning rate {v.get('learning_rate', float('nan')):.3g}; "
+        f"loss {loss:.4g}, gradient norm {grad_norm:.4g})"
+    )
+
+
+def _params_overflowed(step: int, seen: dict[int, dict[str, float]]) -> bool:
+    """Whether step `step` found the parameters it started from (those step `step - 1` wrote, the
+    checkpoint of step `step - 1`) to have no finite norm."""
+    return step in seen and not np.isfinite(seen[step].get("param_norm", 0.0))
+
+
+def _update_norm(step: int, seen: dict[int, dict[str, float]]) -> float | None:
+    """Step `step`'s update norm: the `update_norm` it logged, or without it
+    (train.check_update_norm=false) the least it can be, |next parameter norm - parameter norm|
+    (the triangle inequality); None when neither is known."""
+    v = seen.get(step, {})
+    if "update_norm" in v:
+        return v["update_norm"]
+    after = seen.get(step + 1, {}).get("param_norm")
+    if after is None or "param_norm" not in v:
+        return None
+    return abs(after - v["param_norm"]) if np.isfinite(after) else float("inf")
 
 
 def _median_grad_norm(step: int, seen: dict[int, dict[str, float]]) -> float | None:
@@ -197,7 +239,8 @@ def _median_grad_norm(step: int, seen: dict[int, dict[str, float]]) -> float | N
 def _blew_up(step: int, seen: dict[int, dict[str, float]]) -> bool:
     """An applied step whose update outgrew the parameters, or whose gradient norm jumped."""
     v = seen[step]
-    if v.get("update_norm", 0.0) > v.get("param_norm", np.inf):
+    update = _update_norm(step, seen)
+    if update is not None and update > v.get("param_norm", np.inf):
         return True
     before = _median_grad_norm(step, seen)
     return before is not None and v["grad_norm"] > GRAD_BLOWUP_FACTOR * before
