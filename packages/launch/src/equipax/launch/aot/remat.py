@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -247,8 +248,6 @@ def choose_remat(
     Raises:
         ConfigError: no candidate fits (exit 2, naming the knob and the fixes).
     """
-    import time
-
     from equipax.launch.training.build import build_training
 
     budget = int(budget_gib * (1 - margin) * GIB)
@@ -333,6 +332,6 @@ def format_remat_table(
         name = r["policy"] + (" (own)" if r["policy"] == own else "")
         mark = "  <- chosen" if r["policy"] == chosen else ""
         lines.append(f"  {name:<26} {size:>10}  {fits:<5} {flops:>10} {traffic:>11}  {step}{mark}")
-    note = "; '-': not compiled, it could not be chosen" if any(r["total_bytes"] is None for r in table) else ""
+    note = "; '-': not compiled, not needed to decide" if any(r["total_bytes"] is None for r in table) else ""
     lines.append(f"  (budget {budget_bytes / GIB:.3g} GiB per device, the margin taken off{note})")
     return "\n".join(lines)
