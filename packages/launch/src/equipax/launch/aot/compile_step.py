@@ -43,12 +43,17 @@ class CompiledStep:
     compile_cpu_s: float
 
 
-def compile_step(training: Training) -> CompiledStep:
-    """Lower and compile `training`'s train step on its abstract state (nothing is allocated)."""
-    t0 = time.monotonic()
-    lowered = training.lower()
-    t_lower = time.monotonic() - t0
-    cpu0 = time.process_time()
+def compile_step(training: Training, lowered: Any = None, lower_s: float = 0.0) -> CompiledStep:
+    """Lower and compile `training`'s train step on its abstract state (nothing is allocated).
+
+    `lowered` (with the seconds it took, `lower_s`): the step already lowered, to compile here (in
+    any thread: XLA's compile releases the GIL, tracing and lowering do not).
+    """
+    if lowered is None:
+        t0 = time.monotonic()
+        lowered = training.lower()
+        lower_s = time.monotonic() - t0
+    t0, cpu0 = time.monotonic(), time.process_time()
     try:
         compiled = lowered.compile()
         memory = memory_figures(compiled.memory_analysis())
@@ -59,5 +64,4 @@ def compile_step(training: Training) -> CompiledStep:
         if memory is None:
             raise
         compiled = None
-    t_compile = time.monotonic() - t0 - t_lower
-    return CompiledStep(training, lowered, compiled, memory, t_lower, t_compile, time.process_time() - cpu0)
+    return CompiledStep(training, lowered, compiled, memory, lower_s, time.monotonic() - t0, time.process_time() - cpu0)

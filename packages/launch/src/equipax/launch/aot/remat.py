@@ -1,19 +1,26 @@
-"""`model.transformer.remat="auto"`: the cheapest remat policy whose compiled train step fits.
+"""`model.transformer.remat="auto"`: the fastest remat policy whose compiled train step fits, by
+the compiled programs' cost, never one projected slower than the experiment's own policy.
 
-Each candidate policy, from the least recomputation to the most (`REMAT_POLICIES`: none,
-dots_saveable, save_attention_out, offload_attention_out where the backend has host memory
-spaces, full), is lowered and compiled for the experiment's real target (the devices of
-`launch run`, or the TPU topology / simulated devices of `launch compile`) until one fits the
-memory budget less a margin: that one is chosen, since the candidates only get slower from there
-(their recomputed FLOPs grow). The table (policy, bytes per device, fits, projected step time
-from the model FLOPs plus the recomputed ones) is printed and recorded, and the choice is cached
-in the job directory (`remat_auto.json`) per experiment and target, so a rerun compiles only the
-chosen step. docs/compile.md, "Choosing remat by compiling", shows it.
+The experiment's own policy is the one its registered experiment names (`own_policy`: "full",
+Pax's SAVE_NOTHING and MaxText's default, where that is "auto" itself or the experiment is not
+registered). It is compiled for the run's real target (the devices of `launch run`, or the TPU
+topology / simulated devices of `launch compile`) together with the candidates that recompute less
+(`equipax.launch.aot.remat_search`), several at once; each compiled program is priced by its roofline
+(`equipax.launch.aot.hlo_cost`: every kernel at the device's peak FLOP/s or HBM bandwidth, loops
+unrolled, splash attention's kernels counted). A candidate replaces the own policy only where it
+fits the memory budget less a margin and is projected at least `MIN_GAIN` faster. The table is
+printed and recorded (compile.json's `remat`, knobs.txt), and the choice is cached in the job
+directory (`remat_auto.json`) and in the machine's cache (`remat/`, `EQUIPAX_CACHE_DIR`) per step
+knobs (remat aside), mesh, device kind, budget and JAX / jaxlib / libtpu versions: a second job of
+the same experiment on the same kind of device compiles nothing to choose. docs/compile.md,
+"Choosing remat by compiling".
 """
 
 import dataclasses
 import hashlib
 import json
+import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,15 +29,35 @@ import jax
 from equipax.core.configs import REMAT_POLICIES
 from equipax.core.knobs import ConfigError, set_knob, to_dict
 from equipax.launch.aot.compile_step import compile_step
+from equipax.launch.aot.hlo_cost import Roofline, program_cost
+from equipax.launch.aot.remat_search import Outcome, search
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.jobdir.storage import AnyPath, write_atomic
 
-__all__ = ["CACHE_FILE", "candidate_policies", "choose_remat", "format_remat_table", "is_auto", "RematChoice"]
+__all__ = [
+    "CACHE_FILE",
+    "candidate_policies",
+    "choose_remat",
+    "format_remat_table",
+    "is_auto",
+    "MIN_GAIN",
+    "own_policy",
+    "RematChoice",
+]
 
 KNOB = "model.transformer.remat"
 CACHE_FILE = "remat_auto.json"
+# A policy other than the experiment's own is taken only where projected this much faster: the
+# projection's error on the chip (c4_1b at 6 layers on a TPU v5e, benchmarks/README.md:
+# dots_saveable projected 7.5% faster than full, measured 7.3%; save_attention_out projected 0.3%
+# and measured 1.4% slower).
+MIN_GAIN = 0.03
+# What the cached choices were made by (a change of the rule invalidates them).
+_RULE = "roofline-1"
 # Offloading to pinned host memory compiles where the backend has that memory space.
 _OFFLOAD_PLATFORMS = ("tpu", "gpu", "cuda", "rocm")
+# Data knobs that say where the tokens come from, not the step's shapes.
+_DATA_SOURCES = ("path", "seed", "train_files", "eval_files", "vocab_path", "validation_plays")
 GIB = 2**30
 
 
@@ -45,6 +72,19 @@ def candidate_policies(platform: str) -> tuple[str, ...]:
     return tuple(p for p in REMAT_POLICIES if p != "offload_attention_out" or platform in _OFFLOAD_PLATFORMS)
 
 
+def own_policy(cfg: ExperimentConfig) -> str:
+    """The policy `cfg`'s experiment has without "auto": the one its registered experiment names,
+    "full" where that is "auto" or `cfg` is not a registered experiment."""
+    from equipax.launch.experiments import registry
+
+    try:
+        named = registry.get_experiment(cfg.name)
+    except ConfigError:
+        return "full"
+    remat = getattr(getattr(getattr(named, "model", None), "transformer", None), "remat", None)
+    return remat if remat in REMAT_POLICIES else "full"
+
+
 @dataclasses.dataclass(frozen=True)
 class RematChoice:
     """What `choose_remat` found.
@@ -52,41 +92,78 @@ class RematChoice:
     Attributes:
         cfg: the experiment with the chosen policy in place of "auto".
         policy: the chosen policy.
-        table: one row per candidate (JSON-ready): policy, total_bytes (None = not compiled: a
-            cheaper one fits), fits, remat_flops_per_step, projected_step_s (None without a
-            peak), compiler_refused (XLA's out-of-memory refusal, if it refused).
+        own: the experiment's own policy (`own_policy`).
+        reason: why this one.
+        table: one row per candidate (JSON-ready): policy, total_bytes (None = not compiled: it
+            could not win), fits, flops, hbm_bytes, host_bytes, projected_step_s (the compiled
+            program's roofline), compile_s, compiler_refused (XLA's out-of-memory refusal, if it refused).
         budget_bytes: the per-device budget, margin taken off.
-        cached: read from the job's `remat_auto.json` (nothing compiled).
+        roofline: the device figures the projection used.
+        cached: where the choice was read from ("job", "machine"; None: searched now).
+        search_s: the search's seconds (0 when cached).
         compiled: the chosen candidate's compile (`equipax.launch.aot.compile_step.CompiledStep`) when it
             was compiled here, for the caller to reuse; None when cached.
     """
 
     cfg: ExperimentConfig
     policy: str
+    own: str
+    reason: str
     table: list[dict[str, Any]]
     budget_bytes: int
-    cached: bool
+    roofline: Roofline
+    cached: str | None
+    search_s: float = 0.0
     compiled: Any = None
 
     def record(self) -> dict[str, Any]:
         """The JSON-ready record (compile.json's `remat`)."""
-        return {"knob": KNOB, "policy": self.policy, "budget_bytes": self.budget_bytes, "cached": self.cached,
+        return {"knob": KNOB, "policy": self.policy, "own": self.own, "reason": self.reason,
+                "budget_bytes": self.budget_bytes, "roofline": dataclasses.asdict(self.roofline),
+                "min_gain": MIN_GAIN, "cached": self.cached, "search_s": self.search_s,
                 "candidates": self.table}  # fmt: skip
 
 
-def _cache_key(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, target: dict[str, Any]) -> str:
-    """What the choice depends on: the step's knobs (not the run's length or logging), the mesh, the
-    target and budget, and the JAX that compiled."""
+def _versions(platform: str) -> dict[str, str | None]:
+    from importlib import metadata
+
+    def version(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "jax": jax.__version__,
+        "jaxlib": version("jaxlib"),
+        "libtpu": version("libtpu") if platform == "tpu" else None,
+    }
+
+
+def _cache_key(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, own: str, target: dict[str, Any]) -> str:
+    """What the choice depends on: the step's knobs (remat aside; not the run's length, logging or
+    where its tokens come from), the own policy, the mesh, the device kind, the target and budget,
+    and the compiler's versions."""
     knobs = to_dict(cfg)
-    step_knobs = {k: knobs[k] for k in ("model", "data", "learner", "mesh")} | {"compiler": knobs["train"]["compiler"]}
+    model = json.loads(json.dumps(knobs["model"], default=str))
+    model.get("transformer", {}).pop("remat", None)
+    data = {k: v for k, v in knobs["data"].items() if k not in _DATA_SOURCES}
     device = mesh.devices.flat[0]
     text = json.dumps(
         {
-            "knobs": step_knobs,
+            "knobs": {
+                "model": model,
+                "data": data,
+                "learner": knobs["learner"],
+                "mesh": knobs["mesh"],
+                "compiler": knobs["train"]["compiler"],
+            },
+            "own": own,
             "mesh": dict(mesh.shape),
             "device": [device.platform, device.device_kind],
             "target": target,
-            "jax": jax.__version__,
+            "versions": _versions(device.platform),
+            "rule": [_RULE, MIN_GAIN],
         },
         sort_keys=True,
         default=str,
@@ -94,7 +171,7 @@ def _cache_key(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, target: dict[str,
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _read_cache(path: AnyPath | None) -> dict[str, Any]:
+def _read_job_cache(path: AnyPath | None) -> dict[str, Any]:
     if path is None or not path.is_file():
         return {}
     try:
@@ -104,12 +181,41 @@ def _read_cache(path: AnyPath | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _write_cache(path: AnyPath | None, key: str, entry: dict[str, Any]) -> None:
-    if path is None or jax.process_index() != 0:
+def _read_cache(job: AnyPath | None, key: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The cached entry of `key` and where it was (the job's file first: a job keeps its choice)."""
+    from equipax.launch.jobdir.machine_cache import content_cache
+
+    hit = _read_job_cache(job).get(key)
+    if isinstance(hit, dict) and hit.get("policy") in REMAT_POLICIES:
+        return hit, "job"
+    machine = content_cache("remat")
+    payload = machine.get(key) if machine is not None else None
+    try:
+        hit = json.loads(payload) if payload is not None else None
+    except ValueError:
+        hit = None
+    if isinstance(hit, dict) and hit.get("policy") in REMAT_POLICIES:
+        return hit, "machine"
+    return None, None
+
+
+def _write_cache(job: AnyPath | None, key: str, entry: dict[str, Any]) -> None:
+    from equipax.launch.jobdir.machine_cache import content_cache
+
+    machine = content_cache("remat")
+    if machine is not None:
+        machine.directory.mkdir(parents=True, exist_ok=True)
+        machine.put(key, json.dumps(entry, sort_keys=True).encode())
+    if job is None or jax.process_index() != 0:
         return
-    data = _read_cache(path) | {key: entry}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(data, indent=2) + "\n")
+    data = _read_job_cache(job) | {key: entry}
+    job.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(job, json.dumps(data, indent=2) + "\n")
+
+
+def _workers() -> int:
+    """Compiles at once: half the host's cores (XLA's compiles use more than one)."""
+    return max(1, (os.cpu_count() or 2) // 2)
 
 
 def choose_remat(
@@ -118,13 +224,12 @@ def choose_remat(
     *,
     budget_gib: float,
     margin: float,
-    peak_tflops: float | None,
-    assumed_mfu: float = 0.5,
+    roofline: Roofline,
     target: dict[str, Any] | None = None,
     cache: AnyPath | None = None,
     log: Callable[[str], object] = print,
 ) -> RematChoice:
-    """Compile `cfg`'s train step under each candidate policy (least recomputation first) until one fits.
+    """Choose `cfg`'s remat policy by compiling its train step under the candidates.
 
     Arguments:
         cfg: an experiment whose `model.transformer.remat` is "auto".
@@ -132,10 +237,9 @@ def choose_remat(
         budget_gib: memory per device.
         margin: the fraction of `budget_gib` kept free (a candidate fits at or under
             `budget_gib * (1 - margin)`).
-        peak_tflops: per-device peak for the projected step times (None: FLOPs only).
-        assumed_mfu: the MFU the projection assumes.
+        roofline: the device's figures the compiled programs are priced at.
         target: what the budget is for (part of the cache key and the record).
-        cache: the job's `remat_auto.json` (None: no cache).
+        cache: the job's `remat_auto.json` (None: only the machine's cache).
         log: progress messages.
 
     Returns:
@@ -144,77 +248,90 @@ def choose_remat(
     Raises:
         ConfigError: no candidate fits (exit 2, naming the knob and the fixes).
     """
-    from equipax.launch.tasks.lm_family import flops_per_token
     from equipax.launch.training.build import build_training
 
     budget = int(budget_gib * (1 - margin) * GIB)
-    key = _cache_key(cfg, mesh, (target or {}) | {"budget_bytes": budget})
-    hit = _read_cache(cache).get(key)
-    if isinstance(hit, dict) and hit.get("policy") in REMAT_POLICIES:
+    own = own_policy(cfg)
+    order = candidate_policies(mesh.devices.flat[0].platform)
+    own = own if own in order else "full"
+    key = _cache_key(cfg, mesh, own, (target or {}) | {"budget_bytes": budget})
+    hit, where = _read_cache(cache, key)
+    if hit is not None:
         policy = hit["policy"]
-        log(f"{KNOB}='auto' -> {policy!r} (cached in {cache}; delete it to choose again)")
-        return RematChoice(set_knob(cfg, KNOB, policy), policy, hit.get("candidates", []), budget, cached=True)
+        if where == "machine":
+            _write_cache(cache, key, hit)  # the job records the choice it runs with
+        place = cache if where == "job" else "the machine's cache, EQUIPAX_CACHE_DIR"
+        log(f"{KNOB}='auto' -> {policy!r} (cached in {place}; delete it to choose again)")
+        return RematChoice(set_knob(cfg, KNOB, policy), policy, hit.get("own", own), hit.get("reason", ""),
+                           hit.get("candidates", []), budget, roofline, cached=where)  # fmt: skip
 
-    platform = mesh.devices.flat[0].platform
-    tokens = cfg.global_batch_size * getattr(cfg.data, "seq_len", 0)
-    table: list[dict[str, Any]] = []
-    chosen: tuple[str, Any] | None = None
-    for policy in candidate_policies(platform):
-        candidate = set_knob(cfg, KNOB, policy)
-        flops = flops_per_token(candidate)
-        executed = (flops["training"] + flops["remat"]) * tokens
-        row: dict[str, Any] = {
-            "policy": policy,
-            "total_bytes": None,
-            "fits": None,
-            "remat_flops_per_step": flops["remat"] * tokens,
-            "projected_step_s": (
-                executed / (mesh.size * peak_tflops * 1e12 * assumed_mfu) if peak_tflops is not None else None
-            ),
-        }
-        table.append(row)
-        if chosen is not None:
-            continue  # a cheaper policy fits: listed, not compiled
-        log(f"{KNOB}='auto': compiling with remat={policy!r}...")
-        step = compile_step(build_training(candidate, mesh, feeds_batches=False))
-        row["total_bytes"] = step.memory["total_bytes"]
-        row["fits"] = step.memory["total_bytes"] <= budget and "compiler_refused" not in step.memory
-        if "compiler_refused" in step.memory:
-            row["compiler_refused"] = step.memory["compiler_refused"]
-        if row["fits"]:
-            chosen = (policy, step)
-    if chosen is None:
-        smallest = min(table, key=lambda r: r["total_bytes"])
+    t0 = time.monotonic()
+    trainings: dict[str, Any] = {}
+
+    def lower(policy: str) -> tuple[Any, float]:
+        trainings[policy] = build_training(set_knob(cfg, KNOB, policy), mesh, feeds_batches=False)
+        t = time.monotonic()
+        return trainings[policy].lower(), time.monotonic() - t
+
+    def compile_(policy: str, lowered: tuple[Any, float]) -> tuple[Outcome, Any]:
+        step = compile_step(trainings[policy], *lowered)
+        fits = step.memory["total_bytes"] <= budget and "compiler_refused" not in step.memory
+        cost = program_cost(step.compiled.as_text(), roofline) if step.compiled is not None else None
+        return Outcome(fits, cost.projected_s if cost is not None else None), (step, cost)
+
+    decision, outcomes, compiled = search(
+        order, own, lower=lower, compile_=compile_, workers=_workers(), min_gain=MIN_GAIN, log=log
+    )
+    table = [_row(p, outcomes.get(p), compiled.get(p)) for p in order]
+    if decision.policy is None:
+        smallest = min((r for r in table if r["total_bytes"] is not None), key=lambda r: r["total_bytes"])
         raise ConfigError(
             f"{KNOB}='auto': no remat policy fits {budget / GIB:.3g} GiB per device ({budget_gib:g} GiB less "
             f"the {margin:.0%} margin); the smallest, {smallest['policy']!r}, needs "
             f"{smallest['total_bytes'] / GIB:.3g} GiB.\n"
-            + format_remat_table(table, budget)
+            + format_remat_table(table, budget, own=own)
             + "\nUse more devices (a larger fsdp axis), a smaller data.per_device_batch or data.seq_len, or a "
             "larger budget (`launch compile --hbm-gib`, train.hbm_gib_per_device, train.hbm_margin)."
         )
-    policy, step = chosen
-    choice = RematChoice(set_knob(cfg, KNOB, policy), policy, table, budget, cached=False, compiled=step)
-    _write_cache(cache, key, {"experiment": cfg.name, "target": target, "policy": policy, "candidates": table})
-    return choice
+    policy = decision.policy
+    search_s = time.monotonic() - t0
+    entry = {"experiment": cfg.name, "target": target, "policy": policy, "own": own, "reason": decision.reason,
+             "candidates": table}  # fmt: skip
+    _write_cache(cache, key, entry)
+    step = compiled[policy][0]
+    return RematChoice(set_knob(cfg, KNOB, policy), policy, own, decision.reason, table, budget, roofline,
+                       cached=None, search_s=search_s, compiled=step)  # fmt: skip
 
 
-def _flops(n: float) -> str:
-    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.3g} FLOP"
+def _row(policy: str, outcome: Outcome | None, compiled: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"policy": policy, "total_bytes": None, "fits": None, "flops": None, "hbm_bytes": None,
+                           "host_bytes": None, "projected_step_s": None, "compile_s": None}  # fmt: skip
+    if outcome is None:
+        return row
+    step, cost = compiled
+    row |= {"total_bytes": step.memory["total_bytes"], "fits": outcome.fits, "compile_s": step.lower_s + step.compile_s}
+    if cost is not None:
+        row |= {"flops": cost.flops, "hbm_bytes": cost.hbm_bytes, "host_bytes": cost.host_bytes,
+                "projected_step_s": cost.projected_s}  # fmt: skip
+    if "compiler_refused" in step.memory:
+        row["compiler_refused"] = step.memory["compiler_refused"]
+    return row
 
 
-def format_remat_table(table: list[dict[str, Any]], budget_bytes: int, chosen: str | None = None) -> str:
-    """The candidates as a text table (the chosen one marked)."""
-    lines = [f"  {'remat':<22} {'GiB/device':>10}  {'fits':<5} {'recompute/step':>14}  projected step"]
+def format_remat_table(
+    table: list[dict[str, Any]], budget_bytes: int, chosen: str | None = None, own: str | None = None
+) -> str:
+    """The candidates as a text table (the chosen one and the experiment's own marked)."""
+    lines = [f"  {'remat':<26} {'GiB/device':>10}  {'fits':<5} {'TFLOP/step':>10} {'HBM GB/step':>11}  projected step"]
     for r in table:
         size = "-" if r["total_bytes"] is None else f"{r['total_bytes'] / GIB:.3g}"
         fits = "-" if r["fits"] is None else "yes" if r["fits"] else "no"
+        flops = "-" if r.get("flops") is None else f"{r['flops'] / 1e12:.3g}"
+        traffic = "-" if r.get("hbm_bytes") is None else f"{r['hbm_bytes'] / 1e9:.3g}"
         step = "-" if r.get("projected_step_s") is None else f"{r['projected_step_s']:.4g} s"
+        name = r["policy"] + (" (own)" if r["policy"] == own else "")
         mark = "  <- chosen" if r["policy"] == chosen else ""
-        lines.append(f"  {r['policy']:<22} {size:>10}  {fits:<5} {_flops(r['remat_flops_per_step']):>14}  {step}{mark}")
-    note = "; '-': not compiled, a cheaper one fits" if any(r["total_bytes"] is None for r in table) else ""
+        lines.append(f"  {name:<26} {size:>10}  {fits:<5} {flops:>10} {traffic:>11}  {step}{mark}")
+    note = "; '-': not compiled, not needed to decide" if any(r["total_bytes"] is None for r in table) else ""
     lines.append(f"  (budget {budget_bytes / GIB:.3g} GiB per device, the margin taken off{note})")
     return "\n".join(lines)

@@ -23,6 +23,7 @@ from equipax.core.knobs import ConfigError
 from equipax.core.mesh import build_mesh
 from equipax.launch.aot.compile_step import compile_step, per_device_bytes
 from equipax.launch.aot.context_report import comparison_lines
+from equipax.launch.aot.hlo_cost import Roofline
 from equipax.launch.aot.memory import MEMORY_NOTES
 from equipax.launch.aot.pipeline_report import pipeline_lines, pipeline_section
 from equipax.launch.aot.remat import choose_remat, format_remat_table, is_auto
@@ -106,8 +107,8 @@ def compile_report(
     if is_auto(cfg):
         target_info = {"name": target.name, "topology": topology, "budget_gib": budget}
         remat = choose_remat(
-            cfg, mesh, budget_gib=budget, margin=cfg.train.hbm_margin, peak_tflops=target.peak_tflops,
-            assumed_mfu=assumed_mfu, target=target_info, cache=cache, log=log,
+            cfg, mesh, budget_gib=budget, margin=cfg.train.hbm_margin, roofline=Roofline.of(target),
+            target=target_info, cache=cache, log=log,
         )  # fmt: skip
         cfg = remat.cfg
     if remat is not None and remat.compiled is not None:
@@ -239,10 +240,14 @@ def format_report(r: dict[str, Any]) -> str:
         ]
     if r.get("remat"):
         remat = r["remat"]
-        how = "cached choice" if remat["cached"] else "the cheapest that fits, by compiling"
-        lines += [f"  remat         auto -> {remat['policy']} ({how})"]
+        how = f"cached in the {remat['cached']}'s cache" if remat["cached"] else f"{remat['search_s']:.1f} s"
+        lines += [f"  remat         auto -> {remat['policy']}: {remat['reason']} ({how})"]
         if remat["candidates"]:
-            lines += [format_remat_table(remat["candidates"], remat["budget_bytes"], remat["policy"])]
+            lines += [format_remat_table(remat["candidates"], remat["budget_bytes"], remat["policy"], remat["own"])]
+            roof = remat["roofline"]
+            lines += [f"                (projected at {roof['peak_flops'] / 1e12:.0f} TFLOP/s and "
+                      f"{roof['hbm_bytes_per_s'] / 1e9:.0f} GB/s of HBM, {roof['name']}: each kernel of the "
+                      "compiled program at its roofline)"]  # fmt: skip
     if f is not None and pr is not None:
         lines += [
             f"  model FLOPs   {f['model_flops_per_token'] / 1e9:.2f} GFLOP/token (6N = "

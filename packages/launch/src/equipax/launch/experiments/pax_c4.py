@@ -5,6 +5,7 @@ one and two slices, with `_smoke` variants. The bases and what equipax does not 
 
 import dataclasses
 
+from equipax.core.knobs import set_knob
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.experiments.pax_knobs import smoke, smoke_description
 from equipax.launch.experiments.pax_lm import C4_SPMD_ADAM
@@ -54,9 +55,15 @@ C4_SPMD_1B_ADAM_4_REPLICAS = dataclasses.replace(
 @also_known_as("tasks.lm.params.c4.C4Spmd1BAdam4Replicas")
 @register
 def c4_1b() -> ExperimentConfig:
-    return C4_SPMD_1B_ADAM_4_REPLICAS.build(
+    cfg = C4_SPMD_1B_ADAM_4_REPLICAS.build(
         "c4_1b", "Pax C4Spmd1BAdam4Replicas: 1B GPT on C4, FSDP over 4 devices (TPU v4-8), bf16."
     )
+    # equipax's default over Pax's SAVE_NOTHING: remat="auto", which keeps full remat (this
+    # experiment's own policy) unless a policy that recomputes less fits and its compiled step is
+    # projected faster (docs/compile.md). At 6 layers on one TPU v5e it takes dots_saveable, 7.3%
+    # faster on the chip (benchmarks/README.md). The larger C4 experiments keep full: on their
+    # slices nothing cheaper fits. The smoke variant keeps Pax's policy (a CPU run would search).
+    return set_knob(cfg, "model.transformer.remat", "auto")
 
 
 @register

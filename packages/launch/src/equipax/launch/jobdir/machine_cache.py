@@ -13,6 +13,9 @@ is kept there. It holds:
   encoding every document again.
 - `compiler_flags.json`: compiler-flag sets a child process already checked
   (`equipax.launch.aot.flags`).
+- `remat/`: the policies `model.transformer.remat="auto"` chose, by a digest of the step's knobs,
+  the mesh, the device kind, the memory budget and the compiler's versions
+  (`equipax.launch.aot.remat`): another job of the same experiment compiles nothing to choose.
 
 Every entry is named by what it was computed from and checked against its own SHA-256 when read
 (`equipax.data.ContentCache`), so an entry is either exactly the result of those inputs or

@@ -140,25 +140,29 @@ def _choose_remat(
     cfg: ExperimentConfig, mesh: jax.sharding.Mesh, job_dir: AnyPath, sources: dict[str, str], log: Any
 ) -> tuple[ExperimentConfig, dict[str, str]]:
     """`model.transformer.remat="auto"` resolved on this job's devices (`equipax.launch.aot.remat`)."""
+    from equipax.launch.aot.hlo_cost import NOMINAL_HOST, Roofline
     from equipax.launch.aot.remat import CACHE_FILE, KNOB, choose_remat, format_remat_table
-    from equipax.launch.training.train_log import device_peak_tflops
+    from equipax.launch.cluster.accelerators import accelerator_of
 
     budget = cfg.train.hbm_gib_per_device or local_device_memory_gib()
     device = jax.devices()[0]
+    accelerator = accelerator_of(device.device_kind)
+    roofline = Roofline.of(accelerator, cfg.train.peak_tflops_per_device) if accelerator else NOMINAL_HOST
     choice = choose_remat(
         cfg,
         mesh,
         budget_gib=budget,
         margin=cfg.train.hbm_margin,
-        peak_tflops=device_peak_tflops(cfg),
+        roofline=roofline,
         target={"name": device.device_kind, "platform": device.platform, "budget_gib": budget},
         cache=job_dir / CACHE_FILE,
         log=log,
     )
-    log(f"{KNOB}='auto' -> {choice.policy!r}" + ("" if choice.cached else " (the cheapest that fits):"))
-    if not choice.cached:
-        log(format_remat_table(choice.table, choice.budget_bytes, choice.policy))
-    return choice.cfg, {**sources, KNOB: f"auto, chosen by compiling ({CACHE_FILE})"}
+    if choice.cached is None:
+        log(f"{KNOB}='auto' -> {choice.policy!r} ({choice.reason}; {choice.search_s:.1f} s):")
+        log(format_remat_table(choice.table, choice.budget_bytes, choice.policy, choice.own))
+    how = f"auto, chosen by compiling: {choice.reason}" if choice.reason else "auto, chosen by compiling"
+    return choice.cfg, {**sources, KNOB: f"{how} ({CACHE_FILE})"}
 
 
 def _with_attention_note(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, sources: dict[str, str]) -> dict[str, str]:

@@ -116,7 +116,7 @@ def to_equipax(maxtext: Mapping[str, Any], *, scale_rule: str = "doubling") -> T
     knobs: dict[str, Any] = {}
     used: set[str] = set()
     for rule in RULES:
-        if not v.has(*rule.maxtext) and not (rule.architecture and v.family):
+        if not v.has(*rule.maxtext) and not (rule.architecture and v.family) and not rule.always:
             continue
         used |= set(rule.maxtext)
         try:

@@ -76,6 +76,7 @@ MAXTEXT_DEFAULTS: dict[str, Any] = {
     "profiler_steps": 5,
     "num_slices": -1,
     "model_name": "default",
+    "remat_policy": "full",
 }
 MESH_AXES = ("data", "fsdp", "tensor")  # equipax's default (data, fsdp, tensor) mesh axes
 # equipax mesh axis -> MaxText's `{ici,dcn}_X_parallelism` name.
@@ -164,7 +165,9 @@ class Values:
 class Rule:
     """MaxText keys -> equipax knobs (`forward`) and back (`reverse`, from flat knobs). An
     `architecture` rule applies whenever a decoder block is translated (its keys' MaxText
-    defaults define the model too); the others only to the keys a config sets."""
+    defaults define the model too); an `always` rule to every config (its key's MaxText default
+    where the config has none, never the base experiment's value); the others only to the keys a
+    config sets."""
 
     maxtext: tuple[str, ...]
     equipax: tuple[str, ...]
@@ -172,6 +175,7 @@ class Rule:
     forward: Callable[[Values], dict[str, Any]]
     reverse: Callable[[Mapping[str, Any]], dict[str, Any]]
     architecture: bool = False
+    always: bool = False
 
 
 def direct(
@@ -181,8 +185,10 @@ def direct(
     to: Callable[[Any], Any] = lambda v: v,
     back: Callable[[Any], Any] = lambda v: v,
     architecture: bool = False,
+    always: bool = False,
 ) -> Rule:
-    return Rule((key,), (knob,), how, lambda v: {knob: to(v.get(key))}, lambda k: {key: back(k[knob])}, architecture)
+    forward, reverse = (lambda v: {knob: to(v.get(key))}), (lambda k: {key: back(k[knob])})
+    return Rule((key,), (knob,), how, forward, reverse, architecture, always)
 
 
 def scale_multipliers(scale: int, rule: str) -> tuple[int, int, int, int]:

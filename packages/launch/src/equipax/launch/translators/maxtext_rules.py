@@ -210,9 +210,12 @@ RULES: tuple[Rule, ...] = (
     direct(
         "remat_policy",
         TRANSFORMER + "remat",
-        "full; minimal -> dots_saveable (checkpoint dots without batch dims)",
+        "full; minimal -> dots_saveable (checkpoint dots without batch dims); always written (MaxText's "
+        "default full where the config has none), so a converted config keeps MaxText's policy, never the "
+        "base experiment's (`auto`, chosen by compiling, is not MaxText's)",
         one_of("remat_policy", REMATS),
         one_of("model.transformer.remat", inverted(REMATS)),
+        always=True,
     ),
     Rule(
         (

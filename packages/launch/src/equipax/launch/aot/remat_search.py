@@ -1,0 +1,151 @@
+"""Which remat candidates `remat="auto"` compiles, in what order, and when it stops (`search`);
+the rule that picks one from their compiled figures (`decide`). `equipax.launch.aot.remat` is the
+command-facing side (cache, table, errors).
+
+The experiment's own policy (`own`) is compiled with the candidates that recompute less than it
+(`faster`), up to `workers` at a time (tracing and lowering in this thread, XLA's compiles in a
+pool: they release the GIL). A faster candidate replaces `own` only where it fits and its compiled
+program is projected at least `min_gain` faster than own's; the first such one down the list is
+taken, and candidates after it are never lowered. Only where `own` does not fit are the policies
+that recompute more compiled (`slower`), and then the fastest projected one that fits is taken;
+`offload_attention_out` is compiled only where `save_attention_out` does not fit (the same
+recomputation plus the copies to host memory: it cannot be faster). The outcome depends only on the
+compiles' figures, never on which finished first, so every host of a job takes the same policy.
+"""
+
+import collections
+import concurrent.futures
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["Decision", "decide", "Outcome", "search"]
+
+SAVE = "save_attention_out"
+OFFLOAD = "offload_attention_out"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """A compiled candidate: whether it fits the budget, and its projected step (None: unknown)."""
+
+    fits: bool
+    projected_s: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """`policy` and why (`reason`); or, while undetermined, the candidate it `waits` for; or
+    `fallback`: own does not fit, the slower candidates are needed."""
+
+    policy: str | None = None
+    reason: str = ""
+    waits: str | None = None
+    fallback: bool = False
+
+
+def _gain(candidate: Outcome, own: Outcome) -> float | None:
+    if candidate.projected_s is None or own.projected_s is None or own.projected_s <= 0:
+        return None
+    return 1.0 - candidate.projected_s / own.projected_s
+
+
+def decide(own: str, faster: Sequence[str], outcomes: Mapping[str, Outcome], min_gain: float) -> Decision:
+    """The first phase's rule: own, unless a candidate that recomputes less (`faster`, in order)
+    fits and is projected at least `min_gain` faster."""
+    if own not in outcomes:
+        return Decision(waits=own)
+    mine = outcomes[own]
+    if not mine.fits:
+        return Decision(fallback=True)
+    for policy in faster:
+        if policy not in outcomes:
+            return Decision(waits=policy)
+        gain = _gain(outcomes[policy], mine)
+        if outcomes[policy].fits and gain is not None and gain >= min_gain:
+            return Decision(policy, f"projected {gain:.1%} faster than {own!r}, the experiment's own policy")
+    if not faster:
+        return Decision(own, "the experiment's own policy; none recomputes less")
+    return Decision(own, f"the experiment's own policy; none that recomputes less fits and is projected "
+                    f"at least {min_gain:.0%} faster")  # fmt: skip
+
+
+def fastest_that_fits(order: Sequence[str], outcomes: Mapping[str, Outcome], own: str) -> Decision:
+    """The fallback's rule: the fastest projected candidate that fits (unknown projections last,
+    ties in `order`)."""
+    fitting = [p for p in order if p in outcomes and outcomes[p].fits]
+    if not fitting:
+        return Decision()
+    def projected(policy: str) -> float:
+        seconds = outcomes[policy].projected_s
+        return math.inf if seconds is None else seconds
+
+    best = min(fitting, key=projected)
+    return Decision(
+        best, f"the fastest projected of those that fit; {own!r}, the experiment's own policy, does not fit"
+    )
+
+
+def search(
+    order: Sequence[str],
+    own: str,
+    *,
+    lower: Callable[[str], Any],
+    compile_: Callable[[str, Any], tuple[Outcome, Any]],
+    workers: int,
+    min_gain: float,
+    log: Callable[[str], object],
+) -> tuple[Decision, dict[str, Outcome], dict[str, Any]]:
+    """Compile candidates of `order` (least recomputation first) until the rules decide.
+
+    Arguments:
+        order: the candidates on this platform, from the least recomputation to the most.
+        own: the experiment's own policy (in `order`).
+        lower: `policy -> lowered step` (called in this thread).
+        compile_: `(policy, lowered) -> (Outcome, compiled step)` (called in the pool).
+        workers: compiles at once.
+        min_gain: how much faster than own a candidate must be projected.
+        log: progress messages.
+
+    Returns:
+        The decision (policy None: nothing fits), the outcomes and the compiled steps by policy.
+    """
+    i = order.index(own)
+    faster = [p for p in order[:i] if p != OFFLOAD]
+    outcomes: dict[str, Outcome] = {}
+    steps: dict[str, Any] = {}
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers))
+    running: dict[concurrent.futures.Future[tuple[Outcome, Any]], str] = {}
+
+    def run(queue: collections.deque[str], done: Callable[[], Decision | None]) -> Decision | None:
+        while (decision := done()) is None:
+            while queue and len(running) < max(1, workers):
+                policy = queue.popleft()
+                log(f"model.transformer.remat='auto': compiling with remat={policy!r}...")
+                running[pool.submit(compile_, policy, lower(policy))] = policy
+            if not running:
+                return None
+            finished, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                policy = running.pop(future)
+                outcomes[policy], steps[policy] = future.result()
+        return decision
+
+    def first() -> Decision | None:
+        d = decide(own, faster, outcomes, min_gain)
+        return d if d.policy is not None or d.fallback else None
+
+    try:
+        decision = run(collections.deque([own, *faster]), first)
+        if decision is None or decision.policy is None:  # own does not fit: every other candidate
+            rest = [p for p in order if p not in outcomes and p != OFFLOAD]
+            run(collections.deque(rest), lambda: None)
+            if OFFLOAD in order and not (SAVE in outcomes and outcomes[SAVE].fits):
+                run(collections.deque([OFFLOAD]), lambda: None)
+            decision = fastest_that_fits(order, outcomes, own)
+    finally:
+        # Candidates no longer needed: the queued are never lowered; a running compile finishes
+        # in its thread, its result unused.
+        pool.shutdown(wait=False, cancel_futures=True)
+    return decision, outcomes, steps
