@@ -222,11 +222,11 @@ class LMConfig:
     def _check_tiling(self) -> None:
         n, vocab = self.num_vocab_tiling, self.vocab_size
         if isinstance(n, bool) or not isinstance(n, int) or n < 1 or vocab % n:
-            near = [d for d in range(1, min(vocab, 512) + 1) if vocab % d == 0][-8:]
+            near = [d for d in range(2, min(vocab, 512) + 1) if vocab % d == 0][-8:]
             raise ValueError(
                 f"model.num_vocab_tiling must be a whole number >= 1 that divides model.vocab_size={vocab} (the "
                 f"loss takes vocab / num_vocab_tiling columns at a time), got {n!r}; e.g. one of {near}, or 1 "
-                "to compute the whole head at once."
+                "(the whole head at once)."
             )
 
     def _check_embedding(self) -> None:
