@@ -114,6 +114,12 @@ class LMConfig:
             normaliser near 1 in long bf16 runs. A named loss `z_loss` beside `cross_entropy` (and a
             mixture of experts' `router_aux`, `router_z`), each logged as `loss/<name>` and
             evaluated (docs/extending.md, "Several losses"). 0 = off.
+        num_vocab_tiling: compute the loss a chunk of the vocabulary at a time (MaxText's
+            `num_vocab_tiling`): > 1 never holds the `[batch seq vocab]` logits, only a chunk of
+            `vocab / num_vocab_tiling` at a time, for one more head matmul per step (the backward
+            pass recomputes each chunk). 1 = the whole head at once, which moves the fewest bytes
+            and no extra FLOPs (docs/lm_families.md, "The output head and its loss"). Must divide
+            `vocab_size`.
     """
 
     # Knobs the Llama experiments had before the LM families shared this config, and where they are
@@ -147,6 +153,7 @@ class LMConfig:
     init_from: str | None = None
     lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
     z_loss_coef: float = 0.0
+    num_vocab_tiling: int = 1
 
     @classmethod
     def saved_layout_error(cls, data: Any) -> str | None:
@@ -181,6 +188,7 @@ class LMConfig:
             raise ValueError(
                 f"model.z_loss_coef must be a finite number >= 0, got {z!r}; PaLM used 1e-4, 0 turns it off."
             )
+        self._check_tiling()
         cap = self.output_logit_cap
         if cap is not None and not cap > 0:
             raise ValueError(f"LMConfig.output_logit_cap must be > 0 or None, got {cap!r}.")
@@ -220,6 +228,16 @@ class LMConfig:
             raise ValueError(
                 f"model.rope_scaling rescales rotary frequencies, but model.position={self.position!r}; set "
                 "model.position='rope', or model.rope_scaling=None."
+            )
+
+    def _check_tiling(self) -> None:
+        n, vocab = self.num_vocab_tiling, self.vocab_size
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1 or vocab % n:
+            near = [d for d in range(2, min(vocab, 512) + 1) if vocab % d == 0][-8:]
+            raise ValueError(
+                f"model.num_vocab_tiling must be a whole number >= 1 that divides model.vocab_size={vocab} (the "
+                f"loss takes vocab / num_vocab_tiling columns at a time), got {n!r}; e.g. one of {near}, or 1 "
+                "(the whole head at once)."
             )
 
     def _check_embedding(self) -> None:

@@ -21,6 +21,7 @@ from equipax.core.losses import aggregate_losses
 from equipax.core.mesh import CONTEXT
 from equipax.core.nn import Embedding, LayerNorm, Linear, RMSNorm, TransformerStack
 from equipax.core.nn.context_parallel import zigzag_batch
+from equipax.core.nn.fused_attention import mesh_platform
 from equipax.core.nn.moe import MoEStats, update_router_bias
 from equipax.core.nn.moe_metrics import moe_loss_and_metrics
 from equipax.core.nn.pipeline import PipelinedStack, make_stack
@@ -30,6 +31,7 @@ from equipax.core.nn.transformer import StackCache, make_norm
 from equipax.core.partition import constrain_batch, constrain_batch_and_last
 from equipax.core.task import Batch, is_param
 from equipax.models.configs import LMConfig
+from equipax.models.cross_entropy import HeadStats, chunked_head_stats, head_stats, soft_cap
 
 __all__ = [
     "generate",
@@ -145,8 +147,29 @@ class TransformerLM(eqx.Module):
         """
         out = self.embedding.attend(h) if self.unembed is None else self.unembed(h)
         logits = constrain_batch_and_last(out.astype(jnp.float32), mesh)  # vocab split over `tensor`
-        cap = self.cfg.output_logit_cap
-        return logits if cap is None else cap * jnp.tanh(logits / cap)
+        return soft_cap(logits, self.cfg.output_logit_cap)
+
+    def head_stats(
+        self, h: Float[Array, "batch seq embed"], labels: Int[Array, "batch seq"], mesh: Mesh | None = None
+    ) -> HeadStats:
+        """The per-token softmax statistics of `logits(h)` against `labels` (`lm_losses` takes the
+        cross-entropy, z-loss and accuracy from them), in as few passes over the logits as XLA makes
+        (`equipax.models.cross_entropy`): the whole head at once, or with `num_vocab_tiling > 1`
+        a chunk of the vocabulary at a time.
+
+        Off the CPU the form XLA:TPU fuses (`head_stats(fused=True)`: no float32 logits written;
+        with a logit cap every reduction in the matmul's own pass); on the CPU the numbers the
+        golden tests recorded (the two differ in low bits).
+        """
+        cfg = self.cfg
+        if cfg.num_vocab_tiling > 1:
+            table, axis = (self.embedding.weight, 0) if self.unembed is None else (self.unembed.weight, 1)
+            return chunked_head_stats(
+                h, table, labels, cap=cfg.output_logit_cap, chunks=cfg.num_vocab_tiling, vocab_axis=axis, mesh=mesh
+            )
+        raw = self.embedding.attend(h) if self.unembed is None else self.unembed(h)
+        raw = constrain_batch_and_last(raw, mesh)  # vocab split over `tensor`
+        return head_stats(raw, labels, cfg.output_logit_cap, fused=mesh_platform(mesh) != "cpu")
 
     def _positions(self, ids: Array, positions: Array | None) -> Array:
         seq_len = ids.shape[1]
@@ -210,6 +233,23 @@ class TransformerLM(eqx.Module):
             `(float32 logits, MoEStats with a leading layer axis)`; the stats are None for a
             dense model.
         """
+        h, stats = self.hidden(
+            ids, key=key, mesh=mesh, segment_ids=segment_ids, positions=positions, sequence_index=sequence_index
+        )
+        return self.logits(h, mesh), stats
+
+    def hidden(
+        self,
+        ids: Int[ArrayLike, "batch seq"],
+        *,
+        key: PRNGKeyArray | None = None,
+        mesh: Mesh | None = None,
+        segment_ids: Int[ArrayLike, "batch seq"] | None = None,
+        positions: Int[ArrayLike, "batch seq"] | None = None,
+        sequence_index: Int[ArrayLike, "batch seq"] | None = None,
+    ) -> tuple[Float[Array, "batch seq embed"], MoEStats | None]:
+        """`forward` up to the output head: the final hidden states (after `final_norm`, in the
+        model's dtype) and the mixture-of-experts stats (arguments as for `__call__`)."""
         del key
         ids, segment_ids, positions = token_ids(ids, segment_ids, positions)
         x, rotary = self.embed(ids, self._positions(ids, positions))
@@ -217,7 +257,7 @@ class TransformerLM(eqx.Module):
         x, stats = self.stack.forward(
             constrain_batch(x, mesh), mesh=mesh, segment_ids=segment_ids, rotary=rotary, sequence_index=index
         )
-        return self.logits(self.final_norm(x), mesh), stats
+        return self.final_norm(x), stats
 
     def cached(
         self, ids: Int[Array, "batch seq"], positions: Int[Array, "batch seq"], cache: StackCache
@@ -312,8 +352,9 @@ def lm_losses(
     """The language model's named losses (`equipax.core.losses`), its metrics and its stats.
 
     Arguments:
-        model: the language model (a `TransformerLM`, or a `LoRALM` over one): its
-            `forward` gives the logits and the mixture-of-experts stats.
+        model: the language model (a `TransformerLM`, or a `LoRALM` over one): its `hidden`
+            gives the final hidden states and the mixture-of-experts stats, its `head_stats` the
+            softmax statistics of their logits (`equipax.models.cross_entropy`).
         batch: `ids` int32 `[batch seq]`, `labels` int32 `[batch seq]` (the token after
             each id) and `weights` float32 `[batch seq]` (0 excludes a position); packed
             batches also carry `segment_ids` and `positions` int32 `[batch seq]`.
@@ -337,7 +378,7 @@ def lm_losses(
     cp = 1 if mesh is None else mesh.shape.get(CONTEXT, 1)
     if cp > 1 and model.cfg.transformer.context_parallel_load_balance:
         batch, index = zigzag_batch(batch, cp)
-    logits, moe_stats = model.forward(
+    h, moe_stats = model.hidden(
         batch["ids"],
         key=key,
         mesh=mesh,
@@ -346,23 +387,18 @@ def lm_losses(
         sequence_index=index,
     )
     labels, weights = jnp.asarray(batch["labels"]), jnp.asarray(batch["weights"], jnp.float32)
-    # log_softmax written out, so the accuracy reads the maximum it already takes: a label is
-    # correct where its logit is the largest (a tie counts), with no argmax pass over the
-    # [batch seq vocab] logits (benchmarks/README.md, "On a real TPU").
-    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    shifted = logits - top
-    label_shifted = jnp.take_along_axis(shifted, labels[..., None], axis=-1)[..., 0]
-    log_normaliser = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1))  # logsumexp(logits) - top
-    nll = log_normaliser - label_shifted
-    loss_sum = jnp.sum(nll * weights)
+    # The statistics of the logits, not the logits: the accuracy reads the maximum the softmax
+    # takes anyway (a label is correct where its logit is the largest; a tie counts), with no argmax
+    # pass over the [batch seq vocab] logits (benchmarks/README.md, "On a real TPU").
+    stats = model.head_stats(h, labels, mesh)
+    loss_sum = jnp.sum((stats.log_sum - stats.label) * weights)
     weight_sum = jnp.sum(weights)
-    correct = (label_shifted >= 0).astype(jnp.float32)
-    correct_sum = jnp.sum(correct * weights)
+    correct_sum = jnp.sum(stats.correct * weights)
     denom = jnp.maximum(weight_sum, 1e-8)
     aux = {"loss_sum": loss_sum, "weight_sum": weight_sum, "correct_sum": correct_sum, "accuracy": correct_sum / denom}
     losses = {"cross_entropy": (loss_sum / denom, 1.0)}
     if model.cfg.z_loss_coef > 0:
-        normaliser = log_normaliser + top[..., 0]  # logsumexp(logits)
+        normaliser = stats.log_sum + stats.ref  # logsumexp(logits)
         losses["z_loss"] = (jnp.sum(jnp.square(normaliser) * weights) / denom, model.cfg.z_loss_coef)
     if moe_stats is not None:
         block = model.cfg.transformer

@@ -26,6 +26,7 @@ from jaxtyping import Array, Float, PRNGKeyArray
 from equipax.core.nn.moe import MoEStats
 from equipax.core.partition import leaf_axes
 from equipax.models.configs import LORA_TARGETS, LoRAConfig
+from equipax.models.cross_entropy import HeadStats
 from equipax.models.lm import TransformerLM
 
 __all__ = ["LoRAAdapter", "LoRALM", "lora_slots"]
@@ -194,6 +195,14 @@ class LoRALM(eqx.Module):
     def forward(self, ids: Any, **kwargs: Any) -> tuple[Float[Array, "batch seq vocab"], MoEStats | None]:
         """The merged model's logits and mixture-of-experts stats (`TransformerLM.forward`)."""
         return self.merged().forward(ids, **kwargs)
+
+    def hidden(self, ids: Any, **kwargs: Any) -> tuple[Float[Array, "batch seq embed"], MoEStats | None]:
+        """The merged model's final hidden states and mixture-of-experts stats (`TransformerLM.hidden`)."""
+        return self.merged().hidden(ids, **kwargs)
+
+    def head_stats(self, h: Any, labels: Any, mesh: Any = None) -> HeadStats:
+        """The base model's `head_stats` (no adapter touches the output head)."""
+        return self.base.head_stats(h, labels, mesh)
 
 
 def _path_of(tree: Any, where: str) -> tuple[Any, ...]:
