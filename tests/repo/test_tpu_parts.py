@@ -111,3 +111,36 @@ def test_run_script_takes_the_parts_by_name(part, tmp_path):
     refused = subprocess.run(["bash", str(script), f"{part}x"], capture_output=True, text=True)
     assert refused.returncode == 2 and "check usage speed profile peak attention decode moe ring" in refused.stderr
     assert f"{part.upper()}_ARGS" in script.read_text().split("set -Eeuo pipefail")[0]
+
+
+def test_runs_part_reads_a_runs_figures_and_keeps_out_of_foreign_folders(tmp_path):
+    """user_runs.py (run.sh's `runs`): the time to first step by phase from `launch run`'s output,
+    the last logged train step and MFU and the final eval from the job's metrics.jsonl; a --out
+    holding anything it did not write is refused before any run starts."""
+    spec = importlib.util.spec_from_file_location("tpu_parts_user_runs", BENCHMARKS / "tpu" / "user_runs.py")
+    assert spec is not None and spec.loader is not None
+    runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runs)
+    job = tmp_path / "job"
+    job.mkdir()
+    records = [
+        {"step": 5, "split": "train", "loss": 9.0, "tokens_per_s": 10.0, "tflops_per_s_per_device": 1.0, "mfu": 0.1},
+        {"step": 10, "split": "train", "loss": 8.0, "tokens_per_s": 20.0, "tflops_per_s_per_device": 2.0, "mfu": 0.2},
+        {"step": 10, "split": "eval", "loss": 8.5},
+    ]
+    (job / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    text = "x\nTime to first step 47.3 s: start-up 1.3, config 1.0, remat auto 3.5, first step 12.2 (s).\n"
+    got = runs.figures(text, job)
+    assert got["time_to_first_step_s"] == 47.3
+    assert got["phases_s"] == {"start-up": 1.3, "config": 1.0, "remat auto": 3.5, "first step": 12.2}
+    assert got["last_train"]["step"] == 10 and got["mfu"] == 0.2 and got["final_eval_loss"] == 8.5
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("mine")
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "tpu" / "user_runs.py"), "--out", str(foreign), "--runs", "toy"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode != 0 and "did not write" in proc.stderr
+    assert [p.name for p in foreign.iterdir()] == ["keep.txt"]
