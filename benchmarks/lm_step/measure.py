@@ -16,7 +16,7 @@ import numpy as np
 
 from benchmarks.lm_step.presets import Preset, preset_training
 from equipax.core.flops import count_params, transformer_lm_flops_per_token
-from equipax.core.step import Batch
+from equipax.core.task import Batch
 
 
 def summary(times_s: Sequence[float]) -> dict[str, float]:
@@ -99,7 +99,7 @@ def benchmark_preset(preset: Preset, *, steps: int, warmup: int) -> dict[str, An
         warmup: untimed steps after the first.
 
     Returns:
-        Config, parameter count, FLOPs per token and the step-time figures (no MFU; see `main`).
+        Config, parameter count, FLOPs per token and the step-time figures (no MFU: `train_step.main` adds it).
     """
     training = preset_training(preset)
     train_step, step_key = training.train_step, training.keys.step

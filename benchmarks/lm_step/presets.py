@@ -254,6 +254,20 @@ def preset_config(preset: Preset) -> ExperimentConfig:
     )
 
 
+def resolve_attention(preset: Preset, platform: str | None = None) -> Preset:
+    """`attention_impl="auto"` replaced by the kernel the model's train step computes with on
+    `platform` (default: JAX's), as `launch run` resolves and records it
+    (`equipax.core.nn.fused_attention.attention_kernel`, without a context axis: the plain side
+    has none), so the plain side runs the same one; other presets unchanged."""
+    t = preset.model.transformer
+    if t.attention_impl != "auto":
+        return preset
+    kernel = attention_kernel(t, platform or jax.default_backend(), seq_len=preset.seq_len, dtype=preset.model.dtype)
+    if kernel is None:  # no softmax attention: no kernel to pick
+        return preset
+    return with_overrides(preset, scan=None, remat=None, attention=kernel)
+
+
 def resolve_auto_remat(preset: Preset) -> Preset:
     """`remat="auto"` chosen as `launch run` chooses it (compiling the candidates against this
     device's memory, `equipax.launch.aot.remat.choose_remat`); other presets unchanged."""
@@ -283,17 +297,3 @@ def preset_training(preset: Preset) -> Training:
     """The preset's experiment built by `build_training` (the step `launch run` runs)."""
     cfg = preset_config(preset)
     return build_training(cfg, build_mesh(cfg.mesh))
-
-
-def resolve_attention(preset: Preset, platform: str | None = None) -> Preset:
-    """`attention_impl="auto"` replaced by the kernel the model's train step computes with on
-    `platform` (default: JAX's), as `launch run` resolves and records it
-    (`equipax.core.nn.fused_attention.attention_kernel`, without a context axis: the plain side
-    has none), so the plain side runs the same one; other presets unchanged."""
-    t = preset.model.transformer
-    if t.attention_impl != "auto":
-        return preset
-    kernel = attention_kernel(t, platform or jax.default_backend(), seq_len=preset.seq_len, dtype=preset.model.dtype)
-    if kernel is None:  # no softmax attention: no kernel to pick
-        return preset
-    return with_overrides(preset, scan=None, remat=None, attention=kernel)

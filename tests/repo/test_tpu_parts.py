@@ -3,7 +3,7 @@ Python entry points in this process (decode_reference.py, moe_dispatch.py --real
 ring_one_chip.py): each runs and writes its JSON (the timings themselves are the chip's,
 benchmarks/README.md "On a real TPU"); and run.sh takes the three parts by name."""
 
-import importlib
+import importlib.util
 import json
 import subprocess
 import sys
