@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax
+if __package__ in (None, ""):  # run as a file, `python benchmarks/checkpoint_checksums.py`: the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import jax
 
 
 def _median_s(fn: Any, repeats: int) -> float:
@@ -41,9 +41,8 @@ def _median_s(fn: Any, repeats: int) -> float:
 
 def measure(preset_name: str, *, repeats: int) -> dict[str, Any]:
     """Median seconds of each operation on `preset_name`'s initial train state."""
-    from train_step import PRESETS, preset_training
-
     import equipax.launch.jobdir.checkpoints as ckpt_module
+    from benchmarks.lm_step.presets import PRESETS, preset_training
     from equipax.launch.jobdir.checkpoints import Checkpointer
     from equipax.launch.jobdir.checksums import array_checksums, flat_arrays
 

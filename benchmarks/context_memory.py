@@ -45,6 +45,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a file, `python benchmarks/context_memory.py`: the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -116,9 +119,7 @@ def measure(args: argparse.Namespace, seq: int, cp: int, strategy: str) -> dict[
 def step_timer_for(args: argparse.Namespace, seq: int, cp: int, strategy: str) -> Any:
     """`run(n)` timing n train steps of `shakespeare_llama_tiny` at `model_config`'s size (one
     sequence of `seq` tokens on the mesh (1, 1, cp, 1))."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from step_timing import step_timer
-
+    from benchmarks.step_timing import step_timer
     from equipax.core.knobs import set_knobs
     from equipax.launch.experiments.registry import get_experiment
 
@@ -147,7 +148,7 @@ def step_timer_for(args: argparse.Namespace, seq: int, cp: int, strategy: str) -
 def time_steps(args: argparse.Namespace, configs: list[tuple[int, int, str]]) -> list[dict[str, Any]]:
     """Median (and quartiles) of `--time-steps` x `--rounds` train steps per configuration, all
     compiled and warmed up first, then timed in interleaved rounds."""
-    from step_timing import quartiles
+    from benchmarks.step_timing import quartiles
 
     runs = []
     for seq, cp, strategy in configs:

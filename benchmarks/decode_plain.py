@@ -7,7 +7,8 @@ presets) decodes here as its training forward computes (`baseline_lm.forward`): 
 parameters cast to the compute dtype at use, the embedding (and sinusoidal positions) added in
 float32 and cast, norms and softmax in float32, the keys and values cached in the compute dtype,
 float32 logits; rotary positions with Llama 3.1's frequency rescaling where the config has it.
-No Equinox, no equipax: parameters in `baseline_lm`'s dict layout (`train_step.baseline_params`).
+No Equinox, no equipax: parameters in `baseline_lm`'s dict layout
+(`benchmarks.lm_step.baseline.baseline_params`).
 
 One jit: prefill the right-padded prompts in one pass (each row's keys and values at its own
 positions), then one token per row per step in a `lax.fori_loop`, a fixed number of steps (no
@@ -17,31 +18,18 @@ any query reads them. Scanned layers run under `lax.scan` with the cache stacked
 axis, as equipax's scanned stack decodes.
 """
 
-import importlib.util
 import math
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from benchmarks import baseline_lm
+
 __all__ = ["make_greedy_decode", "make_prefill"]
 
 Params = dict[str, Any]
-
-
-def _baseline() -> Any:
-    """`benchmarks/baseline_lm.py` (the benchmarks folder is not a package), loaded once per process."""
-    name = "benchmarks_baseline_lm"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "baseline_lm.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up by name
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def _rope_at(x: jax.Array, positions: jax.Array, cfg: Any) -> jax.Array:
@@ -50,7 +38,7 @@ def _rope_at(x: jax.Array, positions: jax.Array, cfg: Any) -> jax.Array:
     half = x.shape[-1] // 2
     inv = cfg.rope_theta ** -(jnp.arange(half, dtype=jnp.float32) * 2 / x.shape[-1])
     if cfg.rope_scaling is not None:
-        inv = _baseline()._llama3_scaled(inv, cfg.rope_scaling)
+        inv = baseline_lm._llama3_scaled(inv, cfg.rope_scaling)
     angles = positions.astype(jnp.float32)[..., None] * inv[None, None, :]
     sin, cos = jnp.sin(angles)[:, :, None], jnp.cos(angles)[:, :, None]
     xf = x.astype(jnp.float32)
@@ -63,16 +51,16 @@ def _layer(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One pre-norm block over the cache of its layer (`[batch slots kv_heads hd]` each): the new
     tokens' keys and values written to their slots first, then attention over the visible slots."""
-    base, dt = _baseline(), x.dtype
+    dt = x.dtype
     w = {k: v.astype(dt) for k, v in layer.items() if not k.startswith("ln")}
     llama = cfg.family == "llama"
     if llama:
-        h = base._rmsnorm(x, layer["ln1"], cfg.layernorm_eps)
+        h = baseline_lm._rmsnorm(x, layer["ln1"], cfg.layernorm_eps)
         q = _rope_at(jnp.einsum("bsd,dhk->bshk", h, w["q"]), positions, cfg)
         kv = jnp.einsum("bsd,dtnk->bstnk", h, w["kv"])
         k, v = _rope_at(kv[:, :, 0], positions, cfg), kv[:, :, 1]
     else:
-        h = base._layernorm(x, layer["ln1"], cfg.layernorm_eps)
+        h = baseline_lm._layernorm(x, layer["ln1"], cfg.layernorm_eps)
         qkv = jnp.einsum("bsd,dthk->bsthk", h, w["qkv"])
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     rows = jnp.arange(x.shape[0])[:, None]
@@ -83,15 +71,15 @@ def _layer(
     # Query heads in groups over their shared key/value head: the cache is read once per group.
     qg = q.reshape(b, s, kv_heads, cfg.num_heads // kv_heads, cfg.head_dim)
     logits = jnp.einsum("bqngk,bsnk->bngqs", qg, keys, preferred_element_type=jnp.float32)
-    logits = base._cap(logits / math.sqrt(cfg.head_dim), cfg.atten_logit_cap)
+    logits = baseline_lm._cap(logits / math.sqrt(cfg.head_dim), cfg.atten_logit_cap)
     visible = jnp.arange(keys.shape[1])[None, None, None, None, :] <= positions[:, None, None, :, None]
     probs = jax.nn.softmax(jnp.where(visible, logits, -1e30), axis=-1).astype(dt)
     attn = jnp.einsum("bngqs,bsnk->bqngk", probs, values).reshape(b, s, cfg.num_heads, cfg.head_dim)
     x = x + jnp.einsum("bqhk,hkd->bqd", attn, w["out"])
     if llama:
-        h = base._rmsnorm(x, layer["ln2"], cfg.layernorm_eps)
+        h = baseline_lm._rmsnorm(x, layer["ln2"], cfg.layernorm_eps)
         return x + (jax.nn.silu(h @ w["gate"]) * (h @ w["up"])) @ w["down"], keys, values
-    h = base._layernorm(x, layer["ln2"], cfg.layernorm_eps)
+    h = baseline_lm._layernorm(x, layer["ln2"], cfg.layernorm_eps)
     return x + jax.nn.gelu(h @ w["up"]) @ w["down"], keys, values
 
 
@@ -100,10 +88,10 @@ def _hidden(
 ) -> tuple[jax.Array, tuple[Any, Any]]:
     """Final-norm hidden states `[batch seq d]` of `ids` at `positions`, and the updated cache
     (`(keys, values)`: stacked `[layers batch slots kv_heads hd]` for scanned layers, else lists)."""
-    base, dt = _baseline(), jnp.dtype(cfg.dtype)
+    dt = jnp.dtype(cfg.dtype)
     x = params["embed"][ids]
     if cfg.family != "llama":
-        x = x * math.sqrt(cfg.model_dims) + base._sinusoid_at(positions, cfg.model_dims)
+        x = x * math.sqrt(cfg.model_dims) + baseline_lm._sinusoid_at(positions, cfg.model_dims)
     x = x.astype(dt)
     keys, values = cache
     if isinstance(params["layers"], dict):  # scanned: one dict of arrays stacked on the layer axis
@@ -118,7 +106,7 @@ def _hidden(
         keys, values = list(keys), list(values)
         for i, layer in enumerate(params["layers"]):
             x, keys[i], values[i] = _layer(cfg, layer, x, positions, keys[i], values[i])
-    norm = base._rmsnorm if cfg.family == "llama" else base._layernorm
+    norm = baseline_lm._rmsnorm if cfg.family == "llama" else baseline_lm._layernorm
     return norm(x, params["final_ln"], cfg.layernorm_eps), (keys, values)
 
 
@@ -126,7 +114,7 @@ def _logits(cfg: Any, params: Params, h: jax.Array) -> jax.Array:
     """Float32 next-token logits of final hidden states (a matmul in the compute dtype, as training)."""
     dt = h.dtype
     out = h @ params["embed"].astype(dt).T if cfg.tied else h @ params["unembed"].astype(dt)
-    return _baseline()._cap(out.astype(jnp.float32), cfg.output_logit_cap)
+    return baseline_lm._cap(out.astype(jnp.float32), cfg.output_logit_cap)
 
 
 def _empty_cache(cfg: Any, params: Params, batch: int, slots: int) -> tuple[Any, Any]:
@@ -160,7 +148,7 @@ def make_greedy_decode(cfg: Any, max_new_tokens: int) -> Callable[..., jax.Array
     jitted: greedy, a fixed number of steps (no end-of-sequence stop), in `cfg.dtype`.
 
     Arguments:
-        cfg: a `baseline_lm.BaselineConfig` (`train_step.baseline_for` of the equipax model).
+        cfg: a `baseline_lm.BaselineConfig` (`benchmarks.lm_step.baseline.baseline_for` of the equipax model).
         max_new_tokens: tokens generated per row.
     """
 

@@ -34,7 +34,6 @@ import argparse
 import concurrent.futures
 import dataclasses
 import datetime
-import importlib.util
 import json
 import os
 import statistics
@@ -45,6 +44,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):  # run as a file, `python benchmarks/decode_reference.py`: the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import launch_decode as launch_decode_script
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "decode_reference.json"
@@ -75,28 +79,15 @@ JOBS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def _module(name: str) -> Any:
-    """A sibling benchmark module, loaded by path once per process (the benchmarks folder is not a
-    package)."""
-    if f"benchmarks_{name}" in sys.modules:
-        return sys.modules[f"benchmarks_{name}"]
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", HERE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _prompts(batch: int, batches: int) -> list[str]:
-    texts = _module("launch_decode")._PROMPTS
+    texts = launch_decode_script._PROMPTS
     return [texts[i % len(texts)] for i in range(batch * batches)]
 
 
 def _launch(*args: str) -> subprocess.CompletedProcess:
     """`launch ARGS` to its end (launch_decode.py's); a failure's output is printed before it raises."""
     try:
-        return _module("launch_decode")._launch(*args)
+        return launch_decode_script._launch(*args)
     except subprocess.CalledProcessError as e:
         tail = ((e.stdout or "") + (e.stderr or ""))[-4000:]
         print(f"launch {args[0]} failed (exit {e.returncode}):\n{tail}", file=sys.stderr, flush=True)
@@ -122,13 +113,12 @@ def run_cli(
 ) -> dict[str, Any]:
     """The `launch` processes of one experiment: its training run (unless its job exists) and
     `launch decode` at each batch size. Nothing here touches a device in this process."""
-    ld = _module("launch_decode")
     experiment, knobs = JOBS.get(exp, (exp, ()))
     job = job_root / exp
     out: dict[str, Any] = {"job": str(job), "train_wall_s": None, "by_batch": {}}
     if not (job / "checkpoints").exists():
         t0 = time.perf_counter()
-        overrides = [*ld._TRAIN, *knobs, *sets]
+        overrides = [*launch_decode_script._TRAIN, *knobs, *sets]
         _launch("run", "--exp", experiment, "--job-log-dir", str(job), *[a for s in overrides for a in ("--set", s)])
         out["train_wall_s"] = time.perf_counter() - t0
         print(f"[{exp}] trained 2 steps in {out['train_wall_s']:.0f} s: {job}", flush=True)
@@ -148,20 +138,21 @@ def run_cli(
 
 def load_reference(job: Path) -> tuple[Any, Any, Any, Any]:
     """`(equipax model, baseline config, baseline params, tokenizer)` of the job's newest checkpoint."""
+    from benchmarks.lm_step.baseline import baseline_for, baseline_params
+    from benchmarks.lm_step.presets import Preset
     from equipax.core.optim import LearnerConfig
     from equipax.launch.configs.experiment import as_lm
     from equipax.launch.inference.trained_job import load_config, local_mesh, pick_step, restore_model
     from equipax.launch.tasks.lm_data import build_tokenizer
     from equipax.launch.training.build import build_training
 
-    train_step = _module("train_step")
     cfg = load_config(job)
     lm = as_lm(cfg)
     cfg, mesh, _ = local_mesh(cfg)
     model, _ = restore_model(job, pick_step(job, None), build_training(cfg, mesh).abstract_state)
     # The reference decodes with its own attention: the training kernel, remat and learner do not apply.
     block = dataclasses.replace(lm.model.transformer, attention_impl="xla", remat="none")
-    preset = train_step.Preset(
+    preset = Preset(
         name=cfg.name,
         description="",
         model=dataclasses.replace(lm.model, transformer=block),
@@ -170,7 +161,7 @@ def load_reference(job: Path) -> tuple[Any, Any, Any, Any]:
         learner=LearnerConfig(),
     )
     tokenizer = build_tokenizer(lm, job, log=lambda m: None)
-    return model, train_step.baseline_for(preset), train_step.baseline_params(model), tokenizer
+    return model, baseline_for(preset), baseline_params(model), tokenizer
 
 
 def _agreement(a: Sequence[int], b: Sequence[int]) -> int:
@@ -193,10 +184,11 @@ def benchmark_prefill(
     import jax
     import numpy as np
 
+    from benchmarks import decode_plain
     from equipax.models.decode import init_cache, prefill
 
     ours = eqx.filter_jit(lambda m, ids, lens: prefill(m, ids, lens, init_cache(m, ids.shape[0], ids.shape[1]))[0])
-    plain = _module("decode_plain").make_prefill(bcfg)
+    plain = decode_plain.make_prefill(bcfg)
     rng = np.random.default_rng(0)
     rows: dict[str, Any] = {}
     for batch in batch_sizes:
@@ -234,11 +226,12 @@ def benchmark_exp(
     import jax.numpy as jnp
     import numpy as np
 
+    from benchmarks import decode_plain
     from equipax.core.flops import count_params
     from equipax.launch.inference.sampling import decode_texts, encode_prompts, padded_width
 
     model, bcfg, params, tokenizer = load_reference(Path(cli["job"]))
-    decode = _module("decode_plain").make_greedy_decode(bcfg, new_tokens)
+    decode = decode_plain.make_greedy_decode(bcfg, new_tokens)
 
     def padded(texts: list[str]) -> tuple[jax.Array, jax.Array]:
         # The batch as `decode_texts` pads it: the same width, so the same cache and prefill.

@@ -50,9 +50,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
-from step_timing import PreparedStep, compile_all, quartiles
+if __package__ in (None, ""):  # run as a file, `python benchmarks/moe_dispatch.py`: the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import jax
+
+from benchmarks.step_timing import PreparedStep, compile_all, quartiles
 from equipax.core.flops import transformer_lm_flops_per_token
 from equipax.core.knobs import set_knobs
 from equipax.launch.experiments.registry import get_experiment

@@ -34,14 +34,18 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 import argparse
 import datetime
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
-from step_timing import quartiles, step_timer
+if __package__ in (None, ""):  # run as a file, `python benchmarks/pipeline_bubble.py`: the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import jax
+
+from benchmarks.step_timing import quartiles, step_timer
 from equipax.core.knobs import set_knobs
 from equipax.core.nn import bubble_fraction
 from equipax.launch.experiments.registry import get_experiment

@@ -40,15 +40,19 @@ import difflib
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a file, `python benchmarks/ring_one_chip.py`: the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import jax
 import jax.numpy as jnp
-from step_timing import PreparedStep, compile_all, quartiles
 
+from benchmarks.step_timing import PreparedStep, compile_all, quartiles
 from equipax.core.flops import transformer_lm_flops_per_token
 from equipax.core.knobs import set_knobs
 from equipax.core.mesh import CONTEXT_AXES
@@ -309,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         cell = f"{r['ms']:>11.2f} {r['tflops_per_s']:>8.1f}" if "ms" in r else f"  {r.get('error', '')[:90]}"
         print(f"  {r['kernel']:<12} {r['seq']:>6} {cell}", flush=True)
     print(f"  (median of {args.reps})")
-    from equipax.core.nn.fused_attention import resolve_attention_impl
+    from equipax.core.nn.fused_attention import attention_kernel
 
     results = {
         "benchmark": "ring_one_chip",
@@ -331,9 +335,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "vocab": cfg.model.vocab_size,
             "dtype": cfg.model.dtype,
             "remat": t.remat,
-            "attention_impl": resolve_attention_impl(
-                t.attention_impl, device.platform, seq_len=args.seq, dtype=dtype, logit_cap=t.atten_logit_cap
-            ),
+            "attention_impl": attention_kernel(t, device.platform, seq_len=args.seq, dtype=dtype),
             "seq": args.seq,
             "batch": args.batch,
         },

@@ -19,7 +19,6 @@ touching nothing, otherwise.
 """
 
 import argparse
-import importlib.util
 import json
 import re
 import shutil
@@ -30,8 +29,12 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a file, `python benchmarks/tpu/user_runs.py`: the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks import op_profile
+
 LAUNCH = [sys.executable, "-m", "equipax.launch.cli"]
-HERE = Path(__file__).resolve().parent
 
 # One chip, synthetic tokens, as the c4_1b_6l figures of benchmarks/README.md were taken.
 ONE_CHIP = ("data.source=synthetic", "data.packing=False", "mesh.ici_mesh_shape=(1,-1,1)")
@@ -56,14 +59,6 @@ RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 DEFAULT_RUNS = ("c4_1b_6l", "c4_1b_6l_adamw_dots", "qwen3_0_6b", "llama3_2_1b_6l")
 _PHASES = re.compile(r"Time to first step ([\d.]+) s: (.*) \(s\)\.")
-
-
-def _op_profile() -> Any:
-    spec = importlib.util.spec_from_file_location("op_profile", HERE.parent / "op_profile.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _records(job: Path) -> list[dict[str, Any]]:
@@ -109,8 +104,7 @@ def run_one(name: str, exp: str, sets: list[str], *, out: Path, jobs: Path, prof
     row |= figures(text, job)
     if profile and proc.returncode == 0:
         try:
-            ops = _op_profile()
-            summary = ops.summarize_trace(ops.find_trace(job / "profile"), steps=3)
+            summary = op_profile.summarize_trace(op_profile.find_trace(job / "profile"), steps=3)
             (out / f"{name}.ops.json").write_text(json.dumps(summary, indent=2) + "\n")
             row["profile_ops_file"] = f"{name}.ops.json"
         except (FileNotFoundError, ValueError) as e:

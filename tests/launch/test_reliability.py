@@ -1,13 +1,9 @@
 """Crash safety: partial and damaged checkpoints, and real processes killed (SIGTERM, SIGKILL) and
 resumed to the uninterrupted run's bits (the in-graph non-finite skip: tests/core/test_step.py)."""
 
-import sys
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from helpers import REPO
 
 
 def _state(value: float):
@@ -89,8 +85,7 @@ def test_shape_mismatch_is_not_treated_as_damage(tmp_path):
 def test_killed_and_preempted_runs_resume_bit_for_bit(tmp_path):
     """Real processes: SIGTERM after the first step (exit 75, checkpoint), then SIGKILL at a seeded
     random moment, then a run to the end: its parameters equal an uninterrupted run's bit for bit."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from fault_injection import run_trials
+    from benchmarks.fault_injection import run_trials
 
     figures = run_trials(
         1,

@@ -1,7 +1,9 @@
 """The scripts of benchmarks/ run at tiny sizes and write sane JSON (the timings themselves are
 benchmarks/README.md's, never a pass/fail test)."""
 
-import importlib.util
+import dataclasses
+import gzip
+import importlib
 import json
 import math
 import re
@@ -26,16 +28,8 @@ def timed_child_env() -> dict[str, str]:
     return with_xla_flags({**os.environ, **suite_compile_cache_env()}, FAST_COMPILE)
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("benchmarks_train_step", BENCHMARKS / "train_step.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_train_step_benchmark_tiny(tmp_path):
-    bench = _load_script()
+    bench = importlib.import_module("benchmarks.train_step")
     out = tmp_path / "train_step.json"
     results = bench.main(
         [
@@ -78,7 +72,7 @@ def test_train_step_benchmark_tiny(tmp_path):
 @pytest.mark.parametrize("preset", ["tiny", "llama_tiny"])
 def test_compare_mode_runs_both_steps_on_the_same_numbers(tmp_path, preset):
     """GPT and the Llama block: the plain-JAX baseline of each family computes the same loss."""
-    bench = _load_script()
+    bench = importlib.import_module("benchmarks.train_step")
     out = tmp_path / "compare.json"
     results = bench.main(
         ["--compare", "--presets", preset, "--steps", "2", "--warmup", "0", "--no-warm-process", "--out", str(out)]
@@ -98,7 +92,7 @@ def test_compare_chip_options_and_op_profile_on_cpu(tmp_path):
     """The TPU comparison's options at toy size: scanned layers, full remat and bfloat16 compute
     on both sides agree on the first loss (within bfloat16's rounding), and the profile of each
     side, a real jax.profiler trace, gives a non-empty per-op table (benchmarks/op_profile.py)."""
-    bench = _load_script()
+    bench = importlib.import_module("benchmarks.train_step")
     profile = tmp_path / "profile"
     args = ["--compare", "--presets", "llama_tiny", "--scan", "--remat", "full", "--dtype", "bfloat16"]
     args += ["--attention", "auto", "--steps", "1", "--warmup", "0", "--no-warm-process", "--no-isolate"]
@@ -115,11 +109,36 @@ def test_compare_chip_options_and_op_profile_on_cpu(tmp_path):
         assert 0 < len(summary[side]["top_ops"]) <= 5 and summary[side]["top_ops"][0]["ms_per_step"] > 0
 
 
+@pytest.mark.parametrize(("tensor_parallel", "kernel"), [("gspmd", "splash"), ("shard_map", "xla")])
+def test_attention_auto_is_the_kernel_the_model_runs(tensor_parallel, kernel):
+    """--attention auto gives both sides of --compare the kernel the equipax step computes with, as
+    `launch run` resolves it (`attention_kernel`): on a TPU at seq 128, splash, except in a
+    tensor_parallel='shard_map' block, where splash cannot nest and the model runs XLA's."""
+    from benchmarks.lm_step.presets import PRESETS, resolve_attention, with_overrides
+    from equipax.core.knobs import set_knobs
+
+    preset = with_overrides(PRESETS["llama_tiny"](), scan=None, remat=None, attention="auto", dtype="bfloat16")
+    model = set_knobs(preset.model, {"transformer.tensor_parallel": tensor_parallel, "max_seq_len": 128})
+    preset = dataclasses.replace(preset, model=model, seq_len=128)
+    assert resolve_attention(preset, platform="tpu").model.transformer.attention_impl == kernel
+
+
+def test_op_profile_needs_only_the_standard_library(tmp_path):
+    """benchmarks/op_profile.py summarises a trace wherever the trace is copied: as a script and as a
+    module of the `benchmarks` package, in an interpreter without site-packages (-I -S)."""
+    trace = tmp_path / "perfetto_trace.json.gz"
+    event = {"ph": "X", "name": "fusion.1", "ts": 0, "dur": 10, "pid": 1, "tid": 1, "args": {"hlo_op": "fusion.1"}}
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": [event]}, f)
+    as_module = f"import sys; sys.path.insert(0, {str(REPO)!r}); from benchmarks import op_profile; "
+    as_module += f"print(op_profile.summarize_trace({str(trace)!r}, steps=1)['device_ms_per_step'])"
+    for args in ([str(BENCHMARKS / "op_profile.py"), str(trace), "--steps", "1"], ["-c", as_module]):
+        done = subprocess.run([sys.executable, "-I", "-S", *args], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "0.01" in done.stdout, done.stdout + done.stderr
+
+
 def test_cli_latency_benchmark_runs_and_reports_no_heavy_imports(tmp_path):
-    spec = importlib.util.spec_from_file_location("benchmarks_cli_latency", BENCHMARKS / "cli_latency.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = importlib.import_module("benchmarks.cli_latency")
     out = tmp_path / "cli.json"
     results = bench.main(["--repeats", "1", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
@@ -129,10 +148,7 @@ def test_cli_latency_benchmark_runs_and_reports_no_heavy_imports(tmp_path):
 
 
 def test_input_pipeline_benchmark_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("benchmarks_input_pipeline", BENCHMARKS / "input_pipeline.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = importlib.import_module("benchmarks.input_pipeline")
     out = tmp_path / "input.json"
     results = bench.main(
         [
@@ -175,14 +191,7 @@ def test_input_pipeline_benchmark_smoke(tmp_path):
 
 def test_decode_benchmark_smoke(tmp_path):
     """benchmarks/decode.py runs and writes sane JSON (timings themselves are not tested)."""
-    import importlib.util
-    import json
-
-    script = BENCHMARKS / "decode.py"
-    spec = importlib.util.spec_from_file_location("benchmarks_decode", script)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = importlib.import_module("benchmarks.decode")
     out = tmp_path / "decode.json"
     results = bench.main(
         [
@@ -227,7 +236,7 @@ import importlib, json, sys
 sys.path.insert(0, sys.argv[1])
 for name, argv in json.loads(sys.argv[2]):
     print(f"=== {name} ===", flush=True)
-    importlib.import_module(name).main(argv)
+    importlib.import_module(f"benchmarks.{name}").main(argv)
 """
 
 
@@ -239,7 +248,7 @@ def eight_device_benchmarks(tmp_path_factory):
     runs = {"pipeline_bubble": BUBBLE_ARGS, "moe_dispatch": MOE_ARGS, "context_memory": CONTEXT_MEMORY_ARGS}
     argvs = [(name, [*args, "--out", str(out / f"{name}.json")]) for name, args in runs.items()]
     proc = subprocess.run(
-        [sys.executable, "-c", EIGHT_DEVICE_CHILD, str(BENCHMARKS), json.dumps(argvs)],
+        [sys.executable, "-c", EIGHT_DEVICE_CHILD, str(REPO), json.dumps(argvs)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -285,13 +294,7 @@ def test_moe_dispatch_benchmark_tiny(eight_device_benchmarks):
 def test_hf_import_memory_benchmark_tiny(tmp_path):
     """benchmarks/hf_import_memory.py loads a tiny synthetic checkpoint in 1 and in 2 processes and
     reports each one's shards (the memory figures themselves are benchmarks/README.md's)."""
-    import importlib.util
-    import json
-
-    spec = importlib.util.spec_from_file_location("benchmarks_hf_memory", BENCHMARKS / "hf_import_memory.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = importlib.import_module("benchmarks.hf_import_memory")
     out = tmp_path / "hf.json"
     results = bench.main(["--hidden", "128", "--layers", "2", "--processes", "2", "--out", str(out)])
     assert json.loads(out.read_text()) == results
@@ -335,10 +338,7 @@ def test_context_step_time_rejects_cps_other_than_device_count(monkeypatch, caps
     n = jax.device_count()
     # The script sets JAX_NUM_CPU_DEVICES (for JAX started after it) if unset: not for this process's children.
     monkeypatch.setenv("JAX_NUM_CPU_DEVICES", str(n))
-    spec = importlib.util.spec_from_file_location("benchmarks_context_memory", BENCHMARKS / "context_memory.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = importlib.import_module("benchmarks.context_memory")
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--seqs", "64", "--cps", str(n + 1), "--time-steps", "2", "--out", "/nonexistent/never-written"])
     assert exit_.value.code == 2

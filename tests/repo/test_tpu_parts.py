@@ -18,16 +18,11 @@ BENCHMARKS = REPO / "benchmarks"
 
 
 def _load(name: str, monkeypatch):
-    """A benchmark script as a module (its sibling `step_timing` importable), under its own name."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    """A benchmark script as a module of the `benchmarks` package."""
     # moe_dispatch.py sets up 8 simulated CPU devices at import unless the command line asks for
     # the host's own: this process's environment (inherited by later tests' children) stays as is.
     monkeypatch.setattr(sys, "argv", [f"{name}.py", "--real-devices"])
-    spec = importlib.util.spec_from_file_location(f"tpu_parts_{name}", BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def test_decode_part_compares_launch_decode_with_the_plain_loop(tmp_path, monkeypatch):
