@@ -92,7 +92,7 @@ def test_ring_part_shows_one_program_at_context_one_and_runs_the_kernels(tmp_pat
     assert all(r["ms"] > 0 for r in results["kernels"]), results["kernels"]
 
 
-@pytest.mark.parametrize("part", ["decode", "moe", "ring"])
+@pytest.mark.parametrize("part", ["decode", "moe", "ring", "runs"])
 def test_run_script_takes_the_parts_by_name(part, tmp_path):
     """run.sh accepts each part (it stops at the missing wheels, before installing or running
     anything), names them in its usage error, and its header documents each part's variable."""
@@ -104,7 +104,7 @@ def test_run_script_takes_the_parts_by_name(part, tmp_path):
     )
     assert taken.returncode == 2 and "no wheels" in taken.stderr
     refused = subprocess.run(["bash", str(script), f"{part}x"], capture_output=True, text=True)
-    assert refused.returncode == 2 and "check usage speed profile peak attention decode moe ring" in refused.stderr
+    assert refused.returncode == 2 and "check usage runs speed profile peak attention decode moe ring" in refused.stderr
     assert f"{part.upper()}_ARGS" in script.read_text().split("set -Eeuo pipefail")[0]
 
 
