@@ -218,6 +218,9 @@ def _splash_kernel(
         one = sa.LocalMask(shape, window_size=(window - 1, 0), offset=offset)
     else:
         one = sa.CausalMask(shape, offset=offset) if causal else sa.FullMask(shape)
+    # One backward kernel for dq, dk and dv (MaxText's `sa_use_fused_bwd_kernel`): the separate
+    # dq and dkv kernels each recompute the block's logits and probabilities (7 matmuls per block
+    # against 5).
     sizes = sa.BlockSizes(
         block_q=block_q,
         block_kv=block_kv,
@@ -225,8 +228,7 @@ def _splash_kernel(
         block_q_dkv=block_q,
         block_kv_dkv=block_kv,
         block_kv_dkv_compute=block_kv,
-        block_q_dq=block_q,
-        block_kv_dq=block_kv,
+        use_fused_bwd_kernel=True,
     )
     return sa.make_splash_mha(
         sa.MultiHeadMask([one] * heads),

@@ -31,8 +31,10 @@ _FREE = {
 }  # fmt: skip
 _SLICING = {"slice", "dynamic-slice", "gather", "slice-start"}
 # Matrix multiplies per splash attention kernel (forward: QK^T and PV; dq: QK^T, dO V^T, dS K;
-# dkv: QK^T, dO V^T, P^T dO, dS^T Q).
+# dkv: QK^T, dO V^T, P^T dO, dS^T Q; the fused backward, a dkv kernel that also returns dq: the
+# five of them, dS K as well).
 _SPLASH_MATMULS = (("_dkv", 4), ("_dq", 3), ("_fwd", 2))
+_FUSED_BACKWARD_MATMULS = 5
 _NOTHING = (0.0, 0.0, 0.0, 0.0)
 Cost = tuple[float, float, float, float]  # FLOPs, HBM bytes, host bytes, seconds
 
@@ -84,6 +86,8 @@ def _splash_flops(op: Instruction, shapes: dict[str, str]) -> float:
         return 0.0
     (b, h, sq, d), sk = qk[0].dims, qk[1].dims[2]
     matmuls = next((n for key, n in _SPLASH_MATMULS if key in text), 2)
+    if "_dkv" in text and sum(len(a.dims) >= 4 for a in arrays(op.shape)) >= 3:  # dq, dk and dv
+        matmuls = _FUSED_BACKWARD_MATMULS
     return 2.0 * b * h * sq * sk * d * matmuls / 2
 
 
