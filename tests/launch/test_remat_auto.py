@@ -8,6 +8,10 @@ import json
 import subprocess
 import sys
 
+import jax
+import pytest
+
+from equipax.launch.aot.tpu import libtpu_available
 from helpers.toy import TOY, persistent_compile_cache, set_args
 
 AUTO = [*set_args(TOY), "--set", "model.transformer.remat=auto"]
@@ -41,6 +45,12 @@ def check_choice(record, budget_bytes, *, ordered=True):
     return i
 
 
+# JAX 0.10's XLA:CPU assigns the toy step the same temporaries under every policy (1758788 bytes,
+# though the programs do recompute: 39 dots without remat, 49 with full), so no budget separates
+# them; from JAX 0.11 they shrink down the list (2.1 MB without remat, 1.39 MB with full).
+@pytest.mark.skipif(
+    jax.__version_info__ < (0, 11), reason="JAX 0.10's XLA:CPU reports the same memory for every remat policy"
+)
 def test_auto_chooses_by_compiling_changes_with_the_budget_caches_and_runs(tmp_path):
     # In-process, with JAX's persistent compilation cache: a candidate compiled by one command is
     # not compiled again by the next (the run's step is the compiled program too).
@@ -98,6 +108,7 @@ def _auto_commands(tmp_path):
     assert [e["policy"] for e in cache.values()] == [chosen]
 
 
+@pytest.mark.skipif(not libtpu_available(), reason="libtpu (XLA:TPU, the `aot` dependency group) is not installed")
 def test_auto_for_a_tpu_topology_shrinks_with_the_budget(tmp_path):
     # XLA:TPU's own memory figures for a v4-16 slice: under a budget below the no-remat step's
     # (which fits the default 32 GiB), a recomputing policy is chosen; offloading is a candidate.
