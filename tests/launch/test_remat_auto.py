@@ -11,8 +11,10 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
+from equipax.launch.aot.tpu import libtpu_available
 from helpers.toy import TOY, persistent_compile_cache, set_args
 
 AUTO = [*set_args(TOY), "--set", "model.transformer.remat=auto"]
@@ -53,6 +55,12 @@ def check_never_slower(record):
         assert chosen["projected_step_s"] == min(fitting)
 
 
+# JAX 0.10's XLA:CPU assigns the toy step the same temporaries under every policy (1758788 bytes,
+# though the programs do recompute: 39 dots without remat, 49 with full), so no budget separates
+# them; from JAX 0.11 they shrink down the list (2.1 MB without remat, 1.39 MB with full).
+@pytest.mark.skipif(
+    jax.__version_info__ < (0, 11), reason="JAX 0.10's XLA:CPU reports the same memory for every remat policy"
+)
 def test_auto_chooses_by_compiling_changes_with_the_budget_caches_and_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("EQUIPAX_CACHE_DIR", str(tmp_path / "machine"))
     # In-process, with JAX's persistent compilation cache: a candidate compiled by one command is
@@ -171,6 +179,7 @@ def test_the_own_policy_is_the_one_the_experiment_names(exp, own):
     assert own_policy(dataclasses.replace(cfg, name=exp)) == own
 
 
+@pytest.mark.skipif(not libtpu_available(), reason="libtpu (XLA:TPU, the `aot` dependency group) is not installed")
 def test_auto_for_a_tpu_topology_shrinks_with_the_budget(tmp_path):
     # XLA:TPU's programs for a v4-16 slice: under a budget below the no-remat step's (which fits
     # the default 32 GiB), a policy that recomputes is chosen, priced by its compiled program;
