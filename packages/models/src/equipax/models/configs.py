@@ -11,6 +11,7 @@ import math
 from typing import Any, ClassVar, Literal
 
 from equipax.core.configs import (
+    QUANTIZATIONS,
     MeshConfig,
     RopeScalingConfig,
     TransformerConfig,
@@ -108,6 +109,14 @@ class LMConfig:
             normaliser near 1 in long bf16 runs. A named loss `z_loss` beside `cross_entropy` (and a
             mixture of experts' `router_aux`, `router_z`), each logged as `loss/<name>` and
             evaluated (docs/extending.md, "Several losses"). 0 = off.
+        quantization: how the attention projections and the feed-forward's matmuls compute
+            (MaxText's `quantization`, Pax's AQT; docs/quantization.md): "none" (in `dtype`); "int8"
+            (int8 forward and backward: activations scaled per token, weights per output channel,
+            int32 sums; a TPU's int8 rate is twice its bfloat16 rate); "int8w" (weights rounded to
+            int8 per output channel; decoding reads an int8 copy made once at load); "fp8" (float8,
+            GPUs with FP8 units only). The embedding, the output logits and the attention scores
+            stay in `dtype`, and checkpoints hold float weights whatever the mode: a job may
+            switch it at resume. A mixture of experts computes in float (refused here).
     """
 
     # Knobs the Llama experiments had before the LM families shared this config, and where they are
@@ -141,6 +150,7 @@ class LMConfig:
     init_from: str | None = None
     lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
     z_loss_coef: float = 0.0
+    quantization: Literal["none", "int8", "int8w", "fp8"] = "none"
 
     @classmethod
     def saved_layout_error(cls, data: Any) -> str | None:
@@ -184,6 +194,7 @@ class LMConfig:
             raise ValueError(f"LMConfig.dtype must be one of {DTYPES}, got {self.dtype!r}; use 'float32' on CPU.")
         self._check_positions()
         self._check_embedding()
+        self._check_quantization()
         if self.lora.enabled and "gate" in self.lora.targets and not self.transformer.gated:
             present = [t for t in LORA_TARGETS if t != "gate"]
             raise ValueError(
@@ -212,6 +223,20 @@ class LMConfig:
             raise ValueError(
                 f"model.rope_scaling rescales rotary frequencies, but model.position={self.position!r}; set "
                 "model.position='rope', or model.rope_scaling=None."
+            )
+
+    def _check_quantization(self) -> None:
+        q = self.quantization
+        if q not in QUANTIZATIONS:
+            raise ValueError(
+                f"model.quantization must be one of {', '.join(map(repr, QUANTIZATIONS))}, got {q!r}; e.g. "
+                "--set model.quantization=int8 (docs/quantization.md)."
+            )
+        if q != "none" and self.transformer.num_experts:
+            raise ValueError(
+                f"model.quantization={q!r} quantizes the dense projections, but this model is a mixture of "
+                f"experts (model.transformer.num_experts={self.transformer.num_experts}), whose grouped expert "
+                "matmuls have no quantized form here; set model.quantization='none' for it."
             )
 
     def _check_embedding(self) -> None:
