@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from equipax.core.nn.quantization import quantize_weights
 from equipax.core.nn.self_attention import AttentionCache
 from equipax.core.nn.transformer import StackCache
 from equipax.models.lm import TransformerLM
@@ -242,6 +243,8 @@ def decode(
 
     Arguments:
         model: the language model (softmax attention: any family); a `LoRALM` decodes as its merge.
+            A model with a `quantization` computes from its int8 weights (`quantize_weights`: made
+            here unless the model already holds them, as `launch decode` makes them once at load).
         prompts: right-padded prompts (pad with anything): row `b` is `prompts[b, :lengths[b]]`.
         lengths: prompt length of each row, in `[1, seq]`.
         max_new_tokens: the most tokens to generate per row (>= 1); a row whose prompt leaves
@@ -264,6 +267,8 @@ def decode(
     """
     if isinstance(model, LoRALM):
         model = model.merged()
+    if model.cfg.quantization != "none":
+        model = quantize_weights(model)
     vocab = model.cfg.vocab_size
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")

@@ -36,12 +36,14 @@ from typing import Any, Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array, Float, Int8
 
 from equipax.core.configs import QUANTIZATIONS
 from equipax.core.knobs import ConfigError
 
 __all__ = [
+    "QUANTIZED_OUTPUT",
     "fake_quantized_weight",
     "QUANTIZATIONS",
     "Quantization",
@@ -55,6 +57,10 @@ __all__ = [
 ]
 
 Quantization = Literal["none", "int8", "int8w", "fp8"]  # the values of QUANTIZATIONS
+
+# The name (`checkpoint_name`) of an int8 or fp8 projection's output: what remat="dots_saveable"
+# keeps of it (`equipax.core.nn.remat`), in place of its dot's int32 sums.
+QUANTIZED_OUTPUT = "quantized_projection"
 
 # (storage dtype, largest magnitude it holds) of the forward operands and of the gradients.
 _FORMATS: dict[str, tuple[tuple[Any, float], tuple[Any, float]]] = {
@@ -250,7 +256,7 @@ def project(
         acc = jax.lax.dot_general(x, w.values.astype(x.dtype), (dims, ((), ())), preferred_element_type=jnp.float32)
         return (acc * scale).astype(x.dtype)
     if quantization in _FORMATS:
-        return quantized_matmul(x, w, contract, quantization)
+        return checkpoint_name(quantized_matmul(x, w, contract, quantization), QUANTIZED_OUTPUT)
     if quantization == "int8w":
         return jax.lax.dot_general(x, fake_quantized_weight(w, contract, x.dtype), (dims, ((), ())))
     return jax.lax.dot_general(x, w.astype(x.dtype), (dims, ((), ())))
