@@ -154,12 +154,13 @@ def _forward(x: Array, w: Array, contract: int, quantization: str) -> tuple[Arra
     return y.astype(x.dtype), (xq, sx, wq, sw)
 
 
-def _fwd_rule(x: Array, w: Array, contract: int, quantization: str) -> tuple[Array, tuple[Array, ...]]:
+# (The rules are annotated `Any`: JAX may hand them numpy constants and tracers of other kinds.)
+def _fwd_rule(x: Any, w: Any, contract: int, quantization: str) -> tuple[Any, tuple[Any, ...]]:
     y, res = _forward(x, w, contract, quantization)
     return y, (*res, jnp.zeros((), x.dtype), jnp.zeros((), w.dtype))
 
 
-def _bwd_rule(contract: int, quantization: str, res: tuple[Array, ...], g: Array) -> tuple[Array, Array]:
+def _bwd_rule(contract: int, quantization: str, res: tuple[Any, ...], g: Any) -> tuple[Any, Any]:
     xq, sx, wq, sw, x_like, w_like = res
     _, (grad, _) = _FORMATS[quantization]
     n_tok, n_out = xq.ndim - contract, wq.ndim - contract
