@@ -172,6 +172,11 @@ def _flops_and_projection(
     flops = flops_per_token(cfg)
     step_flops, tokens_per_step = numbers["model_flops_per_step"], numbers["tokens_per_step"]
     peak_step_s = step_flops / (devices * target.peak_tflops * 1e12)
+    # model.quantization int8 / fp8: the block's projections, forward and backward, run quantized
+    # (docs/quantization.md); the peak above stays the bf16 one, as MFU is counted.
+    quantization = getattr(cfg.model, "quantization", "none")
+    projections = flops.get("qkv_projection", 0.0) + flops.get("output_projection", 0.0) + flops.get("mlp", 0.0)
+    quantized = projections / flops["forward"] if quantization in ("int8", "fp8") and flops["forward"] else 0.0
     return {
         "model_flops_per_token": flops["training"],
         # N = the parameters one token uses (a mixture of experts' active ones).
@@ -180,6 +185,8 @@ def _flops_and_projection(
         "remat_flops_per_token": flops["remat"],
         "model_flops_per_step": step_flops,
         "tokens_per_step": tokens_per_step,
+        "quantization": quantization,
+        "quantized_flops_share": quantized,
     }, {
         "ideal_step_s": peak_step_s,
         "ideal_tokens_per_s": tokens_per_step / peak_step_s,
@@ -244,6 +251,14 @@ def format_report(r: dict[str, Any]) -> str:
             f"{f['six_n_per_token'] / 1e9:.2f}, attention {f['attention_flops_per_token'] / 1e9:.2f}), "
             f"{f['model_flops_per_step'] / 1e15:.2f} PFLOP/step; remat adds "
             f"{f['remat_flops_per_token'] / 1e9:.2f} GFLOP/token (not in MFU)",
+            *(
+                [
+                    f"  quantized     {f['quantized_flops_share']:.0%} of the model FLOPs in "
+                    f"{f['quantization']} (model.quantization; the peak below is the bf16 one)"
+                ]
+                if f.get("quantized_flops_share")
+                else []
+            ),
             f"  at peak       {pr['ideal_step_s']:.3f} s/step, {pr['ideal_tokens_per_s']:,.0f} tokens/s",
             f"  at {pr['assumed_mfu']:.0%} MFU    {pr['step_s_at_assumed_mfu']:.3f} s/step, "
             f"{pr['tokens_per_s_at_assumed_mfu']:,.0f} tokens/s",

@@ -97,6 +97,7 @@ def decode_split(
     Raises:
         ConfigError: a bad option, or the checkpoint does not restore (exit 2 with what to do).
     """
+    from equipax.models.decode import for_decoding
     from equipax.launch.inference.trained_job import check_tokenizer, local_mesh, restore_model
     from equipax.launch.tasks import family
     from equipax.launch.training.build import build_training
@@ -115,6 +116,7 @@ def decode_split(
         log(note)
     training = build_training(cfg, mesh)
     model, _ = restore_model(job_dir, step, training.abstract_state)
+    model = for_decoding(model)  # a LoRA job's merge, model.quantization's int8 copy: made once
     inputs = family(cfg).build_inputs(cfg, job_dir, mesh=mesh, log=log)
     tokenizer, source = inputs.extra["tokenizer"], inputs.eval
     limit = math.ceil(settings.max_examples / cfg.global_batch_size) if settings.max_examples else 0
