@@ -257,10 +257,10 @@ def _decode(
 
     from equipax.launch.configs.experiment import as_lm
     from equipax.launch.inference.sampling import decode_texts, encode_prompts
-    from equipax.models.decode import for_decoding
     from equipax.launch.inference.trained_job import check_tokenizer, local_mesh, pick_step, restore_model
     from equipax.launch.tasks.lm_data import build_tokenizer
     from equipax.launch.training.build import build_training
+    from equipax.models.decode import for_decoding
 
     step = pick_step(job_dir, step)
     check_tokenizer(cfg, job_dir)

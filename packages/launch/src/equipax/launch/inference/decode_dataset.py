@@ -97,11 +97,10 @@ def decode_split(
     Raises:
         ConfigError: a bad option, or the checkpoint does not restore (exit 2 with what to do).
     """
-    from equipax.models.decode import for_decoding
     from equipax.launch.inference.trained_job import check_tokenizer, local_mesh, restore_model
     from equipax.launch.tasks import family
     from equipax.launch.training.build import build_training
-    from equipax.models.decode import decode
+    from equipax.models.decode import decode, for_decoding
 
     prompt_tokens, new_tokens, note = _check(cfg, settings)
     if note:
