@@ -20,7 +20,6 @@ median of `--repeats` timed calls.
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import time
@@ -28,6 +27,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from equipax.launch.aot.report import count_matmuls
 
 
 def _qwix_int8() -> Any:
@@ -78,13 +79,6 @@ def programs(tokens: int, d_in: int, d_out: int, decode_tokens: int) -> dict[str
     return out
 
 
-def _int8_matmuls(hlo: str) -> tuple[int, int]:
-    """(matmuls, those of int8 operands) in optimized HLO text: XLA:TPU writes a matmul as a
-    `convolution` (XLA:CPU as a `dot`), and an int8 x int8 one sums in s32."""
-    ops = [m.group(1) for m in re.finditer(r"= (\w+)\[[^\n=]*? (?:convolution|dot)\(", hlo)]
-    return len(ops), ops.count("s32")
-
-
 def measure(fn: Any, args: tuple[Any, ...], devices: Any, repeats: int) -> dict[str, Any]:
     sharding = jax.sharding.SingleDeviceSharding(devices[0])
     placed = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), args)
@@ -92,14 +86,14 @@ def measure(fn: Any, args: tuple[Any, ...], devices: Any, repeats: int) -> dict[
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     hlo = compiled.as_text()
-    matmuls, int8 = _int8_matmuls(hlo)
+    matmuls = count_matmuls(hlo)
     mem = compiled.memory_analysis()
     row: dict[str, Any] = {
         "flops": float(cost.get("flops", 0.0)),
         "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
         "temp_bytes": int(getattr(mem, "temp_size_in_bytes", 0)),
-        "matmuls": matmuls,
-        "int8_matmuls": int8,
+        "matmuls": matmuls["total"],
+        "int8_matmuls": matmuls["int8"],
     }
     if devices[0].platform != "tpu" or getattr(devices[0], "client", None) is None or repeats <= 0:
         return row

@@ -37,6 +37,7 @@ __all__ = [
     "compile_report",
     "count_collectives",
     "count_custom_calls",
+    "count_matmuls",
     "format_report",
     "GIB",
     "stablehlo_fingerprint",
@@ -56,6 +57,14 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
         # `all-gather(`, or the async pair `all-gather-start(` ... `all-gather-done(`.
         counts[op] = len(re.findall(rf"\b{op}(?:-start)?\(", hlo_text))
     return counts
+
+
+def count_matmuls(hlo_text: str) -> dict[str, int]:
+    """Matmuls in a compiled program (XLA:TPU writes one as a `convolution`, XLA:CPU as a `dot`; an op
+    in a loop body counts once): `total`, and `int8`, those of int8 operands (they sum in s32;
+    `model.quantization="int8"`)."""
+    types = re.findall(r"= (\w+)\[[^\n=]*? (?:convolution|dot)\(", hlo_text)
+    return {"total": len(types), "int8": types.count("s32")}
 
 
 def count_custom_calls(stablehlo_text: str) -> dict[str, int]:
@@ -144,6 +153,7 @@ def compile_report(
         "flops": None,
         "projection": None,
         "collectives": count_collectives(compiled.as_text()) if compiled is not None else None,
+        "matmuls": count_matmuls(compiled.as_text()) if compiled is not None else None,
         "custom_calls": count_custom_calls(lowered.as_text()),
         "stablehlo_sha256": stablehlo_fingerprint(lowered),
         "compile": {
@@ -255,6 +265,11 @@ def format_report(r: dict[str, Any]) -> str:
                 [
                     f"  quantized     {f['quantized_flops_share']:.0%} of the model FLOPs in "
                     f"{f['quantization']} (model.quantization; the peak below is the bf16 one)"
+                    + (
+                        f"; {r['matmuls']['int8']} of the program's {r['matmuls']['total']} matmuls int8"
+                        if r.get("matmuls")
+                        else ""
+                    )
                 ]
                 if f.get("quantized_flops_share")
                 else []
