@@ -157,7 +157,8 @@ def _forward(x: Array, w: Array, contract: int, quantization: str) -> tuple[Arra
 # (The rules are annotated `Any`: JAX may hand them numpy constants and tracers of other kinds.)
 def _fwd_rule(x: Any, w: Any, contract: int, quantization: str) -> tuple[Any, tuple[Any, ...]]:
     y, res = _forward(x, w, contract, quantization)
-    return y, (*res, jnp.zeros((), x.dtype), jnp.zeros((), w.dtype))
+    # Empty slices of x and w: their dtypes and, inside a shard_map, the mesh axes they vary over.
+    return y, (*res, x.reshape(-1)[:0], w.reshape(-1)[:0])
 
 
 def _bwd_rule(contract: int, quantization: str, res: tuple[Any, ...], g: Any) -> tuple[Any, Any]:
@@ -174,7 +175,22 @@ def _bwd_rule(contract: int, quantization: str, res: tuple[Any, ...], g: Any) ->
     gq, sg = quantize(g * _rows(sx, n_tok, n_out), tok_axes, grad)
     dw = _dot(xq, gq, (tok_axes, tok_axes)).astype(jnp.float32)
     dw = dw * _cols(sg, n_tok, contract)
-    return dx.astype(x_like.dtype), dw.astype(w_like.dtype)
+    return _sum_to(dx.astype(x_like.dtype), x_like), _sum_to(dw.astype(w_like.dtype), w_like)
+
+
+def _vma(a: Any) -> frozenset[str]:
+    """The shard_map axes `a` varies over (`aval.mat.varying`; `aval.vma` before JAX 0.11)."""
+    aval = jax.typeof(a)
+    mat = getattr(aval, "mat", None)
+    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def _sum_to(grad: Array, like: Array) -> Array:
+    """Inside a shard_map: `grad` summed over the mesh axes it varies over and its operand does not
+    (the batch axes for a weight's gradient, `tensor` for a column-split projection's input), as
+    JAX's own transpose of a matmul sums them."""
+    extra = tuple(sorted(_vma(grad) - _vma(like)))
+    return jax.lax.psum(grad, extra) if extra else grad
 
 
 quantized_matmul.defvjp(_fwd_rule, _bwd_rule)

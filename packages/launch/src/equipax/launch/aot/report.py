@@ -61,10 +61,11 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
 
 def count_matmuls(hlo_text: str) -> dict[str, int]:
     """Matmuls in a compiled program (XLA:TPU writes one as a `convolution`, XLA:CPU as a `dot`; an op
-    in a loop body counts once): `total`, and `int8`, those of int8 operands (they sum in s32;
-    `model.quantization="int8"`)."""
-    types = re.findall(r"= (\w+)\[[^\n=]*? (?:convolution|dot)\(", hlo_text)
-    return {"total": len(types), "int8": types.count("s32")}
+    in a loop body counts once): `total`, and `int8`, those whose operands are int8
+    (`model.quantization="int8"`; they sum in s32, which XLA:TPU may convert in the op itself)."""
+    types = dict(re.findall(r"%([\w.-]+) = (\w+)\[", hlo_text))
+    ops = re.findall(r"= \w+\[[^\n=]*? (?:convolution|dot)\(%([\w.-]+)", hlo_text)
+    return {"total": len(ops), "int8": sum(1 for name in ops if types.get(name) == "s8")}
 
 
 def count_custom_calls(stablehlo_text: str) -> dict[str, int]:
