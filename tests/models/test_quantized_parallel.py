@@ -49,8 +49,8 @@ ref_loss, ref = grads(BASE, None)
 scale = max(float(np.max(np.abs(r))) for r in ref)
 cases = {
     "fsdp_tensor": (BASE, build_mesh(MeshConfig(ici_mesh_shape=(2, 2, 2)))),
-    "pipeline": (block(pipeline_stages=2, pipeline_microbatches=2),
-                 build_mesh(MeshConfig(ici_mesh_shape=(2, 1, 2, 2), dcn_mesh_shape=(1, 1, 1, 1), axis_names=PIPELINE_AXES))),
+    "pipeline": (block(pipeline_stages=2, pipeline_microbatches=2), build_mesh(MeshConfig(
+        ici_mesh_shape=(2, 1, 2, 2), dcn_mesh_shape=(1, 1, 1, 1), axis_names=PIPELINE_AXES))),
     "shard_map": (block(tensor_parallel="shard_map"), build_mesh(MeshConfig(ici_mesh_shape=(1, 2, 4)))),
 }
 out = {"ref_loss": ref_loss, "scale": scale}
