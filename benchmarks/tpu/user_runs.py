@@ -40,6 +40,11 @@ BEST = ("learner.kind=adamw", "learner.clip_update_rms=None", "model.output_logi
 RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
     "c4_1b_6l": ("c4_1b", C4_6L),
     "c4_1b_6l_adamw_dots": ("c4_1b", (*C4_6L, *BEST, "model.transformer.remat=dots_saveable")),
+    # The same with int8 matmuls forward and backward (docs/quantization.md): against the run above.
+    "c4_1b_6l_adamw_dots_int8": (
+        "c4_1b",
+        (*C4_6L, *BEST, "model.transformer.remat=dots_saveable", "model.quantization=int8"),
+    ),
     "qwen3_0_6b": ("qwen3_0_6b", ("data.seq_len=1024", "data.per_device_batch=4", *ONE_CHIP)),
     # Llama 3.2 1B at 6 of its 16 layers: its float32 weights and Adam moments fit one v5e.
     "llama3_2_1b_6l": (
