@@ -70,3 +70,17 @@ def test_compile_reports_the_quantized_share_and_the_int8_matmuls(tmp_path):
     matmuls = report["matmuls"]
     assert matmuls["int8"] > 0 and matmuls["int8"] % (4 * 3) == 0 and matmuls["total"] > matmuls["int8"], matmuls
     assert "of the model FLOPs in int8" in result.output
+
+
+@pytest.mark.slow
+def test_int8_with_splash_attention_compiles_for_a_v5e(tmp_path):
+    """XLA:TPU (libtpu, no TPU needed): the int8 projections beside the splash kernels, whose
+    scores stay bf16; the program's int8 matmuls are int8 convolutions on the chip."""
+    splash = ("model.transformer.attention_impl=splash", "data.seq_len=128", "model.max_seq_len=128")
+    args = set_args([*TOY, *splash, "model.quantization=int8", "model.dtype=bfloat16"])
+    result = invoke("compile", "--topology", "v5e-1", "--job-log-dir", tmp_path, *args)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "compile.json").read_text())
+    assert report["compile"]["backend"] == "tpu"
+    assert report["custom_calls"].get("tpu_custom_call", 0) >= 3, report["custom_calls"]
+    assert report["matmuls"]["int8"] >= 4 * 3, report["matmuls"]
