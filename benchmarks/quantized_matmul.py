@@ -70,10 +70,7 @@ def programs(tokens: int, d_in: int, d_out: int, decode_tokens: int) -> dict[str
         out["qwix_int8"] = (train(qwix), (x, w, probe))
     xd = jax.ShapeDtypeStruct((decode_tokens, d_in), jnp.bfloat16)
     wb = jax.ShapeDtypeStruct((d_in, d_out), jnp.bfloat16)
-    served = QuantizedWeight(
-        values=jax.ShapeDtypeStruct((d_in, d_out), jnp.int8),  # pyright: ignore[reportArgumentType]
-        scale=jax.ShapeDtypeStruct((1, d_out), jnp.float32),  # pyright: ignore[reportArgumentType]
-    )
+    served = jax.eval_shape(lambda w: QuantizedWeight.of(w, stack=0, contract=1), w)
     out["bf16_serve"] = (lambda x, w: x @ w, (xd, wb))
     out["int8w_serve"] = (lambda x, w: project(x, w, 1, "int8w"), (xd, served))
     return out

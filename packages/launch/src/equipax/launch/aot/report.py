@@ -61,11 +61,12 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
 
 def count_matmuls(hlo_text: str) -> dict[str, int]:
     """Matmuls in a compiled program (XLA:TPU writes one as a `convolution`, XLA:CPU as a `dot`; an op
-    in a loop body counts once): `total`, and `int8`, those whose operands are int8
-    (`model.quantization="int8"`; they sum in s32, which XLA:TPU may convert in the op itself)."""
+    in a loop body counts once): `total`, and `int8`, those of int8 operands (`model.quantization=
+    "int8"`): an s8 first operand, or an s32 result (XLA:TPU may convert the sums in the op itself,
+    XLA:CPU may feed it a converted copy)."""
     types = dict(re.findall(r"%([\w.-]+) = (\w+)\[", hlo_text))
-    ops = re.findall(r"= \w+\[[^\n=]*? (?:convolution|dot)\(%([\w.-]+)", hlo_text)
-    return {"total": len(ops), "int8": sum(1 for name in ops if types.get(name) == "s8")}
+    ops = re.findall(r"= (\w+)\[[^\n=]*? (?:convolution|dot)\(%([\w.-]+)", hlo_text)
+    return {"total": len(ops), "int8": sum(1 for out, lhs in ops if out == "s32" or types.get(lhs) == "s8")}
 
 
 def count_custom_calls(stablehlo_text: str) -> dict[str, int]:
