@@ -37,6 +37,7 @@ ENUM_KEYS = {
     "remat_policy": "RematPolicy",
     "profiler": "ProfilerType",
     "dtype": "DType",
+    "quantization": "QuantizationType",
 }
 
 # Published parameter counts (model cards' safetensors totals), by MaxText model file name.

@@ -44,6 +44,11 @@ BEST = ("learner.kind=adamw", "learner.clip_update_rms=None", "model.output_logi
 RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
     "c4_1b_6l": ("c4_1b", C4_6L),
     "c4_1b_6l_adamw_dots": ("c4_1b", (*C4_6L, *BEST, "model.transformer.remat=dots_saveable")),
+    # The same with int8 matmuls forward and backward (docs/quantization.md): against the run above.
+    "c4_1b_6l_adamw_dots_int8": (
+        "c4_1b",
+        (*C4_6L, *BEST, "model.transformer.remat=dots_saveable", "model.quantization=int8"),
+    ),
     # At their defaults (qwen3_0_6b: seq 4096; llama3_2_1b: seq 8192), cut to fit one chip: the
     # per-device batch (and llama's layers: 6 of 16, its float32 weights and Adam moments fit).
     "qwen3_0_6b": ("qwen3_0_6b", ("data.per_device_batch=2", *ONE_CHIP)),

@@ -61,6 +61,19 @@ def test_overrides_apply_and_record_sources():
     assert Outer().model.num_layers == 2  # the original is untouched (frozen)
 
 
+def test_a_literal_none_value_is_set_as_written():
+    """`--set knob=none` of a choice that has the value "none" (model.quantization, remat) is that
+    value, not Python's None (which `none` otherwise parses as, for `float | None` knobs)."""
+    from equipax.core.knobs import apply_overrides
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Choice:
+        mode: Literal["none", "int8"] = "int8"
+
+    for text in ("none", "None"):
+        assert apply_overrides(Choice(), [f"mode={text}"])[0].mode == "none"
+
+
 def test_int_accepted_for_float_knob():
     from equipax.core.knobs import apply_overrides
 

@@ -163,7 +163,7 @@ def test_untranslated_keys_are_listed_with_why():
             "enable_checkpointing": True,
             "mesh_axes": ["data", "fsdp"],
             "vllm_additional_config": {"max_model_len": 4096},
-            "quantization": "int8",
+            "quantization": "int4w",
         }
     )
     # no decoder_block: the base experiment's block, with grouped-query attention
@@ -172,11 +172,27 @@ def test_untranslated_keys_are_listed_with_why():
         "model.transformer.num_kv_heads": 8,
         "model.transformer.fused_qkv": False,
     }
-    assert set(t.skipped) == {"ici_sequence_parallelism", "remat_policy", "per_device_batch_size", "mesh_axes"}
+    assert set(t.skipped) == {
+        *("ici_sequence_parallelism", "remat_policy", "per_device_batch_size", "mesh_axes", "quantization")
+    }
+    assert "'int8'" in t.skipped["quantization"]  # int4w: the modes equipax has are listed
     assert "no sequence axis" in t.skipped["ici_sequence_parallelism"]
     assert "'full'" in t.skipped["remat_policy"]
-    assert t.ignored == {"vllm_additional_config": "{'max_model_len': 4096}", "quantization": "'int8'"}
+    assert t.ignored == {"vllm_additional_config": "{'max_model_len': 4096}"}
     assert any("fused_qkv=False" in n for n in t.notes)
+
+
+def test_quantization_translates_both_ways():
+    import yaml
+
+    from equipax.launch.translators.maxtext import to_equipax
+
+    for maxtext, equipax in (("int8", "int8"), ("int8w", "int8w"), ("fp8", "fp8"), ("", "none")):
+        assert to_equipax({"quantization": maxtext}).knobs == {"model.quantization": equipax}
+    assert "int4" in to_equipax({"quantization": "int4"}).skipped["quantization"]
+    show = launch("show", "--exp", "shakespeare_tiny", "--set", "model.quantization=int8", "--format", "maxtext")
+    assert show.exit_code == 0, show.output
+    assert yaml.safe_load(show.stdout)["quantization"] == "int8"
 
 
 def test_convert_reports_untranslated_keys_and_bad_input(tmp_path):
@@ -376,13 +392,14 @@ def test_show_writes_maxtext_0_2_5_keys_and_values():
 def test_translator_facts_match_maxtext_0_2_5():
     from equipax.launch.translators.maxtext_converters import MAXTEXT_DEFAULTS
     from equipax.launch.translators.maxtext_families import FAMILIES, MISSING_BLOCKS
-    from equipax.launch.translators.maxtext_rules import OPTIMIZERS, REMATS
+    from equipax.launch.translators.maxtext_rules import OPTIMIZERS, QUANTIZATIONS_BACK, REMATS
 
     assert {k: MAXTEXT_DEFAULTS[k] for k in FACTS["defaults"]} == FACTS["defaults"]
     assert set(MAXTEXT_DEFAULTS) - set(FACTS["defaults"]) == set()
     assert set(FAMILIES) | set(MISSING_BLOCKS) == set(FACTS["domains"]["decoder_block"])  # every block classified
     assert set(OPTIMIZERS) <= set(FACTS["domains"]["opt_type"])
     assert set(REMATS) <= set(FACTS["domains"]["remat_policy"])
+    assert set(QUANTIZATIONS_BACK.values()) <= set(FACTS["domains"]["quantization"])
     assert "cosine_learning_rate_final_fraction" in FACTS["not_keys"]  # renamed before 0.2: read, never written
 
 

@@ -343,3 +343,20 @@ def test_context_step_time_rejects_cps_other_than_device_count(monkeypatch, caps
         bench.main(["--seqs", "64", "--cps", str(n + 1), "--time-steps", "2", "--out", "/nonexistent/never-written"])
     assert exit_.value.code == 2
     assert f"--time-steps runs the train step on all {n} devices" in capsys.readouterr().err
+
+
+def test_quantized_matmul_benchmark_tiny(tmp_path):
+    """benchmarks/quantized_matmul.py on the CPU at toy size: every program compiles, the int8 one's
+    three matmuls (forward and both backward) are int8, and no timing is taken off a TPU."""
+    spec = importlib.util.spec_from_file_location("benchmarks_quantized_matmul", BENCHMARKS / "quantized_matmul.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "q.json"
+    results = module.main(
+        ["--tokens", "16", "--d-in", "32", "--d-out", "64", "--decode-tokens", "2", "--out", str(out)]
+    )
+    assert json.loads(out.read_text()) == results
+    assert (results["int8"]["matmuls"], results["int8"]["int8_matmuls"]) == (3, 3)
+    assert results["bf16"]["int8_matmuls"] == 0
+    assert all("median_s" not in results[name] for name in ("bf16", "int8", "bf16_serve", "int8w_serve"))

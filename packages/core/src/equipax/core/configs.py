@@ -69,6 +69,7 @@ __all__ = [
     "MeshConfig",
     "ParamGroupConfig",
     "PIPELINE_AXES",
+    "QUANTIZATIONS",
     "RopeScalingConfig",
     "ScheduleConfig",
     "ScheduleKind",
@@ -88,6 +89,10 @@ __all__ = [
 # `equipax.core.nn.linear_attention.DEFAULT_CHUNK_SIZE`, and the FLOP count of `equipax.core.flops`).
 LINEAR_ATTENTION_CHUNK_SIZE = 64
 
+
+# How the transformer block's projections compute (an LM's `model.quantization`; docs/quantization.md,
+# `equipax.core.nn.quantization`): in float, int8 forward and backward, int8 weights only, or float8.
+QUANTIZATIONS = ("none", "int8", "int8w", "fp8")
 
 _KNOB = "model.transformer"
 _ACTIVATIONS = ("gelu", "relu", "silu")

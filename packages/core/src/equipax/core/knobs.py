@@ -182,6 +182,8 @@ def coerce(value: Any, tp: Any, path: str) -> Any:
         return value
     if origin is Literal:
         allowed = typing.get_args(tp)
+        if value is None and "none" in allowed:  # `--set remat=none` (the text parses as None)
+            return "none"
         if value in allowed and type(value) in {type(a) for a in allowed}:
             return value
         raise ConfigError(

@@ -11,6 +11,7 @@ import math
 from typing import Any, ClassVar, Literal
 
 from equipax.core.configs import (
+    QUANTIZATIONS,
     MeshConfig,
     RopeScalingConfig,
     TransformerConfig,
@@ -120,6 +121,14 @@ class LMConfig:
             pass recomputes each chunk). 1 = the whole head at once, which moves the fewest bytes
             and no extra FLOPs (docs/lm_families.md, "The output head and its loss"). Must divide
             `vocab_size`.
+        quantization: how the attention projections and the feed-forward's matmuls compute
+            (MaxText's `quantization`, Pax's AQT; docs/quantization.md): "none" (in `dtype`); "int8"
+            (int8 forward and backward: activations scaled per token, weights per output channel,
+            int32 sums; a TPU's int8 rate is twice its bfloat16 rate); "int8w" (weights rounded to
+            int8 per output channel; decoding reads an int8 copy made once at load); "fp8" (float8,
+            GPUs with FP8 units only). The embedding, the output logits and the attention scores
+            stay in `dtype`, and checkpoints hold float weights whatever the mode: a job may
+            switch it at resume. A mixture of experts computes in float (refused here).
     """
 
     # Knobs the Llama experiments had before the LM families shared this config, and where they are
@@ -154,6 +163,7 @@ class LMConfig:
     lora: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
     z_loss_coef: float = 0.0
     num_vocab_tiling: int = 1
+    quantization: Literal["none", "int8", "int8w", "fp8"] = "none"
 
     @classmethod
     def saved_layout_error(cls, data: Any) -> str | None:
@@ -198,6 +208,7 @@ class LMConfig:
             raise ValueError(f"LMConfig.dtype must be one of {DTYPES}, got {self.dtype!r}; use 'float32' on CPU.")
         self._check_positions()
         self._check_embedding()
+        self._check_quantization()
         if self.lora.enabled and "gate" in self.lora.targets and not self.transformer.gated:
             present = [t for t in LORA_TARGETS if t != "gate"]
             raise ValueError(
@@ -238,6 +249,20 @@ class LMConfig:
                 f"model.num_vocab_tiling must be a whole number >= 1 that divides model.vocab_size={vocab} (the "
                 f"loss takes vocab / num_vocab_tiling columns at a time), got {n!r}; e.g. one of {near}, or 1 "
                 "(the whole head at once)."
+            )
+
+    def _check_quantization(self) -> None:
+        q = self.quantization
+        if q not in QUANTIZATIONS:
+            raise ValueError(
+                f"model.quantization must be one of {', '.join(map(repr, QUANTIZATIONS))}, got {q!r}; e.g. "
+                "--set model.quantization=int8 (docs/quantization.md)."
+            )
+        if q != "none" and self.transformer.num_experts:
+            raise ValueError(
+                f"model.quantization={q!r} quantizes the dense projections, but this model is a mixture of "
+                f"experts (model.transformer.num_experts={self.transformer.num_experts}), whose grouped expert "
+                "matmuls have no quantized form here; set model.quantization='none' for it."
             )
 
     def _check_embedding(self) -> None:

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from equipax.core.nn.quantization import quantize_weights
 from equipax.core.nn.self_attention import AttentionCache
 from equipax.core.nn.transformer import StackCache
 from equipax.models.lm import TransformerLM
@@ -36,6 +37,7 @@ __all__ = [
     "decode",
     "decode_program",
     "decode_step",
+    "for_decoding",
     "init_cache",
     "KVCache",
     "prefill",
@@ -219,6 +221,15 @@ def decode_program(model: TransformerLM) -> Callable[..., tuple[Array, Array]]:
     return _DECODE.get(platform, _DECODE_DEFAULT)
 
 
+def for_decoding(model: TransformerLM | LoRALM) -> TransformerLM:
+    """The model `decode` computes with: a `LoRALM`'s merge, and with `model.quantization` set, its
+    projections' int8 copies (`quantize_weights`; a model that holds them already is kept as is).
+    Made once where a model is loaded for decoding, it spares each `decode` call the copy."""
+    if isinstance(model, LoRALM):
+        model = model.merged()
+    return quantize_weights(model) if model.cfg.quantization != "none" else model
+
+
 def decode(
     model: TransformerLM | LoRALM,
     prompts: Int[Array, "batch seq"],
@@ -242,6 +253,8 @@ def decode(
 
     Arguments:
         model: the language model (softmax attention: any family); a `LoRALM` decodes as its merge.
+            A model with a `quantization` computes from its int8 weights (`for_decoding`: made here
+            unless the model already holds them, as `launch decode` makes them once at load).
         prompts: right-padded prompts (pad with anything): row `b` is `prompts[b, :lengths[b]]`.
         lengths: prompt length of each row, in `[1, seq]`.
         max_new_tokens: the most tokens to generate per row (>= 1); a row whose prompt leaves
@@ -262,8 +275,7 @@ def decode(
     Raises:
         ValueError: a bad argument, or prompts as wide as `max_seq_len` (no room for a token).
     """
-    if isinstance(model, LoRALM):
-        model = model.merged()
+    model = for_decoding(model)
     vocab = model.cfg.vocab_size
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}.")

@@ -116,7 +116,8 @@ class TransformerLM(eqx.Module):
         if cfg.embedding_init_std is not None:
             table = eqx.tree_at(lambda e: e.weight, table, table.weight * (cfg.embedding_init_std * math.sqrt(d)))
         self.embedding = table
-        self.stack = make_stack(cfg.transformer, key=keys[1])  # pipelined if pipeline_stages > 1
+        # Pipelined if pipeline_stages > 1; its projections compute as model.quantization says.
+        self.stack = make_stack(cfg.transformer, key=keys[1], quantization=cfg.quantization)
         self.final_norm = make_norm(cfg.transformer)
         self.unembed = None if cfg.tie_embeddings else Linear(d, cfg.vocab_size, axes=("embed", "vocab"), key=keys[2])
 

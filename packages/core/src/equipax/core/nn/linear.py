@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, Float, PRNGKeyArray
 
+from equipax.core.nn.quantization import Quantization, QuantizedWeight, project
 from equipax.core.partition import Axes
 
 __all__ = ["expand_to", "fan_in_init", "Linear"]
@@ -43,13 +44,17 @@ class Linear(eqx.Module):
 
     The owner names the logical axes of the kernel (`axes=("embed", "hidden")` for an MLP up
     projection, `("hidden", "embed")` for the down projection); the bias takes the output axis.
+    A `quantization` other than "none" computes the matmul quantized
+    (`equipax.core.nn.quantization.project`); the weight stays float, or is its int8
+    `QuantizedWeight` in a served model (`with_quantized_weights`).
     """
 
-    weight: Float[Array, "in out"]
+    weight: Float[Array, "in out"] | QuantizedWeight
     bias: Float[Array, " out"] | None
     in_features: int = eqx.field(static=True)
     out_features: int = eqx.field(static=True)
     axes: tuple[str | None, str | None] | None = eqx.field(static=True)
+    quantization: Quantization = eqx.field(static=True)
 
     def __init__(
         self,
@@ -59,6 +64,7 @@ class Linear(eqx.Module):
         use_bias: bool = False,
         dtype: DTypeLike = jnp.float32,
         axes: tuple[str | None, str | None] | None = None,
+        quantization: Quantization = "none",
         key: PRNGKeyArray,
     ) -> None:
         """Arguments:
@@ -68,8 +74,11 @@ class Linear(eqx.Module):
         dtype: parameter dtype.
         axes: logical axes `(in, out)` of the weight, for sharding (`equipax.core.partition`);
             `None` leaves them undeclared, and sharding the layer then raises an error.
+        quantization: how the matmul computes: "none", "int8", "int8w" or "fp8"
+            (`equipax.core.nn.quantization`).
         key: PRNG key for the weight.
         """
+        self.quantization = quantization
         self.in_features = in_features
         self.out_features = out_features
         self.axes = axes
@@ -82,6 +91,14 @@ class Linear(eqx.Module):
             return {}
         return {"weight": self.axes, "bias": self.axes[1:]}
 
+    def with_quantized_weights(self) -> "Linear":
+        """This layer with its weight replaced by the int8 `QuantizedWeight` it serves with (itself
+        when `quantization` is "none" or the weight is already quantized)."""
+        if self.quantization == "none" or isinstance(self.weight, QuantizedWeight):
+            return self
+        w = self.weight
+        return eqx.tree_at(lambda m: m.weight, self, QuantizedWeight.of(w, stack=w.ndim - 2, contract=1))
+
     def __call__(self, x: Float[Array, "*batch in"]) -> Float[Array, "*batch out"]:
         """Apply the layer; computes in `x.dtype`.
 
@@ -91,7 +108,7 @@ class Linear(eqx.Module):
         Returns:
             Outputs with `out_features` on the last axis.
         """
-        y = jnp.dot(x, self.weight.astype(x.dtype))
+        y = project(x, self.weight, 1, self.quantization)
         if self.bias is not None:
             y = y + expand_to(self.bias.astype(y.dtype), y.ndim)
         return y

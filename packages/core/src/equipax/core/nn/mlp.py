@@ -8,6 +8,7 @@ import jax.random as jr
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from equipax.core.nn.linear import Linear
+from equipax.core.nn.quantization import Quantization
 
 __all__ = ["Activation", "FeedForward"]
 
@@ -32,6 +33,7 @@ class FeedForward(eqx.Module):
         activation: Activation,
         gated: bool,
         use_bias: bool = False,
+        quantization: Quantization = "none",
         key: PRNGKeyArray,
     ) -> None:
         """Arguments:
@@ -40,6 +42,7 @@ class FeedForward(eqx.Module):
         activation: nonlinearity applied to the (gate) projection.
         gated: use a GLU-style gate (three matrices instead of two).
         use_bias: biases on every projection.
+        quantization: how the projections compute (`Linear`).
         key: PRNG key.
         """
         if activation not in _ACTIVATIONS:
@@ -48,9 +51,14 @@ class FeedForward(eqx.Module):
         self.activation = activation
         # Up and gate are column-split over the hidden units, down is row-split (Megatron).
         up_axes, down_axes = ("embed", "hidden"), ("hidden", "embed")
-        self.up = Linear(model_dims, hidden_dims, use_bias=use_bias, axes=up_axes, key=k_up)
-        self.gate = Linear(model_dims, hidden_dims, use_bias=use_bias, axes=up_axes, key=k_gate) if gated else None
-        self.down = Linear(hidden_dims, model_dims, use_bias=use_bias, axes=down_axes, key=k_down)
+        q = quantization
+        self.up = Linear(model_dims, hidden_dims, use_bias=use_bias, axes=up_axes, quantization=q, key=k_up)
+        self.gate = (
+            Linear(model_dims, hidden_dims, use_bias=use_bias, axes=up_axes, quantization=q, key=k_gate)
+            if gated
+            else None
+        )
+        self.down = Linear(hidden_dims, model_dims, use_bias=use_bias, axes=down_axes, quantization=q, key=k_down)
 
     def __call__(self, x: Float[Array, "*batch embed"]) -> Float[Array, "*batch embed"]:
         """Apply the block.

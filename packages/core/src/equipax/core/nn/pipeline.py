@@ -64,6 +64,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 from equipax.core.configs import bubble_fraction, check_pipeline, check_pipeline_knobs, num_microbatches
 from equipax.core.mesh import BATCH_AXES, CONTEXT, STAGE
 from equipax.core.nn.context_parallel import slot_index
+from equipax.core.nn.quantization import Quantization
 from equipax.core.nn.self_attention import Rotary
 from equipax.core.nn.transformer import (
     StackCache,
@@ -99,13 +100,15 @@ class PipelinedStack(eqx.Module):
     stages: TransformerBlock
     cfg: TransformerConfig = eqx.field(static=True)
 
-    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray) -> None:
+    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray, quantization: Quantization = "none") -> None:
         """Arguments:
         cfg: transformer config (`pipeline_stages` > 1 or not).
         key: PRNG key.
+        quantization: how the blocks' projections compute (`TransformerBlock`).
         """
         self.cfg = cfg
-        layers = eqx.filter_vmap(lambda k: TransformerBlock(cfg, key=k))(jr.split(key, cfg.num_layers))
+        block = lambda k: TransformerBlock(cfg, key=k, quantization=quantization)  # noqa: E731
+        layers = eqx.filter_vmap(block)(jr.split(key, cfg.num_layers))
         s, r = cfg.pipeline_stages, cfg.pipeline_repeats
         per = cfg.num_layers // (s * r)
         # [layer] -> [repeat, stage, layer in stage] -> [stage, repeat, layer in stage].
@@ -206,9 +209,13 @@ class PipelinedStack(eqx.Module):
         return init_stack_cache(self.in_layer_order(), batch_size, max_len, dtype)
 
 
-def make_stack(cfg: TransformerConfig, *, key: PRNGKeyArray) -> TransformerStack | PipelinedStack:
-    """The transformer stack `cfg` asks for: pipelined when `pipeline_stages` > 1."""
-    return PipelinedStack(cfg, key=key) if cfg.pipeline_stages > 1 else TransformerStack(cfg, key=key)
+def make_stack(
+    cfg: TransformerConfig, *, key: PRNGKeyArray, quantization: Quantization = "none"
+) -> TransformerStack | PipelinedStack:
+    """The transformer stack `cfg` asks for: pipelined when `pipeline_stages` > 1; its blocks'
+    projections compute as `quantization` says (`TransformerBlock`)."""
+    stack = PipelinedStack if cfg.pipeline_stages > 1 else TransformerStack
+    return stack(cfg, key=key, quantization=quantization)
 
 
 def _data_parallel(mesh: Mesh) -> int:

@@ -2,16 +2,34 @@
 `model.transformer.remat` setting (`remat_policy`), and the names the block gives the tensors
 that "save_attention_out" keeps (`SAVED_NAMES`, set with `checkpoint_name` in the block)."""
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 
 from equipax.core.knobs import ConfigError
+from equipax.core.nn.quantization import QUANTIZED_OUTPUT
 
 __all__ = ["remat_policy", "SAVED_NAMES"]
 
 # The tensors remat="save_attention_out" keeps (named with `checkpoint_name` in the block).
 SAVED_NAMES = ("attention_out", "mlp_in")
+
+
+@dataclasses.dataclass(frozen=True)
+class _ProjectionsSaveable:
+    """JAX's `dots_with_no_batch_dims_saveable`, with quantized projections kept at their output:
+    the int32 (fp8: float32) sums of a dot of one-byte operands are not saved (twice the bytes of
+    the bfloat16 output they become), the output named `QUANTIZED_OUTPUT` is, and the backward
+    quantizes its operands again from what it has."""
+
+    def __call__(self, prim: Any, *args: Any, **params: Any) -> bool:
+        if prim.name == "name":
+            return params["name"] == QUANTIZED_OUTPUT
+        if any(getattr(a, "dtype", None) is not None and a.dtype.itemsize == 1 for a in args):
+            return False
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *args, **params)
 
 
 def remat_policy(remat: str) -> Callable[..., bool] | None:
@@ -24,7 +42,7 @@ def remat_policy(remat: str) -> Callable[..., bool] | None:
     if remat == "full":
         return None
     if remat == "dots_saveable":
-        return policies.dots_with_no_batch_dims_saveable
+        return _ProjectionsSaveable()
     if remat == "save_attention_out":
         return policies.save_only_these_names(*SAVED_NAMES)
     if remat == "offload_attention_out":

@@ -43,6 +43,7 @@ from equipax.core.nn.fused_attention import AttentionImpl, mesh_platform, resolv
 from equipax.core.nn.linear import expand_to, fan_in_init
 from equipax.core.nn.linear_attention import linear_attention
 from equipax.core.nn.norm import RMSNorm
+from equipax.core.nn.quantization import Quantization, QuantizedWeight, project
 from equipax.core.nn.rotary import apply_rotary
 from equipax.core.partition import Axes
 
@@ -74,15 +75,15 @@ class AttentionCache(eqx.Module):
 class Attention(eqx.Module):
     """Causal self-attention with grouped key/value heads (module docstring for the options)."""
 
-    qkv: Float[Array, "embed 3 heads head_dim"] | None
+    qkv: Float[Array, "embed 3 heads head_dim"] | QuantizedWeight | None
     qkv_bias: Float[Array, "3 heads head_dim"] | None
-    q: Float[Array, "embed heads head_dim"] | None
+    q: Float[Array, "embed heads head_dim"] | QuantizedWeight | None
     q_bias: Float[Array, "heads head_dim"] | None
-    kv: Float[Array, "embed 2 kv_heads head_dim"] | None
+    kv: Float[Array, "embed 2 kv_heads head_dim"] | QuantizedWeight | None
     kv_bias: Float[Array, "2 kv_heads head_dim"] | None
     q_norm: RMSNorm | None
     k_norm: RMSNorm | None
-    out: Float[Array, "heads head_dim embed"]
+    out: Float[Array, "heads head_dim embed"] | QuantizedWeight
     out_bias: Float[Array, " embed"] | None
     num_heads: int = eqx.field(static=True)
     num_kv_heads: int = eqx.field(static=True)
@@ -93,6 +94,7 @@ class Attention(eqx.Module):
     impl: AttentionImpl = eqx.field(static=True)
     context_parallel: ContextParallel = eqx.field(static=True)
     context_zigzag: bool = eqx.field(static=True)
+    quantization: Quantization = eqx.field(static=True)
 
     def __init__(
         self,
@@ -111,6 +113,7 @@ class Attention(eqx.Module):
         impl: AttentionImpl = "xla",
         context_parallel: ContextParallel = "all_gather",
         context_zigzag: bool = True,
+        quantization: Quantization = "none",
         key: PRNGKeyArray,
     ) -> None:
         """Arguments:
@@ -135,6 +138,8 @@ class Attention(eqx.Module):
             know statically there (`splash_all_gather_attention`, `splash_ring_attention`); the
             other kernels mask by
             the positions they are given.
+        quantization: how the four projections compute (`equipax.core.nn.quantization.project`);
+            the attention scores and context are never quantized.
         key: PRNG key.
         """
         kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -142,6 +147,7 @@ class Attention(eqx.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, kv_heads, head_dim
         self.logit_cap, self.window, self.kernel, self.impl = logit_cap, window, kernel, impl
         self.context_parallel, self.context_zigzag = context_parallel, context_zigzag
+        self.quantization = quantization
         self.q = self.q_bias = self.kv = self.kv_bias = self.qkv = self.qkv_bias = None
         if fused_qkv:
             if kv_heads != num_heads:
@@ -200,14 +206,14 @@ class Attention(eqx.Module):
         """
         dtype = x.dtype
         if self.qkv is not None:
-            qkv = jnp.einsum("bse,ethd->bsthd", x, self.qkv.astype(dtype))
+            qkv = project(x, self.qkv, 1, self.quantization)  # [b s 3 heads head_dim]
             if self.qkv_bias is not None:
                 qkv = qkv + expand_to(self.qkv_bias.astype(dtype), qkv.ndim)
             q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         else:
             assert self.q is not None and self.kv is not None
-            q = jnp.einsum("bse,ehd->bshd", x, self.q.astype(dtype))
-            kv = jnp.einsum("bse,etnd->bstnd", x, self.kv.astype(dtype))
+            q = project(x, self.q, 1, self.quantization)  # [b s heads head_dim]
+            kv = project(x, self.kv, 1, self.quantization)  # [b s 2 kv_heads head_dim]
             if self.q_bias is not None and self.kv_bias is not None:
                 q = q + expand_to(self.q_bias.astype(dtype), q.ndim)
                 kv = kv + expand_to(self.kv_bias.astype(dtype), kv.ndim)
@@ -219,9 +225,23 @@ class Attention(eqx.Module):
             q, k = apply_rotary(q, sin, cos), apply_rotary(k, sin, cos)
         return q, k, v
 
+    def with_quantized_weights(self) -> "Attention":
+        """This layer with its projections replaced by the int8 `QuantizedWeight`s it serves with
+        (itself when `quantization` is "none" or they are already quantized)."""
+        if self.quantization == "none" or isinstance(self.out, QuantizedWeight):
+            return self
+        # name: (the weight's rank without stacked-layer axes, its input axes)
+        ranks = {"qkv": (4, 1), "q": (3, 1), "kv": (4, 1), "out": (3, 2)}
+        names = [n for n in ranks if getattr(self, n) is not None]
+        new = []
+        for n in names:
+            w, (rank, contract) = getattr(self, n), ranks[n]
+            new.append(QuantizedWeight.of(w, stack=w.ndim - rank, contract=contract))
+        return eqx.tree_at(lambda m: [getattr(m, n) for n in names], self, new)
+
     def output(self, o: Float[Array, "batch seq heads head_dim"]) -> Float[Array, "batch seq embed"]:
         """The output projection of the per-head attention result (`o.dtype`)."""
-        y = jnp.einsum("bshd,hde->bse", o, self.out.astype(o.dtype))
+        y = project(o, self.out, 2, self.quantization)
         if self.out_bias is not None:
             y = y + expand_to(self.out_bias.astype(y.dtype), y.ndim)
         return y

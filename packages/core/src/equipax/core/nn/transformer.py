@@ -23,11 +23,12 @@ from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.configs import TransformerConfig
-from equipax.core.nn.fused_attention import block_attention_impl
+from equipax.core.nn.fused_attention import block_attention_impl, mesh_platform
 from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.moe import MoEFeedForward, MoEStats
 from equipax.core.nn.moe_parallel import apply_moe
 from equipax.core.nn.norm import LayerNorm, RMSNorm
+from equipax.core.nn.quantization import Quantization, check_quantization_platform
 from equipax.core.nn.remat import remat_policy
 from equipax.core.nn.self_attention import Attention, AttentionCache, Rotary
 from equipax.core.nn.tensor_parallel import shard_map_block
@@ -63,13 +64,17 @@ def make_norm(cfg: TransformerConfig) -> LayerNorm | RMSNorm:
     return RMSNorm(cfg.model_dims, eps=cfg.norm_eps)
 
 
-def make_feed_forward(cfg: TransformerConfig, *, key: PRNGKeyArray) -> FeedForward | MoEFeedForward:
+def make_feed_forward(
+    cfg: TransformerConfig, *, key: PRNGKeyArray, quantization: Quantization = "none"
+) -> FeedForward | MoEFeedForward:
     """The block's feed-forward layer: the one place a block's MLP is chosen.
 
     Arguments:
         cfg: transformer config (`hidden_dims`, `activation`, `gated`, `use_bias`; with
             `num_experts > 0` the mixture-of-experts knobs).
         key: PRNG key.
+        quantization: how the dense feed-forward's matmuls compute (`Linear`); a mixture of
+            experts computes in float (the model config refuses it with a quantization).
 
     Returns:
         A fresh feed-forward layer (`MoEFeedForward` when `cfg.num_experts > 0`).
@@ -88,7 +93,13 @@ def make_feed_forward(cfg: TransformerConfig, *, key: PRNGKeyArray) -> FeedForwa
             key=key,
         )
     return FeedForward(
-        cfg.model_dims, cfg.hidden_dims, activation=cfg.activation, gated=cfg.gated, use_bias=cfg.use_bias, key=key
+        cfg.model_dims,
+        cfg.hidden_dims,
+        activation=cfg.activation,
+        gated=cfg.gated,
+        use_bias=cfg.use_bias,
+        quantization=quantization,
+        key=key,
     )
 
 
@@ -100,10 +111,12 @@ class TransformerBlock(eqx.Module):
     ffn_norm: LayerNorm | RMSNorm
     ffn: FeedForward | MoEFeedForward
 
-    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray) -> None:
+    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray, quantization: Quantization = "none") -> None:
         """Arguments:
         cfg: transformer config.
         key: PRNG key.
+        quantization: how the attention projections and the feed-forward's matmuls compute
+            (`equipax.core.nn.quantization`; the LM's `model.quantization`).
         """
         k_att, k_ffn = jr.split(key)
         self.atten_norm = make_norm(cfg)
@@ -122,10 +135,11 @@ class TransformerBlock(eqx.Module):
             impl=block_attention_impl(cfg),
             context_parallel=cfg.context_parallel_strategy,
             context_zigzag=cfg.context_parallel_load_balance,
+            quantization=quantization,
             key=k_att,
         )
         self.ffn_norm = make_norm(cfg)
-        self.ffn = make_feed_forward(cfg, key=k_ffn)
+        self.ffn = make_feed_forward(cfg, key=k_ffn, quantization=quantization)
 
     def __call__(
         self,
@@ -157,6 +171,7 @@ class TransformerBlock(eqx.Module):
             `(outputs, cache, stats)`: outputs of the same shape and dtype, the updated cache (None
             without one), and a mixture-of-experts feed-forward's `MoEStats` (None for a dense one).
         """
+        check_quantization_platform(self.attention.quantization, mesh_platform(mesh))
         y, cache = self.attention(
             self.atten_norm(x),
             segment_ids,
@@ -346,17 +361,18 @@ class TransformerStack(eqx.Module):
     layers: TransformerBlock | tuple[TransformerBlock, ...]
     cfg: TransformerConfig = eqx.field(static=True)
 
-    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray) -> None:
+    def __init__(self, cfg: TransformerConfig, *, key: PRNGKeyArray, quantization: Quantization = "none") -> None:
         """Arguments:
         cfg: transformer config.
         key: PRNG key.
+        quantization: how the blocks' projections compute (`TransformerBlock`).
         """
         self.cfg = cfg
         keys = jr.split(key, cfg.layer_groups)
         if cfg.scan_layers:
-            self.layers = eqx.filter_vmap(lambda k: TransformerBlock(cfg, key=k))(keys)
+            self.layers = eqx.filter_vmap(lambda k: TransformerBlock(cfg, key=k, quantization=quantization))(keys)
         else:
-            self.layers = tuple(TransformerBlock(cfg, key=k) for k in keys)
+            self.layers = tuple(TransformerBlock(cfg, key=k, quantization=quantization) for k in keys)
 
     @property
     def _repeats(self) -> int:

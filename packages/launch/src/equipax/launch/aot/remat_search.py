@@ -77,6 +77,7 @@ def fastest_that_fits(order: Sequence[str], outcomes: Mapping[str, Outcome], own
     fitting = [p for p in order if p in outcomes and outcomes[p].fits]
     if not fitting:
         return Decision()
+
     def projected(policy: str) -> float:
         seconds = outcomes[policy].projected_s
         return math.inf if seconds is None else seconds

@@ -38,6 +38,7 @@ __all__ = [
     "compile_report",
     "count_collectives",
     "count_custom_calls",
+    "count_matmuls",
     "format_report",
     "GIB",
     "stablehlo_fingerprint",
@@ -57,6 +58,16 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
         # `all-gather(`, or the async pair `all-gather-start(` ... `all-gather-done(`.
         counts[op] = len(re.findall(rf"\b{op}(?:-start)?\(", hlo_text))
     return counts
+
+
+def count_matmuls(hlo_text: str) -> dict[str, int]:
+    """Matmuls in a compiled program (XLA:TPU writes one as a `convolution`, XLA:CPU as a `dot`; an op
+    in a loop body counts once): `total`, and `int8`, those of int8 operands (`model.quantization=
+    "int8"`): an s8 first operand, or an s32 result (XLA:TPU may convert the sums in the op itself,
+    XLA:CPU may feed it a converted copy)."""
+    types = dict(re.findall(r"%([\w.-]+) = (\w+)\[", hlo_text))
+    ops = re.findall(r"= (\w+)\[[^\n=]*? (?:convolution|dot)\(%([\w.-]+)", hlo_text)
+    return {"total": len(ops), "int8": sum(1 for out, lhs in ops if out == "s32" or types.get(lhs) == "s8")}
 
 
 def count_custom_calls(stablehlo_text: str) -> dict[str, int]:
@@ -145,6 +156,7 @@ def compile_report(
         "flops": None,
         "projection": None,
         "collectives": count_collectives(compiled.as_text()) if compiled is not None else None,
+        "matmuls": count_matmuls(compiled.as_text()) if compiled is not None else None,
         "custom_calls": count_custom_calls(lowered.as_text()),
         "stablehlo_sha256": stablehlo_fingerprint(lowered),
         "compile": {
@@ -174,6 +186,11 @@ def _flops_and_projection(
     flops = flops_per_token(cfg)
     step_flops, tokens_per_step = numbers["model_flops_per_step"], numbers["tokens_per_step"]
     peak_step_s = step_flops / (devices * target.peak_tflops * 1e12)
+    # model.quantization int8 / fp8: the block's projections, forward and backward, run quantized
+    # (docs/quantization.md); the peak above stays the bf16 one, as MFU is counted.
+    quantization = getattr(cfg.model, "quantization", "none")
+    projections = flops.get("qkv_projection", 0.0) + flops.get("output_projection", 0.0) + flops.get("mlp", 0.0)
+    quantized = projections / flops["forward"] if quantization in ("int8", "fp8") and flops["forward"] else 0.0
     return {
         "model_flops_per_token": flops["training"],
         # N = the parameters one token uses (a mixture of experts' active ones).
@@ -182,6 +199,8 @@ def _flops_and_projection(
         "remat_flops_per_token": flops["remat"],
         "model_flops_per_step": step_flops,
         "tokens_per_step": tokens_per_step,
+        "quantization": quantization,
+        "quantized_flops_share": quantized,
     }, {
         "ideal_step_s": peak_step_s,
         "ideal_tokens_per_s": tokens_per_step / peak_step_s,
@@ -254,6 +273,19 @@ def format_report(r: dict[str, Any]) -> str:
             f"{f['six_n_per_token'] / 1e9:.2f}, attention {f['attention_flops_per_token'] / 1e9:.2f}), "
             f"{f['model_flops_per_step'] / 1e15:.2f} PFLOP/step; remat adds "
             f"{f['remat_flops_per_token'] / 1e9:.2f} GFLOP/token (not in MFU)",
+            *(
+                [
+                    f"  quantized     {f['quantized_flops_share']:.0%} of the model FLOPs in "
+                    f"{f['quantization']} (model.quantization; the peak below is the bf16 one)"
+                    + (
+                        f"; {r['matmuls']['int8']} of the program's {r['matmuls']['total']} matmuls int8"
+                        if r.get("matmuls")
+                        else ""
+                    )
+                ]
+                if f.get("quantized_flops_share")
+                else []
+            ),
             f"  at peak       {pr['ideal_step_s']:.3f} s/step, {pr['ideal_tokens_per_s']:,.0f} tokens/s",
             f"  at {pr['assumed_mfu']:.0%} MFU    {pr['step_s_at_assumed_mfu']:.3f} s/step, "
             f"{pr['tokens_per_s_at_assumed_mfu']:,.0f} tokens/s",

@@ -100,7 +100,7 @@ def decode_split(
     from equipax.launch.inference.trained_job import check_tokenizer, local_mesh, restore_model
     from equipax.launch.tasks import family
     from equipax.launch.training.build import build_training
-    from equipax.models.decode import decode
+    from equipax.models.decode import decode, for_decoding
 
     prompt_tokens, new_tokens, note = _check(cfg, settings)
     if note:
@@ -115,6 +115,7 @@ def decode_split(
         log(note)
     training = build_training(cfg, mesh)
     model, _ = restore_model(job_dir, step, training.abstract_state)
+    model = for_decoding(model)  # a LoRA job's merge, model.quantization's int8 copy: made once
     inputs = family(cfg).build_inputs(cfg, job_dir, mesh=mesh, log=log)
     tokenizer, source = inputs.extra["tokenizer"], inputs.eval
     limit = math.ceil(settings.max_examples / cfg.global_batch_size) if settings.max_examples else 0

@@ -57,6 +57,10 @@ DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
 # MaxText's Pallas splash kernel on TPU, `cudnn_flash_te` cuDNN's fused attention on GPU.
 CONTEXT_STRATEGIES = {"all_gather": "all_gather", "ring": "ring"}
 ATTENTION_IMPLS = {"autoselected": "auto", "dot_product": "xla", "flash": "splash", "cudnn_flash_te": "cudnn"}
+# MaxText's `quantization` -> equipax's model.quantization (docs/quantization.md); "" is MaxText's none.
+# "int8w" (weight-only int8) is read from earlier MaxText configs; MaxText 0.2.5 has no such value.
+QUANTIZATIONS = {"": "none", "int8": "int8", "int8w": "int8w", "fp8": "fp8"}
+QUANTIZATIONS_BACK = {"none": "", "int8": "int8", "fp8": "fp8"}
 
 
 RULES: tuple[Rule, ...] = (
@@ -148,6 +152,15 @@ RULES: tuple[Rule, ...] = (
         lambda k: {"max_target_length": k["data.seq_len"]},
     ),
     direct("dtype", "model.dtype", "bfloat16 or float32", one_of("dtype", DTYPES), one_of("model.dtype", DTYPES)),
+    direct(
+        "quantization",
+        "model.quantization",
+        "'' (none), int8 (int8 forward and backward), fp8; int8w (int8 weights) of earlier MaxText configs is "
+        "read, not written (MaxText 0.2.5 has no weight-only int8); int4, intmp and the other fp8 variants "
+        "are not translated",
+        one_of("quantization", QUANTIZATIONS),
+        one_of("model.quantization", QUANTIZATIONS_BACK),
+    ),
     Rule(
         ("per_device_batch_size",),
         ("data.per_device_batch", "data.batch_size"),
