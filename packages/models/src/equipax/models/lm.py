@@ -165,6 +165,7 @@ class TransformerLM(eqx.Module):
         cfg = self.cfg
         if cfg.num_vocab_tiling > 1:
             table, axis = (self.embedding.weight, 0) if self.unembed is None else (self.unembed.weight, 1)
+            assert isinstance(table, jax.Array), "the output head is never quantized (model.quantization)"
             return chunked_head_stats(
                 h, table, labels, cap=cfg.output_logit_cap, chunks=cfg.num_vocab_tiling, vocab_axis=axis, mesh=mesh
             )
