@@ -73,6 +73,7 @@ from equipax.core.nn.transformer import (
     init_stack_cache,
     run_cached_layers,
     run_stacked_layers,
+    stacked_init,
 )
 from equipax.core.partition import Axes
 
@@ -105,7 +106,7 @@ class PipelinedStack(eqx.Module):
         key: PRNG key.
         """
         self.cfg = cfg
-        layers = eqx.filter_vmap(lambda k: TransformerBlock(cfg, key=k))(jr.split(key, cfg.num_layers))
+        layers = stacked_init(lambda k: TransformerBlock(cfg, key=k), jr.split(key, cfg.num_layers))
         s, r = cfg.pipeline_stages, cfg.pipeline_repeats
         per = cfg.num_layers // (s * r)
         # [layer] -> [repeat, stage, layer in stage] -> [stage, repeat, layer in stage].
