@@ -25,6 +25,7 @@ from equipax.core.nn import (
     dot_product_attention,
     reference_attention,
 )
+from equipax.core.nn.transformer import stacked_init
 
 TINY = TransformerConfig(num_layers=2, model_dims=16, num_heads=2, head_dim=8, hidden_dims=32, atten_logit_cap=None)
 
@@ -180,6 +181,32 @@ def test_scanned_and_unrolled_init_agree(key, trees_close):
     # Different layers get different parameters.
     first, second = unrolled.layers
     assert not np.allclose(first.attention.qkv, second.attention.qkv)
+
+
+def _eqns(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _eqns(sub)
+
+
+def test_stacked_init_draws_one_layer_at_a_time_with_the_batched_inits_numbers(key):
+    """A scanned stack is initialised by a map over its layers' keys (`stacked_init`): the numbers
+    of the batched init (`eqx.filter_vmap`), bit for bit, eager and compiled, while every random
+    draw in the program is one layer's (a batched draw over all layers compiled ~3x slower for
+    XLA:TPU and held a layer-stack of temporaries: benchmarks/README.md, "Start-up")."""
+
+    def make(k):
+        return TransformerBlock(TINY, key=k)
+
+    keys = jr.split(key, 3)
+    want = jax.tree.leaves(eqx.filter(eqx.filter_vmap(make)(keys), eqx.is_array))
+    for build in (stacked_init, eqx.filter_jit(stacked_init)):
+        got = jax.tree.leaves(eqx.filter(build(make, keys), eqx.is_array))
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+    jaxpr = jax.make_jaxpr(lambda k: eqx.filter(TransformerStack(TINY, key=k), eqx.is_array))(key)
+    draws = [e for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "random_bits"]
+    assert draws and all(e.invars[0].aval.shape == () for e in draws), [e.invars[0].aval for e in draws]
 
 
 def _loss_and_out(stack, x):

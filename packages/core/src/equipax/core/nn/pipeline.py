@@ -74,6 +74,7 @@ from equipax.core.nn.transformer import (
     init_stack_cache,
     run_cached_layers,
     run_stacked_layers,
+    stacked_init,
 )
 from equipax.core.partition import Axes
 
@@ -107,8 +108,9 @@ class PipelinedStack(eqx.Module):
         quantization: how the blocks' projections compute (`TransformerBlock`).
         """
         self.cfg = cfg
-        block = lambda k: TransformerBlock(cfg, key=k, quantization=quantization)  # noqa: E731
-        layers = eqx.filter_vmap(block)(jr.split(key, cfg.num_layers))
+        layers = stacked_init(
+            lambda k: TransformerBlock(cfg, key=k, quantization=quantization), jr.split(key, cfg.num_layers)
+        )
         s, r = cfg.pipeline_stages, cfg.pipeline_repeats
         per = cfg.num_layers // (s * r)
         # [layer] -> [repeat, stage, layer in stage] -> [stage, repeat, layer in stage].
