@@ -35,9 +35,10 @@
 #              strategy, the ring kernels' forward + backward against XLA's and splash; ring.json)
 # Default parts: usage speed. USAGE_ARGS, RUNS_ARGS, SPEED_ARGS, PROFILE_ARGS, DECODE_ARGS, MOE_ARGS and
 # RING_ARGS replace a part's arguments (its JSON goes to --out regardless); PART_TIMEOUT=S stops a
-# part after S seconds (the rest still run); PY the interpreter (default python3). --source
-# imports equipax from packages/*/src instead of its wheels (a developer's edit, without building
-# wheels again). ALLOW_CPU=1 runs on a host without a TPU (a dry run; tests/repo/test_wheels.py
+# part after S seconds (the rest still run); PY the interpreter (default: the first of python3,
+# python3.11, python3.12 and python3.13 that imports JAX: pyenv may make plain python3 follow the
+# checkout's .python-version). --source imports equipax from packages/*/src instead of its wheels (a
+# developer's edit, without building wheels again). ALLOW_CPU=1 runs on a host without a TPU (a dry run; tests/repo/test_wheels.py
 # runs `check` so; toy-size arguments for decode, moe and ring: benchmarks/README.md).
 # --wheels, --out and TARGET are read from the directory you run it in (the defaults are in the
 # checkout). Before installing it checks the wheels folder against wheels.sh's list (needs.txt: every
@@ -78,7 +79,17 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ ${#PARTS[@]} -gt 0 ] || PARTS=(usage speed)
-PY=${PY:-python3}
+if [ -z "${PY:-}" ]; then
+    # The Python that imports the image's JAX (jaxlib is built for one version): plain python3 may be
+    # another (pyenv follows the checkout's .python-version, the workspace's default for uv).
+    for cand in python3 python3.11 python3.12 python3.13; do
+        if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import jax, jaxlib' >/dev/null 2>&1; then
+            PY=$("$cand" -c 'import sys; print(sys.executable)')
+            break
+        fi
+    done
+    [ -n "${PY:-}" ] || PY=python3  # none imports JAX: the check below says so, naming it
+fi
 case "$PY" in */*) PY=$(from_caller "$PY") ;; esac  # a path, from the caller's directory; a name, from PATH
 TARGET=$(from_caller "${TARGET:-/tmp/equipax-site}")
 export PYTHONUNBUFFERED=1

@@ -123,6 +123,21 @@ def wheels_to_install(folder: str) -> tuple[list[str], list[str]]:
             f"(cut short by a full disk or an interrupted copy). Nothing was installed. Copy the folder "
             f"again, or {again[0].lower()}{again[1:]}"
         )
+    here = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    other = [  # built for another CPython (a stable-ABI "abi3" wheel runs on later ones too)
+        f
+        for f in chosen
+        if wheels[f][-3].startswith("cp") and wheels[f][-2] != "abi3" and here not in wheels[f][-3].split(".")
+    ]
+    if other:
+        made_for = sorted({wheels[f][-3] for f in other})
+        raise Refused(
+            f"'{folder}' was made for Python {', '.join(made_for)} ({other[0]}, ...), but the interpreter run.sh "
+            f"installs for is {sys.version.split()[0]} ({sys.executable}). Run it with the Python that has the "
+            "image's JAX (PY=/path/to/python3.11; a .python-version file or pyenv can make plain python3 another "
+            f"one), or make the wheels for this Python: PYTHON_VERSION={sys.version_info[0]}.{sys.version_info[1]} "
+            f"bash benchmarks/tpu/wheels.sh {folder}"
+        )
     extra = sorted(set(wheels) - set(chosen))
     return [os.path.join(folder, f) for f in chosen], extra
 

@@ -9,7 +9,9 @@ workspace); the script runs from a copy of the checkout in a temporary folder, s
 can land in the repository. tests/repo/test_wheels.py runs it with the real wheels."""
 
 import importlib.util
+import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -121,6 +123,12 @@ def _jax_plugin(folder: Path) -> None:
     make_wheel(folder, "jax_cuda12_plugin", "0.10.2")
 
 
+def _other_python(folder: Path) -> None:
+    """absl-py's wheel for CPython 2.7 in place of the pure one (wheels.sh run for another Python)."""
+    path = next(folder.glob("absl_py-*.whl"))
+    path.rename(folder / "absl_py-2.1.0-cp27-cp27m-manylinux1_x86_64.whl")
+
+
 @pytest.mark.parametrize(
     "damage, needle",
     [
@@ -131,8 +139,9 @@ def _jax_plugin(folder: Path) -> None:
         (_truncated, "absl_py-2.1.0-py3-none-any.whl is not a whole zip file"),
         (_jax, "jax-0.10.2-py3-none-any.whl"),
         (_jax_plugin, "jax_cuda12_plugin-0.10.2-py3-none-any.whl"),
+        (_other_python, "was made for Python cp27"),
     ],
-    ids=["no-needs", "unfinished", "listed-missing", "equipax-missing", "truncated", "jax", "jax-plugin"],
+    ids=["no-needs", "unfinished", "listed-missing", "equipax-missing", "truncated", "jax", "jax-plugin", "cp27"],
 )
 def test_a_wheels_folder_that_is_not_whole_is_refused_before_anything_is_written(
     damage, needle, checkout, wheels, tmp_path
@@ -274,3 +283,27 @@ def test_usage_replaces_only_a_folder_it_wrote(tmp_path, monkeypatch, capsys):
     with pytest.raises(AssertionError, match="launch ran"):
         usage.main(["--out", str(own)])
     assert sorted(p.name for p in own.iterdir()) == ["usage.json"]
+
+
+def test_without_py_it_runs_the_python_that_imports_jax(checkout, wheels, tmp_path):
+    """PY unset: the first of python3, python3.11, ... that imports JAX, not plain python3 when that
+    is another Python (pyenv follows the checkout's .python-version: on the TPU image plain python3
+    became a 3.12 without the image's JAX and pip refused the 3.11 wheels)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text("#!/bin/sh\necho 'no JAX in this one' >&2\nexit 1\n")
+    (bin_dir / "python3.11").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    for shim in bin_dir.iterdir():
+        shim.chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ALLOW_CPU": "1"}
+    base = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PY")}
+    done = subprocess.run(
+        [BASH, str(checkout / "benchmarks" / "tpu" / "run.sh"), "--wheels", str(wheels), "--out", "o", "check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=base | env | {"TARGET": str(tmp_path / "site"), "JAX_PLATFORMS": "cpu"},
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert json.loads((tmp_path / "o" / "environment.json").read_text())["python"] == platform.python_version()
