@@ -82,5 +82,6 @@ def test_int8_with_splash_attention_compiles_for_a_v5e(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "compile.json").read_text())
     assert report["compile"]["backend"] == "tpu"
-    assert report["custom_calls"].get("tpu_custom_call", 0) >= 3, report["custom_calls"]
+    # splash's forward and its fused backward (dq, dk and dv in one kernel)
+    assert report["custom_calls"].get("tpu_custom_call", 0) >= 2, report["custom_calls"]
     assert report["matmuls"]["int8"] >= 4 * 3, report["matmuls"]

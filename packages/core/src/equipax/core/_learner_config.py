@@ -211,7 +211,7 @@ class VariationalNoiseConfig:
         e.g. `blocks/attention|embed`); "" = every trained parameter.
     vn_start_step: the first step that gets noise.
     vn_seed: None = the noise comes from the run's step key (`train.seed`, new each step);
-        an int in [0, 2**63) = from this seed folded with the step, so the noise does not change with `train.seed`.
+        an int in `[0, 2**63)` = from this seed folded with the step, so the noise does not change with `train.seed`.
     """
 
     vn_scale: float = 0.0

@@ -13,7 +13,7 @@ SEED_LIMIT = 2**63
 
 
 def check_seed(value: Any, what: str) -> None:
-    """Raise ConfigError unless `value` is a seed: an int in [0, 2**63). `what` names the knob or option."""
+    """Raise ConfigError unless `value` is a seed: an int in `[0, 2**63)`. `what` names the knob or option."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < SEED_LIMIT:
         raise ConfigError(
             f"{what}: expected a seed, an int in [0, 2**63) ({SEED_LIMIT - 1} at most), found {value!r}. "

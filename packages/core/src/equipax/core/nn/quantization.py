@@ -124,7 +124,6 @@ def _dot(a: Array, b: Array, dims: tuple[tuple[int, ...], tuple[int, ...]]) -> A
     return jax.lax.dot_general(a, b, (dims, ((), ())), preferred_element_type=_accumulator(a.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def quantized_matmul(
     x: Float[Array, "..."], w: Float[Array, "..."], contract: int, quantization: str = "int8"
 ) -> Float[Array, "..."]:
@@ -140,6 +139,11 @@ def quantized_matmul(
     Returns:
         `[*tokens, *out]` in `x.dtype`.
     """
+    return _quantized_matmul(x, w, contract, quantization)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _quantized_matmul(x: Array, w: Array, contract: int, quantization: str) -> Array:
     return _forward(x, w, contract, quantization)[0]
 
 
@@ -193,7 +197,7 @@ def _sum_to(grad: Array, like: Array) -> Array:
     return jax.lax.psum(grad, extra) if extra else grad
 
 
-quantized_matmul.defvjp(_fwd_rule, _bwd_rule)
+_quantized_matmul.defvjp(_fwd_rule, _bwd_rule)
 
 
 def reference_quantized_matmul(

@@ -47,7 +47,7 @@ class DataConfig:
     supervised fine-tuning (docs/finetuning.md).
     seq_len: tokens per example (the model's window). validation_plays: the Shakespeare plays
     held out for evaluation. tokenizer_max_sentences: at most this many sentences of the training
-    split train the SentencePiece vocabulary. seed: the data seed (order and windows), an int in [0, 2**63).
+    split train the SentencePiece vocabulary. seed: the data seed (order and windows), an int in `[0, 2**63)`.
     batch_size: the global batch (all hosts together); each of N hosts reads batch_size / N.
     per_device_batch: Pax's PERCORE_BATCH_SIZE; when set, the global batch is
     per_device_batch x the mesh's device count and batch_size is ignored.
@@ -184,7 +184,7 @@ class ImageDataConfig:
     image_size, channels, num_classes: synthetic only; the digits are 8x8x1 with 10 classes.
     test_fraction: digits only: the share of images held out for testing.
     shuffle: reshuffle the training images every epoch (the tutorial keeps their order).
-    seed: the data seed (synthetic images; the digits' split and shuffling), an int in [0, 2**63).
+    seed: the data seed (synthetic images; the digits' split and shuffling), an int in `[0, 2**63)`.
     """
 
     source: str = "synthetic"

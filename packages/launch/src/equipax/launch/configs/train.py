@@ -164,7 +164,7 @@ class TrainConfig:
     log_every, eval_every, checkpoint_every: steps between metric lines (stdout, metrics.jsonl,
     TensorBoard), between evaluations, and between checkpoints. keep_checkpoints: how many of the
     newest checkpoints are kept. seed: the root seed of the init and step keys (the data has
-    its own `data.seed`), an int in [0, 2**63) as every seed. peak_tflops_per_device: the
+    its own `data.seed`), an int in `[0, 2**63)` as every seed. peak_tflops_per_device: the
     device's peak TFLOP/s for the MFU figure; None = looked up from the device kind (it also
     prices `model.transformer.remat="auto"`'s candidates). hbm_gib_per_device: the memory per
     device that `model.transformer.remat="auto"` fits the step in; None = the device's own (its
