@@ -20,6 +20,16 @@ one run on a loaded host.
         --set data.packing=False --set "mesh.ici_mesh_shape=(1,-1,1)" \\
         --python before=/tmp/base/.venv/bin/python --python after=.venv/bin/python
 
+`--programs TOPOLOGY` instead compiles, for a TPU slice that is not attached (libtpu on this host,
+as `launch compile --topology` does), each program a fresh run of `--exp` compiles before its
+first eval and checkpoint: the initialisation, the train step, the eval step and the checkpoint
+checksums' program, and reports each one's XLA compile time (wall and CPU seconds) and the
+initialisation's temporaries:
+
+    uv run python benchmarks/first_step.py --programs v5e-1 --exp c4_1b --set model.transformer.num_layers=6 \
+        --set data.per_device_batch=8 --set data.source=synthetic --set data.packing=False \
+        --set "mesh.ici_mesh_shape=(1,-1,1)"
+
 Importable: `main(argv) -> dict` returns what it writes to `--out`.
 """
 
@@ -65,23 +75,69 @@ def run_once(
     knobs += [] if cache else ["train.compiler.cache_dir="]
     args = ["run", "--exp", exp, "--job-log-dir", str(job), *[a for s in knobs for a in ("--set", s)]]
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
+    lines, match, matched_at = [], None, 0.0
+    with subprocess.Popen(
         [python or sys.executable, "-m", "equipax.launch.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    )
-    assert proc.stdout is not None
-    lines, match, matched_at = [], None, 0.0
-    for line in proc.stdout:
-        lines.append(line)
-        if match is None and (match := _LINE.search(line)):
-            matched_at = time.perf_counter()
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if match is None and (match := _LINE.search(line)):
+                matched_at = time.perf_counter()
     end = time.perf_counter()
-    if proc.wait() != 0 or match is None:
+    if proc.returncode != 0 or match is None:
         raise SystemExit(f"exit {proc.returncode}, or no phase line in the run's output:\n{''.join(lines)[-3000:]}")
     phases = {name: float(value) for name, value in (p.rsplit(" ", 1) for p in match.group(2).split(", "))}
     return {"total": float(match.group(1)), **phases, "process_wall": end - t0, "after_first_step": end - matched_at}
+
+
+def compile_programs(exp: str, sets: Sequence[str], topology: str) -> dict[str, Any]:
+    """XLA:TPU compile time of each program a fresh run of `exp` compiles first, for `topology`."""
+    import dataclasses
+
+    import equinox as eqx
+    import jax
+
+    from equipax.core.mesh import build_mesh
+    from equipax.launch.aot.tpu import lookup_slice, topology_devices
+    from equipax.launch.commands.common import resolve
+    from equipax.launch.commands.compile_command import _host_only_jax
+    from equipax.launch.jobdir.checksums import flat_arrays, lower_checksums
+    from equipax.launch.training.build import _initial_state, build_training
+
+    _, cfg, _ = resolve(exp, list(sets))
+    _host_only_jax()
+    devices = topology_devices(lookup_slice(topology))
+    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.fit(len(devices)))
+    training = build_training(cfg, build_mesh(cfg.mesh, devices), feeds_batches=False)
+    arrays, static = eqx.partition(training.abstract_state.model, lambda x: isinstance(x, jax.ShapeDtypeStruct))
+
+    def init(key: Any) -> Any:
+        state = _initial_state(training.task, training.learner.optimizer, key)
+        return eqx.filter(eqx.filter_shard(state, training.state_sharding), eqx.is_array)
+
+    def evaluate(model_arrays: Any, batch: Any) -> Any:
+        return training.task.eval_sums(eqx.combine(model_arrays, static), batch, model_state=None)
+
+    lowerings = {
+        "init": lambda: jax.jit(init).lower(jax.eval_shape(lambda: training.keys.init)),
+        "train step": training.lower,
+        "eval step": lambda: jax.jit(evaluate).lower(arrays, training.abstract_batch()),
+        "checksums": lambda: lower_checksums(flat_arrays(training.abstract_state)),
+    }
+    out: dict[str, Any] = {"topology": topology}
+    for name, lower in lowerings.items():
+        lowered = lower()
+        wall, cpu = time.perf_counter(), time.process_time()
+        compiled = lowered.compile()
+        out[name] = {"compile_s": time.perf_counter() - wall, "compile_cpu_s": time.process_time() - cpu}
+        if name == "init":
+            out[name]["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes
+        print(f"  {name:<12} {out[name]}", flush=True)
+    return out
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,6 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh-only", action="store_true", help="no reruns of the jobs")
     p.add_argument("--cache", choices=("both", "on", "off"), default="both", help="the runs with/without the cache")
     p.add_argument("--python", action="append", default=[], help="NAME=PATH: run every round with this interpreter too")
+    p.add_argument("--programs", metavar="TOPOLOGY", help="compile the run's programs for a TPU slice instead")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -108,6 +165,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         round's phases and their medians.
     """
     args = _parser().parse_args(argv)
+    if args.programs:
+        results = {"benchmark": "first_step programs", "exp": args.exp, "sets": args.sets}
+        results |= compile_programs(args.exp, args.sets, args.programs)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+        return results
     pythons = dict(p.split("=", 1) for p in args.python) or {"": sys.executable}
     caches = {"both": (True, False), "on": (True,), "off": (False,)}[args.cache]
     runs: dict[str, list[dict[str, float]]] = {}

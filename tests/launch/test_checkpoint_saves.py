@@ -60,7 +60,7 @@ def _bytes_on_disk(folder):
 
 def test_states_are_written_uncompressed_and_compressed_checkpoints_still_restore(tmp_path):
     """A checkpoint's arrays are written as they are (zstd saved ~8% of a float32 state's bytes
-    at 3.5x the write time: benchmarks/README.md, "Start-up"), so 2 MiB of zeros take 2 MiB on
+    for 1.7x the read time: benchmarks/README.md, "Start-up"), so 2 MiB of zeros take 2 MiB on
     disk; a checkpoint written compressed, as orbax writes by default and this project did before,
     still restores, verified."""
     import jax
