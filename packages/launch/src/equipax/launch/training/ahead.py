@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 
 __all__ = ["CHECKSUMS", "CompileAhead", "EVAL_STEP", "TRAIN_STEP", "wait_for"]
 
-TRAIN_STEP, EVAL_STEP, CHECKSUMS = "train step", "eval step", "checksums"
+# The programs compiled ahead, by the names `CompileAhead.wait` takes.
+TRAIN_STEP = "train step"
+EVAL_STEP = "eval step"
+CHECKSUMS = "checksums"
 
 
 def _zeros(x: jax.ShapeDtypeStruct) -> jax.Array:
