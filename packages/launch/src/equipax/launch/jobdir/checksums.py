@@ -223,7 +223,7 @@ def tree_digest(tree: Any, sums: dict[str, str] | None = None) -> str:
     """A short hash of all array leaves (to compare runs bit for bit in logs/tests): SHA-256 of
     each leaf's path and checksum (`array_checksums`, or `sums` where they were computed for these
     leaves already). The sums run where the arrays are: nothing is gathered or copied to the host
-    (hashing every byte on the host took 4 s per GB on a 2-core host, after copying the whole state
+    (hashing every byte on the host took 1-9.5 s per GB on a 2-core host, after copying the state
     off the accelerator: benchmarks/README.md, "Start-up"). Like the checksums, the digest does not
     depend on the sharding or the host count."""
     sums = array_checksums(flat_arrays(tree)) if sums is None else sums
