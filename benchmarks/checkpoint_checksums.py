@@ -13,6 +13,12 @@ Prints a table and writes JSON:
 
     uv run python benchmarks/checkpoint_checksums.py --preset 20m --repeats 5 \
         --out benchmarks/results/checkpoint_checksums.json
+
+`--save-path MB` instead times the end of a run's save path on a state of MB megabytes of
+float32 normal numbers in 10 arrays (the device program sums them: what an accelerator runs):
+the checksums, a checkpoint save as `launch run` writes it (uncompressed) against orbax's default
+zstd, their restores, `np.save` of the same bytes with a `sync` (the disk's own speed), and a
+SHA-256 of every byte on the host (what the final digest cost before it hashed the checksums).
 """
 
 import argparse
@@ -102,13 +108,76 @@ def measure(preset_name: str, *, repeats: int) -> dict[str, Any]:
     }
 
 
+def save_path(mb: int, *, repeats: int) -> dict[str, Any]:
+    """Median seconds of the save path's parts on a state of `mb` megabytes (module docstring)."""
+    import hashlib
+    import os
+
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from equipax.launch.jobdir import checksums
+    from equipax.launch.jobdir.checkpoints import Checkpointer
+
+    key = jax.random.key(0)
+    rows = mb * 2**20 // 4 // 10 // 1024
+    state = {f"a{i}": jax.random.normal(jax.random.fold_in(key, i), (rows, 1024)) for i in range(10)}
+    jax.block_until_ready(state)
+    nbytes = sum(x.nbytes for x in state.values())
+    checksums.HOST_CHECKSUM_MAX_BYTES = 0  # the device program, as on an accelerator
+    checksums.array_checksums(state)  # compile
+    out: dict[str, Any] = {"state_mb": round(nbytes / 1e6, 1), "repeats": repeats}
+    out["checksums_s"] = _median_s(lambda: checksums.array_checksums(state), repeats)
+
+    def sha256() -> None:
+        h = hashlib.sha256()
+        for k in sorted(state):
+            h.update(np.asarray(state[k]).tobytes())
+
+    out["host_sha256_s"] = _median_s(sha256, repeats)
+    abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in state.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        host = jax.device_get(state)
+
+        def raw() -> None:
+            for k, v in host.items():
+                np.save(Path(tmp) / f"{k}.npy", v)
+            os.sync()
+
+        out["np_save_sync_s"] = _median_s(raw, repeats)
+        step = iter(range(1, 10_000))
+        ckpt = Checkpointer(Path(tmp) / "uncompressed", keep=1)
+        out["save_s"] = _median_s(lambda: (ckpt.save(next(step), state, {}), ckpt.wait()), repeats)
+        latest = ckpt.latest_step()
+        out["restore_s"] = _median_s(lambda: jax.block_until_ready(ckpt.restore(latest, abstract)), repeats)
+        ckpt.close()
+        zstd = ocp.CheckpointManager(
+            Path(tmp) / "zstd",
+            options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True),
+            item_handlers={"state": ocp.StandardCheckpointHandler()},
+        )
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state))  # pyright: ignore[reportCallIssue]
+        out["zstd_save_s"] = _median_s(lambda: (zstd.save(next(step), args=args), zstd.wait_until_finished()), repeats)
+        restore = ocp.args.Composite(state=ocp.args.StandardRestore(abstract))  # pyright: ignore[reportCallIssue]
+        zlatest = zstd.latest_step()
+        out["zstd_restore_s"] = _median_s(
+            lambda: jax.block_until_ready(zstd.restore(zlatest, args=restore)["state"]), repeats
+        )
+        zstd.close()
+        for name in ("uncompressed", "zstd"):
+            files = (f for f in (Path(tmp) / name).rglob("*") if f.is_file())
+            out[f"{name}_mb_on_disk"] = round(sum(f.stat().st_size for f in files) / 1e6, 1)
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="20m")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--save-path", type=int, default=None, metavar="MB", help="time the save path instead")
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     a = p.parse_args()
-    figures = measure(a.preset, repeats=a.repeats)
+    figures = save_path(a.save_path, repeats=a.repeats) if a.save_path else measure(a.preset, repeats=a.repeats)
     for k, v in figures.items():
         print(f"{k:28s} {v}")
     if a.out:

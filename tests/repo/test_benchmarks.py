@@ -360,3 +360,35 @@ def test_quantized_matmul_benchmark_tiny(tmp_path):
     assert (results["int8"]["matmuls"], results["int8"]["int8_matmuls"]) == (3, 3)
     assert results["bf16"]["int8_matmuls"] == 0
     assert all("median_s" not in results[name] for name in ("bf16", "int8", "bf16_serve", "int8w_serve"))
+
+
+def test_first_step_benchmark_times_phases_and_compiles_a_runs_programs_for_a_tpu(tmp_path):
+    """One fresh toy run per interpreter (its phases, the time after the first step), and the
+    programs a run compiles, compiled for a v5e by libtpu on this host."""
+    spec = importlib.util.spec_from_file_location("benchmarks_first_step", BENCHMARKS / "first_step.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "first_step.json"
+    results = bench.main(
+        ["--rounds", "1", "--fresh-only", "--cache", "off", "--python", f"this={sys.executable}", "--out", str(out)]
+    )
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    (run,) = results["runs"]["fresh, this, cache off"]
+    assert {"start-up", "config", "devices", "inputs", "build", "first step"} <= set(run)
+    assert 0 < run["total"] < run["process_wall"] and 0 < run["after_first_step"] < run["process_wall"]
+
+    toy = [a for s in bench.TOY for a in ("--set", s)]
+    programs = tmp_path / "programs.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "first_step.py"), "--programs", "v5e-1", *toy, "--out", str(programs)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=timed_child_env(),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    compiled = json.loads(programs.read_text())
+    for name in ("init", "train step", "eval step", "checksums"):
+        assert compiled[name]["compile_s"] > 0, name
+    assert compiled["init"]["temp_bytes"] >= 0

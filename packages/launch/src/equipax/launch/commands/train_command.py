@@ -204,7 +204,7 @@ def run(
     except ConfigError as e:
         fail(str(e))
     job_dir = job_given or Path("runs") / cfg.name
-    startup.mark("config")  # the knobs, the compiler flags, the devices
+    startup.mark("config")  # the knobs, the compiler flags (the devices open in run_experiment)
     if entry.kind == "benchmark":
         from equipax.launch.bench.attention_timing import run_attention_bench
 

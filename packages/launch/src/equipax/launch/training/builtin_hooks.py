@@ -17,6 +17,7 @@ from equipax.core.task import EVAL_SUMS
 from equipax.launch.cluster.distributed import gather_host_states, to_host
 from equipax.launch.jobdir.plots import NO_MATPLOTLIB, plot_classifier_history
 from equipax.launch.jobdir.summaries import read_metrics
+from equipax.launch.training import ahead
 from equipax.launch.training.hooks import ALL, Hook, RunContext, StepContext
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ def eval_record(m: Mapping[str, float], unit: str) -> dict[str, float]:
 
 def evaluate(run: RunContext, state: Any) -> dict[str, float]:
     """The run's eval (`train.eval_batches`; 0 = a whole pass): `eval_record`."""
+    ahead.wait_for(run.ahead, ahead.EVAL_STEP)
     m = eval_pass(run.training, run.inputs.eval, state.model, state.model_state, limit=run.cfg.train.eval_batches)
     return eval_record(m, run.unit)
 
@@ -172,6 +174,7 @@ class CheckpointHook(Hook):
     def after_step(self, ctx: StepContext) -> None:
         run = ctx.run
         run.check_nonfinite(ctx.step)  # never save past an unchecked step
+        ahead.wait_for(run.ahead, ahead.CHECKSUMS)
         run.checkpointer.save(
             ctx.step,
             ctx.state,

@@ -1,4 +1,8 @@
-"""The end of a run: final eval numbers, the family's extras (the LM's sample), result.json, plots."""
+"""The end of a run: final eval numbers, the family's extras (the LM's sample), result.json, plots.
+
+The final checkpoint is written in the background while these are computed; `finish` waits for it
+to be complete on disk before result.json says the run finished.
+"""
 
 import dataclasses
 import json
@@ -15,6 +19,7 @@ from equipax.launch.jobdir.ownership import write_text_atomic
 from equipax.launch.jobdir.plots import NO_MATPLOTLIB, plot_loss
 from equipax.launch.jobdir.storage import AnyPath
 from equipax.launch.jobdir.summaries import read_metrics
+from equipax.launch.training.ahead import CHECKSUMS, wait_for
 from equipax.launch.training.builtin_hooks import evaluate
 from equipax.launch.training.hooks import Hook, RunContext
 
@@ -45,7 +50,8 @@ def finish(
     outputs: Mapping[str, Any],
     console: Console,
 ) -> RunResult:
-    """After the last step: final eval numbers, the family's extras, result.json and plots.
+    """After the last step: final eval numbers, the family's extras, result.json and plots; closes
+    the run's checkpointer (waits for the final checkpoint's write) before writing result.json.
 
     Arguments:
         run: the finished run.
@@ -75,6 +81,14 @@ def finish(
     for hook in hooks:
         extra |= hook.result(run, outputs)
     run.writer.close()
+    wait_for(run.ahead, CHECKSUMS)
+    digest = tree_digest(state, run.checkpointer.checksums(state))  # the final save's sums
+    if (
+        run.primary
+        and plot_loss(read_metrics(run.writer.path), run.job_dir / "plots" / "loss.png", title=run.cfg.name) is None
+    ):
+        log(f"note: plots/loss.png not written: {NO_MATPLOTLIB}")
+    run.checkpointer.close()  # the final checkpoint complete on disk before result.json
     result = RunResult(
         job_dir=run.job_dir,
         start_step=run.start,
@@ -82,12 +96,10 @@ def finish(
         final_train_loss=last_train.get("loss"),
         final_eval_loss=last_eval.get("loss"),
         final_eval_accuracy=last_eval.get("accuracy"),
-        state_digest=tree_digest(state),
+        state_digest=digest,
         extra=extra,
     )
     if run.primary:
-        if plot_loss(read_metrics(run.writer.path), run.job_dir / "plots" / "loss.png", title=run.cfg.name) is None:
-            log(f"note: plots/loss.png not written: {NO_MATPLOTLIB}")
         summary = {
             k: (str(v) if isinstance(v, (Path, epath.Path)) else v)
             for k, v in dataclasses.asdict(result).items()

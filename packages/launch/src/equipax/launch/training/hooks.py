@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from equipax.launch.jobdir.checkpoints import Checkpointer
     from equipax.launch.jobdir.summaries import MetricsWriter
     from equipax.launch.tasks import Inputs
+    from equipax.launch.training.ahead import CompileAhead
     from equipax.launch.training.build import Training
 
 __all__ = ["Hook", "order_hooks", "RunContext", "StepContext"]
@@ -52,6 +53,8 @@ class RunContext:
         log: prints a line above the progress bar.
         check_nonfinite: applies `train.on_nonfinite` to the steps up to the one given (raises to
             stop the run); call it before saving anything that could hold a skipped step's state.
+        ahead: the programs compiled on a background thread (`ahead.py`; None: none are);
+            `ahead.wait_for(run.ahead, name)` before a program's first use.
     """
 
     cfg: "ExperimentConfig"
@@ -66,6 +69,7 @@ class RunContext:
     checkpointer: "Checkpointer"
     log: Callable[[str], None]
     check_nonfinite: Callable[[int], None]
+    ahead: "CompileAhead | None" = None
 
     @property
     def steps_per_epoch(self) -> int:

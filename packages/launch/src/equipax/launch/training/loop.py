@@ -26,6 +26,7 @@ from equipax.launch.jobdir.resume import check_resume, layout_change, restore_da
 from equipax.launch.jobdir.storage import AnyPath, job_path, rmtree
 from equipax.launch.jobdir.summaries import MetricsWriter
 from equipax.launch.tasks import family
+from equipax.launch.training.ahead import CompileAhead
 from equipax.launch.training.build import ATTENTION_KNOB, attention_record, build_training, check_host_rows
 from equipax.launch.training.builtin_hooks import builtin_hooks
 from equipax.launch.training.finish import RunResult, finish
@@ -108,14 +109,16 @@ def run_experiment(
     except ValueError as e:
         raise ConfigError(str(e)) from None
     mesh = build_run_mesh(cfg)  # fails in seconds when the devices are not there
+    mark("devices")
     created = not job_dir.exists()
     prepare_job_dir(job_dir, cfg.name)  # writable, and not another experiment's
     try:
         with JobLock(job_dir, log=lambda m: console.print(m, highlight=False)):
             # JAX's automatic PGLE recompiles after profiling: its programs stay out of the cache.
             cache_dir = cfg.train.compiler.cache_dir if cfg.train.pgle.mode != "auto" else ""
-            with compile_cache(cache_dir, job_dir):
-                return _train(cfg, job_dir, mesh, sources or {}, console, hooks, allow_new_data_order)
+            # The background compiles (`ahead.py`) end before the cache's settings are restored.
+            with compile_cache(cache_dir, job_dir), contextlib.ExitStack() as cleanup:
+                return _train(cfg, job_dir, mesh, sources or {}, console, hooks, cleanup, allow_new_data_order)
     except BaseException:
         # Stopped before writing anything (the compilation cache is no record of the job): leave no trace.
         kept = {".lock", *Path(cfg.train.compiler.cache_dir).parts[:1]}
@@ -134,6 +137,15 @@ def local_device_memory_gib() -> float:
     if stats and stats.get("bytes_limit"):
         return stats["bytes_limit"] / 2**30
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / jax.local_device_count()
+
+
+def _compile_ahead(cfg: ExperimentConfig, training: Any, inputs: Any) -> CompileAhead | None:
+    """The run's train step, eval step and checksum program compiled on a background thread
+    (`ahead.py`); None with JAX's automatic PGLE, which profiles the step's own calls."""
+    if cfg.train.pgle.mode == "auto":
+        return None
+    # The eval step is compiled for batches of the train batches' shape.
+    return CompileAhead(training, eval_step=getattr(inputs.eval, "batch_size", None) == inputs.train.batch_size)
 
 
 def _choose_remat(
@@ -185,6 +197,7 @@ def _train(
     sources: dict[str, str],
     console: Console,
     extra_hooks: Sequence[Hook],
+    cleanup: contextlib.ExitStack,
     allow_new_data_order: bool = False,
 ) -> RunResult:
     log = lambda m: console.print(m, highlight=False)  # noqa: E731
@@ -227,6 +240,17 @@ def _train(
         checkpointer.close()
         raise ConfigError(f"{e}{_knob_changes(cfg, job_dir)}") from None
     start, loop_state = 0, {}
+    if restored is not None and restored[0] > cfg.num_steps:  # before anything is rewritten
+        checkpointer.close()
+        raise ConfigError(
+            f"The job in {job_dir} already trained to step {restored[0]} (its newest checkpoint), past "
+            f"train.num_steps={cfg.num_steps}; its result.json is kept as it is. Raise train.num_steps "
+            f"to at least {restored[0]} to continue it, or point --job-log-dir at a new directory for a "
+            "shorter run."
+        )
+    ahead = _compile_ahead(cfg, training, inputs)
+    if ahead is not None:
+        cleanup.callback(ahead.close)
     if restored is None:
         state = training.init_state()
         if getattr(cfg.model, "init_from", None):  # a fresh run of model.init_from=hf:DIR
@@ -235,14 +259,6 @@ def _train(
             state = init_from_hf(training, state, log=log)
     if restored is not None:
         start, state, data_state, loop_state = restored
-        if start > cfg.num_steps:  # before anything (result.json, config.json) is rewritten
-            checkpointer.close()
-            raise ConfigError(
-                f"The job in {job_dir} already trained to step {start} (its newest checkpoint), past "
-                f"train.num_steps={cfg.num_steps}; its result.json is kept as it is. Raise train.num_steps "
-                f"to at least {start} to continue it, or point --job-log-dir at a new directory for a "
-                "shorter run."
-            )
         moved = layout_change(saved_meta, meta)
         fresh = bool(new_order and new_order[0]) or restore_data_state(  # a new order: changed data knobs
             inputs.train, data_state, moved=moved is not None, allow_new_data_order=allow_new_data_order, log=log
@@ -256,6 +272,8 @@ def _train(
         else:
             order = "the data starts a new order" if fresh else "the data order is unchanged"
             log(f"Resumed from step {start} on {moved}: state re-sharded onto the new mesh, {order}.")
+    if ahead is not None:
+        ahead.state_ready(state)
     mark("build")
     writer.truncate_after(start)  # records written after the checkpoint resumed from
     if is_primary():
@@ -279,6 +297,7 @@ def _train(
         check_nonfinite=lambda upto: nonfinite.check(
             upto, where=str(job_dir / "checkpoints"), rollback=checkpointer.set_aside_from, log=progress.message
         ),
+        ahead=ahead,
     )
     loop = StepLoop(
         run,
@@ -303,8 +322,9 @@ def _train(
     for hook in loop.hooks:
         hook.close(run)
     progress.close()
-    checkpointer.close()
+    cleanup.callback(checkpointer.close)  # `finish` closes it (waits for the final save) before result.json
     if loop.stopped_by:
+        checkpointer.close()
         writer.close()
         log(
             f"Stopped by {loop.stopped_by} after step {step}; checkpoint saved in {job_dir / 'checkpoints'}. "

@@ -1,10 +1,12 @@
 """Time to the first step of `launch run`, by phase, and JAX's persistent compilation cache.
 
 The phases: start-up (the interpreter and the imports up to the `launch run` command), config
-(resolving the experiment and its knobs), inputs (opening the data and the tokenizer), build
-(the train state's shapes, shardings, its initialisation and the checkpoint restore; and, with
-`model.transformer.remat="auto"`, the compiles that choose the policy) and the first step (trace,
-lower, XLA compile and one step). `launch run` prints them after the first step.
+(resolving the experiment and its knobs, the compiler flags), devices (the training code's imports
+and JAX's backend: opening an accelerator), inputs (opening the data and the tokenizer), build
+(the train state's shapes, shardings, its initialisation and the checkpoint restore, while the
+train step compiles on a background thread, `ahead.py`; and, with
+`model.transformer.remat="auto"`, the compiles that choose the policy) and the first step (what
+is left of the train step's compile, and one step). `launch run` prints them after the first step.
 
 `train.compiler.cache_dir` (docs/compile.md, "The persistent compilation cache") turns on JAX's
 persistent compilation cache for the run: a rerun of the job (a resume, the same command again)

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 
 from equipax.launch.cluster.distributed import any_process
+from equipax.launch.training import ahead
 from equipax.launch.training.compile_events import CompileEvents
 from equipax.launch.training.hooks import Hook, RunContext, StepContext
 from equipax.launch.training.nonfinite import NonFiniteMonitor, poison_batch
@@ -88,6 +89,7 @@ class StepLoop:
             for step in range(run.start + 1, run.total + 1):
                 host_batch = run.inputs.train.get_next()
                 if step == run.start + 1:
+                    ahead.wait_for(run.ahead, ahead.TRAIN_STEP)  # compiled while the state was built
                     hosts = training.infeed.num_infeed_hosts if training.infeed else 1
                     training.task.check_batch(host_batch, run.cfg.global_batch_size // hosts)
                     _log_host_examples(self.progress, host_batch)
