@@ -19,7 +19,7 @@ from equipax.core.losses import aggregate_losses
 from equipax.core.nn import TransformerConfig
 from equipax.core.nn.moe_metrics import moe_loss_and_metrics
 from equipax.models import LMConfig, LoRAConfig, LoRALM, TransformerLM
-from equipax.models.cross_entropy import head_stats, soft_cap
+from equipax.models.cross_entropy import head_stats, pick_label, soft_cap
 from equipax.models.lm import lm_losses
 
 V, S = 64, 16
@@ -180,6 +180,24 @@ def test_the_form_xla_tpu_fuses_is_the_same_loss(cap):
     logits = soft_cap(raw, cap)
     np.testing.assert_array_equal(fused.correct, jnp.argmax(logits, -1) == labels)
     np.testing.assert_allclose(fused.log_sum + fused.ref, jax.nn.logsumexp(logits, -1), rtol=1e-6)
+
+
+def test_the_label_is_picked_without_a_scatter():
+    """`pick_label` gives a gather's numbers and gradient bit for bit (bfloat16, as the head's
+    matmul writes them), and its gradient program has no scatter into `[*batch, vocab]` (a
+    gather's has: on the TPU it lays the logits out flat and back, two copies)."""
+    rng = np.random.default_rng(1)
+    raw = jnp.asarray(rng.normal(0, 3, (2, 7, V)), jnp.bfloat16)
+    labels = jnp.asarray(rng.integers(0, V, (2, 7)), jnp.int32)
+    weights = jnp.asarray(rng.normal(0, 1, (2, 7)), jnp.bfloat16)
+    gather = lambda r: jnp.take_along_axis(r, labels[..., None], axis=-1)[..., 0]  # noqa: E731
+    pick = lambda r: pick_label(r, labels)  # noqa: E731
+    np.testing.assert_array_equal(pick(raw), gather(raw))
+    grad = lambda f: jax.grad(lambda r: jnp.sum((f(r) * weights).astype(jnp.float32)))  # noqa: E731
+    np.testing.assert_array_equal(grad(pick)(raw), grad(gather)(raw))
+    hlo = lambda f: jax.jit(grad(f)).lower(raw).as_text()  # noqa: E731
+    assert "scatter" in hlo(gather)  # the premise: a gather's gradient is a scatter
+    assert "scatter" not in hlo(pick)
 
 
 def test_sharded_and_context_parallel_heads_equal_one_devices():
