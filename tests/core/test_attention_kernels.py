@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from equipax.core.nn.attention import cached_attention, dot_product_attention, reference_attention
-from equipax.core.nn.fused_attention import cudnn_attention, splash_attention
+from equipax.core.nn.fused_attention import cudnn_attention, splash_attention, splash_block_sizes
 
 
 def _qkv(key, b, s, heads, kv_heads, d=16):
@@ -106,6 +106,26 @@ def test_splash_kernel_matches_the_reference_for_gqa_and_windows(case, key):
     )(q, k, v)
     for a, b in zip(g, g_ref):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_splash_with_its_long_sequence_blocks_matches_the_reference(key):
+    """At 2048 positions the kernel runs 1024-blocks of queries and keys, 512 keys per compute
+    step (the v5e's fastest, `splash_block_sizes`): two query blocks, two key blocks, two compute
+    steps each, causal and windowed masks across block edges, forward and backward."""
+    assert splash_block_sizes(2048, 2048, 128) == (1024, 1024, 512)
+    assert splash_block_sizes(1536, 1536, 128) == (512, 512, 512)  # 1024 does not divide it
+    assert splash_block_sizes(2048, 2048, 256) == (512, 512, 512)  # wide heads: not measured
+    assert splash_block_sizes(2048, 100, 128) is None
+    q, k, v = _qkv(key, 1, 2048, 2, 1)
+    for kw in ({}, {"window": 1500}):
+        run = lambda f: lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v)))  # noqa: E731
+        splash = lambda q, k, v: splash_attention(q, k, v, causal=True, interpret=True, **kw)  # noqa: E731
+        ref = lambda q, k, v: reference_attention(q, k, v, causal=True, **kw)  # noqa: E731
+        np.testing.assert_allclose(jax.jit(splash)(q, k, v), ref(q, k, v), rtol=1e-5, atol=1e-5)
+        g = jax.jit(jax.grad(run(splash), argnums=(0, 1, 2)))(q, k, v)
+        g_ref = jax.grad(run(ref), argnums=(0, 1, 2))(q, k, v)
+        for a, b in zip(g, g_ref):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("window", [None, 6])

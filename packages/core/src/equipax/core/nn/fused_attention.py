@@ -35,6 +35,7 @@ __all__ = [
     "resolve_attention_impl",
     "splash_attention",
     "splash_block_size",
+    "splash_block_sizes",
     "splash_local",
 ]
 
@@ -63,6 +64,25 @@ def splash_block_size(seq_len: int) -> int | None:
         if seq_len % block == 0:
             return block
     return None
+
+
+def splash_block_sizes(q_len: int, kv_len: int, head_dim: int) -> tuple[int, int, int] | None:
+    """`(block_q, block_kv, block_kv_compute)` of the splash kernel, forward and backward alike, or
+    None where a length has no block (`splash_block_size`).
+
+    Blocks of 1024 queries and keys with 512 keys per compute step where both lengths divide by
+    1024 and heads are at most 128 wide: on the TPU v5e, forward + backward (fused) of the causal
+    kernel took 5.06 ms against 5.81 at 512 (qwen3_0_6b's heads, seq 4096), 15.86 against 18.87
+    (llama3_2_1b's, seq 8192), 3.00 against 3.05 (c4_1b's, seq 1024); 2048-blocks exceed the
+    kernel's on-chip memory (benchmarks/README.md, "Splash block sizes"). Otherwise
+    `splash_block_size` of each length, computed whole.
+    """
+    block_q, block_kv = splash_block_size(q_len), splash_block_size(kv_len)
+    if block_q is None or block_kv is None:
+        return None
+    if q_len % 1024 == 0 and kv_len % 1024 == 0 and head_dim <= 128:
+        return 1024, 1024, 512
+    return block_q, block_kv, block_kv
 
 
 def resolve_attention_impl(
@@ -201,6 +221,7 @@ def _splash_kernel(
     logit_cap: float | None,
     interpret: bool,
     save_residuals: bool = False,
+    head_dim: int | None = None,
 ) -> Any:
     """The splash kernel for `q_len` queries starting at key position `offset` over `kv_len` keys
     (offset 0 and equal lengths: ordinary self-attention; a context-parallel chunk otherwise).
@@ -208,10 +229,12 @@ def _splash_kernel(
     attention merges blocks with, `equipax.core.nn.splash_ring_attention.splash_ring_attention_shard`)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
-    block_q, block_kv = splash_block_size(q_len), splash_block_size(kv_len)
-    if block_q is None or block_kv is None:
-        found = q_len if block_q is None else kv_len
+    # head_dim None (ring attention's chunks, not measured with larger blocks): 512-blocks at most.
+    blocks = splash_block_sizes(q_len, kv_len, head_dim if head_dim is not None else 2**31)
+    if blocks is None:
+        found = q_len if splash_block_size(q_len) is None else kv_len
         raise ConfigError(f"{_KNOB}='splash' needs a sequence length divisible by 128, found {found}.")
+    block_q, block_kv, block_kv_compute = blocks
     shape = (q_len, kv_len)
     if window is not None:
         # Left side `window - 1` keys, none to the right: causal within the window (Mistral).
@@ -224,10 +247,10 @@ def _splash_kernel(
     sizes = sa.BlockSizes(
         block_q=block_q,
         block_kv=block_kv,
-        block_kv_compute=block_kv,
+        block_kv_compute=block_kv_compute,
         block_q_dkv=block_q,
         block_kv_dkv=block_kv,
-        block_kv_dkv_compute=block_kv,
+        block_kv_dkv_compute=block_kv_compute,
         use_fused_bwd_kernel=True,
     )
     return sa.make_splash_mha(
@@ -270,6 +293,7 @@ def splash_local(
         window=window,
         logit_cap=logit_cap,
         interpret=interpret,
+        head_dim=q.shape[3],
     )
     heads_first = lambda t: jnp.swapaxes(t, 1, 2)  # noqa: E731  [b s h d] <-> [b h s d]
     if q_segments is None or kv_segments is None:
