@@ -119,8 +119,8 @@ def test_splash_with_its_long_sequence_blocks_matches_the_reference(key):
     q, k, v = _qkv(key, 1, 2048, 2, 1)
     for kw in ({}, {"window": 1500}):
         run = lambda f: lambda q, k, v: jnp.sum(jnp.sin(f(q, k, v)))  # noqa: E731
-        splash = lambda q, k, v: splash_attention(q, k, v, causal=True, interpret=True, **kw)  # noqa: E731
-        ref = lambda q, k, v: reference_attention(q, k, v, causal=True, **kw)  # noqa: E731
+        splash = lambda q, k, v, kw=kw: splash_attention(q, k, v, causal=True, interpret=True, **kw)  # noqa: E731
+        ref = lambda q, k, v, kw=kw: reference_attention(q, k, v, causal=True, **kw)  # noqa: E731
         np.testing.assert_allclose(jax.jit(splash)(q, k, v), ref(q, k, v), rtol=1e-5, atol=1e-5)
         g = jax.jit(jax.grad(run(splash), argnums=(0, 1, 2)))(q, k, v)
         g_ref = jax.grad(run(ref), argnums=(0, 1, 2))(q, k, v)
