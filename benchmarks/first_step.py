@@ -2,8 +2,9 @@
 
 Runs `python -m equipax.launch.cli run` as a user would. By default on a toy-size
 `shakespeare_tiny` (the suite's toy knobs): a fresh job, then the same command again with two more
-steps (a resume), each with the job's compilation cache (`train.compiler.cache_dir`, the default)
-and without it (`train.compiler.cache_dir=""`), rounds interleaved. Each run prints its phases after
+steps (a resume), each with the job's own compilation cache
+(`train.compiler.cache_dir=compile_cache`: a fresh job compiles, whatever the machine's cache
+holds) and without it (`train.compiler.cache_dir=""`), rounds interleaved. Each run prints its phases after
 the first step (`equipax.launch.training.startup`); the table is their medians, with the process's
 wall time and `after first step`: the wall time from that line to the process's exit (the last
 steps, the final eval and checkpoint, the digest and result.json).
@@ -72,7 +73,7 @@ def run_once(
     """One `launch run`: its phases (seconds), the process's wall time and the time after the
     first step (from the phase line to the exit)."""
     knobs = [*(TOY if exp == "shakespeare_tiny" and not sets else sets), f"train.num_steps={steps}"]
-    knobs += [] if cache else ["train.compiler.cache_dir="]
+    knobs += ["train.compiler.cache_dir=" + ("compile_cache" if cache else "")]
     args = ["run", "--exp", exp, "--job-log-dir", str(job), *[a for s in knobs for a in ("--set", s)]]
     t0 = time.perf_counter()
     lines, match, matched_at = [], None, 0.0

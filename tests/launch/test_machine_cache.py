@@ -55,3 +55,40 @@ def test_the_default_place_is_under_xdg_cache_home(tmp_path, monkeypatch):
     assert cache_root() == tmp_path / "xdg" / "equipax"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert cache_root() == Path.home() / ".cache" / "equipax"
+
+
+def test_compiled_programs_go_to_the_machines_cache_by_default(tmp_path, monkeypatch):
+    """`train.compiler.cache_dir="machine"` (the default): JAX's compilation cache in the machine
+    cache's `xla/`, size-limited, where another job finds the programs; the job's own
+    `compile_cache/` where the machine's cache is off. JAX's settings are restored after."""
+    import jax
+
+    from equipax.launch.configs.train import CompilerConfig
+    from equipax.launch.training.startup import MACHINE, MACHINE_CACHE_BYTES, compile_cache
+
+    assert CompilerConfig().cache_dir == MACHINE
+    # The suite shares one cache through JAX's config, which compile_cache leaves alone: off here.
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    shared = jax.config.jax_compilation_cache_dir
+    limit = jax.config.values["jax_compilation_cache_max_size"]
+    min_time = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_compilation_cache_dir", None)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    try:
+        monkeypatch.setenv("EQUIPAX_CACHE_DIR", str(tmp_path / "machine"))
+        with compile_cache(MACHINE, tmp_path / "job") as path:
+            assert path == tmp_path / "machine" / "xla"
+            assert jax.config.values["jax_compilation_cache_max_size"] == MACHINE_CACHE_BYTES
+            jax.jit(lambda x: x * 3 + 1)(jax.numpy.arange(7.0)).block_until_ready()
+        assert any(p.name.startswith("jit_") for p in path.iterdir()), list(path.iterdir())
+        assert jax.config.values["jax_compilation_cache_max_size"] == limit
+        monkeypatch.setenv("EQUIPAX_CACHE_DIR", "")
+        with compile_cache(MACHINE, tmp_path / "job") as path:
+            assert path == tmp_path / "job" / "compile_cache"
+    finally:
+        jax.config.update("jax_compilation_cache_dir", shared)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
+        from jax._src import compilation_cache
+
+        compilation_cache.reset_cache()
+    assert not (tmp_path / "job").exists() or not any((tmp_path / "job").iterdir())

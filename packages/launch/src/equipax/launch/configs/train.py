@@ -132,14 +132,16 @@ class CompilerConfig:
     not know: TPU flags go in libtpu_init_args. libtpu_init_args: flags added to `LIBTPU_INIT_ARGS`,
     which libtpu reads when it loads (TPU runs and `launch compile --topology`): Pax's and MaxText's
     way of passing XLA:TPU flags, e.g. "--xla_tpu_enable_latency_hiding_scheduler=true".
-    cache_dir: JAX's persistent compilation cache for `launch run` (a rerun of the job loads its
-    compiled programs instead of compiling them again); a relative path is under the job
-    directory, "" = off. Left alone where `JAX_COMPILATION_CACHE_DIR` is set.
+    cache_dir: JAX's persistent compilation cache for `launch run` (a job whose programs were
+    compiled before loads them instead of compiling them again): "machine" = the machine's cache
+    (`xla/` in `EQUIPAX_CACHE_DIR`, at most 8 GiB, shared by the jobs of this machine; the job's
+    `compile_cache/` where `EQUIPAX_CACHE_DIR=""`), a relative path is under the job directory,
+    "" = off. Left alone where `JAX_COMPILATION_CACHE_DIR` is set.
     """
 
     xla_flags: str = ""
     libtpu_init_args: str = ""
-    cache_dir: str = "compile_cache"
+    cache_dir: str = "machine"
 
     def __post_init__(self) -> None:
         for name in ("xla_flags", "libtpu_init_args"):
