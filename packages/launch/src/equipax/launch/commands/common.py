@@ -9,7 +9,7 @@ from rich.console import Console
 
 from equipax.core.knobs import ConfigError, apply_overrides
 from equipax.core.paths import url_problem
-from equipax.launch.errors import EXIT_USER_ERROR
+from equipax.launch.exit_codes import EXIT_USER_ERROR
 from equipax.launch.experiments import registry
 from equipax.launch.jobdir.storage import AnyPath, is_remote
 

@@ -20,7 +20,7 @@ from equipax.launch.commands.common import (
     path_option,
     resolve_train,
 )
-from equipax.launch.errors import EXIT_DOES_NOT_FIT
+from equipax.launch.exit_codes import EXIT_DOES_NOT_FIT
 
 __all__ = ["compile_cmd"]
 

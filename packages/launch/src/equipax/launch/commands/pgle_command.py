@@ -23,7 +23,7 @@ from equipax.launch.commands.common import (
     path_option,
     resolve_train,
 )
-from equipax.launch.errors import EXIT_USER_ERROR
+from equipax.launch.exit_codes import EXIT_USER_ERROR
 
 __all__ = ["collect", "pgle_app", "PROFILE_FILE"]
 

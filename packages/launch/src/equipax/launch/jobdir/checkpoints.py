@@ -26,6 +26,7 @@ import orbax.checkpoint as ocp
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.cluster.distributed import barrier as barrier_all
+from equipax.launch.failures import CheckpointSaveError
 from equipax.launch.jobdir.checksums import (
     ALGORITHM,
     ChecksumMismatch,
@@ -44,7 +45,7 @@ from equipax.launch.jobdir.orbax_quiet import (
     split_only_large_replicated_arrays,
 )
 from equipax.launch.jobdir.orbax_s3 import manager_options
-from equipax.launch.jobdir.save_errors import CheckpointSaveError, save_error
+from equipax.launch.jobdir.save_errors import save_error
 from equipax.launch.jobdir.storage import AnyPath, is_remote, job_path, move
 
 __all__ = ["MIN_REPLICA_SLICE_BYTES", "Checkpointer", "ChecksumMismatch", "read_json"]

@@ -19,7 +19,7 @@ from equipax.core.mesh import build_mesh, check_device_count
 from equipax.launch.aot.remat import is_auto
 from equipax.launch.cluster.distributed import is_primary
 from equipax.launch.configs.experiment import ExperimentConfig
-from equipax.launch.errors import Preempted
+from equipax.launch.failures import Preempted
 from equipax.launch.jobdir.checkpoints import Checkpointer
 from equipax.launch.jobdir.ownership import JobLock, prepare_job_dir, write_text_atomic
 from equipax.launch.jobdir.resume import check_resume, layout_change, restore_data_state, resume_meta
