@@ -21,7 +21,7 @@ from equipax.launch.commands.common import (
     resolve_job,
 )
 from equipax.launch.experiments import registry
-from equipax.launch.jobdir.storage import job_path
+from equipax.launch.store.storage import job_path
 
 __all__ = ["list_cmd", "profile_overrides", "run", "show"]
 

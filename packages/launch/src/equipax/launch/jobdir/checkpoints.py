@@ -44,9 +44,9 @@ from equipax.launch.jobdir.orbax_quiet import (
     restore_failure,
     split_only_large_replicated_arrays,
 )
-from equipax.launch.jobdir.orbax_s3 import manager_options
 from equipax.launch.jobdir.save_errors import save_error
-from equipax.launch.jobdir.storage import AnyPath, is_remote, job_path, move
+from equipax.launch.store.orbax_s3 import manager_options
+from equipax.launch.store.storage import AnyPath, is_remote, job_path, move
 
 __all__ = ["MIN_REPLICA_SLICE_BYTES", "Checkpointer", "ChecksumMismatch", "read_json"]
 

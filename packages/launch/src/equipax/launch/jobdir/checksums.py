@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.store.storage import AnyPath
 
 __all__ = [
     "ALGORITHM",

@@ -2,7 +2,7 @@
 why (the OS error at the end of orbax's text), which checkpoint is intact, and what to do."""
 
 from equipax.launch.failures import CheckpointSaveError
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.store.storage import AnyPath
 
 __all__ = ["save_error"]
 

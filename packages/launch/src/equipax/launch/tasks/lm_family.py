@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # JAX and the models load when a run builds its Task, not for
 
     from equipax.models.lm_task import LMTask
 
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.store.storage import AnyPath
 
 __all__ = [
     "build_inputs",
@@ -98,7 +98,7 @@ def build_inputs(cfg: ExperimentConfig, job_dir: AnyPath, *, mesh: "Mesh", log: 
     group read the same rows)."""
     from equipax.core.infeed import host_infeed
     from equipax.launch.cluster.distributed import barrier, is_primary
-    from equipax.launch.jobdir.storage import job_path
+    from equipax.launch.store.storage import job_path
     from equipax.launch.tasks.lm_data import DATA_CACHE, build_lm_inputs, build_tokenizer
 
     tokenizer = build_tokenizer(as_lm(cfg), job_dir, log=log) if is_primary() else None

@@ -23,8 +23,8 @@ from equipax.launch.failures import Preempted
 from equipax.launch.jobdir.checkpoints import Checkpointer
 from equipax.launch.jobdir.ownership import JobLock, prepare_job_dir, write_text_atomic
 from equipax.launch.jobdir.resume import check_resume, layout_change, restore_data_state, resume_meta
-from equipax.launch.jobdir.storage import AnyPath, job_path, rmtree
 from equipax.launch.jobdir.summaries import MetricsWriter
+from equipax.launch.store.storage import AnyPath, job_path, rmtree
 from equipax.launch.tasks import family
 from equipax.launch.training.ahead import CompileAhead
 from equipax.launch.training.build import ATTENTION_KNOB, attention_record, build_training, check_host_rows
@@ -87,7 +87,7 @@ def run_experiment(
 
     Arguments:
         cfg: the resolved experiment.
-        job_dir: the job directory (created if missing): local, or `gs://`/`s3://` (`jobdir/storage.py`).
+        job_dir: the job directory (created if missing): local, or `gs://`/`s3://` (`store/storage.py`).
         sources: which knobs came from `--set` (for knobs.txt).
         console: where progress goes (default: stdout).
         hooks: the caller's hooks (`equipax.launch.training.hooks.Hook`), run with the run's own

@@ -25,7 +25,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.store.storage import AnyPath
 
 __all__ = ["compile_cache", "mark", "phases_line", "process_age_s", "reset"]
 

@@ -23,7 +23,7 @@ from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
 from equipax.core.knobs import ConfigError, apply_overrides, format_knobs, to_json
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
 from equipax.launch.configs.train import TrainConfig
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.store.storage import AnyPath
 from equipax.launch.translators.hf_parity import KL_LIMIT, architecture_diffs, gate
 from equipax.models.hf.config import export_type_of, hf_config_from_lm, lm_config_from_hf, read_hf_config
 
