@@ -370,8 +370,8 @@ def env_of(m):
     [("c4_22b_2x", "v5p-128", 2), ("c4_1b", "v4-8", 1), ("c4_16b", "v4-64", 1), ("lm_cloud_2b", "v5e-4", 1)],
 )
 def test_the_jobset_is_valid_and_holds_the_mesh(exp, topology, slices, tmp_path):
-    from equipax.launch.aot.tpu import lookup_slice
     from equipax.launch.experiments import registry
+    from equipax.launch.hardware.tpu import lookup_slice
 
     m, text = manifest("--exp", exp, "--topology", topology, "--slices", str(slices), tmp_path=tmp_path)
     assert schema_errors(m) == [] and unknown_fields(m, SCHEMA["openAPIV3Schema"]) == []

@@ -24,9 +24,9 @@ from typing import Any
 
 from equipax.core.configs import MeshConfig
 from equipax.core.knobs import ConfigError
-from equipax.launch.aot.flags import apply_compiler_flags
-from equipax.launch.aot.tpu import TPU_SLICES, TpuSlice, lookup_slice
 from equipax.launch.cluster.shape import check_counts, run_command
+from equipax.launch.hardware.compiler_flags import apply_compiler_flags
+from equipax.launch.hardware.tpu import TPU_SLICES, TpuSlice, lookup_slice
 
 __all__ = ["GKE_ACCELERATORS", "jobset_manifest", "REPLICATED_JOB", "TpuJobSet"]
 

@@ -154,7 +154,7 @@ def _choose_remat(
     """`model.transformer.remat="auto"` resolved on this job's devices (`equipax.launch.aot.remat`)."""
     from equipax.launch.aot.hlo_cost import NOMINAL_HOST, Roofline
     from equipax.launch.aot.remat import CACHE_FILE, KNOB, choose_remat, format_remat_table
-    from equipax.launch.cluster.accelerators import accelerator_of
+    from equipax.launch.hardware.accelerators import accelerator_of
 
     budget = cfg.train.hbm_gib_per_device or local_device_memory_gib()
     device = jax.devices()[0]
