@@ -108,11 +108,11 @@ def test_joining_turns_jaxs_detection_off(tmp_path):
         f"""
         import jax, json, os
         os.environ.update({json.dumps({**SLURM_TASK, "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_GPUS_ON_NODE": "8"})})
-        from equipax.launch.cluster import detect, distributed
+        from equipax.launch.cluster import detect, join
         calls = []
         jax.distributed.initialize = lambda **kw: calls.append(kw)
         job = detect.find_job(None, cpu_devices=None)
-        distributed.initialize(distributed.DistributedArgs(auto=True).joining(job), log=lambda m: None)
+        join.initialize(join.DistributedArgs(auto=True).joining(job), log=lambda m: None)
         print(json.dumps({{k: calls[0][k] for k in ("coordinator_address", "num_processes", "process_id",
                                                    "local_device_ids", "cluster_detection_method")}}))
     """,

@@ -170,7 +170,8 @@ def run(
     # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
     from equipax.launch.cluster.detect import find_job
     from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
-    from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
+    from equipax.launch.cluster.distributed import HostConsole
+    from equipax.launch.cluster.join import DistributedArgs, initialize
     from equipax.launch.cluster.shape import check_shape
     from equipax.launch.hardware.compiler_flags import apply_compiler_flags, check_compiler_flags
     from equipax.launch.training.pgle import check_profile, set_xla_flags

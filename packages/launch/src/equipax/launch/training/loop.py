@@ -22,7 +22,6 @@ from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.failures import Preempted
 from equipax.launch.jobdir.checkpoints import Checkpointer
 from equipax.launch.jobdir.ownership import JobLock, prepare_job_dir, write_text_atomic
-from equipax.launch.jobdir.resume import check_resume, layout_change, restore_data_state, resume_meta
 from equipax.launch.jobdir.summaries import MetricsWriter
 from equipax.launch.store.storage import AnyPath, job_path, rmtree
 from equipax.launch.tasks import family
@@ -33,6 +32,7 @@ from equipax.launch.training.finish import RunResult, finish
 from equipax.launch.training.hooks import Hook, RunContext, order_hooks
 from equipax.launch.training.nonfinite import NonFiniteMonitor
 from equipax.launch.training.progress import ProgressReporter
+from equipax.launch.training.resume_checks import check_resume, layout_change, restore_data_state, resume_meta
 from equipax.launch.training.startup import compile_cache, mark
 from equipax.launch.training.step_loop import StepLoop
 

@@ -145,9 +145,9 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
     from equipax.core.step import init_train_state
     from equipax.launch.cluster.distributed import gather_host_states
     from equipax.launch.jobdir.checkpoints import Checkpointer
-    from equipax.launch.jobdir.resume import resume_meta
     from equipax.launch.tasks import family
     from equipax.launch.training.build import build_training
+    from equipax.launch.training.resume_checks import resume_meta
     from equipax.models.hf.weights import load_lm
     from equipax.models.lm_task import LMTask
 
