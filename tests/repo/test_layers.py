@@ -2,6 +2,9 @@
 module) sits in one layer, and imports only from its own layer or the layers below, never above.
 Every import counts: at the top of a module, inside a function, under TYPE_CHECKING."""
 
+import re
+
+from helpers import REPO
 from helpers.imports import cycles, import_graph, imports_of, modules
 
 LAUNCH = "equipax.launch"
@@ -117,3 +120,14 @@ def test_the_layer_check_can_fail():
         f"{LAUNCH}.hardware.tpu": {"equipax.core.knobs"},  # another package
     }
     assert set(_breaks(graph)) == {(store, loop), (f"{LAUNCH}.tasks.lm_data", f"{LAUNCH}.jobdir.plots")}
+
+
+def test_docs_show_the_same_layers():
+    """docs/extending.md's picture ("Layers of equipax.launch") is this test's LAYERS."""
+    page = (REPO / "docs" / "extending.md").read_text()
+    picture = page.split("## Layers of `equipax.launch`", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    shown = {}
+    for line in picture.splitlines():
+        if m := re.match(r"(\d+)  ((?:\S+(?:/|\.py) +)+)", line + " "):
+            shown[int(m[1])] = tuple(u.removesuffix("/").removesuffix(".py") for u in m[2].split())
+    assert shown == {i: tuple(u for u in units if u != "__init__") for i, units in enumerate(LAYERS)}
