@@ -40,7 +40,7 @@ SCHEMA = json.loads((REPO / "tests/launch/jobset/jobset.x-k8s.io_v1alpha2.schema
 
 
 def mesh(ici, dcn=(1, 1, 1)):
-    from equipax.core.configs import MeshConfig
+    from equipax.core.mesh_config import MeshConfig
 
     return MeshConfig(ici_mesh_shape=ici, dcn_mesh_shape=dcn)
 

@@ -14,7 +14,7 @@ import dataclasses
 import shlex
 from typing import ClassVar, Literal
 
-from equipax.core.configs import VariationalNoiseConfig
+from equipax.core.learner_config import VariationalNoiseConfig
 from equipax.core.seeds import check_seed
 
 __all__ = ["CompilerConfig", "DecodeConfig", "PGLEConfig", "ProfileConfig", "SampleConfig", "TrainConfig"]

@@ -3,7 +3,8 @@
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from equipax.core.configs import FSDP, TENSOR, bubble_fraction, num_microbatches
+from equipax.core.config_checks import bubble_fraction, num_microbatches
+from equipax.core.mesh_config import FSDP, TENSOR
 from equipax.launch.configs.experiment import ExperimentConfig, as_lm
 from equipax.launch.tasks import Inputs
 

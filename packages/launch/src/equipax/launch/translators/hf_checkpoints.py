@@ -19,8 +19,9 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
 from equipax.core.knobs import ConfigError, apply_overrides, format_knobs, to_json
+from equipax.core.learner_config import LearnerConfig, ScheduleConfig
+from equipax.core.mesh_config import MeshConfig
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
 from equipax.launch.configs.train import TrainConfig
 from equipax.launch.store.storage import AnyPath

@@ -14,8 +14,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from equipax.core.configs import CONTEXT_AXES, EXPERT_AXES, STAGE
 from equipax.core.knobs import ConfigError, flatten, set_knobs
+from equipax.core.mesh_config import CONTEXT_AXES, EXPERT_AXES, STAGE
 from equipax.launch.translators.maxtext.blocks import (
     ARCHITECTURE_CHECKS,
     FAMILIES,
