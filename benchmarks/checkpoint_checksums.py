@@ -49,8 +49,9 @@ def measure(preset_name: str, *, repeats: int) -> dict[str, Any]:
     """Median seconds of each operation on `preset_name`'s initial train state."""
     import equipax.launch.jobdir.checkpoints as ckpt_module
     from benchmarks.lm_step.presets import PRESETS, preset_training
+    from equipax.core.trees import flat_arrays
     from equipax.launch.jobdir.checkpoints import Checkpointer
-    from equipax.launch.jobdir.checksums import array_checksums, flat_arrays
+    from equipax.launch.jobdir.checksums import array_checksums
 
     training = preset_training(PRESETS[preset_name]())
     state = training.init_state()

@@ -103,10 +103,11 @@ def compile_programs(exp: str, sets: Sequence[str], topology: str) -> dict[str, 
     import jax
 
     from equipax.core.mesh import build_mesh
-    from equipax.launch.aot.tpu import lookup_slice, topology_devices
+    from equipax.core.trees import flat_arrays
     from equipax.launch.commands.common import resolve
     from equipax.launch.commands.compile_command import _host_only_jax
-    from equipax.launch.jobdir.checksums import flat_arrays, lower_checksums
+    from equipax.launch.hardware.tpu import lookup_slice, topology_devices
+    from equipax.launch.jobdir.checksums import lower_checksums
     from equipax.launch.training.build import _initial_state, build_training
 
     _, cfg, _ = resolve(exp, list(sets))

@@ -93,9 +93,10 @@ def write_facts(configs: Path, out: Path) -> None:
 
     from equipax.core.knobs import flatten
     from equipax.launch.experiments.registry import entries
-    from equipax.launch.translators.maxtext import NOT_TRANSLATED, RULES, to_maxtext
-    from equipax.launch.translators.maxtext_converters import MAXTEXT_DEFAULTS
-    from equipax.launch.translators.maxtext_families import ARCHITECTURE_CHECKS
+    from equipax.launch.translators.maxtext.blocks import ARCHITECTURE_CHECKS
+    from equipax.launch.translators.maxtext.rules import RULES
+    from equipax.launch.translators.maxtext.translate import NOT_TRANSLATED, to_maxtext
+    from equipax.launch.translators.maxtext.values import MAXTEXT_DEFAULTS
 
     base = yaml.safe_load((configs / "base.yml").read_text())
     source = (configs / "types.py").read_text() + (configs.parent / "common" / "common_types.py").read_text()

@@ -104,7 +104,7 @@ def _ragged_dot_kernels(step: PreparedStep) -> int | None:
 
 
 def _peak_tflops() -> float | None:
-    from equipax.launch.cluster.accelerators import peak_tflops_of
+    from equipax.launch.hardware.accelerators import peak_tflops_of
 
     return peak_tflops_of(jax.devices()[0].device_kind)
 

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", help="write the results as JSON here")
     args = p.parse_args(argv)
     if args.topology:
-        from equipax.launch.aot.tpu import lookup_slice, topology_devices
+        from equipax.launch.hardware.tpu import lookup_slice, topology_devices
 
         devices = topology_devices(lookup_slice(args.topology))
     else:

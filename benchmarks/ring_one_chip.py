@@ -197,7 +197,7 @@ class KernelProgram:
 
 
 def _peak_tflops() -> float | None:
-    from equipax.launch.cluster.accelerators import peak_tflops_of
+    from equipax.launch.hardware.accelerators import peak_tflops_of
 
     return peak_tflops_of(jax.devices()[0].device_kind)
 

@@ -69,7 +69,7 @@ if "PYTEST_XDIST_WORKER" not in os.environ:
     os.environ[_SUITE] = tempfile.mkdtemp(prefix="equipax-tests-")
 _GROUPS = Path(os.environ[_SUITE]) / "groups.json"
 # The machine's cache (vocabularies, encoded corpora, checked compiler flags:
-# equipax.launch.jobdir.machine_cache) of this run, for the workers and every process they start:
+# equipax.launch.store.machine_cache) of this run, for the workers and every process they start:
 # the suite neither reads nor fills the user's ~/.cache/equipax, and its many fresh jobs on the
 # same plays train each vocabulary and encode each corpus once (1.9 -> 0.2 CPU-s of a toy job's
 # inputs, measured in-process on shakespeare_tiny).
@@ -173,7 +173,7 @@ def _compiler_flags_restored():
     """In-process `launch run` / `pgle collect` set XLA_FLAGS and LIBTPU_INIT_ARGS (and, on a host
     without TPUs, libtpu's TPU_* variables) in this process's environment (as they must, before JAX
     starts), and a run into a gs:// job TensorStore's endpoint from STORAGE_EMULATOR_HOST
-    (`equipax.launch.jobdir.storage.configure_endpoints`); each test gets back the values it started
+    (`equipax.launch.store.storage.configure_endpoints`); each test gets back the values it started
     with, so one test's settings never reach another's child processes. (A run against a port where
     nothing listens, tests/launch/test_pax_experiments.py, left TensorStore's endpoint pointing
     there: a later GCS test's child on the same worker then waited for ever in its checkpoint save.)"""

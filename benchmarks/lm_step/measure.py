@@ -181,8 +181,8 @@ def peak_hbm_bytes() -> int | None:
 
 def peak_tflops() -> float | None:
     """Datasheet dense bf16 peak per chip of this device (the accelerator table `launch` uses
-    for MFU: equipax.launch.cluster.accelerators; 197 for a TPU v5e), None on CPU or unknown."""
-    from equipax.launch.cluster.accelerators import peak_tflops_of
+    for MFU: equipax.launch.hardware.accelerators; 197 for a TPU v5e), None on CPU or unknown."""
+    from equipax.launch.hardware.accelerators import peak_tflops_of
 
     return peak_tflops_of(jax.devices()[0].device_kind)
 

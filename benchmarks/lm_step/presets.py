@@ -275,7 +275,7 @@ def resolve_auto_remat(preset: Preset) -> Preset:
         return preset
     from equipax.launch.aot.hlo_cost import NOMINAL_HOST, Roofline
     from equipax.launch.aot.remat import choose_remat
-    from equipax.launch.cluster.accelerators import accelerator_of
+    from equipax.launch.hardware.accelerators import accelerator_of
     from equipax.launch.training.loop import local_device_memory_gib
 
     cfg = preset_config(preset)

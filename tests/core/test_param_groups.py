@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from jaxtyping import Array, Float
 
-from equipax.core.configs import LearnerConfig, ParamGroupConfig, ScheduleConfig
 from equipax.core.knobs import ConfigError, apply_overrides
+from equipax.core.learner_config import LearnerConfig, ParamGroupConfig, ScheduleConfig
 from equipax.core.optim import group_labels, group_schedules, make_learner
 from equipax.core.step import LossFnTask, init_train_state, make_train_step
 

@@ -88,7 +88,7 @@ def test_logical_axis_rules_are_the_mesh_configs_knob(key):
     error that names the knob, not a file to edit."""
     from jax.sharding import PartitionSpec as P
 
-    from equipax.core.configs import DEFAULT_LOGICAL_AXIS_RULES, MeshConfig
+    from equipax.core.mesh_config import DEFAULT_LOGICAL_AXIS_RULES, MeshConfig
     from equipax.core.nn import Linear
 
     layer = {"up": Linear(8, 16, axes=("embed", "hidden"), key=key)}
@@ -114,7 +114,7 @@ def test_logical_axis_rules_are_the_mesh_configs_knob(key):
     ],
 )
 def test_bad_logical_axis_rules_are_refused_when_the_config_is_built(rules, message):
-    from equipax.core.configs import MeshConfig
+    from equipax.core.mesh_config import MeshConfig
 
     with pytest.raises(ValueError, match=message):
         MeshConfig(logical_axis_rules=rules)

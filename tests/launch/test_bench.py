@@ -83,6 +83,7 @@ def test_run_attention_bench_experiment_skips_what_does_not_fit(tmp_path):
 
 def test_out_of_memory_is_reported_not_raised(tmp_path, monkeypatch):
     from equipax.launch.bench import attention_timing as bench
+    from equipax.launch.experiments.attention_bench import AttentionBenchConfig
 
     real = bench._measure
 
@@ -92,7 +93,7 @@ def test_out_of_memory_is_reported_not_raised(tmp_path, monkeypatch):
         return real(name, cfg, qkv)
 
     monkeypatch.setattr(bench, "_measure", measure)
-    cfg = bench.AttentionBenchConfig(seq_lens=(8,), batch_size=1, head_dim=4, repeats=1)
+    cfg = AttentionBenchConfig(seq_lens=(8,), batch_size=1, head_dim=4, repeats=1)
     result = bench.run_attention_bench(cfg, tmp_path)
     status = {r["implementation"]: r["status"] for r in result["results"]}
     assert status == {"softmax_reference": "out_of_memory", "softmax": "ok", "softmax_jax_nn": "ok", "linear": "ok"}

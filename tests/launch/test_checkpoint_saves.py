@@ -78,8 +78,8 @@ def test_states_are_written_uncompressed_and_compressed_checkpoints_still_restor
     import numpy as np
     import orbax.checkpoint as ocp
 
+    from equipax.core.trees import flat_arrays
     from equipax.launch.jobdir.checkpoints import Checkpointer
-    from equipax.launch.jobdir.checksums import flat_arrays
 
     state = {"w": jnp.zeros((512, 1024), jnp.float32), "b": jnp.arange(7.0)}
     ckpt = Checkpointer(tmp_path / "new", keep=1)

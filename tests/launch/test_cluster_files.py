@@ -40,7 +40,7 @@ SCHEMA = json.loads((REPO / "tests/launch/jobset/jobset.x-k8s.io_v1alpha2.schema
 
 
 def mesh(ici, dcn=(1, 1, 1)):
-    from equipax.core.configs import MeshConfig
+    from equipax.core.mesh_config import MeshConfig
 
     return MeshConfig(ici_mesh_shape=ici, dcn_mesh_shape=dcn)
 
@@ -108,11 +108,11 @@ def test_joining_turns_jaxs_detection_off(tmp_path):
         f"""
         import jax, json, os
         os.environ.update({json.dumps({**SLURM_TASK, "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_GPUS_ON_NODE": "8"})})
-        from equipax.launch.cluster import detect, distributed
+        from equipax.launch.cluster import detect, join
         calls = []
         jax.distributed.initialize = lambda **kw: calls.append(kw)
         job = detect.find_job(None, cpu_devices=None)
-        distributed.initialize(distributed.DistributedArgs(auto=True).joining(job), log=lambda m: None)
+        join.initialize(join.DistributedArgs(auto=True).joining(job), log=lambda m: None)
         print(json.dumps({{k: calls[0][k] for k in ("coordinator_address", "num_processes", "process_id",
                                                    "local_device_ids", "cluster_detection_method")}}))
     """,
@@ -370,8 +370,8 @@ def env_of(m):
     [("c4_22b_2x", "v5p-128", 2), ("c4_1b", "v4-8", 1), ("c4_16b", "v4-64", 1), ("lm_cloud_2b", "v5e-4", 1)],
 )
 def test_the_jobset_is_valid_and_holds_the_mesh(exp, topology, slices, tmp_path):
-    from equipax.launch.aot.tpu import lookup_slice
     from equipax.launch.experiments import registry
+    from equipax.launch.hardware.tpu import lookup_slice
 
     m, text = manifest("--exp", exp, "--topology", topology, "--slices", str(slices), tmp_path=tmp_path)
     assert schema_errors(m) == [] and unknown_fields(m, SCHEMA["openAPIV3Schema"]) == []

@@ -74,7 +74,7 @@ def test_resume_mid_epoch_equals_uninterrupted(tmp_path, monkeypatch):
 def _resume_mid_epoch(tmp_path, monkeypatch, sets):
     import equipax.launch.training.step_loop as classify
     from equipax.data import ImageClassificationInput
-    from equipax.launch.errors import EXIT_PREEMPTED
+    from equipax.launch.exit_codes import EXIT_PREEMPTED
     from equipax.launch.training.preemption import StopRequest
 
     full = invoke("run", "--exp", "cnn_digits", "--job-log-dir", str(tmp_path / "full"), *sets)

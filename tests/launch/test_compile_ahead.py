@@ -15,9 +15,9 @@ def test_the_first_step_eval_and_checkpoint_compile_nothing_on_the_main_thread(t
     import jax
 
     from equipax.core.knobs import apply_overrides
+    from equipax.launch.aot.compile_events import BACKEND_COMPILE
     from equipax.launch.experiments.registry import get_experiment
     from equipax.launch.jobdir import checksums
-    from equipax.launch.training.compile_events import BACKEND_COMPILE
     from equipax.launch.training.loop import run_experiment
 
     # The checksums by their device program (what an accelerator runs), not numpy.

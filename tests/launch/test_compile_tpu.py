@@ -166,14 +166,14 @@ def test_target_must_match_the_topology():
     ],
 )
 def test_slice_names_map_to_libtpu_topologies(name, topology, chip_config, chips, target):
-    from equipax.launch.aot.tpu import lookup_slice
+    from equipax.launch.hardware.tpu import lookup_slice
 
     s = lookup_slice(name)
     assert (s.topology, s.chip_config, s.chips, s.target_name) == (topology, chip_config, chips, target)
 
 
 def test_every_generation_gives_its_devices():
-    from equipax.launch.aot.tpu import TPU_SLICES, topology_devices
+    from equipax.launch.hardware.tpu import TPU_SLICES, topology_devices
 
     for name, kind in (("v5e-4", "TPU v5 lite"), ("v6e-4", "TPU v6 lite"), ("v5p-8", "TPU v5")):
         devices = topology_devices(TPU_SLICES[name])
@@ -264,7 +264,7 @@ def _weight_passes_on_xla_tpu(rows: int, *, optimizer=None, layers: int = 0, **s
     import optax
 
     from equipax.core.step import LossFnTask, init_train_state, make_train_step
-    from equipax.launch.aot.tpu import lookup_slice, topology_devices
+    from equipax.launch.hardware.tpu import lookup_slice, topology_devices
 
     # >= 128 MiB of float32: too large for XLA:TPU to keep in the chip's on-core memory.
     shape = (layers, rows, 8192) if layers else (rows, 8192)
@@ -363,7 +363,7 @@ def test_splash_without_segment_ids_runs_the_unsegmented_kernel():
     import jax.numpy as jnp
 
     from equipax.core.nn.fused_attention import splash_attention
-    from equipax.launch.aot.tpu import lookup_slice, topology_devices
+    from equipax.launch.hardware.tpu import lookup_slice, topology_devices
 
     sharding = jax.sharding.SingleDeviceSharding(topology_devices(lookup_slice("v5e-1"))[0])
     qkv = jax.ShapeDtypeStruct((2, 256, 4, 128), jnp.bfloat16, sharding=sharding)

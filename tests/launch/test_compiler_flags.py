@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from equipax.launch.aot.flags import SEED_C4_22B_LIBTPU_INIT_ARGS, apply_compiler_flags, merge_flags
+from equipax.launch.hardware.compiler_flags import SEED_C4_22B_LIBTPU_INIT_ARGS, apply_compiler_flags, merge_flags
 from helpers.toy import TOY, set_args
 
 
@@ -115,7 +115,7 @@ def test_an_unknown_compiler_flag_is_refused_before_the_run(xla, libtpu, needles
 
 
 def test_a_flag_from_the_environment_is_named_as_such_and_good_flags_are_probed_once(probe_env, monkeypatch):
-    import equipax.launch.aot.flags as flags
+    import equipax.launch.hardware.compiler_flags as flags
 
     monkeypatch.setenv("XLA_FLAGS", "--xla_nope=2")
     changed = apply_compiler_flags("--xla_dump_hlo_as_text", "")
@@ -141,8 +141,7 @@ def test_libtpu_is_quiet_on_a_host_without_tpus_and_untouched_on_a_tpu_vm(tmp_pa
     variables that answer its metadata question, instead of printing "Failed to find host bounds"
     and an INVALID_ARGUMENT trace on every run; a TPU VM, a set variable or JAX_PLATFORMS=cpu is
     left alone; a compile for a real slice replaces what was set this way."""
-    from equipax.launch.aot.tpu import prepare_libtpu
-    from equipax.launch.cluster.devices import QUIETED_TPU, quiet_absent_tpu
+    from equipax.launch.hardware.tpu import QUIETED_TPU, prepare_libtpu, quiet_absent_tpu
 
     dev = tmp_path / "dev"
     (dev / "vfio").mkdir(parents=True)

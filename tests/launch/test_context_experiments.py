@@ -91,7 +91,7 @@ def test_long_context_experiments_validate_and_split_their_sequence(name, seq_le
     prints them without hardware."""
     from typer.testing import CliRunner
 
-    from equipax.core.configs import CONTEXT
+    from equipax.core.mesh_config import CONTEXT
     from equipax.launch.cli import app
     from equipax.launch.experiments.registry import get_experiment
 
@@ -113,7 +113,7 @@ def test_long_context_experiments_validate_and_split_their_sequence(name, seq_le
 
 
 def test_folding_the_context_axis_keeps_the_devices_and_the_batch():
-    from equipax.core.configs import AXES
+    from equipax.core.mesh_config import AXES
     from equipax.launch.aot.context_report import fold_context
     from equipax.launch.experiments.registry import get_experiment
 

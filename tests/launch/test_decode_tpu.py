@@ -22,9 +22,9 @@ def _decode_program_text(batch: int, compiler_options: dict | None) -> str:
     import jax.numpy as jnp
 
     from equipax.core.knobs import set_knob
-    from equipax.launch.aot.tpu import lookup_slice, topology_devices
     from equipax.launch.configs.experiment import as_lm
     from equipax.launch.experiments.registry import get_experiment
+    from equipax.launch.hardware.tpu import lookup_slice, topology_devices
     from equipax.models import decode
     from equipax.models.lm import TransformerLM
 

@@ -11,8 +11,8 @@ import numpy as np
 def test_prompts_of_other_lengths_share_one_decode_program_and_decode_as_unpadded():
     from equipax.core.nn import TransformerConfig
     from equipax.data import ByteTokenizer
+    from equipax.launch.aot.compile_events import CompileEvents
     from equipax.launch.inference.sampling import decode_texts, encode_prompts, padded_width
-    from equipax.launch.training.compile_events import CompileEvents
     from equipax.models.decode import decode
     from equipax.models.lm import LMConfig, TransformerLM
 

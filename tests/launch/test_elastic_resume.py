@@ -159,7 +159,7 @@ def test_a_data_state_that_does_not_fit_is_refused_or_with_the_flag_a_new_order(
 
     from equipax.core.knobs import ConfigError
     from equipax.data import TokenWindowInput
-    from equipax.launch.jobdir.resume import restore_data_state
+    from equipax.launch.training.resume_checks import restore_data_state
 
     inp = TokenWindowInput(np.arange(400, dtype=np.int32), seq_len=7, batch_size=2)
     inp.get_next()

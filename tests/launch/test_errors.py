@@ -341,3 +341,20 @@ def test_unexpected_error_one_paragraph_and_debug_traceback(tmp_path, monkeypatc
 
     result = CliRunner().invoke(app, ["--debug", "run", "--job-log-dir", str(tmp_path / "job"), *set_args(FAST)])
     assert isinstance(result.exception, RuntimeError)  # --debug lets the traceback through
+
+
+def test_each_run_ending_failure_carries_the_exit_code_the_cli_ends_with():
+    """`equipax.launch.failures`: every exception there names its own exit code (docs/errors.md's
+    table), and `errors.describe` ends the command with it."""
+    from equipax.launch import failures
+    from equipax.launch.errors import describe
+
+    documented = {
+        failures.Preempted(3): 75,
+        failures.Interrupted("SIGTERM"): 75,
+        failures.NonFiniteError("step 3: the loss is nan", step=3, last_checkpoint=2): 4,
+        failures.CheckpointSaveError("Could not write the checkpoint of step 3"): 2,
+    }
+    assert {type(e) for e in documented} == {getattr(failures, name) for name in failures.__all__}
+    for exc, code in documented.items():
+        assert exc.exit_code == code and describe(exc)[1] == code, type(exc).__name__

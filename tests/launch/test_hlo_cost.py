@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from equipax.launch.aot.tpu import libtpu_available
+from equipax.launch.hardware.tpu import libtpu_available
 
 LAYERS, ROWS, WIDTH = 6, 64, 128
 
@@ -52,8 +52,8 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sak
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sam
 from equipax.launch.aot.hlo_cost import Roofline, program_cost
-from equipax.launch.aot.tpu import lookup_slice, topology_devices
-from equipax.launch.cluster.accelerators import ACCELERATORS
+from equipax.launch.hardware.tpu import lookup_slice, topology_devices
+from equipax.launch.hardware.accelerators import ACCELERATORS
 
 jax.config.update("jax_platforms", "cpu")
 mesh = jax.sharding.Mesh(np.array(topology_devices(lookup_slice("v5e-1"))), ("x",))

@@ -35,7 +35,7 @@ def _logits_passes(cfg: LMConfig) -> dict[str, int]:
     import numpy as np
     from jax.sharding import Mesh
 
-    from equipax.launch.aot.tpu import lookup_slice, topology_devices
+    from equipax.launch.hardware.tpu import lookup_slice, topology_devices
     from equipax.models import TransformerLM, lm_loss
 
     device = topology_devices(lookup_slice("v5e-1"))[0]
@@ -82,7 +82,7 @@ def _logits_passes(cfg: LMConfig) -> dict[str, int]:
 
 @pytest.fixture(autouse=True)
 def _libtpu():
-    from equipax.launch.aot.tpu import libtpu_available
+    from equipax.launch.hardware.tpu import libtpu_available
 
     if not libtpu_available():
         pytest.skip("libtpu is not installed (the `aot` dependency group)")

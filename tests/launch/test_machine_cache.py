@@ -1,4 +1,4 @@
-"""The machine's cache (`EQUIPAX_CACHE_DIR`, equipax.launch.jobdir.machine_cache): a fresh job on
+"""The machine's cache (`EQUIPAX_CACHE_DIR`, equipax.launch.store.machine_cache): a fresh job on
 the same plays copies the vocabulary trained before and reads the encoded plays; an empty value
 turns it off; its default place is under XDG_CACHE_HOME."""
 
@@ -9,7 +9,7 @@ import numpy as np
 from equipax.core.knobs import apply_overrides
 from equipax.launch.configs.experiment import as_lm
 from equipax.launch.experiments.registry import get_experiment
-from equipax.launch.jobdir.machine_cache import cache_root
+from equipax.launch.store.machine_cache import cache_root
 from equipax.launch.tasks.lm_data import TOKENIZER_FILE, build_lm_inputs, build_tokenizer
 from helpers.toy import TOY
 

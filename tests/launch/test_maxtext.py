@@ -78,7 +78,7 @@ def test_set_lines_apply_as_printed(tmp_path):
 
 
 def test_maxtext_to_equipax_and_back_is_the_identity():
-    from equipax.launch.translators.maxtext import to_equipax, to_maxtext
+    from equipax.launch.translators.maxtext.translate import to_equipax, to_maxtext
 
     maxtext = {  # MaxText's v4/22b.sh with an optimizer, a schedule and caps
         "global_parameter_scale": 1,
@@ -131,7 +131,7 @@ def test_maxtext_to_equipax_and_back_is_the_identity():
 
 
 def test_global_parameter_scale_rules():
-    from equipax.launch.translators.maxtext import to_equipax
+    from equipax.launch.translators.maxtext.translate import to_equipax
 
     base = {"base_num_decoder_layers": 16, "base_emb_dim": 2048, "base_mlp_dim": 8192, "base_num_query_heads": 8}
     dims = ("num_layers", "model_dims", "hidden_dims", "num_heads")
@@ -150,7 +150,7 @@ def test_global_parameter_scale_rules():
 
 
 def test_untranslated_keys_are_listed_with_why():
-    from equipax.launch.translators.maxtext import to_equipax
+    from equipax.launch.translators.maxtext.translate import to_equipax
 
     t = to_equipax(
         {
@@ -185,7 +185,7 @@ def test_untranslated_keys_are_listed_with_why():
 def test_quantization_translates_both_ways():
     import yaml
 
-    from equipax.launch.translators.maxtext import to_equipax
+    from equipax.launch.translators.maxtext.translate import to_equipax
 
     for maxtext, equipax in (("int8", "int8"), ("int8w", "int8w"), ("fp8", "fp8"), ("", "none")):
         assert to_equipax({"quantization": maxtext}).knobs["model.quantization"] == equipax
@@ -228,7 +228,7 @@ def test_show_format_maxtext():
 
 
 def test_docs_table_is_the_mapping():
-    from equipax.launch.translators.maxtext import markdown_table
+    from equipax.launch.translators.maxtext.translate import markdown_table
 
     docs = (REPO / "docs" / "maxtext.md").read_text()
     assert markdown_table() in docs
@@ -351,7 +351,7 @@ def _lm_experiments():
 def test_every_lm_experiment_round_trips_through_maxtext():
     """equipax -> MaxText -> equipax gives the same config but for what the reverse lists."""
     from equipax.core.knobs import ConfigError, flatten
-    from equipax.launch.translators.maxtext import apply_translation, to_equipax, to_maxtext
+    from equipax.launch.translators.maxtext.translate import apply_translation, to_equipax, to_maxtext
 
     seen = 0
     for name, cfg in _lm_experiments():
@@ -375,7 +375,7 @@ def test_show_writes_maxtext_0_2_5_keys_and_values():
     """Every key `show --format maxtext` writes is a key of MaxText 0.2.5's base.yml, every
     enumerated value one its loader accepts (tests/fixtures/maxtext/facts.json, read from the wheel)."""
     from equipax.core.knobs import flatten
-    from equipax.launch.translators.maxtext import to_maxtext
+    from equipax.launch.translators.maxtext.translate import to_maxtext
 
     keys, domains = set(FACTS["keys"]), FACTS["domains"]
     blocks = set()
@@ -390,9 +390,10 @@ def test_show_writes_maxtext_0_2_5_keys_and_values():
 
 
 def test_translator_facts_match_maxtext_0_2_5():
-    from equipax.launch.translators.maxtext_converters import MAXTEXT_DEFAULTS
-    from equipax.launch.translators.maxtext_families import FAMILIES, MISSING_BLOCKS
-    from equipax.launch.translators.maxtext_rules import OPTIMIZERS, QUANTIZATIONS_BACK, REMATS
+    from equipax.launch.translators.maxtext.blocks import FAMILIES, MISSING_BLOCKS
+    from equipax.launch.translators.maxtext.rules import QUANTIZATIONS_BACK, REMATS
+    from equipax.launch.translators.maxtext.training import OPTIMIZERS
+    from equipax.launch.translators.maxtext.values import MAXTEXT_DEFAULTS
 
     assert {k: MAXTEXT_DEFAULTS[k] for k in FACTS["defaults"]} == FACTS["defaults"]
     assert set(MAXTEXT_DEFAULTS) - set(FACTS["defaults"]) == set()
@@ -410,7 +411,7 @@ def test_no_value_of_any_key_crashes_the_translation():
     import yaml
 
     from equipax.core.knobs import ConfigError
-    from equipax.launch.translators.maxtext import to_equipax
+    from equipax.launch.translators.maxtext.translate import to_equipax
 
     merged = yaml.safe_load((CONFIGS / "base.yml").read_text()) | yaml.safe_load(
         (CONFIGS / "models" / "mixtral-8x7b.yml").read_text()
@@ -432,7 +433,7 @@ def test_no_value_of_any_key_crashes_the_translation():
 def test_context_parallelism_round_trips_and_ring_gets_the_kernel_maxtext_needs():
     from equipax.core.knobs import flatten
     from equipax.launch.experiments.registry import get_experiment
-    from equipax.launch.translators.maxtext import apply_translation, to_equipax, to_maxtext
+    from equipax.launch.translators.maxtext.translate import apply_translation, to_equipax, to_maxtext
 
     knobs = flatten(get_experiment("llama3_8b")) | {
         "mesh.axis_names": ("data", "fsdp", "context", "tensor"),

@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from equipax.launch.training.nonfinite import NonFiniteError, NonFiniteMonitor
+from equipax.launch.failures import NonFiniteError
+from equipax.launch.training.nonfinite import NonFiniteMonitor
 
 
 def verdict(steps: dict[int, dict[str, float]], checkpoints: list[int]) -> tuple[NonFiniteError, list[int]]:

@@ -217,7 +217,7 @@ def test_gcs_job_trains_stops_resumes_and_detects_damage(gcs, tmp_path, monkeypa
     # Bit rot in the newest checkpoint's array data: the checksums catch it, the step is set aside
     # (kept, in corrupt_checkpoints/), and the run resumes from the step before, to the same bits.
     from equipax.launch.inference.trained_job import checkpoint_steps
-    from equipax.launch.jobdir.storage import job_path
+    from equipax.launch.store.storage import job_path
 
     steps = checkpoint_steps(job_path("gs://bkt/job"))
     assert steps[-1] == 4 and len(steps) >= 2, steps  # the SIGTERM's own step, and 4
@@ -275,7 +275,7 @@ def test_a_store_that_takes_connections_but_never_answers_is_exit_2(monkeypatch)
     after `ANSWER_TIMEOUT_S` (2 s here), not a `launch run` waiting for ever."""
     import socket
 
-    from equipax.launch.jobdir import store_checks
+    from equipax.launch.store import checks as store_checks
 
     monkeypatch.setattr(store_checks, "ANSWER_TIMEOUT_S", 2.0)
     with socket.socket() as silent:
@@ -324,7 +324,7 @@ def test_store_problems_are_exit_2_in_seconds(gcs, monkeypatch, tmp_path):
     monkeypatch.delenv("STORAGE_EMULATOR_HOST")
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/key.json")
     from equipax.core.knobs import ConfigError
-    from equipax.launch.jobdir import store_checks
+    from equipax.launch.store import checks as store_checks
 
     monkeypatch.setattr(
         store_checks, "_endpoint", lambda scheme: (gcs["STORAGE_EMULATOR_HOST"], "STORAGE_EMULATOR_HOST")
@@ -402,7 +402,7 @@ def test_s3_job_trains_stops_resumes_and_survives_a_killed_save(s3, tmp_path, mo
     assert code == 75 and "Run the same command again to resume" in out, out
     from equipax.launch.inference.trained_job import checkpoint_steps
     from equipax.launch.jobdir.checkpoints import Checkpointer
-    from equipax.launch.jobdir.storage import filesystem, job_path
+    from equipax.launch.store.storage import filesystem, job_path
 
     for name, value in env.items():
         monkeypatch.setenv(name, value)

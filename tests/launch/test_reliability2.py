@@ -608,8 +608,9 @@ def test_a_signal_that_interrupted_an_import_is_still_exit_75(monkeypatch):
     """Found by benchmarks/fault_injection.py: a SIGTERM landing while `run` imports JAX left a
     half-initialised module, and naming the error imported it again (exit 1, a traceback). The
     signal's message and exit code now come before any import."""
-    from equipax.launch.errors import EXIT_PREEMPTED, describe
-    from equipax.launch.training.preemption import Interrupted
+    from equipax.launch.errors import describe
+    from equipax.launch.exit_codes import EXIT_PREEMPTED
+    from equipax.launch.failures import Interrupted
 
     monkeypatch.setitem(sys.modules, "equipax.core.task", None)  # importing it now raises ImportError
     message, code = describe(Interrupted("SIGTERM"))

@@ -308,7 +308,8 @@ def test_a_saved_config_with_text_that_is_not_utf8_is_refused_when_read():
 
 SWALLOWED_SIGNAL = """
 import gc, os, signal, sys, time
-from equipax.launch.training.preemption import EARLY, Interrupted, StopRequest
+from equipax.launch.failures import Interrupted
+from equipax.launch.training.preemption import EARLY, StopRequest
 
 EARLY.install()
 EARLY.arm()
@@ -346,7 +347,7 @@ def test_a_signal_raised_where_python_drops_exceptions_is_not_lost(after):
 
 
 def test_interrupted_passes_every_except_exception():
-    from equipax.launch.training.preemption import Interrupted
+    from equipax.launch.failures import Interrupted
 
     with pytest.raises(Interrupted):
         try:

@@ -14,7 +14,7 @@ import sys
 import jax
 import pytest
 
-from equipax.launch.aot.tpu import libtpu_available
+from equipax.launch.hardware.tpu import libtpu_available
 from helpers.toy import TOY, persistent_compile_cache, set_args
 
 AUTO = [*set_args(TOY), "--set", "model.transformer.remat=auto"]

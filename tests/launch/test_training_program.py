@@ -52,7 +52,7 @@ def test_run_executes_the_program_compile_reports():
         import hashlib, json, pathlib, tempfile
         import jax
         from equipax.launch.aot.report import compile_report
-        from equipax.launch.cluster.accelerators import ACCELERATORS
+        from equipax.launch.hardware.accelerators import ACCELERATORS
         from equipax.launch.experiments.registry import get_experiment
         from equipax.launch.tasks import family
         from equipax.launch.training.build import build_training

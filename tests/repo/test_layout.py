@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from helpers import REPO
+from helpers.imports import cycles, import_graph
 
 
 def test_launch_keeps_its_layout_rules():
@@ -71,69 +72,10 @@ def test_each_test_folder_tests_its_package():
     assert not problems, problems
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """Every module of packages/ -> the equipax modules it imports anywhere in its text (at the top,
-    inside functions, under TYPE_CHECKING): any of them makes the two modules depend on each other."""
-    import ast
-
-    modules = {}
-    for src in sorted((REPO / "packages").glob("*/src")):
-        for path in src.rglob("*.py"):
-            parts = path.relative_to(src).with_suffix("").parts
-            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-
-    def resolve(name: str) -> str | None:
-        while name and name not in modules:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    graph = {}
-    for name, path in modules.items():
-        targets = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets |= {f"{node.module}.{a.name}" for a in node.names}
-        graph[name] = {r for t in targets if t.startswith("equipax.") and (r := resolve(t)) not in (None, name)}
-    return graph
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan's algorithm)."""
-    index, low, stack, on_stack, found = {}, {}, [], set(), []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
 def test_no_import_cycles():
     """No two modules of packages/ import each other, directly or through others (lazy and
     TYPE_CHECKING imports included: each is a dependency a reader has to untangle)."""
-    graph = _import_graph()
+    graph = import_graph()
     assert len(graph) > 100 and "equipax.launch.training.loop" in graph["equipax.launch.commands.train_command"]
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
-    assert not (cycles := _cycles(graph)), "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
+    assert not (found := cycles(graph)), "import cycles: " + "; ".join(" <-> ".join(c) for c in found)

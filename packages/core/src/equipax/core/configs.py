@@ -1,11 +1,12 @@
-"""The config classes of `equipax.core`: frozen dataclasses, validated when built, and no JAX.
+"""The transformer's config classes, `TransformerConfig` and `RopeScalingConfig`: frozen
+dataclasses, validated when built, and no JAX.
 
-`TransformerConfig` and `RopeScalingConfig` are defined here; `ScheduleConfig`, `LearnerConfig`,
-`ParamGroupConfig` and `VariationalNoiseConfig` in `_learner_config.py`, `MeshConfig` and the
-mesh-axis names in `_mesh_config.py`, the cross-field and mesh checks in `_config_checks.py` and
-`_context_config.py` (all re-exported here: import them from this module); all are re-exported
-where they are used (`equipax.core.mesh`, `equipax.core.optim`, `equipax.core.nn`): a module that
-only builds or prints configs (the CLI's `list`, `show` and knob errors) imports this one and does
+The other configs of `equipax.core` live in modules of their own, equally JAX-free:
+`learner_config.py` (`ScheduleConfig`, `LearnerConfig`, `ParamGroupConfig`,
+`VariationalNoiseConfig`), `mesh_config.py` (`MeshConfig` and the mesh-axis names), and the
+cross-field and mesh checks in `config_checks.py` and `context_config.py`; the modules that use
+them re-export them (`equipax.core.mesh`, `equipax.core.optim`, `equipax.core.nn`). A module that
+only builds or prints configs (the CLI's `list`, `show` and knob errors) imports these and does
 not pay for importing JAX (benchmarks/README.md, "CLI latency"). Keep it that way: nothing here may
 import jax, numpy-heavy code or equinox. (`equipax.core.knobs` is the machinery that applies `--set`
 overrides to any of them.)
@@ -15,75 +16,16 @@ import dataclasses
 import math
 from typing import Literal
 
-from equipax.core._config_checks import (
-    bubble_fraction,
+from equipax.core.config_checks import (
     check_attention_impl,
-    check_experts,
     check_heads,
     check_layer_groups,
     check_moe,
-    check_pipeline,
     check_pipeline_knobs,
-    num_microbatches,
 )
-from equipax.core._context_config import CONTEXT_PARALLEL_STRATEGIES, check_context
-from equipax.core._learner_config import (
-    LearnerConfig,
-    LearnerKind,
-    ParamGroupConfig,
-    ScheduleConfig,
-    ScheduleKind,
-    VariationalNoiseConfig,
-)
-from equipax.core._mesh_config import (
-    AXES,
-    BATCH_AXES,
-    CONTEXT,
-    CONTEXT_AXES,
-    DATA,
-    DEFAULT_LOGICAL_AXIS_RULES,
-    EXPERT,
-    EXPERT_AXES,
-    FSDP,
-    PIPELINE_AXES,
-    STAGE,
-    TENSOR,
-    LogicalAxisRules,
-    MeshConfig,
-)
+from equipax.core.context_config import CONTEXT_PARALLEL_STRATEGIES
 
-__all__ = [
-    "AXES",
-    "LINEAR_ATTENTION_CHUNK_SIZE",
-    "BATCH_AXES",
-    "CONTEXT",
-    "CONTEXT_AXES",
-    "DATA",
-    "DEFAULT_LOGICAL_AXIS_RULES",
-    "EXPERT",
-    "EXPERT_AXES",
-    "FSDP",
-    "LearnerConfig",
-    "LearnerKind",
-    "LogicalAxisRules",
-    "MeshConfig",
-    "ParamGroupConfig",
-    "PIPELINE_AXES",
-    "QUANTIZATIONS",
-    "RopeScalingConfig",
-    "ScheduleConfig",
-    "ScheduleKind",
-    "STAGE",
-    "TENSOR",
-    "TransformerConfig",
-    "VariationalNoiseConfig",
-    "bubble_fraction",
-    "check_context",
-    "check_experts",
-    "check_pipeline",
-    "check_pipeline_knobs",
-    "num_microbatches",
-]
+__all__ = ["LINEAR_ATTENTION_CHUNK_SIZE", "QUANTIZATIONS", "REMAT_POLICIES", "RopeScalingConfig", "TransformerConfig"]
 
 # Positions per chunk of the chunked causal linear attention (`attention="linear"`;
 # `equipax.core.nn.linear_attention.DEFAULT_CHUNK_SIZE`, and the FLOP count of `equipax.core.flops`).

@@ -19,8 +19,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from equipax.core.configs import BATCH_AXES, CONTEXT
 from equipax.core.knobs import ConfigError
+from equipax.core.mesh_config import BATCH_AXES, CONTEXT
 
 __all__ = ["HostInfeed", "host_infeed", "host_infeeds"]
 

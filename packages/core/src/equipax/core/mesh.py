@@ -19,7 +19,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from equipax.core.configs import (
+from equipax.core.knobs import ConfigError
+from equipax.core.mesh_config import (
     AXES,
     BATCH_AXES,
     CONTEXT,
@@ -33,7 +34,6 @@ from equipax.core.configs import (
     TENSOR,
     MeshConfig,
 )
-from equipax.core.knobs import ConfigError
 
 __all__ = [
     "AXES",

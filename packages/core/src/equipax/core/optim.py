@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 
-from equipax.core.configs import LearnerConfig, LearnerKind, ParamGroupConfig, ScheduleConfig, ScheduleKind
 from equipax.core.knobs import ConfigError
+from equipax.core.learner_config import LearnerConfig, LearnerKind, ParamGroupConfig, ScheduleConfig, ScheduleKind
 from equipax.core.param_paths import param_paths, path_string
 
 __all__ = [

@@ -49,8 +49,8 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
-from equipax.core.configs import DEFAULT_LOGICAL_AXIS_RULES
 from equipax.core.mesh import BATCH_AXES, CONTEXT, TENSOR
+from equipax.core.mesh_config import DEFAULT_LOGICAL_AXIS_RULES
 from equipax.core.task import trainable
 
 __all__ = [

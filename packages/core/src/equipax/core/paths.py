@@ -26,7 +26,7 @@ def remote_scheme(value: str | Path) -> str | None:
 
 def url_problem(value: str | Path, *, stores: bool = True) -> str | None:
     """Why `value` cannot be used as a path when it is a URL, or None. Local paths and, with
-    `stores`, the object stores of `REMOTE_SCHEMES` are paths (`equipax.launch.jobdir.storage`);
+    `stores`, the object stores of `REMOTE_SCHEMES` are paths (`equipax.launch.store.storage`);
     any other URL (`http://`, `hdfs://`) is refused: as a path it would quietly become a local
     directory named after its scheme (`http:`)."""
     text = str(value).strip()

@@ -32,7 +32,7 @@ from equipax.core._loss_contract import (
     check_aux,
     contract_error,
 )
-from equipax.core.configs import VariationalNoiseConfig
+from equipax.core.learner_config import VariationalNoiseConfig
 from equipax.core.losses import LOSS_PREFIX, SUM_PREFIX
 from equipax.core.task import EVAL_SUMS, AbstractTask, Batch, Metrics, ModelState, ModelT, trainable
 from equipax.core.variational_noise import add_variational_noise, noise_key

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, PRNGKeyArray
 
-from equipax.core.configs import VariationalNoiseConfig
+from equipax.core.learner_config import VariationalNoiseConfig
 from equipax.core.param_paths import is_param, param_paths, path_string
 
 __all__ = ["VariationalNoiseConfig", "add_variational_noise", "noise_key", "param_paths", "variational_noise"]

@@ -1,19 +1,22 @@
 """equipax.launch: the `launch` command line, the experiment registry and the training program.
 
 Importing this package imports nothing else (the CLI installs its signal handlers before its
-heavy imports); use the submodules. One folder per concern:
+heavy imports); use the submodules. One folder per concern, in layers that import only their own
+layer or lower (docs/extending.md, "Layers of equipax.launch"; tests/repo/test_layers.py):
 
-- `configs/`: the config schemas (`ExperimentConfig`, `TrainConfig`, the data configs);
-- `experiments/`: the registry and the built-in experiment definitions;
-- `tasks/`: the task families (language model, image classifier) with the inputs they build;
-- `training/`: `build_training`, the one training loop and its hooks;
-- `jobdir/`: the job directory (ownership and lock, checkpoints and checksums, resume checks,
+- 0: `exit_codes.py` and `failures.py` (the run-ending failures, each with its exit code);
+  `store/`: where files live (local, `gs://`, `s3://`), the machine's cache; `hardware/`: the
+  accelerators, TPU slices, compiler flags;
+- 1: `configs/`: the config schemas (`ExperimentConfig`, `TrainConfig`, the data configs);
+  `cluster/`: multi-process start-up;
+- 2: `tasks/`: the task families with the inputs they build; `experiments/`: the registry and
+  the built-in experiments; `jobdir/`: the job directory (ownership, checkpoints and checksums,
   metrics and summaries, plots);
-- `inference/`: offline use of a trained job (`launch decode`, `launch eval`);
-- `translators/`: other frameworks' configs as equipax knobs (MaxText);
-- `aot/`: ahead-of-time compile reports (`launch compile`); `bench/`: `launch bench`;
-- `cluster/`: multi-process start-up; `commands/`: the CLI commands (`cli.py` wires them);
-  `errors.py` and `exit_codes.py`: what a failure prints and returns.
+- 4: `aot/`: ahead-of-time compile reports (`launch compile`); `inference/`: offline use of a
+  trained job (`launch decode`, `launch eval`); `bench/`: `launch bench`;
+- 5: `training/`: `build_training`, the one training loop, its hooks, the resume checks;
+- 6: `translators/`: other frameworks' configs and checkpoints (MaxText, Hugging Face);
+- 7: `errors.py` (what a failure prints) and `commands/` (the CLI commands); 8: `cli.py`.
 """
 
 __all__: list[str] = []

@@ -3,7 +3,8 @@
 import sys
 from pathlib import Path
 
-from equipax.launch.training.preemption import EARLY, Interrupted
+from equipax.launch.failures import Interrupted
+from equipax.launch.training.preemption import EARLY
 
 __all__ = ["app", "main"]
 
@@ -29,7 +30,8 @@ from equipax.launch.commands.local_cluster_command import local_cluster
 from equipax.launch.commands.pgle_command import pgle_app
 from equipax.launch.commands.slurm_command import slurm_cmd
 from equipax.launch.commands.train_command import list_cmd, run, show
-from equipax.launch.errors import EXIT_PREEMPTED, GuardedGroup, describe
+from equipax.launch.errors import GuardedGroup, describe
+from equipax.launch.exit_codes import EXIT_PREEMPTED
 
 app: typer.Typer = typer.Typer(
     help="Configure and run ML experiments on JAX (equipax).",

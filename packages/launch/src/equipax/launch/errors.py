@@ -2,10 +2,11 @@
 
 Every command runs inside `GuardedGroup.invoke`: an exception that escapes a command becomes
 one paragraph on stderr and a documented exit code, never a traceback from deep inside JAX.
-`launch --debug COMMAND ...` lets it through with the full traceback instead.
+`launch --debug COMMAND ...` lets it through with the full traceback instead. The failures that
+end a run (`failures.py`) carry their own exit code; the rest are mapped here.
 
 Exit codes (defined in `exit_codes.py`, which imports nothing so the start-up signal handler can
-use it; re-exported here): 0 done; 1 unexpected error (a bug or an unsupported setup: rerun
+use it): 0 done; 1 unexpected error (a bug or an unsupported setup: rerun
 with --debug); 2 bad input or environment (config, data, job directory, disk) - nothing saved was
 damaged, fix it and rerun; 3 `launch compile --strict` found the step does not fit; 4 stopped on
 non-finite steps (train.on_nonfinite); 75 stopped by SIGTERM/SIGINT (in the loop: after a checkpoint).
@@ -21,34 +22,10 @@ from typer.core import TyperGroup
 from typer.exceptions import Abort, Exit, TyperException
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.exit_codes import (
-    EXIT_DOES_NOT_FIT,
-    EXIT_NONFINITE,
-    EXIT_PREEMPTED,
-    EXIT_UNEXPECTED,
-    EXIT_USER_ERROR,
-)
-from equipax.launch.training.preemption import Interrupted
+from equipax.launch.exit_codes import EXIT_UNEXPECTED, EXIT_USER_ERROR
+from equipax.launch.failures import CheckpointSaveError, Interrupted, NonFiniteError, Preempted
 
-__all__ = [
-    "describe",
-    "EXIT_DOES_NOT_FIT",
-    "EXIT_NONFINITE",
-    "EXIT_PREEMPTED",
-    "EXIT_UNEXPECTED",
-    "EXIT_USER_ERROR",
-    "GuardedGroup",
-    "Preempted",
-]
-
-
-class Preempted(Exception):
-    """The run stopped on SIGTERM/SIGINT after checkpointing `step` (exit 75; already reported)."""
-
-    def __init__(self, step: int) -> None:
-        super().__init__(f"stopped after step {step}")
-        self.step = step
-
+__all__ = ["describe", "GuardedGroup", "pax_spellings", "PAX_SPELLINGS"]
 
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
@@ -79,23 +56,21 @@ def describe(exc: BaseException, command: str = "") -> tuple[str, int]:
     # imports JAX (the CLI loads it only when a run starts), leaving half-initialised modules that
     # the imports below would trip over (found by benchmarks/fault_injection.py).
     if isinstance(exc, Preempted):
-        return "", EXIT_PREEMPTED  # the loop said where the checkpoint is
+        return "", exc.exit_code  # the loop said where the checkpoint is
     if isinstance(exc, Interrupted):
         if command in _STOPPED:
-            return f"Stopped by {exc.signal_name}; {_STOPPED[command]}", EXIT_PREEMPTED
+            return f"Stopped by {exc.signal_name}; {_STOPPED[command]}", exc.exit_code
         return (
             f"Stopped by {exc.signal_name} outside the training steps (while starting up, or after "
             "the last step); nothing was half-written. Run the same command again (a training run "
             "resumes from its newest checkpoint, or starts the job if there is none)."
-        ), EXIT_PREEMPTED
+        ), exc.exit_code
+    if isinstance(exc, (NonFiniteError, CheckpointSaveError)):
+        return str(exc), exc.exit_code
     from equipax.core.task import BatchError
     from equipax.data import DataError
-    from equipax.launch.jobdir.save_errors import CheckpointSaveError
-    from equipax.launch.training.nonfinite import NonFiniteError
 
-    if isinstance(exc, NonFiniteError):
-        return str(exc), EXIT_NONFINITE
-    if isinstance(exc, (ConfigError, CheckpointSaveError, BatchError)):
+    if isinstance(exc, (ConfigError, BatchError)):
         return str(exc), EXIT_USER_ERROR
     if isinstance(exc, DataError):
         return f"data: {exc}", EXIT_USER_ERROR

@@ -10,16 +10,11 @@ import dataclasses
 import math
 from typing import Any, ClassVar, Literal
 
-from equipax.core.configs import (
-    QUANTIZATIONS,
-    MeshConfig,
-    RopeScalingConfig,
-    TransformerConfig,
-    check_context,
-    check_experts,
-    check_pipeline,
-)
+from equipax.core.config_checks import check_experts, check_pipeline
+from equipax.core.configs import QUANTIZATIONS, RopeScalingConfig, TransformerConfig
+from equipax.core.context_config import check_context
 from equipax.core.flops import lm_param_counts, transformer_lm_flops_per_token
+from equipax.core.mesh_config import MeshConfig
 from equipax.core.paths import local_only_problem
 
 __all__ = ["CNNConfig", "cnn_param_count", "DTYPES", "LMConfig", "LORA_TARGETS", "LoRAConfig", "RopeScalingConfig"]

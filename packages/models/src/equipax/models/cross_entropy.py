@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int
 
-from equipax.core.configs import TENSOR
+from equipax.core.mesh_config import TENSOR
 from equipax.core.partition import constrain_batch_and_last
 
 __all__ = ["chunked_head_stats", "HeadStats", "head_stats", "soft_cap"]

@@ -33,7 +33,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
-from equipax.core._mesh_config import BATCH_AXES, CONTEXT, TENSOR
+from equipax.core.mesh_config import BATCH_AXES, CONTEXT, TENSOR
 from equipax.core.nn.attention import _grouped_softmax, check_groups  # pyright: ignore[reportPrivateUsage]
 from equipax.core.nn.attention_masks import attention_mask
 from equipax.core.nn.ring_attention import RingConfig, ring_attention_shard

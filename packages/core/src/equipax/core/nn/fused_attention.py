@@ -23,8 +23,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float, Int
 
-from equipax.core.configs import BATCH_AXES, TENSOR, TransformerConfig
+from equipax.core.configs import TransformerConfig
 from equipax.core.knobs import ConfigError
+from equipax.core.mesh_config import BATCH_AXES, TENSOR
 
 __all__ = [
     "attention_kernel",

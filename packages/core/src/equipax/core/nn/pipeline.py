@@ -61,7 +61,7 @@ from jax.sharding import PartitionSpec as P
 from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from equipax.core.configs import bubble_fraction, check_pipeline, check_pipeline_knobs, num_microbatches
+from equipax.core.config_checks import bubble_fraction, check_pipeline, check_pipeline_knobs, num_microbatches
 from equipax.core.mesh import BATCH_AXES, CONTEXT, STAGE
 from equipax.core.nn.context_parallel import slot_index
 from equipax.core.nn.quantization import Quantization

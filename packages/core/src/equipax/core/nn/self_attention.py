@@ -30,7 +30,7 @@ from jax.sharding import Mesh
 from jax.typing import DTypeLike
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from equipax.core._mesh_config import CONTEXT
+from equipax.core.mesh_config import CONTEXT
 from equipax.core.nn.attention import cached_attention, check_groups, softmax_attention
 from equipax.core.nn.context_parallel import (
     ContextParallel,

@@ -17,8 +17,8 @@ mesh splits them N times finer: the report shows both programs' parameter bytes)
 import dataclasses
 from typing import Any
 
-from equipax.core.configs import AXES, CONTEXT, FSDP, MeshConfig
 from equipax.core.knobs import ConfigError
+from equipax.core.mesh_config import AXES, CONTEXT, FSDP, MeshConfig
 from equipax.launch.configs.experiment import ExperimentConfig
 
 __all__ = ["comparison_section", "comparison_lines", "context_size", "fold_context"]

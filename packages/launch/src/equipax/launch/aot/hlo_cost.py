@@ -51,7 +51,7 @@ class Roofline:
 
     @classmethod
     def of(cls, accelerator: Any, peak_tflops: float | None = None) -> "Roofline":
-        """An `equipax.launch.cluster.accelerators.Accelerator`'s figures (`peak_tflops`: another peak)."""
+        """An `equipax.launch.hardware.accelerators.Accelerator`'s figures (`peak_tflops`: another peak)."""
         peak = peak_tflops if peak_tflops is not None else accelerator.peak_tflops
         return cls(
             accelerator.name, peak * 1e12, accelerator.hbm_gbytes_per_s * 1e9, accelerator.host_gbytes_per_s * 1e9

@@ -32,7 +32,7 @@ from equipax.launch.aot.compile_step import compile_step
 from equipax.launch.aot.hlo_cost import Roofline, program_cost
 from equipax.launch.aot.remat_search import Outcome, search
 from equipax.launch.configs.experiment import ExperimentConfig
-from equipax.launch.jobdir.storage import AnyPath, write_atomic
+from equipax.launch.store.storage import AnyPath, write_atomic
 
 __all__ = [
     "CACHE_FILE",
@@ -183,7 +183,7 @@ def _read_job_cache(path: AnyPath | None) -> dict[str, Any]:
 
 def _read_cache(job: AnyPath | None, key: str) -> tuple[dict[str, Any] | None, str | None]:
     """The cached entry of `key` and where it was (the job's file first: a job keeps its choice)."""
-    from equipax.launch.jobdir.machine_cache import content_cache
+    from equipax.launch.store.machine_cache import content_cache
 
     hit = _read_job_cache(job).get(key)
     if isinstance(hit, dict) and hit.get("policy") in REMAT_POLICIES:
@@ -200,7 +200,7 @@ def _read_cache(job: AnyPath | None, key: str) -> tuple[dict[str, Any] | None, s
 
 
 def _write_cache(job: AnyPath | None, key: str, entry: dict[str, Any]) -> None:
-    from equipax.launch.jobdir.machine_cache import content_cache
+    from equipax.launch.store.machine_cache import content_cache
 
     machine = content_cache("remat")
     if machine is not None:

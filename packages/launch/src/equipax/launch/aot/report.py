@@ -1,7 +1,7 @@
 """Ahead-of-time compile of an experiment's exact train step, for hardware you don't have.
 
 `launch compile` builds the experiment's full mesh, either of a real TPU topology's devices
-(`--topology`, compiled by XLA:TPU from libtpu; `equipax.launch.aot.tpu`) or of fake CPU devices
+(`--topology`, compiled by XLA:TPU from libtpu; `equipax.launch.hardware.tpu`) or of fake CPU devices
 (set before JAX starts), builds the train state abstractly (no array is allocated), lowers and
 compiles the real step, and reports parameters, per-device memory (one stage's share for a
 pipelined model, with its stages, microbatches and bubble: `equipax.launch.aot.pipeline_report`), model
@@ -27,8 +27,8 @@ from equipax.launch.aot.hlo_cost import Roofline
 from equipax.launch.aot.memory import MEMORY_NOTES
 from equipax.launch.aot.pipeline_report import pipeline_lines, pipeline_section
 from equipax.launch.aot.remat import choose_remat, format_remat_table, is_auto
-from equipax.launch.cluster.accelerators import Accelerator
 from equipax.launch.configs.experiment import ExperimentConfig
+from equipax.launch.hardware.accelerators import Accelerator
 from equipax.launch.tasks import family
 from equipax.launch.training.build import attention_record, build_training
 

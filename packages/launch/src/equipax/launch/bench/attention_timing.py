@@ -27,7 +27,7 @@ from equipax.core.knobs import ConfigError, to_dict
 # The config lives with the registered experiment, in a module without JAX.
 from equipax.launch.experiments.attention_bench import IMPLEMENTATIONS, AttentionBenchConfig
 
-__all__ = ["IMPLEMENTATIONS", "AttentionBenchConfig", "estimate_bytes", "results_table", "run_attention_bench"]
+__all__ = ["estimate_bytes", "results_table", "run_attention_bench"]
 
 BASELINE = "softmax"
 RESULT_FILE = "attention_bench.json"

@@ -19,8 +19,8 @@ import os
 import re
 from collections.abc import Mapping
 
-from equipax.core.configs import MeshConfig
 from equipax.core.knobs import ConfigError
+from equipax.core.mesh_config import MeshConfig
 from equipax.launch.cluster.shape import check_layout
 
 __all__ = ["check_job", "ClusterJob", "detect_job", "find_job", "first_host", "tasks_on_node"]

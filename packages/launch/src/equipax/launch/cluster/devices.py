@@ -3,54 +3,16 @@
 JAX fixes its device list when the first computation runs, so this must happen before any
 JAX operation; the `launch` command is a fresh process, and every command that accepts
 `--cpu-devices` calls `use_cpu_devices` first (which also quiets libtpu on a host without TPUs:
-`quiet_absent_tpu`).
+`equipax.launch.hardware.tpu.quiet_absent_tpu`).
 """
-
-import os
-from collections.abc import MutableMapping
-from pathlib import Path
 
 import jax
 
 from equipax.core.knobs import ConfigError
 from equipax.core.mesh import MeshConfig
+from equipax.launch.hardware.tpu import quiet_absent_tpu
 
-__all__ = ["check_cpu_devices", "quiet_absent_tpu", "use_cpu_devices", "QUIETED_TPU"]
-
-# Set (to "1") where `quiet_absent_tpu` gave libtpu its variables, so a compile for a real slice
-# (`equipax.launch.aot.tpu.prepare_libtpu`) knows it may replace them.
-QUIETED_TPU = "EQUIPAX_QUIETED_LIBTPU"
-
-
-def _has_tpu_chips(dev: Path = Path("/dev")) -> bool:
-    """TPU VMs expose their chips as /dev/accel<N> (v4, v5e) or /dev/vfio/<N> (v5p, v6e)."""
-    return any(dev.glob("accel*")) or any(p.name.isdigit() for p in (dev / "vfio").glob("*"))
-
-
-def quiet_absent_tpu(environ: MutableMapping[str, str] | None = None, *, dev: Path = Path("/dev")) -> bool:
-    """Keep libtpu quiet on a host without TPU chips; call before JAX starts.
-
-    With JAX_PLATFORMS unset (or naming tpu) JAX loads libtpu, which on a host that is not a TPU
-    VM looks for the VM's metadata, finds none and prints "Failed to find host bounds" and an
-    INVALID_ARGUMENT trace on stderr before anything the user must read; it then finds no chip and
-    JAX goes on with the other platforms. Where there is no chip and no TPU variable is set, this
-    gives libtpu the variables that answer its question (as for a compile-only libtpu), so it
-    finds no chip silently. A TPU VM (chips present, or its variables set) is left alone.
-
-    Returns:
-        Whether the variables were set.
-    """
-    env = os.environ if environ is None else environ
-    platforms = env.get("JAX_PLATFORMS", "")
-    if platforms and "tpu" not in platforms.split(","):
-        return False  # libtpu is not loaded
-    if any(env.get(v) for v in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID")):
-        return False
-    if _has_tpu_chips(dev):
-        return False
-    env.update(TPU_ACCELERATOR_TYPE="v4-8", TPU_WORKER_HOSTNAMES="localhost", TPU_WORKER_ID="0")
-    env[QUIETED_TPU] = "1"
-    return True
+__all__ = ["check_cpu_devices", "use_cpu_devices"]
 
 
 def use_cpu_devices(n: int | None) -> None:

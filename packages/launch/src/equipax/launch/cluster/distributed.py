@@ -4,7 +4,7 @@ One process per host runs the same command. Process 0 writes the job directory's
 every process feeds its own input shard and takes part in checkpoints. An input with a global
 data order saves one state for all hosts; the states of per-host inputs are gathered into one
 JSON object so a resumed run gives every host its own.
-Joining the job (`DistributedArgs`, `initialize`) is `cluster.join`'s, re-exported here.
+Joining the job (`DistributedArgs`, `initialize`) is `cluster.join`'s.
 """
 
 import json
@@ -16,21 +16,16 @@ from jax.experimental import multihost_utils
 from rich.console import Console
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.cluster.join import WAIT_LOG_EVERY_S, DistributedArgs, initialize, parse_coordinator
 
 __all__ = [
     "any_process",
     "barrier",
-    "DistributedArgs",
     "gather_host_states",
     "host_state",
     "HostConsole",
-    "initialize",
     "is_primary",
-    "parse_coordinator",
     "sum_over_processes",
     "to_host",
-    "WAIT_LOG_EVERY_S",
 ]
 
 

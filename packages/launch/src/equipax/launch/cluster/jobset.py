@@ -22,11 +22,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from equipax.core.configs import MeshConfig
 from equipax.core.knobs import ConfigError
-from equipax.launch.aot.flags import apply_compiler_flags
-from equipax.launch.aot.tpu import TPU_SLICES, TpuSlice, lookup_slice
+from equipax.core.mesh_config import MeshConfig
 from equipax.launch.cluster.shape import check_counts, run_command
+from equipax.launch.hardware.compiler_flags import apply_compiler_flags
+from equipax.launch.hardware.tpu import TPU_SLICES, TpuSlice, lookup_slice
 
 __all__ = ["GKE_ACCELERATORS", "jobset_manifest", "REPLICATED_JOB", "TpuJobSet"]
 

@@ -11,8 +11,8 @@ starts, `check_shape` on any job once it has started, `launch slurm` on the job 
 import shlex
 from collections.abc import Sequence
 
-from equipax.core.configs import MeshConfig
 from equipax.core.knobs import ConfigError
+from equipax.core.mesh_config import MeshConfig
 
 __all__ = ["check_counts", "check_layout", "check_shape", "run_command"]
 

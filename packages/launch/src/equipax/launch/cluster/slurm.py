@@ -13,8 +13,8 @@ import dataclasses
 import shlex
 from collections.abc import Sequence
 
-from equipax.core.configs import MeshConfig
 from equipax.core.knobs import ConfigError
+from equipax.core.mesh_config import MeshConfig
 from equipax.launch.cluster.shape import check_counts, check_layout, run_command
 
 __all__ = ["sbatch_script", "SlurmJob"]

@@ -9,9 +9,9 @@ from rich.console import Console
 
 from equipax.core.knobs import ConfigError, apply_overrides
 from equipax.core.paths import url_problem
-from equipax.launch.errors import EXIT_USER_ERROR
+from equipax.launch.exit_codes import EXIT_USER_ERROR
 from equipax.launch.experiments import registry
-from equipax.launch.jobdir.storage import AnyPath, is_remote
+from equipax.launch.store.storage import AnyPath, is_remote
 
 __all__ = [
     "check_output",
@@ -68,10 +68,10 @@ def path_option(value: str) -> Path:
 
 def job_dir_option(value: str) -> AnyPath:
     """A job directory given on the command line: `path_option`, or a directory in object storage
-    (`gs://BUCKET/JOB`, `s3://BUCKET/JOB`; an `etils.epath.Path`, `equipax.launch.jobdir.storage`).
+    (`gs://BUCKET/JOB`, `s3://BUCKET/JOB`; an `etils.epath.Path`, `equipax.launch.store.storage`).
     Typed `Path` for typer, which reads the annotation; what comes back is a `storage.AnyPath`."""
     path = _path(value, stores=True)
-    from equipax.launch.jobdir.store_checks import check_store
+    from equipax.launch.store.checks import check_store
 
     try:  # in seconds: an unreachable endpoint, no credentials, a missing bucket
         check_store(path, "--job-log-dir")
@@ -88,7 +88,7 @@ def _path(value: str, *, stores: bool) -> AnyPath:
         )
     if (problem := url_problem(value, stores=stores)) is not None:
         raise typer.BadParameter(problem + ".")
-    from equipax.launch.jobdir.storage import job_path
+    from equipax.launch.store.storage import job_path
 
     return job_path(value)
 

@@ -20,7 +20,7 @@ from equipax.launch.commands.common import (
     path_option,
     resolve_train,
 )
-from equipax.launch.errors import EXIT_DOES_NOT_FIT
+from equipax.launch.exit_codes import EXIT_DOES_NOT_FIT
 
 __all__ = ["compile_cmd"]
 
@@ -71,7 +71,7 @@ def compile_cmd(
 
     With --topology, for a real TPU slice with libtpu's XLA:TPU; without, on simulated CPU devices.
     """
-    from equipax.launch.cluster.accelerators import ACCELERATORS
+    from equipax.launch.hardware.accelerators import ACCELERATORS
 
     # Options first: a bad number is a usage error before anything is built or compiled.
     if hbm_gib is not None and not (math.isfinite(hbm_gib) and hbm_gib > 0):
@@ -85,7 +85,7 @@ def compile_cmd(
     if target is not None and target not in ACCELERATORS:
         fail(f"Unknown --target {target!r}; choose one of {', '.join(ACCELERATORS)}.")
     if topology is not None:
-        from equipax.launch.aot.tpu import lookup_slice
+        from equipax.launch.hardware.tpu import lookup_slice
 
         try:
             lookup_slice(topology)
@@ -112,7 +112,7 @@ def compile_cmd(
         from equipax.launch.training.pgle import PGLE_AUTO_AOT
 
         fail(PGLE_AUTO_AOT)
-    from equipax.launch.aot.flags import apply_compiler_flags, check_compiler_flags
+    from equipax.launch.hardware.compiler_flags import apply_compiler_flags, check_compiler_flags
 
     # Before JAX starts its backend and libtpu loads: both read their flags once.
     compiler = cfg.train.compiler
@@ -178,8 +178,8 @@ def _format(report: dict) -> str:
 
 def _compile_simulated(cfg, target: str, hbm_gib: float | None, assumed_mfu: float, cache: Path | None) -> dict:
     from equipax.launch.aot.report import check_compile_devices, compile_report
-    from equipax.launch.cluster.accelerators import ACCELERATORS
     from equipax.launch.cluster.devices import use_cpu_devices
+    from equipax.launch.hardware.accelerators import ACCELERATORS
 
     # The mesh is simulated with CPU devices; this must happen before JAX starts.
     use_cpu_devices(cfg.mesh.num_devices)
@@ -199,8 +199,8 @@ def _compile_topology(
     cache: Path | None,
 ) -> dict:
     from equipax.launch.aot.report import compile_report
-    from equipax.launch.aot.tpu import lookup_slice, topology_devices
-    from equipax.launch.cluster.accelerators import ACCELERATORS
+    from equipax.launch.hardware.accelerators import ACCELERATORS
+    from equipax.launch.hardware.tpu import lookup_slice, topology_devices
 
     tpu = lookup_slice(topology)
     if target is not None and target != tpu.target_name:

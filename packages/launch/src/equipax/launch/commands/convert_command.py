@@ -1,7 +1,7 @@
 """`launch convert maxtext`: a MaxText config as equipax overrides (and `show --format maxtext`);
 `launch convert hf-import` / `hf-export`: Hugging Face checkpoints in and out (docs/hf.md).
 
-The MaxText table is `equipax.launch.translators.maxtext.RULES` (docs/maxtext.md); the Hugging Face
+The MaxText table is `equipax.launch.translators.maxtext.rules.RULES` (docs/maxtext.md); the Hugging Face
 conversions are `equipax.launch.translators.hf_checkpoints`.
 """
 
@@ -15,15 +15,15 @@ import typer
 from equipax.core.knobs import ConfigError, flatten, parse_literal
 from equipax.launch.commands.common import err, fail, path_option, resolve
 from equipax.launch.experiments.registry import get_experiment
-from equipax.launch.translators.maxtext import (
-    SCALE_RULES,
+from equipax.launch.translators.maxtext.files import read_maxtext
+from equipax.launch.translators.maxtext.translate import (
     Translation,
     apply_translation,
     settable,
     to_equipax,
     to_maxtext,
 )
-from equipax.launch.translators.maxtext_files import read_maxtext
+from equipax.launch.translators.maxtext.values import SCALE_RULES
 
 __all__ = [
     "convert_app",

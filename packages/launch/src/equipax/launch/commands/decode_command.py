@@ -21,7 +21,7 @@ from equipax.launch.commands.common import (
     path_option,
     resolve_job,
 )
-from equipax.launch.jobdir.storage import AnyPath, job_path
+from equipax.launch.store.storage import AnyPath, job_path
 
 __all__ = ["decode_cmd", "JobDirOption"]
 

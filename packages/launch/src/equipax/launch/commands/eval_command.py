@@ -18,7 +18,7 @@ from equipax.core.knobs import ConfigError
 from equipax.launch.commands.common import CpuDevicesOption, JobSetOption, err, fail, out, resolve_job
 from equipax.launch.commands.decode_command import JobDirOption
 from equipax.launch.configs.experiment import ExperimentConfig
-from equipax.launch.jobdir.storage import COMMIT_MARKER, AnyPath, is_remote, job_path, mtime
+from equipax.launch.store.storage import COMMIT_MARKER, AnyPath, is_remote, job_path, mtime
 
 __all__ = ["eval_cmd", "EVAL_DIR", "EvalJob"]
 

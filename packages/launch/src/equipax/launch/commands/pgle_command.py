@@ -23,7 +23,7 @@ from equipax.launch.commands.common import (
     path_option,
     resolve_train,
 )
-from equipax.launch.errors import EXIT_USER_ERROR
+from equipax.launch.exit_codes import EXIT_USER_ERROR
 
 __all__ = ["collect", "pgle_app", "PROFILE_FILE"]
 
@@ -69,7 +69,7 @@ def collect(
             f"{job_dir} is not empty: a profile must come from a fresh run (a resumed one would start past "
             "its window). Pass a new --job-log-dir or remove that directory."
         )
-    from equipax.launch.aot.flags import apply_compiler_flags, check_compiler_flags, merge_flags
+    from equipax.launch.hardware.compiler_flags import apply_compiler_flags, check_compiler_flags, merge_flags
     from equipax.launch.training.pgle import COLLECT_XLA_FLAGS
 
     try:

@@ -21,7 +21,7 @@ from equipax.launch.commands.common import (
     resolve_job,
 )
 from equipax.launch.experiments import registry
-from equipax.launch.jobdir.storage import job_path
+from equipax.launch.store.storage import job_path
 
 __all__ = ["list_cmd", "profile_overrides", "run", "show"]
 
@@ -168,11 +168,12 @@ def run(
     else:
         entry, cfg, sources = resolve(exp or DEFAULT_EXPERIMENT, set_)  # a pure value: no device touched yet
     # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
-    from equipax.launch.aot.flags import apply_compiler_flags, check_compiler_flags
     from equipax.launch.cluster.detect import find_job
     from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
-    from equipax.launch.cluster.distributed import DistributedArgs, HostConsole, initialize
+    from equipax.launch.cluster.distributed import HostConsole
+    from equipax.launch.cluster.join import DistributedArgs, initialize
     from equipax.launch.cluster.shape import check_shape
+    from equipax.launch.hardware.compiler_flags import apply_compiler_flags, check_compiler_flags
     from equipax.launch.training.pgle import check_profile, set_xla_flags
 
     dist = DistributedArgs(

@@ -107,7 +107,7 @@ class ChatFiles(ChatSource):
 
     def conversations(self, data: Any, split: str) -> "Conversations":
         from equipax.data import find_shards, read_conversations
-        from equipax.launch.jobdir.store_checks import data_path
+        from equipax.launch.store.checks import data_path
 
         pattern = data.train_files if split == "train" else data.eval_files
         knob = "data.train_files" if split == "train" else "data.eval_files"

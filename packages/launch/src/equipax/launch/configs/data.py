@@ -10,26 +10,12 @@ from typing import ClassVar, Literal
 
 from equipax.core.paths import url_problem
 from equipax.core.seeds import check_seed
-from equipax.launch.configs.image_sources import (
-    DIGITS_CHANNELS,
-    DIGITS_CLASSES,
-    DIGITS_COUNT,
-    DIGITS_IMAGE_SIZE,
-    ImageSource,
-)
+from equipax.launch.configs.image_sources import ImageSource
 from equipax.launch.configs.sources import registered_sources, source_for
 from equipax.launch.configs.token_sources import TokenSource
 from equipax.models.configs import CNNConfig, LMConfig
 
-__all__ = [
-    "BYTE_VOCAB_SIZE",
-    "DataConfig",
-    "DIGITS_CHANNELS",
-    "DIGITS_CLASSES",
-    "DIGITS_COUNT",
-    "DIGITS_IMAGE_SIZE",
-    "ImageDataConfig",
-]
+__all__ = ["BYTE_VOCAB_SIZE", "DataConfig", "ImageDataConfig"]
 
 # Byte tokenizer ids: 256 bytes + pad/bos/eos (equipax.data.ByteTokenizer).
 BYTE_VOCAB_SIZE = 259

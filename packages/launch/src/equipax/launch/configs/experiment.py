@@ -9,8 +9,9 @@ files. Derived numbers (parameters, tokens per step) come from `equipax.launch.t
 import dataclasses
 from typing import Any, ClassVar, Protocol, cast, runtime_checkable
 
-from equipax.core.configs import CONTEXT, LearnerConfig, MeshConfig
 from equipax.core.knobs import ConfigError
+from equipax.core.learner_config import LearnerConfig
+from equipax.core.mesh_config import CONTEXT, MeshConfig
 from equipax.launch.configs.data import BYTE_VOCAB_SIZE, DataConfig, ImageDataConfig
 from equipax.launch.configs.train import TrainConfig
 from equipax.models.configs import CNNConfig, LMConfig

@@ -17,7 +17,7 @@ from equipax.launch.configs.sources import HostShard, Source, register_source
 
 if TYPE_CHECKING:
     from equipax.data import BaseInput, DocumentLMInput, ShardPath, TextShards, Tokenizer
-    from equipax.launch.jobdir.storage import AnyPath
+    from equipax.launch.store.storage import AnyPath
 
 __all__ = ["C4Shards", "ShakespearePlays", "SourceInputs", "SyntheticTokens", "TokenSource"]
 
@@ -91,7 +91,7 @@ class ShakespearePlays(TokenSource):
         import numpy as np
 
         from equipax.data import TokenWindowInput, build_lm_texts_tokens, unigram_entropy
-        from equipax.launch.jobdir.machine_cache import content_cache
+        from equipax.launch.store.machine_cache import content_cache
 
         train_texts, eval_texts = self.split(data)
         # Encoded once per machine (docs/data.md, "The machine's cache"): a fresh job or a resume
@@ -153,7 +153,7 @@ class C4Shards(TokenSource):
     def open_split(self, data: Any, split: str) -> "TextShards":
         """The shards of `split` ("train" or "eval") under `data.path`, checked; ConfigError if unusable."""
         from equipax.data import TextShards, find_shards
-        from equipax.launch.jobdir.store_checks import data_path
+        from equipax.launch.store.checks import data_path
 
         pattern = data.train_files if split == "train" else data.eval_files
         knob = "data.train_files" if split == "train" else "data.eval_files"
@@ -178,7 +178,7 @@ class C4Shards(TokenSource):
     def fingerprint(self, data: Any) -> str | None:
         """The training shards' names and sizes (a resumed run checks they did not change)."""
         from equipax.data import find_shards
-        from equipax.launch.jobdir.storage import job_path
+        from equipax.launch.store.storage import job_path
 
         try:
             listing = sorted(_listing(find_shards(job_path(data.path), data.train_files, allow_partial=True)))
@@ -222,7 +222,7 @@ def _documents(shards: "TextShards", cache_dir: "AnyPath | None", split: str, **
     import numpy as np
 
     from equipax.data import DocumentLMInput
-    from equipax.launch.jobdir.storage import write_atomic
+    from equipax.launch.store.storage import write_atomic
 
     if cache_dir is None or not kwargs["packing"]:
         return DocumentLMInput(shards, **kwargs)
@@ -248,6 +248,6 @@ def _documents(shards: "TextShards", cache_dir: "AnyPath | None", split: str, **
 
 def _listing(files: Iterable["ShardPath"]) -> list[tuple[str, int]]:
     """(name, size in bytes) of each shard file, local or in a store: what identifies a split's data."""
-    from equipax.launch.jobdir.storage import size
+    from equipax.launch.store.storage import size
 
     return [(f.name, size(f)) for f in files]  # pyright: ignore[reportArgumentType]: Path or epath.Path, as job_path gives

@@ -5,7 +5,7 @@ non-finite policy. Each sub-config belongs to the code that reads it: `train.sam
 language-model family's end-of-run sample (`equipax.launch.tasks.lm_family`), `train.decode` to
 sampling during training (`equipax.launch.training.decode_hook`), `train.profile` to the profile
 window (`equipax.launch.training.profiling`), `train.pgle` to PGLE (`equipax.launch.training.pgle`)
-and `train.compiler` to the compiler flags set before JAX starts (`equipax.launch.aot.flags`);
+and `train.compiler` to the compiler flags set before JAX starts (`equipax.launch.hardware.compiler_flags`);
 `train.vn` (variational noise, `equipax.core.configs.VariationalNoiseConfig`) to the train step.
 No JAX here: `launch list` and `launch show` import this.
 """
@@ -14,7 +14,7 @@ import dataclasses
 import shlex
 from typing import ClassVar, Literal
 
-from equipax.core.configs import VariationalNoiseConfig
+from equipax.core.learner_config import VariationalNoiseConfig
 from equipax.core.seeds import check_seed
 
 __all__ = ["CompilerConfig", "DecodeConfig", "PGLEConfig", "ProfileConfig", "SampleConfig", "TrainConfig"]

@@ -13,7 +13,8 @@ frozen model (`model.lora`).
 
 import dataclasses
 
-from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
+from equipax.core.learner_config import LearnerConfig, ScheduleConfig
+from equipax.core.mesh_config import MeshConfig
 from equipax.launch.configs.data import DataConfig
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.configs.train import SampleConfig, TrainConfig

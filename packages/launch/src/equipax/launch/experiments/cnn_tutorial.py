@@ -3,7 +3,8 @@ and on digits."""
 
 import dataclasses
 
-from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
+from equipax.core.learner_config import LearnerConfig, ScheduleConfig
+from equipax.core.mesh_config import MeshConfig
 from equipax.launch.configs.experiment import ExperimentConfig, ImageDataConfig
 from equipax.launch.configs.train import TrainConfig
 from equipax.launch.experiments.registry import register

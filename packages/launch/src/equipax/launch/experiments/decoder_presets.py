@@ -10,7 +10,9 @@ a sliding window). docs/extending.md, "Adding a family", walks through one.
 
 import dataclasses
 
-from equipax.core.configs import LearnerConfig, MeshConfig, RopeScalingConfig, ScheduleConfig, TransformerConfig
+from equipax.core.configs import RopeScalingConfig, TransformerConfig
+from equipax.core.learner_config import LearnerConfig, ScheduleConfig
+from equipax.core.mesh_config import MeshConfig
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig
 from equipax.launch.configs.train import SampleConfig, TrainConfig
 from equipax.launch.experiments.pax_knobs import C4_PATH

@@ -22,7 +22,8 @@ SentencePiece model, or leave it empty to train one on the shards). What sets th
 
 import dataclasses
 
-from equipax.core.configs import PIPELINE_AXES, MeshConfig, RopeScalingConfig
+from equipax.core.configs import RopeScalingConfig
+from equipax.core.mesh_config import PIPELINE_AXES, MeshConfig
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.experiments.decoder_presets import decoder_lm, full_size, smoke
 from equipax.launch.experiments.registry import register

@@ -14,7 +14,7 @@ chips; docs/long_context.md, "Not yet"): until then it is exit 2 there.
 
 import dataclasses
 
-from equipax.core.configs import CONTEXT_AXES, MeshConfig
+from equipax.core.mesh_config import CONTEXT_AXES, MeshConfig
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.experiments.decoder_presets import full_size
 from equipax.launch.experiments.llama_lms import LLAMA3_1_8B

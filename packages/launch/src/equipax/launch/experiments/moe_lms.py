@@ -19,7 +19,7 @@ axis (Qwen3's 128 experts shrunk to 16, top-4).
 
 import dataclasses
 
-from equipax.core.configs import EXPERT_AXES, MeshConfig
+from equipax.core.mesh_config import EXPERT_AXES, MeshConfig
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.experiments.decoder_presets import decoder_lm, full_size, smoke
 from equipax.launch.experiments.registry import register

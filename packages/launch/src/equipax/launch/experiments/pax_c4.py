@@ -140,7 +140,7 @@ C4_SPMD_22B_ADAM_1X_V4_128 = dataclasses.replace(
 
 def _seed_libtpu_args(cfg: ExperimentConfig) -> ExperimentConfig:
     """The seed's LIBTPU_INIT_ARGS for the multislice runs, as the `train.compiler.libtpu_init_args` knob."""
-    from equipax.launch.aot.flags import SEED_C4_22B_LIBTPU_INIT_ARGS
+    from equipax.launch.hardware.compiler_flags import SEED_C4_22B_LIBTPU_INIT_ARGS
 
     compiler = dataclasses.replace(cfg.train.compiler, libtpu_init_args=SEED_C4_22B_LIBTPU_INIT_ARGS)
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compiler=compiler))

@@ -8,7 +8,9 @@
 import dataclasses
 from typing import Literal
 
-from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig, TransformerConfig
+from equipax.core.configs import TransformerConfig
+from equipax.core.learner_config import LearnerConfig, ScheduleConfig
+from equipax.core.mesh_config import MeshConfig
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig
 from equipax.launch.configs.train import SampleConfig, TrainConfig
 from equipax.models.configs import LMConfig

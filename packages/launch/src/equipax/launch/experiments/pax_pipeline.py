@@ -62,7 +62,8 @@ Not expressed:
 
 import dataclasses
 
-from equipax.core.configs import PIPELINE_AXES, MeshConfig, ScheduleConfig
+from equipax.core.learner_config import ScheduleConfig
+from equipax.core.mesh_config import PIPELINE_AXES, MeshConfig
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.experiments.pax_knobs import C4_PATH, PaxLM, smoke, smoke_description
 from equipax.launch.experiments.registry import also_known_as, register

@@ -2,7 +2,8 @@
 
 import dataclasses
 
-from equipax.core.configs import LearnerConfig, ScheduleConfig, TransformerConfig
+from equipax.core.configs import TransformerConfig
+from equipax.core.learner_config import LearnerConfig, ScheduleConfig
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
 from equipax.launch.configs.train import TrainConfig
 from equipax.launch.experiments.registry import register

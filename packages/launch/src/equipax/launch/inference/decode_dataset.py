@@ -25,7 +25,7 @@ import numpy as np
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.inference.sampling import host_array
-from equipax.launch.jobdir.storage import AnyPath, job_path
+from equipax.launch.store.storage import AnyPath, job_path
 
 __all__ = ["DECODER_OUT", "decode_metrics", "decode_split", "DecodeSettings", "prompt_rows"]
 

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.training.compile_events import CompileEvents
+from equipax.launch.aot.compile_events import CompileEvents
 
 __all__ = ["decode_texts", "encode_prompts", "host_array", "padded_width", "Sample"]
 

@@ -26,7 +26,7 @@ from equipax.core.mesh import MeshConfig, build_mesh
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.jobdir.checksums import ALGORITHM, array_checksums, differences, unverified_warning
 from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
-from equipax.launch.jobdir.storage import COMMIT_MARKER, AnyPath, is_remote, job_path
+from equipax.launch.store.storage import COMMIT_MARKER, AnyPath, is_remote, job_path
 
 __all__ = [
     "CheckpointUnreadable",

@@ -10,8 +10,8 @@ object store (`gs://`, `s3://`: no atomic rename) orbax writes the step in place
 directory that still fails to restore (damaged files) is moved to `<job>/corrupt_checkpoints/` and
 the previous step is used instead (`restore_latest`). Each checkpoint also records the checksum
 of every array and JSON item it holds (`checksums.py`) and what the saved state means (`meta`:
-experiment, tokenizer, data, batch; `resume.py` compares it); a restore whose checksums do not
-match what was saved is treated like damaged files.
+experiment, tokenizer, data, batch; `equipax.launch.training.resume_checks` compares it); a
+restore whose checksums do not match what was saved is treated like damaged files.
 """
 
 import json
@@ -25,31 +25,48 @@ import jax
 import orbax.checkpoint as ocp
 
 from equipax.core.knobs import ConfigError
+from equipax.core.trees import flat_arrays, unflatten_into
 from equipax.launch.cluster.distributed import barrier as barrier_all
+from equipax.launch.failures import CheckpointSaveError
 from equipax.launch.jobdir.checksums import (
     ALGORITHM,
     ChecksumMismatch,
     array_checksums,
-    flat_arrays,
     json_checksum,
-    unflatten_into,
     unverified_warning,
     verify,
 )
-from equipax.launch.jobdir.orbax_quiet import (
-    MIN_REPLICA_SLICE_BYTES,
-    QuietOrbaxErrors,
-    quiet_process,
-    restore_failure,
-    split_only_large_replicated_arrays,
-)
-from equipax.launch.jobdir.orbax_s3 import manager_options
-from equipax.launch.jobdir.save_errors import CheckpointSaveError, save_error
-from equipax.launch.jobdir.storage import AnyPath, is_remote, job_path, move
+from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
+from equipax.launch.jobdir.save_errors import save_error
+from equipax.launch.store.orbax_s3 import manager_options
+from equipax.launch.store.storage import AnyPath, is_remote, job_path, move
 
-__all__ = ["MIN_REPLICA_SLICE_BYTES", "Checkpointer", "ChecksumMismatch", "read_json"]
+__all__ = ["MIN_REPLICA_SLICE_BYTES", "Checkpointer", "read_json", "split_only_large_replicated_arrays"]
 
 PyTree = Any
+
+
+# A replicated array's copies are split among its replicas, each writing a part, only where a part
+# holds at least this many bytes. Orbax's default splits every replicated array: each part is an
+# eager slice on the device, a program compiled per shape and replica, at the first save of every
+# process (on 8 CPU devices, a toy model's first checkpoint compiled hundreds of them: about 3 s of
+# a 16 s run), and a part of a few kilobytes saves nothing in the write. Arrays whose parts reach
+# the threshold are still written cooperatively by all their replicas (hosts), as before.
+MIN_REPLICA_SLICE_BYTES = 1 << 20
+
+
+def split_only_large_replicated_arrays() -> None:
+    """Set `MIN_REPLICA_SLICE_BYTES` on orbax's own jax.Array handler (only on orbax's default
+    handler: one a user registered is kept). What is written, and how it is read back, is
+    unchanged; only which replica writes which bytes.
+
+    The handler is tuned where it is, not replaced: registering a new one over the default makes
+    orbax log `Type handler registry type "<class 'jax.Array'>" overriding jax.Array` (absl, a
+    warning) in every process that checkpoints. An orbax whose handler keeps the setting under
+    another name is left untuned (the saves are the same, the first one slower)."""
+    handler = ocp.type_handlers.get_type_handler(jax.Array)
+    if type(handler) is ocp.type_handlers.ArrayHandler and hasattr(handler, "_min_slice_bytes_for_replica_parallel"):
+        handler._min_slice_bytes_for_replica_parallel = MIN_REPLICA_SLICE_BYTES  # pyright: ignore[reportAttributeAccessIssue]
 
 
 class Checkpointer:

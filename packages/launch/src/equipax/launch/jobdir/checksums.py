@@ -26,12 +26,12 @@ import hashlib
 import json
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.core.trees import flat_arrays
+from equipax.launch.store.storage import AnyPath
 
 __all__ = [
     "ALGORITHM",
@@ -39,12 +39,10 @@ __all__ = [
     "array_checksums",
     "ChecksumMismatch",
     "differences",
-    "flat_arrays",
     "host_checksum",
     "json_checksum",
     "on_this_host",
     "tree_digest",
-    "unflatten_into",
     "unverified_warning",
     "verify",
 ]
@@ -207,18 +205,6 @@ def verify(
         )
 
 
-def _is_array_or_abstract(x: Any) -> bool:
-    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
-
-
-def flat_arrays(tree: Any) -> dict[str, Any]:
-    """The array leaves of `tree` by key path (`.model.layers[0].weight`): what a checkpoint saves.
-    `jax.ShapeDtypeStruct` leaves count as arrays (an abstract state is a restore's template)."""
-    arrays = eqx.filter(tree, _is_array_or_abstract)
-    flat, _ = jax.tree_util.tree_flatten_with_path(arrays)
-    return {jax.tree_util.keystr(path): leaf for path, leaf in flat}
-
-
 def tree_digest(tree: Any, sums: dict[str, str] | None = None) -> str:
     """A short hash of all array leaves (to compare runs bit for bit in logs/tests): SHA-256 of
     each leaf's path and checksum (`array_checksums`, or `sums` where they were computed for these
@@ -240,12 +226,3 @@ def unverified_warning(step: int, directory: AnyPath) -> str:
         "missing: written before checkpoints recorded them, or removed since), so what it restores is not "
         "verified against what was saved."
     )
-
-
-def unflatten_into(template: Any, flat: dict[str, Any]) -> Any:
-    """`template` with its array leaves (or `ShapeDtypeStruct`s) taken from `flat` (`flat_arrays`'s
-    `{path: array}`)."""
-    arrays, static = eqx.partition(template, _is_array_or_abstract)
-    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(arrays)
-    leaves = [flat[jax.tree_util.keystr(p)] for p, _ in leaves_with_path]
-    return eqx.combine(jax.tree_util.tree_unflatten(treedef, leaves), static)

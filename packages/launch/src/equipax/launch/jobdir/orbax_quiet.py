@@ -1,6 +1,6 @@
-"""Orbax's process-wide settings: its noise after a failed save, silenced (the failure itself
-reaches `Checkpointer.save` / `wait` as an exception and is reported there in one paragraph),
-and which replicas write a replicated array (`split_only_large_replicated_arrays`)."""
+"""Orbax's noise after a failed save or restore, silenced process-wide (the failure itself reaches
+`Checkpointer.save` / `wait` as an exception and is reported there in one paragraph), and the one
+line that names why a checkpoint did not restore (`restore_failure`)."""
 
 import logging
 import sys
@@ -8,18 +8,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-import jax
-import orbax.checkpoint as ocp
-
 __all__ = [
-    "MIN_REPLICA_SLICE_BYTES",
     "QuietOrbaxErrors",
     "QuietOrbaxFutures",
     "quiet_closed_loops",
     "quiet_process",
     "quiet_unawaited",
     "restore_failure",
-    "split_only_large_replicated_arrays",
 ]
 
 
@@ -129,26 +124,3 @@ def quiet_process() -> None:
     asyncio_log = logging.getLogger("asyncio")
     if not any(getattr(f, "quiets_orbax_futures", False) for f in asyncio_log.filters):
         asyncio_log.addFilter(QuietOrbaxFutures())
-
-
-# A replicated array's copies are split among its replicas, each writing a part, only where a part
-# holds at least this many bytes. Orbax's default splits every replicated array: each part is an
-# eager slice on the device, a program compiled per shape and replica, at the first save of every
-# process (on 8 CPU devices, a toy model's first checkpoint compiled hundreds of them: about 3 s of
-# a 16 s run), and a part of a few kilobytes saves nothing in the write. Arrays whose parts reach
-# the threshold are still written cooperatively by all their replicas (hosts), as before.
-MIN_REPLICA_SLICE_BYTES = 1 << 20
-
-
-def split_only_large_replicated_arrays() -> None:
-    """Set `MIN_REPLICA_SLICE_BYTES` on orbax's own jax.Array handler (only on orbax's default
-    handler: one a user registered is kept). What is written, and how it is read back, is
-    unchanged; only which replica writes which bytes.
-
-    The handler is tuned where it is, not replaced: registering a new one over the default makes
-    orbax log `Type handler registry type "<class 'jax.Array'>" overriding jax.Array` (absl, a
-    warning) in every process that checkpoints. An orbax whose handler keeps the setting under
-    another name is left untuned (the saves are the same, the first one slower)."""
-    handler = ocp.type_handlers.get_type_handler(jax.Array)
-    if type(handler) is ocp.type_handlers.ArrayHandler and hasattr(handler, "_min_slice_bytes_for_replica_parallel"):
-        handler._min_slice_bytes_for_replica_parallel = MIN_REPLICA_SLICE_BYTES  # pyright: ignore[reportAttributeAccessIssue]

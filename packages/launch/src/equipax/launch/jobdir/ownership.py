@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.jobdir.storage import AnyPath, is_remote, job_path, write_atomic
-from equipax.launch.jobdir.store_lock import StoreLock
+from equipax.launch.store.lock import StoreLock
+from equipax.launch.store.storage import AnyPath, is_remote, job_path, write_atomic
 
 __all__ = ["JobLock", "prepare_job_dir", "write_text_atomic"]
 

@@ -7,7 +7,7 @@ for a picture."""
 
 from typing import Any
 
-from equipax.launch.jobdir.storage import AnyPath, job_path, write_atomic
+from equipax.launch.store.storage import AnyPath, job_path, write_atomic
 
 __all__ = ["NO_MATPLOTLIB", "plot_attention_bench", "plot_classifier_history", "plot_loss"]
 

@@ -1,13 +1,10 @@
 """A checkpoint that could not be written (disk full, permissions), in one paragraph: what failed,
 why (the OS error at the end of orbax's text), which checkpoint is intact, and what to do."""
 
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.failures import CheckpointSaveError
+from equipax.launch.store.storage import AnyPath
 
-__all__ = ["CheckpointSaveError", "save_error"]
-
-
-class CheckpointSaveError(Exception):
-    """Writing a checkpoint failed (disk full, permissions); the message says what is intact."""
+__all__ = ["save_error"]
 
 
 def save_error(directory: AnyPath, step: int | None, e: Exception, *, intact: int | None) -> CheckpointSaveError:

@@ -13,7 +13,7 @@ from typing import Any
 
 from tensorboardX import SummaryWriter
 
-from equipax.launch.jobdir.storage import AnyPath, append_line, is_remote, job_path, upload, write_atomic
+from equipax.launch.store.storage import AnyPath, append_line, is_remote, job_path, upload, write_atomic
 
 __all__ = ["MetricsWriter", "read_metrics"]
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # JAX and the models load when a run builds its Task, not for
 
     from equipax.models.classifier import ImageClassificationTask
 
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.store.storage import AnyPath
 
 __all__ = ["build_inputs", "finish", "make_task", "numbers", "UNIT", "units_per_example"]
 

@@ -14,9 +14,9 @@ from equipax.core.knobs import ConfigError
 from equipax.data import BaseInput, ByteTokenizer, HFTokenizer, SentencePieceTokenizer, Tokenizer, make_eval_input
 from equipax.launch.configs.experiment import LMExperiment
 from equipax.launch.configs.sources import HostShard
-from equipax.launch.jobdir.machine_cache import CACHE_ENV, cache_root, content_cache
-from equipax.launch.jobdir.storage import AnyPath, is_remote, job_path, local_copy, local_file
-from equipax.launch.jobdir.store_checks import data_path
+from equipax.launch.store.checks import data_path
+from equipax.launch.store.machine_cache import CACHE_ENV, cache_root, content_cache
+from equipax.launch.store.storage import AnyPath, is_remote, job_path, local_copy, local_file
 
 __all__ = [
     "build_lm_inputs",

@@ -3,7 +3,8 @@
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from equipax.core.configs import FSDP, TENSOR, bubble_fraction, num_microbatches
+from equipax.core.config_checks import bubble_fraction, num_microbatches
+from equipax.core.mesh_config import FSDP, TENSOR
 from equipax.launch.configs.experiment import ExperimentConfig, as_lm
 from equipax.launch.tasks import Inputs
 
@@ -12,7 +13,7 @@ if TYPE_CHECKING:  # JAX and the models load when a run builds its Task, not for
 
     from equipax.models.lm_task import LMTask
 
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.store.storage import AnyPath
 
 __all__ = [
     "build_inputs",
@@ -98,7 +99,7 @@ def build_inputs(cfg: ExperimentConfig, job_dir: AnyPath, *, mesh: "Mesh", log: 
     group read the same rows)."""
     from equipax.core.infeed import host_infeed
     from equipax.launch.cluster.distributed import barrier, is_primary
-    from equipax.launch.jobdir.storage import job_path
+    from equipax.launch.store.storage import job_path
     from equipax.launch.tasks.lm_data import DATA_CACHE, build_lm_inputs, build_tokenizer
 
     tokenizer = build_tokenizer(as_lm(cfg), job_dir, log=log) if is_primary() else None

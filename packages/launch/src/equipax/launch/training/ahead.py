@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from equipax.launch.jobdir.checksums import flat_arrays, lower_checksums
+from equipax.core.trees import flat_arrays
+from equipax.launch.jobdir.checksums import lower_checksums
 
 if TYPE_CHECKING:
     from equipax.launch.training.build import Training

@@ -14,9 +14,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import PRNGKeyArray
 
-from equipax.core.configs import CONTEXT, VariationalNoiseConfig
 from equipax.core.infeed import HostInfeed, host_infeed
 from equipax.core.knobs import ConfigError
+from equipax.core.learner_config import VariationalNoiseConfig
+from equipax.core.mesh_config import CONTEXT
 from equipax.core.nn.fused_attention import attention_kernel, mesh_platform
 from equipax.core.optim import Learner, group_schedules, make_learner
 from equipax.core.param_paths import param_paths

@@ -17,8 +17,8 @@ from rich.console import Console
 from equipax.launch.jobdir.checksums import tree_digest
 from equipax.launch.jobdir.ownership import write_text_atomic
 from equipax.launch.jobdir.plots import NO_MATPLOTLIB, plot_loss
-from equipax.launch.jobdir.storage import AnyPath
 from equipax.launch.jobdir.summaries import read_metrics
+from equipax.launch.store.storage import AnyPath
 from equipax.launch.training.ahead import CHECKSUMS, wait_for
 from equipax.launch.training.builtin_hooks import evaluate
 from equipax.launch.training.hooks import Hook, RunContext

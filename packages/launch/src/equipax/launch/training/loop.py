@@ -19,12 +19,11 @@ from equipax.core.mesh import build_mesh, check_device_count
 from equipax.launch.aot.remat import is_auto
 from equipax.launch.cluster.distributed import is_primary
 from equipax.launch.configs.experiment import ExperimentConfig
-from equipax.launch.errors import Preempted
+from equipax.launch.failures import Preempted
 from equipax.launch.jobdir.checkpoints import Checkpointer
 from equipax.launch.jobdir.ownership import JobLock, prepare_job_dir, write_text_atomic
-from equipax.launch.jobdir.resume import check_resume, layout_change, restore_data_state, resume_meta
-from equipax.launch.jobdir.storage import AnyPath, job_path, rmtree
 from equipax.launch.jobdir.summaries import MetricsWriter
+from equipax.launch.store.storage import AnyPath, job_path, rmtree
 from equipax.launch.tasks import family
 from equipax.launch.training.ahead import CompileAhead
 from equipax.launch.training.build import ATTENTION_KNOB, attention_record, build_training, check_host_rows
@@ -33,6 +32,7 @@ from equipax.launch.training.finish import RunResult, finish
 from equipax.launch.training.hooks import Hook, RunContext, order_hooks
 from equipax.launch.training.nonfinite import NonFiniteMonitor
 from equipax.launch.training.progress import ProgressReporter
+from equipax.launch.training.resume_checks import check_resume, layout_change, restore_data_state, resume_meta
 from equipax.launch.training.startup import compile_cache, mark
 from equipax.launch.training.step_loop import StepLoop
 
@@ -87,7 +87,7 @@ def run_experiment(
 
     Arguments:
         cfg: the resolved experiment.
-        job_dir: the job directory (created if missing): local, or `gs://`/`s3://` (`jobdir/storage.py`).
+        job_dir: the job directory (created if missing): local, or `gs://`/`s3://` (`store/storage.py`).
         sources: which knobs came from `--set` (for knobs.txt).
         console: where progress goes (default: stdout).
         hooks: the caller's hooks (`equipax.launch.training.hooks.Hook`), run with the run's own
@@ -154,7 +154,7 @@ def _choose_remat(
     """`model.transformer.remat="auto"` resolved on this job's devices (`equipax.launch.aot.remat`)."""
     from equipax.launch.aot.hlo_cost import NOMINAL_HOST, Roofline
     from equipax.launch.aot.remat import CACHE_FILE, KNOB, choose_remat, format_remat_table
-    from equipax.launch.cluster.accelerators import accelerator_of
+    from equipax.launch.hardware.accelerators import accelerator_of
 
     budget = cfg.train.hbm_gib_per_device or local_device_memory_gib()
     device = jax.devices()[0]

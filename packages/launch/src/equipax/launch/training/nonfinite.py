@@ -26,21 +26,14 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
-__all__ = ["GRAD_BLOWUP_FACTOR", "NonFiniteError", "NonFiniteMonitor", "poison_batch", "Rollback"]
+from equipax.launch.failures import NonFiniteError
+
+__all__ = ["GRAD_BLOWUP_FACTOR", "NonFiniteMonitor", "poison_batch", "Rollback"]
 
 # Per-step values the monitor keeps (device arrays until `check` reads them).
 _RECORDED = ("nonfinite", "loss", "grad_norm", "update_norm", "param_norm", "learning_rate")
 # A step whose gradient norm exceeds this many times the median of the steps before it blew up.
 GRAD_BLOWUP_FACTOR = 10.0
-
-
-class NonFiniteError(Exception):
-    """The run stopped on non-finite steps; the message names the step, the quantity, the checkpoint."""
-
-    def __init__(self, message: str, *, step: int, last_checkpoint: int | None) -> None:
-        super().__init__(message)
-        self.step = step
-        self.last_checkpoint = last_checkpoint
 
 
 def poison_batch(batch: Mapping[str, Any]) -> dict[str, Any]:

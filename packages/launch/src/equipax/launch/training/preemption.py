@@ -15,21 +15,9 @@ import sys
 import threading
 from types import FrameType
 
-from equipax.launch.exit_codes import EXIT_PREEMPTED
+from equipax.launch.failures import Interrupted
 
-__all__ = ["EARLY", "EarlyInterrupts", "Interrupted", "StopRequest"]
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM outside the training loop (exit 75: run the same command again).
-
-    A BaseException, like KeyboardInterrupt: the `except Exception` of a library (or of the code
-    that names a user's mistake) must not turn a preemption into another error, or swallow it.
-    """
-
-    def __init__(self, signal_name: str) -> None:
-        super().__init__(signal_name)
-        self.signal_name = signal_name
+__all__ = ["EARLY", "EarlyInterrupts", "StopRequest"]
 
 
 class EarlyInterrupts:
@@ -69,7 +57,7 @@ class EarlyInterrupts:
         if not self.armed:
             sys.stderr.write(self.message.format(signal=name) + "\n")
             sys.stderr.flush()
-            os._exit(EXIT_PREEMPTED)
+            os._exit(Interrupted.exit_code)
         self.pending = name
         raise Interrupted(name)
 

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 
 from equipax.launch.configs.train import ProfileConfig
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.store.storage import AnyPath
 from equipax.launch.training.hooks import Hook, RunContext, StepContext
 from equipax.launch.training.pgle import PGLEHook
 

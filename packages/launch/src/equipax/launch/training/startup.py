@@ -28,8 +28,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from equipax.launch.jobdir.machine_cache import cache_root
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.store.machine_cache import cache_root
+from equipax.launch.store.storage import AnyPath
 
 __all__ = ["MACHINE", "MACHINE_CACHE_BYTES", "compile_cache", "mark", "phases_line", "process_age_s", "reset"]
 

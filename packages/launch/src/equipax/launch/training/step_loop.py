@@ -12,9 +12,9 @@ from typing import Any
 
 import jax
 
+from equipax.launch.aot.compile_events import CompileEvents
 from equipax.launch.cluster.distributed import any_process
 from equipax.launch.training import ahead
-from equipax.launch.training.compile_events import CompileEvents
 from equipax.launch.training.hooks import Hook, RunContext, StepContext
 from equipax.launch.training.nonfinite import NonFiniteMonitor, poison_batch
 from equipax.launch.training.preemption import StopRequest

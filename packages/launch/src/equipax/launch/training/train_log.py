@@ -14,9 +14,9 @@ from typing import Any
 import jax
 
 from equipax.core.losses import LOSS_PREFIX
-from equipax.launch.cluster.accelerators import peak_tflops_of
 from equipax.launch.cluster.distributed import sum_over_processes, to_host
 from equipax.launch.configs.experiment import ExperimentConfig
+from equipax.launch.hardware.accelerators import peak_tflops_of
 from equipax.launch.training.hooks import RunContext
 
 __all__ = ["device_peak_tflops", "StepTimer", "TrainLog"]

@@ -19,11 +19,12 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
 from equipax.core.knobs import ConfigError, apply_overrides, format_knobs, to_json
+from equipax.core.learner_config import LearnerConfig, ScheduleConfig
+from equipax.core.mesh_config import MeshConfig
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
 from equipax.launch.configs.train import TrainConfig
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.store.storage import AnyPath
 from equipax.launch.translators.hf_parity import KL_LIMIT, architecture_diffs, gate
 from equipax.models.hf.config import export_type_of, hf_config_from_lm, lm_config_from_hf, read_hf_config
 
@@ -145,9 +146,9 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
     from equipax.core.step import init_train_state
     from equipax.launch.cluster.distributed import gather_host_states
     from equipax.launch.jobdir.checkpoints import Checkpointer
-    from equipax.launch.jobdir.resume import resume_meta
     from equipax.launch.tasks import family
     from equipax.launch.training.build import build_training
+    from equipax.launch.training.resume_checks import resume_meta
     from equipax.models.hf.weights import load_lm
     from equipax.models.lm_task import LMTask
 

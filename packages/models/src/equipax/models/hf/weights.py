@@ -22,6 +22,7 @@ import numpy as np
 from jax.sharding import Sharding, SingleDeviceSharding
 
 from equipax.core.nn.moe import MoEFeedForward
+from equipax.core.trees import flat_arrays
 from equipax.models.configs import LMConfig
 from equipax.models.hf.params import ROUTER_BIAS, TensorMap, hf_names, locate, tensor_maps
 from equipax.models.hf.reference import logit_kl, reference_logits
@@ -61,14 +62,9 @@ def _is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray))
 
 
-def _flat(tree: Any) -> dict[str, Any]:
-    flat, _ = jax.tree_util.tree_flatten_with_path(eqx.filter(tree, _is_array))
-    return {jax.tree_util.keystr(p): leaf for p, leaf in flat}
-
-
 def model_maps(cfg: LMConfig) -> dict[str, TensorMap]:
     """The `TensorMap` of each array of a `TransformerLM` of `cfg`, by checkpoint path."""
-    return tensor_maps(cfg, {k: tuple(v.shape) for k, v in _flat(_abstract(cfg)).items()})
+    return tensor_maps(cfg, {k: tuple(v.shape) for k, v in flat_arrays(_abstract(cfg)).items()})
 
 
 def _check_tensors(ckpt: HFCheckpoint, cfg: LMConfig, maps: dict[str, TensorMap]) -> None:
@@ -156,7 +152,7 @@ def hf_tensors(model: TransformerLM, *, dtype: str = "float32") -> Iterator[tupl
         `(name, tensor)`; only the part of a sharded array that holds the tensor reaches the host.
     """
     out = {"float32": DTYPES["F32"], "bfloat16": DTYPES["BF16"], "float16": DTYPES["F16"]}[dtype]
-    flat = _flat(model)
+    flat = flat_arrays(model)
     maps = tensor_maps(model.cfg, {k: tuple(v.shape) for k, v in flat.items()})
     where = locate(maps)
     for name in hf_names(model.cfg):

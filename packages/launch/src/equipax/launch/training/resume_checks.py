@@ -19,7 +19,7 @@ from typing import Any
 from equipax.core.knobs import ConfigError, flatten
 from equipax.launch.cluster.distributed import host_state
 from equipax.launch.configs.experiment import ExperimentConfig
-from equipax.launch.jobdir.storage import AnyPath
+from equipax.launch.store.storage import AnyPath
 
 __all__ = ["check_resume", "describe_layout", "layout_change", "restore_data_state", "resume_meta", "SAFE_DATA_KNOBS"]
 

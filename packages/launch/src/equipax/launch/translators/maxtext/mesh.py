@@ -5,7 +5,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from equipax.launch.translators.maxtext_converters import (
+from equipax.launch.translators.maxtext.values import (
     MAXTEXT_MESH_AXES,
     MESH_AXES,
     OTHER_AXES,

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.translators.maxtext import merge
+from equipax.launch.translators.maxtext.translate import merge
 
 __all__ = ["read_maxtext"]
 

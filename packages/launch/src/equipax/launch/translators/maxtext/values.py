@@ -1,7 +1,8 @@
-"""What the MaxText <-> equipax rules are made of: MaxText's defaults, the values a rule reads
-(`Values`) and the converters each way (`*_to_equipax`, `*_to_maxtext`). The rules themselves are
-`maxtext_rules.RULES`, the decoder blocks `maxtext_families`, the mesh `maxtext_mesh`, the
-optimizer, schedule and data `maxtext_training`; the public functions are in `maxtext.py`."""
+"""What the MaxText <-> equipax rules read and how they convert: MaxText's defaults, the values of
+one translation (`Values`), the mesh axes, and the converters each way that are not a block's, the
+mesh's or training's (`*_to_equipax`, `*_to_maxtext`, and the small ones rules share: `one_of`,
+`positive_int`, ...). The table itself is `rules.RULES`; the decoder blocks are `blocks.py`, the mesh
+`mesh.py`, the optimizer, schedule and data `training.py`; the entry points are in `translate.py`."""
 
 import dataclasses
 import math
@@ -17,7 +18,6 @@ __all__ = [
     "brief",
     "dims_to_equipax",
     "dims_to_maxtext",
-    "direct",
     "inverted",
     "logit_cap",
     "MAXTEXT_DEFAULTS",
@@ -27,7 +27,6 @@ __all__ = [
     "one_of",
     "OTHER_AXES",
     "positive_int",
-    "Rule",
     "scale_multipliers",
     "SCALE_RULES",
     "Skip",
@@ -159,36 +158,6 @@ class Values:
 
     def get(self, key: str) -> Any:
         return self.given[key] if key in self.given else MAXTEXT_DEFAULTS[key]
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """MaxText keys -> equipax knobs (`forward`) and back (`reverse`, from flat knobs). An
-    `architecture` rule applies whenever a decoder block is translated (its keys' MaxText
-    defaults define the model too); an `always` rule to every config (its key's MaxText default
-    where the config has none, never the base experiment's value); the others only to the keys a
-    config sets."""
-
-    maxtext: tuple[str, ...]
-    equipax: tuple[str, ...]
-    how: str
-    forward: Callable[[Values], dict[str, Any]]
-    reverse: Callable[[Mapping[str, Any]], dict[str, Any]]
-    architecture: bool = False
-    always: bool = False
-
-
-def direct(
-    key: str,
-    knob: str,
-    how: str = "same value",
-    to: Callable[[Any], Any] = lambda v: v,
-    back: Callable[[Any], Any] = lambda v: v,
-    architecture: bool = False,
-    always: bool = False,
-) -> Rule:
-    forward, reverse = (lambda v: {knob: to(v.get(key))}), (lambda k: {key: back(k[knob])})
-    return Rule((key,), (knob,), how, forward, reverse, architecture, always)
 
 
 def scale_multipliers(scale: int, rule: str) -> tuple[int, int, int, int]:

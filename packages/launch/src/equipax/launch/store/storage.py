@@ -13,8 +13,8 @@ the data a run reads (`data.path`'s shards, `data.vocab_path`):
   with the line added, and checkpoints commit the way orbax does on GCS (a `commit_success.txt`
   marker written last; a step without it is never restored; `orbax_s3.atomicity_options` asks for
   it on S3). docs/object_storage.md.
-- `store_checks.check_store` fails in seconds, naming the variable to set, when the store cannot be
-  reached, has no credentials, or the bucket does not exist; `store_lock.StoreLock` is the job's
+- `checks.check_store` fails in seconds, naming the variable to set, when the store cannot be
+  reached, has no credentials, or the bucket does not exist; `lock.StoreLock` is the job's
   lock there.
 
 Emulators (tests, local development): `STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT` points gcsfs
@@ -82,7 +82,7 @@ def configure_endpoints(scheme: str | None = "gs") -> None:
     """One variable per store: TensorStore's GCS driver reads its own, set from gcsfs's when unset;
     for S3, orbax is taught TensorStore's `s3` driver, with the endpoint in its spec (`orbax_s3`)."""
     if scheme == "s3":
-        from equipax.launch.jobdir import orbax_s3
+        from equipax.launch.store import orbax_s3
 
         orbax_s3.install()
         return

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.jobdir.storage import AnyPath, filesystem
+from equipax.launch.store.storage import AnyPath, filesystem
 
 __all__ = ["LEASE_S", "StoreLock"]
 

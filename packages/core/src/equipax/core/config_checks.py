@@ -1,16 +1,16 @@
 """Cross-field checks of `TransformerConfig` (heads, mixture of experts, attention kernel, pipeline)
 and the checks against a mesh and a global batch (`check_experts`, `check_pipeline`).
 
-Split from `equipax.core.configs` (which calls the field checks from `TransformerConfig.__post_init__`
-and re-exports the public ones) to keep each module readable. Same rule as there: no JAX, numpy or
-equinox imports, so the CLI's `list`, `show` and knob errors stay fast.
+`TransformerConfig.__post_init__` (`equipax.core.configs`) calls the field checks; a model's config
+calls the mesh checks (`equipax.models.configs`). Same rule as there: no JAX, numpy or equinox
+imports, so the CLI's `list`, `show` and knob errors stay fast.
 """
 
 import math
 from typing import Any
 
-from equipax.core._mesh_config import BATCH_AXES, EXPERT, STAGE, MeshConfig
 from equipax.core.knobs import ConfigError
+from equipax.core.mesh_config import BATCH_AXES, EXPERT, STAGE, MeshConfig
 
 # The checks take a `TransformerConfig` (typed `Any`: importing configs.py here, even for types
 # only, would make the two modules import each other).
@@ -21,6 +21,7 @@ __all__ = [
     "check_attention_impl",
     "check_experts",
     "check_heads",
+    "check_layer_groups",
     "check_moe",
     "check_pipeline",
     "check_pipeline_knobs",

@@ -1,8 +1,8 @@
 """The learner's and the train step's configs: `ScheduleConfig`, `LearnerConfig` (with its
 parameter groups, `ParamGroupConfig`) and `VariationalNoiseConfig`.
 
-Split from `equipax.core.configs`, which re-exports them (import them from there); the same rule:
-no JAX, numpy or equinox here, so the CLI's `list`, `show` and knob errors stay fast.
+Re-exported by `equipax.core.optim`, which builds the learner. No JAX, numpy or equinox here, so
+the CLI's `list`, `show` and knob errors stay fast.
 """
 
 import dataclasses

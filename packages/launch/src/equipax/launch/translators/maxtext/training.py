@@ -4,7 +4,7 @@ data knobs."""
 from collections.abc import Mapping
 from typing import Any
 
-from equipax.launch.translators.maxtext_converters import Skip, Values, one_of
+from equipax.launch.translators.maxtext.values import Skip, Values, one_of
 
 __all__ = [
     "C4_TFDS",

@@ -1,11 +1,11 @@
 """MaxText <-> equipax: the config keys of MaxText 0.2.5 (`base.yml`, `configs/models/*.yml`) as
 equipax knobs, and back.
 
-Pure functions on plain values (no JAX, no files). `RULES` is the translation table: each rule
-reads some MaxText keys and sets some equipax knobs, and says how in one line;
+Pure functions on plain values (no JAX, no files). `rules.RULES` is the translation table: each
+rule reads some MaxText keys and sets some equipax knobs, and says how in one line;
 `launch convert maxtext`, `launch show --format maxtext` and docs/maxtext.md (`markdown_table`)
 all come from it. A config with a `decoder_block` is translated onto an experiment of that
-block's family (`maxtext_families`), with every knob that defines the model set from the config
+block's family (`blocks.py`), with every knob that defines the model set from the config
 or MaxText's defaults; a config without one (an override file) translates only the keys it sets.
 An architecture the stack lacks is a `ConfigError` naming the keys, never another model.
 """
@@ -14,10 +14,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from equipax.core.configs import CONTEXT_AXES, EXPERT_AXES, STAGE
 from equipax.core.knobs import ConfigError, flatten, set_knobs
-from equipax.launch.translators.maxtext_converters import MESH_AXES, OTHER_AXES, SCALE_RULES, Skip, Values, brief
-from equipax.launch.translators.maxtext_families import (
+from equipax.core.mesh_config import CONTEXT_AXES, EXPERT_AXES, STAGE
+from equipax.launch.translators.maxtext.blocks import (
     ARCHITECTURE_CHECKS,
     FAMILIES,
     architecture_problems,
@@ -25,16 +24,15 @@ from equipax.launch.translators.maxtext_families import (
     llama3_1_scaling,
     representable,
 )
-from equipax.launch.translators.maxtext_mesh import pipeline_stages
-from equipax.launch.translators.maxtext_rules import RULES
+from equipax.launch.translators.maxtext.mesh import pipeline_stages
+from equipax.launch.translators.maxtext.rules import RULES
+from equipax.launch.translators.maxtext.values import MESH_AXES, OTHER_AXES, SCALE_RULES, Skip, Values, brief
 
 __all__ = [
     "apply_translation",
     "merge",
     "settable",
     "NOT_TRANSLATED",
-    "RULES",
-    "SCALE_RULES",
     "Translation",
     "markdown_table",
     "to_equipax",

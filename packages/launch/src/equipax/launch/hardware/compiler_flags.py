@@ -13,7 +13,7 @@ loads even for a CPU run when JAX_PLATFORMS is unset. `check_compiler_flags` fin
 in a child process that starts the CPU backend and loads libtpu for a compile-only topology (no
 chip is opened), and turns it into an error naming the knob; a flag set that passed is remembered
 (in the machine's cache, `~/.cache/equipax/compiler_flags.json` by default:
-`equipax.launch.jobdir.machine_cache`), so a rerun does not probe again.
+`equipax.launch.store.machine_cache`), so a rerun does not probe again.
 """
 
 import hashlib
@@ -87,7 +87,7 @@ if os.environ.get("LIBTPU_INIT_ARGS") and importlib.util.find_spec("libtpu") is 
 
 
 def _cache() -> Path | None:
-    from equipax.launch.jobdir.machine_cache import cache_root
+    from equipax.launch.store.machine_cache import cache_root
 
     root = cache_root()
     return root / "compiler_flags.json" if root is not None else None

@@ -12,7 +12,7 @@ is kept there. It holds:
   (`equipax.data.build_lm_texts_tokens`): a fresh job or a resume reads the stream instead of
   encoding every document again.
 - `compiler_flags.json`: compiler-flag sets a child process already checked
-  (`equipax.launch.aot.flags`).
+  (`equipax.launch.hardware.compiler_flags`).
 - `remat/`: the policies `model.transformer.remat="auto"` chose, by a digest of the step's knobs,
   the mesh, the device kind, the memory budget and the compiler's versions
   (`equipax.launch.aot.remat`): another job of the same experiment compiles nothing to choose.

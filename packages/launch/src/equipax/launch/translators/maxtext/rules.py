@@ -1,31 +1,14 @@
-"""The MaxText <-> equipax translation table (`RULES`): each rule reads some MaxText keys and sets
-some equipax knobs, and says how in one line (docs/maxtext.md shows them). What they are made of
-is in `maxtext_converters.py` and `maxtext_families.py`; the public functions are in `maxtext.py`."""
+"""The MaxText <-> equipax translation table (`RULES`): each rule (`Rule`) reads some MaxText keys
+and sets some equipax knobs, and says how in one line (docs/maxtext.md shows them). What they
+convert with is in `values.py`, `blocks.py`, `mesh.py` and `training.py`; the entry points that
+apply them are in `translate.py`."""
 
-from equipax.launch.translators.maxtext_converters import (
-    BLOCK_KNOBS,
-    MAXTEXT_MESH_AXES,
-    MOE_KNOBS,
-    OTHER_AXES,
-    TRANSFORMER,
-    Rule,
-    activation_to_equipax,
-    activation_to_maxtext,
-    dims_to_equipax,
-    dims_to_maxtext,
-    direct,
-    inverted,
-    logit_cap,
-    one_of,
-    positive_int,
-)
-from equipax.launch.translators.maxtext_families import (
-    block_to_equipax,
-    block_to_maxtext,
-    moe_to_equipax,
-    moe_to_maxtext,
-)
-from equipax.launch.translators.maxtext_mesh import (
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from equipax.launch.translators.maxtext.blocks import block_to_equipax, block_to_maxtext, moe_to_equipax, moe_to_maxtext
+from equipax.launch.translators.maxtext.mesh import (
     mesh_to_equipax,
     mesh_to_maxtext,
     per_device_batch_to_equipax,
@@ -33,7 +16,7 @@ from equipax.launch.translators.maxtext_mesh import (
     pipeline_to_equipax,
     pipeline_to_maxtext,
 )
-from equipax.launch.translators.maxtext_training import (
+from equipax.launch.translators.maxtext.training import (
     C4_TFDS,
     OPTIMIZERS,
     data_to_equipax,
@@ -47,8 +30,54 @@ from equipax.launch.translators.maxtext_training import (
     tokenizer_to_equipax,
     tokenizer_to_maxtext,
 )
+from equipax.launch.translators.maxtext.values import (
+    BLOCK_KNOBS,
+    MAXTEXT_MESH_AXES,
+    MOE_KNOBS,
+    OTHER_AXES,
+    TRANSFORMER,
+    Values,
+    activation_to_equipax,
+    activation_to_maxtext,
+    dims_to_equipax,
+    dims_to_maxtext,
+    inverted,
+    logit_cap,
+    one_of,
+    positive_int,
+)
 
-__all__ = ["ATTENTION_IMPLS", "C4_TFDS", "direct", "DTYPES", "OPTIMIZERS", "REMATS", "Rule", "RULES"]
+__all__ = ["ATTENTION_IMPLS", "direct", "DTYPES", "QUANTIZATIONS", "QUANTIZATIONS_BACK", "REMATS", "Rule", "RULES"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """MaxText keys -> equipax knobs (`forward`) and back (`reverse`, from flat knobs). An
+    `architecture` rule applies whenever a decoder block is translated (its keys' MaxText
+    defaults define the model too); an `always` rule to every config (its key's MaxText default
+    where the config has none, never the base experiment's value); the others only to the keys a
+    config sets."""
+
+    maxtext: tuple[str, ...]
+    equipax: tuple[str, ...]
+    how: str
+    forward: Callable[[Values], dict[str, Any]]
+    reverse: Callable[[Mapping[str, Any]], dict[str, Any]]
+    architecture: bool = False
+    always: bool = False
+
+
+def direct(
+    key: str,
+    knob: str,
+    how: str = "same value",
+    to: Callable[[Any], Any] = lambda v: v,
+    back: Callable[[Any], Any] = lambda v: v,
+    architecture: bool = False,
+    always: bool = False,
+) -> Rule:
+    forward, reverse = (lambda v: {knob: to(v.get(key))}), (lambda k: {key: back(k[knob])})
+    return Rule((key,), (knob,), how, forward, reverse, architecture, always)
 
 
 REMATS = {"full": "full", "minimal": "dots_saveable"}

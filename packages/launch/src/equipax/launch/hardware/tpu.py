@@ -11,7 +11,8 @@ v5e-16 is 4x4).
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from equipax.core.knobs import ConfigError
@@ -20,6 +21,8 @@ __all__ = [
     "libtpu_available",
     "lookup_slice",
     "prepare_libtpu",
+    "quiet_absent_tpu",
+    "QUIETED_TPU",
     "topology_devices",
     "TPU_SLICES",
     "TpuSlice",
@@ -119,6 +122,42 @@ def valid_slices_text() -> str:
     return "; ".join(", ".join(names) for names in groups.values())
 
 
+# Set (to "1") where `quiet_absent_tpu` gave libtpu its variables, so a compile for a real slice
+# (`prepare_libtpu`) knows it may replace them.
+QUIETED_TPU = "EQUIPAX_QUIETED_LIBTPU"
+
+
+def _has_tpu_chips(dev: Path = Path("/dev")) -> bool:
+    """TPU VMs expose their chips as /dev/accel<N> (v4, v5e) or /dev/vfio/<N> (v5p, v6e)."""
+    return any(dev.glob("accel*")) or any(p.name.isdigit() for p in (dev / "vfio").glob("*"))
+
+
+def quiet_absent_tpu(environ: MutableMapping[str, str] | None = None, *, dev: Path = Path("/dev")) -> bool:
+    """Keep libtpu quiet on a host without TPU chips; call before JAX starts.
+
+    With JAX_PLATFORMS unset (or naming tpu) JAX loads libtpu, which on a host that is not a TPU
+    VM looks for the VM's metadata, finds none and prints "Failed to find host bounds" and an
+    INVALID_ARGUMENT trace on stderr before anything the user must read; it then finds no chip and
+    JAX goes on with the other platforms. Where there is no chip and no TPU variable is set, this
+    gives libtpu the variables that answer its question (as for a compile-only libtpu), so it
+    finds no chip silently. A TPU VM (chips present, or its variables set) is left alone.
+
+    Returns:
+        Whether the variables were set.
+    """
+    env = os.environ if environ is None else environ
+    platforms = env.get("JAX_PLATFORMS", "")
+    if platforms and "tpu" not in platforms.split(","):
+        return False  # libtpu is not loaded
+    if any(env.get(v) for v in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID")):
+        return False
+    if _has_tpu_chips(dev):
+        return False
+    env.update(TPU_ACCELERATOR_TYPE="v4-8", TPU_WORKER_HOSTNAMES="localhost", TPU_WORKER_ID="0")
+    env[QUIETED_TPU] = "1"
+    return True
+
+
 def prepare_libtpu(accelerator_type: str) -> None:
     """Set libtpu up for compiling only, before it loads.
 
@@ -129,9 +168,7 @@ def prepare_libtpu(accelerator_type: str) -> None:
     none, so two compiles (or a compile beside a training job on a TPU VM) may run at once.
     Variables already set (a real TPU VM) are left alone.
     """
-    from equipax.launch.cluster.devices import QUIETED_TPU
-
-    if os.environ.pop(QUIETED_TPU, None):  # set by cluster.devices.quiet_absent_tpu: not a TPU VM
+    if os.environ.pop(QUIETED_TPU, None):  # set by quiet_absent_tpu: not a TPU VM
         for var in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES", "TPU_WORKER_ID"):
             os.environ.pop(var, None)
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type)

@@ -1,5 +1,6 @@
-"""The mesh config and the mesh-axis vocabulary (public in `equipax.core.configs`, which re-exports
-them): axis names, the logical-axis rules' default, `MeshConfig`. No JAX here.
+"""The mesh config and the mesh-axis vocabulary: axis names, the logical-axis rules' default,
+`MeshConfig` (re-exported by `equipax.core.mesh`, which builds the mesh). No JAX here, so the CLI's
+`list`, `show` and knob errors stay fast.
 """
 
 import dataclasses

@@ -6,8 +6,8 @@ Same rule as `equipax.core.configs`: no JAX, numpy or equinox imports.
 
 from typing import Any
 
-from equipax.core._mesh_config import CONTEXT, MeshConfig
 from equipax.core.knobs import ConfigError
+from equipax.core.mesh_config import CONTEXT, MeshConfig
 
 # The check takes a `TransformerConfig` (typed `Any`: importing configs.py here, even for types
 # only, would make the two modules import each other).

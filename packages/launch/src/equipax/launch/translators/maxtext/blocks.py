@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from equipax.launch.translators.maxtext_converters import TRANSFORMER, Skip, Values
+from equipax.launch.translators.maxtext.values import TRANSFORMER, Skip, Values
 
 __all__ = [
     "ARCHITECTURE_CHECKS",

@@ -7,7 +7,7 @@ import urllib.parse
 
 from equipax.core.knobs import ConfigError
 from equipax.core.paths import remote_scheme
-from equipax.launch.jobdir.storage import AnyPath, configure_endpoints, filesystem, job_path
+from equipax.launch.store.storage import AnyPath, configure_endpoints, filesystem, job_path
 
 __all__ = ["check_store", "data_path", "SUPPORTED"]
 
@@ -18,7 +18,7 @@ SUPPORTED = ("gs", "s3")
 def _endpoint(scheme: str) -> tuple[str, str]:
     """(the endpoint URL requests go to, the variable that sets it) for a store (`SUPPORTED`)."""
     if scheme == "s3":
-        from equipax.launch.jobdir.orbax_s3 import endpoint
+        from equipax.launch.store.orbax_s3 import endpoint
 
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         default = f"https://s3.{region}.amazonaws.com" if region else "https://s3.amazonaws.com"
