@@ -29,7 +29,7 @@ from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.moe import MoEFeedForward, MoEStats
 from equipax.core.nn.moe_parallel import apply_moe
 from equipax.core.nn.norm import LayerNorm, RMSNorm
-from equipax.core.nn.quantization import Quantization, check_quantization_platform
+from equipax.core.nn.quantization import Quantization, check_quantization_platform, quantize_weights
 from equipax.core.nn.remat import remat_policy
 from equipax.core.nn.self_attention import Attention, AttentionCache, Rotary
 from equipax.core.nn.tensor_parallel import shard_map_block
@@ -224,6 +224,18 @@ def _block_apply(
     return jax.checkpoint(apply, policy=remat_policy(remat))
 
 
+def _quantized_ahead(
+    params: TransformerBlock, static: TransformerBlock, shard_map: bool
+) -> tuple[TransformerBlock, TransformerBlock]:
+    """The block's `(params, static)` with its int8 (fp8) projections' weights quantized here, once
+    for every layer of a stack, outside the remat and the scan: the layers' forward and backward
+    read the one-byte copy instead of rounding the float32 weight in each (four times the bytes,
+    twice per pass). A `shard_map` block quantizes its own slices inside (docs/quantization.md)."""
+    if shard_map:
+        return params, static
+    return eqx.partition(quantize_weights(eqx.combine(params, static), keep_float=True), eqx.is_array)
+
+
 def _layer(params: TransformerBlock, i: int | Array) -> TransformerBlock:
     return jax.tree.map(lambda w: w[i], params)
 
@@ -259,8 +271,9 @@ def run_stacked_layers(
     Returns:
         `(the activations leaving the last layer, MoEStats stacked over the layers or None)`.
     """
-    apply = _block_apply(remat, static, mesh, segment_ids, shard_map, rotary, sequence_index)
     num_layers = jax.tree.leaves(params)[0].shape[0] * repeats
+    params, static = _quantized_ahead(params, static, shard_map)
+    apply = _block_apply(remat, static, mesh, segment_ids, shard_map, rotary, sequence_index)
     if scan and repeats == 1:
         return jax.lax.scan(lambda h, p: apply(p, h), x, params)
     if scan:
@@ -467,7 +480,7 @@ class TransformerStack(eqx.Module):
             )
         stats = []
         for block in (b for b in self.layers for _ in range(self._repeats)):
-            params, static = eqx.partition(block, eqx.is_array)
+            params, static = _quantized_ahead(*eqx.partition(block, eqx.is_array), shard_map)
             apply = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map, rotary, sequence_index)
             x, s = apply(params, x)
             stats.append(s)
