@@ -62,6 +62,7 @@ Quantization = Literal["none", "int8", "int8w", "fp8"]  # the values of QUANTIZA
 # The name (`checkpoint_name`) of an int8 or fp8 projection's output: what remat="dots_saveable"
 # keeps of it (`equipax.core.nn.remat`), in place of its dot's int32 sums.
 QUANTIZED_OUTPUT = "quantized_projection"
+QUANTIZED_SCALE = "quantized_scale"
 
 # (storage dtype, largest magnitude it holds) of the forward operands and of the gradients.
 _FORMATS: dict[str, tuple[tuple[Any, float], tuple[Any, float]]] = {
@@ -87,10 +88,18 @@ def quantize(x: Float[Array, "..."], axes: tuple[int, ...], dtype: Any = jnp.int
         `(q, scale)`: `q` in `dtype` and the float32 `scale` (`max |x| / qmax` over `axes`, kept as
         size-1 axes; 1 where the slice is all zero), with `x ~= q * scale`.
     """
+    return _quantize(x, axes, dtype)
+
+
+def _quantize(x: Array, axes: tuple[int, ...], dtype: Any, name: str | None = None) -> tuple[Array, Array]:
+    """`quantize`; with a `name`, the scale is named so (`checkpoint_name`) before it divides `x`:
+    a remat policy that keeps the name recomputes the rounding from it, not from a new `max`."""
     qmax = _qmax(dtype)
     x = x.astype(jnp.float32)
     amax = jnp.max(jnp.abs(x), axis=axes, keepdims=True)
     scale = jnp.where(amax > 0, amax / qmax, 1.0)
+    if name is not None:
+        scale = checkpoint_name(scale, name)
     scaled = x / scale
     if jnp.issubdtype(dtype, jnp.integer):
         scaled = jnp.clip(jnp.round(scaled), -qmax, qmax)
@@ -161,7 +170,7 @@ def _forward(
     (fwd, _), _ = _FORMATS[quantization]
     x_axes, w_axes = _dims(x.ndim, contract)
     n_tok, n_out = x.ndim - contract, w.ndim - contract
-    xq, sx = quantize(x, x_axes, fwd)
+    xq, sx = _quantize(x, x_axes, fwd, QUANTIZED_SCALE)
     wq, sw = quantize(w, w_axes, fwd) if w_quantized is None else w_quantized
     acc = _dot(xq, wq, (x_axes, w_axes)).astype(jnp.float32)
     y = acc * _rows(sx, n_tok, n_out) * _cols(sw, contract, n_tok)

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from equipax.core.knobs import ConfigError
-from equipax.core.nn.quantization import QUANTIZED_OUTPUT
+from equipax.core.nn.quantization import QUANTIZED_SCALE, QUANTIZED_OUTPUT
 
 __all__ = ["remat_policy", "SAVED_NAMES"]
 
@@ -26,7 +26,7 @@ class _ProjectionsSaveable:
 
     def __call__(self, prim: Any, *args: Any, **params: Any) -> bool:
         if prim.name == "name":
-            return params["name"] == QUANTIZED_OUTPUT
+            return params["name"] in (QUANTIZED_OUTPUT, QUANTIZED_SCALE)
         if any(getattr(a, "dtype", None) is not None and a.dtype.itemsize == 1 for a in args):
             return False
         return jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *args, **params)

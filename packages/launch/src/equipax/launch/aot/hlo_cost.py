@@ -220,9 +220,18 @@ class _Program:
                 written.append((a.bytes, a.space))
         return written
 
+    def in_place_copy(self, op: Instruction) -> bool:
+        """A fusion that copies its operand into that operand's own buffer (its output aliased to
+        operand 0, its root a copy): XLA:TPU wraps a loop's stacked buffer in one before slicing or
+        updating it; it moves nothing."""
+        if op.opcode != "fusion" or "output_to_operand_aliasing={{}: (0, {})}" not in op.attrs:
+            return False
+        root = next((o for o in self.computations.get(attr(op.attrs, "calls") or "", []) if o.root), None)
+        return root is not None and root.opcode == "copy"
+
     def fused_read(self, op: Instruction, index: int, full: float) -> float:
         """Bytes a fusion reads of its operand `index`: the slices where it only slices it (through
-        bitcasts), nothing where it only updates it in place, else all of it."""
+        bitcasts and in-place copies), nothing where it only updates it in place, else all of it."""
         ops = self.computations.get(attr(op.attrs, "calls") or "", [])
         param = next((o.name for o in ops if o.opcode == "parameter" and o.args.strip() == str(index)), None)
         if param is None:
@@ -232,7 +241,7 @@ class _Program:
             used = [i for i, n in enumerate(o.operands) if n in names]
             if not used:
                 continue
-            if o.opcode == "bitcast":
+            if o.opcode == "bitcast" or (used == [0] and self.in_place_copy(o)):
                 names.add(o.name)
             elif o.opcode in _SLICING and used == [0]:
                 read += sum((a.bytes for a in arrays(o.shape)), 0.0)
