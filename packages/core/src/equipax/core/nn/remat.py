@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from equipax.core.knobs import ConfigError
-from equipax.core.nn.quantization import QUANTIZED_SCALE, QUANTIZED_OUTPUT
+from equipax.core.nn.quantization import QUANTIZED_OUTPUT, QUANTIZED_SCALE
 
 __all__ = ["remat_policy", "SAVED_NAMES"]
 
