@@ -43,7 +43,7 @@ def _figures(compiled: Any, roofline: Any) -> dict[str, Any]:
     from equipax.launch.aot.memory import memory_figures
     from equipax.launch.aot.report import count_matmuls
 
-    hlo = compiled.as_text()
+    hlo = compiled.as_text() or ""
     xla = compiled.cost_analysis()
     xla = xla[0] if isinstance(xla, list) else xla
     cost = program_cost(hlo, roofline)
@@ -100,7 +100,7 @@ def decode_step(
     placed = jax.sharding.SingleDeviceSharding(devices[0])
 
     def held(a: Any) -> Any:  # a float weight in the compute dtype, as the decode loop holds it
-        floating = jnp.issubdtype(a.dtype, jnp.floating) and not isinstance(a, QuantizedWeight)
+        floating = jnp.issubdtype(a.dtype, jnp.floating)
         return jax.ShapeDtypeStruct(a.shape, dtype if floating else a.dtype, sharding=placed)
 
     model = eqx.filter_eval_shape(lambda: for_decoding(TransformerLM(lm, key=jax.random.key(0))))
@@ -131,7 +131,7 @@ def decode_step(
         "batch": batch,
         "cache_len": cache_len,
         **_figures(compiled, roofline),
-        "float_weight_copies": float_weight_copies(compiled.as_text(), int8),
+        "float_weight_copies": float_weight_copies(compiled.as_text() or "", int8),
     }
 
 
