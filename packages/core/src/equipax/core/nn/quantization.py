@@ -24,7 +24,11 @@ weight `w` and computes, by `quantization`:
 A `QuantizedWeight` (an int8 copy and its column scales, made once by `quantize_weights`) in place
 of the float weight serves a model: with "int8w" the int8 weight is read and converted in the
 matmul (half the bytes of bf16 from memory: what decoding at small batch waits on), with "int8" the
-activations are quantized per token too and the matmul is int8 x int8.
+activations are quantized per token too and the matmul is int8 x int8. In training, a stack of
+"int8" or "fp8" layers gets the same copy once per step, the float weight kept as its `source`
+(`quantize_weights(..., keep_float=True)`, made by `equipax.core.nn.transformer.run_stacked_layers`
+before the layer loop): the layers' passes read one byte per weight instead of rounding the
+float32 weight in each, with the same numbers.
 
 Checkpoints hold the float weights in every mode; the embedding, the output projection (logits)
 and the attention scores are never quantized.
@@ -164,9 +168,7 @@ def _quantized_matmul(x: Array, w: Array, w_quantized: Any, contract: int, quant
     return _forward(x, w, w_quantized, contract, quantization)[0]
 
 
-def _forward(
-    x: Array, w: Array, w_quantized: Any, contract: int, quantization: str
-) -> tuple[Array, tuple[Array, ...]]:
+def _forward(x: Array, w: Array, w_quantized: Any, contract: int, quantization: str) -> tuple[Array, tuple[Array, ...]]:
     (fwd, _), _ = _FORMATS[quantization]
     x_axes, w_axes = _dims(x.ndim, contract)
     n_tok, n_out = x.ndim - contract, w.ndim - contract

@@ -224,18 +224,6 @@ def _block_apply(
     return jax.checkpoint(apply, policy=remat_policy(remat))
 
 
-def _quantized_ahead(
-    params: TransformerBlock, static: TransformerBlock, shard_map: bool
-) -> tuple[TransformerBlock, TransformerBlock]:
-    """The block's `(params, static)` with its int8 (fp8) projections' weights quantized here, once
-    for every layer of a stack, outside the remat and the scan: the layers' forward and backward
-    read the one-byte copy instead of rounding the float32 weight in each (four times the bytes,
-    twice per pass). A `shard_map` block quantizes its own slices inside (docs/quantization.md)."""
-    if shard_map:
-        return params, static
-    return eqx.partition(quantize_weights(eqx.combine(params, static), keep_float=True), eqx.is_array)
-
-
 def _layer(params: TransformerBlock, i: int | Array) -> TransformerBlock:
     return jax.tree.map(lambda w: w[i], params)
 
@@ -254,25 +242,25 @@ def run_stacked_layers(
     sequence_index: Array | None = None,
     repeats: int = 1,
 ) -> tuple[Array, MoEStats | None]:
-    """Apply blocks whose parameters are stacked on a leading layer axis, in order.
+    """Apply blocks whose parameters are stacked on a leading layer axis, in order; int8 and fp8
+    projections' weights are rounded once, for every layer, before the loop (`quantize_weights`).
 
     Arguments:
-        params: the array part of the stacked block (`eqx.partition(..., eqx.is_array)`).
-        static: the rest of the block.
+        params, static: the stacked block's arrays (`eqx.partition(..., eqx.is_array)`), the rest.
         x: the activations entering the first layer.
         remat: the remat policy applied to each layer.
         scan: `jax.lax.scan` over the layers (one compiled body) or an unrolled loop.
         mesh, segment_ids, shard_map, rotary, sequence_index: as for `TransformerStack.__call__`.
-        repeats: shared layers (`num_hidden_groups`): each stacked block is applied this many
-            times in a row (layer `i` is block `i // repeats`); the scan then runs over the layer
-            index and reads its block from the closed-over parameters, so the backward sums each
-            block's gradient over its uses and no copy per layer is made.
+        repeats: shared layers (`num_hidden_groups`): each stacked block applies this many times in a
+            row (layer `i` is block `i // repeats`); the scan then runs over the layer index and reads
+            its block from the closed-over parameters (the backward sums its gradient, no copies).
 
     Returns:
         `(the activations leaving the last layer, MoEStats stacked over the layers or None)`.
     """
     num_layers = jax.tree.leaves(params)[0].shape[0] * repeats
-    params, static = _quantized_ahead(params, static, shard_map)
+    if not shard_map:  # (a shard_map block rounds its own slices of the weights)
+        params, static = eqx.partition(quantize_weights(eqx.combine(params, static), True), eqx.is_array)
     apply = _block_apply(remat, static, mesh, segment_ids, shard_map, rotary, sequence_index)
     if scan and repeats == 1:
         return jax.lax.scan(lambda h, p: apply(p, h), x, params)
@@ -480,7 +468,7 @@ class TransformerStack(eqx.Module):
             )
         stats = []
         for block in (b for b in self.layers for _ in range(self._repeats)):
-            params, static = _quantized_ahead(*eqx.partition(block, eqx.is_array), shard_map)
+            params, static = eqx.partition(block if shard_map else quantize_weights(block, True), eqx.is_array)
             apply = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map, rotary, sequence_index)
             x, s = apply(params, x)
             stats.append(s)
