@@ -48,6 +48,7 @@ from equipax.core.knobs import ConfigError
 
 __all__ = [
     "QUANTIZED_OUTPUT",
+    "QUANTIZED_SCALE",
     "fake_quantized_weight",
     "makes_quantized_copy",
     "QUANTIZATIONS",
@@ -66,6 +67,8 @@ Quantization = Literal["none", "int8", "int8w", "fp8"]  # the values of QUANTIZA
 # The name (`checkpoint_name`) of an int8 or fp8 projection's output: what remat="dots_saveable"
 # keeps of it (`equipax.core.nn.remat`), in place of its dot's int32 sums.
 QUANTIZED_OUTPUT = "quantized_projection"
+# ... and of its activations' per-token scales, which that policy keeps too: the backward rounds the
+# activations again from them, without another pass over the activations for their max.
 QUANTIZED_SCALE = "quantized_scale"
 
 # (storage dtype, largest magnitude it holds) of the forward operands and of the gradients.

@@ -21,8 +21,8 @@ SAVED_NAMES = ("attention_out", "mlp_in")
 class _ProjectionsSaveable:
     """JAX's `dots_with_no_batch_dims_saveable`, with quantized projections kept at their output:
     the int32 (fp8: float32) sums of a dot of one-byte operands are not saved (twice the bytes of
-    the bfloat16 output they become), the output named `QUANTIZED_OUTPUT` is, and the backward
-    quantizes its operands again from what it has."""
+    the bfloat16 output they become), the output named `QUANTIZED_OUTPUT` is, with its activations'
+    per-token scales (`QUANTIZED_SCALE`), and the backward rounds its operands again from those."""
 
     def __call__(self, prim: Any, *args: Any, **params: Any) -> bool:
         if prim.name == "name":
