@@ -145,6 +145,7 @@ def load_reference(job: Path) -> tuple[Any, Any, Any, Any]:
     from equipax.launch.inference.trained_job import load_config, local_mesh, pick_step, restore_model
     from equipax.launch.tasks.lm_data import build_tokenizer
     from equipax.launch.training.build import build_training
+    from equipax.models.decode import for_decoding
 
     cfg = load_config(job)
     lm = as_lm(cfg)
@@ -161,7 +162,10 @@ def load_reference(job: Path) -> tuple[Any, Any, Any, Any]:
         learner=LearnerConfig(),
     )
     tokenizer = build_tokenizer(lm, job, log=lambda m: None)
-    return model, baseline_for(preset), baseline_params(model), tokenizer
+    # equipax decodes the model `launch decode` computes with: with model.quantization set, its
+    # projections' int8 copy, made once at load as the CLI makes it (not in every timed call); the
+    # reference reads the float weights in the compute dtype.
+    return for_decoding(model), baseline_for(preset), baseline_params(model), tokenizer
 
 
 def _agreement(a: Sequence[int], b: Sequence[int]) -> int:
@@ -296,11 +300,16 @@ def benchmark_exp(
             flush=True,
         )
     # A decode step reads every weight once (in the compute dtype: float32 weights are cast once
-    # per call, outside the token loop, by XLA in both programs), plus the cache.
-    weight_bytes = count_params(model) * jnp.dtype(bcfg.dtype).itemsize
+    # per call, outside the token loop, by XLA in both programs; equipax's int8 copies as int8 with
+    # model.quantization set), plus the cache.
+    int8 = sum(a.size for a in jax.tree.leaves(model) if getattr(a, "dtype", None) == jnp.int8)
+    weight_bytes = {
+        "in_process": count_params(model) * jnp.dtype(bcfg.dtype).itemsize + int8,
+        "reference": (count_params(model) + int8) * jnp.dtype(bcfg.dtype).itemsize,
+    }
     for batch, row in rows.items():
         for side in ("in_process", "reference"):
-            row[f"{side}_weight_gb_per_s"] = weight_bytes * row[f"{side}_tokens_per_s"] / int(batch) / 1e9
+            row[f"{side}_weight_gb_per_s"] = weight_bytes[side] * row[f"{side}_tokens_per_s"] / int(batch) / 1e9
     prefill_rows = None
     if prefill_len:
         prefill_rows = benchmark_prefill(model, bcfg, params, batch_sizes=batch_sizes, length=prefill_len)
@@ -309,9 +318,11 @@ def benchmark_exp(
         "prefill": prefill_rows,
         "exp": exp,
         "experiment": JOBS.get(exp, (exp, ()))[0],
-        "params": count_params(model),
+        "params": count_params(model) + int8,
         "dtype": bcfg.dtype,
-        "weight_bytes_in_dtype": weight_bytes,
+        "quantization": model.cfg.quantization,
+        "weight_bytes_in_dtype": weight_bytes["in_process"],
+        "reference_weight_bytes": weight_bytes["reference"],
         "baseline_config": dataclasses.asdict(bcfg),
         "new_tokens": new_tokens,
         "batches": batches,

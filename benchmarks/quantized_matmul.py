@@ -2,16 +2,19 @@
 `dot_general_qt` where qwix is installed: compiled for a TPU offline, or timed on one.
 
 One projection of c4_1b's MLP by default (`[tokens, 2048] @ [2048, 8192]`, 8 x 2048 tokens: a
-6-layer c4_1b step's per-chip batch), forward and backward (`value_and_grad` of a sum of the
-output against a fixed probe): "bf16" (the float matmul in bfloat16), "int8" (`quantized_matmul`:
+6-layer c4_1b step's per-chip batch), forward and backward as a layer of a train step runs it
+(`jax.vjp`: the output written in bfloat16, then the input's and the weight's gradients from an
+incoming gradient): "bf16" (the float matmul in bfloat16), "int8" (`quantized_matmul`:
 int8 forward and both backward matmuls), "qwix_int8" (qwix's `dot_general_qt` configured as
 MaxText's int8: the same three matmuls in int8, absmax per channel; only when `import qwix`
 works: equipax does not depend on it), and the serving forward alone at decode shapes
 (`--decode-tokens` rows): "bf16_serve" and "int8w_serve" (`project` of an int8 `QuantizedWeight`).
 
-For each: XLA's cost analysis of the compiled program (FLOPs, bytes accessed), its temporaries,
-how many of its matmuls (XLA:TPU's convolutions) are int8 x int8 -> s32, and, on a real device, the
-median of `--repeats` timed calls.
+For each: XLA's cost analysis of the compiled program (FLOPs, bytes accessed), the HBM bytes and
+projected time of `equipax.launch.aot.hlo_cost` (each kernel at its roofline, int8 matmuls at the
+int8 rate; arrays XLA keeps in on-chip memory cost nothing), its temporaries, how many of its
+matmuls (XLA:TPU's convolutions) are int8 x int8 -> s32, and, on a real device, the median of
+`--repeats` timed calls. (The whole train step and decode step: benchmarks/quantized_step.py.)
 
     uv run python benchmarks/quantized_matmul.py --topology v5e-1     # offline, any Linux host
     python benchmarks/quantized_matmul.py                              # on the chip: times too
@@ -28,7 +31,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from equipax.launch.aot.hlo_cost import NOMINAL_HOST, Roofline, program_cost
 from equipax.launch.aot.report import count_matmuls
+from equipax.launch.hardware.accelerators import accelerator_of
 
 
 def _qwix_int8() -> Any:
@@ -53,21 +58,22 @@ def programs(tokens: int, d_in: int, d_out: int, decode_tokens: int) -> dict[str
 
     x = jax.ShapeDtypeStruct((tokens, d_in), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((d_in, d_out), jnp.float32)
-    probe = jax.ShapeDtypeStruct((tokens, d_out), jnp.bfloat16)
+    g = jax.ShapeDtypeStruct((tokens, d_out), jnp.bfloat16)  # the output's incoming gradient
 
     def train(matmul):
-        def loss(x, w, probe):
-            return jnp.sum((matmul(x, w) * probe).astype(jnp.float32))
+        def step(x, w, g):
+            y, vjp = jax.vjp(matmul, x, w)
+            return (y, *vjp(g))
 
-        return jax.value_and_grad(loss, (0, 1))
+        return step
 
     out = {
-        "bf16": (train(lambda x, w: x @ w.astype(x.dtype)), (x, w, probe)),
-        "int8": (train(lambda x, w: quantized_matmul(x, w, 1, "int8")), (x, w, probe)),
+        "bf16": (train(lambda x, w: x @ w.astype(x.dtype)), (x, w, g)),
+        "int8": (train(lambda x, w: quantized_matmul(x, w, 1, "int8")), (x, w, g)),
     }
     qwix = _qwix_int8()
     if qwix is not None:
-        out["qwix_int8"] = (train(qwix), (x, w, probe))
+        out["qwix_int8"] = (train(qwix), (x, w, g))
     xd = jax.ShapeDtypeStruct((decode_tokens, d_in), jnp.bfloat16)
     wb = jax.ShapeDtypeStruct((d_in, d_out), jnp.bfloat16)
     served = jax.eval_shape(lambda w: QuantizedWeight.of(w, stack=0, contract=1), w)
@@ -85,9 +91,13 @@ def measure(fn: Any, args: tuple[Any, ...], devices: Any, repeats: int) -> dict[
     hlo = compiled.as_text()
     matmuls = count_matmuls(hlo)
     mem = compiled.memory_analysis()
+    accelerator = accelerator_of(devices[0].device_kind)
+    roofline = program_cost(hlo, Roofline.of(accelerator) if accelerator is not None else NOMINAL_HOST)
     row: dict[str, Any] = {
         "flops": float(cost.get("flops", 0.0)),
         "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+        "hbm_bytes": roofline.hbm_bytes,
+        "projected_s": roofline.projected_s,
         "temp_bytes": int(getattr(mem, "temp_size_in_bytes", 0)),
         "matmuls": matmuls["total"],
         "int8_matmuls": matmuls["int8"],

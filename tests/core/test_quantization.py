@@ -191,6 +191,75 @@ def test_a_stacked_weight_gets_one_scale_per_layer(key):
         np.testing.assert_array_equal(q.scale[i], one.scale)
 
 
+@pytest.mark.parametrize("x_shape, w_shape, contract", SHAPES)
+def test_a_weight_quantized_ahead_computes_and_trains_as_the_float_one_bit_for_bit(key, x_shape, w_shape, contract):
+    """A train step quantizes each weight once (`quantize_weights(..., keep_float=True)`, outside the
+    layer loop): the projection from that copy gives the outputs and gradients of the one that
+    rounds the float weight itself, bit for bit, and the gradient reaches the float weight."""
+    x, w, kg = _operands(key, x_shape, w_shape, jnp.bfloat16)
+    ahead = QuantizedWeight.of(w, stack=0, contract=contract, quantization="int8", keep_float=True)
+    assert ahead.values.dtype == jnp.int8 and ahead.source is w
+    probe = jax.random.normal(kg, x_shape[: len(x_shape) - contract] + w_shape[contract:])
+
+    def loss(x, w, ahead):
+        y = (
+            project(
+                x,
+                QuantizedWeight.of(w, stack=0, contract=contract, quantization="int8", keep_float=True),
+                contract,
+                "int8",
+            )
+            if ahead
+            else project(x, w, contract, "int8")
+        )
+        return jnp.sum(y.astype(jnp.float32) * probe), y
+
+    (_, y), (dx, dw) = jax.value_and_grad(loss, (0, 1), has_aux=True)(x, w, True)
+    (_, y0), (dx0, dw0) = jax.value_and_grad(loss, (0, 1), has_aux=True)(x, w, False)
+    np.testing.assert_array_equal(y, y0)
+    np.testing.assert_array_equal(dx, dx0)
+    np.testing.assert_array_equal(dw, dw0)
+    assert float(jnp.max(jnp.abs(dw))) > 0
+
+
+def test_a_train_steps_copy_is_made_only_for_int8_and_fp8(key):
+    """`keep_float=True` copies the weights of "int8" and "fp8" layers (fp8: in its forward format);
+    "int8w" and "none" layers round or use the float weight themselves and keep it."""
+    ks = jax.random.split(key, 3)
+    for mode, dtype in (("int8", jnp.int8), ("fp8", jnp.float8_e4m3fn)):
+        ahead = quantize_weights(
+            FeedForward(16, 32, activation="silu", gated=True, quantization=mode, key=ks[0]), keep_float=True
+        )
+        assert isinstance(ahead.up.weight, QuantizedWeight) and ahead.up.weight.values.dtype == dtype
+        assert ahead.up.weight.source is not None
+        attention = quantize_weights(Attention(16, 2, 8, quantization=mode, key=ks[1]), keep_float=True)
+        assert isinstance(attention.out, QuantizedWeight) and attention.out.source is not None
+    for mode in ("int8w", "none"):
+        layer = Linear(16, 24, quantization=mode, key=ks[2])
+        assert quantize_weights(layer, keep_float=True).weight is layer.weight
+
+
+def test_dots_saveable_keeps_each_projections_output_and_its_inputs_scales(key, capsys):
+    """remat="dots_saveable" keeps a quantized projection's output (not its int32 sums) and its
+    activations' per-token scales, so the backward rounds the activations again without another
+    pass for their max; it keeps no int8 or int32 array."""
+    from jax.ad_checkpoint import print_saved_residuals
+
+    from equipax.core.nn.remat import remat_policy
+
+    ks = jax.random.split(key, 3)
+    x = jax.random.normal(ks[0], (8, 16)).astype(jnp.bfloat16)
+    w1, w2 = jax.random.normal(ks[1], (16, 64)), jax.random.normal(ks[2], (64, 16))
+
+    def mlp(x, w1, w2):
+        return jnp.sum(project(jax.nn.gelu(project(x, w1, 1, "int8")), w2, 1, "int8").astype(jnp.float32))
+
+    print_saved_residuals(jax.checkpoint(mlp, policy=remat_policy("dots_saveable")), x, w1, w2)
+    kept = [line.split(" from ")[0] for line in capsys.readouterr().out.splitlines() if "argument" not in line]
+    named = ["bf16[8,64] named 'quantized_projection'", *["f32[8,1] named 'quantized_scale'"] * 2]
+    assert sorted(kept) == sorted(named), kept
+
+
 def test_none_is_the_float_matmul(key):
     x, w, _ = _operands(key, (2, 7, 16), (16, 3, 2, 8))
     np.testing.assert_array_equal(project(x, w, 1, "none"), jnp.einsum("bse,ethd->bsthd", x, w))

@@ -87,3 +87,61 @@ def test_splash_kernels_count_their_matrix_multiplies():
     assert got["separate"] == pytest.approx((2 + 3 + 4) * got["matmul"] / 2, rel=0.01)
     assert got["fused"] == pytest.approx((2 + 5) * got["matmul"] / 2, rel=0.01)
     assert got["separate_xla"] < 0.01 * got["separate"]  # XLA's cost analysis: a custom call costs nothing
+
+
+def test_an_int8_matmul_runs_at_the_int8_rate():
+    """A dot of two int8 operands at the device's int8 rate (a v5e's is twice its bf16 rate), a
+    float one at the float rate."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from equipax.launch.aot.hlo_cost import NOMINAL_HOST, program_cost
+
+    def matmul(dtype):
+        a, b = jax.ShapeDtypeStruct((512, 1024), dtype), jax.ShapeDtypeStruct((1024, 512), dtype)
+        out = jnp.int32 if dtype == jnp.int8 else jnp.float32
+        return jax.jit(lambda a, b: jax.lax.dot(a, b, preferred_element_type=out)).lower(a, b).compile().as_text()
+
+    # A device whose memory is fast enough that both programs are bound by their FLOPs.
+    fast = dataclasses.replace(NOMINAL_HOST, hbm_bytes_per_s=1e15)
+    doubled = dataclasses.replace(fast, int8_peak_flops=2 * fast.peak_flops)
+    int8, f32 = matmul(jnp.int8), matmul(jnp.float32)
+    assert program_cost(int8, doubled).flops == program_cost(f32, doubled).flops == 2 * 512 * 1024 * 512
+    assert program_cost(int8, doubled).projected_s == pytest.approx(program_cost(int8, fast).projected_s / 2)
+    assert program_cost(f32, doubled).projected_s == pytest.approx(program_cost(f32, fast).projected_s)
+
+
+# A loop body as XLA:TPU writes it: the stacked int8 weights pass through a fusion that copies them
+# into their own buffer (output aliased to the operand) before one layer's slice is taken.
+_IN_PLACE = """HloModule m, is_scheduled=true
+
+%copy_fusion (input: s8[6,2560,10240]) -> s8[6,2560,10240] {
+  %input = s8[6,2560,10240] parameter(0)
+  ROOT %copy = s8[6,2560,10240] copy(%input)
+}
+
+%sliced (param_0: s8[6,2560,10240], param_1: s32[]) -> s8[2560,10240] {
+  %param_0 = s8[6,2560,10240] parameter(0)
+  %param_1 = s32[] parameter(1)
+  %aliased = s8[6,2560,10240] fusion(%param_0), kind=kLoop, output_to_operand_aliasing={{}: (0, {})}, calls=%copy_fusion
+  %zero = s32[] constant(0)
+  %slice = s8[1,2560,10240] dynamic-slice(%aliased, %param_1, %zero, %zero), dynamic_slice_sizes={1,2560,10240}
+  %bitcast = s8[2560,10240] bitcast(%slice)
+  ROOT %out = s8[2560,10240] copy(%bitcast)
+}
+
+ENTRY %main (w: s8[6,2560,10240], i: s32[]) -> s8[2560,10240] {
+  %w = s8[6,2560,10240] parameter(0)
+  %i = s32[] parameter(1)
+  ROOT %layer = s8[2560,10240] fusion(%w, %i), kind=kLoop, calls=%sliced
+}
+"""
+
+
+def test_an_in_place_copy_around_a_stacked_buffer_reads_only_the_slice():
+    from equipax.launch.aot.hlo_cost import NOMINAL_HOST, program_cost
+
+    layer = 2560 * 10240  # int8: one byte each
+    assert program_cost(_IN_PLACE, NOMINAL_HOST).hbm_bytes == pytest.approx(2 * layer, rel=0.01)  # read + write

@@ -133,6 +133,38 @@ def test_int8_gradients_do_not_depend_on_the_layer_layout_or_remat():
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), got, base)
 
 
+def _roundings(jaxpr, in_loop=False):
+    """(operand shape, inside a scan) of every conversion to int8 in `jaxpr` and the jaxprs it calls."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "convert_element_type" and eqn.params["new_dtype"] == jnp.int8:
+            out.append((tuple(eqn.invars[0].aval.shape), in_loop))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)  # a ClosedJaxpr's Jaxpr
+                if isinstance(inner, jax.extend.core.Jaxpr):
+                    out += _roundings(inner, in_loop or eqn.primitive.name == "scan")
+    return out
+
+
+def test_int8_training_rounds_each_weight_once_outside_the_layer_loop():
+    """A train step of scanned int8 layers rounds every projection weight once, all layers at a
+    time, before the scan: the layers' forward and backward passes (and their recomputation under
+    remat) read the int8 copy, not the float32 weight (four times the bytes)."""
+    batch = _markov_batch(jr.key(4), 3)  # 3 x 16 tokens: no activation has a weight's shape
+    for remat in ("none", "full", "dots_saveable"):
+        transformer = dataclasses.replace(CFG.transformer, remat=remat)
+        model = TransformerLM(dataclasses.replace(CFG, quantization="int8", transformer=transformer), key=jr.key(3))
+        # The stacked projection weights [layers, *in, *out] (the norms' scales are [layers, width]).
+        weights = [a.shape for a in jax.tree.leaves(eqx.filter(model.stack.layers, eqx.is_array)) if a.ndim >= 3]
+        assert len(weights) == 5  # qkv, out, up, gate, down
+        jaxpr = jax.make_jaxpr(eqx.filter_grad(lambda m: lm_loss(m, batch)[0]))(model)
+        rounded = _roundings(jaxpr.jaxpr)
+        per_layer = {w[1:] for w in weights}
+        assert not [s for s, in_loop in rounded if in_loop and s in per_layer], (remat, rounded)
+        assert sorted(s for s, in_loop in rounded if not in_loop and s in set(weights)) == sorted(weights), rounded
+
+
 def test_lora_trains_its_adapters_through_int8_projections():
     cfg = dataclasses.replace(CFG, quantization="int8")
     lora = LoRALM(TransformerLM(cfg, key=jr.key(0)), cfg.lora, key=jr.key(1))

@@ -362,6 +362,57 @@ def test_quantized_matmul_benchmark_tiny(tmp_path):
     assert all("median_s" not in results[name] for name in ("bf16", "int8", "bf16_serve", "int8w_serve"))
 
 
+_TOY_C4 = [
+    *("model.vocab_size=384", "model.max_seq_len=128", "model.transformer.num_layers=2"),
+    *("model.transformer.model_dims=128", "model.transformer.num_heads=2", "model.transformer.head_dim=64"),
+    *("model.transformer.hidden_dims=256", "data.seq_len=128", "data.per_device_batch=2"),
+]
+
+
+def test_quantized_step_benchmark_compiles_both_programs_for_a_tpu(tmp_path):
+    """benchmarks/quantized_step.py at toy size (c4_1b shrunk), compiled by XLA:TPU for a v5e: the
+    int8 train step's projections are int8 matmuls (forward and both backward), and the int8w decode
+    step reads its int8 weights as int8: fewer bytes than bf16's, no float copy of them in memory."""
+    from equipax.launch.hardware.tpu import libtpu_available
+
+    if not libtpu_available():
+        pytest.skip("needs libtpu (XLA:TPU)")
+    bench = importlib.import_module("benchmarks.quantized_step")
+    out = tmp_path / "q.json"
+    args = ["--cache-len", "64", "--out", str(out), *[a for s in _TOY_C4 for a in ("--set", s)]]
+    results = bench.main(args)
+    assert json.loads(out.read_text()) == results
+    # 2 attention and 2 MLP projections (c4_1b's MLP is not gated), 3 matmuls each, in the one loop body.
+    assert results["step_int8"]["matmuls"]["int8"] == 4 * 3 and results["step_bf16"]["matmuls"]["int8"] == 0
+    assert results["decode_int8w"]["hbm_bytes"] < results["decode_bf16"]["hbm_bytes"]
+    assert results["decode_int8w"]["float_weight_copies"] == 0
+
+
+def test_float_weight_copies_finds_a_dequantized_weight_in_memory():
+    """The check the decode figures rely on: an int8 weight converted inside its matmul writes no
+    float copy; one converted into an array of its own (an optimization barrier keeps XLA from
+    fusing the conversion into the matmul) does."""
+    import jax
+    import jax.numpy as jnp
+
+    from equipax.launch.hardware.tpu import libtpu_available, lookup_slice, topology_devices
+
+    if not libtpu_available():
+        pytest.skip("needs libtpu (XLA:TPU)")
+    bench = importlib.import_module("benchmarks.quantized_step")
+    placed = jax.sharding.SingleDeviceSharding(topology_devices(lookup_slice("v5e-1"))[0])
+    # A weight too large for on-chip memory in bf16 (128 MiB), where a copy would stay unseen.
+    x = jax.ShapeDtypeStruct((1, 4096), jnp.bfloat16, sharding=placed)
+    w = jax.ShapeDtypeStruct((4096, 16384), jnp.int8, sharding=placed)
+
+    def copies(convert):
+        hlo = jax.jit(lambda x, w: x @ convert(w)).lower(x, w).compile().as_text()
+        return bench.float_weight_copies(hlo, {w.shape})
+
+    assert copies(lambda w: w.astype(jnp.bfloat16)) == 0
+    assert copies(lambda w: jax.lax.optimization_barrier(w.astype(jnp.bfloat16))) >= 1
+
+
 def test_first_step_benchmark_times_phases_and_compiles_a_runs_programs_for_a_tpu(tmp_path):
     """One fresh toy run per interpreter (its phases, the time after the first step), and the
     programs a run compiles, compiled for a v5e by libtpu on this host."""

@@ -47,6 +47,24 @@ def test_decode_part_compares_launch_decode_with_the_plain_loop(tmp_path, monkey
     assert row["in_process_tokens_per_s"] > 0 and row["paired_ratio"] > 0
 
 
+def test_decode_part_decodes_an_int8w_job_from_its_int8_weights(tmp_path, monkeypatch):
+    """A job trained with model.quantization=int8w (run.sh's DECODE_ARGS="... --set
+    model.quantization=int8w"): equipax decodes from the int8 copy made once at load, as `launch
+    decode` does (half the projections' bytes of the bf16 reference's), the reference from the float
+    weights."""
+    bench = _load("decode_reference", monkeypatch)
+    code, output = launch_run(tmp_path / "jobs" / "shakespeare_tiny", "train.num_steps=2", "model.quantization=int8w")
+    assert code == 0, output
+    args = ["--exps", "shakespeare_tiny", "--job-root", str(tmp_path / "jobs"), "--cli-batch-sizes", ""]
+    args += ["--batch-sizes", "1", "--batches", "2", "--new-tokens", "4", "--compile-cache", ""]
+    with fast_compile_in_process():
+        results = bench.main([*args, "--out", str(tmp_path / "decode.json")])
+    exp = results["experiments"]["shakespeare_tiny"]
+    assert exp["quantization"] == "int8w" and exp["weight_bytes_in_dtype"] < exp["reference_weight_bytes"]
+    row = exp["by_batch"]["1"]
+    assert row["in_process_tokens_per_s"] > 0 and row["reference_tokens_per_s"] > 0
+
+
 def test_moe_part_times_both_dispatches_on_one_real_device(tmp_path, monkeypatch):
     """moe_dispatch.py --real-devices --devices 1: dropless and capacity at EP 1, compiled at once
     in threads, then each run in turn (its state freed): tokens/s, XLA memory, dropped fraction."""

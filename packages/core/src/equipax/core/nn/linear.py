@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax.typing import DTypeLike
 from jaxtyping import Array, Float, PRNGKeyArray
 
-from equipax.core.nn.quantization import Quantization, QuantizedWeight, project
+from equipax.core.nn.quantization import Quantization, QuantizedWeight, makes_quantized_copy, project
 from equipax.core.partition import Axes
 
 __all__ = ["expand_to", "fan_in_init", "Linear"]
@@ -91,13 +91,17 @@ class Linear(eqx.Module):
             return {}
         return {"weight": self.axes, "bias": self.axes[1:]}
 
-    def with_quantized_weights(self) -> "Linear":
-        """This layer with its weight replaced by the int8 `QuantizedWeight` it serves with (itself
-        when `quantization` is "none" or the weight is already quantized)."""
-        if self.quantization == "none" or isinstance(self.weight, QuantizedWeight):
+    def with_quantized_weights(self, keep_float: bool = False) -> "Linear":
+        """This layer with its weight replaced by the int8 `QuantizedWeight` it serves with, or with
+        `keep_float` by the copy a train step computes with (`quantize_weights`); itself when its
+        `quantization` makes no copy or the weight is already quantized."""
+        if not makes_quantized_copy(self.quantization, keep_float) or isinstance(self.weight, QuantizedWeight):
             return self
         w = self.weight
-        return eqx.tree_at(lambda m: m.weight, self, QuantizedWeight.of(w, stack=w.ndim - 2, contract=1))
+        copy = QuantizedWeight.of(
+            w, stack=w.ndim - 2, contract=1, quantization=self.quantization, keep_float=keep_float
+        )
+        return eqx.tree_at(lambda m: m.weight, self, copy)
 
     def __call__(self, x: Float[Array, "*batch in"]) -> Float[Array, "*batch out"]:
         """Apply the layer; computes in `x.dtype`.

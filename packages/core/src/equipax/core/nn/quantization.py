@@ -24,7 +24,11 @@ weight `w` and computes, by `quantization`:
 A `QuantizedWeight` (an int8 copy and its column scales, made once by `quantize_weights`) in place
 of the float weight serves a model: with "int8w" the int8 weight is read and converted in the
 matmul (half the bytes of bf16 from memory: what decoding at small batch waits on), with "int8" the
-activations are quantized per token too and the matmul is int8 x int8.
+activations are quantized per token too and the matmul is int8 x int8. In training, a stack of
+"int8" or "fp8" layers gets the same copy once per step, the float weight kept as its `source`
+(`quantize_weights(..., keep_float=True)`, made by `equipax.core.nn.transformer.run_stacked_layers`
+before the layer loop): the layers' passes read one byte per weight instead of rounding the
+float32 weight in each, with the same numbers.
 
 Checkpoints hold the float weights in every mode; the embedding, the output projection (logits)
 and the attention scores are never quantized.
@@ -37,14 +41,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
-from jaxtyping import Array, Float, Int8
+from jaxtyping import Array, Float, Shaped
 
 from equipax.core.configs import QUANTIZATIONS
 from equipax.core.knobs import ConfigError
 
 __all__ = [
     "QUANTIZED_OUTPUT",
+    "QUANTIZED_SCALE",
     "fake_quantized_weight",
+    "makes_quantized_copy",
     "QUANTIZATIONS",
     "Quantization",
     "QuantizedWeight",
@@ -61,6 +67,9 @@ Quantization = Literal["none", "int8", "int8w", "fp8"]  # the values of QUANTIZA
 # The name (`checkpoint_name`) of an int8 or fp8 projection's output: what remat="dots_saveable"
 # keeps of it (`equipax.core.nn.remat`), in place of its dot's int32 sums.
 QUANTIZED_OUTPUT = "quantized_projection"
+# ... and of its activations' per-token scales, which that policy keeps too: the backward rounds the
+# activations again from them, without another pass over the activations for their max.
+QUANTIZED_SCALE = "quantized_scale"
 
 # (storage dtype, largest magnitude it holds) of the forward operands and of the gradients.
 _FORMATS: dict[str, tuple[tuple[Any, float], tuple[Any, float]]] = {
@@ -86,10 +95,18 @@ def quantize(x: Float[Array, "..."], axes: tuple[int, ...], dtype: Any = jnp.int
         `(q, scale)`: `q` in `dtype` and the float32 `scale` (`max |x| / qmax` over `axes`, kept as
         size-1 axes; 1 where the slice is all zero), with `x ~= q * scale`.
     """
+    return _quantize(x, axes, dtype)
+
+
+def _quantize(x: Array, axes: tuple[int, ...], dtype: Any, name: str | None = None) -> tuple[Array, Array]:
+    """`quantize`; with a `name`, the scale is named so (`checkpoint_name`) before it divides `x`:
+    a remat policy that keeps the name recomputes the rounding from it, not from a new `max`."""
     qmax = _qmax(dtype)
     x = x.astype(jnp.float32)
     amax = jnp.max(jnp.abs(x), axis=axes, keepdims=True)
     scale = jnp.where(amax > 0, amax / qmax, 1.0)
+    if name is not None:
+        scale = checkpoint_name(scale, name)
     scaled = x / scale
     if jnp.issubdtype(dtype, jnp.integer):
         scaled = jnp.clip(jnp.round(scaled), -qmax, qmax)
@@ -125,7 +142,11 @@ def _dot(a: Array, b: Array, dims: tuple[tuple[int, ...], tuple[int, ...]]) -> A
 
 
 def quantized_matmul(
-    x: Float[Array, "..."], w: Float[Array, "..."], contract: int, quantization: str = "int8"
+    x: Float[Array, "..."],
+    w: Float[Array, "..."],
+    contract: int,
+    quantization: str = "int8",
+    w_quantized: tuple[Array, Array] | None = None,
 ) -> Float[Array, "..."]:
     """`x @ w` over the last `contract` axes of `x` and the first of `w`, in int8 (or fp8) forward
     and backward (module docstring); the result in `x.dtype`.
@@ -135,37 +156,40 @@ def quantized_matmul(
         w: weight `[*in, *out]`.
         contract: the number of `in` axes.
         quantization: "int8" or "fp8".
+        w_quantized: `quantize(w, in axes, format)` made already (once per train step for every
+            layer, `quantize_weights(..., keep_float=True)`), or None to make it here. `w` then
+            only receives the gradient.
 
     Returns:
         `[*tokens, *out]` in `x.dtype`.
     """
-    return _quantized_matmul(x, w, contract, quantization)
+    return _quantized_matmul(x, w, w_quantized, contract, quantization)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _quantized_matmul(x: Array, w: Array, contract: int, quantization: str) -> Array:
-    return _forward(x, w, contract, quantization)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _quantized_matmul(x: Array, w: Array, w_quantized: Any, contract: int, quantization: str) -> Array:
+    return _forward(x, w, w_quantized, contract, quantization)[0]
 
 
-def _forward(x: Array, w: Array, contract: int, quantization: str) -> tuple[Array, tuple[Array, ...]]:
+def _forward(x: Array, w: Array, w_quantized: Any, contract: int, quantization: str) -> tuple[Array, tuple[Array, ...]]:
     (fwd, _), _ = _FORMATS[quantization]
     x_axes, w_axes = _dims(x.ndim, contract)
     n_tok, n_out = x.ndim - contract, w.ndim - contract
-    xq, sx = quantize(x, x_axes, fwd)
-    wq, sw = quantize(w, w_axes, fwd)
+    xq, sx = _quantize(x, x_axes, fwd, QUANTIZED_SCALE)
+    wq, sw = quantize(w, w_axes, fwd) if w_quantized is None else w_quantized
     acc = _dot(xq, wq, (x_axes, w_axes)).astype(jnp.float32)
     y = acc * _rows(sx, n_tok, n_out) * _cols(sw, contract, n_tok)
     return y.astype(x.dtype), (xq, sx, wq, sw)
 
 
 # (The rules are annotated `Any`: JAX may hand them numpy constants and tracers of other kinds.)
-def _fwd_rule(x: Any, w: Any, contract: int, quantization: str) -> tuple[Any, tuple[Any, ...]]:
-    y, res = _forward(x, w, contract, quantization)
+def _fwd_rule(x: Any, w: Any, w_quantized: Any, contract: int, quantization: str) -> tuple[Any, tuple[Any, ...]]:
+    y, res = _forward(x, w, w_quantized, contract, quantization)
     # Empty slices of x and w: their dtypes and, inside a shard_map, the mesh axes they vary over.
     return y, (*res, x.reshape(-1)[:0], w.reshape(-1)[:0])
 
 
-def _bwd_rule(contract: int, quantization: str, res: tuple[Any, ...], g: Any) -> tuple[Any, Any]:
+def _bwd_rule(contract: int, quantization: str, res: tuple[Any, ...], g: Any) -> tuple[Any, Any, None]:
     xq, sx, wq, sw, x_like, w_like = res
     _, (grad, _) = _FORMATS[quantization]
     n_tok, n_out = xq.ndim - contract, wq.ndim - contract
@@ -179,7 +203,8 @@ def _bwd_rule(contract: int, quantization: str, res: tuple[Any, ...], g: Any) ->
     gq, sg = quantize(g * _rows(sx, n_tok, n_out), tok_axes, grad)
     dw = _dot(xq, gq, (tok_axes, tok_axes)).astype(jnp.float32)
     dw = dw * _cols(sg, n_tok, contract)
-    return _sum_to(dx.astype(x_like.dtype), x_like), _sum_to(dw.astype(w_like.dtype), w_like)
+    # (A weight quantized ahead gets its gradient through `w`: none through its int8 copy.)
+    return _sum_to(dx.astype(x_like.dtype), x_like), _sum_to(dw.astype(w_like.dtype), w_like), None
 
 
 def _vma(a: Any) -> frozenset[str]:
@@ -226,29 +251,49 @@ def fake_quantized_weight(w: Float[Array, "..."], contract: int, dtype: Any) -> 
 
 
 class QuantizedWeight(eqx.Module):
-    """A projection's weight as served: int8 values and one float32 scale per output column.
+    """A projection's weight as served: int8 values and one float32 scale per output column; or,
+    in training, its int8 (fp8) copy made once per step beside the float weight.
 
-    Made once from the float weight (`quantize_weights`); `values * scale` is the weight. Any
-    leading stacked-layer axes are kept on both (a scan over layers slices them as it slices the
-    float weights).
+    Made from the float weight (`quantize_weights`); `values * scale` is the weight. Any leading
+    stacked-layer axes are kept on both (a scan over layers slices them as it slices the float
+    weights).
 
     Attributes:
-        values: `[*stack, *in, *out]` int8.
+        values: `[*stack, *in, *out]` int8 (fp8's forward format in an "fp8" training copy).
         scale: `[*stack, 1..., *out]` float32 (the `in` axes kept as size 1).
+        source: the float weight `[*stack, *in, *out]` in a training copy, which the gradient
+            reaches (straight through, as when the matmul rounds it itself); None when served.
     """
 
-    values: Int8[Array, "..."]
+    values: Shaped[Array, "..."]
     scale: Float[Array, "..."]
+    source: Float[Array, "..."] | None = None
 
     @classmethod
-    def of(cls, w: Float[Array, "..."], *, stack: int, contract: int) -> "QuantizedWeight":
-        """Quantize `w` `[*stack, *in, *out]` over its `contract` input axes."""
-        values, scale = quantize(w, tuple(range(stack, stack + contract)))
-        return cls(values=values, scale=scale)
+    def of(
+        cls, w: Float[Array, "..."], *, stack: int, contract: int, quantization: str = "int8", keep_float: bool = False
+    ) -> "QuantizedWeight":
+        """Quantize `w` `[*stack, *in, *out]` over its `contract` input axes: to int8, or with
+        `keep_float` (training) to `quantization`'s forward format, keeping `w` as `source`."""
+        axes = tuple(range(stack, stack + contract))
+        if not keep_float:
+            values, scale = quantize(w, axes)
+            return cls(values=values, scale=scale)
+        (fwd, _), _ = _FORMATS[quantization]
+        values, scale = quantize(jax.lax.stop_gradient(w), axes, fwd)
+        return cls(values=values, scale=scale, source=w)
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.values.shape
+
+
+def makes_quantized_copy(quantization: str, keep_float: bool) -> bool:
+    """Whether a layer computing as `quantization` gets a `QuantizedWeight` from
+    `quantize_weights(..., keep_float)`: served (False), every mode but "none"; in training (True),
+    "int8" and "fp8", whose matmuls round the weight (an "int8w" matmul rounds its float weight
+    itself, in the weight's own dtype, and gains nothing from a copy)."""
+    return quantization in _FORMATS if keep_float else quantization != "none"
 
 
 def project(
@@ -259,7 +304,8 @@ def project(
 
     Arguments:
         x: activations `[*tokens, *in]`.
-        w: the float weight `[*in, *out]`, or its `QuantizedWeight` (serving).
+        w: the float weight `[*in, *out]`, or its `QuantizedWeight` (serving; or in training, the
+            copy made once per step, with the float weight as its `source`).
         contract: the number of `in` axes.
         quantization: "none", "int8", "int8w" or "fp8".
 
@@ -268,6 +314,11 @@ def project(
     """
     dims = _dims(x.ndim, contract)
     n_tok = x.ndim - contract
+    if isinstance(w, QuantizedWeight) and w.source is not None:  # training, the weight quantized ahead
+        if quantization in _FORMATS:
+            y = quantized_matmul(x, w.source, contract, quantization, (w.values, w.scale))
+            return checkpoint_name(y, QUANTIZED_OUTPUT)
+        w = w.source
     if isinstance(w, QuantizedWeight):
         scale = _cols(w.scale, contract, n_tok)
         if quantization == "int8":
@@ -283,13 +334,19 @@ def project(
     return jax.lax.dot_general(x, w.astype(x.dtype), (dims, ((), ())))
 
 
-def quantize_weights(tree: Any) -> Any:
-    """`tree` with every quantized projection's float weight replaced by its `QuantizedWeight`: the
-    int8 copy a served model computes with (made once, after loading). Layers whose
+def quantize_weights(tree: Any, keep_float: bool = False) -> Any:
+    """`tree` with every quantized projection's float weight replaced by its `QuantizedWeight`.
+
+    Served (`keep_float=False`): the int8 copy a served model computes with (made once, after
+    loading). In training (`keep_float=True`): the copy each "int8" or "fp8" projection's forward
+    and backward matmuls read, made once per step for every layer of a stack (a stacked weight's
+    scales are per layer, the numbers those of the matmul quantizing it itself), beside the float
+    weight, which gets the gradient (`equipax.core.nn.transformer.run_stacked_layers`). Layers whose
     `quantization` is "none" (and the embedding and output projection) keep their weights.
 
     Arguments:
         tree: a model, or any pytree holding one.
+        keep_float: make the training copy.
 
     Returns:
         The same tree; each module with a `with_quantized_weights` method replaced by its result.
@@ -298,7 +355,10 @@ def quantize_weights(tree: Any) -> Any:
     def quantizable(m: Any) -> bool:
         return isinstance(m, eqx.Module) and callable(getattr(m, "with_quantized_weights", None))
 
-    return jax.tree.map(lambda m: m.with_quantized_weights() if quantizable(m) else m, tree, is_leaf=quantizable)
+    def replace(m: Any) -> Any:
+        return m.with_quantized_weights(keep_float) if quantizable(m) else m
+
+    return jax.tree.map(replace, tree, is_leaf=quantizable)
 
 
 def check_quantization_platform(quantization: str, platform: str) -> None:

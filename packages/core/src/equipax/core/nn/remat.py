@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from equipax.core.knobs import ConfigError
-from equipax.core.nn.quantization import QUANTIZED_OUTPUT
+from equipax.core.nn.quantization import QUANTIZED_OUTPUT, QUANTIZED_SCALE
 
 __all__ = ["remat_policy", "SAVED_NAMES"]
 
@@ -21,12 +21,12 @@ SAVED_NAMES = ("attention_out", "mlp_in")
 class _ProjectionsSaveable:
     """JAX's `dots_with_no_batch_dims_saveable`, with quantized projections kept at their output:
     the int32 (fp8: float32) sums of a dot of one-byte operands are not saved (twice the bytes of
-    the bfloat16 output they become), the output named `QUANTIZED_OUTPUT` is, and the backward
-    quantizes its operands again from what it has."""
+    the bfloat16 output they become), the output named `QUANTIZED_OUTPUT` is, with its activations'
+    per-token scales (`QUANTIZED_SCALE`), and the backward rounds its operands again from those."""
 
     def __call__(self, prim: Any, *args: Any, **params: Any) -> bool:
         if prim.name == "name":
-            return params["name"] == QUANTIZED_OUTPUT
+            return params["name"] in (QUANTIZED_OUTPUT, QUANTIZED_SCALE)
         if any(getattr(a, "dtype", None) is not None and a.dtype.itemsize == 1 for a in args):
             return False
         return jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *args, **params)

@@ -43,7 +43,7 @@ from equipax.core.nn.fused_attention import AttentionImpl, mesh_platform, resolv
 from equipax.core.nn.linear import expand_to, fan_in_init
 from equipax.core.nn.linear_attention import linear_attention
 from equipax.core.nn.norm import RMSNorm
-from equipax.core.nn.quantization import Quantization, QuantizedWeight, project
+from equipax.core.nn.quantization import Quantization, QuantizedWeight, makes_quantized_copy, project
 from equipax.core.nn.rotary import apply_rotary
 from equipax.core.partition import Axes
 
@@ -225,18 +225,20 @@ class Attention(eqx.Module):
             q, k = apply_rotary(q, sin, cos), apply_rotary(k, sin, cos)
         return q, k, v
 
-    def with_quantized_weights(self) -> "Attention":
-        """This layer with its projections replaced by the int8 `QuantizedWeight`s it serves with
-        (itself when `quantization` is "none" or they are already quantized)."""
-        if self.quantization == "none" or isinstance(self.out, QuantizedWeight):
+    def with_quantized_weights(self, keep_float: bool = False) -> "Attention":
+        """This layer with its projections replaced by the int8 `QuantizedWeight`s it serves with,
+        or with `keep_float` by the copies a train step computes with (`quantize_weights`); itself
+        when its `quantization` makes no copy or they are already quantized."""
+        if not makes_quantized_copy(self.quantization, keep_float) or isinstance(self.out, QuantizedWeight):
             return self
         # name: (the weight's rank without stacked-layer axes, its input axes)
         ranks = {"qkv": (4, 1), "q": (3, 1), "kv": (4, 1), "out": (3, 2)}
         names = [n for n in ranks if getattr(self, n) is not None]
-        new = []
+        new, q = [], self.quantization
         for n in names:
             w, (rank, contract) = getattr(self, n), ranks[n]
-            new.append(QuantizedWeight.of(w, stack=w.ndim - rank, contract=contract))
+            stack = w.ndim - rank
+            new.append(QuantizedWeight.of(w, stack=stack, contract=contract, quantization=q, keep_float=keep_float))
         return eqx.tree_at(lambda m: [getattr(m, n) for n in names], self, new)
 
     def output(self, o: Float[Array, "batch seq heads head_dim"]) -> Float[Array, "batch seq embed"]:

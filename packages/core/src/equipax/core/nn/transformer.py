@@ -29,7 +29,7 @@ from equipax.core.nn.mlp import FeedForward
 from equipax.core.nn.moe import MoEFeedForward, MoEStats
 from equipax.core.nn.moe_parallel import apply_moe
 from equipax.core.nn.norm import LayerNorm, RMSNorm
-from equipax.core.nn.quantization import Quantization, check_quantization_platform
+from equipax.core.nn.quantization import Quantization, check_quantization_platform, quantize_weights
 from equipax.core.nn.remat import remat_policy
 from equipax.core.nn.self_attention import Attention, AttentionCache, Rotary
 from equipax.core.nn.tensor_parallel import shard_map_block
@@ -242,25 +242,26 @@ def run_stacked_layers(
     sequence_index: Array | None = None,
     repeats: int = 1,
 ) -> tuple[Array, MoEStats | None]:
-    """Apply blocks whose parameters are stacked on a leading layer axis, in order.
+    """Apply blocks whose parameters are stacked on a leading layer axis, in order; int8 and fp8
+    projections' weights are rounded once, for every layer, before the loop (`quantize_weights`).
 
     Arguments:
-        params: the array part of the stacked block (`eqx.partition(..., eqx.is_array)`).
-        static: the rest of the block.
+        params, static: the stacked block's arrays (`eqx.partition(..., eqx.is_array)`), the rest.
         x: the activations entering the first layer.
         remat: the remat policy applied to each layer.
         scan: `jax.lax.scan` over the layers (one compiled body) or an unrolled loop.
         mesh, segment_ids, shard_map, rotary, sequence_index: as for `TransformerStack.__call__`.
-        repeats: shared layers (`num_hidden_groups`): each stacked block is applied this many
-            times in a row (layer `i` is block `i // repeats`); the scan then runs over the layer
-            index and reads its block from the closed-over parameters, so the backward sums each
-            block's gradient over its uses and no copy per layer is made.
+        repeats: shared layers (`num_hidden_groups`): each stacked block applies this many times in a
+            row (layer `i` is block `i // repeats`); the scan then runs over the layer index and reads
+            its block from the closed-over parameters (the backward sums its gradient, no copies).
 
     Returns:
         `(the activations leaving the last layer, MoEStats stacked over the layers or None)`.
     """
-    apply = _block_apply(remat, static, mesh, segment_ids, shard_map, rotary, sequence_index)
     num_layers = jax.tree.leaves(params)[0].shape[0] * repeats
+    if not shard_map:  # (a shard_map block rounds its own slices of the weights)
+        params, static = eqx.partition(quantize_weights(eqx.combine(params, static), True), eqx.is_array)
+    apply = _block_apply(remat, static, mesh, segment_ids, shard_map, rotary, sequence_index)
     if scan and repeats == 1:
         return jax.lax.scan(lambda h, p: apply(p, h), x, params)
     if scan:
@@ -467,7 +468,7 @@ class TransformerStack(eqx.Module):
             )
         stats = []
         for block in (b for b in self.layers for _ in range(self._repeats)):
-            params, static = eqx.partition(block, eqx.is_array)
+            params, static = eqx.partition(block if shard_map else quantize_weights(block, True), eqx.is_array)
             apply = _block_apply(self.cfg.remat, static, mesh, segment_ids, shard_map, rotary, sequence_index)
             x, s = apply(params, x)
             stats.append(s)

@@ -53,7 +53,7 @@ CACHE_FILE = "remat_auto.json"
 # and measured 1.4% slower).
 MIN_GAIN = 0.03
 # What the cached choices were made by (a change of the rule invalidates them).
-_RULE = "roofline-1"
+_RULE = "roofline-2"  # 2: int8 matmuls at the int8 rate; in-place copies of a stacked buffer free
 # Offloading to pinned host memory compiles where the backend has that memory space.
 _OFFLOAD_PLATFORMS = ("tpu", "gpu", "cuda", "rocm")
 # Data knobs that say where the tokens come from, not the step's shapes.

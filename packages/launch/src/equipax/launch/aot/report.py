@@ -264,7 +264,8 @@ def format_report(r: dict[str, Any]) -> str:
         if remat["candidates"]:
             lines += [format_remat_table(remat["candidates"], remat["budget_bytes"], remat["policy"], remat["own"])]
             roof = remat["roofline"]
-            lines += [f"                (projected at {roof['peak_flops'] / 1e12:.0f} TFLOP/s and "
+            int8 = f" (int8 {roof['int8_peak_flops'] / 1e12:.0f} TOP/s)" if roof.get("int8_peak_flops") else ""
+            lines += [f"                (projected at {roof['peak_flops'] / 1e12:.0f} TFLOP/s{int8} and "
                       f"{roof['hbm_bytes_per_s'] / 1e9:.0f} GB/s of HBM, {roof['name']}: each kernel of the "
                       "compiled program at its roofline)"]  # fmt: skip
     if f is not None and pr is not None:

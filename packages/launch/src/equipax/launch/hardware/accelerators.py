@@ -23,17 +23,19 @@ class Accelerator:
     device_kinds: tuple[str, ...] = ()
     hbm_gbytes_per_s: float = 0.0
     host_gbytes_per_s: float = 32.0
+    int8_peak_tops: float = 0.0  # dense int8 x int8 matrix multiplies (0: not faster than bf16)
 
 
 # Order matters for `device_kind` matching: "TPU v5 lite" (v5e) is tried before "TPU v5" (v5p).
-# HBM bandwidths are the datasheets' (Cloud TPU system architecture pages; NVIDIA's SXM parts).
+# HBM bandwidths and int8 rates are the datasheets' (Cloud TPU system architecture pages; NVIDIA's SXM
+# parts; no int8 rate is given for the GPUs here).
 ACCELERATORS: dict[str, Accelerator] = {
     a.name: a
     for a in (
         Accelerator("tpu-v4", 275.0, 32.0, ("TPU v4",), hbm_gbytes_per_s=1200.0),
-        Accelerator("tpu-v5e", 197.0, 16.0, ("TPU v5 lite", "TPU v5e"), hbm_gbytes_per_s=819.0),
-        Accelerator("tpu-v5p", 459.0, 95.0, ("TPU v5p", "TPU v5"), hbm_gbytes_per_s=2765.0),
-        Accelerator("tpu-v6e", 918.0, 32.0, ("TPU v6",), hbm_gbytes_per_s=1640.0),
+        Accelerator("tpu-v5e", 197.0, 16.0, ("TPU v5 lite", "TPU v5e"), hbm_gbytes_per_s=819.0, int8_peak_tops=394.0),
+        Accelerator("tpu-v5p", 459.0, 95.0, ("TPU v5p", "TPU v5"), hbm_gbytes_per_s=2765.0, int8_peak_tops=918.0),
+        Accelerator("tpu-v6e", 918.0, 32.0, ("TPU v6",), hbm_gbytes_per_s=1640.0, int8_peak_tops=1836.0),
         Accelerator("h100", 989.0, 80.0, ("H100",), hbm_gbytes_per_s=3350.0, host_gbytes_per_s=64.0),
         Accelerator("h200", 989.0, 141.0, ("H200",), hbm_gbytes_per_s=4800.0, host_gbytes_per_s=64.0),
         Accelerator("a100", 312.0, 80.0, ("A100",), hbm_gbytes_per_s=2039.0),
