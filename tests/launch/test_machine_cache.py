@@ -2,9 +2,11 @@
 the same plays copies the vocabulary trained before and reads the encoded plays; an empty value
 turns it off; its default place is under XDG_CACHE_HOME."""
 
+import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from equipax.core.knobs import apply_overrides
 from equipax.launch.configs.experiment import as_lm
@@ -57,10 +59,15 @@ def test_the_default_place_is_under_xdg_cache_home(tmp_path, monkeypatch):
     assert cache_root() == Path.home() / ".cache" / "equipax"
 
 
-def test_compiled_programs_go_to_the_machines_cache_by_default(tmp_path, monkeypatch):
+@pytest.mark.parametrize("filelock", [True, False], ids=["filelock", "no-filelock"])
+def test_compiled_programs_go_to_the_machines_cache_by_default(tmp_path, monkeypatch, filelock):
     """`train.compiler.cache_dir="machine"` (the default): JAX's compilation cache in the machine
     cache's `xla/`, size-limited, where another job finds the programs; the job's own
-    `compile_cache/` where the machine's cache is off. JAX's settings are restored after."""
+    `compile_cache/` where the machine's cache is off. JAX's settings are restored after. Without
+    the `filelock` package (a TPU image) JAX refuses a size-limited cache: it is then unlimited,
+    and works."""
+    import importlib.util
+
     import jax
 
     from equipax.launch.configs.train import CompilerConfig
@@ -69,6 +76,10 @@ def test_compiled_programs_go_to_the_machines_cache_by_default(tmp_path, monkeyp
     assert CompilerConfig().cache_dir == MACHINE
     # The suite shares one cache through JAX's config, which compile_cache leaves alone: off here.
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    if not filelock:
+        find_spec = importlib.util.find_spec
+        monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "filelock" else find_spec(n, *a))
+        monkeypatch.setitem(sys.modules, "filelock", None)  # `import filelock` fails, as where it is missing
     shared = jax.config.jax_compilation_cache_dir
     limit = jax.config.values["jax_compilation_cache_max_size"]
     min_time = jax.config.jax_persistent_cache_min_compile_time_secs
@@ -78,7 +89,8 @@ def test_compiled_programs_go_to_the_machines_cache_by_default(tmp_path, monkeyp
         monkeypatch.setenv("EQUIPAX_CACHE_DIR", str(tmp_path / "machine"))
         with compile_cache(MACHINE, tmp_path / "job") as path:
             assert path == tmp_path / "machine" / "xla"
-            assert jax.config.values["jax_compilation_cache_max_size"] == MACHINE_CACHE_BYTES
+            want = MACHINE_CACHE_BYTES if filelock else limit
+            assert jax.config.values["jax_compilation_cache_max_size"] == want
             jax.jit(lambda x: x * 3 + 1)(jax.numpy.arange(7.0)).block_until_ready()
         assert any(p.name.startswith("jit_") for p in path.iterdir()), list(path.iterdir())
         assert jax.config.values["jax_compilation_cache_max_size"] == limit

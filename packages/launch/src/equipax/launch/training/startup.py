@@ -26,6 +26,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 from equipax.launch.store.machine_cache import cache_root
@@ -102,6 +103,13 @@ def _once_per_run(previous: Callable[..., object], shown: set[str]) -> Callable[
     return show
 
 
+def _can_limit(jax: Any) -> bool:
+    """Whether JAX's compilation cache can be size-limited here (the option, and `filelock`)."""
+    import importlib.util
+
+    return "jax_compilation_cache_max_size" in jax.config.values and importlib.util.find_spec("filelock") is not None
+
+
 def _cache_path(cache_dir: str, job_dir: AnyPath) -> AnyPath:
     """Where `train.compiler.cache_dir` puts the cache: "machine" -> the machine's cache (the job's
     `compile_cache/` where that is off, `EQUIPAX_CACHE_DIR=""`); a relative path under the job."""
@@ -132,9 +140,11 @@ def compile_cache(cache_dir: str, job_dir: AnyPath) -> Iterator[AnyPath | None]:
         from jax._src import compilation_cache  # its directory is read once; reset it to switch
 
         path = _cache_path(cache_dir, job_dir)
-        # JAX evicts the least recently used programs past the limit (JAX versions without the
-        # option keep them all).
-        limit = "jax_compilation_cache_max_size" if "jax_compilation_cache_max_size" in jax.config.values else None
+        # JAX evicts the least recently used programs past the limit. Its eviction needs the
+        # `filelock` package, and without it JAX refuses every read and write of a size-limited
+        # cache (a TPU image without filelock ran with no cache at all): without it, or with a JAX
+        # that has no such option, the cache keeps every program.
+        limit = "jax_compilation_cache_max_size" if _can_limit(jax) else None
         before = jax.config.values[limit] if limit else None
         if limit and cache_dir == MACHINE:
             jax.config.update(limit, MACHINE_CACHE_BYTES)
