@@ -26,8 +26,8 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from equipax.launch.store.machine_cache import cache_root
 from equipax.launch.store.storage import AnyPath
