@@ -106,7 +106,7 @@ def compile_programs(exp: str, sets: Sequence[str], topology: str) -> dict[str, 
     from equipax.launch.commands.common import resolve
     from equipax.launch.commands.compile_command import _host_only_jax
     from equipax.launch.jobdir.checksums import flat_arrays, lower_checksums
-    from equipax.launch.training.build import _initial_state, build_training
+    from equipax.launch.program.training import _initial_state, build_training
 
     _, cfg, _ = resolve(exp, list(sets))
     _host_only_jax()

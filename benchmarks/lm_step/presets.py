@@ -14,7 +14,7 @@ from equipax.core.nn import TransformerConfig
 from equipax.core.nn.fused_attention import attention_kernel
 from equipax.core.optim import LearnerConfig
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig
-from equipax.launch.training.build import Training, build_training
+from equipax.launch.program.training import Training, build_training
 from equipax.models.lm import LMConfig
 
 

@@ -55,7 +55,7 @@ def test_run_executes_the_program_compile_reports():
         from equipax.launch.cluster.accelerators import ACCELERATORS
         from equipax.launch.experiments.registry import get_experiment
         from equipax.launch.tasks import family
-        from equipax.launch.training.build import build_training
+        from equipax.launch.program.training import build_training
         from equipax.launch.training.loop import build_run_mesh
 
         cfg = get_experiment("lm_cloud_2b_smoke")
@@ -83,7 +83,7 @@ def test_every_family_builds_through_build_training():
     from equipax.core.mesh import build_mesh
     from equipax.core.step import TrainState
     from equipax.launch.experiments.registry import entries
-    from equipax.launch.training.build import build_training
+    from equipax.launch.program.training import build_training
 
     kinds = set()
     for entry in entries():
@@ -287,7 +287,7 @@ def test_variational_noise_knobs_reach_the_train_step_and_a_regex_matching_nothi
     from equipax.core.knobs import ConfigError, apply_overrides
     from equipax.core.mesh import build_mesh
     from equipax.launch.experiments.registry import get_experiment
-    from equipax.launch.training.build import build_training
+    from equipax.launch.program.training import build_training
     from helpers.toy import TOY
 
     def program(*sets):

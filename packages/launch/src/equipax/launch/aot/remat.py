@@ -248,7 +248,7 @@ def choose_remat(
     Raises:
         ConfigError: no candidate fits (exit 2, naming the knob and the fixes).
     """
-    from equipax.launch.training.build import build_training
+    from equipax.launch.program.training import build_training
 
     budget = int(budget_gib * (1 - margin) * GIB)
     own = own_policy(cfg)

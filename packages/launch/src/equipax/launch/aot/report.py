@@ -29,8 +29,9 @@ from equipax.launch.aot.pipeline_report import pipeline_lines, pipeline_section
 from equipax.launch.aot.remat import choose_remat, format_remat_table, is_auto
 from equipax.launch.cluster.accelerators import Accelerator
 from equipax.launch.configs.experiment import ExperimentConfig
+from equipax.launch.program.attention import attention_record
+from equipax.launch.program.training import build_training
 from equipax.launch.tasks import family
-from equipax.launch.training.build import attention_record, build_training
 
 __all__ = [
     "check_compile_devices",

@@ -98,8 +98,8 @@ def decode_split(
         ConfigError: a bad option, or the checkpoint does not restore (exit 2 with what to do).
     """
     from equipax.launch.inference.trained_job import check_tokenizer, local_mesh, restore_model
+    from equipax.launch.program.program import build_program
     from equipax.launch.tasks import family
-    from equipax.launch.training.build import build_training
     from equipax.models.decode import decode, for_decoding
 
     prompt_tokens, new_tokens, note = _check(cfg, settings)
@@ -113,8 +113,8 @@ def decode_split(
     cfg, mesh, note = local_mesh(cfg)
     if note:
         log(note)
-    training = build_training(cfg, mesh)
-    model, _ = restore_model(job_dir, step, training.abstract_state)
+    program = build_program(cfg, mesh)
+    model, _ = restore_model(job_dir, step, program)
     model = for_decoding(model)  # a LoRA job's merge, model.quantization's int8 copy: made once
     inputs = family(cfg).build_inputs(cfg, job_dir, mesh=mesh, log=log)
     tokenizer, source = inputs.extra["tokenizer"], inputs.eval
@@ -129,7 +129,7 @@ def decode_split(
         except StopIteration:
             break
         prompts, lengths, real = prompt_rows(batch, prompt_tokens)
-        place = lambda x: jax.make_array_from_process_local_data(training.batch_sharding, x)  # noqa: E731
+        place = lambda x: jax.make_array_from_process_local_data(program.batch_sharding, x)  # noqa: E731
         try:
             tokens, counts = decode(
                 model,

@@ -25,7 +25,7 @@ import numpy as np
 from equipax.launch.jobdir.checksums import flat_arrays, lower_checksums
 
 if TYPE_CHECKING:
-    from equipax.launch.training.build import Training
+    from equipax.launch.program.training import Training
 
 __all__ = ["CHECKSUMS", "CompileAhead", "EVAL_STEP", "TRAIN_STEP", "wait_for"]
 

@@ -25,9 +25,11 @@ from equipax.launch.jobdir.ownership import JobLock, prepare_job_dir, write_text
 from equipax.launch.jobdir.resume import check_resume, layout_change, restore_data_state, resume_meta
 from equipax.launch.jobdir.storage import AnyPath, job_path, rmtree
 from equipax.launch.jobdir.summaries import MetricsWriter
+from equipax.launch.program.attention import ATTENTION_KNOB, attention_record
+from equipax.launch.program.program import check_host_rows
+from equipax.launch.program.training import build_training
 from equipax.launch.tasks import family
 from equipax.launch.training.ahead import CompileAhead
-from equipax.launch.training.build import ATTENTION_KNOB, attention_record, build_training, check_host_rows
 from equipax.launch.training.builtin_hooks import builtin_hooks
 from equipax.launch.training.finish import RunResult, finish
 from equipax.launch.training.hooks import Hook, RunContext, order_hooks
@@ -259,6 +261,8 @@ def _train(
             state = init_from_hf(training, state, log=log)
     if restored is not None:
         start, state, data_state, loop_state = restored
+        if state.opt_state is None:  # a checkpoint of the model alone (hf-import's step 0)
+            state = training.start_optimizer(state)
         moved = layout_change(saved_meta, meta)
         fresh = bool(new_order and new_order[0]) or restore_data_state(  # a new order: changed data knobs
             inputs.train, data_state, moved=moved is not None, allow_new_data_order=allow_new_data_order, log=log

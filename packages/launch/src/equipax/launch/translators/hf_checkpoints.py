@@ -137,17 +137,19 @@ def imported_experiment(directory: Path, sets: list[str]) -> tuple[ExperimentCon
 
 def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[str], object]) -> ExperimentConfig:
     """`launch convert hf-import DIR --out JOB`: a job directory (config.json, knobs.txt, the
-    tokenizer, a step-0 checkpoint) that `launch run`, `decode` and `eval` read as any job's."""
+    tokenizer, a step-0 checkpoint of the model alone) that `launch run`, `decode` and `eval` read
+    as any job's (`launch run` starts the optimizer from it, as a fresh run would)."""
     import equinox as eqx
     import jax
+    import jax.numpy as jnp
 
     from equipax.core.mesh import build_mesh, check_device_count
-    from equipax.core.step import init_train_state
+    from equipax.core.step import TrainState
     from equipax.launch.cluster.distributed import gather_host_states
     from equipax.launch.jobdir.checkpoints import Checkpointer
     from equipax.launch.jobdir.resume import resume_meta
+    from equipax.launch.program.program import build_program
     from equipax.launch.tasks import family
-    from equipax.launch.training.build import build_training
     from equipax.models.hf.weights import load_lm
     from equipax.models.lm_task import LMTask
 
@@ -163,20 +165,17 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
     if n > jax.device_count():
         check_device_count(cfg.mesh, jax.device_count(), hint=" (pass --cpu-devices N on a CPU host)")
     mesh = build_mesh(cfg.mesh, jax.devices()[:n])
-    training = build_training(cfg, mesh)
+    program = build_program(cfg, mesh)
     lora = as_lm(cfg).model.lora.enabled
-    shardings = training.state_sharding.model
+    shardings = program.model_sharding
     model = load_lm(directory, as_lm(cfg).model, shardings.base if lora else shardings)
     kl = gate(model, directory, "The import")
-    # The step-0 state around the loaded model (with LoRA: adapters over it), in its shardings (no
-    # random init of the model compiled or run).
-    task = training.task
+    # The loaded model (with LoRA: adapters over it) in its shardings (no random init of the model
+    # compiled or run), saved as a step-0 train state without an optimizer state.
+    task = program.task
     assert isinstance(task, LMTask)
-    state = eqx.filter_jit(
-        lambda m: eqx.filter_shard(
-            init_train_state(task.adapt(m, training.keys.init), training.learner.optimizer), training.state_sharding
-        )
-    )(model)
+    model = eqx.filter_jit(lambda m: eqx.filter_shard(task.adapt(m, program.keys.init), shardings))(model)
+    state = TrainState(step=jnp.zeros((), jnp.int32), model=model, opt_state=None)
     log(f"Parity gate: KL {kl:.2e} nats/token against the reference of {directory} (limit {KL_LIMIT:g}).")
     with staged(out) as tmp:
         copied = _copy_tokenizer(directory, tmp)
@@ -219,8 +218,8 @@ def export_job(
     (`adapter_model.safetensors`, `adapter_config.json`, the tokenizer) for the base model."""
     from equipax.data import HFTokenizer
     from equipax.launch.inference.trained_job import load_config, local_mesh, pick_step, restore_model
+    from equipax.launch.program.program import build_program
     from equipax.launch.tasks.lm_data import tokenizer_path
-    from equipax.launch.training.build import build_training
     from equipax.models.hf.peft import write_peft_adapter
     from equipax.models.hf.weights import hf_tensors, write_hf_weights
     from equipax.models.lora import LoRALM
@@ -236,7 +235,7 @@ def export_job(
     fitted, mesh, note = local_mesh(cfg)
     if note:
         log(note)
-    model, _ = restore_model(job_dir, step, build_training(fitted, mesh).abstract_state)
+    model, _ = restore_model(job_dir, step, build_program(fitted, mesh))
     if peft and not isinstance(model, LoRALM):
         raise ConfigError(
             f"--peft exports LoRA adapters, but {job_dir} trained the whole model (model.lora.enabled=False); "

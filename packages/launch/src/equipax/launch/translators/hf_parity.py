@@ -13,12 +13,16 @@ import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from equipax.core.knobs import ConfigError
 from equipax.launch.configs.experiment import as_lm
 from equipax.models.configs import LMConfig
 from equipax.models.hf.config import lm_config_from_hf, read_hf_config
+
+if TYPE_CHECKING:
+    from equipax.core.step import TrainState
+    from equipax.launch.program.program import Program
 
 __all__ = ["architecture_diffs", "check_architecture", "gate", "init_from_hf", "KL_LIMIT"]
 
@@ -149,19 +153,19 @@ def gate(model: Any, directory: Path, what: str, *, rounded_to: str = "float32",
     return kl
 
 
-def init_from_hf(training: Any, state: Any, *, log: Callable[[str], object]) -> Any:
-    """`model.init_from=hf:DIR`: `state` with the model's weights read from DIR in the train state's
-    shardings, behind the parity gate (called when a run starts with no checkpoint)."""
+def init_from_hf(program: "Program", state: "TrainState[Any]", *, log: Callable[[str], object]) -> "TrainState[Any]":
+    """`model.init_from=hf:DIR`: `state` with the model's weights read from DIR in the program's
+    model shardings, behind the parity gate (called when a run starts with no checkpoint)."""
     import equinox as eqx
 
     from equipax.models.hf.weights import load_lm
 
-    model_cfg = as_lm(training.cfg).model
+    model_cfg = as_lm(program.cfg).model
     assert model_cfg.init_from is not None
     directory = Path(model_cfg.init_from.removeprefix("hf:"))
     check_architecture(model_cfg, directory)
     lora = model_cfg.lora.enabled  # the weights are the frozen base of the adapters
-    shardings = training.state_sharding.model
+    shardings = program.model_sharding
     model = load_lm(directory, model_cfg, shardings.base if lora else shardings)
     kl = gate(model, directory, f"model.init_from={model_cfg.init_from}")
     log(f"Initialised from {directory} (parity gate: KL {kl:.2e} nats/token, limit {KL_LIMIT:g}).")
