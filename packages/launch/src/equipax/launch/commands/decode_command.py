@@ -116,9 +116,10 @@ def decode_cmd(
     _check_seed(seed)
 
     from equipax.launch.cluster.devices import use_cpu_devices
+    from equipax.launch.configs.experiment import is_lm
 
     cfg = resolve_job(job_log_dir, set_)[1]  # ConfigError -> exit 2 with what to do
-    if cfg.kind != "lm":
+    if not is_lm(cfg):
         fail(
             f"{job_log_dir} holds a {cfg.kind} job ({cfg.name}): there is no text to decode. `launch decode` "
             "samples from language-model jobs; evaluate this one with `launch eval --job-log-dir "

@@ -23,6 +23,7 @@ from equipax.launch.jobdir.storage import COMMIT_MARKER, AnyPath, is_remote, job
 if TYPE_CHECKING:
     from equipax.data import BaseInput
     from equipax.launch.program.program import Program
+    from equipax.launch.tasks import Inputs
 
 __all__ = ["eval_cmd", "EVAL_DIR", "EvalJob"]
 
@@ -206,11 +207,13 @@ class EvalJob:
         self.path.parent.mkdir(exist_ok=True)
         self.writer = MetricsWriter(self.job_dir, path=self.path, summaries=self.tb_dir.parent)
 
-    def _build_scorer(self, inputs: Any) -> None:
+    def _build_scorer(self, inputs: "Inputs") -> None:
+        from equipax.launch.configs.experiment import as_lm, is_lm
         from equipax.launch.inference.multiple_choice import multiple_choice_set
 
         mc = multiple_choice_set(self.multiple_choice_name, inputs.eval)
-        tokenizer, seq_len = inputs.extra.get("tokenizer"), getattr(self.cfg.data, "seq_len", None)
+        tokenizer = inputs.extra.get("tokenizer")
+        seq_len = as_lm(self.cfg).data.seq_len if is_lm(self.cfg) else None
         if mc is not None and (tokenizer is None or seq_len is None):
             raise ConfigError(
                 f"--multiple-choice scores text with a language model; this job ({self.cfg.name}) has no "

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -47,7 +47,9 @@ class DecodeSettings:
     seed: int = 0
 
 
-def prompt_rows(batch: dict[str, np.ndarray], prompt_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def prompt_rows(
+    batch: Mapping[str, np.ndarray | jax.Array], prompt_tokens: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Prompts `[batch prompt_tokens]`, each row's prompt length and whether the row is an example.
 
     A row's length is `prompt_tokens`, or fewer where the example itself is shorter (its labeled
@@ -191,7 +193,7 @@ def decode_metrics(metrics: Any, records: list[dict[str, Any]]) -> dict[str, flo
     return out
 
 
-def _gather(x: np.ndarray) -> np.ndarray:
+def _gather(x: np.ndarray | jax.Array) -> np.ndarray:
     """Every host's rows of a host-local array, in global batch order."""
     if jax.process_count() == 1:
         return np.asarray(x)

@@ -19,6 +19,7 @@ from equipax.core.knobs import ConfigError
 from equipax.data.metrics import MULTIPLE_CHOICE_SETS, MultipleChoiceSet
 
 if TYPE_CHECKING:
+    from equipax.data import BaseInput
     from equipax.launch.program.program import Program
 
 __all__ = ["check_set_name", "multiple_choice_set", "score_multiple_choice"]
@@ -34,7 +35,7 @@ def check_set_name(name: str | None) -> None:
         )
 
 
-def multiple_choice_set(name: str | None, eval_input: Any) -> MultipleChoiceSet | None:
+def multiple_choice_set(name: str | None, eval_input: "BaseInput") -> MultipleChoiceSet | None:
     """The set to score: the built-in `name`, else the eval input's own (None: none)."""
     if name is None:
         return eval_input.multiple_choice()

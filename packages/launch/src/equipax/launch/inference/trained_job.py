@@ -107,7 +107,7 @@ def local_mesh(cfg: ExperimentConfig) -> tuple[ExperimentConfig, jax.sharding.Me
         fitted = cfg.for_devices(n)
         if fitted.mesh.num_devices == n:
             return fitted, build_mesh(fitted.mesh), ""
-        stages = getattr(cfg.model, "pipeline_stages", 1)
+        stages = cfg.mesh.num_stages  # a pipelined model's (model.transformer.pipeline_stages)
         if stages > 1:  # its weights are stacked per stage: they restore onto the job's own mesh only
             raise ConfigError(
                 f"The job trained a pipelined model (model.transformer.pipeline_stages={stages}) on "
@@ -254,16 +254,13 @@ def _verify(folder: AnyPath, step: int, flat: dict[str, Any], *, remedy: str, lo
 
 
 def check_tokenizer(cfg: ExperimentConfig, job_dir: AnyPath) -> None:
-    """ConfigError when the job's vocabulary file is missing (reading the job must never train a
-    new one into its directory)."""
-    from equipax.launch.configs.experiment import as_lm
-    from equipax.launch.tasks.lm_data import tokenizer_path
+    """ConfigError when the job's own vocabulary file (its family's `vocabulary`, in the job
+    directory) is missing: reading the job must never train a new one into its directory."""
+    from equipax.launch.tasks import family
 
-    d: Any = cfg.data
-    if cfg.kind != "lm" or d.vocab_path:
-        return
-    path = tokenizer_path(as_lm(cfg), job_dir)
-    if path is not None and not path.exists():
+    job = job_path(job_dir)
+    path = family(cfg).vocabulary(cfg, job)
+    if path is not None and str(path.parent) == str(job) and not path.exists():
         raise ConfigError(
             f"{job_dir} has no {path.name} (the vocabulary the job trained with); copy it back from where the job ran."
         )

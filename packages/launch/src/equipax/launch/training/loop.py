@@ -27,8 +27,8 @@ from equipax.launch.jobdir.storage import AnyPath, job_path, rmtree
 from equipax.launch.jobdir.summaries import MetricsWriter
 from equipax.launch.program.attention import ATTENTION_KNOB, attention_record
 from equipax.launch.program.program import check_host_rows
-from equipax.launch.program.training import build_training
-from equipax.launch.tasks import family
+from equipax.launch.program.training import Training, build_training
+from equipax.launch.tasks import Inputs, family
 from equipax.launch.training.ahead import CompileAhead
 from equipax.launch.training.builtin_hooks import builtin_hooks
 from equipax.launch.training.finish import RunResult, finish
@@ -141,7 +141,7 @@ def local_device_memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / jax.local_device_count()
 
 
-def _compile_ahead(cfg: ExperimentConfig, training: Any, inputs: Any) -> CompileAhead | None:
+def _compile_ahead(cfg: ExperimentConfig, training: Training, inputs: Inputs) -> CompileAhead | None:
     """The run's train step, eval step and checksum program compiled on a background thread
     (`ahead.py`); None with JAX's automatic PGLE, which profiles the step's own calls."""
     if cfg.train.pgle.mode == "auto":
@@ -218,7 +218,8 @@ def _train(
     check_host_rows(training, inputs.train)
     layout = {"processes": jax.process_count(), "devices": int(mesh.devices.size), "mesh": dict(mesh.shape)}
     global_state = inputs.train.global_state
-    meta = resume_meta(cfg, job_dir, hosts=jax.process_count(), global_state=global_state, layout=layout)
+    fingerprint = fam.data_fingerprint(cfg, job_dir)
+    meta = resume_meta(cfg, fingerprint, hosts=jax.process_count(), global_state=global_state, layout=layout)
     checkpointer = Checkpointer(job_dir / "checkpoints", keep=cfg.train.keep_checkpoints, meta=meta)
     writer = MetricsWriter(job_dir, enabled=is_primary(), log=log)
     saved_meta: dict[str, Any] = {}
@@ -253,12 +254,8 @@ def _train(
     ahead = _compile_ahead(cfg, training, inputs)
     if ahead is not None:
         cleanup.callback(ahead.close)
-    if restored is None:
-        state = training.init_state()
-        if getattr(cfg.model, "init_from", None):  # a fresh run of model.init_from=hf:DIR
-            from equipax.launch.translators.hf_parity import init_from_hf
-
-            state = init_from_hf(training, state, log=log)
+    if restored is None:  # the family may load weights into it (model.init_from=hf:DIR)
+        state = fam.init_state(cfg, training.init_state(), model_sharding=training.model_sharding, log=log)
     if restored is not None:
         start, state, data_state, loop_state = restored
         if state.opt_state is None:  # a checkpoint of the model alone (hf-import's step 0)

@@ -1,5 +1,5 @@
 """Hugging Face model directories to job directories and back (`launch convert hf-import`,
-`hf-export`), each behind the logit-parity gate (`hf_parity.py`, which also has `model.init_from`).
+`hf-export`), each behind the logit-parity gate (`equipax.launch.tasks.hf_parity`, which also has `model.init_from`).
 
 Import reads config.json into the experiment's model (`equipax.models.hf.config`), builds the
 train state in the experiment's shardings with each device's shard read from the safetensors
@@ -21,10 +21,10 @@ from pathlib import Path
 
 from equipax.core.configs import LearnerConfig, MeshConfig, ScheduleConfig
 from equipax.core.knobs import ConfigError, apply_overrides, format_knobs, to_json
-from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
+from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm, is_lm
 from equipax.launch.configs.train import TrainConfig
 from equipax.launch.jobdir.storage import AnyPath
-from equipax.launch.translators.hf_parity import KL_LIMIT, architecture_diffs, gate
+from equipax.launch.tasks.hf_parity import KL_LIMIT, architecture_diffs, gate
 from equipax.models.hf.config import export_type_of, hf_config_from_lm, lm_config_from_hf, read_hf_config
 
 __all__ = [
@@ -183,11 +183,12 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
         (tmp / "knobs.txt").write_text(format_knobs(cfg, sources))
         source = {"source": str(directory.absolute()), "kl": kl, "kl_limit": KL_LIMIT, "tokenizer": copied}
         (tmp / "hf_import.json").write_text(json.dumps(source, indent=2) + "\n")
-        inputs = family(cfg).build_inputs(cfg, tmp, mesh=mesh, log=log)  # the tokenizer loads; the data's start state
+        fam = family(cfg)
+        inputs = fam.build_inputs(cfg, tmp, mesh=mesh, log=log)  # the tokenizer loads; the data's start state
         checkpointer = Checkpointer(
             tmp / "checkpoints",
             keep=cfg.train.keep_checkpoints,
-            meta=resume_meta(cfg, tmp, hosts=1, global_state=inputs.train.global_state),
+            meta=resume_meta(cfg, fam.data_fingerprint(cfg, tmp), hosts=1, global_state=inputs.train.global_state),
         )
         try:
             checkpointer.save(
@@ -228,7 +229,7 @@ def export_job(
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"--dtype must be float32, bfloat16 or float16; got {dtype!r}.")
     cfg = load_config(job_dir)
-    if cfg.kind != "lm":
+    if not is_lm(cfg):
         raise ConfigError(f"{job_dir} trained a {cfg.kind} model; only language models export to Hugging Face.")
     export_type_of(as_lm(cfg).model)  # refuses what has no Hugging Face equivalent before anything loads
     step = pick_step(job_dir, step)
