@@ -1,6 +1,7 @@
-"""What a program's softmax attention runs as on its mesh: `attention_impl="auto"` resolved for
-the mesh's platform, the training sequence length and dtype, for the run's record (knobs.txt's
-note, compile.json's `attention`)."""
+"""What a program's softmax attention runs as on its mesh, for the run's record (knobs.txt's note,
+compile.json's `attention`): the kernel its task was built with (`attention_impl="auto"` resolved
+once for the mesh's platform, the training sequence length and dtype:
+`equipax.core.nn.fused_attention.resolve_attention`)."""
 
 from typing import Any
 
@@ -8,7 +9,7 @@ from jax.sharding import Mesh
 
 from equipax.core.configs import CONTEXT
 from equipax.core.nn.fused_attention import attention_kernel, mesh_platform
-from equipax.launch.configs.experiment import ExperimentConfig, as_lm
+from equipax.launch.configs.experiment import ExperimentConfig, as_lm, is_lm
 
 __all__ = ["ATTENTION_KNOB", "attention_record"]
 
@@ -19,7 +20,7 @@ def attention_record(cfg: ExperimentConfig, mesh: Mesh) -> dict[str, Any] | None
     """What the train step's attention runs as on `mesh` (`attention_kernel`: "auto" resolved for
     the mesh's platform, the training sequence length and dtype), JSON-ready (compile.json's
     `attention`, knobs.txt's note); None for a model without softmax attention."""
-    if cfg.kind != "lm":
+    if not is_lm(cfg):
         return None
     lm = as_lm(cfg)
     transformer, platform = lm.model.transformer, mesh_platform(mesh)

@@ -22,7 +22,7 @@ from equipax.models.hf.config import lm_config_from_hf, read_hf_config
 if TYPE_CHECKING:
     from equipax.core.step import TrainState
 
-__all__ = ["architecture_diffs", "check_architecture", "gate", "init_from_hf", "KL_LIMIT"]
+__all__ = ["architecture_diffs", "check_architecture", "gate", "init_from_hf", "KL_LIMIT", "shaped_like"]
 
 KL_LIMIT = 1e-6  # nats per token: equipax's logits vs the numpy reference of the Hugging Face files
 
@@ -151,11 +151,21 @@ def gate(model: Any, directory: Path, what: str, *, rounded_to: str = "float32",
     return kl
 
 
+def shaped_like(model: Any, template: Any) -> Any:
+    """`model`'s arrays in the structure of `template`, the same model built for a task (whose
+    attention kernel is resolved for its mesh: `with_resolved_attention`); `template`'s own arrays
+    may be abstract."""
+    import jax
+
+    return jax.tree_util.tree_unflatten(jax.tree.structure(template), jax.tree.leaves(model))
+
+
 def init_from_hf(
     model_cfg: LMConfig, state: "TrainState[Any]", model_sharding: Any, *, log: Callable[[str], object]
 ) -> "TrainState[Any]":
     """`model.init_from=hf:DIR`: `state` with the model's weights read from DIR in the model's
-    shardings (`model_sharding`), behind the parity gate (called when a run starts with no checkpoint)."""
+    shardings (`model_sharding`), behind the parity gate (called when a run starts with no
+    checkpoint); the weights take the place of the state's (`shaped_like` its model)."""
     import equinox as eqx
 
     from equipax.models.hf.weights import load_lm
@@ -167,4 +177,5 @@ def init_from_hf(
     model = load_lm(directory, model_cfg, model_sharding.base if lora else model_sharding)
     kl = gate(model, directory, f"model.init_from={model_cfg.init_from}")
     log(f"Initialised from {directory} (parity gate: KL {kl:.2e} nats/token, limit {KL_LIMIT:g}).")
-    return eqx.tree_at(lambda s: s.model.base if lora else s.model, state, model)
+    where = (lambda s: s.model.base) if lora else (lambda s: s.model)
+    return eqx.tree_at(where, state, shaped_like(model, where(state)))

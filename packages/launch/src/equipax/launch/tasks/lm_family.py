@@ -123,11 +123,21 @@ class LMFamily(Family):
         return as_lm(cfg).data.seq_len
 
     def make_task(self, cfg: ExperimentConfig, mesh: "Mesh | None") -> "LMTask":
-        """The LMTask of `cfg` on `mesh`."""
+        """The LMTask of `cfg` on `mesh`, its attention kernel resolved for the mesh, the training
+        sequence length and the model's dtype (`equipax.core.nn.fused_attention.with_resolved_attention`:
+        `attention_impl="auto"` decided here, once; what knobs.txt and compile.json record)."""
+        import dataclasses
+
+        from equipax.core.nn.fused_attention import with_resolved_attention
         from equipax.models.lm_task import LMTask
 
         lm = as_lm(cfg)
-        return LMTask(lm.model, lm.data.seq_len, packed=lm.data.packing, mesh=mesh)
+        seq_len = lm.data.seq_len
+        transformer = with_resolved_attention(lm.model.transformer, mesh, seq_len=seq_len, dtype=lm.model.dtype)
+        model = (
+            lm.model if transformer is lm.model.transformer else dataclasses.replace(lm.model, transformer=transformer)
+        )
+        return LMTask(model, seq_len, packed=lm.data.packing, mesh=mesh)
 
     def build_inputs(
         self, cfg: ExperimentConfig, job_dir: AnyPath, *, mesh: "Mesh", log: Callable[[str], object]

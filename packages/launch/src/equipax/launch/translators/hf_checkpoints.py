@@ -24,7 +24,7 @@ from equipax.core.knobs import ConfigError, apply_overrides, format_knobs, to_js
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm, is_lm
 from equipax.launch.configs.train import TrainConfig
 from equipax.launch.jobdir.storage import AnyPath
-from equipax.launch.tasks.hf_parity import KL_LIMIT, architecture_diffs, gate
+from equipax.launch.tasks.hf_parity import KL_LIMIT, architecture_diffs, gate, shaped_like
 from equipax.models.hf.config import export_type_of, hf_config_from_lm, lm_config_from_hf, read_hf_config
 
 __all__ = [
@@ -174,6 +174,7 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
     # compiled or run), saved as a step-0 train state without an optimizer state.
     task = program.task
     assert isinstance(task, LMTask)
+    model = shaped_like(model, program.abstract_model.base if lora else program.abstract_model)
     model = eqx.filter_jit(lambda m: eqx.filter_shard(task.adapt(m, program.keys.init), shardings))(model)
     state = TrainState(step=jnp.zeros((), jnp.int32), model=model, opt_state=None)
     log(f"Parity gate: KL {kl:.2e} nats/token against the reference of {directory} (limit {KL_LIMIT:g}).")
