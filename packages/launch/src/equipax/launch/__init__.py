@@ -6,7 +6,9 @@ heavy imports); use the submodules. One folder per concern:
 - `configs/`: the config schemas (`ExperimentConfig`, `TrainConfig`, the data configs);
 - `experiments/`: the registry and the built-in experiment definitions;
 - `tasks/`: the task families (language model, image classifier) with the inputs they build;
-- `training/`: `build_training`, the one training loop and its hooks;
+- `program/`: an experiment's model on a mesh (`build_program`) and its training program
+  (`build_training`);
+- `training/`: the one training loop, where a run starts (`resume_or_start`) and its hooks;
 - `jobdir/`: the job directory (ownership and lock, checkpoints and checksums, resume checks,
   metrics and summaries, plots);
 - `inference/`: offline use of a trained job (`launch decode`, `launch eval`);
