@@ -36,8 +36,8 @@ from equipax.core.knobs import apply_overrides
 from equipax.core.mesh import build_mesh
 from equipax.core.task import trainable
 from equipax.launch.experiments.registry import get_experiment
+from equipax.launch.program.training import build_training
 from equipax.launch.tasks.lm_data import build_lm_inputs, build_tokenizer
-from equipax.launch.training.build import build_training
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "chat_sft.json"

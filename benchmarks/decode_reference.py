@@ -143,14 +143,14 @@ def load_reference(job: Path) -> tuple[Any, Any, Any, Any]:
     from equipax.core.optim import LearnerConfig
     from equipax.launch.configs.experiment import as_lm
     from equipax.launch.inference.trained_job import load_config, local_mesh, pick_step, restore_model
+    from equipax.launch.program.program import build_program
     from equipax.launch.tasks.lm_data import build_tokenizer
-    from equipax.launch.training.build import build_training
     from equipax.models.decode import for_decoding
 
     cfg = load_config(job)
     lm = as_lm(cfg)
     cfg, mesh, _ = local_mesh(cfg)
-    model, _ = restore_model(job, pick_step(job, None), build_training(cfg, mesh).abstract_state)
+    model, _ = restore_model(job, pick_step(job, None), build_program(cfg, mesh))
     # The reference decodes with its own attention: the training kernel, remat and learner do not apply.
     block = dataclasses.replace(lm.model.transformer, attention_impl="xla", remat="none")
     preset = Preset(

@@ -108,7 +108,7 @@ def compile_programs(exp: str, sets: Sequence[str], topology: str) -> dict[str, 
     from equipax.launch.commands.compile_command import _host_only_jax
     from equipax.launch.hardware.tpu import lookup_slice, topology_devices
     from equipax.launch.jobdir.checksums import lower_checksums
-    from equipax.launch.training.build import _initial_state, build_training
+    from equipax.launch.program.training import _initial_state, build_training
 
     _, cfg, _ = resolve(exp, list(sets))
     _host_only_jax()

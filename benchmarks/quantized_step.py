@@ -71,7 +71,7 @@ def train_step(run: str, devices: list[Any], roofline: Any, exp: str, sets: list
     from benchmarks.tpu.user_runs import RUNS
     from equipax.core.mesh import build_mesh
     from equipax.launch.aot.compile_step import compile_step
-    from equipax.launch.training.build import build_training
+    from equipax.launch.program.training import build_training
 
     _, knobs = RUNS[run]
     cfg = _config(exp, [*knobs, *sets], devices)
@@ -166,8 +166,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     jax.config.update("jax_platforms", "cpu")  # JAX's own backend: the compiles are for --topology
     from equipax.launch.aot.hlo_cost import Roofline
-    from equipax.launch.hardware.tpu import lookup_slice, topology_devices
     from equipax.launch.hardware.accelerators import ACCELERATORS
+    from equipax.launch.hardware.tpu import lookup_slice, topology_devices
 
     tpu = lookup_slice(args.topology)
     devices = list(topology_devices(tpu))

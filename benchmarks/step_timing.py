@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from equipax.core.mesh import build_mesh
-from equipax.launch.training.build import build_training
+from equipax.launch.program.training import build_training
 
 __all__ = ["PreparedStep", "Runner", "compile_all", "quartiles", "step_timer"]
 

@@ -1,6 +1,6 @@
 """Train-step benchmark: compile time, step time, tokens/s, model FLOP/s and MFU of the LM.
 
-Runs the real train step (`equipax.launch.training.build.build_training`: the step `launch run`
+Runs the real train step (`equipax.launch.program.training.build_training`: the step `launch run`
 executes, with the LM Task, the learner and the in-graph non-finite skip) on a fixed random
 batch, so the figures cover grad + optimizer update + metrics and nothing of the input pipeline.
 MFU is model FLOPs (analytic, `equipax.core.flops`, PaLM definition, no remat) per second over a

@@ -11,10 +11,10 @@ import jax
 
 from equipax.core.mesh import build_mesh
 from equipax.core.nn import TransformerConfig
-from equipax.core.nn.fused_attention import attention_kernel
+from equipax.core.nn.fused_attention import resolve_attention as resolve_kernel
 from equipax.core.optim import LearnerConfig
 from equipax.launch.configs.experiment import DataConfig, ExperimentConfig
-from equipax.launch.training.build import Training, build_training
+from equipax.launch.program.training import Training, build_training
 from equipax.models.lm import LMConfig
 
 
@@ -256,13 +256,13 @@ def preset_config(preset: Preset) -> ExperimentConfig:
 
 def resolve_attention(preset: Preset, platform: str | None = None) -> Preset:
     """`attention_impl="auto"` replaced by the kernel the model's train step computes with on
-    `platform` (default: JAX's), as `launch run` resolves and records it
-    (`equipax.core.nn.fused_attention.attention_kernel`, without a context axis: the plain side
+    `platform` (default: JAX's), resolved as `launch run`'s task resolves and records it
+    (`equipax.core.nn.fused_attention.resolve_attention`, without a context axis: the plain side
     has none), so the plain side runs the same one; other presets unchanged."""
     t = preset.model.transformer
     if t.attention_impl != "auto":
         return preset
-    kernel = attention_kernel(t, platform or jax.default_backend(), seq_len=preset.seq_len, dtype=preset.model.dtype)
+    kernel = resolve_kernel(t, platform or jax.default_backend(), seq_len=preset.seq_len, dtype=preset.model.dtype)
     if kernel is None:  # no softmax attention: no kernel to pick
         return preset
     return with_overrides(preset, scan=None, remat=None, attention=kernel)

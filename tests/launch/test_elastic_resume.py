@@ -96,19 +96,25 @@ def test_host_rows_must_be_the_contiguous_block_the_input_reads():
 
     from equipax.core.infeed import HostInfeed
     from equipax.core.knobs import ConfigError
-    from equipax.launch.training.build import check_host_rows
+    from equipax.launch.program.program import Program, check_host_rows
+
+    class Placed(Program):  # what check_host_rows reads of a process's program on a 4-device mesh
+        def __init__(self, blocks, infeed):
+            sharding = SimpleNamespace(
+                addressable_devices_indices_map=lambda shape: {
+                    d: (slice(*r), slice(*p)) for d, (r, p) in enumerate(blocks)
+                }
+            )
+            for name, value in dict(
+                batch_sharding=sharding, mesh=SimpleNamespace(shape={"data": 4}), infeed=infeed
+            ).items():
+                object.__setattr__(self, name, value)
+
+        def abstract_batch(self):
+            return {"ids": np.zeros((8, 4))}
 
     def training(*blocks, infeed):  # blocks: (rows, positions) each device holds
-        sharding = SimpleNamespace(
-            addressable_devices_indices_map=lambda shape: {d: (slice(*r), slice(*p)) for d, (r, p) in enumerate(blocks)}
-        )
-        batch = {"ids": np.zeros((8, 4))}
-        return SimpleNamespace(
-            abstract_batch=lambda: batch,
-            batch_sharding=sharding,
-            mesh=SimpleNamespace(shape={"data": 4}),
-            infeed=infeed,
-        )
+        return Placed(blocks, infeed)
 
     infeed, every = HostInfeed(num_infeed_hosts=2, infeed_host_index=1), (0, 4)  # every position
     host1 = SimpleNamespace(infeed_host_index=1, num_infeed_hosts=2, batch_size=4)

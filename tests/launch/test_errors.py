@@ -282,6 +282,21 @@ def test_job_tokenizer_corrupt(tmp_path):
     assert snapshot(job) == before
 
 
+def test_reading_a_job_without_its_vocabulary_never_trains_a_new_one(tmp_path):
+    """`launch decode` and `launch eval` of a job whose tokenizer.model is gone: exit 2 saying to
+    copy it back, and no vocabulary is trained into the job directory."""
+    job = tmp_path / "job"
+    code, out = invoke("run", "--job-log-dir", job, *set_args([*TOY, "train.num_steps=2", "train.sample.tokens=0"]))
+    assert code == 0, out
+    (job / "tokenizer.model").unlink()
+    before = snapshot(job)
+    for args in (("decode", "--prompt", "ROMEO:", "--max-new-tokens", 2), ("eval",)):
+        code, out = invoke(args[0], "--job-log-dir", job, *args[1:])
+        assert code == 2, out
+        assert_one_paragraph(out, "has no tokenizer.model", "copy it back")
+    assert snapshot(job) == before
+
+
 def test_nan_loss_skip(tmp_path):
     job = tmp_path / "job"
     code, out = run(job, "train.num_steps=6", "train.debug_nan_steps=(3,)")

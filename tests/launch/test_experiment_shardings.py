@@ -113,7 +113,7 @@ def test_the_experiments_logical_axis_rules_reach_the_train_state_shardings(monk
     """`--set mesh.logical_axis_rules=...` is what build_training shards the train state by."""
     import jax
 
-    import equipax.launch.training.build as build
+    import equipax.launch.program.training as build
     from equipax.core.knobs import apply_overrides
     from equipax.core.mesh import build_mesh
     from equipax.launch.experiments.registry import get_experiment

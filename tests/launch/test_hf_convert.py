@@ -70,6 +70,49 @@ def test_import_then_export_is_bit_exact_for_any_shard_size(jobs, family, tmp_pa
         assert lm_config_from_hf(read_hf_config(out)) == lm_config_from_hf(read_hf_config(FIXTURES / family))
 
 
+def test_an_import_holds_the_model_alone_and_trains_as_a_step_0_train_state_would(jobs, tmp_path):
+    """hf-import's step-0 checkpoint holds the model and no optimizer state (an import builds no
+    optimizer); `launch run` starts the optimizer from it, and trains to the very state that a
+    step-0 checkpoint holding the optimizer's initial state beside the model trains to."""
+    import equinox as eqx
+
+    from equipax.core.step import init_train_state
+    from equipax.launch.inference.trained_job import load_config, local_mesh
+    from equipax.launch.jobdir.checkpoints import Checkpointer, read_json
+    from equipax.launch.program.training import build_training
+    from helpers.toy import persistent_compile_cache
+
+    alone, full = tmp_path / "alone", tmp_path / "full"
+    shutil.copytree(jobs["qwen3"], alone)
+    names = json.loads((alone / "checkpoints" / "0" / "digests" / "metadata").read_text())["arrays"]
+    assert any(k.startswith(".model.") for k in names) and not any(k.startswith(".opt_state") for k in names)
+    shutil.copytree(alone, full)
+    cfg, mesh, _ = local_mesh(load_config(full))
+    training = build_training(cfg, mesh)
+    saved = Checkpointer(full / "checkpoints", keep=1)
+    restored = saved.restore_latest(training.abstract_state)
+    saved.close()
+    assert restored is not None and restored[1].opt_state is None
+    _, state, data_state, _ = restored
+    state = eqx.filter_jit(
+        lambda m: eqx.filter_shard(init_train_state(m, training.learner.optimizer), training.state_sharding)
+    )(state.model)
+    shutil.rmtree(full / "checkpoints")
+    meta = read_json(alone / "checkpoints" / "0" / "meta" / "metadata")
+    writer = Checkpointer(full / "checkpoints", keep=1, meta=meta)
+    writer.save(0, state, data_state, loop_state={})
+    writer.close()
+
+    short = [f"train.{k}={v}" for k, v in dict(num_steps=2, eval_every=2, checkpoint_every=2, eval_batches=1).items()]
+    digests = []
+    with persistent_compile_cache(tmp_path / "jax-cache"):
+        for job in (alone, full):
+            code, output = invoke("run", "--job-log-dir", job, *[a for s in short for a in ("--set", s)])
+            assert code == 0 and "Resumed from step 0" in output, output
+            digests.append(json.loads((job / "result.json").read_text())["state_digest"])
+    assert digests[0] == digests[1]
+
+
 def test_export_reimports_bit_exact_and_is_laid_out_as_hugging_face(jobs, tmp_path):
     job = jobs["llama3_2"]  # tied, rope-scaled
     assert invoke("convert", "hf-export", "--job-log-dir", job, "--out", tmp_path / "a")[0] == 0
@@ -244,7 +287,7 @@ def test_sharded_import_and_export_from_any_mesh_give_the_same_numbers_and_files
     import numpy as np
     from helpers.cli import invoke
     from equipax.launch.inference.trained_job import load_config, local_mesh, restore_model
-    from equipax.launch.training.build import build_training
+    from equipax.launch.program.program import build_program
     from equipax.models.hf.weights import gate_ids, model_logits
 
     fixture, tmp = Path({str(FIXTURES / "llama3_2")!r}), Path({str(tmp_path)!r})
@@ -262,8 +305,7 @@ def test_sharded_import_and_export_from_any_mesh_give_the_same_numbers_and_files
         code, out = invoke("convert", "hf-import", fixture, "--out", job, "--set", "data.source=synthetic", *sets)
         assert code == 0, out
         cfg, mesh, _ = local_mesh(load_config(job))
-        training = build_training(cfg, mesh)
-        model, _ = restore_model(job, 0, training.abstract_state)
+        model, _ = restore_model(job, 0, build_program(cfg, mesh))
         shards = {{len(a.sharding.device_set) for a in __import__("jax").tree.leaves(model)}}
         assert shards == ({{1}} if name == "one" else {{8}}), (name, shards)
         logits[name] = model_logits(model, gate_ids(cfg.model, 64))

@@ -114,7 +114,7 @@ def test_resume_equals_uninterrupted(tmp_path, monkeypatch):
 
 
 def _resume_equals_uninterrupted(tmp_path, monkeypatch):
-    from equipax.launch.training.build import Training
+    from equipax.launch.program.training import Training
 
     common = ("train.log_every=5", "train.eval_every=10", "train.checkpoint_every=10")
     full = invoke("run", "--job-log-dir", str(tmp_path / "full"), *sets("train.num_steps=20", *common))

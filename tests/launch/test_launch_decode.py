@@ -96,6 +96,27 @@ def test_decode_samples_reproducibly_by_seed(job):
     assert tokens[0] == tokens[1] and len(tokens[0]) == 6
 
 
+def test_decode_and_eval_build_the_model_and_never_a_learner_or_train_step(job, tmp_path, monkeypatch):
+    """Reading a job builds its model on a mesh (`build_program`): no learner, optimizer state or
+    train step is built for `launch decode` (prompts or a split) or `launch eval`."""
+    import equipax.launch.program.training as training
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("reading a job built the training program")
+
+    for name in ("build_training", "make_learner", "make_train_step"):
+        monkeypatch.setattr(training, name, refuse)
+    copy = tmp_path / "job"
+    shutil.copytree(job, copy)
+    for args in (
+        ("decode", "--job-log-dir", copy, "--prompt", "ROMEO:", "--max-new-tokens", 2, "--output", "-"),
+        ("decode", "--job-log-dir", copy, "--split", "eval", "--max-examples", 2, "--max-new-tokens", 2),
+        ("eval", "--job-log-dir", copy),
+    ):
+        result = invoke(*args)
+        assert result.exit_code == 0, f"{args[0]}: {result.output}\n{result.exception!r}"
+
+
 def test_each_prompt_gets_its_own_room_whatever_shares_its_batch(job, tmp_path):
     """A prompt's room is `min(--max-new-tokens, max_seq_len - its own length)`: short prompts
     batched with one near max_seq_len (32 here) are continued as when decoded alone (greedy), at

@@ -77,7 +77,7 @@ def test_every_family_smoke_trains_on_its_8_device_mesh():
     import equinox as eqx
     from equipax.core.mesh import build_mesh
     from equipax.launch.experiments.registry import get_experiment
-    from equipax.launch.training.build import build_training
+    from equipax.launch.program.training import build_training
 
     report, seen = {{}}, {{}}
     for name in {SMOKES!r}:

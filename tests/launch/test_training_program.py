@@ -55,7 +55,7 @@ def test_run_executes_the_program_compile_reports():
         from equipax.launch.hardware.accelerators import ACCELERATORS
         from equipax.launch.experiments.registry import get_experiment
         from equipax.launch.tasks import family
-        from equipax.launch.training.build import build_training
+        from equipax.launch.program.training import build_training
         from equipax.launch.training.loop import build_run_mesh
 
         cfg = get_experiment("lm_cloud_2b_smoke")
@@ -83,7 +83,7 @@ def test_every_family_builds_through_build_training():
     from equipax.core.mesh import build_mesh
     from equipax.core.step import TrainState
     from equipax.launch.experiments.registry import entries
-    from equipax.launch.training.build import build_training
+    from equipax.launch.program.training import build_training
 
     kinds = set()
     for entry in entries():
@@ -287,7 +287,7 @@ def test_variational_noise_knobs_reach_the_train_step_and_a_regex_matching_nothi
     from equipax.core.knobs import ConfigError, apply_overrides
     from equipax.core.mesh import build_mesh
     from equipax.launch.experiments.registry import get_experiment
-    from equipax.launch.training.build import build_training
+    from equipax.launch.program.training import build_training
     from helpers.toy import TOY
 
     def program(*sets):
@@ -304,3 +304,39 @@ def test_variational_noise_knobs_reach_the_train_step_and_a_regex_matching_nothi
         ConfigError, match=r"train\.vn\.vn_regex='nothing' matches no trained parameter.*embedding/weight"
     ):
         program("train.vn.vn_scale=0.01", "train.vn.vn_regex=nothing")
+
+
+@pytest.mark.parametrize(
+    ("platform", "sets", "kernel"),
+    [
+        ("cpu", [], "xla"),
+        ("tpu", [], "splash"),
+        ("tpu", ["data.seq_len=96"], "xla"),  # splash needs 128 x k positions
+        ("gpu", ["model.dtype='bfloat16'", "model.transformer.atten_logit_cap=None"], "cudnn"),
+        ("gpu", ["model.dtype='bfloat16'"], "xla"),  # cuDNN has no logit cap
+    ],
+)
+def test_the_program_runs_the_attention_kernel_its_run_records(platform, sets, kernel, monkeypatch):
+    """attention_impl='auto' is resolved once, when the task is built on its mesh: every attention
+    layer of the program's model runs the kernel that knobs.txt and compile.json record for it."""
+    import jax
+
+    import equipax.launch.program.attention as record
+    from equipax.core.knobs import apply_overrides
+    from equipax.core.mesh import build_mesh
+    from equipax.core.nn import fused_attention
+    from equipax.core.nn.self_attention import Attention
+    from equipax.launch.experiments.registry import get_experiment
+    from equipax.launch.program.program import build_program
+
+    for module in (fused_attention, record):  # the mesh's platform, as an AOT compile for it sees it
+        monkeypatch.setattr(module, "mesh_platform", lambda mesh: platform)
+    cfg, _ = apply_overrides(get_experiment("shakespeare_tiny"), sets)
+    mesh = build_mesh(cfg.mesh, jax.devices()[:1])
+    program = build_program(cfg, mesh, feeds_batches=False)
+    layers = jax.tree.leaves(program.abstract_model, is_leaf=lambda x: isinstance(x, Attention))
+    assert {m.impl for m in layers if isinstance(m, Attention)} == {kernel}
+    assert record.attention_record(cfg, mesh) == {
+        "knob": "model.transformer.attention_impl", "value": "auto", "kernel": kernel, "platform": platform,
+        "seq_len": cfg.data.seq_len, "dtype": cfg.model.dtype,
+    }  # fmt: skip

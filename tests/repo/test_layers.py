@@ -35,19 +35,8 @@ SAME_LAYER: dict[str, set[str]] = {
 }
 
 # KNOWN: imports that break the order today, `(importer, imported module)`, each until the code it
-# needs moves down. All of them reach up for what a `Program` (layer 3: the model of an experiment
-# on a mesh, without an optimizer) will give: the lead empties this list when `program/` lands.
-# An entry that no longer breaks the order fails the test: delete it then.
-KNOWN: set[tuple[str, str]] = {
-    # `launch compile` and remat="auto" compile the train step that build_training builds
-    ("equipax.launch.aot.compile_step", "equipax.launch.training.build"),
-    ("equipax.launch.aot.remat", "equipax.launch.training.build"),
-    ("equipax.launch.aot.report", "equipax.launch.training.build"),
-    # `launch decode --split eval` builds a Training for the abstract state it restores
-    ("equipax.launch.inference.decode_dataset", "equipax.launch.training.build"),
-    # model.init_from=hf:DIR: the run's first state read from a Hugging Face directory
-    ("equipax.launch.training.loop", "equipax.launch.translators.hf_parity"),
-}
+# needs moves down (empty: none). An entry that no longer breaks the order fails the test: delete it then.
+KNOWN: set[tuple[str, str]] = set()
 
 
 def _unit(module: str) -> str:

@@ -61,6 +61,7 @@ __all__ = [
     "declared_axes",
     "leaf_axes",
     "LOGICAL_TO_MESH",
+    "model_shardings",
     "named",
     "param_specs",
     "Rules",
@@ -239,6 +240,19 @@ def param_specs(params: PyTree, mesh: Mesh | AbstractMesh, rules: Rules | None =
 def named(specs: PyTree, mesh: Mesh) -> PyTree:
     """PartitionSpecs -> NamedShardings on `mesh` (None stays None)."""
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def model_shardings(model: PyTree, mesh: Mesh, rules: Rules | None = None) -> PyTree:
+    """NamedShardings of a model's arrays (concrete or `jax.ShapeDtypeStruct`s) from its layers'
+    logical axes: the structure of `eqx.filter(model, eqx.is_array)` (the model part of
+    `train_state_shardings`).
+
+    Arguments:
+        model: the model.
+        mesh: the device mesh.
+        rules: logical axis -> mesh axis (default `LOGICAL_TO_MESH`).
+    """
+    return named(param_specs(eqx.filter(model, _is_array), mesh, rules), mesh)
 
 
 def train_state_shardings(

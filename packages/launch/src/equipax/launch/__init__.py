@@ -12,9 +12,12 @@ layer or lower (docs/extending.md, "Layers of equipax.launch"; tests/repo/test_l
 - 2: `tasks/`: the task families with the inputs they build; `experiments/`: the registry and
   the built-in experiments; `jobdir/`: the job directory (ownership, checkpoints and checksums,
   metrics and summaries, plots);
+- 3: `program/`: an experiment's model on a mesh (`build_program`) and its training program
+  (`build_training`);
 - 4: `aot/`: ahead-of-time compile reports (`launch compile`); `inference/`: offline use of a
   trained job (`launch decode`, `launch eval`); `bench/`: `launch bench`;
-- 5: `training/`: `build_training`, the one training loop, its hooks, the resume checks;
+- 5: `training/`: the one training loop, where a run starts (`resume_or_start`), its hooks, the
+  resume checks;
 - 6: `translators/`: other frameworks' configs and checkpoints (MaxText, Hugging Face);
 - 7: `errors.py` (what a failure prints) and `commands/` (the CLI commands); 8: `cli.py`.
 """

@@ -8,11 +8,14 @@
 - "auto": the best of these the platform has, else "xla".
 
 The platform is the one the program is lowered for: the mesh's devices (an ahead-of-time compile
-for a TPU topology lowers for TPU on a CPU host), else JAX's default backend. All kernels take
+for a TPU topology lowers for TPU on a CPU host), else JAX's default backend. A model built for a
+mesh (the launcher's task) gets its kernel resolved once, from the mesh, the sequence length and
+the dtype (`resolve_attention`, `with_resolved_attention`): its layers then run that kernel. All kernels take
 the same arguments as `reference_attention` (grouped-query heads, packed segments, a sliding
 window) and agree with it (tests/core/test_attention_impl.py, tests/core/test_attention_kernels.py).
 """
 
+import dataclasses
 import math
 from typing import Any, Literal
 
@@ -25,10 +28,12 @@ from jaxtyping import Array, Float, Int
 
 from equipax.core.configs import TransformerConfig
 from equipax.core.knobs import ConfigError
-from equipax.core.mesh_config import BATCH_AXES, TENSOR
+from equipax.core.mesh_config import BATCH_AXES, CONTEXT, TENSOR
 
 __all__ = [
     "attention_kernel",
+    "resolve_attention",
+    "with_resolved_attention",
     "AttentionImpl",
     "block_attention_impl",
     "cudnn_attention",
@@ -149,11 +154,59 @@ def block_attention_impl(cfg: TransformerConfig) -> AttentionImpl:
     return "xla" if cfg.attention_impl == "auto" and nested else cfg.attention_impl
 
 
+def resolve_attention(
+    cfg: TransformerConfig, platform: str, *, seq_len: int, dtype: Any, context: int = 1
+) -> Literal["xla", "cudnn", "splash"] | None:
+    """The kernel a transformer's softmax attention runs with, decided once for where it runs:
+    `cfg.attention_impl` ("auto" picks per `resolve_attention_impl`), except that "auto" is "xla"
+    inside a pipeline stage or a shard_map block (`block_attention_impl`) and on a `context` axis
+    (`equipax.core.nn.self_attention.Attention` runs splash per chunk there only when asked to).
+
+    Arguments:
+        cfg: the transformer config.
+        platform: "cpu", "gpu" or "tpu" (`mesh_platform`).
+        seq_len: positions per sequence (the whole row, before a `context` axis splits it).
+        dtype: the activations' dtype.
+        context: the mesh's `context` axis size.
+
+    Returns:
+        "xla", "cudnn" or "splash"; None for `attention="linear"` (no kernel to pick).
+
+    Raises:
+        ConfigError: the kernel asked for cannot run on this platform, sequence length or dtype.
+    """
+    if cfg.attention != "softmax":
+        return None
+    impl = block_attention_impl(cfg)
+    if context > 1 and impl != "splash":
+        return "xla"
+    return resolve_attention_impl(impl, platform, seq_len=seq_len, dtype=dtype, logit_cap=cfg.atten_logit_cap)
+
+
+def with_resolved_attention(
+    cfg: TransformerConfig, mesh: Mesh | None, *, seq_len: int, dtype: Any
+) -> TransformerConfig:
+    """`cfg` with `attention_impl` resolved for `mesh` (`resolve_attention`: its platform and
+    `context` axis), as a Task built on the mesh gives its model.
+
+    Arguments:
+        cfg: the transformer config.
+        mesh: the device mesh (None: JAX's default backend, no `context` axis).
+        seq_len: positions per sequence the model is trained and evaluated on.
+        dtype: the activations' dtype.
+    """
+    context = int(dict(mesh.shape).get(CONTEXT, 1)) if mesh is not None else 1
+    kernel = resolve_attention(cfg, mesh_platform(mesh), seq_len=seq_len, dtype=dtype, context=context)
+    if kernel is None or kernel == cfg.attention_impl:
+        return cfg
+    return dataclasses.replace(cfg, attention_impl=kernel)
+
+
 def attention_kernel(
     cfg: TransformerConfig, platform: str, *, seq_len: int, dtype: Any, context: int = 1
 ) -> str | None:
     """The kernel a transformer's training step computes softmax attention with, for the record
-    (what `attention_impl="auto"` resolved to: knobs.txt, compile.json).
+    (what `attention_impl="auto"` resolved to: knobs.txt, compile.json): `resolve_attention`'s.
 
     Arguments:
         cfg: the transformer config.
@@ -167,13 +220,10 @@ def attention_kernel(
         (`equipax.core.nn.self_attention.Attention`: splash per chunk there, else XLA's blocks),
         e.g. "splash (ring)"; None for `attention="linear"` (no kernel to pick).
     """
-    if cfg.attention != "softmax":
-        return None
-    impl = block_attention_impl(cfg)
-    if context > 1:
-        kernel = "splash" if impl == "splash" else "xla"
-        return f"{kernel} ({cfg.context_parallel_strategy})"
-    return resolve_attention_impl(impl, platform, seq_len=seq_len, dtype=dtype, logit_cap=cfg.atten_logit_cap)
+    kernel = resolve_attention(cfg, platform, seq_len=seq_len, dtype=dtype, context=context)
+    if kernel is None or context == 1:
+        return kernel
+    return f"{kernel} ({cfg.context_parallel_strategy})"
 
 
 def cudnn_attention(

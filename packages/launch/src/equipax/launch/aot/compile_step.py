@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from equipax.launch.aot.memory import memory_figures, out_of_memory_figures
-from equipax.launch.training.build import Training
+from equipax.launch.program.training import Training
 
 __all__ = ["compile_step", "CompiledStep", "per_device_bytes"]
 

@@ -1,6 +1,6 @@
 """The pipeline section of `launch compile`'s report: stages, schedule, microbatches, bubble.
 
-The figures are `launch show`'s (`equipax.launch.tasks.lm_family.numbers`, analytic from the config);
+The figures are `launch show`'s (`equipax.launch.tasks.lm_family.LMFamily.numbers`, analytic from the config);
 this module picks them out of the family's numbers, so the two commands cannot disagree.
 """
 

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 
 from equipax.core.configs import REMAT_POLICIES
-from equipax.core.knobs import ConfigError, set_knob, to_dict
+from equipax.core.knobs import ConfigError, flatten, set_knob, to_dict
 from equipax.launch.aot.compile_step import compile_step
 from equipax.launch.aot.hlo_cost import Roofline, program_cost
 from equipax.launch.aot.remat_search import Outcome, search
@@ -63,8 +63,7 @@ GIB = 2**30
 
 def is_auto(cfg: ExperimentConfig) -> bool:
     """Whether `cfg` asks for its remat policy to be chosen by compiling."""
-    transformer = getattr(cfg.model, "transformer", None)
-    return getattr(transformer, "remat", None) == "auto"
+    return flatten(cfg).get(KNOB) == "auto"
 
 
 def candidate_policies(platform: str) -> tuple[str, ...]:
@@ -248,7 +247,7 @@ def choose_remat(
     Raises:
         ConfigError: no candidate fits (exit 2, naming the knob and the fixes).
     """
-    from equipax.launch.training.build import build_training
+    from equipax.launch.program.training import build_training
 
     budget = int(budget_gib * (1 - margin) * GIB)
     own = own_policy(cfg)

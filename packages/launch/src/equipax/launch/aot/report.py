@@ -19,7 +19,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh
 
-from equipax.core.knobs import ConfigError
+from equipax.core.knobs import ConfigError, flatten
 from equipax.core.mesh import build_mesh
 from equipax.launch.aot.compile_step import compile_step, per_device_bytes
 from equipax.launch.aot.context_report import comparison_lines
@@ -29,8 +29,9 @@ from equipax.launch.aot.pipeline_report import pipeline_lines, pipeline_section
 from equipax.launch.aot.remat import choose_remat, format_remat_table, is_auto
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.hardware.accelerators import Accelerator
+from equipax.launch.program.attention import attention_record
+from equipax.launch.program.training import build_training
 from equipax.launch.tasks import family
-from equipax.launch.training.build import attention_record, build_training
 
 __all__ = [
     "check_compile_devices",
@@ -188,7 +189,7 @@ def _flops_and_projection(
     peak_step_s = step_flops / (devices * target.peak_tflops * 1e12)
     # model.quantization int8 / fp8: the block's projections, forward and backward, run quantized
     # (docs/quantization.md); the peak above stays the bf16 one, as MFU is counted.
-    quantization = getattr(cfg.model, "quantization", "none")
+    quantization = flatten(cfg).get("model.quantization", "none")
     projections = flops.get("qkv_projection", 0.0) + flops.get("output_projection", 0.0) + flops.get("mlp", 0.0)
     quantized = projections / flops["forward"] if quantization in ("int8", "fp8") and flops["forward"] else 0.0
     return {

@@ -136,7 +136,9 @@ def print_maxtext(cfg: Any) -> None:
     """`launch show --format maxtext`: the experiment as MaxText 0.2.5 config keys (YAML)."""
     import yaml
 
-    if cfg.kind != "lm" or "model.transformer.num_layers" not in flatten(cfg):
+    from equipax.launch.configs.experiment import is_lm
+
+    if not is_lm(cfg) or "model.transformer.num_layers" not in flatten(cfg):
         fail(f"{cfg.name} is not a language model of the decoder stack; only those translate to MaxText.")
     try:
         t = to_maxtext(flatten(cfg))

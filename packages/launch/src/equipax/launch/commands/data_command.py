@@ -5,7 +5,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 import typer
@@ -13,6 +13,9 @@ import typer
 from equipax.core.knobs import ConfigError
 from equipax.launch.commands.common import check_output, err, out, path_option
 from equipax.launch.commands.common import fail as _fail
+
+if TYPE_CHECKING:
+    from equipax.data import BaseInput
 
 __all__ = ["batch_report", "data_app", "InputOption", "inspect", "MalformedOption", "prepare", "SplitByOption", "vocab"]
 
@@ -185,7 +188,7 @@ def vocab(
     )
 
 
-def batch_report(inp: Any, batch: Mapping[str, Any], index: int, rows: int) -> dict[str, Any]:
+def batch_report(inp: "BaseInput", batch: Mapping[str, Any], index: int, rows: int) -> dict[str, Any]:
     """Shapes, dtypes, padding/weight statistics and decoded rows of one batch."""
     weights = batch.get("weights")
     report: dict[str, Any] = {
@@ -227,6 +230,7 @@ def inspect(
 ) -> None:
     """Print the first batches host HOST of HOSTS would read: shapes, padding, weights, decoded text."""
     from equipax.core.knobs import apply_overrides
+    from equipax.launch.configs.experiment import is_lm
     from equipax.launch.experiments import registry
     from equipax.launch.tasks.lm_data import TOKENIZER_FILE, build_lm_inputs, build_tokenizer
 
@@ -242,7 +246,7 @@ def inspect(
         _fail(f"--batches must be >= 1 and --rows >= 0; got {batches} and {rows}.")
     try:
         cfg, _ = apply_overrides(registry.get_experiment(exp), set_ or [])
-        if registry.lookup(exp).kind != "train" or cfg.kind != "lm":
+        if registry.lookup(exp).kind != "train" or not is_lm(cfg):
             raise ConfigError(
                 f"`launch data inspect` shows the token batches of language-model experiments; {exp!r} is not one."
             )

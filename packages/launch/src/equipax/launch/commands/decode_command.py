@@ -116,9 +116,10 @@ def decode_cmd(
     _check_seed(seed)
 
     from equipax.launch.cluster.devices import use_cpu_devices
+    from equipax.launch.configs.experiment import is_lm
 
     cfg = resolve_job(job_log_dir, set_)[1]  # ConfigError -> exit 2 with what to do
-    if cfg.kind != "lm":
+    if not is_lm(cfg):
         fail(
             f"{job_log_dir} holds a {cfg.kind} job ({cfg.name}): there is no text to decode. `launch decode` "
             "samples from language-model jobs; evaluate this one with `launch eval --job-log-dir "
@@ -269,8 +270,8 @@ def _decode(
     from equipax.launch.configs.experiment import as_lm
     from equipax.launch.inference.sampling import decode_texts, encode_prompts
     from equipax.launch.inference.trained_job import check_tokenizer, local_mesh, pick_step, restore_model
+    from equipax.launch.program.program import build_program
     from equipax.launch.tasks.lm_data import build_tokenizer
-    from equipax.launch.training.build import build_training
     from equipax.models.decode import for_decoding
 
     step = pick_step(job_dir, step)
@@ -293,8 +294,7 @@ def _decode(
     cfg, mesh, note = local_mesh(cfg)
     if note:
         err.print(note, highlight=False)
-    training = build_training(cfg, mesh)
-    model, _ = restore_model(job_dir, step, training.abstract_state)
+    model, _ = restore_model(job_dir, step, build_program(cfg, mesh))
     model = for_decoding(model)  # a LoRA job's merge, model.quantization's int8 copy: made once
     err.print(f"{cfg.name}: step {step} of {job_dir} on {mesh.size} device(s).", highlight=False)
     key = jax.random.key(seed)

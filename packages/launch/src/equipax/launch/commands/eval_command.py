@@ -10,7 +10,7 @@ second `launch eval` skips the steps already recorded.
 import json
 import math
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,6 +19,11 @@ from equipax.launch.commands.common import CpuDevicesOption, JobSetOption, err, 
 from equipax.launch.commands.decode_command import JobDirOption
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.store.storage import COMMIT_MARKER, AnyPath, is_remote, job_path, mtime
+
+if TYPE_CHECKING:
+    from equipax.data import BaseInput
+    from equipax.launch.program.program import Program
+    from equipax.launch.tasks import Inputs
 
 __all__ = ["eval_cmd", "EVAL_DIR", "EvalJob"]
 
@@ -119,7 +124,8 @@ class EvalJob:
         self.path: AnyPath = self.job_dir / EVAL_DIR / "metrics.jsonl"
         self.tb_dir: AnyPath = self.job_dir / "summaries" / EVAL_DIR
         self.done: set[int] = {int(r["step"]) for r in read_metrics(self.path)} if self.path.exists() else set()
-        self.program: tuple[Any, Any, str] | None = None  # (training, eval input, unit), at the first checkpoint
+        # (program, eval input, unit), at the first checkpoint
+        self.program: tuple[Program, BaseInput, str] | None = None
         self.writer: Any = None  # MetricsWriter, at the first checkpoint
         self.unreadable: list[int] = []  # steps whose checkpoint did not restore: skipped, nothing recorded
 
@@ -187,8 +193,8 @@ class EvalJob:
     def _build(self) -> None:
         from equipax.launch.inference.trained_job import check_tokenizer, local_mesh
         from equipax.launch.jobdir.summaries import MetricsWriter
+        from equipax.launch.program.program import build_program
         from equipax.launch.tasks import family
-        from equipax.launch.training.build import build_training
 
         check_tokenizer(self.cfg, self.job_dir)
         cfg, mesh, note = local_mesh(self.cfg)
@@ -196,16 +202,18 @@ class EvalJob:
             err.print(note, highlight=False)
         fam = family(cfg)
         inputs = fam.build_inputs(cfg, self.job_dir, mesh=mesh, log=lambda m: err.print(m, highlight=False))
-        self.program = (build_training(cfg, mesh), inputs.eval, fam.UNIT)
+        self.program = (build_program(cfg, mesh), inputs.eval, fam.UNIT)
         self._build_scorer(inputs)
         self.path.parent.mkdir(exist_ok=True)
         self.writer = MetricsWriter(self.job_dir, path=self.path, summaries=self.tb_dir.parent)
 
-    def _build_scorer(self, inputs: Any) -> None:
+    def _build_scorer(self, inputs: "Inputs") -> None:
+        from equipax.launch.configs.experiment import as_lm, is_lm
         from equipax.launch.inference.multiple_choice import multiple_choice_set
 
         mc = multiple_choice_set(self.multiple_choice_name, inputs.eval)
-        tokenizer, seq_len = inputs.extra.get("tokenizer"), getattr(self.cfg.data, "seq_len", None)
+        tokenizer = inputs.extra.get("tokenizer")
+        seq_len = as_lm(self.cfg).data.seq_len if is_lm(self.cfg) else None
         if mc is not None and (tokenizer is None or seq_len is None):
             raise ConfigError(
                 f"--multiple-choice scores text with a language model; this job ({self.cfg.name}) has no "
@@ -213,7 +221,7 @@ class EvalJob:
             )
         self.scorer = None if mc is None else (mc, tokenizer, seq_len)
 
-    def _score(self, model: Any, training: Any, rows: int) -> dict[str, float]:
+    def _score(self, model: Any, program: "Program", rows: int) -> dict[str, float]:
         from equipax.launch.inference.multiple_choice import score_multiple_choice
 
         if self.scorer is None:
@@ -222,7 +230,7 @@ class EvalJob:
         return score_multiple_choice(
             mc,
             model,
-            training,
+            program,
             tokenizer,
             seq_len=seq_len,
             rows_per_batch=rows,
@@ -237,11 +245,11 @@ class EvalJob:
         if self.program is None:
             self._build()
         assert self.program is not None
-        training, eval_input, unit = self.program
+        program, eval_input, unit = self.program
         start = time.monotonic()
         try:
             model, model_state = restore_model(
-                self.job_dir, step, training.abstract_state, remedy=SKIPPED, log=lambda m: err.print(m, highlight=False)
+                self.job_dir, step, program, remedy=SKIPPED, log=lambda m: err.print(m, highlight=False)
             )
         except CheckpointUnreadable as e:
             err.print(f"warning: {e}", highlight=False)
@@ -258,8 +266,8 @@ class EvalJob:
                 self.done.add(step)
                 return
             raise
-        m = eval_pass(training, eval_input, model, model_state, limit=self.cfg.train.eval_batches)
-        scored = self._score(model, training, eval_input.batch_size)
+        m = eval_pass(program, eval_input, model, model_state, limit=self.cfg.train.eval_batches)
+        scored = self._score(model, program, eval_input.batch_size)
         record = eval_record(m, unit) | scored | {"seconds": time.monotonic() - start}
         try:
             self.writer.write(step, EVAL_DIR, record, flush=True)

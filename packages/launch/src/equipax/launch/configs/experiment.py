@@ -25,6 +25,7 @@ __all__ = [
     "ImageDataConfig",
     "LMExperiment",
     "as_lm",
+    "is_lm",
 ]
 
 
@@ -159,8 +160,13 @@ class LMExperiment(Protocol):
     def num_steps(self) -> int: ...
 
 
+def is_lm(cfg: ExperimentConfig) -> bool:
+    """Whether `cfg` is a language-model experiment (its data is token data: `as_lm` takes it)."""
+    return cfg.kind == "lm"
+
+
 def as_lm(cfg: ExperimentConfig) -> LMExperiment:
     """`cfg` typed as a language-model experiment (TypeError if its data is not token data)."""
-    if cfg.kind != "lm":
+    if not is_lm(cfg):
         raise TypeError(f"{cfg.name} is a {cfg.kind} experiment, not a language model.")
     return cast(LMExperiment, cfg)

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -47,7 +47,9 @@ class DecodeSettings:
     seed: int = 0
 
 
-def prompt_rows(batch: dict[str, np.ndarray], prompt_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def prompt_rows(
+    batch: Mapping[str, np.ndarray | jax.Array], prompt_tokens: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Prompts `[batch prompt_tokens]`, each row's prompt length and whether the row is an example.
 
     A row's length is `prompt_tokens`, or fewer where the example itself is shorter (its labeled
@@ -98,8 +100,8 @@ def decode_split(
         ConfigError: a bad option, or the checkpoint does not restore (exit 2 with what to do).
     """
     from equipax.launch.inference.trained_job import check_tokenizer, local_mesh, restore_model
+    from equipax.launch.program.program import build_program
     from equipax.launch.tasks import family
-    from equipax.launch.training.build import build_training
     from equipax.models.decode import decode, for_decoding
 
     prompt_tokens, new_tokens, note = _check(cfg, settings)
@@ -113,8 +115,8 @@ def decode_split(
     cfg, mesh, note = local_mesh(cfg)
     if note:
         log(note)
-    training = build_training(cfg, mesh)
-    model, _ = restore_model(job_dir, step, training.abstract_state)
+    program = build_program(cfg, mesh)
+    model, _ = restore_model(job_dir, step, program)
     model = for_decoding(model)  # a LoRA job's merge, model.quantization's int8 copy: made once
     inputs = family(cfg).build_inputs(cfg, job_dir, mesh=mesh, log=log)
     tokenizer, source = inputs.extra["tokenizer"], inputs.eval
@@ -129,7 +131,7 @@ def decode_split(
         except StopIteration:
             break
         prompts, lengths, real = prompt_rows(batch, prompt_tokens)
-        place = lambda x: jax.make_array_from_process_local_data(training.batch_sharding, x)  # noqa: E731
+        place = lambda x: jax.make_array_from_process_local_data(program.batch_sharding, x)  # noqa: E731
         try:
             tokens, counts = decode(
                 model,
@@ -191,7 +193,7 @@ def decode_metrics(metrics: Any, records: list[dict[str, Any]]) -> dict[str, flo
     return out
 
 
-def _gather(x: np.ndarray) -> np.ndarray:
+def _gather(x: np.ndarray | jax.Array) -> np.ndarray:
     """Every host's rows of a host-local array, in global batch order."""
     if jax.process_count() == 1:
         return np.asarray(x)

@@ -11,12 +11,16 @@ the record's `<set>/<metric>` numbers. The set is the one named on the command l
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from equipax.core.knobs import ConfigError
 from equipax.data.metrics import MULTIPLE_CHOICE_SETS, MultipleChoiceSet
+
+if TYPE_CHECKING:
+    from equipax.data import BaseInput
+    from equipax.launch.program.program import Program
 
 __all__ = ["check_set_name", "multiple_choice_set", "score_multiple_choice"]
 
@@ -31,7 +35,7 @@ def check_set_name(name: str | None) -> None:
         )
 
 
-def multiple_choice_set(name: str | None, eval_input: Any) -> MultipleChoiceSet | None:
+def multiple_choice_set(name: str | None, eval_input: "BaseInput") -> MultipleChoiceSet | None:
     """The set to score: the built-in `name`, else the eval input's own (None: none)."""
     if name is None:
         return eval_input.multiple_choice()
@@ -42,7 +46,7 @@ def multiple_choice_set(name: str | None, eval_input: Any) -> MultipleChoiceSet 
 def score_multiple_choice(
     mc: MultipleChoiceSet,
     model: Any,
-    training: Any,
+    program: "Program",
     tokenizer: Any,
     *,
     seq_len: int,
@@ -53,8 +57,8 @@ def score_multiple_choice(
 
     Arguments:
         mc: the set.
-        model: the restored model (on `training`'s mesh).
-        training: the job's `Training` (its batch sharding places the rows).
+        model: the restored model (on `program`'s mesh).
+        program: the job's `Program` (its batch sharding places the rows).
         tokenizer: the job's tokenizer.
         seq_len: tokens per row (the job's `data.seq_len`); longer contexts keep their end.
         rows_per_batch: rows per forward pass on this host (the eval input's batch size).
@@ -87,7 +91,7 @@ def score_multiple_choice(
         padded = {
             k: np.concatenate([v, np.zeros((rows_per_batch - n, *v.shape[1:]), v.dtype)]) for k, v in chunk.items()
         }
-        placed = training.place(padded)
+        placed = program.place(padded)
         out = host_array(row_log_likelihoods(model, placed["ids"], placed["labels"], placed["weights"]))
         scores[start : start + n] = out[:n]  # every host passed the same rows: the first host's part
     per_item, at = [], 0

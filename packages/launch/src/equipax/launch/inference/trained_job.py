@@ -26,6 +26,7 @@ from equipax.core.mesh import MeshConfig, build_mesh
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.jobdir.checksums import ALGORITHM, array_checksums, differences, unverified_warning
 from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
+from equipax.launch.program.program import Program
 from equipax.launch.store.storage import COMMIT_MARKER, AnyPath, is_remote, job_path
 
 __all__ = [
@@ -106,7 +107,7 @@ def local_mesh(cfg: ExperimentConfig) -> tuple[ExperimentConfig, jax.sharding.Me
         fitted = cfg.for_devices(n)
         if fitted.mesh.num_devices == n:
             return fitted, build_mesh(fitted.mesh), ""
-        stages = getattr(cfg.model, "pipeline_stages", 1)
+        stages = cfg.mesh.num_stages  # a pipelined model's (model.transformer.pipeline_stages)
         if stages > 1:  # its weights are stacked per stage: they restore onto the job's own mesh only
             raise ConfigError(
                 f"The job trained a pipelined model (model.transformer.pipeline_stages={stages}) on "
@@ -173,15 +174,11 @@ class CheckpointUnreadable(ConfigError):
 
 
 def restore_model(
-    job_dir: AnyPath,
-    step: int,
-    abstract_state: Any,
-    *,
-    remedy: str | None = None,
-    log: Callable[[str], object] = _stderr,
+    job_dir: AnyPath, step: int, program: Program, *, remedy: str | None = None, log: Callable[[str], object] = _stderr
 ) -> tuple[Any, Any]:
     """Restore the model and its non-trained state of checkpoint `step`, onto the shardings of
-    `abstract_state` (`build_training(...).abstract_state`); the optimizer state is not read.
+    `program` (`build_program`: its `abstract_model` and `abstract_model_state`). Only those
+    arrays are read: the optimizer state saved beside them is never needed, not even its structure.
 
     Arguments:
         remedy: what the error of an unreadable checkpoint tells the user to do; default: pick
@@ -205,7 +202,8 @@ def restore_model(
             if others
             else "it is the job's only checkpoint: restore its files, or train the job again"
         )
-    wanted = _named(abstract_state.model, ".model") | _named(abstract_state.model_state, ".model_state")
+    model, model_state = program.abstract_model, program.abstract_model_state
+    wanted = _named(model, ".model") | _named(model_state, ".model_state")
     where = f"The checkpoint of step {step} in {folder.parent}"
     try:
         with _quiet_orbax(), ocp.PyTreeCheckpointer() as reader:
@@ -234,7 +232,7 @@ def restore_model(
     except Exception as e:
         raise CheckpointUnreadable(f"{where} does not restore ({restore_failure(e)}); {remedy}.") from None
     _verify(folder, step, dict(flat), remedy=remedy, log=log)
-    return _fill(abstract_state.model, ".model", flat), _fill(abstract_state.model_state, ".model_state", flat)
+    return _fill(model, ".model", flat), _fill(model_state, ".model_state", flat)
 
 
 def _verify(folder: AnyPath, step: int, flat: dict[str, Any], *, remedy: str, log: Callable[[str], object]) -> None:
@@ -256,16 +254,13 @@ def _verify(folder: AnyPath, step: int, flat: dict[str, Any], *, remedy: str, lo
 
 
 def check_tokenizer(cfg: ExperimentConfig, job_dir: AnyPath) -> None:
-    """ConfigError when the job's vocabulary file is missing (reading the job must never train a
-    new one into its directory)."""
-    from equipax.launch.configs.experiment import as_lm
-    from equipax.launch.tasks.lm_data import tokenizer_path
+    """ConfigError when the job's own vocabulary file (its family's `vocabulary`, in the job
+    directory) is missing: reading the job must never train a new one into its directory."""
+    from equipax.launch.tasks import family
 
-    d: Any = cfg.data
-    if cfg.kind != "lm" or d.vocab_path:
-        return
-    path = tokenizer_path(as_lm(cfg), job_dir)
-    if path is not None and not path.exists():
+    job = job_path(job_dir)
+    path = family(cfg).vocabulary(cfg, job)
+    if path is not None and str(path.parent) == str(job) and not path.exists():
         raise ConfigError(
             f"{job_dir} has no {path.name} (the vocabulary the job trained with); copy it back from where the job ran."
         )

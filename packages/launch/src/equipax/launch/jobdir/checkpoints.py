@@ -11,7 +11,9 @@ directory that still fails to restore (damaged files) is moved to `<job>/corrupt
 the previous step is used instead (`restore_latest`). Each checkpoint also records the checksum
 of every array and JSON item it holds (`checksums.py`) and what the saved state means (`meta`:
 experiment, tokenizer, data, batch; `equipax.launch.training.resume_checks` compares it); a
-restore whose checksums do not match what was saved is treated like damaged files.
+restore whose checksums do not match what was saved is treated like damaged files. A checkpoint may
+hold the model alone, without the optimizer state (`launch convert hf-import`'s step 0): it restores
+with `opt_state=None`, and the run starts the optimizer from its model (`Training.start_optimizer`).
 """
 
 import json
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import equinox as eqx
 import jax
 import orbax.checkpoint as ocp
 
@@ -44,6 +47,9 @@ from equipax.launch.store.storage import AnyPath, is_remote, job_path, move
 __all__ = ["MIN_REPLICA_SLICE_BYTES", "Checkpointer", "read_json", "split_only_large_replicated_arrays"]
 
 PyTree = Any
+
+# Where a train state's optimizer state is in a checkpoint (`flat_arrays`' names start with it).
+OPT_STATE = ".opt_state"
 
 
 # A replicated array's copies are split among its replicas, each writing a part, only where a part
@@ -262,14 +268,20 @@ class Checkpointer:
         self._manager.reload()
         return self._manager.latest_step(), moved, str(target)
 
-    def check_compatible(self, step: int, template: PyTree) -> None:
-        """Raise ConfigError naming every array whose shape/dtype differs from `template`."""
+    def _saved_arrays(self, step: int) -> dict[str, Any] | None:
+        """`{name: array metadata}` of the checkpoint's state, or None where orbax has none."""
         meta = self._manager.item_metadata(step)
         saved = meta["state"] if meta is not None else None
+        return None if saved is None else dict(saved)
+
+    def check_compatible(self, step: int, template: PyTree) -> None:
+        """Raise ConfigError naming every array whose shape/dtype differs from `template`."""
+        saved = self._saved_arrays(step)
         if saved is None:
             return
+        template = _as_saved(template, saved)
         expected = {k: (tuple(v.shape), str(v.dtype)) for k, v in flat_arrays(template).items()}
-        found = {k: (tuple(v.shape), str(v.dtype)) for k, v in dict(saved).items()}
+        found = {k: (tuple(v.shape), str(v.dtype)) for k, v in saved.items()}
         diffs = []
         for k in sorted(set(expected) | set(found)):
             e, f = expected.get(k), found.get(k)
@@ -298,6 +310,8 @@ class Checkpointer:
 
     def _restore_verified(self, step: int, template: PyTree) -> tuple[PyTree, dict[str, Any], dict[str, Any]]:
         self.check_compatible(step, template)
+        saved = self._saved_arrays(step)
+        template = template if saved is None else _as_saved(template, saved)
         abstract = {
             k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.sharding) for k, v in flat_arrays(template).items()
         }
@@ -327,6 +341,15 @@ class Checkpointer:
         finally:
             self._manager.close()
             logging.getLogger("absl").removeFilter(self._quiet)
+
+
+def _as_saved(template: PyTree, saved: dict[str, Any]) -> PyTree:
+    """`template` (a train state), with `opt_state=None` where the checkpoint holds the model alone
+    (no optimizer-state array, where the template has some)."""
+    has_optimizer = lambda names: any(k.startswith(OPT_STATE) for k in names)  # noqa: E731
+    if has_optimizer(saved) or not has_optimizer(flat_arrays(template)):
+        return template
+    return eqx.tree_at(lambda s: s.opt_state, template, None)
 
 
 def _identity(flat: dict[str, Any]) -> tuple[int, ...]:

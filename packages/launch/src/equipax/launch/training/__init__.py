@@ -1,3 +1,3 @@
-"""The training program: `build_training`, the loop and its hooks."""
+"""The training loop: where a run starts (`start.py`), the steps and their hooks."""
 
 __all__: list[str] = []

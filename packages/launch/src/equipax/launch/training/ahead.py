@@ -26,7 +26,7 @@ from equipax.core.trees import flat_arrays
 from equipax.launch.jobdir.checksums import lower_checksums
 
 if TYPE_CHECKING:
-    from equipax.launch.training.build import Training
+    from equipax.launch.program.training import Training
 
 __all__ = ["CHECKSUMS", "CompileAhead", "EVAL_STEP", "TRAIN_STEP", "wait_for"]
 
@@ -43,7 +43,8 @@ def _zeros(x: jax.ShapeDtypeStruct) -> jax.Array:
 
 
 class CompileAhead:
-    """One background thread that compiles a run's train step, eval step and checksum program.
+    """One background thread that compiles a run's train step, eval step and checksum program,
+    from `start()` on.
 
     Arguments:
         training: the run's program (`build_training`).
@@ -60,6 +61,9 @@ class CompileAhead:
         self._state_ready = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="equipax-compile-ahead", daemon=True)
+
+    def start(self) -> None:
+        """Start the compiles (once the run's refusals are behind it: a refused run compiles nothing)."""
         self._thread.start()
 
     def _run(self) -> None:
@@ -100,7 +104,8 @@ class CompileAhead:
         """Skip what is not started yet and wait for the thread (a compile in progress finishes)."""
         self._stop.set()
         self._state_ready.set()
-        self._thread.join()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
 
 
 def wait_for(ahead: CompileAhead | None, name: str) -> None:

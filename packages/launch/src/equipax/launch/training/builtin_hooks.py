@@ -22,7 +22,7 @@ from equipax.launch.training.hooks import ALL, Hook, RunContext, StepContext
 
 if TYPE_CHECKING:
     from equipax.data import BaseInput
-    from equipax.launch.training.build import Training
+    from equipax.launch.program.program import Program
 
 __all__ = ["builtin_hooks", "CheckpointHook", "EpochHook", "eval_pass", "eval_record", "evaluate", "EvalHook"]
 
@@ -39,7 +39,7 @@ def builtin_hooks(run: RunContext) -> list[Hook]:
 
 
 def eval_pass(
-    training: "Training", eval_input: "BaseInput", model: Any, model_state: Any, *, limit: int
+    program: "Program", eval_input: "BaseInput", model: Any, model_state: Any, *, limit: int
 ) -> dict[str, float]:
     """Weighted mean loss and accuracy of `model` over an eval run of `eval_input` (reset first):
     `limit` batches, or the whole pass when 0. Also `weight` (tokens or examples) and `batches`."""
@@ -52,7 +52,7 @@ def eval_pass(
                 batch = eval_input.get_next()
             except StopIteration:
                 return
-            yield to_host(training.eval_step(model, training.place(batch), model_state))
+            yield to_host(program.eval_step(model, program.place(batch), model_state))
             count += 1
 
     return mean_eval_metrics(sums())

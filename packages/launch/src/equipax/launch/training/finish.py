@@ -9,7 +9,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from etils import epath
 from rich.console import Console
@@ -22,6 +22,10 @@ from equipax.launch.store.storage import AnyPath
 from equipax.launch.training.ahead import CHECKSUMS, wait_for
 from equipax.launch.training.builtin_hooks import evaluate
 from equipax.launch.training.hooks import Hook, RunContext
+
+if TYPE_CHECKING:
+    from equipax.core.step import TrainState
+    from equipax.launch.tasks import Family
 
 __all__ = ["finish", "RunResult"]
 
@@ -43,8 +47,8 @@ class RunResult:
 def finish(
     run: RunContext,
     hooks: Sequence[Hook],
-    state: Any,
-    fam: Any,
+    state: "TrainState[Any]",
+    fam: "Family",
     *,
     last_train: Mapping[str, float],
     outputs: Mapping[str, Any],

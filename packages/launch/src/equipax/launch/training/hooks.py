@@ -26,9 +26,9 @@ if TYPE_CHECKING:
     from equipax.launch.configs.experiment import ExperimentConfig
     from equipax.launch.jobdir.checkpoints import Checkpointer
     from equipax.launch.jobdir.summaries import MetricsWriter
+    from equipax.launch.program.training import Training
     from equipax.launch.tasks import Inputs
     from equipax.launch.training.ahead import CompileAhead
-    from equipax.launch.training.build import Training
 
 __all__ = ["Hook", "order_hooks", "RunContext", "StepContext"]
 

@@ -7,15 +7,16 @@ the run's own hooks (`builtin_hooks.py`) and the caller's (`hooks.py` is their p
 """
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 from rich.console import Console
 
-from equipax.core.knobs import EXPERIMENT, ConfigError, flatten, format_knobs, from_json, to_json
+from equipax.core.knobs import EXPERIMENT, ConfigError, format_knobs, to_json
 from equipax.core.mesh import build_mesh, check_device_count
+from equipax.core.step import TrainState
 from equipax.launch.aot.remat import is_auto
 from equipax.launch.cluster.distributed import is_primary
 from equipax.launch.configs.experiment import ExperimentConfig
@@ -23,16 +24,19 @@ from equipax.launch.failures import Preempted
 from equipax.launch.jobdir.checkpoints import Checkpointer
 from equipax.launch.jobdir.ownership import JobLock, prepare_job_dir, write_text_atomic
 from equipax.launch.jobdir.summaries import MetricsWriter
+from equipax.launch.program.attention import ATTENTION_KNOB, attention_record
+from equipax.launch.program.program import check_host_rows
+from equipax.launch.program.training import Training, build_training
 from equipax.launch.store.storage import AnyPath, job_path, rmtree
-from equipax.launch.tasks import family
+from equipax.launch.tasks import Family, Inputs, family
 from equipax.launch.training.ahead import CompileAhead
-from equipax.launch.training.build import ATTENTION_KNOB, attention_record, build_training, check_host_rows
 from equipax.launch.training.builtin_hooks import builtin_hooks
 from equipax.launch.training.finish import RunResult, finish
 from equipax.launch.training.hooks import Hook, RunContext, order_hooks
 from equipax.launch.training.nonfinite import NonFiniteMonitor
 from equipax.launch.training.progress import ProgressReporter
-from equipax.launch.training.resume_checks import check_resume, layout_change, restore_data_state, resume_meta
+from equipax.launch.training.resume_checks import resume_meta
+from equipax.launch.training.start import Start, resume_or_start
 from equipax.launch.training.startup import compile_cache, mark
 from equipax.launch.training.step_loop import StepLoop
 
@@ -62,16 +66,6 @@ def _mesh_hint(cfg: ExperimentConfig) -> str:
         )
     devices = registry.get_experiment(smoke).mesh.num_devices  # pyright: ignore[reportAttributeAccessIssue]
     return hint + (f"; to run its code path on this CPU, try `launch run --exp {smoke} --cpu-devices {devices}`")
-
-
-def _knob_changes(cfg: ExperimentConfig, job_dir: AnyPath) -> str:
-    """The knobs that differ from the job's recorded config.json, as text (or "")."""
-    try:
-        old = flatten(from_json(ExperimentConfig, (job_dir / "config.json").read_text()))
-    except (OSError, ConfigError, ValueError):
-        return ""
-    diffs = [f"  {k}: {old.get(k)!r} -> {v!r}" for k, v in flatten(cfg).items() if old.get(k) != v]
-    return "\nKnobs that differ from the job's config.json:\n" + "\n".join(diffs) if diffs else ""
 
 
 def run_experiment(
@@ -139,7 +133,7 @@ def local_device_memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / jax.local_device_count()
 
 
-def _compile_ahead(cfg: ExperimentConfig, training: Any, inputs: Any) -> CompileAhead | None:
+def _compile_ahead(cfg: ExperimentConfig, training: Training, inputs: Inputs) -> CompileAhead | None:
     """The run's train step, eval step and checksum program compiled on a background thread
     (`ahead.py`); None with JAX's automatic PGLE, which profiles the step's own calls."""
     if cfg.train.pgle.mode == "auto":
@@ -214,91 +208,28 @@ def _train(
     mark("inputs")
     training = build_training(cfg, mesh)
     check_host_rows(training, inputs.train)
-    layout = {"processes": jax.process_count(), "devices": int(mesh.devices.size), "mesh": dict(mesh.shape)}
-    global_state = inputs.train.global_state
-    meta = resume_meta(cfg, job_dir, hosts=jax.process_count(), global_state=global_state, layout=layout)
-    checkpointer = Checkpointer(job_dir / "checkpoints", keep=cfg.train.keep_checkpoints, meta=meta)
+    checkpointer = _checkpointer(training, fam, inputs, job_dir)
     writer = MetricsWriter(job_dir, enabled=is_primary(), log=log)
-    saved_meta: dict[str, Any] = {}
-    new_order: list[bool] = []
-
-    def check_meta(saved: dict[str, Any], step: int) -> None:
-        notes, changed = check_resume(
-            saved, meta, step=step, where=job_dir / "checkpoints", allow_new_data_order=allow_new_data_order
-        )
-        for note in notes:
-            log(f"note: {note}")
-        saved_meta.clear()
-        saved_meta.update(saved)
-        new_order[:] = [changed]
-
-    try:  # the newest checkpoint that restores and verifies; damaged ones are set aside with a message
-        # Into the abstract state (shapes, dtypes, shardings): a resumed run never compiles or runs
-        # the random initialisation that the checkpoint would overwrite (3-9 s of a toy run's start).
-        restored = checkpointer.restore_latest(training.abstract_state, log=log, check_meta=check_meta)
-    except ConfigError as e:
-        checkpointer.close()
-        raise ConfigError(f"{e}{_knob_changes(cfg, job_dir)}") from None
-    start, loop_state = 0, {}
-    if restored is not None and restored[0] > cfg.num_steps:  # before anything is rewritten
-        checkpointer.close()
-        raise ConfigError(
-            f"The job in {job_dir} already trained to step {restored[0]} (its newest checkpoint), past "
-            f"train.num_steps={cfg.num_steps}; its result.json is kept as it is. Raise train.num_steps "
-            f"to at least {restored[0]} to continue it, or point --job-log-dir at a new directory for a "
-            "shorter run."
-        )
     ahead = _compile_ahead(cfg, training, inputs)
     if ahead is not None:
         cleanup.callback(ahead.close)
-    if restored is None:
-        state = training.init_state()
-        if getattr(cfg.model, "init_from", None):  # a fresh run of model.init_from=hf:DIR
-            from equipax.launch.translators.hf_parity import init_from_hf
-
-            state = init_from_hf(training, state, log=log)
-    if restored is not None:
-        start, state, data_state, loop_state = restored
-        moved = layout_change(saved_meta, meta)
-        fresh = bool(new_order and new_order[0]) or restore_data_state(  # a new order: changed data knobs
-            inputs.train, data_state, moved=moved is not None, allow_new_data_order=allow_new_data_order, log=log
-        )
-        changes = saved_meta.get("data_order_changes", [])
-        if fresh:  # recorded in every later checkpoint's meta
-            changes = [*changes, {"step": start, "layout": layout}]
-        checkpointer.meta["data_order_changes"] = changes
-        if moved is None:
-            log(f"Resumed from step {start} ({job_dir / 'checkpoints'}).")
-        else:
-            order = "the data starts a new order" if fresh else "the data order is unchanged"
-            log(f"Resumed from step {start} on {moved}: state re-sharded onto the new mesh, {order}.")
-    if ahead is not None:
-        ahead.state_ready(state)
+    start = resume_or_start(
+        training, fam, inputs.train, checkpointer, job_dir=job_dir, ahead=ahead,
+        allow_new_data_order=allow_new_data_order, log=log,
+    )  # fmt: skip
     mark("build")
-    writer.truncate_after(start)  # records written after the checkpoint resumed from
-    if is_primary():
-        write_text_atomic(job_dir / "config.json", to_json(cfg) + "\n")
-        write_text_atomic(job_dir / "knobs.txt", format_knobs(cfg, _with_attention_note(cfg, mesh, sources)))
-
-    progress = ProgressReporter(console, total=cfg.num_steps, start=start)
-    nonfinite = NonFiniteMonitor(cfg.train.on_nonfinite, cfg.train.max_consecutive_nonfinite, loop_state)
+    writer.truncate_after(start.step)  # records written after the checkpoint resumed from
+    _write_config(cfg, job_dir, mesh, sources)
+    progress = ProgressReporter(console, total=cfg.num_steps, start=start.step)
+    nonfinite = NonFiniteMonitor(cfg.train.on_nonfinite, cfg.train.max_consecutive_nonfinite, start.loop_state)
     run = RunContext(
-        cfg=cfg,
-        job_dir=job_dir,
-        training=training,
-        inputs=inputs,
-        start=start,
-        total=cfg.num_steps,
-        unit=fam.UNIT,
-        primary=is_primary(),
-        writer=writer,
-        checkpointer=checkpointer,
-        log=progress.message,
+        cfg=cfg, job_dir=job_dir, training=training, inputs=inputs, start=start.step, total=cfg.num_steps,
+        unit=fam.UNIT, primary=is_primary(), writer=writer, checkpointer=checkpointer, log=progress.message,
         check_nonfinite=lambda upto: nonfinite.check(
             upto, where=str(job_dir / "checkpoints"), rollback=checkpointer.set_aside_from, log=progress.message
         ),
         ahead=ahead,
-    )
+    )  # fmt: skip
     loop = StepLoop(
         run,
         order_hooks([*builtin_hooks(run), *extra_hooks]),
@@ -307,12 +238,46 @@ def _train(
         units_per_step=cfg.global_batch_size * fam.units_per_example(cfg),
         flops_per_step=numbers.get("model_flops_per_step"),
     )
+    state, step = _steps_with_hooks(loop, run, start)
+    progress.close()
+    cleanup.callback(checkpointer.close)  # `finish` closes it (waits for the final save) before result.json
+    if loop.stopped_by:
+        _preempted(loop.stopped_by, step, checkpointer, writer, job_dir, log)
+    return finish(run, loop.hooks, state, fam, last_train=loop.train_log.latest, outputs=loop.outputs, console=console)
+
+
+def _checkpointer(training: Training, fam: Family, inputs: Inputs, job_dir: AnyPath) -> Checkpointer:
+    """The run's checkpointer, each save recording what its state means (`resume_meta`) and where
+    the run is (the processes, devices and mesh)."""
+    cfg, mesh = training.cfg, training.mesh
+    layout = {"processes": jax.process_count(), "devices": int(mesh.devices.size), "mesh": dict(mesh.shape)}
+    meta = resume_meta(
+        cfg,
+        fam.data_fingerprint(cfg, job_dir),
+        hosts=jax.process_count(),
+        global_state=inputs.train.global_state,
+        layout=layout,
+    )
+    return Checkpointer(job_dir / "checkpoints", keep=cfg.train.keep_checkpoints, meta=meta)
+
+
+def _write_config(cfg: ExperimentConfig, job_dir: AnyPath, mesh: jax.sharding.Mesh, sources: dict[str, str]) -> None:
+    """config.json (the experiment as run) and knobs.txt (every knob, where it came from), by the primary."""
+    if is_primary():
+        write_text_atomic(job_dir / "config.json", to_json(cfg) + "\n")
+        write_text_atomic(job_dir / "knobs.txt", format_knobs(cfg, _with_attention_note(cfg, mesh, sources)))
+
+
+def _steps_with_hooks(loop: StepLoop, run: RunContext, start: Start) -> tuple[TrainState[Any], int]:
+    """The step loop from `start`, the hooks loaded with their saved state, started before the
+    first step and closed after the last; on an error each is closed (its own error suppressed)
+    and the error raised."""
     for hook in loop.hooks:
-        hook.load(loop_state)
+        hook.load(start.loop_state)
     try:
         for hook in loop.hooks:
             hook.start(run)
-        state, step = loop.train(state)
+        state, step = loop.train(start.state)
     except BaseException:
         for close in (loop.train_log.flush, *(lambda h=h: h.close(run) for h in loop.hooks)):
             with contextlib.suppress(Exception):  # stop a profile trace, restore settings; the error is raised
@@ -321,14 +286,23 @@ def _train(
     loop.train_log.flush()
     for hook in loop.hooks:
         hook.close(run)
-    progress.close()
-    cleanup.callback(checkpointer.close)  # `finish` closes it (waits for the final save) before result.json
-    if loop.stopped_by:
-        checkpointer.close()
-        writer.close()
-        log(
-            f"Stopped by {loop.stopped_by} after step {step}; checkpoint saved in {job_dir / 'checkpoints'}. "
-            "Run the same command again to resume."
-        )
-        raise Preempted(step)
-    return finish(run, loop.hooks, state, fam, last_train=loop.train_log.latest, outputs=loop.outputs, console=console)
+    return state, step
+
+
+def _preempted(
+    by: str,
+    step: int,
+    checkpointer: Checkpointer,
+    writer: MetricsWriter,
+    job_dir: AnyPath,
+    log: Callable[[str], object],
+) -> NoReturn:
+    """Stopped by a signal after saving step `step`: close the checkpointer and the writer, say how
+    to resume, raise Preempted."""
+    checkpointer.close()
+    writer.close()
+    log(
+        f"Stopped by {by} after step {step}; checkpoint saved in {job_dir / 'checkpoints'}. "
+        "Run the same command again to resume."
+    )
+    raise Preempted(step)

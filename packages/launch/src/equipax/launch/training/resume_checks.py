@@ -1,25 +1,28 @@
 """Which knobs may change when a job resumes, and the check that refuses the others.
 
-Every checkpoint records what its saved state means (`resume_meta`): the experiment, the knobs
-that decide which examples the data iterator's saved position points at and which token ids the
-parameters were trained on, a fingerprint of the training shards and of the vocabulary, and the
-number of hosts. Resuming compares that record with the new run (`check_resume`) and refuses,
-listing every difference, where the saved state would be misread; the model's shapes are
-checked separately (`Checkpointer.check_compatible`). Knobs not listed here (learner, loop,
-eval, mesh) may change on resume, and so may the number of hosts and devices where the training
-input's order is global (`BaseInput.global_state`): the model and optimizer state are restored
-onto the new mesh and the data continues in the same order. docs/errors.md ("Resuming with
+Every checkpoint records what its saved state means (`resume_meta`): the experiment, the knobs that
+decide which examples the data iterator's saved position points at and which token ids the
+parameters were trained on, a fingerprint of the training shards and of the vocabulary (the task
+family's `data_fingerprint`), and the number of hosts. Resuming compares that record with the new
+run (`check_resume`) and refuses, listing every difference, where the saved state would be misread;
+the model's shapes are checked separately (`Checkpointer.check_compatible`). Knobs not listed here
+(learner, loop, eval, mesh) may change on resume, and so may the number of hosts and devices where
+the training input's order is global (`BaseInput.global_state`): the model and optimizer state are
+restored onto the new mesh and the data continues in the same order. docs/errors.md ("Resuming with
 changed knobs") has the table.
 """
 
 import dataclasses
-import hashlib
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from equipax.core.knobs import ConfigError, flatten
 from equipax.launch.cluster.distributed import host_state
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.store.storage import AnyPath
+
+if TYPE_CHECKING:
+    from equipax.data import BaseInput
 
 __all__ = ["check_resume", "describe_layout", "layout_change", "restore_data_state", "resume_meta", "SAFE_DATA_KNOBS"]
 
@@ -58,33 +61,9 @@ def _model_knobs(cfg: ExperimentConfig) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items() if not k.startswith(_HOW_COMPUTED)}
 
 
-def _file_digest(path: AnyPath) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    except OSError:
-        return None
-
-
-def _train_shards(cfg: ExperimentConfig) -> str | None:
-    """A fingerprint of the training examples on disk (the source's: C4 shards' names and sizes), else None."""
-    source = getattr(cfg.data, "token_source", None) or getattr(cfg.data, "image_source", None)
-    return source.fingerprint(cfg.data) if source is not None else None
-
-
-def _vocabulary(cfg: ExperimentConfig, job_dir: AnyPath) -> str | None:
-    """A fingerprint of the vocabulary file the ids come from (None for bytes and images)."""
-    if cfg.kind != "lm":
-        return None
-    from equipax.launch.configs.experiment import as_lm
-    from equipax.launch.tasks.lm_data import tokenizer_path
-
-    path = tokenizer_path(as_lm(cfg), job_dir)
-    return None if path is None else _file_digest(path)
-
-
 def resume_meta(
     cfg: ExperimentConfig,
-    job_dir: AnyPath,
+    fingerprint: Mapping[str, Any],
     *,
     hosts: int,
     global_state: bool = False,
@@ -94,7 +73,8 @@ def resume_meta(
 
     Arguments:
         cfg: the experiment.
-        job_dir: the job directory (its tokenizer.model).
+        fingerprint: the task family's `data_fingerprint` of the experiment and job directory
+            (more knobs to compare, the training shards', the vocabulary's).
         hosts: the number of processes.
         global_state: the training input's state is the same on every host (a global data order,
             `BaseInput.global_state`): the number of hosts may change on resume. Otherwise each host
@@ -102,12 +82,10 @@ def resume_meta(
         layout: where the run is (`{"processes", "devices", "mesh"}`): recorded, not compared.
     """
     data = {f"data.{k}": v for k, v in dataclasses.asdict(cfg.data).items() if k not in SAFE_DATA_KNOBS}
-    if (images := getattr(cfg.data, "image_source", None)) is not None:  # the count trained on (unset: all)
-        data["data.num_train"] = images.train_size(cfg.data)
     knobs = {
         **data,
         "global batch (data.batch_size or data.per_device_batch x devices)": cfg.global_batch_size,
-        "model.vocab_size": getattr(cfg.model, "vocab_size", None),
+        **fingerprint.get("knobs", {}),
     }
     if not global_state:
         knobs["hosts (processes)"] = hosts
@@ -115,8 +93,8 @@ def resume_meta(
         "experiment": cfg.name,
         "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
         "model": _model_knobs(cfg),
-        "train_shards": _train_shards(cfg),
-        "vocabulary": _vocabulary(cfg, job_dir),
+        "train_shards": fingerprint.get("train_shards"),
+        "vocabulary": fingerprint.get("vocabulary"),
         "layout": dict(layout or {"processes": hosts}),
     }
 
@@ -224,7 +202,12 @@ def _model_changes(saved: dict[str, Any], current: dict[str, Any], *, step: int)
 
 
 def restore_data_state(
-    inp: Any, data_state: dict[str, Any], *, moved: bool, allow_new_data_order: bool, log: Any
+    inp: "BaseInput",
+    data_state: dict[str, Any],
+    *,
+    moved: bool,
+    allow_new_data_order: bool,
+    log: Callable[[str], object],
 ) -> bool:
     """Put the checkpoint's data state into the training input. A state this input cannot take
     (another global batch, another dataset, a per-host state of an earlier version) is a

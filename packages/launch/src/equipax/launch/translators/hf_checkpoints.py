@@ -1,5 +1,5 @@
 """Hugging Face model directories to job directories and back (`launch convert hf-import`,
-`hf-export`), each behind the logit-parity gate (`hf_parity.py`, which also has `model.init_from`).
+`hf-export`), each behind the logit-parity gate (`equipax.launch.tasks.hf_parity`, which also has `model.init_from`).
 
 Import reads config.json into the experiment's model (`equipax.models.hf.config`), builds the
 train state in the experiment's shardings with each device's shard read from the safetensors
@@ -22,10 +22,10 @@ from pathlib import Path
 from equipax.core.knobs import ConfigError, apply_overrides, format_knobs, to_json
 from equipax.core.learner_config import LearnerConfig, ScheduleConfig
 from equipax.core.mesh_config import MeshConfig
-from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm
+from equipax.launch.configs.experiment import DataConfig, ExperimentConfig, as_lm, is_lm
 from equipax.launch.configs.train import TrainConfig
 from equipax.launch.store.storage import AnyPath
-from equipax.launch.translators.hf_parity import KL_LIMIT, architecture_diffs, gate
+from equipax.launch.tasks.hf_parity import KL_LIMIT, architecture_diffs, gate, shaped_like
 from equipax.models.hf.config import export_type_of, hf_config_from_lm, lm_config_from_hf, read_hf_config
 
 __all__ = [
@@ -138,16 +138,18 @@ def imported_experiment(directory: Path, sets: list[str]) -> tuple[ExperimentCon
 
 def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[str], object]) -> ExperimentConfig:
     """`launch convert hf-import DIR --out JOB`: a job directory (config.json, knobs.txt, the
-    tokenizer, a step-0 checkpoint) that `launch run`, `decode` and `eval` read as any job's."""
+    tokenizer, a step-0 checkpoint of the model alone) that `launch run`, `decode` and `eval` read
+    as any job's (`launch run` starts the optimizer from it, as a fresh run would)."""
     import equinox as eqx
     import jax
+    import jax.numpy as jnp
 
     from equipax.core.mesh import build_mesh, check_device_count
-    from equipax.core.step import init_train_state
+    from equipax.core.step import TrainState
     from equipax.launch.cluster.distributed import gather_host_states
     from equipax.launch.jobdir.checkpoints import Checkpointer
+    from equipax.launch.program.program import build_program
     from equipax.launch.tasks import family
-    from equipax.launch.training.build import build_training
     from equipax.launch.training.resume_checks import resume_meta
     from equipax.models.hf.weights import load_lm
     from equipax.models.lm_task import LMTask
@@ -164,20 +166,18 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
     if n > jax.device_count():
         check_device_count(cfg.mesh, jax.device_count(), hint=" (pass --cpu-devices N on a CPU host)")
     mesh = build_mesh(cfg.mesh, jax.devices()[:n])
-    training = build_training(cfg, mesh)
+    program = build_program(cfg, mesh)
     lora = as_lm(cfg).model.lora.enabled
-    shardings = training.state_sharding.model
+    shardings = program.model_sharding
     model = load_lm(directory, as_lm(cfg).model, shardings.base if lora else shardings)
     kl = gate(model, directory, "The import")
-    # The step-0 state around the loaded model (with LoRA: adapters over it), in its shardings (no
-    # random init of the model compiled or run).
-    task = training.task
+    # The loaded model (with LoRA: adapters over it) in its shardings (no random init of the model
+    # compiled or run), saved as a step-0 train state without an optimizer state.
+    task = program.task
     assert isinstance(task, LMTask)
-    state = eqx.filter_jit(
-        lambda m: eqx.filter_shard(
-            init_train_state(task.adapt(m, training.keys.init), training.learner.optimizer), training.state_sharding
-        )
-    )(model)
+    model = shaped_like(model, program.abstract_model.base if lora else program.abstract_model)
+    model = eqx.filter_jit(lambda m: eqx.filter_shard(task.adapt(m, program.keys.init), shardings))(model)
+    state = TrainState(step=jnp.zeros((), jnp.int32), model=model, opt_state=None)
     log(f"Parity gate: KL {kl:.2e} nats/token against the reference of {directory} (limit {KL_LIMIT:g}).")
     with staged(out) as tmp:
         copied = _copy_tokenizer(directory, tmp)
@@ -185,11 +185,12 @@ def import_job(directory: Path, out: Path, sets: list[str], *, log: Callable[[st
         (tmp / "knobs.txt").write_text(format_knobs(cfg, sources))
         source = {"source": str(directory.absolute()), "kl": kl, "kl_limit": KL_LIMIT, "tokenizer": copied}
         (tmp / "hf_import.json").write_text(json.dumps(source, indent=2) + "\n")
-        inputs = family(cfg).build_inputs(cfg, tmp, mesh=mesh, log=log)  # the tokenizer loads; the data's start state
+        fam = family(cfg)
+        inputs = fam.build_inputs(cfg, tmp, mesh=mesh, log=log)  # the tokenizer loads; the data's start state
         checkpointer = Checkpointer(
             tmp / "checkpoints",
             keep=cfg.train.keep_checkpoints,
-            meta=resume_meta(cfg, tmp, hosts=1, global_state=inputs.train.global_state),
+            meta=resume_meta(cfg, fam.data_fingerprint(cfg, tmp), hosts=1, global_state=inputs.train.global_state),
         )
         try:
             checkpointer.save(
@@ -220,8 +221,8 @@ def export_job(
     (`adapter_model.safetensors`, `adapter_config.json`, the tokenizer) for the base model."""
     from equipax.data import HFTokenizer
     from equipax.launch.inference.trained_job import load_config, local_mesh, pick_step, restore_model
+    from equipax.launch.program.program import build_program
     from equipax.launch.tasks.lm_data import tokenizer_path
-    from equipax.launch.training.build import build_training
     from equipax.models.hf.peft import write_peft_adapter
     from equipax.models.hf.weights import hf_tensors, write_hf_weights
     from equipax.models.lora import LoRALM
@@ -230,14 +231,14 @@ def export_job(
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"--dtype must be float32, bfloat16 or float16; got {dtype!r}.")
     cfg = load_config(job_dir)
-    if cfg.kind != "lm":
+    if not is_lm(cfg):
         raise ConfigError(f"{job_dir} trained a {cfg.kind} model; only language models export to Hugging Face.")
     export_type_of(as_lm(cfg).model)  # refuses what has no Hugging Face equivalent before anything loads
     step = pick_step(job_dir, step)
     fitted, mesh, note = local_mesh(cfg)
     if note:
         log(note)
-    model, _ = restore_model(job_dir, step, build_training(fitted, mesh).abstract_state)
+    model, _ = restore_model(job_dir, step, build_program(fitted, mesh))
     if peft and not isinstance(model, LoRALM):
         raise ConfigError(
             f"--peft exports LoRA adapters, but {job_dir} trained the whole model (model.lora.enabled=False); "

@@ -6,21 +6,23 @@ refuses (ConfigError: exit 2) above `KL_LIMIT`, naming the tensors when the file
 NaN or inf (the input's fault, not the conversion's). `check_architecture` refuses a checkpoint whose
 config.json describes another model than the experiment's (`architecture_diffs`: the knobs that
 differ). `init_from_hf` is the start of a run with `model.init_from=hf:DIR` and no checkpoint: the
-weights read into the train state's shardings.
+weights read into the model's shardings (`equipax.launch.tasks.lm_family.LMFamily.init_state`).
 """
 
 import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.configs.experiment import as_lm
 from equipax.models.configs import LMConfig
 from equipax.models.hf.config import lm_config_from_hf, read_hf_config
 
-__all__ = ["architecture_diffs", "check_architecture", "gate", "init_from_hf", "KL_LIMIT"]
+if TYPE_CHECKING:
+    from equipax.core.step import TrainState
+
+__all__ = ["architecture_diffs", "check_architecture", "gate", "init_from_hf", "KL_LIMIT", "shaped_like"]
 
 KL_LIMIT = 1e-6  # nats per token: equipax's logits vs the numpy reference of the Hugging Face files
 
@@ -149,20 +151,31 @@ def gate(model: Any, directory: Path, what: str, *, rounded_to: str = "float32",
     return kl
 
 
-def init_from_hf(training: Any, state: Any, *, log: Callable[[str], object]) -> Any:
-    """`model.init_from=hf:DIR`: `state` with the model's weights read from DIR in the train state's
-    shardings, behind the parity gate (called when a run starts with no checkpoint)."""
+def shaped_like(model: Any, template: Any) -> Any:
+    """`model`'s arrays in the structure of `template`, the same model built for a task (whose
+    attention kernel is resolved for its mesh: `with_resolved_attention`); `template`'s own arrays
+    may be abstract."""
+    import jax
+
+    return jax.tree_util.tree_unflatten(jax.tree.structure(template), jax.tree.leaves(model))
+
+
+def init_from_hf(
+    model_cfg: LMConfig, state: "TrainState[Any]", model_sharding: Any, *, log: Callable[[str], object]
+) -> "TrainState[Any]":
+    """`model.init_from=hf:DIR`: `state` with the model's weights read from DIR in the model's
+    shardings (`model_sharding`), behind the parity gate (called when a run starts with no
+    checkpoint); the weights take the place of the state's (`shaped_like` its model)."""
     import equinox as eqx
 
     from equipax.models.hf.weights import load_lm
 
-    model_cfg = as_lm(training.cfg).model
     assert model_cfg.init_from is not None
     directory = Path(model_cfg.init_from.removeprefix("hf:"))
     check_architecture(model_cfg, directory)
     lora = model_cfg.lora.enabled  # the weights are the frozen base of the adapters
-    shardings = training.state_sharding.model
-    model = load_lm(directory, model_cfg, shardings.base if lora else shardings)
+    model = load_lm(directory, model_cfg, model_sharding.base if lora else model_sharding)
     kl = gate(model, directory, f"model.init_from={model_cfg.init_from}")
     log(f"Initialised from {directory} (parity gate: KL {kl:.2e} nats/token, limit {KL_LIMIT:g}).")
-    return eqx.tree_at(lambda s: s.model.base if lora else s.model, state, model)
+    where = (lambda s: s.model.base) if lora else (lambda s: s.model)
+    return eqx.tree_at(where, state, shaped_like(model, where(state)))
