@@ -210,3 +210,13 @@ def test_missing_tools_are_named(checkout, shims, tmp_path):
     assert done.returncode == 2
     one_paragraph(done.stderr, "uv is not on PATH")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_long_image_list_still_keeps_the_images_packages_out(checkout, shims, tmp_path):
+    """The image's packages never enter the list, however long IMAGE_HAS is: a name matched by
+    `printf | grep -q` under pipefail slipped in whenever grep exited before printf had written all
+    (every time past a pipe's 64 KB buffer; now and then under load before)."""
+    image_has = "jax numpy " + " ".join(f"pkg{i:05d}" for i in range(12000))  # ~110 KB
+    done = wheels_sh(checkout, shims, str(tmp_path / "out"), cwd=tmp_path, IMAGE_HAS=image_has)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "out" / "needs.txt").read_text() == NEEDS
