@@ -35,8 +35,8 @@ import jax
 
 from benchmarks import op_profile
 from benchmarks.lm_step.baseline import baseline_for
-from benchmarks.lm_step.compare import compare_preset, isolated_compare, run_side
-from benchmarks.lm_step.measure import benchmark_preset, environment, measure_matmul, model_flops_per_step, peak_tflops
+from benchmarks.lm_step.compare import compare_preset, isolated_compare, preset_record, run_side
+from benchmarks.lm_step.measure import benchmark_preset, environment, measure_matmul
 from benchmarks.lm_step.presets import (
     PRESETS,
     Preset,
@@ -270,18 +270,7 @@ def _main_side(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
         profile_steps=args.profile_steps,
         plain_remat=args.plain_remat,
     )
-    results = {
-        "description": preset.description,
-        "params": side["params"],
-        "tokens_per_step": preset.batch_size * preset.seq_len,
-        "model_flops_per_step": model_flops_per_step(preset),
-        "peak_tflops": peak_tflops(),
-        "remat": {"equipax": preset.model.transformer.remat, "baseline": bcfg.remat},
-        "attention_impl": preset.model.transformer.attention_impl,
-        "dtype": preset.model.dtype,
-        "side": side,
-        "environment": environment(),
-    }
+    results = {**preset_record(preset, bcfg, side["params"]), "side": side, "environment": environment()}
     return _write(results, args.out)
 
 

@@ -48,6 +48,21 @@ def side_figures(preset: Preset, times: Sequence[float], dispatch: Sequence[floa
     }
 
 
+def preset_record(preset: Preset, bcfg: Any, params: int) -> dict[str, Any]:
+    """What a comparison's JSON says of its preset: size, work per step, the device's peak, both
+    sides' remat, the attention kernel and the dtype (`bcfg`: the baseline's config)."""
+    return {
+        "description": preset.description,
+        "params": params,
+        "tokens_per_step": preset.batch_size * preset.seq_len,
+        "model_flops_per_step": model_flops_per_step(preset),
+        "peak_tflops": peak_tflops(),
+        "remat": {"equipax": preset.model.transformer.remat, "baseline": bcfg.remat},
+        "attention_impl": preset.model.transformer.attention_impl,
+        "dtype": preset.model.dtype,
+    }
+
+
 def compare_preset(
     preset: Preset,
     *,
@@ -123,14 +138,7 @@ def compare_preset(
     ratios = [b / e for b, e in zip(times["baseline"], times["equipax"])]
     q1, q3 = np.percentile(ratios, [25, 75])
     return {
-        "description": preset.description,
-        "params": count_params(state.model),
-        "tokens_per_step": preset.batch_size * preset.seq_len,
-        "model_flops_per_step": model_flops_per_step(preset),
-        "peak_tflops": peak_tflops(),
-        "remat": {"equipax": preset.model.transformer.remat, "baseline": bcfg.remat},
-        "attention_impl": preset.model.transformer.attention_impl,
-        "dtype": preset.model.dtype,
+        **preset_record(preset, bcfg, count_params(state.model)),
         **out,
         "ratio": statistics.median(ratios),
         "ratio_iqr": float(q3 - q1),
