@@ -25,7 +25,9 @@ _DIGEST = hashlib.sha256().digest_size
 
 def content_key(*parts: str | bytes | int | Iterable[str]) -> str:
     """A hex digest of `parts` in order; each part is length-prefixed, so no two different
-    sequences of parts share a key. An iterable of strings (a corpus) is hashed item by item."""
+    sequences of parts share a key. An iterable of strings (a corpus) is hashed item by item, with
+    no Python call per item (a vocabulary's key covers every line of its corpus: 141,000 lines for
+    the default experiment's plays)."""
     h = hashlib.sha256()
 
     def add(data: bytes) -> None:
@@ -41,8 +43,12 @@ def content_key(*parts: str | bytes | int | Iterable[str]) -> str:
             add(b"i" + str(part).encode())
         else:
             items = 0
-            for item in part:
-                add(b"s" + item.encode())
+            update = h.update
+            for item in part:  # add(b"s" + item.encode()), inlined
+                data = item.encode()
+                update((len(data) + 1).to_bytes(8, "little"))
+                update(b"s")
+                update(data)
                 items += 1
             add(b"n" + str(items).encode())
     return h.hexdigest()
