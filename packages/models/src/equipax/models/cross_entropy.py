@@ -62,7 +62,9 @@ def pick_label(raw: Float[Array, "*batch vocab"], labels: Int[Array, "*batch"]) 
     into a zeroed `[*batch, vocab]` array that XLA:TPU lays out flat first: two copies of the
     logits (llama3_2_1b at seq 8192: 26 ms of a 703 ms step on the v5e, benchmarks/README.md)."""
     hit = jax.lax.broadcasted_iota(labels.dtype, raw.shape, raw.ndim - 1) == labels[..., None]
-    return jnp.sum(jnp.where(hit, raw, jnp.zeros((), raw.dtype)), axis=-1)
+    # Summed in float32 (exact: one term), as the head's other sums are, so XLA:TPU computes it in
+    # the same pass over the logits as their maximum and sum of exponentials.
+    return jnp.sum(jnp.where(hit, raw.astype(jnp.float32), 0.0), axis=-1).astype(raw.dtype)
 
 
 def head_stats(
