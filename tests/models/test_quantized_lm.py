@@ -109,7 +109,7 @@ def test_decode_makes_the_int8_copy_itself(trained):
 def _grads(cfg):
     model = TransformerLM(cfg, key=jr.key(3))
     batch = _markov_batch(jr.key(4), 4)
-    return eqx.filter_grad(lambda m: lm_loss(m, batch)[0])(model)
+    return eqx.filter_jit(eqx.filter_grad(lambda m: lm_loss(m, batch)[0]))(model)
 
 
 def _layers(grads):
