@@ -40,11 +40,18 @@ def _installed() -> tuple[list[str], str]:
     return dirs, hashlib.sha256("\n".join([sys.version, *dirs, *names]).encode()).hexdigest()
 
 
+# Installed files no process of the suite imports: other projects' own test suites, and the
+# packages only cfn-lint needs (moto's CloudFormation linter, which the S3 emulator never loads).
+# Together 35% of the compile: 8.9 of 25.5 CPU-s for the default environment (measured by
+# compiling every installed file in one process, 2026-12-06).
+_NEVER_IMPORTED = r"/site-packages/(sympy|networkx|cfnlint)/|/site-packages/.*/tests/"
+
+
 def _compileall(dirs: list[str]) -> None:
     # Best effort: a few installed files (test data of other projects) are not valid Python; those
     # are skipped, and everything else is compiled.
     subprocess.run(
-        [sys.executable, "-m", "compileall", "-qq", "-j", "0", *dirs],
+        [sys.executable, "-m", "compileall", "-qq", "-j", "0", "-x", _NEVER_IMPORTED, *dirs],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         check=False,

@@ -49,8 +49,9 @@ def test_bf16_computes_matmuls_in_bf16_and_statistics_in_f32():
     assert stats and all(e.outvars[0].aval.dtype == jnp.float32 for e in stats)
     # The attention logits accumulate in float32 (einsum_f32); the output logits are cast to it.
     assert any(e.params.get("preferred_element_type") == jnp.float32 for e in dots)
-    assert model(_batch()["ids"]).dtype == jnp.float32
-    grads = grad_fn(params, _batch())
+    # Dtypes are the traced program's (eval_shape traces what a call runs, without compiling it).
+    assert jax.eval_shape(model, _batch()["ids"]).dtype == jnp.float32
+    grads = jax.eval_shape(grad_fn, params, _batch())
     assert {leaf.dtype for leaf in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
 
 

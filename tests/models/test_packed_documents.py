@@ -1,5 +1,6 @@
 """Packed rows give each document the loss it gets alone; eval padding leaves metrics unchanged."""
 
+import equinox as eqx
 import jax
 import numpy as np
 import pytest
@@ -29,7 +30,9 @@ def doc_losses(model, batch):
     def arr(k):
         return None if k not in batch else jax.numpy.asarray(batch[k])
 
-    logits = model(arr("ids"), segment_ids=arr("segment_ids"), positions=arr("positions"))
+    logits = eqx.filter_jit(lambda m, *a: m(a[0], segment_ids=a[1], positions=a[2]))(
+        model, arr("ids"), arr("segment_ids"), arr("positions")
+    )
     logp = jax.nn.log_softmax(logits, axis=-1)
     nll = -np.take_along_axis(np.asarray(logp), batch["labels"][..., None], axis=-1)[..., 0]
     return nll * batch["weights"]

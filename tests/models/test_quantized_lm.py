@@ -109,7 +109,7 @@ def test_decode_makes_the_int8_copy_itself(trained):
 def _grads(cfg):
     model = TransformerLM(cfg, key=jr.key(3))
     batch = _markov_batch(jr.key(4), 4)
-    return eqx.filter_grad(lambda m: lm_loss(m, batch)[0])(model)
+    return eqx.filter_jit(eqx.filter_grad(lambda m: lm_loss(m, batch)[0]))(model)
 
 
 def _layers(grads):
@@ -170,7 +170,7 @@ def test_lora_trains_its_adapters_through_int8_projections():
     lora = LoRALM(TransformerLM(cfg, key=jr.key(0)), cfg.lora, key=jr.key(1))
     lora = eqx.tree_at(lambda m: [a.b for a in m.adapters.values()], lora, replace_fn=lambda b: b + 0.01)
     batch = _markov_batch(jr.key(2), 4)
-    grads = eqx.filter_grad(lambda m: lm_loss(m, batch)[0])(lora)
+    grads = eqx.filter_jit(eqx.filter_grad(lambda m: lm_loss(m, batch)[0]))(lora)
     for adapter in grads.adapters.values():
         assert float(jnp.max(jnp.abs(adapter.a))) > 0 and float(jnp.max(jnp.abs(adapter.b))) > 0
 
