@@ -443,3 +443,15 @@ def test_first_step_benchmark_times_phases_and_compiles_a_runs_programs_for_a_tp
     for name in ("init", "train step", "eval step", "checksums"):
         assert compiled[name]["compile_s"] > 0, name
     assert compiled["init"]["temp_bytes"] >= 0
+
+
+def test_splash_blocks_times_each_setting_and_records_it(tmp_path):
+    """benchmarks/splash_blocks.py in interpret mode at a toy shape: a row per block setting with
+    its time and the blocks it ran, in the JSON it writes."""
+    from benchmarks import splash_blocks
+
+    out = tmp_path / "s.json"
+    rows = splash_blocks.main(["--out", str(out), "--toy", "--interpret", "--repeats", "1"])
+    assert [(r["block_q"], r["block_kv"], r["fused_bwd"]) for r in rows] == [(128, 128, True), (256, 128, False)]
+    assert all(r["ms"] > 0 and "error" not in r for r in rows), rows
+    assert json.loads(out.read_text()) == json.loads(json.dumps(rows))
