@@ -41,6 +41,22 @@ ONE_CHIP = ("data.source=synthetic", "data.packing=False", "mesh.ici_mesh_shape=
 C4_6L = ("model.transformer.num_layers=6", "data.per_device_batch=8", *ONE_CHIP)
 # Pax's learner and caps off, dots saved: the best settings the chip measured for c4_1b's shape.
 BEST = ("learner.kind=adamw", "learner.clip_update_rms=None", "model.output_logit_cap=None")
+SHAKESPEARE_100M = (
+    "model.transformer.num_layers=12",
+    "model.transformer.model_dims=768",
+    "model.transformer.num_heads=12",
+    "model.transformer.head_dim=64",
+    "model.transformer.hidden_dims=3072",
+    "model.transformer.scan_layers=True",
+    "model.max_seq_len=512",
+    "model.dtype=bfloat16",
+    "data.seq_len=512",
+    "data.batch_size=32",
+    "learner.schedule.peak_learning_rate=6e-4",
+    "learner.schedule.warmup_steps=30",
+    "learner.schedule.decay_steps=300",
+    "train.eval_every=100",
+)
 RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
     "c4_1b_6l": ("c4_1b", C4_6L),
     "c4_1b_6l_adamw_dots": ("c4_1b", (*C4_6L, *BEST, "model.transformer.remat=dots_saveable")),
@@ -59,6 +75,11 @@ RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
         "llama3_2_1b",
         ("model.transformer.num_layers=6", "data.seq_len=1024", "data.per_device_batch=4", *ONE_CHIP),
     ),
+    # int8's quality on real text (docs/quantization.md): the default experiment's Shakespeare at ~86M
+    # parameters (GPT-2 small's shape, seq 512, batch 32, bf16 compute), its eval loss after the same
+    # steps (`--steps 300`) in bf16 and with int8 matmuls forward and backward, the same seed.
+    "shakespeare_100m": ("shakespeare_tiny", SHAKESPEARE_100M),
+    "shakespeare_100m_int8": ("shakespeare_tiny", (*SHAKESPEARE_100M, "model.quantization=int8")),
     # The default experiment at toy size (for a dry run on a CPU).
     "toy": ("shakespeare_tiny", ()),
 }

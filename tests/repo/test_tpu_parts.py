@@ -157,3 +157,18 @@ def test_runs_part_reads_a_runs_figures_and_keeps_out_of_foreign_folders(tmp_pat
     )
     assert proc.returncode != 0 and "did not write" in proc.stderr
     assert [p.name for p in foreign.iterdir()] == ["keep.txt"]
+
+
+def test_every_named_run_is_a_valid_config():
+    """Each run of user_runs.py (run.sh's `runs`) names a registered experiment and knobs that
+    validate: a typo there would cost a call on the chip."""
+    from equipax.core.knobs import apply_overrides
+    from equipax.launch.experiments import registry
+
+    spec = importlib.util.spec_from_file_location("tpu_parts_user_runs_valid", BENCHMARKS / "tpu" / "user_runs.py")
+    assert spec is not None and spec.loader is not None
+    runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runs)
+    for name, (exp, sets) in runs.RUNS.items():
+        _, sources = apply_overrides(registry.get_experiment(exp), list(sets))
+        assert all(sources[s.split("=", 1)[0]] == "--set" for s in sets), name
