@@ -54,8 +54,8 @@ CACHE_FILE = "remat_auto.json"
 MIN_GAIN = 0.03
 # What the cached choices were made by (a change of the rule invalidates them).
 # 2: int8 matmuls at the int8 rate; in-place copies of a stacked buffer free. 3: "save_context" a
-# candidate, and splash's residuals named (the policies that keep the context no longer rerun its
-# forward kernel).
+# candidate, splash's residuals named (the policies that keep the context no longer rerun its
+# forward kernel), and splash's kernels priced at batch 1 too.
 _RULE = "roofline-3"
 # Offloading to pinned host memory compiles where the backend has that memory space.
 _OFFLOAD_PLATFORMS = ("tpu", "gpu", "cuda", "rocm")
