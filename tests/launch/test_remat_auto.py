@@ -169,7 +169,13 @@ def test_the_rule_keeps_the_own_policy_unless_a_faster_one_fits():
 
 @pytest.mark.parametrize(
     ("exp", "own"),
-    [("shakespeare_tiny", "none"), ("c4_1b_smoke", "full"), ("qwen3_0_6b", "full"), ("not_registered", "full")],
+    [
+        ("shakespeare_tiny", "none"),
+        ("c4_1b_smoke", "full"),
+        ("llama3_2_1b", "full"),
+        ("qwen3_0_6b", "save_context"),
+        ("not_registered", "full"),
+    ],
 )
 def test_the_own_policy_is_the_one_the_experiment_names(exp, own):
     import dataclasses
