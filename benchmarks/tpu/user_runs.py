@@ -57,6 +57,7 @@ SHAKESPEARE_100M = (
     "learner.schedule.decay_steps=300",
     "train.eval_every=100",
 )
+LLAMA_6L = ("model.transformer.num_layers=6", "data.per_device_batch=1", *ONE_CHIP)
 RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
     "c4_1b_6l": ("c4_1b", C4_6L),
     "c4_1b_6l_adamw_dots": ("c4_1b", (*C4_6L, *BEST, "model.transformer.remat=dots_saveable")),
@@ -68,7 +69,10 @@ RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
     # At their defaults (qwen3_0_6b: seq 4096; llama3_2_1b: seq 8192), cut to fit one chip: the
     # per-device batch (and llama's layers: 6 of 16, its float32 weights and Adam moments fit).
     "qwen3_0_6b": ("qwen3_0_6b", ("data.per_device_batch=2", *ONE_CHIP)),
-    "llama3_2_1b_6l": ("llama3_2_1b", ("model.transformer.num_layers=6", "data.per_device_batch=1", *ONE_CHIP)),
+    "llama3_2_1b_6l": ("llama3_2_1b", LLAMA_6L),
+    # The same with the attention's context kept (splash's output and log-sum-exp): its forward
+    # kernel runs once per layer (benchmarks/README.md, "Splash's residuals under remat").
+    "llama3_2_1b_6l_save_context": ("llama3_2_1b", (*LLAMA_6L, "model.transformer.remat=save_context")),
     # The shapes the figures were taken at: seq 1024, batch 4.
     "qwen3_0_6b_1k": ("qwen3_0_6b", ("data.seq_len=1024", "data.per_device_batch=4", *ONE_CHIP)),
     "llama3_2_1b_6l_1k": (

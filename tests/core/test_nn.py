@@ -230,7 +230,8 @@ def test_scan_equals_unrolled_with_remat(key, trees_close):
     x = jr.normal(k_x, (2, 5, 16))
     g_ref, y_ref = _grad_and_out(unrolled, x)
 
-    cases = [(True, r) for r in ("none", "full", "dots_saveable", "save_attention_out")] + [(False, "full")]
+    cases = [(True, r) for r in ("none", "full", "dots_saveable", "save_attention_out", "save_context")]
+    cases += [(False, "full")]
     for scan, remat in cases:
         c = dataclasses.replace(cfg, remat=remat, scan_layers=scan)
         layers = stacked if scan else unrolled.layers
@@ -264,8 +265,11 @@ def test_remat_policies_save_what_they_name():
     named = [n for n in _saved("save_attention_out", x) if "named" in n]
     # Per layer: the attention context and the residual stream entering the MLP, nothing else named.
     assert sum("attention_out" in n for n in named) == sum("mlp_in" in n for n in named) == TINY.num_layers
-    counts = {r: len(_saved(r, x)) for r in ("none", "dots_saveable", "save_attention_out", "full")}
-    assert counts["none"] > counts["dots_saveable"] > counts["save_attention_out"] > counts["full"], counts
+    # save_context: the context alone, once per layer.
+    named = [n for n in _saved("save_context", x) if "named" in n]
+    assert sum("attention_out" in n for n in named) == len(named) == TINY.num_layers
+    counts = {r: len(_saved(r, x)) for r in ("none", "dots_saveable", "save_attention_out", "save_context", "full")}
+    assert list(counts.values()) == sorted(set(counts.values()), reverse=True), counts  # fewer down the list
     with pytest.raises(ValueError, match="'auto' is chosen by compiling"):
         _saved("auto", x)
 
@@ -309,6 +313,17 @@ def test_flops_per_token():
     )
     assert saved["remat"] == f["qkv_projection"] + f["attention"] / 2 + f["mlp"] / 2
     assert dots["remat"] < saved["remat"] < full["remat"]
+    # The context alone: the output projection too (the MLP's input is recomputed from it).
+    context = flops.transformer_lm_flops_per_token(
+        dataclasses.replace(cfg, remat="save_context"), vocab_size=10, seq_len=6
+    )
+    assert context["remat"] == saved["remat"] + f["output_projection"] < full["remat"]
+    # Splash keeps its log-sum-exp with the context and computes the scores in its backward
+    # kernel: nothing of the attention is recomputed under the policies that keep the context.
+    for remat, base in (("save_attention_out", saved), ("save_context", context)):
+        splash = dataclasses.replace(cfg, remat=remat, attention_impl="splash")
+        got = flops.transformer_lm_flops_per_token(splash, vocab_size=10, seq_len=6)["remat"]
+        assert got == base["remat"] - f["attention"] / 2
 
     # Without attention and unembedding, forward FLOPs are 2 x (matmul params).
     counts = flops.lm_param_counts(cfg, 10)

@@ -1,6 +1,7 @@
 """What the test modules share (on `sys.path` through pyproject.toml's `pythonpath`): the toy-sized
 knobs (`toy`), the CLI in-process (`cli`), fresh processes with simulated devices (`multidevice`),
-small models and partition specs (`cnn`, `partition`). No test module imports another."""
+small models and partition specs (`cnn`, `partition`), what a traced program runs (`jaxprs`). No
+test module imports another."""
 
 from pathlib import Path
 

@@ -18,6 +18,8 @@ from equipax.launch.hardware.tpu import libtpu_available
 from helpers.toy import TOY, persistent_compile_cache, set_args
 
 AUTO = [*set_args(TOY), "--set", "model.transformer.remat=auto"]
+# The policies auto tries on a CPU (no host memory to offload to), least recomputation first.
+CPU_CANDIDATES = ["none", "dots_saveable", "save_attention_out", "save_context", "full"]
 
 
 def invoke(*args):
@@ -77,7 +79,7 @@ def _auto_commands(tmp_path):
     # shakespeare_tiny's own policy is none: nothing recomputes less, and under 32 GiB of a TPU v4
     # (the default target) less the margin it fits, so it is the only one compiled.
     assert big["own"] == "none" and big["policy"] == "none" and compiled(big) == ["none"] and not big["cached"]
-    assert [r["policy"] for r in big["candidates"]] == ["none", "dots_saveable", "save_attention_out", "full"]
+    assert [r["policy"] for r in big["candidates"]] == CPU_CANDIDATES
     assert "auto -> none" in result.output and "<- chosen" in result.output and "none (own)" in result.output
     report = json.loads((job / "compile.json").read_text())
     assert report["memory_per_device"]["total_bytes"] == row(big, "none")["total_bytes"]
@@ -91,7 +93,7 @@ def _auto_commands(tmp_path):
     assert result.exit_code == 0, result.output
     shrunk = remat_record(job)
     assert shrunk["policy"] != "none" and "does not fit" in shrunk["reason"]
-    assert compiled(shrunk) == ["none", "dots_saveable", "save_attention_out", "full"]
+    assert compiled(shrunk) == CPU_CANDIDATES
     check_never_slower(shrunk)
     assert json.loads((job / "compile.json").read_text())["memory_per_device"]["fits"]
 
@@ -161,13 +163,19 @@ def test_the_rule_keeps_the_own_policy_unless_a_faster_one_fits():
     assert decide("full", faster, partial, MIN_GAIN).policy == "dots_saveable"
     # Own does not fit: the fastest projected of those that fit.
     assert decide("dots_saveable", ["none"], no_dots, MIN_GAIN).fallback
-    order = ["none", "dots_saveable", "save_attention_out", "full"]
+    order = ["none", "dots_saveable", "save_attention_out", "save_context", "full"]
     assert fastest_that_fits(order, no_dots, "dots_saveable").policy == "full"
 
 
 @pytest.mark.parametrize(
     ("exp", "own"),
-    [("shakespeare_tiny", "none"), ("c4_1b_smoke", "full"), ("qwen3_0_6b", "full"), ("not_registered", "full")],
+    [
+        ("shakespeare_tiny", "none"),
+        ("c4_1b_smoke", "full"),
+        ("llama3_2_1b", "full"),
+        ("qwen3_0_6b", "save_context"),
+        ("not_registered", "full"),
+    ],
 )
 def test_the_own_policy_is_the_one_the_experiment_names(exp, own):
     import dataclasses

@@ -41,7 +41,7 @@ _ACTIVATIONS = ("gelu", "relu", "silu")
 _NORMS = ("layernorm", "rmsnorm")
 # From the least recompute (and most memory) to the most; "auto" is chosen among them by compiling
 # (equipax.launch.aot.remat) before a model is built.
-REMAT_POLICIES = ("none", "dots_saveable", "save_attention_out", "offload_attention_out", "full")
+REMAT_POLICIES = ("none", "dots_saveable", "save_attention_out", "offload_attention_out", "save_context", "full")
 _REMATS = (*REMAT_POLICIES, "auto")
 _ATTENTIONS = ("softmax", "linear")
 _ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
@@ -84,8 +84,13 @@ class TransformerConfig:
             "save_attention_out" (the attention context and the residual stream entering the
             MLP; the QKV and MLP input projections and the attention scores are recomputed),
             "offload_attention_out" (the same two tensors, moved to host memory; TPU and GPU),
-            "full" (only the block's input); "auto": the cheapest of these whose compiled step
-            fits the device memory (`launch run` / `launch compile`, docs/compile.md).
+            "save_context" (only the attention context, Pax's SAVE_CONTEXT: the projections,
+            the MLP and the attention scores are recomputed; the least memory after "full"),
+            "full" (only the block's input). With splash attention the context kept includes the
+            kernel's log-sum-exp and the scores are not recomputed: under the three policies that
+            keep the context the backward pass never runs the forward kernel again.
+            "auto": the cheapest of these whose compiled step fits the device memory
+            (`launch run` / `launch compile`, docs/compile.md).
         num_experts: routed experts of a mixture-of-experts feed-forward in every block
             (docs/moe.md; Mixtral, Qwen3-MoE); 0 = the dense feed-forward.
         num_experts_per_tok: experts each token is routed to (top-k), 1 to num_experts.
@@ -127,7 +132,9 @@ class TransformerConfig:
     sliding_window: int | None = None
     atten_logit_cap: float | None = 50.0
     scan_layers: bool = True
-    remat: Literal["none", "dots_saveable", "save_attention_out", "offload_attention_out", "full", "auto"] = "none"
+    remat: Literal[
+        "none", "dots_saveable", "save_attention_out", "offload_attention_out", "save_context", "full", "auto"
+    ] = "none"
     # "linear": phi = elu + 1 linear attention (O(seq) cost; atten_logit_cap then unused).
     attention: Literal["softmax", "linear"] = "softmax"
     # The softmax kernel (docs/attention.md; MaxText's `attention`): "xla" = plain einsums on

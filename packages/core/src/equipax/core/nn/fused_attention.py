@@ -29,6 +29,7 @@ from jaxtyping import Array, Float, Int
 from equipax.core.configs import TransformerConfig
 from equipax.core.knobs import ConfigError
 from equipax.core.mesh_config import BATCH_AXES, CONTEXT, TENSOR
+from equipax.core.nn.remat import ATTENTION_OUT
 
 __all__ = [
     "attention_kernel",
@@ -277,7 +278,13 @@ def _splash_kernel(
     """The splash kernel for `q_len` queries starting at key position `offset` over `kv_len` keys
     (offset 0 and equal lengths: ordinary self-attention; a context-parallel chunk otherwise).
     `save_residuals`: the kernel also returns each row's log-sum-exp (forward only: what ring
-    attention merges blocks with, `equipax.core.nn.splash_ring_attention.splash_ring_attention_shard`)."""
+    attention merges blocks with, `equipax.core.nn.splash_ring_attention.splash_ring_attention_shard`).
+
+    Otherwise the kernel's forward rule names its residuals, its output and each row's
+    log-sum-exp, `ATTENTION_OUT` (`equipax.core.nn.remat`): a remat policy that keeps the
+    attention's context keeps both, and the backward pass runs without the forward kernel. (A
+    `save_residuals` kernel is ring attention's, never differentiated: the ring names its merged
+    output instead.)"""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     # head_dim None (ring attention's chunks, not measured with larger blocks): 512-blocks at most.
@@ -311,6 +318,7 @@ def _splash_kernel(
         q_seq_shards=1,
         attn_logits_soft_cap=logit_cap,
         save_residuals=save_residuals,
+        residual_checkpoint_name=None if save_residuals else ATTENTION_OUT,
         interpret=interpret,
     )
 
@@ -332,7 +340,8 @@ def splash_local(
     key positions `offset .. offset + q_len - 1` against `kv_len` keys. What `splash_attention`
     runs per device, and context parallelism per chunk of queries
     (`equipax.core.nn.context_parallel.splash_all_gather_attention`). Segments None (both):
-    the kernel without segment ids, which loads and compares no segment blocks."""
+    the kernel without segment ids, which loads and compares no segment blocks. The kernel's
+    output and log-sum-exp are named `ATTENTION_OUT` for remat (`_splash_kernel`)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     kernel = _splash_kernel(

@@ -1,6 +1,14 @@
 """What a transformer block saves for its backward pass: the `jax.checkpoint` policy of each
 `model.transformer.remat` setting (`remat_policy`), and the names the block gives the tensors
-that "save_attention_out" keeps (`SAVED_NAMES`, set with `checkpoint_name` in the block)."""
+that "save_attention_out" and "save_context" keep (`SAVED_NAMES`, `ATTENTION_OUT`, set with
+`checkpoint_name`).
+
+The attention's context is named `ATTENTION_OUT` once, by whatever computes it: the splash kernel
+names its forward rule's residuals, its output and each row's log-sum-exp
+(`equipax.core.nn.fused_attention`, and ring attention's merged pair,
+`equipax.core.nn.splash_ring_attention`), so that a policy keeping them leaves nothing for the
+backward pass to run the forward kernel for; the block names the context of every other kernel
+(`equipax.core.nn.self_attention.Attention`). Naming both would save the context twice."""
 
 import dataclasses
 from collections.abc import Callable
@@ -8,13 +16,17 @@ from typing import Any
 
 import jax
 
+from equipax.core.configs import REMAT_POLICIES
 from equipax.core.knobs import ConfigError
 from equipax.core.nn.quantization import QUANTIZED_OUTPUT, QUANTIZED_SCALE
 
-__all__ = ["remat_policy", "SAVED_NAMES"]
+__all__ = ["ATTENTION_OUT", "remat_policy", "SAVED_NAMES"]
 
-# The tensors remat="save_attention_out" keeps (named with `checkpoint_name` in the block).
-SAVED_NAMES = ("attention_out", "mlp_in")
+# The attention's context (with splash, also the log-sum-exp its backward kernel reads): what
+# remat="save_context" keeps.
+ATTENTION_OUT = "attention_out"
+# The tensors remat="save_attention_out" keeps: the context and the residual stream entering the MLP.
+SAVED_NAMES = (ATTENTION_OUT, "mlp_in")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +57,8 @@ def remat_policy(remat: str) -> Callable[..., bool] | None:
         return _ProjectionsSaveable()
     if remat == "save_attention_out":
         return policies.save_only_these_names(*SAVED_NAMES)
+    if remat == "save_context":
+        return policies.save_only_these_names(ATTENTION_OUT)
     if remat == "offload_attention_out":
         return policies.save_and_offload_only_these_names(
             names_which_can_be_saved=[],
@@ -57,7 +71,8 @@ def remat_policy(remat: str) -> Callable[..., bool] | None:
         + (
             ": 'auto' is chosen by compiling before the model is built (`launch run`, `launch compile`, "
             "or equipax.launch.aot.remat.choose_remat); a model built directly needs one of "
-            "'none', 'dots_saveable', 'save_attention_out', 'offload_attention_out', 'full'."
+            + ", ".join(repr(p) for p in REMAT_POLICIES)
+            + "."
             if remat == "auto"
             else "."
         )

@@ -44,6 +44,7 @@ from equipax.core.nn.linear import expand_to, fan_in_init
 from equipax.core.nn.linear_attention import linear_attention
 from equipax.core.nn.norm import RMSNorm
 from equipax.core.nn.quantization import Quantization, QuantizedWeight, makes_quantized_copy, project
+from equipax.core.nn.remat import ATTENTION_OUT
 from equipax.core.nn.rotary import apply_rotary
 from equipax.core.partition import Axes
 
@@ -279,6 +280,9 @@ class Attention(eqx.Module):
             keys and values written (None without a cache).
         """
         q, k, v = self.project(x, rotary)
+        # Whether the kernel named its own residuals for remat (splash: its output and
+        # log-sum-exp, `equipax.core.nn.remat`); the other kernels' context is named below.
+        named = False
         if cache is not None:
             if self.kernel != "softmax":
                 raise ValueError(
@@ -317,6 +321,7 @@ class Attention(eqx.Module):
                 window=self.window,
                 mesh=mesh,
             )
+            named = True
         elif sequence_index is not None or (mesh is not None and mesh.shape.get(CONTEXT, 1) > 1):
             sequence_index = slot_index(x, sequence_index)
             o = context_attention(
@@ -332,6 +337,9 @@ class Attention(eqx.Module):
                 mesh=mesh,
             )
         else:
+            impl = resolve_attention_impl(
+                self.impl, mesh_platform(mesh), seq_len=x.shape[1], dtype=q.dtype, logit_cap=self.logit_cap
+            )
             o = softmax_attention(
                 q,
                 k,
@@ -340,11 +348,12 @@ class Attention(eqx.Module):
                 logit_cap=self.logit_cap,
                 segment_ids=segment_ids,
                 window=self.window,
-                impl=self.impl,
+                impl=impl,
                 mesh=mesh,
             )
-        # The context, before the output projection: what remat='save_attention_out' keeps.
-        return self.output(checkpoint_name(o, "attention_out")), cache
+            named = impl == "splash"
+        # The context, before the output projection: what remat='save_context' keeps (named once).
+        return self.output(o if named else checkpoint_name(o, ATTENTION_OUT)), cache
 
     def init_cache(self, batch_size: int, max_len: int, dtype: DTypeLike) -> AttentionCache:
         """An empty (zero) cache of `batch_size` rows of `max_len` slots for this layer."""

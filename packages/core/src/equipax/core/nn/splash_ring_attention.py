@@ -10,8 +10,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jaxtyping import Array
 
+from equipax.core.nn.remat import ATTENTION_OUT
 from equipax.core.nn.ring_attention import (  # pyright: ignore[reportPrivateUsage]
     RingConfig,
     _guard,
@@ -243,6 +245,9 @@ def _splash_ring(cfg: SplashRingConfig, q, k, v, qseg, kseg_all):
 
 def _splash_ring_fwd(cfg: SplashRingConfig, q, k, v, qseg, kseg_all):
     out, lse = _splash_forward(cfg, q, k, v, qseg, kseg_all)
+    # Named as the splash kernel names its own (`equipax.core.nn.remat`): a remat policy that
+    # keeps the attention's context keeps these, and the backward pass runs no forward ring.
+    out, lse = checkpoint_name(out, ATTENTION_OUT), checkpoint_name(lse, ATTENTION_OUT)
     return out, (q, k, v, out, lse, qseg, kseg_all)
 
 

@@ -36,6 +36,7 @@ _SLICING = {"slice", "dynamic-slice", "gather", "slice-start"}
 # five of them, dS K as well).
 _SPLASH_MATMULS = (("_dkv", 4), ("_dq", 3), ("_fwd", 2))
 _FUSED_BACKWARD_MATMULS = 5
+_FLOAT = re.compile(r"\(?(?:bf16|f16|f32|f8\w*)\[")
 _NOTHING = (0.0, 0.0, 0.0, 0.0)
 Cost = tuple[float, float, float, float]  # FLOPs, HBM bytes, host bytes, seconds
 
@@ -83,18 +84,22 @@ class ProgramCost:
 
 
 def _splash_flops(op: Instruction, shapes: dict[str, str]) -> float:
-    """A splash attention kernel's matrix multiplies, from its query and key operands `[b, h, s, d]`
-    (which kernel: by its name and its op's, not its metadata, which names every kernel's blocks)."""
+    """A splash attention kernel's matrix multiplies, from its query and key operands `[b, h, s, d]`,
+    or `[h, s, d]` where the batch is 1 (XLA:TPU drops the vmapped axis of size 1) (which kernel: by
+    its name and its op's, not its metadata, which names every kernel's blocks)."""
     op_name = re.search(r'op_name="([^"]*)"', op.attrs)
     text = f"{op.name} {op_name.group(1) if op_name else ''}"
     if "splash" not in text:
         return 0.0
-    qk = [a for n in op.operands for a in arrays(shapes.get(n, ""))[:1] if len(a.dims) == 4]
+    # The queries and keys: its first floating-point operands (before them, the integer block tables).
+    floats = [shapes.get(n, "") for n in op.operands if _FLOAT.match(shapes.get(n, ""))]
+    qk = [a for shape in floats for a in arrays(shape)[:1] if len(a.dims) in (3, 4)]
     if len(qk) < 2:
         return 0.0
-    (b, h, sq, d), sk = qk[0].dims, qk[1].dims[2]
+    (b, h, sq, d), sk = (1, *qk[0].dims)[-4:], qk[1].dims[-2]
     matmuls = next((n for key, n in _SPLASH_MATMULS if key in text), 2)
-    if "_dkv" in text and sum(len(a.dims) >= 4 for a in arrays(op.shape)) >= 3:  # dq, dk and dv
+    # dq, dk and dv: the outputs of the queries' rank or more (its scratch sums have one axis less).
+    if "_dkv" in text and sum(len(a.dims) >= len(qk[0].dims) for a in arrays(op.shape)) >= 3:
         matmuls = _FUSED_BACKWARD_MATMULS
     return 2.0 * b * h * sq * sk * d * matmuls / 2
 

@@ -53,7 +53,10 @@ CACHE_FILE = "remat_auto.json"
 # and measured 1.4% slower).
 MIN_GAIN = 0.03
 # What the cached choices were made by (a change of the rule invalidates them).
-_RULE = "roofline-2"  # 2: int8 matmuls at the int8 rate; in-place copies of a stacked buffer free
+# 2: int8 matmuls at the int8 rate; in-place copies of a stacked buffer free. 3: "save_context" a
+# candidate, splash's residuals named (the policies that keep the context no longer rerun its
+# forward kernel), and splash's kernels priced at batch 1 too.
+_RULE = "roofline-3"
 # Offloading to pinned host memory compiles where the backend has that memory space.
 _OFFLOAD_PLATFORMS = ("tpu", "gpu", "cuda", "rocm")
 # Data knobs that say where the tokens come from, not the step's shapes.

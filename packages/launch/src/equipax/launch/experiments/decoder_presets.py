@@ -159,8 +159,9 @@ def smoke(
     """`cfg` at toy size on 8 simulated devices: same block options and mesh axes, synthetic tokens.
 
     2 layers, d 64, 4 query heads of 16 (key/value heads in the family's ratio, at least 1),
-    SwiGLU 128, vocabulary 512, sequences of 32, float32, full remat (a toy step fits anywhere:
-    "auto" would only compile the candidates to pick "none"). A sliding window is shrunk to
+    SwiGLU 128, vocabulary 512, sequences of 32, float32, full remat where the experiment's is
+    "auto" (a toy step fits anywhere: "auto" would only compile the candidates to pick "none"),
+    else the experiment's own policy. A sliding window is shrunk to
     `sliding_window` (below the sequence, so the window is exercised).
     """
     model = cfg.model
