@@ -230,7 +230,9 @@ def test_scan_equals_unrolled_with_remat(key, trees_close):
     x = jr.normal(k_x, (2, 5, 16))
     g_ref, y_ref = _grad_and_out(unrolled, x)
 
-    cases = [(True, r) for r in ("none", "full", "dots_saveable", "save_attention_out", "save_context")]
+    cases = [
+        (True, r) for r in ("none", "full", "dots_saveable", "dots_with_context", "save_attention_out", "save_context")
+    ]
     cases += [(False, "full")]
     for scan, remat in cases:
         c = dataclasses.replace(cfg, remat=remat, scan_layers=scan)
@@ -268,6 +270,12 @@ def test_remat_policies_save_what_they_name():
     # save_context: the context alone, once per layer.
     named = [n for n in _saved("save_context", x) if "named" in n]
     assert sum("attention_out" in n for n in named) == len(named) == TINY.num_layers
+    # dots_with_context: dots_saveable's residuals and the context, once per layer.
+    dots = _saved("dots_saveable", x)
+    with_context = _saved("dots_with_context", x)
+    assert not any("attention_out" in n for n in dots)
+    assert sum("attention_out" in n for n in with_context) == TINY.num_layers
+    assert len(with_context) == len(dots) + TINY.num_layers
     counts = {r: len(_saved(r, x)) for r in ("none", "dots_saveable", "save_attention_out", "save_context", "full")}
     assert list(counts.values()) == sorted(set(counts.values()), reverse=True), counts  # fewer down the list
     with pytest.raises(ValueError, match="'auto' is chosen by compiling"):
@@ -320,7 +328,12 @@ def test_flops_per_token():
     assert context["remat"] == saved["remat"] + f["output_projection"] < full["remat"]
     # Splash keeps its log-sum-exp with the context and computes the scores in its backward
     # kernel: nothing of the attention is recomputed under the policies that keep the context.
-    for remat, base in (("save_attention_out", saved), ("save_context", context)):
+    # The projections and the context: only the scores (half the attention einsums) run again.
+    with_context = flops.transformer_lm_flops_per_token(
+        dataclasses.replace(cfg, remat="dots_with_context"), vocab_size=10, seq_len=6
+    )
+    assert with_context["remat"] == f["attention"] / 2 < dots["remat"]
+    for remat, base in (("save_attention_out", saved), ("save_context", context), ("dots_with_context", with_context)):
         splash = dataclasses.replace(cfg, remat=remat, attention_impl="splash")
         got = flops.transformer_lm_flops_per_token(splash, vocab_size=10, seq_len=6)["remat"]
         assert got == base["remat"] - f["attention"] / 2

@@ -1,5 +1,5 @@
 """The splash kernel under remat: the policies that keep the attention's context
-("save_attention_out", "save_context") keep the kernel's output and log-sum-exp, so the backward
+("save_attention_out", "save_context", "dots_with_context") keep the kernel's output and log-sum-exp, so the backward
 pass runs its backward kernel without running the forward kernel again ("full" and
 "dots_saveable" do run it again), and the gradients equal those without remat. A block of
 projections around `splash_attention` and around ring attention with the splash kernel per pair
@@ -50,7 +50,7 @@ def _inputs():
 def test_policies_that_keep_the_context_do_not_run_the_forward_kernel_again(kernel):
     w, x = _inputs()
     runs = {}
-    for remat in ("none", "full", "dots_saveable", "save_attention_out", "save_context"):
+    for remat in ("none", "full", "dots_saveable", "dots_with_context", "save_attention_out", "save_context"):
         jaxpr = jax.make_jaxpr(jax.value_and_grad(_loss(kernel, remat)))(w, x).jaxpr
         runs[remat] = splash_forward_kernels(jaxpr)
     once = runs["none"]
@@ -59,13 +59,20 @@ def test_policies_that_keep_the_context_do_not_run_the_forward_kernel_again(kern
         "none": once,
         "full": 2 * once,
         "dots_saveable": 2 * once,
+        "dots_with_context": once,
         "save_attention_out": once,
         "save_context": once,
     }
 
 
 @pytest.mark.parametrize(
-    ("kernel", "remat"), [("splash", "save_context"), ("splash", "save_attention_out"), ("ring", "save_context")]
+    ("kernel", "remat"),
+    [
+        ("splash", "save_context"),
+        ("splash", "save_attention_out"),
+        ("splash", "dots_with_context"),
+        ("ring", "save_context"),
+    ],
 )
 def test_gradients_under_the_saving_policies_equal_no_remat(kernel, remat):
     w, x = _inputs()

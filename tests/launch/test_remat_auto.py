@@ -19,7 +19,7 @@ from helpers.toy import TOY, persistent_compile_cache, set_args
 
 AUTO = [*set_args(TOY), "--set", "model.transformer.remat=auto"]
 # The policies auto tries on a CPU (no host memory to offload to), least recomputation first.
-CPU_CANDIDATES = ["none", "dots_saveable", "save_attention_out", "save_context", "full"]
+CPU_CANDIDATES = ["none", "dots_with_context", "dots_saveable", "save_attention_out", "save_context", "full"]
 
 
 def invoke(*args):
@@ -163,7 +163,7 @@ def test_the_rule_keeps_the_own_policy_unless_a_faster_one_fits():
     assert decide("full", faster, partial, MIN_GAIN).policy == "dots_saveable"
     # Own does not fit: the fastest projected of those that fit.
     assert decide("dots_saveable", ["none"], no_dots, MIN_GAIN).fallback
-    order = ["none", "dots_saveable", "save_attention_out", "save_context", "full"]
+    order = ["none", "dots_with_context", "dots_saveable", "save_attention_out", "save_context", "full"]
     assert fastest_that_fits(order, no_dots, "dots_saveable").policy == "full"
 
 

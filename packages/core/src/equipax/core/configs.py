@@ -41,7 +41,15 @@ _ACTIVATIONS = ("gelu", "relu", "silu")
 _NORMS = ("layernorm", "rmsnorm")
 # From the least recompute (and most memory) to the most; "auto" is chosen among them by compiling
 # (equipax.launch.aot.remat) before a model is built.
-REMAT_POLICIES = ("none", "dots_saveable", "save_attention_out", "offload_attention_out", "save_context", "full")
+REMAT_POLICIES = (
+    "none",
+    "dots_with_context",
+    "dots_saveable",
+    "save_attention_out",
+    "offload_attention_out",
+    "save_context",
+    "full",
+)
 _REMATS = (*REMAT_POLICIES, "auto")
 _ATTENTIONS = ("softmax", "linear")
 _ATTENTION_IMPLS = ("xla", "cudnn", "splash", "auto")
@@ -79,16 +87,19 @@ class TransformerConfig:
         scan_layers: run the blocks as one `jax.lax.scan` over stacked weights (compile time
             independent of depth) instead of a Python loop.
         remat: what each block saves for the backward pass (the rest is recomputed), from the
-            least recompute to the most: "none" (everything), "dots_saveable" (matrix-multiply
-            outputs without batch dimensions: the projections; attention is recomputed),
+            least recompute to the most: "none" (everything), "dots_with_context" (the
+            projections' outputs and the attention context, MaxText's former "minimal_flash": only the
+            elementwise work and, but for splash, the attention scores are recomputed),
+            "dots_saveable" (matrix-multiply outputs without batch dimensions: the projections;
+            attention is recomputed),
             "save_attention_out" (the attention context and the residual stream entering the
             MLP; the QKV and MLP input projections and the attention scores are recomputed),
             "offload_attention_out" (the same two tensors, moved to host memory; TPU and GPU),
             "save_context" (only the attention context, Pax's SAVE_CONTEXT: the projections,
             the MLP and the attention scores are recomputed; the least memory after "full"),
             "full" (only the block's input). With splash attention the context kept includes the
-            kernel's log-sum-exp and the scores are not recomputed: under the three policies that
-            keep the context the backward pass never runs the forward kernel again.
+            kernel's log-sum-exp and the scores are not recomputed: under the policies that keep
+            the context the backward pass never runs the forward kernel again.
             "auto": the cheapest of these whose compiled step fits the device memory
             (`launch run` / `launch compile`, docs/compile.md).
         num_experts: routed experts of a mixture-of-experts feed-forward in every block
@@ -133,7 +144,14 @@ class TransformerConfig:
     atten_logit_cap: float | None = 50.0
     scan_layers: bool = True
     remat: Literal[
-        "none", "dots_saveable", "save_attention_out", "offload_attention_out", "save_context", "full", "auto"
+        "none",
+        "dots_with_context",
+        "dots_saveable",
+        "save_attention_out",
+        "offload_attention_out",
+        "save_context",
+        "full",
+        "auto",
     ] = "none"
     # "linear": phi = elu + 1 linear attention (O(seq) cost; atten_logit_cap then unused).
     attention: Literal["softmax", "linear"] = "softmax"

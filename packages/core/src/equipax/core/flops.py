@@ -79,13 +79,14 @@ def _remat_per_layer(cfg: TransformerConfig, *, qkv: float, out_proj: float, mlp
     What the backward pass needs and the policy did not save is recomputed: under "full" the whole
     block; "dots_saveable" saves the projections (dots without batch dimensions), so the attention
     einsums (batch and head dimensions; with splash, its forward kernel) run again;
+    "dots_with_context" saves the context beside them, so only the scores `QK^T` run again;
     "save_attention_out" / "offload_attention_out" save the attention context and the MLP's input,
     so the QKV projection, the scores `QK^T` (half the attention einsums; `PV`'s output is the
     saved context) and the MLP's input projections (all of its matrices but the output one, whose
     input is recomputed from them) run again; "save_context" saves the context alone, so the output
     projection too (the MLP's input is recomputed from it). With `attention_impl="splash"` the
     saved context includes the kernel's log-sum-exp and its backward kernel computes the scores
-    itself: these three policies recompute none of the attention. ("auto" kernels count as XLA's:
+    itself: these policies recompute none of the attention. ("auto" kernels count as XLA's:
     the kernel is resolved for a platform, which the config does not name.)
     """
     if cfg.remat in ("full", "auto"):
@@ -93,6 +94,8 @@ def _remat_per_layer(cfg: TransformerConfig, *, qkv: float, out_proj: float, mlp
     if cfg.remat == "dots_saveable":
         return attention
     scores = 0.0 if cfg.attention_impl == "splash" else attention / 2.0
+    if cfg.remat == "dots_with_context":
+        return scores
     inputs = 2 if cfg.gated else 1  # input matrices of the feed-forward (or each expert)
     if cfg.remat in ("save_attention_out", "offload_attention_out"):
         return qkv + scores + mlp * inputs / (inputs + 1)

@@ -1,7 +1,7 @@
 """What a transformer block saves for its backward pass: the `jax.checkpoint` policy of each
 `model.transformer.remat` setting (`remat_policy`), and the names the block gives the tensors
 that "save_attention_out" and "save_context" keep (`SAVED_NAMES`, `ATTENTION_OUT`, set with
-`checkpoint_name`).
+`checkpoint_name`), and "dots_with_context" keeps beside the projections.
 
 The attention's context is named `ATTENTION_OUT` once, by whatever computes it: the splash kernel
 names its forward rule's residuals, its output and each row's log-sum-exp
@@ -34,11 +34,14 @@ class _ProjectionsSaveable:
     """JAX's `dots_with_no_batch_dims_saveable`, with quantized projections kept at their output:
     the int32 (fp8: float32) sums of a dot of one-byte operands are not saved (twice the bytes of
     the bfloat16 output they become), the output named `QUANTIZED_OUTPUT` is, with its activations'
-    per-token scales (`QUANTIZED_SCALE`), and the backward rounds its operands again from those."""
+    per-token scales (`QUANTIZED_SCALE`), and the backward rounds its operands again from those.
+    `names`: further named tensors kept (remat="dots_with_context": the attention's context)."""
+
+    names: tuple[str, ...] = ()
 
     def __call__(self, prim: Any, *args: Any, **params: Any) -> bool:
         if prim.name == "name":
-            return params["name"] in (QUANTIZED_OUTPUT, QUANTIZED_SCALE)
+            return params["name"] in (QUANTIZED_OUTPUT, QUANTIZED_SCALE, *self.names)
         if any(getattr(a, "dtype", None) is not None and a.dtype.itemsize == 1 for a in args):
             return False
         return jax.checkpoint_policies.dots_with_no_batch_dims_saveable(prim, *args, **params)
@@ -55,6 +58,8 @@ def remat_policy(remat: str) -> Callable[..., bool] | None:
         return None
     if remat == "dots_saveable":
         return _ProjectionsSaveable()
+    if remat == "dots_with_context":
+        return _ProjectionsSaveable(names=(ATTENTION_OUT,))
     if remat == "save_attention_out":
         return policies.save_only_these_names(*SAVED_NAMES)
     if remat == "save_context":

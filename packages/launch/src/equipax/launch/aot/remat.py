@@ -55,8 +55,8 @@ MIN_GAIN = 0.03
 # What the cached choices were made by (a change of the rule invalidates them).
 # 2: int8 matmuls at the int8 rate; in-place copies of a stacked buffer free. 3: "save_context" a
 # candidate, splash's residuals named (the policies that keep the context no longer rerun its
-# forward kernel), and splash's kernels priced at batch 1 too.
-_RULE = "roofline-3"
+# forward kernel), and splash's kernels priced at batch 1 too. 4: "dots_with_context" a candidate.
+_RULE = "roofline-4"
 # Offloading to pinned host memory compiles where the backend has that memory space.
 _OFFLOAD_PLATFORMS = ("tpu", "gpu", "cuda", "rocm")
 # Data knobs that say where the tokens come from, not the step's shapes.
