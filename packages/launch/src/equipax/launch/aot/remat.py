@@ -30,7 +30,8 @@ from equipax.core.configs import REMAT_POLICIES
 from equipax.core.knobs import ConfigError, flatten, set_knob, to_dict
 from equipax.launch.aot.compile_step import compile_step
 from equipax.launch.aot.hlo_cost import Roofline, program_cost
-from equipax.launch.aot.remat_search import Outcome, search
+from equipax.launch.aot.matrix_work import matrix_seconds
+from equipax.launch.aot.remat_search import Outcome, removed_share, search
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.store.storage import AnyPath, write_atomic
 
@@ -53,7 +54,9 @@ CACHE_FILE = "remat_auto.json"
 # and measured 1.4% slower).
 MIN_GAIN = 0.03
 # What the cached choices were made by (a change of the rule invalidates them).
-_RULE = "roofline-2"  # 2: int8 matmuls at the int8 rate; in-place copies of a stacked buffer free
+# 2: int8 matmuls at the int8 rate; in-place copies of a stacked buffer free. 3: a candidate whose
+# traced matrix work is not MIN_GAIN below own's is not compiled.
+_RULE = "roofline-3"
 # Offloading to pinned host memory compiles where the backend has that memory space.
 _OFFLOAD_PLATFORMS = ("tpu", "gpu", "cuda", "rocm")
 # Data knobs that say where the tokens come from, not the step's shapes.
@@ -101,7 +104,8 @@ class RematChoice:
         cached: where the choice was read from ("job", "machine"; None: searched now).
         search_s: the search's seconds (0 when cached).
         compiled: the chosen candidate's compile (`equipax.launch.aot.compile_step.CompiledStep`) when it
-            was compiled here, for the caller to reuse; None when cached.
+            was compiled here, for the caller to reuse (its `training` runs the step compiled); None
+            when cached.
     """
 
     cfg: ExperimentConfig
@@ -227,6 +231,7 @@ def choose_remat(
     target: dict[str, Any] | None = None,
     cache: AnyPath | None = None,
     log: Callable[[str], object] = print,
+    feeds_batches: bool = False,
 ) -> RematChoice:
     """Choose `cfg`'s remat policy by compiling its train step under the candidates.
 
@@ -240,6 +245,9 @@ def choose_remat(
         target: what the budget is for (part of the cache key and the record).
         cache: the job's `remat_auto.json` (None: only the machine's cache).
         log: progress messages.
+        feeds_batches: as `build_training`'s: True where the chosen candidate's program
+            (`RematChoice.compiled.training`) is the one the caller runs (`launch run`), so that
+            its first step finds the step compiled.
 
     Returns:
         The choice, with the table of candidates.
@@ -267,10 +275,15 @@ def choose_remat(
     t0 = time.monotonic()
     trainings: dict[str, Any] = {}
 
-    def lower(policy: str) -> tuple[Any, float]:
-        trainings[policy] = build_training(set_knob(cfg, KNOB, policy), mesh, feeds_batches=False)
+    def trace(policy: str) -> tuple[Any, float]:
+        trainings[policy] = build_training(set_knob(cfg, KNOB, policy), mesh, feeds_batches=feeds_batches)
         t = time.monotonic()
-        return trainings[policy].lower(), time.monotonic() - t
+        return trainings[policy].trace(), time.monotonic() - t
+
+    def lower(traced: tuple[Any, float]) -> tuple[Any, float]:
+        step, seconds = traced
+        t = time.monotonic()
+        return step.lower(), seconds + time.monotonic() - t
 
     def compile_(policy: str, lowered: tuple[Any, float]) -> tuple[Outcome, Any]:
         step = compile_step(trainings[policy], *lowered)
@@ -278,10 +291,11 @@ def choose_remat(
         cost = program_cost(step.compiled.as_text(), roofline) if step.compiled is not None else None
         return Outcome(fits, cost.projected_s if cost is not None else None), (step, cost)
 
-    decision, outcomes, compiled = search(
-        order, own, lower=lower, compile_=compile_, workers=_workers(), min_gain=MIN_GAIN, log=log
-    )
-    table = [_row(p, outcomes.get(p), compiled.get(p)) for p in order]
+    decision, outcomes, compiled, work = search(
+        order, own, trace=trace, work=lambda traced: matrix_seconds(traced[0].jaxpr, roofline), lower=lower,
+        compile_=compile_, workers=_workers(), min_gain=MIN_GAIN, log=log,
+    )  # fmt: skip
+    table = [_row(p, outcomes.get(p), compiled.get(p), work.get(p)) for p in order]
     if decision.policy is None:
         smallest = min((r for r in table if r["total_bytes"] is not None), key=lambda r: r["total_bytes"])
         raise ConfigError(
@@ -302,9 +316,10 @@ def choose_remat(
                        cached=None, search_s=search_s, compiled=step)  # fmt: skip
 
 
-def _row(policy: str, outcome: Outcome | None, compiled: Any) -> dict[str, Any]:
+def _row(policy: str, outcome: Outcome | None, compiled: Any, matrix_s: float | None) -> dict[str, Any]:
     row: dict[str, Any] = {"policy": policy, "total_bytes": None, "fits": None, "flops": None, "hbm_bytes": None,
-                           "host_bytes": None, "projected_step_s": None, "compile_s": None}  # fmt: skip
+                           "host_bytes": None, "projected_step_s": None, "compile_s": None,
+                           "matrix_s": matrix_s}  # fmt: skip
     if outcome is None:
         return row
     step, cost = compiled
@@ -333,4 +348,15 @@ def format_remat_table(
         lines.append(f"  {name:<26} {size:>10}  {fits:<5} {flops:>10} {traffic:>11}  {step}{mark}")
     note = "; '-': not compiled, not needed to decide" if any(r["total_bytes"] is None for r in table) else ""
     lines.append(f"  (budget {budget_bytes / GIB:.3g} GiB per device, the margin taken off{note})")
+    mine = next((r.get("matrix_s") for r in table if r["policy"] == own), None)
+    passed = [
+        f"{r['policy']} {removed_share(mine, r['matrix_s']):.1%}"
+        for r in table
+        if mine and r["total_bytes"] is None and r.get("matrix_s") is not None
+    ]
+    if passed:
+        lines.append(
+            f"  (less of {own!r}'s matrix work removed than the {MIN_GAIN:.0%} a policy must gain, so not "
+            f"compiled: {', '.join(passed)})"
+        )
     return "\n".join(lines)

@@ -64,8 +64,13 @@ class Training(Program):
 
     def lower(self) -> Any:
         """Lower the train step on abstract arguments: nothing is allocated."""
+        return self.trace().lower()
+
+    def trace(self) -> Any:
+        """Trace the train step on abstract arguments (`jax.stages.Traced`: its `jaxpr`, and
+        `lower()`); nothing is allocated."""
         key = jax.eval_shape(lambda: self.keys.step)
-        return self.train_step.lower(self.abstract_state, self.abstract_batch(), key)
+        return self.train_step.trace(self.abstract_state, self.abstract_batch(), key)
 
 
 def _initial_state(

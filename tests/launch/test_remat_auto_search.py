@@ -1,0 +1,87 @@
+"""How much `model.transformer.remat="auto"` compiles to choose: only the candidates that could be
+chosen, each once, and the chosen one is the program the run executes."""
+
+import re
+import threading
+
+from helpers.cli import FAST
+
+
+def test_a_candidate_that_removes_too_little_matrix_work_is_traced_not_compiled():
+    """Figures of c4_1b at 6 layers, batch 8, on one TPU v5e (benchmarks/README.md): the traced
+    matrix work of each policy (TFLOP per step), and its compiled outcome."""
+    from equipax.launch.aot.remat import MIN_GAIN
+    from equipax.launch.aot.remat_search import Outcome, search
+
+    order = ["none", "dots_saveable", "save_attention_out", "offload_attention_out", "full"]
+    work = {"none": 28.12, "dots_saveable": 28.38, "save_attention_out": 32.89, "full": 33.53}
+    compiled = {
+        "none": Outcome(False, None),
+        "dots_saveable": Outcome(True, 0.2005),
+        "save_attention_out": Outcome(True, 0.2186),
+        "offload_attention_out": Outcome(True, 0.2200),
+        "full": Outcome(True, 0.2180),
+    }
+
+    def choose(compiled):
+        traced, lowered, compiles = [], [], []
+
+        def compile_(policy, lowered):
+            compiles.append(policy)
+            return compiled[policy], policy
+
+        decision, outcomes, _, seconds = search(
+            order, "full", trace=lambda p: traced.append(p) or p, work=work.get,
+            lower=lambda p: lowered.append(p) or p, compile_=compile_, workers=4, min_gain=MIN_GAIN, log=print,
+        )  # fmt: skip
+        assert sorted(compiles) == sorted(lowered) == sorted(outcomes)  # each compiled once
+        return decision.policy, compiles, seconds
+
+    # save_attention_out removes 1.9% of full remat's matrix work: it cannot be projected 3% faster,
+    # so only own and the two that remove more are compiled, however many compiles run at once.
+    policy, compiles, seconds = choose(compiled)
+    assert policy == "dots_saveable" and sorted(compiles) == ["dots_saveable", "full", "none"]
+    assert seconds == work  # every candidate that recomputes less than own is traced
+    # Own does not fit: the fastest projected of those that fit, the one passed over included.
+    no_own = compiled | {"full": Outcome(False, 0.2180), "dots_saveable": Outcome(False, 0.2005)}
+    policy, compiles, _ = choose(no_own)
+    assert policy == "save_attention_out" and "save_attention_out" in compiles
+    assert "offload_attention_out" not in compiles  # save_attention_out fits: offloading cannot be faster
+
+
+def test_the_run_executes_the_chosen_candidate_compiled_once(tmp_path, monkeypatch, capsys):
+    """`launch run` with remat="auto" and JAX's persistent compilation cache off: the train step
+    compiles once per candidate the search needs, and the run's first step compiles nothing (it
+    runs the chosen candidate's program); a candidate that removes under MIN_GAIN of own's matrix
+    work (the toy's save_attention_out: 1.7% of full remat's) is not compiled."""
+    import jax
+
+    from equipax.core.knobs import apply_overrides
+    from equipax.launch.aot import remat
+    from equipax.launch.aot.compile_events import BACKEND_COMPILE
+    from equipax.launch.experiments.registry import get_experiment
+    from equipax.launch.training.loop import run_experiment
+
+    monkeypatch.setenv("EQUIPAX_CACHE_DIR", str(tmp_path / "machine"))
+    monkeypatch.setattr(remat, "own_policy", lambda cfg: "full")  # shakespeare_tiny's own is none
+    monkeypatch.setattr(remat, "_workers", lambda: 4)  # every candidate at once, as on a TPU host
+    steps: list[bool] = []  # a train step compiled: on the main thread
+
+    def listen(event: str, duration: float, **kwargs: str | int) -> None:
+        if event == BACKEND_COMPILE and kwargs.get("fun_name") == "jit(train_step)":
+            steps.append(threading.current_thread() is threading.main_thread())
+
+    cfg, _ = apply_overrides(
+        get_experiment("shakespeare_tiny"),
+        [*FAST, "train.num_steps=1", "train.compiler.cache_dir=", "model.transformer.remat=auto"],
+    )
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        run_experiment(cfg, job_dir=tmp_path / "job")
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    started = re.findall(r"compiling with remat='(\w+)'", capsys.readouterr().out)
+    assert "save_attention_out" not in started and {"full", "none"} <= set(started)
+    # One compile per candidate the search started (one may finish after the choice, unused),
+    # none for the run itself.
+    assert len(steps) == len(started), (steps, started)
