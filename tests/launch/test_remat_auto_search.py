@@ -1,6 +1,7 @@
 """How much `model.transformer.remat="auto"` compiles to choose: only the candidates that could be
 chosen, each once, and the chosen one is the program the run executes."""
 
+import logging
 import re
 import threading
 
@@ -49,11 +50,12 @@ def test_a_candidate_that_removes_too_little_matrix_work_is_traced_not_compiled(
     assert "offload_attention_out" not in compiles  # save_attention_out fits: offloading cannot be faster
 
 
-def test_the_run_executes_the_chosen_candidate_compiled_once(tmp_path, monkeypatch, capsys):
-    """`launch run` with remat="auto" and JAX's persistent compilation cache off: the train step
-    compiles once per candidate the search needs, and the run's first step compiles nothing (it
-    runs the chosen candidate's program); a candidate that removes under MIN_GAIN of own's matrix
-    work (the toy's save_attention_out: 1.7% of full remat's) is not compiled."""
+def test_the_run_executes_the_chosen_candidate_and_loads_its_initialisation(tmp_path, monkeypatch, capsys, caplog):
+    """`launch run` with remat="auto": the train step compiles once per candidate the search needs,
+    and the run's first step compiles nothing (it runs the chosen candidate's program, not one
+    loaded from JAX's persistent compilation cache); a candidate that removes under MIN_GAIN of
+    own's matrix work (the toy's save_attention_out: 1.7% of full remat's) is not compiled; the
+    state's initialisation, compiled beside the candidates, is loaded from the cache."""
     import jax
 
     from equipax.core.knobs import apply_overrides
@@ -61,27 +63,32 @@ def test_the_run_executes_the_chosen_candidate_compiled_once(tmp_path, monkeypat
     from equipax.launch.aot.compile_events import BACKEND_COMPILE
     from equipax.launch.experiments.registry import get_experiment
     from equipax.launch.training.loop import run_experiment
+    from helpers.toy import persistent_compile_cache
 
     monkeypatch.setenv("EQUIPAX_CACHE_DIR", str(tmp_path / "machine"))
     monkeypatch.setattr(remat, "own_policy", lambda cfg: "full")  # shakespeare_tiny's own is none
     monkeypatch.setattr(remat, "_workers", lambda: 4)  # every candidate at once, as on a TPU host
-    steps: list[bool] = []  # a train step compiled: on the main thread
+    steps = []  # train steps compiled (or loaded from the persistent cache)
 
     def listen(event: str, duration: float, **kwargs: str | int) -> None:
         if event == BACKEND_COMPILE and kwargs.get("fun_name") == "jit(train_step)":
-            steps.append(threading.current_thread() is threading.main_thread())
+            steps.append(event)
 
     cfg, _ = apply_overrides(
-        get_experiment("shakespeare_tiny"),
-        [*FAST, "train.num_steps=1", "train.compiler.cache_dir=", "model.transformer.remat=auto"],
+        get_experiment("shakespeare_tiny"), [*FAST, "train.num_steps=1", "model.transformer.remat=auto"]
     )
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
-        run_experiment(cfg, job_dir=tmp_path / "job")
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
+    # A cache of this test's own (the suite's may hold the toy's programs already), every program kept.
+    with persistent_compile_cache(tmp_path / "jax"), caplog.at_level(logging.DEBUG, logger="jax._src.compiler"):
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        try:
+            run_experiment(cfg, job_dir=tmp_path / "job")
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listen)
     started = re.findall(r"compiling with remat='(\w+)'", capsys.readouterr().out)
     assert "save_attention_out" not in started and {"full", "none"} <= set(started)
     # One compile per candidate the search started (one may finish after the choice, unused),
     # none for the run itself.
     assert len(steps) == len(started), (steps, started)
+    loaded = [r.threadName for r in caplog.records if "cache hit for 'jit_make'" in r.getMessage()]
+    assert threading.main_thread().name in loaded, [r.getMessage()[:80] for r in caplog.records]

@@ -16,10 +16,12 @@ the same experiment on the same kind of device compiles nothing to choose. docs/
 "Choosing remat by compiling".
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -106,6 +108,8 @@ class RematChoice:
         compiled: the chosen candidate's compile (`equipax.launch.aot.compile_step.CompiledStep`) when it
             was compiled here, for the caller to reuse (its `training` runs the step compiled); None
             when cached.
+        beside: the thread running `choose_remat`'s `beside` (None: not started), for the caller
+            to join before it leaves what that work needs.
     """
 
     cfg: ExperimentConfig
@@ -118,6 +122,7 @@ class RematChoice:
     cached: str | None
     search_s: float = 0.0
     compiled: Any = None
+    beside: threading.Thread | None = None
 
     def record(self) -> dict[str, Any]:
         """The JSON-ready record (compile.json's `remat`)."""
@@ -232,6 +237,7 @@ def choose_remat(
     cache: AnyPath | None = None,
     log: Callable[[str], object] = print,
     feeds_batches: bool = False,
+    beside: Callable[[], object] | None = None,
 ) -> RematChoice:
     """Choose `cfg`'s remat policy by compiling its train step under the candidates.
 
@@ -248,6 +254,9 @@ def choose_remat(
         feeds_batches: as `build_training`'s: True where the chosen candidate's program
             (`RematChoice.compiled.training`) is the one the caller runs (`launch run`), so that
             its first step finds the step compiled.
+        beside: work to run on a thread of its own while the candidates compile, where the choice
+            is not cached (`launch run`: the compile of the state's initialisation, which no policy
+            changes); not waited for (`RematChoice.beside`), its errors dropped.
 
     Returns:
         The choice, with the table of candidates.
@@ -273,6 +282,9 @@ def choose_remat(
                            hit.get("candidates", []), budget, roofline, cached=where)  # fmt: skip
 
     t0 = time.monotonic()
+    thread = threading.Thread(target=_quietly(beside), name="equipax-remat-beside", daemon=True) if beside else None
+    if thread is not None:
+        thread.start()
     trainings: dict[str, Any] = {}
 
     def trace(policy: str) -> tuple[Any, float]:
@@ -291,21 +303,26 @@ def choose_remat(
         cost = program_cost(step.compiled.as_text(), roofline) if step.compiled is not None else None
         return Outcome(fits, cost.projected_s if cost is not None else None), (step, cost)
 
-    decision, outcomes, compiled, work = search(
-        order, own, trace=trace, work=lambda traced: matrix_seconds(traced[0].jaxpr, roofline), lower=lower,
-        compile_=compile_, workers=_workers(), min_gain=MIN_GAIN, log=log,
-    )  # fmt: skip
-    table = [_row(p, outcomes.get(p), compiled.get(p), work.get(p)) for p in order]
-    if decision.policy is None:
-        smallest = min((r for r in table if r["total_bytes"] is not None), key=lambda r: r["total_bytes"])
-        raise ConfigError(
-            f"{KNOB}='auto': no remat policy fits {budget / GIB:.3g} GiB per device ({budget_gib:g} GiB less "
-            f"the {margin:.0%} margin); the smallest, {smallest['policy']!r}, needs "
-            f"{smallest['total_bytes'] / GIB:.3g} GiB.\n"
-            + format_remat_table(table, budget, own=own)
-            + "\nUse more devices (a larger fsdp axis), a smaller data.per_device_batch or data.seq_len, or a "
-            "larger budget (`launch compile --hbm-gib`, train.hbm_gib_per_device, train.hbm_margin)."
-        )
+    try:
+        decision, outcomes, compiled, work = search(
+            order, own, trace=trace, work=lambda traced: matrix_seconds(traced[0].jaxpr, roofline), lower=lower,
+            compile_=compile_, workers=_workers(), min_gain=MIN_GAIN, log=log,
+        )  # fmt: skip
+        table = [_row(p, outcomes.get(p), compiled.get(p), work.get(p)) for p in order]
+        if decision.policy is None:
+            smallest = min((r for r in table if r["total_bytes"] is not None), key=lambda r: r["total_bytes"])
+            raise ConfigError(
+                f"{KNOB}='auto': no remat policy fits {budget / GIB:.3g} GiB per device ({budget_gib:g} GiB less "
+                f"the {margin:.0%} margin); the smallest, {smallest['policy']!r}, needs "
+                f"{smallest['total_bytes'] / GIB:.3g} GiB.\n"
+                + format_remat_table(table, budget, own=own)
+                + "\nUse more devices (a larger fsdp axis), a smaller data.per_device_batch or data.seq_len, or a "
+                "larger budget (`launch compile --hbm-gib`, train.hbm_gib_per_device, train.hbm_margin)."
+            )
+    except BaseException:  # the caller gets no thread to join
+        if thread is not None:
+            thread.join()
+        raise
     policy = decision.policy
     search_s = time.monotonic() - t0
     entry = {"experiment": cfg.name, "target": target, "policy": policy, "own": own, "reason": decision.reason,
@@ -313,7 +330,17 @@ def choose_remat(
     _write_cache(cache, key, entry)
     step = compiled[policy][0]
     return RematChoice(set_knob(cfg, KNOB, policy), policy, own, decision.reason, table, budget, roofline,
-                       cached=None, search_s=search_s, compiled=step)  # fmt: skip
+                       cached=None, search_s=search_s, compiled=step, beside=thread)  # fmt: skip
+
+
+def _quietly(work: Callable[[], object]) -> Callable[[], None]:
+    """`work`, its exceptions dropped (what it prepares is done again, and fails, where it is used)."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            work()
+
+    return run
 
 
 def _row(policy: str, outcome: Outcome | None, compiled: Any, matrix_s: float | None) -> dict[str, Any]:
