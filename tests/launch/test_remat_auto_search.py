@@ -92,3 +92,47 @@ def test_the_run_executes_the_chosen_candidate_and_loads_its_initialisation(tmp_
     assert len(steps) == len(started), (steps, started)
     loaded = [r.threadName for r in caplog.records if "cache hit for 'jit_make'" in r.getMessage()]
     assert threading.main_thread().name in loaded, [r.getMessage()[:80] for r in caplog.records]
+
+
+def test_the_traced_matrix_work_differs_between_policies_as_the_compiled_programs_do():
+    """What a policy saves in traced matrix work is what its compiled program saves (XLA:CPU here;
+    XLA:TPU's for c4_1b and qwen3_0_6b in benchmarks/README.md): the traced count sees the
+    scanned layers once per layer and the recomputation in the backward pass."""
+    from equipax.core.knobs import apply_overrides, set_knob
+    from equipax.core.mesh import build_mesh
+    from equipax.launch.aot.hlo_cost import NOMINAL_HOST, program_cost
+    from equipax.launch.aot.matrix_work import matrix_flops
+    from equipax.launch.experiments.registry import get_experiment
+    from equipax.launch.program.training import build_training
+    from helpers.toy import TOY
+
+    cfg, _ = apply_overrides(get_experiment("shakespeare_tiny"), TOY)
+    cfg = cfg.for_devices(1)
+    traced, compiled = {}, {}
+    for policy in ("full", "save_attention_out"):
+        step = build_training(set_knob(cfg, "model.transformer.remat", policy), build_mesh(cfg.mesh)).trace()
+        traced[policy] = matrix_flops(step.jaxpr)[0]
+        compiled[policy] = program_cost(step.lower().compile().as_text(), NOMINAL_HOST).flops
+    assert traced["full"] > traced["save_attention_out"] > 0
+    assert traced["full"] - traced["save_attention_out"] == compiled["full"] - compiled["save_attention_out"]
+
+
+def test_matrix_work_counts_a_scan_per_trip_and_a_grouped_matmul_and_its_transposes():
+    import jax
+    import jax.numpy as jnp
+
+    from equipax.launch.aot.matrix_work import matrix_flops
+
+    m, k, n, groups = 64, 32, 16, 4
+    x, w, sizes = jnp.ones((m, k)), jnp.ones((groups, k, n)), jnp.full((groups,), m // groups, jnp.int32)
+
+    def experts(x, w):  # a mixture of experts' grouped matmul: each row meets one group's [k, n]
+        return jax.lax.ragged_dot(x, w, sizes).sum()
+
+    # Forward 2mkn; its gradient for both operands: the forward and two transposes of the same size.
+    assert matrix_flops(jax.make_jaxpr(jax.grad(experts, argnums=(0, 1)))(x, w))[0] == 3 * 2 * m * k * n
+
+    def layers(x, ws):  # three stacked [k, k] layers, scanned
+        return jax.lax.scan(lambda h, w: (h @ w, None), x, ws)[0].sum()
+
+    assert matrix_flops(jax.make_jaxpr(layers)(x, jnp.ones((3, k, k))))[0] == 3 * 2 * m * k * k

@@ -2,7 +2,8 @@
 candidate's train step before compiling any (`equipax.launch.aot.remat_search`).
 
 `matrix_flops` walks a jaxpr (`jax.jit(f).trace(...).jaxpr`, the program JAX hands to XLA, the
-backward pass and what remat recomputes in it included): every `dot_general` and convolution, a
+backward pass and what remat recomputes in it included): every `dot_general`, grouped matrix
+multiply (`ragged_dot`) and convolution, a
 scanned body once per trip, a conditional's dearest branch, a `shard_map` body once per shard, and
 a splash attention kernel's matrix multiplies (`equipax.launch.aot.hlo_cost.splash_flops`, the
 compiled programs' convention). `matrix_seconds` is that work at a device's peak, the int8 x int8
@@ -47,6 +48,16 @@ def _dot(eqn: Any) -> float:
     return 2.0 * math.prod(_shape(eqn.outvars[0])) * math.prod(lhs[i] for i in contracting)
 
 
+def _ragged_dot(eqn: Any) -> float:
+    """A grouped matrix multiply (`jax.lax.ragged_dot`, a mixture of experts' and its transposes):
+    each row of the left operand meets one group of the right one: 2 x the left operand x the
+    right one's free dimensions (not contracted, batched or grouped)."""
+    numbers = eqn.params["ragged_dot_dimension_numbers"]
+    (_, contracting), (_, batch) = numbers.dot_dimension_numbers
+    rhs, skip = _shape(eqn.invars[1]), {*contracting, *batch, *numbers.rhs_group_dimensions}
+    return 2.0 * math.prod(_shape(eqn.invars[0])) * math.prod(d for i, d in enumerate(rhs) if i not in skip)
+
+
 def _conv(eqn: Any) -> float:
     """2 x outputs x the kernel's size per output feature (padding not discounted)."""
     rhs, out = _shape(eqn.invars[1]), _shape(eqn.outvars[0])
@@ -83,8 +94,8 @@ def matrix_flops(jaxpr: Any) -> tuple[float, float]:
             f = _dot(eqn)
             total, int8 = total + f, int8 + (f if all(_is_int8(v) for v in eqn.invars[:2]) else 0.0)
             continue
-        if name == "conv_general_dilated":
-            total += _conv(eqn)
+        if name in ("conv_general_dilated", "ragged_dot_general"):
+            total += _conv(eqn) if name == "conv_general_dilated" else _ragged_dot(eqn)
             continue
         if name == "pallas_call":  # its body runs per block of its grid: priced as a whole
             total += _pallas(eqn)
