@@ -382,8 +382,5 @@ def format_remat_table(
         if mine and r["total_bytes"] is None and r.get("matrix_s") is not None
     ]
     if passed:
-        lines.append(
-            f"  (less of {own!r}'s matrix work removed than the {MIN_GAIN:.0%} a policy must gain, so not "
-            f"compiled: {', '.join(passed)})"
-        )
+        lines.append(f"  (not compiled, removing under {MIN_GAIN:.0%} of {own}'s matrix work: {', '.join(passed)})")
     return "\n".join(lines)
