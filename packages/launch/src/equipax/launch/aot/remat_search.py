@@ -136,12 +136,14 @@ def search(
     seconds: dict[str, float] = {}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers))
     running: dict[concurrent.futures.Future[tuple[Outcome, Any]], str] = {}
+    started: set[str] = set()
 
     def start(queue: collections.deque[str]) -> None:
         while queue and len(running) < max(1, workers):
             policy = queue.popleft()
             log(f"model.transformer.remat='auto': compiling with remat={policy!r}...")
             running[pool.submit(compile_, policy, lower(traced.pop(policy, None) or trace(policy)))] = policy
+            started.add(policy)
 
     def run(queue: collections.deque[str], done: Callable[[], Decision | None]) -> Decision | None:
         while (decision := done()) is None:
@@ -180,7 +182,7 @@ def search(
 
         decision = run(queue, first)
         if decision is None or decision.policy is None:  # own does not fit: every other candidate
-            rest = [p for p in order if p not in outcomes and p != OFFLOAD]
+            rest = [p for p in order if p not in started and p != OFFLOAD]  # (and those still compiling)
             run(collections.deque(rest), lambda: None)
             if OFFLOAD in order and not (SAVE in outcomes and outcomes[SAVE].fits):
                 run(collections.deque([OFFLOAD]), lambda: None)
