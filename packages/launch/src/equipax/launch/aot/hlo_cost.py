@@ -21,7 +21,7 @@ from typing import Any
 
 from equipax.launch.aot.hlo_text import Array, Instruction, arrays, attr, conv_flops, dot_flops, parse_module
 
-__all__ = ["NOMINAL_HOST", "program_cost", "ProgramCost", "Roofline", "splash_flops"]
+__all__ = ["NOMINAL_HOST", "program_cost", "ProgramCost", "Roofline"]
 
 _DEVICE, _HOST = 0, 5  # XLA's memory spaces: device memory, pinned host memory (the others are on-chip)
 # Instructions that launch nothing.
@@ -82,28 +82,21 @@ class ProgramCost:
     projected_s: float
 
 
-def splash_flops(kernel: str, q: tuple[int, ...], k: tuple[int, ...], outputs: int) -> float:
-    """A splash attention kernel's matrix FLOPs (0 unless `kernel`, its name, says splash): which
-    kernel by its name, from its query and key shapes `[b, h, s, d]`; `outputs`, its outputs of 4
-    or more dimensions (a dkv kernel with 3, dq, dk and dv, is the fused backward)."""
-    if "splash" not in kernel:
-        return 0.0
-    (b, h, sq, d), sk = q, k[2]
-    matmuls = next((n for key, n in _SPLASH_MATMULS if key in kernel), 2)
-    if "_dkv" in kernel and outputs >= 3:
-        matmuls = _FUSED_BACKWARD_MATMULS
-    return 2.0 * b * h * sq * sk * d * matmuls / 2
-
-
 def _splash_flops(op: Instruction, shapes: dict[str, str]) -> float:
     """A splash attention kernel's matrix multiplies, from its query and key operands `[b, h, s, d]`
     (which kernel: by its name and its op's, not its metadata, which names every kernel's blocks)."""
     op_name = re.search(r'op_name="([^"]*)"', op.attrs)
     text = f"{op.name} {op_name.group(1) if op_name else ''}"
+    if "splash" not in text:
+        return 0.0
     qk = [a for n in op.operands for a in arrays(shapes.get(n, ""))[:1] if len(a.dims) == 4]
     if len(qk) < 2:
         return 0.0
-    return splash_flops(text, qk[0].dims, qk[1].dims, sum(len(a.dims) >= 4 for a in arrays(op.shape)))
+    (b, h, sq, d), sk = qk[0].dims, qk[1].dims[2]
+    matmuls = next((n for key, n in _SPLASH_MATMULS if key in text), 2)
+    if "_dkv" in text and sum(len(a.dims) >= 4 for a in arrays(op.shape)) >= 3:  # dq, dk and dv
+        matmuls = _FUSED_BACKWARD_MATMULS
+    return 2.0 * b * h * sq * sk * d * matmuls / 2
 
 
 def _sum(costs: list[Cost], times: int = 1) -> Cost:

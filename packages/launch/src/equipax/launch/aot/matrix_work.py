@@ -5,8 +5,8 @@ candidate's train step before compiling any (`equipax.launch.aot.remat_search`).
 backward pass and what remat recomputes in it included): every `dot_general`, grouped matrix
 multiply (`ragged_dot`) and convolution, a
 scanned body once per trip, a conditional's dearest branch, a `shard_map` body once per shard, and
-a splash attention kernel's matrix multiplies (`equipax.launch.aot.hlo_cost.splash_flops`, the
-compiled programs' convention). `matrix_seconds` is that work at a device's peak, the int8 x int8
+a splash attention kernel's matrix multiplies (by `equipax.launch.aot.hlo_cost`'s convention for
+the compiled programs). `matrix_seconds` is that work at a device's peak, the int8 x int8
 products at its int8 rate: a lower bound on any compile of the program, and what a policy that
 recomputes less can save at most where what it skips is matrix work.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from equipax.launch.aot.hlo_cost import Roofline, splash_flops
+from equipax.launch.aot.hlo_cost import _FUSED_BACKWARD_MATMULS, _SPLASH_MATMULS, Roofline
 
 __all__ = ["matrix_flops", "matrix_seconds"]
 
@@ -67,12 +67,22 @@ def _conv(eqn: Any) -> float:
 
 def _pallas(eqn: Any) -> float:
     """A Pallas kernel's matrix FLOPs: a splash attention kernel's by its name and its query and key
-    operands `[b, h, s, d]`; another's from its cost estimate (0 without one)."""
+    operands `[b, h, s, d]` (`[h, s, d]`: batch 1), as `equipax.launch.aot.hlo_cost` prices it in a
+    compiled program (forward 2 matrix multiplies, dq 3, dkv 4, the fused backward 5, half of them
+    under the causal mask); another's from its cost estimate (0 without one)."""
     params = eqn.params
     name = params.get("name") or getattr(params.get("name_and_src_info"), "name", None) or ""
-    qk = [_shape(v) for v in eqn.invars if len(_shape(v)) == 4]
-    if "splash" in name and len(qk) >= 2:
-        return splash_flops(name, qk[0], qk[1], sum(len(_shape(v)) >= 4 for v in eqn.outvars))
+    if "splash" in name:
+        floats = [_shape(v) for v in eqn.invars if np.issubdtype(np.dtype(v.aval.dtype), np.floating)]
+        qk = [s for s in floats if len(s) in (3, 4)]
+        if len(qk) < 2:
+            return 0.0
+        (b, h, sq, d), sk = (1, *qk[0])[-4:], qk[1][-2]
+        matmuls = next((n for key, n in _SPLASH_MATMULS if key in name), 2)
+        # dq, dk and dv: outputs of the queries' rank or more (its scratch sums have one axis less).
+        if "_dkv" in name and sum(len(_shape(v)) >= len(qk[0]) for v in eqn.outvars) >= 3:
+            matmuls = _FUSED_BACKWARD_MATMULS
+        return 2.0 * b * h * sq * sk * d * matmuls / 2
     estimate = params.get("cost_estimate")
     return float(getattr(estimate, "flops", 0) or 0)
 
