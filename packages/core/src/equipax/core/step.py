@@ -398,6 +398,12 @@ class TrainStep(Generic[_ModelT_contra]):
         fn, arrays, _ = self._for(state)
         return fn.lower(arrays, batch, key)
 
+    def trace(self, state: Any, batch: Any, key: Any) -> Any:
+        """Trace the step as `lower` does, without lowering it: `jax.stages.Traced`, whose `jaxpr`
+        is the program (the backward pass included) and whose `lower()` is `lower`'s."""
+        fn, arrays, _ = self._for(state)
+        return fn.trace(arrays, batch, key)
+
 
 def _unflatten(structure: tuple[Any, tuple[bool, ...], tuple[Any, ...]], arrays: list[Any]) -> Any:
     """The state of `structure` (`TrainStep._for`) with `arrays` as its array leaves."""

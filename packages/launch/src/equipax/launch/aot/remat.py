@@ -16,10 +16,12 @@ the same experiment on the same kind of device compiles nothing to choose. docs/
 "Choosing remat by compiling".
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +32,8 @@ from equipax.core.configs import REMAT_POLICIES
 from equipax.core.knobs import ConfigError, flatten, set_knob, to_dict
 from equipax.launch.aot.compile_step import compile_step
 from equipax.launch.aot.hlo_cost import Roofline, program_cost
-from equipax.launch.aot.remat_search import Outcome, search
+from equipax.launch.aot.matrix_work import matrix_seconds
+from equipax.launch.aot.remat_search import Outcome, removed_share, search
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.store.storage import AnyPath, write_atomic
 
@@ -56,7 +59,8 @@ MIN_GAIN = 0.03
 # 2: int8 matmuls at the int8 rate; in-place copies of a stacked buffer free. 3: "save_context" a
 # candidate, splash's residuals named (the policies that keep the context no longer rerun its
 # forward kernel), and splash's kernels priced at batch 1 too. 4: "dots_with_context" a candidate.
-_RULE = "roofline-4"
+# 5: a candidate whose traced matrix work is not MIN_GAIN below own's is not compiled.
+_RULE = "roofline-5"
 # Offloading to pinned host memory compiles where the backend has that memory space.
 _OFFLOAD_PLATFORMS = ("tpu", "gpu", "cuda", "rocm")
 # Data knobs that say where the tokens come from, not the step's shapes.
@@ -104,7 +108,10 @@ class RematChoice:
         cached: where the choice was read from ("job", "machine"; None: searched now).
         search_s: the search's seconds (0 when cached).
         compiled: the chosen candidate's compile (`equipax.launch.aot.compile_step.CompiledStep`) when it
-            was compiled here, for the caller to reuse; None when cached.
+            was compiled here, for the caller to reuse (its `training` runs the step compiled); None
+            when cached.
+        beside: the thread running `choose_remat`'s `beside` (None: not started), for the caller
+            to join before it leaves what that work needs.
     """
 
     cfg: ExperimentConfig
@@ -117,6 +124,7 @@ class RematChoice:
     cached: str | None
     search_s: float = 0.0
     compiled: Any = None
+    beside: threading.Thread | None = None
 
     def record(self) -> dict[str, Any]:
         """The JSON-ready record (compile.json's `remat`)."""
@@ -230,6 +238,8 @@ def choose_remat(
     target: dict[str, Any] | None = None,
     cache: AnyPath | None = None,
     log: Callable[[str], object] = print,
+    feeds_batches: bool = False,
+    beside: Callable[[], object] | None = None,
 ) -> RematChoice:
     """Choose `cfg`'s remat policy by compiling its train step under the candidates.
 
@@ -243,6 +253,12 @@ def choose_remat(
         target: what the budget is for (part of the cache key and the record).
         cache: the job's `remat_auto.json` (None: only the machine's cache).
         log: progress messages.
+        feeds_batches: as `build_training`'s: True where the chosen candidate's program
+            (`RematChoice.compiled.training`) is the one the caller runs (`launch run`), so that
+            its first step finds the step compiled.
+        beside: work to run on a thread of its own while the candidates compile, where the choice
+            is not cached (`launch run`: the compile of the state's initialisation, which no policy
+            changes); not waited for (`RematChoice.beside`), its errors dropped.
 
     Returns:
         The choice, with the table of candidates.
@@ -268,12 +284,20 @@ def choose_remat(
                            hit.get("candidates", []), budget, roofline, cached=where)  # fmt: skip
 
     t0 = time.monotonic()
+    thread = threading.Thread(target=_quietly(beside), name="equipax-remat-beside", daemon=True) if beside else None
+    if thread is not None:
+        thread.start()
     trainings: dict[str, Any] = {}
 
-    def lower(policy: str) -> tuple[Any, float]:
-        trainings[policy] = build_training(set_knob(cfg, KNOB, policy), mesh, feeds_batches=False)
+    def trace(policy: str) -> tuple[Any, float]:
+        trainings[policy] = build_training(set_knob(cfg, KNOB, policy), mesh, feeds_batches=feeds_batches)
         t = time.monotonic()
-        return trainings[policy].lower(), time.monotonic() - t
+        return trainings[policy].trace(), time.monotonic() - t
+
+    def lower(traced: tuple[Any, float]) -> tuple[Any, float]:
+        step, seconds = traced
+        t = time.monotonic()
+        return step.lower(), seconds + time.monotonic() - t
 
     def compile_(policy: str, lowered: tuple[Any, float]) -> tuple[Outcome, Any]:
         step = compile_step(trainings[policy], *lowered)
@@ -281,20 +305,26 @@ def choose_remat(
         cost = program_cost(step.compiled.as_text(), roofline) if step.compiled is not None else None
         return Outcome(fits, cost.projected_s if cost is not None else None), (step, cost)
 
-    decision, outcomes, compiled = search(
-        order, own, lower=lower, compile_=compile_, workers=_workers(), min_gain=MIN_GAIN, log=log
-    )
-    table = [_row(p, outcomes.get(p), compiled.get(p)) for p in order]
-    if decision.policy is None:
-        smallest = min((r for r in table if r["total_bytes"] is not None), key=lambda r: r["total_bytes"])
-        raise ConfigError(
-            f"{KNOB}='auto': no remat policy fits {budget / GIB:.3g} GiB per device ({budget_gib:g} GiB less "
-            f"the {margin:.0%} margin); the smallest, {smallest['policy']!r}, needs "
-            f"{smallest['total_bytes'] / GIB:.3g} GiB.\n"
-            + format_remat_table(table, budget, own=own)
-            + "\nUse more devices (a larger fsdp axis), a smaller data.per_device_batch or data.seq_len, or a "
-            "larger budget (`launch compile --hbm-gib`, train.hbm_gib_per_device, train.hbm_margin)."
-        )
+    try:
+        decision, outcomes, compiled, work = search(
+            order, own, trace=trace, work=lambda traced: matrix_seconds(traced[0].jaxpr, roofline), lower=lower,
+            compile_=compile_, workers=_workers(), min_gain=MIN_GAIN, log=log,
+        )  # fmt: skip
+        table = [_row(p, outcomes.get(p), compiled.get(p), work.get(p)) for p in order]
+        if decision.policy is None:
+            smallest = min((r for r in table if r["total_bytes"] is not None), key=lambda r: r["total_bytes"])
+            raise ConfigError(
+                f"{KNOB}='auto': no remat policy fits {budget / GIB:.3g} GiB per device ({budget_gib:g} GiB less "
+                f"the {margin:.0%} margin); the smallest, {smallest['policy']!r}, needs "
+                f"{smallest['total_bytes'] / GIB:.3g} GiB.\n"
+                + format_remat_table(table, budget, own=own)
+                + "\nUse more devices (a larger fsdp axis), a smaller data.per_device_batch or data.seq_len, or a "
+                "larger budget (`launch compile --hbm-gib`, train.hbm_gib_per_device, train.hbm_margin)."
+            )
+    except BaseException:  # the caller gets no thread to join
+        if thread is not None:
+            thread.join()
+        raise
     policy = decision.policy
     search_s = time.monotonic() - t0
     entry = {"experiment": cfg.name, "target": target, "policy": policy, "own": own, "reason": decision.reason,
@@ -302,12 +332,23 @@ def choose_remat(
     _write_cache(cache, key, entry)
     step = compiled[policy][0]
     return RematChoice(set_knob(cfg, KNOB, policy), policy, own, decision.reason, table, budget, roofline,
-                       cached=None, search_s=search_s, compiled=step)  # fmt: skip
+                       cached=None, search_s=search_s, compiled=step, beside=thread)  # fmt: skip
 
 
-def _row(policy: str, outcome: Outcome | None, compiled: Any) -> dict[str, Any]:
+def _quietly(work: Callable[[], object]) -> Callable[[], None]:
+    """`work`, its exceptions dropped (what it prepares is done again, and fails, where it is used)."""
+
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            work()
+
+    return run
+
+
+def _row(policy: str, outcome: Outcome | None, compiled: Any, matrix_s: float | None) -> dict[str, Any]:
     row: dict[str, Any] = {"policy": policy, "total_bytes": None, "fits": None, "flops": None, "hbm_bytes": None,
-                           "host_bytes": None, "projected_step_s": None, "compile_s": None}  # fmt: skip
+                           "host_bytes": None, "projected_step_s": None, "compile_s": None,
+                           "matrix_s": matrix_s}  # fmt: skip
     if outcome is None:
         return row
     step, cost = compiled
@@ -336,4 +377,12 @@ def format_remat_table(
         lines.append(f"  {name:<26} {size:>10}  {fits:<5} {flops:>10} {traffic:>11}  {step}{mark}")
     note = "; '-': not compiled, not needed to decide" if any(r["total_bytes"] is None for r in table) else ""
     lines.append(f"  (budget {budget_bytes / GIB:.3g} GiB per device, the margin taken off{note})")
+    mine = next((r.get("matrix_s") for r in table if r["policy"] == own), None)
+    passed = [
+        f"{r['policy']} {removed_share(mine, r['matrix_s']):.1%}"
+        for r in table
+        if mine and r["total_bytes"] is None and r.get("matrix_s") is not None
+    ]
+    if passed:
+        lines.append(f"  (not compiled, removing under {MIN_GAIN:.0%} of {own}'s matrix work: {', '.join(passed)})")
     return "\n".join(lines)

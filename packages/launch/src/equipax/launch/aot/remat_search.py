@@ -2,14 +2,20 @@
 the rule that picks one from their compiled figures (`decide`). `equipax.launch.aot.remat` is the
 command-facing side (cache, table, errors).
 
-The experiment's own policy (`own`) is compiled with the candidates that recompute less than it
-(`faster`), up to `workers` at a time (tracing and lowering in this thread, XLA's compiles in a
-pool: they release the GIL). A faster candidate replaces `own` only where it fits and its compiled
-program is projected at least `min_gain` faster than own's; the first such one down the list is
-taken, and candidates after it are never lowered. Only where `own` does not fit are the policies
-that recompute more compiled (`slower`), and then the fastest projected one that fits is taken;
-`offload_attention_out` is compiled only where `save_attention_out` does not fit (the same
-recomputation plus the copies to host memory: it cannot be faster). The outcome depends only on the
+The experiment's own policy (`own`) is compiled first, and the candidates that recompute less than
+it (`faster`) up to `workers` at a time with it (tracing and lowering in this thread, XLA's
+compiles in a pool: they release the GIL). A candidate that recomputes less is compiled only where
+its traced program's matrix work at the device's peak is at least `min_gain` below own's
+(`removed_share`): what it saves is the recomputation it skips, and own's step takes at least
+own's matrix work, so one that removes less cannot be projected `min_gain` faster (c4_1b at 6
+layers on a TPU v5e, benchmarks/README.md: save_attention_out removes 1.9% of full remat's
+matrix work, and its compiled program is projected 0.3% slower). A faster candidate replaces
+`own` only where it fits and its compiled program is projected at least `min_gain` faster than
+own's; the first such one down the list is taken, and candidates after it are never lowered.
+Only where `own` does not fit are the policies that recompute more compiled (`slower`, and those
+passed over), and then the fastest projected one that fits is taken; `offload_attention_out` is
+compiled only where `save_attention_out` does not fit (the same recomputation plus the copies to
+host memory: it cannot be faster). The outcome depends only on the traced programs and the
 compiles' figures, never on which finished first, so every host of a job takes the same policy.
 """
 
@@ -20,7 +26,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["Decision", "decide", "Outcome", "search"]
+__all__ = ["Decision", "decide", "Outcome", "removed_share", "search"]
 
 SAVE = "save_attention_out"
 OFFLOAD = "offload_attention_out"
@@ -88,43 +94,60 @@ def fastest_that_fits(order: Sequence[str], outcomes: Mapping[str, Outcome], own
     )
 
 
+def removed_share(own_s: float, candidate_s: float) -> float:
+    """The share of own's matrix work (`own_s` seconds at peak) a candidate's (`candidate_s`) removes."""
+    return 1.0 - candidate_s / own_s if own_s > 0 else 1.0
+
+
 def search(
     order: Sequence[str],
     own: str,
     *,
-    lower: Callable[[str], Any],
+    trace: Callable[[str], Any],
+    work: Callable[[Any], float],
+    lower: Callable[[Any], Any],
     compile_: Callable[[str, Any], tuple[Outcome, Any]],
     workers: int,
     min_gain: float,
     log: Callable[[str], object],
-) -> tuple[Decision, dict[str, Outcome], dict[str, Any]]:
+) -> tuple[Decision, dict[str, Outcome], dict[str, Any], dict[str, float]]:
     """Compile candidates of `order` (least recomputation first) until the rules decide.
 
     Arguments:
         order: the candidates on this platform, from the least recomputation to the most.
         own: the experiment's own policy (in `order`).
-        lower: `policy -> lowered step` (called in this thread).
+        trace: `policy -> traced step` (called in this thread).
+        work: `traced step -> its matrix work in seconds at the device's peak`
+            (`equipax.launch.aot.matrix_work.matrix_seconds`).
+        lower: `traced step -> lowered step` (called in this thread).
         compile_: `(policy, lowered) -> (Outcome, compiled step)` (called in the pool).
         workers: compiles at once.
         min_gain: how much faster than own a candidate must be projected.
         log: progress messages.
 
     Returns:
-        The decision (policy None: nothing fits), the outcomes and the compiled steps by policy.
+        The decision (policy None: nothing fits), the outcomes and the compiled steps by policy,
+        and the matrix work (seconds at peak) of every traced candidate.
     """
     i = order.index(own)
-    faster = [p for p in order[:i] if p != OFFLOAD]
     outcomes: dict[str, Outcome] = {}
     steps: dict[str, Any] = {}
+    traced: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers))
     running: dict[concurrent.futures.Future[tuple[Outcome, Any]], str] = {}
+    started: set[str] = set()
+
+    def start(queue: collections.deque[str]) -> None:
+        while queue and len(running) < max(1, workers):
+            policy = queue.popleft()
+            log(f"model.transformer.remat='auto': compiling with remat={policy!r}...")
+            running[pool.submit(compile_, policy, lower(traced.pop(policy, None) or trace(policy)))] = policy
+            started.add(policy)
 
     def run(queue: collections.deque[str], done: Callable[[], Decision | None]) -> Decision | None:
         while (decision := done()) is None:
-            while queue and len(running) < max(1, workers):
-                policy = queue.popleft()
-                log(f"model.transformer.remat='auto': compiling with remat={policy!r}...")
-                running[pool.submit(compile_, policy, lower(policy))] = policy
+            start(queue)
             if not running:
                 return None
             finished, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -133,14 +156,33 @@ def search(
                 outcomes[policy], steps[policy] = future.result()
         return decision
 
-    def first() -> Decision | None:
-        d = decide(own, faster, outcomes, min_gain)
-        return d if d.policy is not None or d.fallback else None
-
     try:
-        decision = run(collections.deque([own, *faster]), first)
+        # Own compiles first; while it does, the candidates that recompute less are traced, and
+        # only those whose matrix work is at least `min_gain` below own's are compiled.
+        traced[own] = trace(own)
+        seconds[own] = work(traced[own])
+        queue = collections.deque([own])
+        start(queue)
+        faster = []
+        for policy in order[:i]:
+            if policy == OFFLOAD:
+                continue
+            traced[policy] = trace(policy)
+            seconds[policy] = work(traced[policy])
+            if removed_share(seconds[own], seconds[policy]) >= min_gain:
+                faster.append(policy)
+                queue.append(policy)
+                start(queue)
+            else:
+                traced.pop(policy)  # not compiled in this phase: traced again if the fallback needs it
+
+        def first() -> Decision | None:
+            d = decide(own, faster, outcomes, min_gain)
+            return d if d.policy is not None or d.fallback else None
+
+        decision = run(queue, first)
         if decision is None or decision.policy is None:  # own does not fit: every other candidate
-            rest = [p for p in order if p not in outcomes and p != OFFLOAD]
+            rest = [p for p in order if p not in started and p != OFFLOAD]  # (and those still compiling)
             run(collections.deque(rest), lambda: None)
             if OFFLOAD in order and not (SAVE in outcomes and outcomes[SAVE].fits):
                 run(collections.deque([OFFLOAD]), lambda: None)
@@ -149,4 +191,4 @@ def search(
         # Candidates no longer needed: the queued are never lowered; a running compile finishes
         # in its thread, its result unused.
         pool.shutdown(wait=False, cancel_futures=True)
-    return decision, outcomes, steps
+    return decision, outcomes, steps, seconds

@@ -46,11 +46,18 @@ class Training(Program):
 
     def init_state(self) -> TrainState[Any]:
         """The initial train state, built directly in its sharded layout (no full copy on one device)."""
+        return self._init_program()(self.keys.init)
 
+    def lower_init(self) -> Any:
+        """`init_state`'s program, lowered (nothing is allocated): compiled ahead, JAX's persistent
+        compilation cache holds it for `init_state`. No remat policy changes it."""
+        return self._init_program().lower(self.keys.init)
+
+    def _init_program(self) -> Any:
         def make(key: PRNGKeyArray) -> TrainState[Any]:
             return eqx.filter_shard(_initial_state(self.task, self.learner.optimizer, key), self.state_sharding)
 
-        return eqx.filter_jit(make)(self.keys.init)
+        return eqx.filter_jit(make)
 
     def start_optimizer(self, state: TrainState[Any]) -> TrainState[Any]:
         """`state` of a checkpoint that holds the model alone (`opt_state=None`: `launch convert
@@ -64,8 +71,13 @@ class Training(Program):
 
     def lower(self) -> Any:
         """Lower the train step on abstract arguments: nothing is allocated."""
+        return self.trace().lower()
+
+    def trace(self) -> Any:
+        """Trace the train step on abstract arguments (`jax.stages.Traced`: its `jaxpr`, and
+        `lower()`); nothing is allocated."""
         key = jax.eval_shape(lambda: self.keys.step)
-        return self.train_step.lower(self.abstract_state, self.abstract_batch(), key)
+        return self.train_step.trace(self.abstract_state, self.abstract_batch(), key)
 
 
 def _initial_state(

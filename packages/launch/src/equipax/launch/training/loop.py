@@ -143,9 +143,16 @@ def _compile_ahead(cfg: ExperimentConfig, training: Training, inputs: Inputs) ->
 
 
 def _choose_remat(
-    cfg: ExperimentConfig, mesh: jax.sharding.Mesh, job_dir: AnyPath, sources: dict[str, str], log: Any
-) -> tuple[ExperimentConfig, dict[str, str]]:
-    """`model.transformer.remat="auto"` resolved on this job's devices (`equipax.launch.aot.remat`)."""
+    cfg: ExperimentConfig,
+    mesh: jax.sharding.Mesh,
+    job_dir: AnyPath,
+    sources: dict[str, str],
+    log: Any,
+    cleanup: contextlib.ExitStack,
+) -> tuple[ExperimentConfig, dict[str, str], Training | None]:
+    """`model.transformer.remat="auto"` resolved on this job's devices (`equipax.launch.aot.remat`),
+    with the chosen candidate's program where it was compiled here (its first step compiles nothing,
+    whether or not JAX's persistent compilation cache is on)."""
     from equipax.launch.aot.hlo_cost import NOMINAL_HOST, Roofline
     from equipax.launch.aot.remat import CACHE_FILE, KNOB, choose_remat, format_remat_table
     from equipax.launch.hardware.accelerators import accelerator_of
@@ -163,12 +170,26 @@ def _choose_remat(
         target={"name": device.device_kind, "platform": device.platform, "budget_gib": budget},
         cache=job_dir / CACHE_FILE,
         log=log,
+        feeds_batches=True,
+        beside=_compile_init(cfg, mesh),
     )
+    if choice.beside is not None:  # done before JAX's compilation cache settings are restored
+        cleanup.callback(choice.beside.join)
     if choice.cached is None:
         log(f"{KNOB}='auto' -> {choice.policy!r} ({choice.reason}; {choice.search_s:.1f} s):")
         log(format_remat_table(choice.table, choice.budget_bytes, choice.policy, choice.own))
     how = f"auto, chosen by compiling: {choice.reason}" if choice.reason else "auto, chosen by compiling"
-    return choice.cfg, {**sources, KNOB: f"{how} ({CACHE_FILE})"}
+    training = choice.compiled.training if choice.compiled is not None else None
+    return choice.cfg, {**sources, KNOB: f"{how} ({CACHE_FILE})"}, training
+
+
+def _compile_init(cfg: ExperimentConfig, mesh: jax.sharding.Mesh) -> Callable[[], object] | None:
+    """The state's initialisation compiled into JAX's persistent compilation cache, for `build` to
+    load (None where the cache is off: `build` compiles it); remat="auto" runs it beside its
+    candidates' compiles (the program is the same under every policy)."""
+    if not jax.config.jax_compilation_cache_dir:
+        return None
+    return lambda: build_training(cfg, mesh, feeds_batches=False).lower_init().compile()
 
 
 def _with_attention_note(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, sources: dict[str, str]) -> dict[str, str]:
@@ -195,8 +216,9 @@ def _train(
     allow_new_data_order: bool = False,
 ) -> RunResult:
     log = lambda m: console.print(m, highlight=False)  # noqa: E731
+    chosen = None
     if is_auto(cfg):  # before anything reads the model: the rest of the run sees the chosen policy
-        cfg, sources = _choose_remat(cfg, mesh, job_dir, sources, log)
+        cfg, sources, chosen = _choose_remat(cfg, mesh, job_dir, sources, log, cleanup)
         mark("remat auto")
     fam = family(cfg)
     numbers = fam.numbers(cfg)
@@ -206,7 +228,7 @@ def _train(
     )
     inputs = fam.build_inputs(cfg, job_dir, mesh=mesh, log=log)
     mark("inputs")
-    training = build_training(cfg, mesh)
+    training = chosen if chosen is not None else build_training(cfg, mesh)
     check_host_rows(training, inputs.train)
     checkpointer = _checkpointer(training, fam, inputs, job_dir)
     writer = MetricsWriter(job_dir, enabled=is_primary(), log=log)

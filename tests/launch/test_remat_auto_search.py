@@ -1,0 +1,131 @@
+"""How much `model.transformer.remat="auto"` compiles to choose: only the candidates that could be
+chosen, each once, and the chosen one is the program the run executes."""
+
+import json
+import logging
+import re
+import threading
+import time
+
+import pytest
+
+from helpers.cli import FAST
+
+
+def test_a_candidate_that_removes_too_little_matrix_work_is_traced_not_compiled():
+    """Figures of c4_1b at 6 layers, batch 8, on one TPU v5e (benchmarks/README.md): the traced
+    matrix work of each policy (TFLOP per step), and its compiled outcome."""
+    from equipax.launch.aot.remat import MIN_GAIN
+    from equipax.launch.aot.remat_search import Outcome, search
+
+    order = ["none", "dots_saveable", "save_attention_out", "offload_attention_out", "full"]
+    work = {"none": 28.12, "dots_saveable": 28.38, "save_attention_out": 32.89, "full": 33.53}
+    compiled = {
+        "none": Outcome(False, None),
+        "dots_saveable": Outcome(True, 0.2005),
+        "save_attention_out": Outcome(True, 0.2186),
+        "offload_attention_out": Outcome(True, 0.2200),
+        "full": Outcome(True, 0.2180),
+    }
+
+    def choose(compiled):
+        traced, lowered, compiles = [], [], []
+
+        def compile_(policy, lowered):
+            compiles.append(policy)
+            if policy != "full":  # own's outcome comes first: the others still compile when it does
+                time.sleep(0.2)
+            return compiled[policy], policy
+
+        decision, outcomes, _, seconds = search(
+            order, "full", trace=lambda p: traced.append(p) or p, work=work.get,
+            lower=lambda p: lowered.append(p) or p, compile_=compile_, workers=4, min_gain=MIN_GAIN, log=print,
+        )  # fmt: skip
+        assert len(set(compiles)) == len(compiles)  # each compiled once, ...
+        assert sorted(compiles) == sorted(lowered) == sorted(outcomes)  # ... and its outcome used
+        return decision.policy, compiles, seconds
+
+    # save_attention_out removes 1.9% of full remat's matrix work: it cannot be projected 3% faster,
+    # so only own and the two that remove more are compiled, however many compiles run at once.
+    policy, compiles, seconds = choose(compiled)
+    assert policy == "dots_saveable" and sorted(compiles) == ["dots_saveable", "full", "none"]
+    assert seconds == work  # every candidate that recomputes less than own is traced
+    # Own does not fit: the fastest projected of those that fit, the one passed over included; the
+    # candidates compiling when that is known are waited for, not compiled again.
+    no_own = compiled | {"full": Outcome(False, 0.2180), "dots_saveable": Outcome(False, 0.2005)}
+    policy, compiles, _ = choose(no_own)
+    assert policy == "save_attention_out" and "save_attention_out" in compiles
+    assert "offload_attention_out" not in compiles  # save_attention_out fits: offloading cannot be faster
+
+
+def test_the_run_executes_the_chosen_candidate_and_loads_its_initialisation(tmp_path, monkeypatch, capsys, caplog):
+    """`launch run` with remat="auto": the train step compiles once per candidate the search needs,
+    and the run's first step compiles nothing (it runs the chosen candidate's program, not one
+    loaded from JAX's persistent compilation cache); a candidate that removes under MIN_GAIN of
+    own's matrix work (the toy's save_attention_out: 1.7% of full remat's) is not compiled; the
+    state's initialisation, compiled beside the candidates, is loaded from the cache; the traced
+    matrix work the screen reads differs between policies as the compiled programs' FLOPs do."""
+    import jax
+
+    from equipax.core.knobs import apply_overrides
+    from equipax.launch.aot import remat
+    from equipax.launch.aot.compile_events import BACKEND_COMPILE
+    from equipax.launch.aot.hlo_cost import NOMINAL_HOST
+    from equipax.launch.experiments.registry import get_experiment
+    from equipax.launch.training.loop import run_experiment
+    from helpers.toy import persistent_compile_cache
+
+    monkeypatch.setenv("EQUIPAX_CACHE_DIR", str(tmp_path / "machine"))
+    monkeypatch.setattr(remat, "own_policy", lambda cfg: "full")  # shakespeare_tiny's own is none
+    monkeypatch.setattr(remat, "_workers", lambda: 4)  # every candidate at once, as on a TPU host
+    steps = []  # train steps compiled (or loaded from the persistent cache)
+
+    def listen(event: str, duration: float, **kwargs: str | int) -> None:
+        if event == BACKEND_COMPILE and kwargs.get("fun_name") == "jit(train_step)":
+            steps.append(event)
+
+    cfg, _ = apply_overrides(
+        get_experiment("shakespeare_tiny"), [*FAST, "train.num_steps=1", "model.transformer.remat=auto"]
+    )
+    # A cache of this test's own (the suite's may hold the toy's programs already), every program kept.
+    with persistent_compile_cache(tmp_path / "jax"), caplog.at_level(logging.DEBUG, logger="jax._src.compiler"):
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.monitoring.register_event_duration_secs_listener(listen)
+        try:
+            run_experiment(cfg, job_dir=tmp_path / "job")
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listen)
+    started = re.findall(r"compiling with remat='(\w+)'", capsys.readouterr().out)
+    assert "save_attention_out" not in started and {"full", "none"} <= set(started)
+    # One compile per candidate the search started (one may finish after the choice, unused),
+    # none for the run itself.
+    assert len(steps) == len(started), (steps, started)
+    loaded = [r.threadName for r in caplog.records if "cache hit for 'jit_make'" in r.getMessage()]
+    assert threading.main_thread().name in loaded, [r.getMessage()[:80] for r in caplog.records]
+    # What a policy saves in traced matrix work is what its compiled program saves (XLA:CPU's here,
+    # XLA:TPU's for c4_1b and qwen3_0_6b in benchmarks/README.md): the screen's premise.
+    (entry,) = json.loads((tmp_path / "job" / remat.CACHE_FILE).read_text()).values()
+    rows = {r["policy"]: r for r in entry["candidates"]}
+    saved = (rows["full"]["matrix_s"] - rows["none"]["matrix_s"]) * NOMINAL_HOST.peak_flops
+    assert saved > 0 and saved == pytest.approx(rows["full"]["flops"] - rows["none"]["flops"], rel=1e-9)
+
+
+def test_matrix_work_counts_a_scan_per_trip_and_a_grouped_matmul_and_its_transposes():
+    import jax
+    import jax.numpy as jnp
+
+    from equipax.launch.aot.matrix_work import matrix_flops
+
+    m, k, n, groups = 64, 32, 16, 4
+    x, w, sizes = jnp.ones((m, k)), jnp.ones((groups, k, n)), jnp.full((groups,), m // groups, jnp.int32)
+
+    def experts(x, w):  # a mixture of experts' grouped matmul: each row meets one group's [k, n]
+        return jax.lax.ragged_dot(x, w, sizes).sum()
+
+    # Forward 2mkn; its gradient for both operands: the forward and two transposes of the same size.
+    assert matrix_flops(jax.make_jaxpr(jax.grad(experts, argnums=(0, 1)))(x, w))[0] == 3 * 2 * m * k * n
+
+    def layers(x, ws):  # three stacked [k, k] layers, scanned
+        return jax.lax.scan(lambda h, w: (h @ w, None), x, ws)[0].sum()
+
+    assert matrix_flops(jax.make_jaxpr(layers)(x, jnp.ones((3, k, k))))[0] == 3 * 2 * m * k * k
