@@ -61,6 +61,8 @@ LLAMA_6L = ("model.transformer.num_layers=6", "data.per_device_batch=1", *ONE_CH
 RUNS: dict[str, tuple[str, tuple[str, ...]]] = {
     "c4_1b_6l": ("c4_1b", C4_6L),
     "c4_1b_6l_adamw_dots": ("c4_1b", (*C4_6L, *BEST, "model.transformer.remat=dots_saveable")),
+    # The same keeping the attention context too: splash's forward kernel runs once, not twice.
+    "c4_1b_6l_adamw_dots_context": ("c4_1b", (*C4_6L, *BEST, "model.transformer.remat=dots_with_context")),
     # The same with int8 matmuls forward and backward (docs/quantization.md): against the run above.
     "c4_1b_6l_adamw_dots_int8": (
         "c4_1b",
