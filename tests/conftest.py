@@ -4,6 +4,7 @@
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,9 +22,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if os.environ.get("EQUIPAX_TEST_XLA_DEFAULT") != "1":
     os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
-if "PYTEST_XDIST_WORKER" not in os.environ and os.environ.get("EQUIPAX_TEST_PRECOMPILE") != "0":
-    # Before any of the suite's processes (this one included) imports jax: see helpers.bytecode
-    # (`EQUIPAX_TEST_PRECOMPILE=0` skips it, for a run whose processes write their own).
+if "PYTEST_XDIST_WORKER" not in os.environ and sys.flags.dont_write_bytecode:
+    # Before any of the suite's processes (this one included) imports jax, where they may not write
+    # bytecode themselves (PYTHONDONTWRITEBYTECODE): see helpers.bytecode.
     from helpers.bytecode import compile_bytecode
 
     compile_bytecode()
