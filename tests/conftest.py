@@ -4,6 +4,7 @@
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,8 +22,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if os.environ.get("EQUIPAX_TEST_XLA_DEFAULT") != "1":
     os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
-if "PYTEST_XDIST_WORKER" not in os.environ:
-    # Before any of the suite's processes (this one included) imports jax: see helpers.bytecode.
+if "PYTEST_XDIST_WORKER" not in os.environ and sys.flags.dont_write_bytecode:
+    # Before any of the suite's processes (this one included) imports jax, where they may not write
+    # bytecode themselves (PYTHONDONTWRITEBYTECODE): see helpers.bytecode.
     from helpers.bytecode import compile_bytecode
 
     compile_bytecode()

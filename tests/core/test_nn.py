@@ -217,6 +217,7 @@ def _loss_and_out(stack, x):
 _grad_and_out = eqx.filter_jit(eqx.filter_grad(_loss_and_out, has_aux=True))
 
 
+@pytest.mark.slow
 def test_scan_equals_unrolled_with_remat(key, trees_close):
     k_model, k_x = jr.split(key)
     cfg = dataclasses.replace(TINY, gated=True, activation="silu", atten_logit_cap=20.0, use_bias=True)

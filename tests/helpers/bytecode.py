@@ -8,16 +8,26 @@ compiles the sources of jax, orbax, matplotlib and equipax again: measured on a 
 with them (py-spy: ~35% of its samples were in `source_to_code`).
 
 Python reads a `.pyc` beside its source whatever `PYTHONDONTWRITEBYTECODE` says; that variable
-only stops processes writing them. So the controller writes them all, in one process, before any
-other starts (`compileall` writes each file atomically); the suite's processes only read them.
-Letting every process write them instead failed: a suite whose processes shared one writable
-bytecode cache failed 22 tests with 'EOFError: marshal data too short' (processes killed mid-write,
-or under a file-size limit as in the disk-full tests, can leave truncated files).
+only stops processes writing them. So where it is set, the controller writes them all, in one
+process, before any other starts (`compileall` writes each file atomically); the suite's processes
+only read them. A suite whose processes shared one writable bytecode cache once failed 22 tests
+with 'EOFError: marshal data too short': Python writes a `.pyc` to a temporary file and renames it
+into place, but does not check that the write was whole, and a process under a file-size limit
+(the disk-full tests) writes a short one.
 
 The installed packages are compiled when their set changes (a stamp in the environment names
 them); the workspace's sources (edited between runs) every time, a few seconds when they are
 up to date. A `.pyc` whose source changed is ignored by Python (its timestamp no longer matches),
 so stale bytecode is never run.
+
+Where processes may write bytecode (PYTHONDONTWRITEBYTECODE unset: a user's machine, and `.ci/run`,
+which unsets it), the suite compiles nothing first: each module is compiled by the first process
+that imports it, which writes its `.pyc` through a temporary file renamed into place (a killed
+process leaves no half-written one), and only what the suite's processes import is compiled:
+compiling every installed module first took 17.4 CPU-s of the default environment, the imports of
+a `launch run` and the suite's tools 4.1 (2026-12-06, a copy of the environment without bytecode).
+A process the suite runs under a file-size limit (a full disk's EFBIG, `launch_process`) gets
+PYTHONDONTWRITEBYTECODE back: a write cut short by the limit would be renamed into place whole.
 """
 
 import contextlib

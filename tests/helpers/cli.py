@@ -67,6 +67,12 @@ def launch_process(*args, file_size_limit: int | None = None) -> subprocess.Comp
         [sys.executable, "-c", entry, *map(str, args)],
         capture_output=True,
         text=True,
-        env={**os.environ, **({} if file_size_limit else suite_compile_cache_env()), "JAX_PLATFORMS": "cpu"},
+        # Under the limit, no bytecode written either: a `.pyc` cut short would stay for every later
+        # process (tests/helpers/bytecode.py).
+        env={
+            **os.environ,
+            **({"PYTHONDONTWRITEBYTECODE": "1"} if file_size_limit else suite_compile_cache_env()),
+            "JAX_PLATFORMS": "cpu",
+        },
         timeout=300,
     )

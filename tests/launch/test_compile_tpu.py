@@ -211,6 +211,7 @@ def test_splash_attention_lowers_and_compiles_for_a_tpu_slice(exp, topology, mes
 
 
 @pytest.mark.parametrize("strategy", ["all_gather", "ring"])
+@pytest.mark.slow
 def test_splash_under_context_parallelism_compiles_for_a_tpu_slice(tmp_path, strategy):
     """attention_impl='splash' on a `context` axis of 2 (zigzag layout: each chip holds two chunks
     of 128 positions of 512): XLA:TPU compiles it, the kernels as Mosaic custom calls. All-gather:

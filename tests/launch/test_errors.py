@@ -168,6 +168,7 @@ def truncate_array_files(job: Path, step: int) -> None:
             os.truncate(p, 100)
 
 
+@pytest.mark.slow
 def test_a_truncated_checkpoint_is_one_paragraph_in_decode_and_eval(job_copy):
     truncate_array_files(job_copy, 4)
     before = snapshot(job_copy)

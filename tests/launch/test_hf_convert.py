@@ -261,6 +261,7 @@ def test_out_must_be_new(jobs, tmp_path):
     assert code == 2 and "already exists and is not empty" in output
 
 
+@pytest.mark.slow
 def test_init_from_starts_an_experiment_from_the_weights(tmp_path):
     one_device = ["--set", "mesh.ici_mesh_shape=(1, 1, 1)", "--set", "data.per_device_batch=8"]
     args = ["run", "--exp", "qwen3_0_6b_smoke", "--job-log-dir", tmp_path / "run", *one_device]

@@ -349,6 +349,7 @@ def test_eval_follow_stops_when_no_checkpoint_comes(job, tmp_path):
     assert "No new checkpoint for" in result.output
 
 
+@pytest.mark.slow
 def test_decode_on_a_sharded_llama_job_and_on_one_device(tmp_path):
     """A Llama job trained FSDP on 8 simulated devices decodes on its own mesh (8 devices) and,
     restored onto one device, gives the same greedy tokens."""

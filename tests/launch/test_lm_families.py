@@ -65,6 +65,7 @@ def test_launch_show_prints_each_familys_count():
         assert json.loads(out)["derived"]["params_total"] == PUBLISHED[name]
 
 
+@pytest.mark.slow
 def test_every_family_smoke_trains_on_its_8_device_mesh():
     """Each new family's `_smoke` (Llama 3.1 RoPE scaling, Llama 3.2 tied embeddings, Qwen3 QK-norm,
     Mistral's window, the pipelined Llama, Qwen3-MoE's dropless experts over an `expert` axis) builds

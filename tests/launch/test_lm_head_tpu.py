@@ -88,6 +88,7 @@ def _libtpu():
         pytest.skip("libtpu is not installed (the `aot` dependency group)")
 
 
+@pytest.mark.slow
 def test_capped_head_writes_the_logits_once_and_reads_them_in_the_backward_matmuls():
     # The forward's max, sum of exponentials and label are in the head matmul's pass; the backward
     # recomputes the softmax inside its two matmuls. (The float32 logits used to be written for the
@@ -95,11 +96,13 @@ def test_capped_head_writes_the_logits_once_and_reads_them_in_the_backward_matmu
     assert _logits_passes(CFG) == {"f32 writes": 0, "bf16 writes": 1, "reads": 2}
 
 
+@pytest.mark.slow
 def test_uncapped_head_adds_one_read_for_the_maximum():
     counts = _logits_passes(dataclasses.replace(CFG, output_logit_cap=None))
     assert counts == {"f32 writes": 0, "bf16 writes": 1, "reads": 3}
 
 
+@pytest.mark.slow
 def test_vocabulary_tiling_never_holds_the_logits():
     counts = _logits_passes(dataclasses.replace(CFG, num_vocab_tiling=8))
     assert counts == {"f32 writes": 0, "bf16 writes": 0, "reads": 0}

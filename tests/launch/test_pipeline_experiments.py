@@ -2,6 +2,7 @@
 compile`'s pipeline figures (its bit-for-bit resume, from a bucket: tests/launch/test_object_storage.py)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -47,6 +48,7 @@ def test_compile_reports_one_stages_share_and_the_pipeline(tmp_path):
     holds `launch show`'s numbers, and its per-device bytes are one stage's share of the state."""
     from equipax.launch.experiments.registry import get_experiment
     from equipax.launch.tasks import derived_numbers
+    from helpers.toy import suite_compile_cache_env
 
     proc = subprocess.run(
         [
@@ -62,6 +64,9 @@ def test_compile_reports_one_stages_share_and_the_pipeline(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
+        # On the suite's compile cache: its train step is the one the Pax README's pipelined command
+        # trains (tests/launch/test_object_storage.py), so whichever runs second loads it.
+        env={**os.environ, **suite_compile_cache_env()},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "compile.json").read_text())

@@ -50,7 +50,16 @@ def launch_process(*args, env=None, file_size_limit: int | None = None) -> subpr
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", **CACHE, **(env or {})},
+        env={
+            **os.environ,
+            "JAX_PLATFORMS": "cpu",
+            "PYTHONUNBUFFERED": "1",
+            **CACHE,
+            # Under the limit, no bytecode written either: a `.pyc` cut short would stay for every
+            # later process (tests/helpers/bytecode.py).
+            **({"PYTHONDONTWRITEBYTECODE": "1"} if file_size_limit else {}),
+            **(env or {}),
+        },
     )
 
 

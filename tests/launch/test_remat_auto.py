@@ -63,6 +63,7 @@ def check_never_slower(record):
 @pytest.mark.skipif(
     jax.__version_info__ < (0, 11), reason="JAX 0.10's XLA:CPU reports the same memory for every remat policy"
 )
+@pytest.mark.slow
 def test_auto_chooses_by_compiling_changes_with_the_budget_caches_and_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("EQUIPAX_CACHE_DIR", str(tmp_path / "machine"))
     # In-process, with JAX's persistent compilation cache: a candidate compiled by one command is
@@ -188,6 +189,7 @@ def test_the_own_policy_is_the_one_the_experiment_names(exp, own):
 
 
 @pytest.mark.skipif(not libtpu_available(), reason="libtpu (XLA:TPU, the `aot` dependency group) is not installed")
+@pytest.mark.slow
 def test_auto_for_a_tpu_topology_shrinks_with_the_budget(tmp_path):
     # XLA:TPU's programs for a v4-16 slice: under a budget below the no-remat step's (which fits
     # the default 32 GiB), a policy that recomputes is chosen, priced by its compiled program;

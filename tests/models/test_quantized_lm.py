@@ -120,6 +120,7 @@ def _layers(grads):
     return layers
 
 
+@pytest.mark.slow
 def test_int8_gradients_do_not_depend_on_the_layer_layout_or_remat():
     """Scanned or unrolled layers and every remat policy that runs on a CPU give the same int8
     gradients (the quantization is recomputed, not approximated, when a policy drops its operands)."""

@@ -88,6 +88,7 @@ def test_compare_mode_runs_both_steps_on_the_same_numbers(tmp_path, preset):
     assert tiny["ratio"] > 0
 
 
+@pytest.mark.slow
 def test_compare_chip_options_and_op_profile_on_cpu(tmp_path):
     """The TPU comparison's options at toy size: scanned layers, full remat and bfloat16 compute
     on both sides agree on the first loss (within bfloat16's rounding), and the profile of each
@@ -369,6 +370,7 @@ _TOY_C4 = [
 ]
 
 
+@pytest.mark.slow
 def test_quantized_step_benchmark_compiles_both_programs_for_a_tpu(tmp_path):
     """benchmarks/quantized_step.py at toy size (c4_1b shrunk), compiled by XLA:TPU for a v5e: the
     int8 train step's projections are int8 matmuls (forward and both backward), and the int8w decode
@@ -413,6 +415,7 @@ def test_float_weight_copies_finds_a_dequantized_weight_in_memory():
     assert copies(lambda w: jax.lax.optimization_barrier(w.astype(jnp.bfloat16))) >= 1
 
 
+@pytest.mark.slow
 def test_first_step_benchmark_times_phases_and_compiles_a_runs_programs_for_a_tpu(tmp_path):
     """One fresh toy run per interpreter (its phases, the time after the first step), and the
     programs a run compiles, compiled for a v5e by libtpu on this host."""

@@ -90,24 +90,24 @@ def ci_matrix() -> set[tuple[str, str, str, str]]:
     assert "uv sync --locked\n" in run and "\nuv run pytest\n" in run
     assert f"sys.version_info[:2] != ({DEFAULT_PYTHON.replace('.', ', ')})" in run
     pairs = {(DEFAULT_PYTHON, locked_version("jax", DEFAULT_PYTHON), "uv.lock", "the whole suite")}
-    # The compatibility jobs: `compat_job VENV` runs .ci/compat/tests.txt in VENV, made for its Python.
-    assert ".ci/compat/tests.txt" in run
-    jobs = re.findall(r"^compat_job (\.venv-compat-(3\.\d+))$", run, re.M)
+    # The compatibility jobs: `compat_job VENV LIST` runs LIST's tests in VENV, made for its Python.
+    jobs = re.findall(r"^compat_job (\.venv-compat-(3\.\d+)) (\.ci/compat/[\w-]+\.txt)$", run, re.M)
     assert jobs, "no compatibility job in .ci/run"
-    for venv, python in jobs:
+    for venv, python, tests in jobs:
+        assert (REPO / tests).is_file(), tests
         interpreter = re.search(rf'^(\w+)="\$\(find_python {re.escape(python)}\)"$', run, re.M)
         assert interpreter, (venv, python)
         made_for = f'--python "${interpreter.group(1)}"'
         sync = rf"^UV_PROJECT_ENVIRONMENT={re.escape(venv)} uv sync --locked .*{re.escape(made_for)}"
         if re.search(sync, run, re.M):
-            pairs.add((python, locked_version("jax", python), "uv.lock", ".ci/compat/tests.txt"))
+            pairs.add((python, locked_version("jax", python), "uv.lock", tests))
             continue
         assert re.search(rf"^uv venv .*{re.escape(made_for)} {re.escape(venv)}$", run, re.M), venv
         pins = re.search(rf"^uv pip install .*--python {re.escape(venv)}/bin/python -r (\S+)$", run, re.M)
         assert pins, venv
         compiled_for, jax = pinned_version(pins.group(1), "jax")
         assert compiled_for == python and pinned_version(pins.group(1), "jaxlib")[1] == jax, pins.group(1)
-        pairs.add((python, jax, pins.group(1), ".ci/compat/tests.txt"))
+        pairs.add((python, jax, pins.group(1), tests))
     return pairs
 
 
@@ -119,8 +119,8 @@ def stated_matrix(doc: str) -> set[tuple[str, str, str, str]]:
     rows = set()
     for line in table:
         python, jax, environment, runs = (cell.strip() for cell in line.strip("|").split("|"))
-        source = re.search(r"\.ci/compat/\w+\.txt", environment)
-        ci = re.search(r"\.ci/compat/tests\.txt|the whole suite", runs)
+        source = re.search(r"\.ci/compat/[\w-]+\.txt", environment)
+        ci = re.search(r"\.ci/compat/[\w-]+\.txt|the whole suite", runs)
         assert ci, (doc, line)
         rows.add((python, jax, source.group(0) if source else "uv.lock", ci.group(0)))
     return rows
@@ -144,6 +144,12 @@ def test_the_stated_version_matrix_is_what_ci_runs():
 
 
 def test_the_compatibility_jobs_list_existing_tests():
-    for line in (REPO / ".ci" / "compat" / "tests.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            assert (REPO / line.split("::")[0]).is_file(), line
+    """Every line of each job's list names a test module that exists (and, with `::`, a test in it)."""
+    for tests in ("tests.txt", "newest-tests.txt"):
+        for line in (REPO / ".ci" / "compat" / tests).read_text().splitlines():
+            if line and not line.startswith("#"):
+                path, *names = line.split("::")
+                assert (REPO / path).is_file(), (tests, line)
+                if names:
+                    name = names[0].split("[")[0]
+                    assert re.search(rf"^def {re.escape(name)}\(", (REPO / path).read_text(), re.M), (tests, line)

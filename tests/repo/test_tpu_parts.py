@@ -47,6 +47,7 @@ def test_decode_part_compares_launch_decode_with_the_plain_loop(tmp_path, monkey
     assert row["in_process_tokens_per_s"] > 0 and row["paired_ratio"] > 0
 
 
+@pytest.mark.slow
 def test_decode_part_decodes_an_int8w_job_from_its_int8_weights(tmp_path, monkeypatch):
     """A job trained with model.quantization=int8w (run.sh's DECODE_ARGS="... --set
     model.quantization=int8w"): equipax decodes from the int8 copy made once at load, as `launch
@@ -65,6 +66,7 @@ def test_decode_part_decodes_an_int8w_job_from_its_int8_weights(tmp_path, monkey
     assert row["in_process_tokens_per_s"] > 0 and row["reference_tokens_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_moe_part_times_both_dispatches_on_one_real_device(tmp_path, monkeypatch):
     """moe_dispatch.py --real-devices --devices 1: dropless and capacity at EP 1, compiled at once
     in threads, then each run in turn (its state freed): tokens/s, XLA memory, dropped fraction."""
@@ -83,6 +85,7 @@ def test_moe_part_times_both_dispatches_on_one_real_device(tmp_path, monkeypatch
     assert results["devices"].startswith("1 cpu devices")
 
 
+@pytest.mark.slow
 def test_ring_part_shows_one_program_at_context_one_and_runs_the_kernels(tmp_path, monkeypatch):
     """ring_one_chip.py: at a context axis of 1 the ring and all-gather steps are one program, which
     differs from the step without a context axis in its mesh declaration only; both steps run, each

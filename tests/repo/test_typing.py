@@ -10,6 +10,7 @@ import pytest
 from helpers import REPO
 
 
+@pytest.mark.slow
 def test_pyright_clean_on_packages():
     exe = shutil.which("pyright", path=str(Path(sys.executable).parent))
     if exe is None:
