@@ -125,7 +125,9 @@ ONE_DEVICE = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama3_1_8b_smoke", "qwen3_0_6b_smoke", "mistral_7b_smoke", "mixtral_8x7b_smoke"])
+# Llama's block for the dense families (Qwen3's qk-norm and Mistral's sliding window add no state
+# to a checkpoint: their resume is Llama's), and the mixture of experts with its routing state.
+@pytest.mark.parametrize("name", ["llama3_1_8b_smoke", "mixtral_8x7b_smoke"])
 def test_each_family_resumes_to_the_uninterrupted_runs_bits(name, tmp_path):
     # The MoE smoke's mesh has an expert axis (data, fsdp, expert, tensor): one device on all four;
     # with auxiliary-loss-free balancing, whose routing biases and last load resume too.
