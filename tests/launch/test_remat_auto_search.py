@@ -129,3 +129,23 @@ def test_matrix_work_counts_a_scan_per_trip_and_a_grouped_matmul_and_its_transpo
         return jax.lax.scan(lambda h, w: (h @ w, None), x, ws)[0].sum()
 
     assert matrix_flops(jax.make_jaxpr(layers)(x, jnp.ones((3, k, k))))[0] == 3 * 2 * m * k * k
+
+
+def test_matrix_work_counts_splash_kernels_as_the_compiled_programs_are_priced():
+    """Splash's kernels (traced here, in the interpreter's form, not run): forward 2 matrix
+    multiplies, the fused backward 5, half of them under the causal mask, on bfloat16 operands
+    (`equipax.launch.aot.hlo_cost`'s convention); besides them, the backward's row sums of dO x O."""
+    import jax
+    import jax.numpy as jnp
+
+    from equipax.core.nn.fused_attention import splash_attention
+    from equipax.launch.aot.matrix_work import matrix_flops
+
+    b, s, h, d = 2, 256, 2, 128
+    q = jnp.ones((b, s, h, d), jnp.bfloat16)
+
+    def attention(q, k, v):
+        return splash_attention(q, k, v, causal=True, interpret=True).astype(jnp.float32).sum()
+
+    traced = jax.make_jaxpr(jax.grad(attention, argnums=(0, 1, 2)))(q, q, q)
+    assert matrix_flops(traced)[0] == pytest.approx(2 * b * h * s * s * d / 2 * (2 + 5), rel=0.01)

@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from equipax.launch.aot.hlo_cost import _FUSED_BACKWARD_MATMULS, _SPLASH_MATMULS, Roofline
@@ -73,7 +74,7 @@ def _pallas(eqn: Any) -> float:
     params = eqn.params
     name = params.get("name") or getattr(params.get("name_and_src_info"), "name", None) or ""
     if "splash" in name:
-        floats = [_shape(v) for v in eqn.invars if np.issubdtype(np.dtype(v.aval.dtype), np.floating)]
+        floats = [_shape(v) for v in eqn.invars if jnp.issubdtype(v.aval.dtype, jnp.floating)]  # bf16 too
         qk = [s for s in floats if len(s) in (3, 4)]
         if len(qk) < 2:
             return 0.0
