@@ -376,11 +376,12 @@ def format_remat_table(
     note = "; '-': not compiled, not needed to decide" if any(r["total_bytes"] is None for r in table) else ""
     lines.append(f"  (budget {budget_bytes / GIB:.3g} GiB per device, the margin taken off{note})")
     mine = next((r.get("matrix_s") for r in table if r["policy"] == own), None)
-    passed = [
-        f"{r['policy']} {removed_share(mine, r['matrix_s']):.1%}"
+    shares = {
+        r["policy"]: removed_share(mine, r["matrix_s"])
         for r in table
-        if mine and r["total_bytes"] is None and r.get("matrix_s") is not None
-    ]
+        if mine and r.get("matrix_s") is not None and r["total_bytes"] is None
+    }
+    passed = [f"{p} {share:.1%}" for p, share in shares.items() if share < MIN_GAIN]
     if passed:
         lines.append(f"  (not compiled, removing under {MIN_GAIN:.0%} of {own}'s matrix work: {', '.join(passed)})")
     return "\n".join(lines)
