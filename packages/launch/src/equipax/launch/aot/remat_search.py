@@ -8,8 +8,8 @@ compiles in a pool: they release the GIL). A candidate that recomputes less is c
 its traced program's matrix work at the device's peak is at least `min_gain` below own's
 (`removed_share`): what it saves is the recomputation it skips, and own's step takes at least
 own's matrix work, so one that removes less cannot be projected `min_gain` faster (c4_1b at 6
-layers on a TPU v5e, benchmarks/README.md: save_attention_out removes 1.9% of full remat's
-matrix work, and its compiled program is projected 0.3% slower). A faster candidate replaces
+layers on a TPU v5e, benchmarks/README.md: save_context removes 0.8% of full remat's matrix
+work, and its compiled program is projected 0.2% slower). A faster candidate replaces
 `own` only where it fits and its compiled program is projected at least `min_gain` faster than
 own's; the first such one down the list is taken, and candidates after it are never lowered.
 Only where `own` does not fit are the policies that recompute more compiled (`slower`, and those
