@@ -90,11 +90,11 @@ def test_the_run_executes_the_chosen_candidate_and_loads_its_initialisation(tmp_
     monkeypatch.setenv("EQUIPAX_CACHE_DIR", str(tmp_path / "machine"))
     monkeypatch.setattr(remat, "own_policy", lambda cfg: "full")  # shakespeare_tiny's own is none
     monkeypatch.setattr(remat, "_workers", lambda: 4)  # several at once, as on a TPU host
-    steps = []  # train steps compiled (or loaded from the persistent cache)
+    steps = []  # the threads that compiled a train step (or loaded one from the persistent cache)
 
     def listen(event: str, duration: float, **kwargs: str | int) -> None:
         if event == BACKEND_COMPILE and kwargs.get("fun_name") == "jit(train_step)":
-            steps.append(event)
+            steps.append(threading.current_thread().name)
 
     cfg, _ = apply_overrides(
         get_experiment("shakespeare_tiny"), [*FAST, "train.num_steps=1", "model.transformer.remat=auto"]
@@ -114,9 +114,9 @@ def test_the_run_executes_the_chosen_candidate_and_loads_its_initialisation(tmp_
     # none is taken).
     (passed,) = re.findall(r"not compiled, removing under 3% of full's matrix work: ([^)]*)\)", " ".join(out.split()))
     assert re.search(r"save_attention_out 1\.\d%", passed) and "dots_saveable" not in passed, passed
-    # One compile per candidate the search started (one may finish after the choice, unused),
-    # none for the run itself.
-    assert len(steps) == len(started), (steps, started)
+    # The search's compiles only (one it started may finish after the run, unused), none for the
+    # run itself.
+    assert steps and all(name.startswith("equipax-remat") for name in steps) and len(steps) <= len(started), steps
     loaded = [r.threadName for r in caplog.records if "cache hit for 'jit_make'" in r.getMessage()]
     assert threading.main_thread().name in loaded, [r.getMessage()[:80] for r in caplog.records]
     # What a policy saves in traced matrix work is what its compiled program saves (XLA:CPU's here,

@@ -134,7 +134,7 @@ def search(
     steps: dict[str, Any] = {}
     traced: dict[str, Any] = {}
     seconds: dict[str, float] = {}
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="equipax-remat")
     # Compiles beside each other slow each other (the TPU v5e's 13-core host: four train steps at
     # once took 19-22 s each, one alone 11.6 s; benchmarks/README.md), and the first candidate that
     # fits and gains ends the first phase: there it compiles beside own, the next only once it is
