@@ -2,7 +2,8 @@
 candidate's train step before compiling any (`equipax.launch.aot.remat_search`).
 
 `matrix_flops` walks a jaxpr (`jax.jit(f).trace(...).jaxpr`, the program JAX hands to XLA, the
-backward pass and what remat recomputes in it included): every `dot_general`, grouped matrix
+backward pass and what remat recomputes in it included, less what nothing reads, which XLA drops
+too): every `dot_general`, grouped matrix
 multiply (`ragged_dot`) and convolution, a
 scanned body once per trip, a conditional's dearest branch, a `shard_map` body once per shard, and
 a splash attention kernel's matrix multiplies (by `equipax.launch.aot.hlo_cost`'s convention for
@@ -15,6 +16,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from equipax.launch.aot.hlo_cost import _FUSED_BACKWARD_MATMULS, _SPLASH_MATMULS, Roofline
@@ -73,7 +75,7 @@ def _pallas(eqn: Any) -> float:
     params = eqn.params
     name = params.get("name") or getattr(params.get("name_and_src_info"), "name", None) or ""
     if "splash" in name:
-        floats = [_shape(v) for v in eqn.invars if np.issubdtype(np.dtype(v.aval.dtype), np.floating)]
+        floats = [_shape(v) for v in eqn.invars if jnp.issubdtype(v.aval.dtype, jnp.floating)]  # bf16 too
         qk = [s for s in floats if len(s) in (3, 4)]
         if len(qk) < 2:
             return 0.0
@@ -96,9 +98,24 @@ def _shards(params: dict[str, Any]) -> int:
 
 
 def matrix_flops(jaxpr: Any) -> tuple[float, float]:
-    """(the matrix FLOPs of `jaxpr`, a `Jaxpr` or `ClosedJaxpr`, of which int8 x int8)."""
+    """(the matrix FLOPs of `jaxpr`, a `Jaxpr` or `ClosedJaxpr`, of which int8 x int8), of what its
+    outputs need: as XLA does, what nothing reads is not counted (under a policy that saves splash's
+    residuals, the forward kernel that remat traces again in the backward pass)."""
+    return _flops(_live(next(_jaxprs(jaxpr))))
+
+
+def _live(jaxpr: Any) -> Any:
+    """`jaxpr` without what its outputs do not need (JAX's dead-code elimination, where it has it)."""
+    try:
+        from jax._src.interpreters.partial_eval import dce_jaxpr
+    except ImportError:
+        return jaxpr
+    return dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))[0]
+
+
+def _flops(jaxpr: Any) -> tuple[float, float]:
     total, int8 = 0.0, 0.0
-    for eqn in next(_jaxprs(jaxpr)).eqns:
+    for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if name == "dot_general":
             f = _dot(eqn)
@@ -110,7 +127,7 @@ def matrix_flops(jaxpr: Any) -> tuple[float, float]:
         if name == "pallas_call":  # its body runs per block of its grid: priced as a whole
             total += _pallas(eqn)
             continue
-        inner = [matrix_flops(j) for key, v in eqn.params.items() for j in _jaxprs(v) if key != "cond_jaxpr"]
+        inner = [_flops(j) for key, v in eqn.params.items() for j in _jaxprs(v) if key != "cond_jaxpr"]
         if not inner:
             continue
         if name == "cond":  # the dearest branch

@@ -3,13 +3,13 @@ the rule that picks one from their compiled figures (`decide`). `equipax.launch.
 command-facing side (cache, table, errors).
 
 The experiment's own policy (`own`) is compiled first, and the candidates that recompute less than
-it (`faster`) up to `workers` at a time with it (tracing and lowering in this thread, XLA's
-compiles in a pool: they release the GIL). A candidate that recomputes less is compiled only where
+it (`faster`) one at a time beside it (tracing and lowering in this thread, XLA's compiles in a
+pool: they release the GIL). A candidate that recomputes less is compiled only where
 its traced program's matrix work at the device's peak is at least `min_gain` below own's
 (`removed_share`): what it saves is the recomputation it skips, and own's step takes at least
 own's matrix work, so one that removes less cannot be projected `min_gain` faster (c4_1b at 6
-layers on a TPU v5e, benchmarks/README.md: save_attention_out removes 1.9% of full remat's
-matrix work, and its compiled program is projected 0.3% slower). A faster candidate replaces
+layers on a TPU v5e, benchmarks/README.md: save_context removes 0.8% of full remat's matrix
+work, and its compiled program is projected 0.2% slower). A faster candidate replaces
 `own` only where it fits and its compiled program is projected at least `min_gain` faster than
 own's; the first such one down the list is taken, and candidates after it are never lowered.
 Only where `own` does not fit are the policies that recompute more compiled (`slower`, and those
@@ -134,12 +134,17 @@ def search(
     steps: dict[str, Any] = {}
     traced: dict[str, Any] = {}
     seconds: dict[str, float] = {}
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="equipax-remat")
+    # Compiles beside each other slow each other (the TPU v5e's 13-core host: four train steps at
+    # once took 19-22 s each, one alone 11.6 s; benchmarks/README.md), and the first candidate that
+    # fits and gains ends the first phase: there it compiles beside own, the next only once it is
+    # out. Where own does not fit, every candidate is needed: `workers` at once.
+    limit = [min(2, max(1, workers))]
     running: dict[concurrent.futures.Future[tuple[Outcome, Any]], str] = {}
     started: set[str] = set()
 
     def start(queue: collections.deque[str]) -> None:
-        while queue and len(running) < max(1, workers):
+        while queue and len(running) < limit[0]:
             policy = queue.popleft()
             log(f"model.transformer.remat='auto': compiling with remat={policy!r}...")
             running[pool.submit(compile_, policy, lower(traced.pop(policy, None) or trace(policy)))] = policy
@@ -182,6 +187,7 @@ def search(
 
         decision = run(queue, first)
         if decision is None or decision.policy is None:  # own does not fit: every other candidate
+            limit[0] = max(1, workers)
             rest = [p for p in order if p not in started and p != OFFLOAD]  # (and those still compiling)
             run(collections.deque(rest), lambda: None)
             if OFFLOAD in order and not (SAVE in outcomes and outcomes[SAVE].fits):
