@@ -25,11 +25,13 @@ __all__ = ["matrix_flops", "matrix_seconds"]
 
 
 def _jaxprs(value: Any) -> Iterator[Any]:
-    """The jaxprs a primitive's parameter holds (a closed jaxpr's own; a tuple's, in order)."""
-    if hasattr(value, "eqns"):
-        yield value
-    elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
+    """The jaxprs a primitive's parameter holds (a closed jaxpr's own; a tuple's, in order). A closed
+    jaxpr is unwrapped first: JAX 0.10's also has `eqns`, but its dead-code elimination takes only
+    the open one."""
+    if hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
         yield value.jaxpr
+    elif hasattr(value, "eqns"):
+        yield value
     elif isinstance(value, (tuple, list)):
         for v in value:
             yield from _jaxprs(v)
