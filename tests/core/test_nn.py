@@ -358,3 +358,13 @@ def test_param_counts_match_built_stack(key, overrides):
     assert counts["total"] == (counts["embedding"] + cfg.num_layers * counts["per_layer"] + counts["final_norm"])
     # Static fields and integer arrays are not parameters.
     assert flops.count_params({"a": jnp.ones((3,), jnp.int32), "b": jnp.ones((2, 2))}) == 4
+
+
+def test_the_remat_knobs_type_names_the_policies_in_their_order():
+    """`TransformerConfig.remat`'s Literal repeats REMAT_POLICIES (a type needs the literal names):
+    the two stay one list, "auto" after it."""
+    import typing
+
+    from equipax.core.configs import REMAT_POLICIES
+
+    assert typing.get_args(typing.get_type_hints(TransformerConfig)["remat"]) == (*REMAT_POLICIES, "auto")
