@@ -33,6 +33,7 @@ from equipax.core.knobs import ConfigError, flatten, set_knob, to_dict
 from equipax.launch.aot.compile_step import compile_step
 from equipax.launch.aot.hlo_cost import Roofline, program_cost
 from equipax.launch.aot.matrix_work import matrix_seconds
+from equipax.launch.aot.memory_floor import memory_floor
 from equipax.launch.aot.remat_search import Outcome, removed_share, search
 from equipax.launch.configs.experiment import ExperimentConfig
 from equipax.launch.store.storage import AnyPath, write_atomic
@@ -307,11 +308,12 @@ def choose_remat(
         return Outcome(fits, cost.projected_s if cost is not None else None), (step, cost)
 
     try:
-        decision, outcomes, compiled, work = search(
+        decision, outcomes, compiled, work, floors = search(
             order, own, trace=trace, work=lambda traced: matrix_seconds(traced[0].jaxpr, roofline), lower=lower,
             compile_=compile_, workers=_workers(), min_gain=MIN_GAIN, log=log,
+            floor=lambda traced: memory_floor(traced[0].jaxpr, mesh.size), budget=budget,
         )  # fmt: skip
-        table = [_row(p, outcomes.get(p), compiled.get(p), work.get(p)) for p in order]
+        table = [_row(p, outcomes.get(p), compiled.get(p), work.get(p), floors.get(p)) for p in order]
         if decision.policy is None:
             smallest = min((r for r in table if r["total_bytes"] is not None), key=lambda r: r["total_bytes"])
             raise ConfigError(
@@ -346,11 +348,16 @@ def _quietly(work: Callable[[], object]) -> Callable[[], None]:
     return run
 
 
-def _row(policy: str, outcome: Outcome | None, compiled: Any, matrix_s: float | None) -> dict[str, Any]:
+def _row(
+    policy: str, outcome: Outcome | None, compiled: Any, matrix_s: float | None, floor_bytes: float | None
+) -> dict[str, Any]:
     row: dict[str, Any] = {"policy": policy, "total_bytes": None, "fits": None, "flops": None, "hbm_bytes": None,
                            "host_bytes": None, "projected_step_s": None, "compile_s": None,
-                           "matrix_s": matrix_s}  # fmt: skip
+                           "matrix_s": matrix_s, "floor_bytes": floor_bytes}  # fmt: skip
     if outcome is None:
+        return row
+    if compiled is None:  # not compiled: its traced floor is over the budget
+        row["fits"] = False
         return row
     step, cost = compiled
     row |= {"total_bytes": step.memory["total_bytes"], "fits": outcome.fits, "compile_s": step.lower_s + step.compile_s}
@@ -369,6 +376,8 @@ def format_remat_table(
     lines = [f"  {'remat':<26} {'GiB/device':>10}  {'fits':<5} {'TFLOP/step':>10} {'HBM GB/step':>11}  projected step"]
     for r in table:
         size = "-" if r["total_bytes"] is None else f"{r['total_bytes'] / GIB:.3g}"
+        if r["total_bytes"] is None and r["fits"] is False and r.get("floor_bytes") is not None:
+            size = f">={r['floor_bytes'] / GIB:.3g}"
         fits = "-" if r["fits"] is None else "yes" if r["fits"] else "no"
         flops = "-" if r.get("flops") is None else f"{r['flops'] / 1e12:.3g}"
         traffic = "-" if r.get("hbm_bytes") is None else f"{r['hbm_bytes'] / 1e9:.3g}"
@@ -376,13 +385,15 @@ def format_remat_table(
         name = r["policy"] + (" (own)" if r["policy"] == own else "")
         mark = "  <- chosen" if r["policy"] == chosen else ""
         lines.append(f"  {name:<26} {size:>10}  {fits:<5} {flops:>10} {traffic:>11}  {step}{mark}")
-    note = "; '-': not compiled, not needed to decide" if any(r["total_bytes"] is None for r in table) else ""
+    note = "; '-': not compiled, not needed to decide" if any(r["fits"] is None for r in table) else ""
+    if any(r["total_bytes"] is None and r["fits"] is False for r in table):
+        note += "; '>=': not compiled, its traced arguments, residuals and gradients alone are over the budget"
     lines.append(f"  (budget {budget_bytes / GIB:.3g} GiB per device, the margin taken off{note})")
     mine = next((r.get("matrix_s") for r in table if r["policy"] == own), None)
     shares = {
         r["policy"]: removed_share(mine, r["matrix_s"])
         for r in table
-        if mine and r.get("matrix_s") is not None and r["total_bytes"] is None
+        if mine and r.get("matrix_s") is not None and r["fits"] is None
     }
     passed = [f"{p} {share:.1%}" for p, share in shares.items() if share < MIN_GAIN]
     if passed:

@@ -9,7 +9,10 @@ its traced program's matrix work at the device's peak is at least `min_gain` bel
 (`removed_share`): what it saves is the recomputation it skips, and own's step takes at least
 own's matrix work, so one that removes less cannot be projected `min_gain` faster (c4_1b at 6
 layers on a TPU v5e, benchmarks/README.md: save_context removes 0.8% of full remat's matrix
-work, and its compiled program is projected 0.2% slower). A faster candidate replaces
+work, and its compiled program is projected 0.2% slower). Nor is a candidate other than own
+compiled where its traced program's memory floor (`equipax.launch.aot.memory_floor`) is over the
+budget: it cannot fit (c4_1b at 6 layers: `none`'s floor is 18.0 GiB, over the chip's 15; its
+compile took 7.3 s before the next candidate could start). A faster candidate replaces
 `own` only where it fits and its compiled program is projected at least `min_gain` faster than
 own's; the first such one down the list is taken, and candidates after it are never lowered.
 Only where `own` does not fit are the policies that recompute more compiled (`slower`, and those
@@ -34,10 +37,12 @@ OFFLOAD = "offload_attention_out"
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """A compiled candidate: whether it fits the budget, and its projected step (None: unknown)."""
+    """A compiled candidate: whether it fits the budget, and its projected step (None: unknown);
+    or one not compiled because its traced memory floor (`floor_bytes`) is over the budget."""
 
     fits: bool
     projected_s: float | None
+    floor_bytes: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +115,9 @@ def search(
     workers: int,
     min_gain: float,
     log: Callable[[str], object],
-) -> tuple[Decision, dict[str, Outcome], dict[str, Any], dict[str, float]]:
+    floor: Callable[[Any], float] = lambda traced: 0.0,
+    budget: int | float = math.inf,
+) -> tuple[Decision, dict[str, Outcome], dict[str, Any], dict[str, float], dict[str, float]]:
     """Compile candidates of `order` (least recomputation first) until the rules decide.
 
     Arguments:
@@ -124,16 +131,22 @@ def search(
         workers: compiles at once.
         min_gain: how much faster than own a candidate must be projected.
         log: progress messages.
+        floor: `traced step -> bytes per device it needs at least`
+            (`equipax.launch.aot.memory_floor.memory_floor`).
+        budget: bytes per device a candidate must fit in: one other than own whose floor is over
+            it is not compiled (its outcome: not fitting, with `floor_bytes`).
 
     Returns:
         The decision (policy None: nothing fits), the outcomes and the compiled steps by policy,
-        and the matrix work (seconds at peak) of every traced candidate.
+        and the matrix work (seconds at peak) and memory floor (bytes per device) of every traced
+        candidate.
     """
     i = order.index(own)
     outcomes: dict[str, Outcome] = {}
     steps: dict[str, Any] = {}
     traced: dict[str, Any] = {}
     seconds: dict[str, float] = {}
+    floors: dict[str, float] = {}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="equipax-remat")
     # Compiles beside each other slow each other (the TPU v5e's 13-core host: four train steps at
     # once took 19-22 s each, one alone 11.6 s; benchmarks/README.md), and the first candidate that
@@ -143,11 +156,25 @@ def search(
     running: dict[concurrent.futures.Future[tuple[Outcome, Any]], str] = {}
     started: set[str] = set()
 
+    def traces(policy: str) -> Any:
+        """`policy`'s traced step, its matrix work and floor recorded; None where the floor rules
+        it out (recorded as its outcome)."""
+        step = traced[policy] = traced.get(policy) or trace(policy)
+        seconds[policy], floors[policy] = work(step), floor(step)
+        if policy != own and floors[policy] > budget:
+            outcomes[policy] = Outcome(False, None, floors[policy])
+            traced.pop(policy)
+            return None
+        return step
+
     def start(queue: collections.deque[str]) -> None:
         while queue and len(running) < limit[0]:
             policy = queue.popleft()
+            step = traced.pop(policy, None) or traces(policy)
+            if step is None:
+                continue
             log(f"model.transformer.remat='auto': compiling with remat={policy!r}...")
-            running[pool.submit(compile_, policy, lower(traced.pop(policy, None) or trace(policy)))] = policy
+            running[pool.submit(compile_, policy, lower(step))] = policy
             started.add(policy)
 
     def run(queue: collections.deque[str], done: Callable[[], Decision | None]) -> Decision | None:
@@ -164,16 +191,15 @@ def search(
     try:
         # Own compiles first; while it does, the candidates that recompute less are traced, and
         # only those whose matrix work is at least `min_gain` below own's are compiled.
-        traced[own] = trace(own)
-        seconds[own] = work(traced[own])
+        traces(own)
         queue = collections.deque([own])
         start(queue)
         faster = []
         for policy in order[:i]:
             if policy == OFFLOAD:
                 continue
-            traced[policy] = trace(policy)
-            seconds[policy] = work(traced[policy])
+            if traces(policy) is None:
+                continue  # over the budget: never compiled
             if removed_share(seconds[own], seconds[policy]) >= min_gain:
                 faster.append(policy)
                 queue.append(policy)
@@ -188,13 +214,14 @@ def search(
         decision = run(queue, first)
         if decision is None or decision.policy is None:  # own does not fit: every other candidate
             limit[0] = max(1, workers)
-            rest = [p for p in order if p not in started and p != OFFLOAD]  # (and those still compiling)
+            # (and those still compiling, or ruled out by their floor)
+            rest = [p for p in order if p not in started and p not in outcomes and p != OFFLOAD]
             run(collections.deque(rest), lambda: None)
-            if OFFLOAD in order and not (SAVE in outcomes and outcomes[SAVE].fits):
+            if OFFLOAD in order and OFFLOAD not in outcomes and not (SAVE in outcomes and outcomes[SAVE].fits):
                 run(collections.deque([OFFLOAD]), lambda: None)
             decision = fastest_that_fits(order, outcomes, own)
     finally:
         # Candidates no longer needed: the queued are never lowered; a running compile finishes
         # in its thread, its result unused.
         pool.shutdown(wait=False, cancel_futures=True)
-    return decision, outcomes, steps, seconds
+    return decision, outcomes, steps, seconds, floors
