@@ -58,7 +58,9 @@ def cluster(job, *sets, env=None, processes=2, devices=8):
 
 @pytest.mark.slow
 def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly(tmp_path):
-    """Two processes train as one; a 2-process checkpoint resumes as 2, as 1 and as 4 processes."""
+    """Two processes train as one; a 2-process checkpoint resumes as 1 and as 4 processes. (As 2
+    processes, bit for bit: tests/launch/test_schedulers.py, under SLURM's requeue and mpirun, and
+    tests/launch/test_reliability.py in one process; dropped here for the suite's time, 9 CPU-s.)"""
     env = compile_cache_env(tmp_path / "jax-cache")  # the four runs compile the same programs once
     two = cluster(tmp_path / "two", env=env)
     assert two.returncode == 0, two.stdout[-4000:] + two.stderr[-2000:]
@@ -67,7 +69,7 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
     # of step 2 left it (its checkpoint of step 4 and result.json gone; the records of steps 3-4,
     # written after that checkpoint, stay: a resumed run drops them). The same checkpoint a run of
     # `train.num_steps=2` writes (nothing saved depends on num_steps), without a 2-process run
-    # (13.8 s of CPU) to write it. Resumed to 4 steps: the same as never stopping.
+    # (13.8 s of CPU) to write it. Resumed to 4 steps on another process count below.
     shutil.copytree(tmp_path / "two", tmp_path / "split")
     shutil.rmtree(tmp_path / "split" / "checkpoints" / "4")
     (tmp_path / "split" / "result.json").unlink()
@@ -90,14 +92,6 @@ def test_two_processes_equal_one_process_read_disjoint_shards_and_resume_exactly
     assert not set(json.loads(reads["0"])) & set(json.loads(reads["1"]))
     # Only process 0 wrote the job files (one copy of each record).
     assert len(train_losses(tmp_path / "two")) == 4
-
-    second = cluster(tmp_path / "split", env=env)
-    assert second.returncode == 0, second.stdout[-3000:]
-    assert "Resumed from step 2" in second.stdout
-    assert train_losses(tmp_path / "split") == train_losses(tmp_path / "two")
-    a = json.loads((tmp_path / "two" / "result.json").read_text())
-    b = json.loads((tmp_path / "split" / "result.json").read_text())
-    assert a["state_digest"] == b["state_digest"]
 
     # The 2-process checkpoint resumes as one process on the same 8 devices: the data order is
     # global (one saved cursor), so the losses continue the 2-process run's.
