@@ -14,7 +14,12 @@ prefill included, compilation excluded); the reference's is its jitted call's wa
 same batches are also decoded in this process, interleaved batch by batch, by `decode_texts`
 (the function `launch decode` calls, timed the same way) and the reference: `paired_ratio` is the
 median over batches of equipax tokens/s / reference tokens/s (> 1: equipax is faster). The first
-batch of each is a warm-up and is not counted; tokens/s = rows / seconds per step.
+batch of each is a warm-up and is not counted; tokens/s = rows / seconds per step. `decode` itself
+is timed too, as the reference is (prompts already on the device, a warm call right before the
+timed one, no end-of-sequence stop): `decode_call_paired_ratio` leaves out what `decode_texts`
+does around it (tokenizing, the copies to and from the host). `--profile DIR` traces one more
+batch of each per batch size (`DIR/<exp>_b<batch>/{equipax,plain}`) and prints their per-op
+device time per generated token (benchmarks/op_profile.py).
 
 Every `launch` process runs before this process touches a device: a TPU chip is held by one
 process at a time, so the training run and the CLI decodes of every experiment come first, then
@@ -222,10 +227,18 @@ def benchmark_prefill(
 
 
 def benchmark_exp(
-    exp: str, cli: dict[str, Any], *, batch_sizes: Sequence[int], batches: int, new_tokens: int, prefill_len: int = 0
+    exp: str,
+    cli: dict[str, Any],
+    *,
+    batch_sizes: Sequence[int],
+    batches: int,
+    new_tokens: int,
+    prefill_len: int = 0,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     """Decode one trained experiment in this process, both ways, at each batch size (and read the
-    CLI's records of `run_cli`)."""
+    CLI's records of `run_cli`); with `profile`, trace one more batch of each per batch size
+    (`profile_decodes`)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -233,6 +246,13 @@ def benchmark_exp(
     from benchmarks import decode_plain
     from equipax.core.flops import count_params
     from equipax.launch.inference.sampling import decode_texts, encode_prompts, padded_width
+    from equipax.models.decode import decode as decode_call
+
+    def decode_ours(ids: jax.Array, lengths: jax.Array) -> Any:
+        # `decode` itself on prompts already on the device (what `decode_texts` adds around it:
+        # tokenizing, the copies to and from the host, detokenizing), greedy, no end-of-sequence
+        # stop: the work of the reference's call.
+        return decode_call(model, ids, lengths, max_new_tokens=new_tokens, pad_id=tokenizer.pad_id)
 
     model, bcfg, params, tokenizer = load_reference(Path(cli["job"]))
     decode = decode_plain.make_greedy_decode(bcfg, new_tokens)
@@ -258,13 +278,17 @@ def benchmark_exp(
         cli_rates = [batch / records[i]["seconds_per_token"] for i in range(0, len(records), batch)] if records else []
         # In this process, interleaved batch by batch: the function `launch decode` calls
         # (`decode_texts`, its own seconds per step) and the reference, on the same prompts.
-        eqx_rates, ref_rates, generated, prefixes, cli_same = [], [], [], [], True
+        eqx_rates, call_rates, ref_rates, generated, prefixes, cli_same = [], [], [], [], [], True
         for n, i in enumerate(range(0, len(prompts), batch)):
             texts = prompts[i : i + batch]
             samples = decode_texts(model, tokenizer, texts, max_new_tokens=new_tokens)
             eqx_rates.append(batch / samples[0].seconds_per_token)
             generated.append(max(len(s.tokens) for s in samples))
             ids, lengths = inputs[batch][n]
+            jax.block_until_ready(decode_ours(ids, lengths))  # warm, as the reference below
+            t0 = time.perf_counter()
+            jax.block_until_ready(decode_ours(ids, lengths))
+            call_rates.append(batch / ((time.perf_counter() - t0) / new_tokens))
             reference = compiled[ids.shape]
             jax.block_until_ready(reference(params, ids, lengths))  # warm
             t0 = time.perf_counter()
@@ -282,6 +306,11 @@ def benchmark_exp(
             "reference_tokens_per_s": statistics.median(counted(ref_rates)),
             "paired_ratio": statistics.median(paired),
             "paired_ratios": paired,
+            # `decode` alone, timed as the reference (prompts on the device, a warm call first).
+            "decode_call_tokens_per_s": statistics.median(counted(call_rates)),
+            "decode_call_paired_ratio": statistics.median(
+                [e / r for e, r in zip(counted(call_rates), counted(ref_rates))]
+            ),
             "same_tokens": all(p == 1.0 for p in prefixes),
             "cli_same_tokens": cli_same if records is not None else None,
             # Mean fraction of each row's tokens (up to its end) before the reference's first differs.
@@ -294,11 +323,19 @@ def benchmark_exp(
         }
         row = rows[str(batch)]
         print(
-            f"[{exp}] batch {batch}: in-process {row['in_process_tokens_per_s']:,.0f}, plain JAX "
-            f"{row['reference_tokens_per_s']:,.0f} tokens/s, paired ratio {row['paired_ratio']:.2f}, "
+            f"[{exp}] batch {batch}: in-process {row['in_process_tokens_per_s']:,.0f} (`decode` alone "
+            f"{row['decode_call_tokens_per_s']:,.0f}), plain JAX {row['reference_tokens_per_s']:,.0f} tokens/s, "
+            f"paired ratio {row['paired_ratio']:.2f} ({row['decode_call_paired_ratio']:.2f}), "
             f"agreement {row['token_agreement']:.1%}",
             flush=True,
         )
+        if profile is not None:
+            ids, lengths = inputs[batch][-1]
+            row["profile"] = profile_decodes(
+                profile / f"{exp}_b{batch}",
+                {"equipax": lambda: decode_ours(ids, lengths), "plain": lambda: reference(params, ids, lengths)},
+                tokens=new_tokens,
+            )
     # A decode step reads every weight once (in the compute dtype: float32 weights are cast once
     # per call, outside the token loop, by XLA in both programs; equipax's int8 copies as int8 with
     # model.quantization set), plus the cache.
@@ -332,6 +369,27 @@ def benchmark_exp(
     }
 
 
+def profile_decodes(out: Path, calls: dict[str, Any], *, tokens: int) -> dict[str, Any]:
+    """One `jax.profiler` trace per call (`calls`: label -> a warm, argument-less call) under
+    `out/<label>`, and their per-op device time per generated token side by side
+    (benchmarks/op_profile.py; `out/op_profile.json`, printed)."""
+    import jax
+
+    from benchmarks import op_profile
+
+    traces = {}
+    for label, call in calls.items():
+        jax.block_until_ready(call())  # warm: the trace holds no compile
+        with jax.profiler.trace(str(out / label), create_perfetto_trace=True):
+            jax.block_until_ready(call())
+        traces[label] = op_profile.find_trace(out / label)
+    summary = op_profile.compare_traces(traces, steps=tokens)
+    print(f"per-op device time per generated token, {out.name} (benchmarks/op_profile.py)")
+    print(op_profile.format_comparison(summary))
+    (out / "op_profile.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return {label: {"device_ms_per_token": s["device_ms_per_step"]} for label, s in summary.items()}
+
+
 def _sizes(text: str) -> list[int]:
     return [int(b) for b in text.split(",") if b.strip()]
 
@@ -355,6 +413,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="JAX's persistent compilation cache, shared with the launch processes (default: <job-root>/"
         "compile_cache; '' = none)",
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="also trace one batch of each side per batch size into DIR/<exp>_b<batch>/ and print "
+        "their per-op device time per token (benchmarks/op_profile.py)",
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
@@ -404,6 +469,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 batches=args.batches,
                 new_tokens=args.new_tokens,
                 prefill_len=args.prefill_len,
+                profile=args.profile,
             )
             for e in exps
         }

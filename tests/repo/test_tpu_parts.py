@@ -36,7 +36,7 @@ def test_decode_part_compares_launch_decode_with_the_plain_loop(tmp_path, monkey
     args = ["--exps", "shakespeare_tiny", "--job-root", str(tmp_path / "jobs"), "--cli-batch-sizes", ""]
     args += ["--batch-sizes", "2", "--batches", "2", "--new-tokens", "4", "--compile-cache", "", "--out", str(out)]
     with fast_compile_in_process():
-        results = bench.main([*args, "--prefill-len", "8"])
+        results = bench.main([*args, "--prefill-len", "8", "--profile", str(tmp_path / "profile")])
     assert json.loads(out.read_text()) == json.loads(json.dumps(results))
     prefill = results["experiments"]["shakespeare_tiny"]["prefill"]
     assert prefill["length"] == 8 and prefill["by_batch"]["2"]["equipax_tokens_per_s"] > 0
@@ -45,6 +45,10 @@ def test_decode_part_compares_launch_decode_with_the_plain_loop(tmp_path, monkey
     assert row["same_tokens"] and row["token_agreement"] == 1.0 and row["cli_same_tokens"] is None
     assert row["launch_decode_tokens_per_s"] is None and row["reference_tokens_per_s"] > 0
     assert row["in_process_tokens_per_s"] > 0 and row["paired_ratio"] > 0
+    assert row["decode_call_tokens_per_s"] > 0 and row["decode_call_paired_ratio"] > 0
+    # --profile: one traced batch of each side, their device ops summed per generated token.
+    assert all(row["profile"][side]["device_ms_per_token"] > 0 for side in ("equipax", "plain"))
+    assert (tmp_path / "profile" / "shakespeare_tiny_b2" / "op_profile.json").is_file()
 
 
 @pytest.mark.slow
