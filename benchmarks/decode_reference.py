@@ -39,6 +39,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import statistics
@@ -331,11 +332,11 @@ def benchmark_exp(
         )
         if profile is not None:
             ids, lengths = inputs[batch][-1]
-            row["profile"] = profile_decodes(
-                profile / f"{exp}_b{batch}",
-                {"equipax": lambda: decode_ours(ids, lengths), "plain": lambda: reference(params, ids, lengths)},
-                tokens=new_tokens,
-            )
+            calls = {
+                "equipax": functools.partial(decode_ours, ids, lengths),
+                "plain": functools.partial(reference, params, ids, lengths),
+            }
+            row["profile"] = profile_decodes(profile / f"{exp}_b{batch}", calls, tokens=new_tokens)
     # A decode step reads every weight once (in the compute dtype: float32 weights are cast once
     # per call, outside the token loop, by XLA in both programs; equipax's int8 copies as int8 with
     # model.quantization set), plus the cache.
