@@ -169,9 +169,9 @@ def test_length_limits_and_bad_arguments(family):
         decode(model, prompts, lengths, max_new_tokens=NEW, eos_id=VOCAB)
     with pytest.raises(ValueError, match="max_seq_len"):
         init_cache(model, 1, WIDTH + NEW + 1)
-    with pytest.raises(Exception, match="prompt length"):
+    with pytest.raises(ValueError, match="prompt length"):
         decode(model, prompts, lengths.at[1].set(0), max_new_tokens=NEW)
-    with pytest.raises(Exception, match="prompt length"):
+    with pytest.raises(ValueError, match="prompt length"):
         decode(model, prompts, lengths.at[1].set(WIDTH + 1), max_new_tokens=NEW)
 
 
@@ -246,3 +246,17 @@ def test_decode_compiles_with_the_tpu_options_only_on_a_tpu():
     model = TransformerLM(LM_CFG, key=jr.key(0))
     assert dec.decode_program(model) is dec._DECODE_DEFAULT
     assert dec._DECODE["tpu"] is not dec._DECODE_DEFAULT
+
+
+def test_the_decode_program_holds_no_host_callback():
+    """The prompt lengths are checked on the host before the call (`decode` raises ValueError,
+    test_length_limits_and_bad_arguments above), not by a host callback inside the loop's program,
+    which a TPU program pays for on every call (benchmarks/README.md, "sixth session")."""
+    from equipax.models import decode as dec
+
+    model = TransformerLM(LM_CFG, key=jr.key(0))
+    prompts, lengths = jnp.zeros((2, 4), jnp.int32), jnp.array([1, 4], jnp.int32)
+    lowered = dec.decode_program(model).lower(
+        model, prompts, lengths, None, 3, 0.0, None, None, jnp.int32(-1), jnp.int32(0)
+    )
+    assert "callback" not in lowered.as_text()

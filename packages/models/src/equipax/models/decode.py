@@ -24,6 +24,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from equipax.core.nn.quantization import quantize_weights
@@ -161,14 +162,10 @@ def _decode_loop(
     eos_id: Array,
     pad_id: Array,
 ) -> tuple[Array, Array]:
-    # eos_id (-1: none) and pad_id are traced: other values reuse the compiled program.
+    # eos_id (-1: none) and pad_id are traced: other values reuse the compiled program. The
+    # lengths were checked on the host (`_check_lengths`): no host callback in the program.
     batch, seq = prompts.shape
     lengths = lengths.astype(jnp.int32)
-    lengths = eqx.error_if(
-        lengths,
-        (lengths < 1) | (lengths > seq),
-        f"decode: every prompt length must be in [1, {seq}] (the prompts' width).",
-    )
     slots = min(seq + max_new_tokens, model.cfg.max_seq_len)
     cache = init_cache(model, batch, slots)
     logits, cache = prefill(model, prompts.astype(jnp.int32), lengths, cache)
@@ -213,6 +210,23 @@ _DECODE = {"tpu": eqx.filter_jit(_decode_loop, compiler_options=TPU_DECODE_COMPI
 _DECODE_DEFAULT = eqx.filter_jit(_decode_loop)
 
 
+def _check_lengths(lengths: Array | np.ndarray, width: int) -> None:
+    """Every prompt length in `[1, width]`, read on the host (each process its own rows), before
+    the call: a check inside the loop's program (`eqx.error_if`) is a host callback there, and a
+    TPU program holding one paid for it on every call (benchmarks/README.md, "sixth session")."""
+    try:
+        shards = [s.data for s in lengths.addressable_shards] if isinstance(lengths, jax.Array) else [lengths]
+        parts = [np.asarray(part) for part in shards]
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, AttributeError):
+        return  # decoding inside a trace: the values are not known here
+    for values in parts:
+        if values.size and (values.min() < 1 or values.max() > width):
+            raise ValueError(
+                f"decode: every prompt length must be in [1, {width}] (the prompts' width); got lengths from "
+                f"{values.min()} to {values.max()}."
+            )
+
+
 def decode_program(model: TransformerLM) -> Callable[..., tuple[Array, Array]]:
     """The jitted decode loop for the platform that holds `model`'s weights (TPU: compiled with
     `TPU_DECODE_COMPILER_OPTIONS`); its arguments are those of the internal `_decode_loop`."""
@@ -232,8 +246,8 @@ def for_decoding(model: TransformerLM | LoRALM) -> TransformerLM:
 
 def decode(
     model: TransformerLM | LoRALM,
-    prompts: Int[Array, "batch seq"],
-    lengths: Int[Array, " batch"],
+    prompts: Int[Array | np.ndarray, "batch seq"],
+    lengths: Int[Array | np.ndarray, " batch"],
     *,
     max_new_tokens: int,
     temperature: float = 0.0,
@@ -256,7 +270,9 @@ def decode(
             A model with a `quantization` computes from its int8 weights (`for_decoding`: made here
             unless the model already holds them, as `launch decode` makes them once at load).
         prompts: right-padded prompts (pad with anything): row `b` is `prompts[b, :lengths[b]]`.
-        lengths: prompt length of each row, in `[1, seq]`.
+            On the host (numpy) or the device.
+        lengths: prompt length of each row, in `[1, seq]`; on the host, or the device (each
+            process then reads its own rows back to check them).
         max_new_tokens: the most tokens to generate per row (>= 1); a row whose prompt leaves
             less room in the model's `max_seq_len` stops there (`num_tokens` says where).
         temperature: 0 for greedy, > 0 to sample from `softmax(logits / temperature)`.
@@ -273,7 +289,8 @@ def decode(
         each row generated (including its EOS).
 
     Raises:
-        ValueError: a bad argument, or prompts as wide as `max_seq_len` (no room for a token).
+        ValueError: a bad argument (a prompt length outside `[1, seq]` too), or prompts as wide
+            as `max_seq_len` (no room for a token).
     """
     model = for_decoding(model)
     vocab = model.cfg.vocab_size
@@ -299,6 +316,7 @@ def decode(
     for name, value in (("eos_id", eos_id), ("pad_id", pad_id)):
         if value is not None and not 0 <= value < vocab:
             raise ValueError(f"{name} must be a token id in [0, {vocab}), got {value}.")
+    _check_lengths(lengths, prompts.shape[1])
     return decode_program(model)(
         model,
         prompts,
