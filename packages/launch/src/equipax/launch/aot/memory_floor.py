@@ -10,8 +10,8 @@ backward scan reads: what the remat policy chooses to keep), and the backward sc
 largest such backward scan, at any depth: under microbatches, the scans inside the accumulation
 loop's body), divided by the mesh's device count (an array cannot be split finer than that;
 replication only adds). A compiled program needs at least that much more than nothing, whatever
-XLA fuses or schedules: c4_1b at 6 layers on a TPU v5e (benchmarks/README.md, "remat='auto'
-search time"): `none` 18.0 GiB floor against 25.6 compiled, `full` 8.2 against 11.0,
+XLA fuses or schedules: c4_1b at 6 layers for a TPU v5e (benchmarks/README.md, "On a real TPU,
+sixth session"): `none` 18.0 GiB floor against 25.6 compiled, `full` 8.2 against 11.0,
 `dots_with_context` 10.3 against 14.9. A step with no scanned stack (layers unrolled) has only its
 arguments as floor.
 """
