@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from equipax.core.knobs import ConfigError
-from equipax.launch.inference.sampling import host_array
+from equipax.launch.inference.sampling import host_arrays
 from equipax.launch.store.storage import AnyPath, job_path
 
 __all__ = ["DECODER_OUT", "decode_metrics", "decode_split", "DecodeSettings", "prompt_rows"]
@@ -158,7 +158,8 @@ def decode_split(
                 example_id=batch["example_id"],
             ).items()
         }
-        records += _records(rows, host_array(tokens), host_array(counts), tokenizer, new_tokens)
+        out, num = host_arrays(tokens, counts)
+        records += _records(rows, out, num, tokenizer, new_tokens)
         batches += 1
     seconds = time.monotonic() - start
     records = sorted(records, key=lambda r: r["example_id"])[: settings.max_examples or None]

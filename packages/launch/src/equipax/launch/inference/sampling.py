@@ -21,7 +21,7 @@ import numpy as np
 from equipax.core.knobs import ConfigError
 from equipax.launch.aot.compile_events import CompileEvents
 
-__all__ = ["decode_texts", "encode_prompts", "host_array", "padded_width", "Sample"]
+__all__ = ["decode_texts", "encode_prompts", "host_array", "host_arrays", "padded_width", "Sample"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +82,17 @@ def padded_width(width: int, *, max_seq_len: int, max_new_tokens: int) -> int:
 
 def host_array(x: jax.Array) -> np.ndarray:
     """`x` as one numpy array on every process (gathered where it spans processes)."""
-    if not x.is_fully_addressable:  # sharded over processes: every process gathers it
-        from jax.experimental import multihost_utils
+    return host_arrays(x)[0]
 
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
+
+def host_arrays(*xs: jax.Array) -> tuple[np.ndarray, ...]:
+    """Each of `xs` as one numpy array on every process (gathered where one spans processes); all
+    of them read in one wait where every one is this process's alone."""
+    if all(x.is_fully_addressable for x in xs):
+        return tuple(np.asarray(x) for x in jax.device_get(xs))
+    from jax.experimental import multihost_utils  # sharded over processes: every process gathers them
+
+    return tuple(np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in xs)
 
 
 def decode_texts(
@@ -126,8 +132,8 @@ def decode_texts(
         # From the host: the lengths are checked there, and the call copies both to the device.
         tokens, counts = decode(
             model,
-            ids.astype(np.int32),
-            lengths.astype(np.int32),
+            ids,
+            lengths,
             max_new_tokens=new,
             temperature=temperature,
             top_k=top_k,
@@ -136,10 +142,7 @@ def decode_texts(
             pad_id=tokenizer.pad_id,
             key=key,
         )
-        if tokens.is_fully_addressable and counts.is_fully_addressable:
-            tokens, counts = jax.device_get((tokens, counts))  # one wait for both
-        else:
-            tokens, counts = host_array(tokens), host_array(counts)
+        tokens, counts = host_arrays(tokens, counts)
     seconds = max(time.monotonic() - start - compiling.seconds, 0.0)
     per_token = seconds / max(int(counts.max()), 1)
     samples = []
