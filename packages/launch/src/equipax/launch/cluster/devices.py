@@ -6,13 +6,16 @@ JAX operation; the `launch` command is a fresh process, and every command that a
 `equipax.launch.hardware.tpu.quiet_absent_tpu`).
 """
 
+import contextlib
+import threading
+
 import jax
 
 from equipax.core.knobs import ConfigError
 from equipax.core.mesh import MeshConfig
 from equipax.launch.hardware.tpu import quiet_absent_tpu
 
-__all__ = ["check_cpu_devices", "use_cpu_devices"]
+__all__ = ["check_cpu_devices", "open_devices_early", "use_cpu_devices"]
 
 
 def use_cpu_devices(n: int | None) -> None:
@@ -69,3 +72,23 @@ def check_cpu_devices(n: int | None, mesh: MeshConfig, *, num_processes: int = 1
         f"{mesh.ici_mesh_shape} x dcn_mesh_shape={mesh.dcn_mesh_shape}) needs {need}: {fix}change the mesh "
         "(`launch show --exp NAME` prints it)."
     )
+
+
+def open_devices_early() -> threading.Thread:
+    """Start JAX's backend (opening the accelerator) on a background thread and return it.
+
+    Opening a TPU takes seconds of libtpu's own work, most of it outside Python's lock, and
+    `launch run` needs the devices only after it has imported the training code (orbax, the models,
+    the summaries): started here, once the compiler flags and `jax.distributed` are set (both are
+    read when the backend starts), the two overlap, and the first call that needs the devices
+    (`jax.device_count()`) waits for this one under JAX's own lock. A platform that cannot start is
+    not remembered by JAX: that first call tries again and raises the error the command reports
+    (docs/errors.md). `benchmarks/device_open.py` measures the overlap."""
+
+    def open_() -> None:
+        with contextlib.suppress(Exception):  # raised again, with its message, where first needed
+            jax.devices()
+
+    thread = threading.Thread(target=open_, name="equipax-open-devices", daemon=True)
+    thread.start()
+    return thread

@@ -169,7 +169,7 @@ def run(
         entry, cfg, sources = resolve(exp or DEFAULT_EXPERIMENT, set_)  # a pure value: no device touched yet
     # Imported after the knobs resolved: a typo in --exp/--set answers without loading these.
     from equipax.launch.cluster.detect import find_job
-    from equipax.launch.cluster.devices import check_cpu_devices, use_cpu_devices
+    from equipax.launch.cluster.devices import check_cpu_devices, open_devices_early, use_cpu_devices
     from equipax.launch.cluster.distributed import HostConsole
     from equipax.launch.cluster.join import DistributedArgs, initialize
     from equipax.launch.cluster.shape import check_shape
@@ -204,8 +204,9 @@ def run(
             check_shape(cfg.mesh, num_processes=jax.process_count(), local_devices=jax.local_device_count())
     except ConfigError as e:
         fail(str(e))
+    open_devices_early()  # while the training code imports (the devices phase)
     job_dir = job_given or Path("runs") / cfg.name
-    startup.mark("config")  # the knobs, the compiler flags (the devices open in run_experiment)
+    startup.mark("config")  # the knobs, the compiler flags (the devices open meanwhile, on the thread above)
     if entry.kind == "benchmark":
         from equipax.launch.bench.attention_timing import run_attention_bench
 
