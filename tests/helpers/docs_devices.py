@@ -12,6 +12,7 @@ line on stdin (`{"args": [...], "cwd": ..., "reply": path}`), writes `{"code", "
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,7 @@ class DeviceServers:
         for proc, _ in self._servers.values():
             _end(proc)
         self._servers.clear()
+        shutil.rmtree(self._dir, ignore_errors=True)  # the servers' logs and replies
 
 
 def _end(proc: subprocess.Popen) -> None:
