@@ -36,6 +36,9 @@ sys.path.insert(0, str(REPO))
 from docs_hooks import TEST_MARKERS, code_blocks
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# One worker runs every block: one server per device count (`device_servers`) for the whole suite,
+# and a block's first `launch run` reuses the job of the same command run before (`_FRESH_JOBS`).
+pytestmark = pytest.mark.xdist_group("docs")
 SKIP_MARKERS = {"no-run", "needs-hardware", "gcs-emulator"}
 
 
