@@ -5,8 +5,9 @@
 steps beside the initialisation (`equipax.launch.aot.remat_search`). This times each program's
 compile on the attached devices alone, then in the groups given, each group's programs started
 together on threads (as the run starts them), after every program was traced and lowered. The
-programs are those of `--exp` with `--set` applied: `init` (the state's initialisation) and
-`step:<policy>` (the train step with `model.transformer.remat=<policy>`).
+programs are those of `--exp` with `--set` applied: `init` (the state's initialisation, compiled
+with `INIT_COMPILER_OPTIONS` as a run compiles it) and `step:<policy>` (the train step with
+`model.transformer.remat=<policy>`).
 
     uv run python benchmarks/compile_overlap.py --exp shakespeare_tiny \\
         --groups "step:none+init" "step:none+step:full" --out /tmp/compile_overlap.json
@@ -63,8 +64,10 @@ def compile_group(names: list[str], lower: dict[str, Any]) -> dict[str, float]:
     lowered = {name: lower[name]() for name in names}
 
     def one(name: str) -> float:
+        from equipax.launch.program.training import INIT_COMPILER_OPTIONS
+
         t = time.perf_counter()
-        lowered[name].compile()
+        lowered[name].compile(**({"compiler_options": INIT_COMPILER_OPTIONS} if name == "init" else {}))
         return time.perf_counter() - t
 
     with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:

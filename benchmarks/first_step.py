@@ -108,7 +108,7 @@ def compile_programs(exp: str, sets: Sequence[str], topology: str) -> dict[str, 
     from equipax.launch.commands.compile_command import _host_only_jax
     from equipax.launch.hardware.tpu import lookup_slice, topology_devices
     from equipax.launch.jobdir.checksums import lower_checksums
-    from equipax.launch.program.training import _initial_state, build_training
+    from equipax.launch.program.training import INIT_COMPILER_OPTIONS, _initial_state, build_training
 
     _, cfg, _ = resolve(exp, list(sets))
     _host_only_jax()
@@ -134,7 +134,8 @@ def compile_programs(exp: str, sets: Sequence[str], topology: str) -> dict[str, 
     for name, lower in lowerings.items():
         lowered = lower()
         wall, cpu = time.perf_counter(), time.process_time()
-        compiled = lowered.compile()
+        # The initialisation with the options a run compiles it with.
+        compiled = lowered.compile(**({"compiler_options": INIT_COMPILER_OPTIONS} if name == "init" else {}))
         out[name] = {"compile_s": time.perf_counter() - wall, "compile_cpu_s": time.process_time() - cpu}
         if name == "init":
             out[name]["temp_bytes"] = compiled.memory_analysis().temp_size_in_bytes

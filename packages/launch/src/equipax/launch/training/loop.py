@@ -189,7 +189,7 @@ def _compile_init(cfg: ExperimentConfig, mesh: jax.sharding.Mesh) -> Callable[[]
     candidates' compiles (the program is the same under every policy)."""
     if not jax.config.jax_compilation_cache_dir:
         return None
-    return lambda: build_training(cfg, mesh, feeds_batches=False).lower_init().compile()
+    return lambda: build_training(cfg, mesh, feeds_batches=False).compile_init()
 
 
 def _with_attention_note(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, sources: dict[str, str]) -> dict[str, str]:
