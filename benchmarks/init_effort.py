@@ -5,8 +5,9 @@ A first `launch run` on a TPU compiles its initialisation beside its train step,
 host that compile is the longer one (benchmarks/README.md, "On a real TPU, seventh session"). The
 program runs once, so its speed hardly matters. This compiles `Training.lower_init()` of `--exp`
 (with `--set`) on the attached devices with XLA's default options and with each variant
-(`jax.stages.Lowered.compile(compiler_options=...)`), in the order given, runs each, and compares
-every array of its state with the default's (`jnp.array_equal`, on the device).
+(`jax.stages.Lowered.compile(compiler_options=...)`), in the order given, after one untimed
+compile, runs each, and compares every array of its state with the default's (`jnp.array_equal`,
+on the device).
 
     uv run python benchmarks/init_effort.py --exp shakespeare_tiny --out /tmp/init_effort.json
 """
@@ -54,6 +55,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     same = jax.jit(lambda a, b: jnp.array_equal(a, b, equal_nan=True))
     results: dict[str, Any] = {}
+    # A process's first XLA:TPU compile pays a start-up of its own (the v5e's host: the same program
+    # 15.2 s as the first compile, 7.5 s again): one untimed compile first, so the default's figure
+    # is a compile like the variants'.
+    compiled(None)
     program, seconds = compiled(None)
     reference = eqx.filter(program(training.keys.init), eqx.is_array)
     jax.block_until_ready(reference)
