@@ -18,11 +18,15 @@ caches are cleared before each group lowers its programs again.
 
 import argparse
 import concurrent.futures
-import json
-import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):  # run as a file, `python benchmarks/compile_overlap.py`: the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.records import header, write_json
 
 
 def lowerings(exp: str, sets: list[str], names: set[str], topology: str | None = None) -> dict[str, Any]:
@@ -103,18 +107,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print("group  " + ", ".join(f"{n} {s:.1f} s" for n, s in times.items()), flush=True)
     device = jax.devices()[0]
     results |= {
+        **header(),
         "topology": args.topology,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "python": platform.python_version(),
-        "jax_version": jax.__version__,
         "device_kind": device.device_kind if args.topology is None else f"(compiled on the host for {args.topology})",
         "exp": args.exp,
         "sets": args.sets,
     }
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    return write_json(args.out, results)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,15 @@ Reports the median of each piece per mode (seconds) and writes them as JSON:
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file, `python benchmarks/device_open.py`: the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.records import header, write_json
 
 CHILD = """
 import json, sys, time
@@ -69,22 +72,15 @@ def main(argv: list[str] | None = None) -> dict:
     for m in MODES:
         row = medians[m]
         print(f"{m:<14} {row['imports_s']:8.2f} {row['devices_wait_s']:13.2f} {row['total_s']:8.2f}")
-    import jax
-
     result = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "python": platform.python_version(),
-        "jax_version": jax.__version__,
+        **header(),
         "platform": runs["devices alone"][0]["platform"],
         "devices": runs["devices alone"][0]["devices"],
         "rounds": args.rounds,
         "medians": medians,
         "runs": runs,
     }
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    return write_json(args.out, result)
 
 
 if __name__ == "__main__":

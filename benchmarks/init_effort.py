@@ -13,11 +13,15 @@ on the device).
 """
 
 import argparse
-import json
-import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+if __package__ in (None, ""):  # run as a file, `python benchmarks/init_effort.py`: the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.records import header, write_json
 
 # Per-program compiler options (jax.stages.Lowered.compile): XLA's effort levels (9 = O0).
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -79,18 +83,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{name}: compile {seconds:.1f} s, the same state bit for bit: {equal}", flush=True)
     device = jax.devices()[0]
     out = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "python": platform.python_version(),
-        "jax_version": jax.__version__,
+        **header(),
         "device_kind": device.device_kind,
         "exp": args.exp,
         "sets": args.sets,
         "results": results,
     }
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=2) + "\n")
-    return out
+    return write_json(args.out, out)
 
 
 if __name__ == "__main__":
