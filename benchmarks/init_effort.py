@@ -82,13 +82,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results[name] = {"compile_s": seconds, "bitwise_equal": equal}
         print(f"{name}: compile {seconds:.1f} s, the same state bit for bit: {equal}", flush=True)
     device = jax.devices()[0]
-    out = {
-        **header(),
-        "device_kind": device.device_kind,
-        "exp": args.exp,
-        "sets": args.sets,
-        "results": results,
-    }
+    out = {**header(), "device_kind": device.device_kind, "exp": args.exp, "sets": args.sets, "results": results}
     return write_json(args.out, out)
 
 
