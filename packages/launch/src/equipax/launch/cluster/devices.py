@@ -77,11 +77,12 @@ def check_cpu_devices(n: int | None, mesh: MeshConfig, *, num_processes: int = 1
 def open_devices_early() -> threading.Thread:
     """Start JAX's backend (opening the accelerator) on a background thread and return it.
 
-    Opening a TPU takes seconds of libtpu's own work, most of it outside Python's lock, and
-    `launch run` needs the devices only after it has imported the training code (orbax, the models,
-    the summaries): started here, once the compiler flags and `jax.distributed` are set (both are
-    read when the backend starts), the two overlap, and the first call that needs the devices
-    (`jax.device_count()`) waits for this one under JAX's own lock. A platform that cannot start is
+    Opening a TPU takes seconds of libtpu's own work, and `launch run` needs the devices only after
+    it has imported the training code (orbax, the models, the summaries): started here, once the
+    compiler flags and `jax.distributed` are set (both are read when the backend starts), the two
+    overlap, and the first call that needs the devices (`jax.device_count()`) waits for this one
+    under JAX's own lock. libtpu holds Python's lock through much of its start, so what is gained
+    is the imports' time (on the v5e: 1.3 s of a 9-s opening). A platform that cannot start is
     not remembered by JAX: that first call tries again and raises the error the command reports
     (docs/errors.md). `benchmarks/device_open.py` measures the overlap."""
 

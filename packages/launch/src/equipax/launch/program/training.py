@@ -28,7 +28,7 @@ __all__ = ["build_training", "INIT_COMPILER_OPTIONS", "Training"]
 
 # The initialisation runs once per job, so XLA compiles it at its lowest effort (its effort level
 # O0, 9 in XLA's numbering): the initial state is the same bit for bit, on the TPU v5e and on the
-# CPU, and on the v5e's host the compile alone takes about half the time (c4_1b at 6 layers: 6.5-7.3
+# CPU, and on the v5e's host the compile alone takes about half the time (c4_1b at 6 layers: 6.5-6.7
 # s at O0, 12.6-12.8 s at the default when it is not the process's first compile;
 # benchmarks/init_effort.py and compile_overlap.py, benchmarks/README.md "On a real TPU, seventh
 # session", where a first job's time to its first step is measured once each way).

@@ -4,12 +4,12 @@ The phases: start-up (the interpreter and the imports up to the `launch run` com
 (resolving the experiment and its knobs, the compiler flags), devices (the training code's imports
 and JAX's backend, opening an accelerator: the two at once, the backend started on a background
 thread at the end of config, `equipax.launch.cluster.devices.open_devices_early`), with
-`model.transformer.remat="auto"` remat auto (the
-compiles that choose the policy, `equipax.launch.aot.remat`, and beside them the initialisation's),
-inputs (opening the data and the tokenizer), build (the train state's shapes, shardings, its
-initialisation and the checkpoint restore, while the train step compiles on a background thread,
-`ahead.py`, where remat auto has not compiled it) and the first step (what is left of the train
-step's compile, and one step). `launch run` prints them after the first step.
+`model.transformer.remat="auto"` remat auto (the compiles that choose the policy,
+`equipax.launch.aot.remat`, and beside them the initialisation's), inputs (opening the data and
+the tokenizer), build (the train state's shapes, shardings, its initialisation and the checkpoint
+restore, while the train step compiles on a background thread, `ahead.py`, where remat auto has not
+compiled it) and the first step (what is left of the train step's compile, and one step).
+`launch run` prints them after the first step.
 
 `train.compiler.cache_dir` (docs/compile.md, "The persistent compilation cache") turns on JAX's
 persistent compilation cache for the run: by default the machine's (`xla/` in `EQUIPAX_CACHE_DIR`,
