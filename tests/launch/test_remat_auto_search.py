@@ -81,6 +81,64 @@ def test_a_candidate_that_removes_too_little_matrix_work_is_traced_not_compiled(
     assert policy == "save_attention_out" and "none" not in compiles and "full" in compiles
 
 
+def test_a_candidate_waits_while_one_before_it_that_is_expected_to_fit_compiles():
+    """Once own has compiled and fits, the next candidate is compiled on speculation only where the
+    one before it, still compiling, is not expected to fit (its floor plus own's compiled bytes over
+    own's floor, over the budget). Figures (GiB) of the chip's searches (benchmarks/README.md):
+    c4_1b at 6 layers, where dots_with_context fits and dots_saveable had compiled for nothing, and
+    llama3_2_1b at 6 layers, where neither fits."""
+    from equipax.launch.aot.remat import MIN_GAIN
+    from equipax.launch.aot.remat_search import Outcome, search
+
+    order = ["none", "dots_with_context", "dots_saveable", "save_attention_out", "full"]
+    work = {"none": 28.1, "dots_with_context": 28.1, "dots_saveable": 28.4, "save_attention_out": 31.9, "full": 33.5}
+
+    def run(floors, compiled, budget):
+        events, lock = [], threading.Lock()
+
+        def compile_(policy, lowered):
+            with lock:
+                events.append(("start", policy))
+            time.sleep(0.05 if policy == "full" else 0.4)
+            with lock:
+                events.append(("end", policy))
+            return compiled[policy], policy
+
+        decision, *_ = search(
+            order, "full", trace=lambda p: p, work=work.get, lower=lambda p: p, compile_=compile_, workers=4,
+            min_gain=MIN_GAIN, log=lambda m: None, floor=floors.get, budget=budget,
+        )  # fmt: skip
+        return decision.policy, events
+
+    c4 = {"none": 18.0, "dots_with_context": 10.3, "dots_saveable": 10.1, "save_attention_out": 8.7, "full": 8.2}
+    fits = {
+        "full": Outcome(True, 0.218, total_bytes=11.0),
+        "dots_with_context": Outcome(True, 0.201, total_bytes=14.9),
+        "dots_saveable": Outcome(True, 0.200, total_bytes=14.7),
+    }
+    # dots_with_context is expected to fit (10.3 + 2.8 <= 14.25): dots_saveable is never started.
+    policy, events = run(c4, fits, budget=14.25 + 0.7)
+    assert policy == "dots_with_context"
+    assert [p for e, p in events if e == "start"] == ["full", "dots_with_context"], events
+    # With own's overhead larger, dots_with_context is not expected to fit (10.3 + 4.7 > 14.95):
+    # dots_saveable starts once own is done, beside it, as before.
+    policy, events = run(c4, fits | {"full": Outcome(True, 0.218, total_bytes=12.9)}, budget=14.95)
+    assert policy == "dots_with_context"
+    assert events.index(("start", "dots_saveable")) < events.index(("end", "dots_with_context")), events
+
+    llama = {"none": 16.9, "dots_with_context": 10.8, "dots_saveable": 10.6, "save_attention_out": 9.0, "full": 8.6}
+    compiled = {
+        "full": Outcome(True, 0.270, total_bytes=12.4),
+        "dots_with_context": Outcome(False, 0.240, total_bytes=17.4),
+        "dots_saveable": Outcome(False, 0.241, total_bytes=16.7),
+        "save_attention_out": Outcome(True, 0.255, total_bytes=13.6),
+    }
+    policy, events = run(llama, compiled, budget=14.25)
+    assert policy == "save_attention_out"
+    # 10.8 + 3.8 > 14.25: dots_with_context is not expected to fit, so dots_saveable compiles beside it.
+    assert events.index(("start", "dots_saveable")) < events.index(("end", "dots_with_context")), events
+
+
 def test_the_run_executes_the_chosen_candidate_and_loads_its_initialisation(tmp_path, monkeypatch, capsys, caplog):
     """`launch run` with remat="auto": the train step compiles once per candidate the search needs,
     and the run's first step compiles nothing (it runs the chosen candidate's program, not one
@@ -101,6 +159,16 @@ def test_the_run_executes_the_chosen_candidate_and_loads_its_initialisation(tmp_
     monkeypatch.setenv("EQUIPAX_CACHE_DIR", str(tmp_path / "machine"))
     monkeypatch.setattr(remat, "own_policy", lambda cfg: "full")  # shakespeare_tiny's own is none
     monkeypatch.setattr(remat, "_workers", lambda: 4)  # several at once, as on a TPU host
+    search, handed = remat.search, []
+
+    def watched(*args, submitted, **kwargs):  # whether the initialisation's thread had started by then
+        def note(policy):
+            handed.append((policy, any(t.name == "equipax-remat-beside" for t in threading.enumerate())))
+            return submitted(policy)
+
+        return search(*args, submitted=note, **kwargs)
+
+    monkeypatch.setattr(remat, "search", watched)
     steps = []  # the threads that compiled a train step (or loaded one from the persistent cache)
 
     def listen(event: str, duration: float, **kwargs: str | int) -> None:
@@ -128,6 +196,9 @@ def test_the_run_executes_the_chosen_candidate_and_loads_its_initialisation(tmp_
     # The search's compiles only (one it started may finish after the run, unused), none for the
     # run itself.
     assert steps and all(name.startswith("equipax-remat") for name in steps) and len(steps) <= len(started), steps
+    # The initialisation compiles beside the candidates, started once own's compile was handed over
+    # (its tracing had held own's back), and the run loads it.
+    assert handed[0] == ("full", False), handed
     loaded = [r.threadName for r in caplog.records if "cache hit for 'jit_make'" in r.getMessage()]
     assert threading.main_thread().name in loaded, [r.getMessage()[:80] for r in caplog.records]
     # What a policy saves in traced matrix work is what its compiled program saves (XLA:CPU's here,

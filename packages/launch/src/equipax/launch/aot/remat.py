@@ -260,7 +260,8 @@ def choose_remat(
             its first step finds the step compiled.
         beside: work to run on a thread of its own while the candidates compile, where the choice
             is not cached (`launch run`: the compile of the state's initialisation, which no policy
-            changes); not waited for (`RematChoice.beside`), its errors dropped.
+            changes), started once the experiment's own policy is compiling; not waited for
+            (`RematChoice.beside`), its errors dropped.
 
     Returns:
         The choice, with the table of candidates.
@@ -287,8 +288,13 @@ def choose_remat(
 
     t0 = time.monotonic()
     thread = threading.Thread(target=_quietly(beside), name="equipax-remat-beside", daemon=True) if beside else None
-    if thread is not None:
-        thread.start()
+
+    def submitted(policy: str) -> None:
+        # The work beside starts once own's compile is under way: its tracing, started with the
+        # search, held own's back (the chip: own's compile began 3.9 s into the search).
+        if thread is not None and thread.ident is None:
+            thread.start()
+
     trainings: dict[str, Any] = {}
 
     def trace(policy: str) -> tuple[Any, float]:
@@ -305,13 +311,14 @@ def choose_remat(
         step = compile_step(trainings[policy], *lowered)
         fits = step.memory["total_bytes"] <= budget and "compiler_refused" not in step.memory
         cost = program_cost(step.compiled.as_text(), roofline) if step.compiled is not None else None
-        return Outcome(fits, cost.projected_s if cost is not None else None), (step, cost)
+        outcome = Outcome(fits, cost.projected_s if cost is not None else None, total_bytes=step.memory["total_bytes"])
+        return outcome, (step, cost)
 
     try:
         decision, outcomes, compiled, work, floors = search(
             order, own, trace=trace, work=lambda traced: matrix_seconds(traced[0].jaxpr, roofline), lower=lower,
             compile_=compile_, workers=_workers(), min_gain=MIN_GAIN, log=log,
-            floor=lambda traced: memory_floor(traced[0].jaxpr, mesh.size), budget=budget,
+            floor=lambda traced: memory_floor(traced[0].jaxpr, mesh.size), budget=budget, submitted=submitted,
         )  # fmt: skip
         table = [_row(p, outcomes.get(p), compiled.get(p), work.get(p), floors.get(p)) for p in order]
         if decision.policy is None:
@@ -325,7 +332,7 @@ def choose_remat(
                 "larger budget (`launch compile --hbm-gib`, train.hbm_gib_per_device, train.hbm_margin)."
             )
     except BaseException:  # the caller gets no thread to join
-        if thread is not None:
+        if thread is not None and thread.ident is not None:
             thread.join()
         raise
     policy = decision.policy
@@ -335,7 +342,8 @@ def choose_remat(
     _write_cache(cache, key, entry)
     step = compiled[policy][0]
     return RematChoice(set_knob(cfg, KNOB, policy), policy, own, decision.reason, table, budget, roofline,
-                       cached=None, search_s=search_s, compiled=step, beside=thread)  # fmt: skip
+                       cached=None, search_s=search_s, compiled=step,
+                       beside=thread if thread is not None and thread.ident is not None else None)  # fmt: skip
 
 
 def _quietly(work: Callable[[], object]) -> Callable[[], None]:

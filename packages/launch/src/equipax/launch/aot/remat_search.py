@@ -12,7 +12,13 @@ layers on a TPU v5e, benchmarks/README.md: save_context removes 0.8% of full rem
 work, and its compiled program is projected 0.2% slower). Nor is a candidate other than own
 compiled where its traced program's memory floor (`equipax.launch.aot.memory_floor`) is over the
 budget: it cannot fit (c4_1b at 6 layers: `none`'s floor is 18.0 GiB, over the chip's 15; its
-compile took 7.3 s before the next candidate could start). A faster candidate replaces
+compile took 7.3 s before the next candidate could start). Nor is one compiled on speculation: once
+own has compiled and fits, a candidate waits while one before it in the list still compiles that is
+expected to fit (its floor plus what own's compiled program needs over own's floor is within the
+budget), since that one would end the search (c4_1b at 6 layers on the chip: `dots_saveable`
+started once `full` was done, 2 s before `dots_with_context` fitted, and compiled on beside the
+run's first steps for 13 s; benchmarks/README.md). The expectation orders the compiles only; what is
+chosen is decided by the compiled figures alone. A faster candidate replaces
 `own` only where it fits and its compiled program is projected at least `min_gain` faster than
 own's; the first such one down the list is taken, and candidates after it are never lowered.
 Only where `own` does not fit are the policies that recompute more compiled (`slower`, and those
@@ -37,12 +43,14 @@ OFFLOAD = "offload_attention_out"
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """A compiled candidate: whether it fits the budget, and its projected step (None: unknown);
-    or one not compiled because its traced memory floor (`floor_bytes`) is over the budget."""
+    """A compiled candidate: whether it fits the budget, its projected step (None: unknown) and the
+    bytes per device its compiled program needs (`total_bytes`; None: not known); or one not
+    compiled because its traced memory floor (`floor_bytes`) is over the budget."""
 
     fits: bool
     projected_s: float | None
     floor_bytes: float | None = None
+    total_bytes: int | float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +125,7 @@ def search(
     log: Callable[[str], object],
     floor: Callable[[Any], float] = lambda traced: 0.0,
     budget: int | float = math.inf,
+    submitted: Callable[[str], object] = lambda policy: None,
 ) -> tuple[Decision, dict[str, Outcome], dict[str, Any], dict[str, float], dict[str, float]]:
     """Compile candidates of `order` (least recomputation first) until the rules decide.
 
@@ -135,6 +144,9 @@ def search(
             (`equipax.launch.aot.memory_floor.memory_floor`).
         budget: bytes per device a candidate must fit in: one other than own whose floor is over
             it is not compiled (its outcome: not fitting, with `floor_bytes`).
+        submitted: called with each policy once its compile is handed to the pool (in this
+            thread): own's first (`choose_remat` then starts the initialisation's compile, so
+            that its tracing does not hold back own's).
 
     Returns:
         The decision (policy None: nothing fits), the outcomes and the compiled steps by policy,
@@ -167,8 +179,22 @@ def search(
             return None
         return step
 
-    def start(queue: collections.deque[str]) -> None:
-        while queue and len(running) < limit[0]:
+    def expected_to_fit(policy: str) -> bool:
+        """Whether `policy` is expected to fit: its floor plus what own's compiled program needs over
+        own's floor (known once own has compiled and fits; before, nothing is expected)."""
+        mine = outcomes.get(own)
+        if mine is None or not mine.fits or mine.total_bytes is None:
+            return False
+        return floors[policy] + max(0.0, mine.total_bytes - floors[own]) <= budget
+
+    def speculative(policy: str, order_: Sequence[str]) -> bool:
+        """Whether `policy` is needed only if a candidate before it in `order_`, still compiling and
+        expected to fit, turns out not to."""
+        ahead = order_[: order_.index(policy)] if policy in order_ else []
+        return any(p in running.values() and expected_to_fit(p) for p in ahead)
+
+    def start(queue: collections.deque[str], hold: Callable[[str], bool] = lambda policy: False) -> None:
+        while queue and len(running) < limit[0] and not hold(queue[0]):
             policy = queue.popleft()
             step = traced.pop(policy, None) or traces(policy)
             if step is None:
@@ -176,10 +202,15 @@ def search(
             log(f"model.transformer.remat='auto': compiling with remat={policy!r}...")
             running[pool.submit(compile_, policy, lower(step))] = policy
             started.add(policy)
+            submitted(policy)
 
-    def run(queue: collections.deque[str], done: Callable[[], Decision | None]) -> Decision | None:
+    def run(
+        queue: collections.deque[str],
+        done: Callable[[], Decision | None],
+        hold: Callable[[str], bool] = lambda policy: False,
+    ) -> Decision | None:
         while (decision := done()) is None:
-            start(queue)
+            start(queue, hold)
             if not running:
                 return None
             finished, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -203,7 +234,7 @@ def search(
             if removed_share(seconds[own], seconds[policy]) >= min_gain:
                 faster.append(policy)
                 queue.append(policy)
-                start(queue)
+                start(queue, lambda p: speculative(p, faster))
             else:
                 traced.pop(policy)  # not compiled in this phase: traced again if the fallback needs it
 
@@ -211,7 +242,7 @@ def search(
             d = decide(own, faster, outcomes, min_gain)
             return d if d.policy is not None or d.fallback else None
 
-        decision = run(queue, first)
+        decision = run(queue, first, lambda policy: speculative(policy, faster))
         if decision is None or decision.policy is None:  # own does not fit: every other candidate
             limit[0] = max(1, workers)
             # (and those still compiling, or ruled out by their floor)
