@@ -150,3 +150,31 @@ def test_apply_rotary_is_unchanged_by_scaling_of_short_wavelengths(key):
     scaled = apply_rotary(x, *rotary_angles(pos, 128, 5e5, _scaling(LLAMA_31)))
     np.testing.assert_allclose(plain[..., :8], scaled[..., :8], rtol=1e-6)
     assert not np.allclose(plain, scaled)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_rotations_gradient_is_the_automatic_one_bit_for_bit_and_the_references(dtype, key):
+    """`apply_rotary`'s written gradient (the opposite rotation of the cotangent) against the
+    gradient JAX derives from the same float32 rotation, and from the complex-number reference."""
+    import jax
+
+    from equipax.core.nn.rotary import _rotate, reference_rotary
+
+    kx, kg = jr.split(key)
+    x = jr.normal(kx, (2, 5, 3, 64)).astype(dtype)
+    g = jr.normal(kg, x.shape).astype(dtype)
+    pos = jnp.array([[0, 1, 2, 3, 4], [7, 300, 9000, 4, 0]])
+    sin, cos = rotary_angles(pos, 64, 5e5)
+    (written,) = jax.vjp(lambda x: apply_rotary(x, sin, cos), x)[1](g)
+    (derived,) = jax.vjp(lambda x: _rotate(x, sin, cos), x)[1](g)
+    assert written.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(written, np.float32), np.asarray(derived, np.float32))
+    # The complex-number reference, at positions where its float32 angles agree with
+    # `rotary_angles`' (they drift apart at thousands).
+    (reference,) = jax.vjp(lambda y: reference_rotary(y, pos[:1], 5e5), x[:1])[1](g[:1])
+    tol = 1e-5 if dtype == jnp.float32 else 1e-2
+    first = np.asarray(written[:1], np.float32)
+    np.testing.assert_allclose(first, np.asarray(reference, np.float32), atol=tol, rtol=tol)
+    # A rotation: the gradient keeps each head vector's norm (in float32).
+    if dtype == jnp.float32:
+        np.testing.assert_allclose(jnp.linalg.norm(written, axis=-1), jnp.linalg.norm(g, axis=-1), rtol=1e-5)
