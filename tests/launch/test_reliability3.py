@@ -346,6 +346,39 @@ def test_a_signal_raised_where_python_drops_exceptions_is_not_lost(after):
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
+SIGNAL_DURING_AN_IMPORT = """
+import os, pathlib, signal, sys, tempfile, time
+from equipax.launch.failures import Interrupted
+from equipax.launch.training.preemption import EARLY
+
+EARLY.install()
+EARLY.arm()
+EARLY.RESEND_S = 0.05
+folder = tempfile.mkdtemp()
+sys.path.insert(0, folder)
+pathlib.Path(folder, "slow_module.py").write_text(
+    "import os, signal\\nos.kill(os.getpid(), signal.SIGTERM)\\nfor _ in range(200_000):\\n    pass\\nDONE = True\\n"
+)
+try:
+    import slow_module
+    print("IMPORTED", slow_module.DONE, "pending", EARLY.pending)
+    time.sleep(5)
+    print("LOST")
+except Interrupted as e:
+    print("CAUGHT", e.signal_name, "whole" if getattr(sys.modules.get("slow_module"), "DONE", False) else "half")
+"""
+
+
+def test_a_signal_during_an_import_lets_the_import_finish_then_stops():
+    """A signal that lands inside an import (the start-up imports the data code lazily) is raised
+    once the import is done: raised inside it, a compiled extension stayed half-registered and the
+    command's own report of the stop failed to import it (exit 1, not 75)."""
+    done = subprocess.run([sys.executable, "-c", SIGNAL_DURING_AN_IMPORT], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["IMPORTED", "True", "pending", "SIGTERM", "CAUGHT", "SIGTERM", "whole"], (
+        done.stdout + done.stderr
+    )
+
+
 def test_interrupted_passes_every_except_exception():
     from equipax.launch.failures import Interrupted
 

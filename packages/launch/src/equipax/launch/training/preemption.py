@@ -32,6 +32,12 @@ class EarlyInterrupts:
     landing there would be lost and the run would carry on; so such an `Interrupted` is silenced
     (`sys.unraisablehook`) and the signal is sent again a moment later, until it lands in code
     that lets it through. `StopRequest` also raises a pending one before the first step.
+
+    Nor is it raised inside an import (the start-up imports the data code lazily): raised in a
+    compiled extension's initialisation, it leaves the module half-registered, and every later
+    import of it fails ("generic_type: type ... is already registered": the command's own report
+    of the stop then failed, exit 1 instead of 75). The signal is recorded and sent again a moment
+    later, once the import is done.
     """
 
     RESEND_S = 0.05
@@ -59,20 +65,35 @@ class EarlyInterrupts:
             sys.stderr.flush()
             os._exit(Interrupted.exit_code)
         self.pending = name
+        if _importing(frame):
+            self._resend(signum)
+            return
         raise Interrupted(name)
+
+    def _resend(self, signum: int) -> None:
+        timer = threading.Timer(self.RESEND_S, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
 
     def _unraisable(self, info: "sys.UnraisableHookArgs") -> None:
         if not isinstance(info.exc_value, Interrupted):
             self._previous_hook(info)
             return
-        signum = signal.Signals[info.exc_value.signal_name]
-        timer = threading.Timer(self.RESEND_S, os.kill, (os.getpid(), signum))
-        timer.daemon = True
-        timer.start()
+        self._resend(signal.Signals[info.exc_value.signal_name])
 
     def arm(self) -> None:
         """From now on a signal raises `Interrupted` (the command is running)."""
         self.armed: bool = True
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether `frame` (where a signal landed) runs inside an import (Python's import machinery is
+    on its stack)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 # The entry point's one instance (`equipax.launch.cli` installs it first thing).
