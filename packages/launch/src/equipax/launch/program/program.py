@@ -6,6 +6,7 @@ Face conversions and a checkpoint's restore read. It builds no learner, no optim
 train step; `Training` (`program/training.py`) adds those for `launch run` and `launch compile`.
 """
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -42,8 +43,27 @@ class Keys:
 
     @classmethod
     def from_seed(cls, seed: int) -> "Keys":
-        init, step, sample = jax.random.split(jax.random.key(seed), 3)
+        """The keys of `seed`, derived on the host's CPU backend where JAX has one beside an
+        accelerator (`host_device`): each eager op here compiles a program of its own, four on
+        the TPU v5e's host taking 1.4 s before anything else of a run could start
+        (benchmarks/README.md "eighth session"), milliseconds on the CPU. Threefry is the same
+        function on every backend, so the keys are the same; they are not committed to the CPU,
+        so each program that takes one moves it to its own devices."""
+        with contextlib.nullcontext() if (device := host_device()) is None else jax.default_device(device):
+            init, step, sample = jax.random.split(jax.random.key(seed), 3)
         return cls(init=init, step=step, sample=sample)
+
+
+def host_device() -> Any:
+    """The CPU device (a `jax.Device`) to derive small host-side values on (`Keys.from_seed`), where the default
+    backend is an accelerator and JAX also has its CPU backend (JAX_PLATFORMS may leave it out);
+    None where the default backend is the CPU."""
+    if jax.default_backend() == "cpu":
+        return None
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
