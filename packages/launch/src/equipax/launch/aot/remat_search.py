@@ -167,6 +167,7 @@ def search(
     limit = [min(2, max(1, workers))]
     running: dict[concurrent.futures.Future[tuple[Outcome, Any]], str] = {}
     started: set[str] = set()
+    faster: list[str] = []  # the candidates that recompute less, compiled beside own in the first phase
 
     def traces(policy: str) -> Any:
         """`policy`'s traced step, its matrix work and floor recorded; None where the floor rules
@@ -187,10 +188,10 @@ def search(
             return False
         return floors[policy] + max(0.0, mine.total_bytes - floors[own]) <= budget
 
-    def speculative(policy: str, order_: Sequence[str]) -> bool:
-        """Whether `policy` is needed only if a candidate before it in `order_`, still compiling and
+    def speculative(policy: str) -> bool:
+        """Whether `policy` is needed only if a faster candidate before it, still compiling and
         expected to fit, turns out not to."""
-        ahead = order_[: order_.index(policy)] if policy in order_ else []
+        ahead = faster[: faster.index(policy)] if policy in faster else []
         return any(p in running.values() and expected_to_fit(p) for p in ahead)
 
     def start(queue: collections.deque[str], hold: Callable[[str], bool] = lambda policy: False) -> None:
@@ -225,7 +226,6 @@ def search(
         traces(own)
         queue = collections.deque([own])
         start(queue)
-        faster = []
         for policy in order[:i]:
             if policy == OFFLOAD:
                 continue
@@ -234,7 +234,7 @@ def search(
             if removed_share(seconds[own], seconds[policy]) >= min_gain:
                 faster.append(policy)
                 queue.append(policy)
-                start(queue, lambda p: speculative(p, faster))
+                start(queue, speculative)
             else:
                 traced.pop(policy)  # not compiled in this phase: traced again if the fallback needs it
 
@@ -242,7 +242,7 @@ def search(
             d = decide(own, faster, outcomes, min_gain)
             return d if d.policy is not None or d.fallback else None
 
-        decision = run(queue, first, lambda policy: speculative(policy, faster))
+        decision = run(queue, first, speculative)
         if decision is None or decision.policy is None:  # own does not fit: every other candidate
             limit[0] = max(1, workers)
             # (and those still compiling, or ruled out by their floor)

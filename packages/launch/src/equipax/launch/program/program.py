@@ -55,9 +55,9 @@ class Keys:
 
 
 def host_device() -> Any:
-    """The CPU device (a `jax.Device`) to derive small host-side values on (`Keys.from_seed`), where the default
-    backend is an accelerator and JAX also has its CPU backend (JAX_PLATFORMS may leave it out);
-    None where the default backend is the CPU."""
+    """The CPU device (a `jax.Device`) to derive small host-side values on (`Keys.from_seed`),
+    where the default backend is an accelerator and JAX also has its CPU backend (JAX_PLATFORMS
+    may leave it out); None where the default backend is the CPU."""
     if jax.default_backend() == "cpu":
         return None
     try:
