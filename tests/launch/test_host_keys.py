@@ -1,6 +1,6 @@
 """The run's keys are derived on the host's CPU backend beside an accelerator (`Keys.from_seed`,
 `equipax.launch.program.program.host_device`: on the TPU v5e's host the four eager programs of
-the derivation compiled for 1.4 s before anything else of a run could start). A CPU-only host
+the derivation compiled for 1.5-1.7 s before anything else of a run could start). A CPU-only host
 cannot have an accelerator beside its CPU, so two simulated CPU devices stand in: the keys are
 made on the second, the model lives on the first. The keys are the same, left uncommitted, and the
 initial state and a train step on them are the same bit for bit."""
@@ -53,5 +53,5 @@ print("OK")
 
 
 def test_keys_derived_on_the_host_device_are_the_same_and_follow_the_model():
-    out = run_with_devices(CHILD.replace("TOY)", f"{TOY!r})"), devices=2)
+    out = run_with_devices(f"TOY = {TOY!r}\n" + CHILD, devices=2)
     assert out.strip().endswith("OK"), out

@@ -45,7 +45,7 @@ class Keys:
     def from_seed(cls, seed: int) -> "Keys":
         """The keys of `seed`, derived on the host's CPU backend where JAX has one beside an
         accelerator (`host_device`): each eager op here compiles a program of its own, four on
-        the TPU v5e's host taking 1.4 s before anything else of a run could start
+        the TPU v5e's host taking 1.5-1.7 s before anything else of a run could start
         (benchmarks/README.md "eighth session"), milliseconds on the CPU. Threefry is the same
         function on every backend, so the keys are the same; they are not committed to the CPU,
         so each program that takes one moves it to its own devices."""
