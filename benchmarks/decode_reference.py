@@ -337,9 +337,10 @@ def benchmark_exp(
                 "plain": functools.partial(reference, params, ids, lengths),
             }
             row["profile"] = profile_decodes(profile / f"{exp}_b{batch}", calls, tokens=new_tokens)
-    # A decode step reads every weight once (in the compute dtype: float32 weights are cast once
-    # per call, outside the token loop, by XLA in both programs; equipax's int8 copies as int8 with
-    # model.quantization set), plus the cache.
+    # A decode step reads every weight once (in the compute dtype: equipax's projections held in it
+    # by `for_decoding`, made once at load; the reference's float32 weights cast once per call,
+    # outside the token loop, by XLA; equipax's int8 copies as int8 with model.quantization set),
+    # plus the cache.
     int8 = sum(a.size for a in jax.tree.leaves(model) if getattr(a, "dtype", None) == jnp.int8)
     weight_bytes = {
         "in_process": count_params(model) * jnp.dtype(bcfg.dtype).itemsize + int8,

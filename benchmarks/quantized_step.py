@@ -7,9 +7,8 @@ XLA:TPU (libtpu, the `aot` group: no chip needed) compiles for `--topology`:
   (`c4_1b_6l_adamw_dots` and `c4_1b_6l_adamw_dots_int8`: batch 8 x 1024, AdamW, no caps,
   `remat=dots_saveable`), the whole train step (`launch run`'s, built as `launch compile` builds it).
 - `decode`: one token of c4_1b at 6 layers (`decode_step`, `--decode-batch` rows, a cache of
-  `--cache-len` slots), its weights as the decode loop holds them: float ones in the compute dtype
-  (bf16: XLA converts them once per call, outside the token loop), and with `int8w` (`for_decoding`)
-  the projections' int8 `QuantizedWeight`s.
+  `--cache-len` slots), its weights as the decode loop holds them (`for_decoding`): float ones in
+  the compute dtype (bf16), and with `int8w` the projections' int8 `QuantizedWeight`s.
 
 For each: XLA's cost analysis (FLOPs and bytes accessed; a loop's body counted once: one layer of
 the scanned stack), and the roofline of `equipax.launch.aot.hlo_cost` (every kernel the program

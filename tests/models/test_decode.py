@@ -14,7 +14,7 @@ import pytest
 from equipax.core.configs import RopeScalingConfig
 from equipax.core.nn import TransformerConfig
 from equipax.models import LMConfig, TransformerLM, generate
-from equipax.models.decode import decode, init_cache, sample_logits
+from equipax.models.decode import decode, for_decoding, init_cache, sample_logits
 
 VOCAB = 64
 WIDTH, NEW = 8, 8  # every decode here uses these shapes: one compile per model and knob set
@@ -126,6 +126,26 @@ def test_unrolled_stack_decodes_like_scanned(name):
     _, tokens, _ = _decoded(name)
     got, _ = decode(_rebuilt(name, scan_layers=False), *_padded(ROWS), max_new_tokens=NEW)
     np.testing.assert_array_equal(got, tokens)
+
+
+@pytest.mark.parametrize("name", ["lm", "llama"])
+def test_for_decoding_holds_the_projections_in_the_compute_dtype(name):
+    """`for_decoding` (made once where `launch decode` loads a model) holds a bfloat16 model's
+    projection weights in bfloat16, cast as each matmul casts them, so no `decode` call converts
+    them again; norms and the embedding (looked up in float32) stay float32. The same tokens."""
+    model = TransformerLM(dataclasses.replace(CONFIGS[name], dtype="bfloat16"), key=jr.key(SEEDS[name]))
+    held = for_decoding(model)
+    attention, mlp = held.stack.layers.attention, held.stack.layers.ffn
+    matrices = [attention.out, mlp.up.weight, mlp.down.weight]
+    matrices += [attention.qkv] if name == "lm" else [attention.q, attention.kv, held.unembed.weight]
+    assert all(w.dtype == jnp.bfloat16 for w in matrices)
+    assert held.embedding.weight.dtype == jnp.float32 and held.final_norm.scale.dtype == jnp.float32
+    assert held.stack.layers.atten_norm.scale.dtype == jnp.float32
+    prompts, lengths = _padded(ROWS)
+    want, _ = decode(model, prompts, lengths, max_new_tokens=NEW)
+    got, _ = decode(held, prompts, lengths, max_new_tokens=NEW)
+    np.testing.assert_array_equal(got, want)
+    assert for_decoding(held).stack.layers.attention.out is held.stack.layers.attention.out  # kept as is
 
 
 def test_each_row_gets_its_own_room_in_max_seq_len(family):
