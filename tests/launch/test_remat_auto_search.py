@@ -47,6 +47,7 @@ def test_a_candidate_that_removes_too_little_matrix_work_is_traced_not_compiled(
             order, "full", trace=lambda p: traced.append(p) or p, work=work.get,
             lower=lambda p: lowered.append(p) or p, compile_=compile_, workers=4, min_gain=MIN_GAIN, log=print,
             floor=lambda p: (floors or {}).get(p, 0.0), budget=budget,
+            under_way=lambda: told.append(list(lowered)),
         )  # fmt: skip
         assert len(set(compiles)) == len(compiles)  # each compiled once, ...
         ruled_out = sorted(p for p, o in outcomes.items() if o.floor_bytes is not None)
@@ -55,7 +56,7 @@ def test_a_candidate_that_removes_too_little_matrix_work_is_traced_not_compiled(
         most_at_once.append(active[1])
         return decision.policy, compiles, seconds
 
-    most_at_once = []
+    most_at_once, told = [], []  # told: what was handed to the pool when `under_way` was called
 
     # save_attention_out removes 1.9% of full remat's matrix work: it cannot be projected 3% faster,
     # so only own and the two that remove more are compiled, however many compiles run at once.
@@ -77,6 +78,12 @@ def test_a_candidate_that_removes_too_little_matrix_work_is_traced_not_compiled(
     policy, compiles, _ = choose(compiled, floors, budget=15.0)
     assert policy == "dots_saveable" and sorted(compiles) == ["dots_saveable", "full"]
     assert most_at_once[-1] == 2  # the one that can win compiles beside own from the start
+    # `under_way` (where `choose_remat` starts the initialisation's compile) comes once, when own's
+    # and the first faster candidate's compiles are handed over, or after the candidates before own
+    # are traced where none is compiled beside it.
+    assert told == [["full", "none"], ["full", "none"], ["full", "dots_saveable"]]
+    policy, compiles, _ = choose(compiled, floors | {"dots_saveable": 16.0}, budget=15.0)
+    assert policy == "full" and compiles == ["full"] and told[-1] == ["full"]
     policy, compiles, _ = choose(no_own, floors | {"full": 16.0}, budget=15.0)
     assert policy == "save_attention_out" and "none" not in compiles and "full" in compiles
 
@@ -159,14 +166,18 @@ def test_the_run_executes_the_chosen_candidate_and_loads_its_initialisation(tmp_
     monkeypatch.setenv("EQUIPAX_CACHE_DIR", str(tmp_path / "machine"))
     monkeypatch.setattr(remat, "own_policy", lambda cfg: "full")  # shakespeare_tiny's own is none
     monkeypatch.setattr(remat, "_workers", lambda: 4)  # several at once, as on a TPU host
-    search, handed = remat.search, []
+    search, submitted, told = remat.search, [], []
 
-    def watched(*args, submitted, **kwargs):  # whether the initialisation's thread had started by then
-        def note(policy):
-            handed.append((policy, any(t.name == "equipax-remat-beside" for t in threading.enumerate())))
-            return submitted(policy)
+    def watched(*args, log, under_way, **kwargs):  # what was compiling when the initialisation was told to start
+        def logged(message):
+            submitted.extend(re.findall(r"compiling with remat='(\w+)'", message))
+            return log(message)
 
-        return search(*args, submitted=note, **kwargs)
+        def note():
+            told.append((list(submitted), any(t.name == "equipax-remat-beside" for t in threading.enumerate())))
+            return under_way()
+
+        return search(*args, log=logged, under_way=note, **kwargs)
 
     monkeypatch.setattr(remat, "search", watched)
     steps = []  # the threads that compiled a train step (or loaded one from the persistent cache)
@@ -196,9 +207,10 @@ def test_the_run_executes_the_chosen_candidate_and_loads_its_initialisation(tmp_
     # The search's compiles only (one it started may finish after the run, unused), none for the
     # run itself.
     assert steps and all(name.startswith("equipax-remat") for name in steps) and len(steps) <= len(started), steps
-    # The initialisation compiles beside the candidates, started once own's compile was handed over
-    # (its tracing had held own's back), and the run loads it.
-    assert handed[0] == ("full", False), handed
+    # The initialisation compiles beside the candidates, started once, when own's and the first
+    # faster candidate's compiles were handed over (its tracing would have held theirs back), and
+    # the run loads it.
+    assert told == [(["full", "none"], False)], told
     loaded = [r.threadName for r in caplog.records if "cache hit for 'jit_make'" in r.getMessage()]
     assert threading.main_thread().name in loaded, [r.getMessage()[:80] for r in caplog.records]
     # What a policy saves in traced matrix work is what its compiled program saves (XLA:CPU's here,

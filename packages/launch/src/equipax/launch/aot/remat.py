@@ -289,9 +289,11 @@ def choose_remat(
     t0 = time.monotonic()
     thread = threading.Thread(target=_quietly(beside), name="equipax-remat-beside", daemon=True) if beside else None
 
-    def submitted(policy: str) -> None:
-        # The work beside starts once own's compile is under way: its tracing, started with the
-        # search, held own's back (the chip: own's compile began 3.9 s into the search).
+    def under_way() -> None:
+        # The work beside starts once the first phase's compiles are handed over: its tracing and
+        # lowering, started with the search, held own's back (the chip: own's compile began 3.9 s
+        # into the search), and started with own's, the next candidate's tracing (`none`'s 1.31 s
+        # on the chip, 0.49 s alone; benchmarks/README.md, "ninth session").
         if thread is not None and thread.ident is None:
             thread.start()
 
@@ -318,7 +320,7 @@ def choose_remat(
         decision, outcomes, compiled, work, floors = search(
             order, own, trace=trace, work=lambda traced: matrix_seconds(traced[0].jaxpr, roofline), lower=lower,
             compile_=compile_, workers=_workers(), min_gain=MIN_GAIN, log=log,
-            floor=lambda traced: memory_floor(traced[0].jaxpr, mesh.size), budget=budget, submitted=submitted,
+            floor=lambda traced: memory_floor(traced[0].jaxpr, mesh.size), budget=budget, under_way=under_way,
         )  # fmt: skip
         table = [_row(p, outcomes.get(p), compiled.get(p), work.get(p), floors.get(p)) for p in order]
         if decision.policy is None:
