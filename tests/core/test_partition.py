@@ -118,3 +118,36 @@ def test_bad_logical_axis_rules_are_refused_when_the_config_is_built(rules, mess
 
     with pytest.raises(ValueError, match=message):
         MeshConfig(logical_axis_rules=rules)
+
+
+def test_the_train_state_shardings_trace_the_optimizers_init(key):
+    """`train_state_shardings` of an abstract state traces optax's `init` (it makes the step counts
+    with `jnp.zeros`) instead of running it: on a TPU that eager op was the process's first compile,
+    0.5 s on the v5e's host before the train step's tracing could start (benchmarks/README.md,
+    "ninth session")."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from equipax.core.nn import Linear
+    from equipax.core.partition import train_state_shardings
+    from equipax.core.step import init_train_state
+
+    model = {"up": Linear(8, 16, axes=("embed", "hidden"), key=key)}
+    adamw, concrete = optax.adamw(1e-3), []
+
+    def init(params):  # adamw's, noting whether its arrays are made or traced
+        concrete.append(not isinstance(jnp.zeros([], jnp.int32), jax.core.Tracer))
+        return adamw.init(params)
+
+    optimizer = optax.GradientTransformation(init, adamw.update)
+    state = eqx.filter_eval_shape(init_train_state, model, optimizer)
+    one_device = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+    shardings = train_state_shardings(state, optimizer, one_device)
+    assert concrete == [False, False]  # the state's abstract init, then the shardings' (traced too)
+    # One sharding per array: the step, the weight (no bias), its two moments, the count.
+    leaves = jax.tree.leaves(shardings)
+    assert len(leaves) == len(jax.tree.leaves(state)) == 5
+    assert all(isinstance(s, jax.sharding.NamedSharding) and s.mesh == one_device for s in leaves)

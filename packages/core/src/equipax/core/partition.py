@@ -279,13 +279,18 @@ def train_state_shardings(
     if _has_multi_transform(state.opt_state):  # several learners: optax.tree_map_params cannot see them
         opt_specs = _specs_by_path(state.opt_state, trained, param_specs(trained, mesh, rules))
     else:
-        opt_specs = optax.tree_map_params(
-            optimizer,
-            lambda _, spec: spec,
-            state.opt_state,
-            param_specs(trained, mesh, rules),
-            transform_non_params=lambda x: P() if _is_array(x) else None,
-            is_leaf=lambda x: isinstance(x, P),
+        # Traced, not run: optax's `init` (which `tree_map_params` calls) makes its step counts with
+        # `jnp.zeros`, on a TPU the process's first compile (0.5 s on the v5e's host, before the
+        # train step's tracing could start; benchmarks/README.md, "ninth session").
+        opt_specs = eqx.filter_eval_shape(
+            lambda: optax.tree_map_params(
+                optimizer,
+                lambda _, spec: spec,
+                state.opt_state,
+                param_specs(trained, mesh, rules),
+                transform_non_params=lambda x: P() if _is_array(x) else None,
+                is_leaf=lambda x: isinstance(x, P),
+            )
         )
     specs = eqx.tree_at(
         lambda s: (s.model, s.opt_state),
