@@ -244,8 +244,10 @@ def _served(model: TransformerLM | LoRALM) -> TransformerLM:
     return quantize_weights(model) if model.cfg.quantization != "none" else model
 
 
-# The projection weights `equipax.core.nn.quantization.project` reads, by module: each is cast to
-# the activations' dtype (the model's compute dtype) at every use, and used nowhere else.
+# The projection weights `equipax.core.nn.quantization.project` reads, by module: in the forward
+# pass `decode` runs, each is read there only, cast to the activations' dtype (the model's compute
+# dtype). (An untied output projection is also read by the training loss's vocabulary chunks,
+# `TransformerLM.head_stats`, which a model made for decoding does not run.)
 _PROJECTIONS = {Linear: ("weight",), Attention: ("qkv", "q", "kv", "out")}
 
 
