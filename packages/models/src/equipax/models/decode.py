@@ -259,9 +259,11 @@ def _projections_in_compute_dtype(model: TransformerLM) -> TransformerLM:
     (looked up in float32) and int8 `QuantizedWeight`s are kept."""
     dtype = jnp.dtype(DTYPES[model.cfg.dtype])
 
+    def held_otherwise(w: object) -> bool:  # a float array not yet in the compute dtype
+        return isinstance(w, jax.Array | np.ndarray) and jnp.issubdtype(w.dtype, jnp.floating) and w.dtype != dtype
+
     def cast(m: eqx.Module) -> eqx.Module:
-        names = [n for n in _PROJECTIONS[type(m)] if isinstance(getattr(m, n), jax.Array | np.ndarray)]
-        names = [n for n in names if jnp.issubdtype(getattr(m, n).dtype, jnp.floating) and getattr(m, n).dtype != dtype]
+        names = [n for n in _PROJECTIONS[type(m)] if held_otherwise(getattr(m, n))]
         if not names:
             return m
         return eqx.tree_at(lambda x: [getattr(x, n) for n in names], m, [getattr(m, n).astype(dtype) for n in names])

@@ -45,10 +45,10 @@ class Keys:
     def from_seed(cls, seed: int) -> "Keys":
         """The keys of `seed`, derived on the host's CPU backend where JAX has one beside an
         accelerator (`host_device`): each eager op here compiles a program of its own, four on
-        the TPU v5e's host taking 1.5-1.7 s before anything else of a run could start
-        (benchmarks/README.md "eighth session"), milliseconds on the CPU. Threefry is the same
-        function on every backend, so the keys are the same; they are not committed to the CPU,
-        so each program that takes one moves it to its own devices."""
+        the TPU v5e's chip taking 1.5-1.7 s before anything else of a run could start, 0.56 s on
+        its host's CPU (benchmarks/README.md, "eighth session" and "ninth session"). Threefry is
+        the same function on every backend, so the keys are the same; they are not committed to
+        the CPU, so each program that takes one moves it to its own devices."""
         with contextlib.nullcontext() if (device := host_device()) is None else jax.default_device(device):
             init, step, sample = jax.random.split(jax.random.key(seed), 3)
         return cls(init=init, step=step, sample=sample)
