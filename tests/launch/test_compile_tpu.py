@@ -38,7 +38,42 @@ for name, args in json.loads(sys.argv[1]).items():
     if r.exc_info is not None and not isinstance(r.exception, SystemExit):  # a crash: its traceback
         stderr += "".join(traceback.format_exception(*r.exc_info))
     results[name] = {"returncode": r.exit_code, "stdout": r.stdout, "stderr": stderr}
+if len(sys.argv) > 2:  # then Python code of the test's own, which sets `results["after"]`
+    exec(sys.argv[2])
 print(json.dumps(results))
+"""
+
+# After the v4-16 compile: the programs `launch run` compiles for the same experiment and slice,
+# compiled in this process again into the cache it wrote (every program written, as there).
+# `launch run`'s own path: `build_training`, `Training.lower` and `compile_init`, `compile_cache`
+# (feeds_batches=False: the infeed alone differs, and no host of the topology runs here). With
+# remat "none", a program the compile did not write, as a control.
+_RUN_PROGRAMS = """
+import dataclasses
+from pathlib import Path
+import jax
+from equipax.core.knobs import set_knob
+from equipax.core.mesh import build_mesh
+from equipax.launch.commands.common import resolve
+from equipax.launch.hardware.tpu import lookup_slice, topology_devices
+from equipax.launch.program.training import build_training
+from equipax.launch.training.startup import compile_cache
+
+cache, job = sys.argv[3], sys.argv[4]
+entries = lambda: sorted(p.name for p in Path(cache).iterdir())
+_, cfg, _ = resolve("c4_1b_smoke", [])
+devices = topology_devices(lookup_slice("v4-16"))
+cfg = dataclasses.replace(cfg, mesh=cfg.mesh.fit(len(devices)))
+mesh = build_mesh(cfg.mesh, devices)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+with compile_cache(cache, Path(job), reads=False):
+    before = entries()
+    training = build_training(cfg, mesh, feeds_batches=False)
+    training.lower().compile()
+    training.compile_init()
+    same = entries()
+    build_training(set_knob(cfg, "model.transformer.remat", "none"), mesh, feeds_batches=False).lower().compile()
+results["after"] = {"before": before, "same": same, "control": entries()}
 """
 
 
@@ -48,9 +83,13 @@ def fresh(tmp_path_factory):
     Python, JAX, equipax and libtpu start-up, not two): {name: (job directory, the command's exit
     code, stdout and stderr)}. libtpu loads in the first; what it writes to the process's own stderr
     (file descriptor 2, not the command's) is the v4-16 command's too."""
-    jobs = {name: tmp_path_factory.mktemp(name) for name in ("v4_16", "refused")}
+    jobs = {name: tmp_path_factory.mktemp(name) for name in ("v4_16", "refused", "cache")}
+    cache = jobs["cache"] / "xla"
     commands = {
-        "v4_16": ["compile", "--exp", "c4_1b_smoke", "--topology", "v4-16", "--job-log-dir", str(jobs["v4_16"])],
+        "v4_16": [
+            *("compile", "--exp", "c4_1b_smoke", "--topology", "v4-16", "--job-log-dir", str(jobs["v4_16"])),
+            *("--set", f"train.compiler.cache_dir={cache}"),
+        ],
         # Twice c4_16b's per-device batch: XLA:TPU refuses the program (temporaries > 30.75 GiB of
         # HBM) within seconds, before the full compile.
         "refused": [
@@ -59,7 +98,10 @@ def fresh(tmp_path_factory):
         ],
     }
     proc = subprocess.run(
-        [sys.executable, "-c", _COMMANDS, json.dumps(commands)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", _COMMANDS, json.dumps(commands), _RUN_PROGRAMS, str(cache), str(jobs["cache"])],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads(proc.stdout.splitlines()[-1])
@@ -68,6 +110,7 @@ def fresh(tmp_path_factory):
         r = results[name]
         stderr = r["stderr"] + (proc.stderr if name == "v4_16" else "")
         out[name] = (jobs[name], subprocess.CompletedProcess(args, r["returncode"], r["stdout"], stderr))
+    out["cache"] = (cache, results["after"])
     return out
 
 
@@ -108,6 +151,24 @@ def test_small_experiment_compiles_for_a_v4_slice_with_xla_tpu(fresh):
     assert "all-gather" in proc.stdout and "TPU heap peak" in proc.stdout
     # libtpu's warnings about missing TPU VM metadata are silenced.
     assert "TPU_ACCELERATOR_TYPE" not in proc.stderr and "TPU_WORKER_HOSTNAMES" not in proc.stderr
+
+
+def test_the_compiled_programs_are_in_the_cache_a_run_loads_them_from(fresh):
+    # `launch compile --topology` writes the train step and the initialisation into the cache that
+    # train.compiler.cache_dir names; `launch run`'s programs for that experiment and slice are
+    # found under the same keys (compiled again, they add no entry), another program is not.
+    job, proc = fresh["v4_16"]
+    cache, after = fresh["cache"]
+    report = json.loads((job / "compile.json").read_text())
+    assert report["compile"]["init_s"] > 0
+    programs = {name.split("-")[0] for name in after["before"] if name.endswith("-cache")}
+    assert {"jit_train_step", "jit_make"} <= programs  # the step, and `Training.compile_init`'s `make`
+    assert report["cache"] == {"dir": str(cache), "programs_written": len(programs)}
+    assert f"{len(programs)} programs written to {cache}" in proc.stdout
+    assert after["same"] == after["before"]
+    added = [name.split("-")[0] for name in set(after["control"]) - set(after["before"]) if name.endswith("-cache")]
+    assert added == ["jit_train_step"]  # remat "none": a step of its own
+    assert "could not read" not in proc.stderr  # the compile-only client's refusal to load is expected
 
 
 def test_multislice_mesh_spans_the_slices(tmp_path):

@@ -12,6 +12,7 @@ own cost.
 import hashlib
 import re
 import resource
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,7 @@ def compile_report(
     topology: dict[str, Any] | None = None,
     log: Callable[[str], object] = print,
     cache: Path | None = None,
+    init: bool = False,
 ) -> dict[str, Any]:
     """Lower and compile `cfg`'s train step (the one `launch run` executes) on `mesh`.
 
@@ -107,6 +109,9 @@ def compile_report(
         topology: what the mesh's devices are, when they are a real TPU topology (reported as is).
         log: progress messages.
         cache: the job's `remat_auto.json`, where `remat="auto"` keeps its choice (None: none).
+        init: also compile the train state's initialisation as `launch run` does
+            (`Training.compile_init`), for JAX's persistent compilation cache; its seconds are
+            the report's `compile.init_s`.
 
     Returns:
         The report (JSON-ready); with `remat="auto"`, the report of the chosen policy's step and
@@ -131,6 +136,12 @@ def compile_report(
         log(f"Lowering and compiling the train step for {mesh.size} devices {dict(mesh.shape)}...")
         step = compile_step(training)
     lowered, compiled, memory, state = step.lowered, step.compiled, step.memory, step.training.abstract_state
+    init_s = None
+    if init:
+        log("Compiling the train state's initialisation...")
+        t0 = time.monotonic()
+        step.training.compile_init()
+        init_s = time.monotonic() - t0
     host_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
     device = mesh.devices.flat[0]
@@ -164,6 +175,7 @@ def compile_report(
             "lower_s": step.lower_s,
             "compile_s": step.compile_s,
             "compile_cpu_s": step.compile_cpu_s,
+            "init_s": init_s,
             "host_peak_rss_gib": host_rss * 1024 / GIB,
             "host_rss_growth_gib": (host_rss - host_rss0) * 1024 / GIB,
             "backend": device.platform,
@@ -269,6 +281,14 @@ def format_report(r: dict[str, Any]) -> str:
             lines += [f"                (projected at {roof['peak_flops'] / 1e12:.0f} TFLOP/s{int8} and "
                       f"{roof['hbm_bytes_per_s'] / 1e9:.0f} GB/s of HBM, {roof['name']}: each kernel of the "
                       "compiled program at its roofline)"]  # fmt: skip
+    if cache := r.get("cache"):
+        n = cache["programs_written"]
+        written = "programs written to" if n is None else f"{n} programs written to" if n else "all already in"
+        on = f"{topo['num_slices']} x {topo['slice']}" if topo else "these devices"
+        lines += [
+            f"  cache         {written} {cache['dir']} (JAX's compilation cache: `launch run` of this experiment "
+            f"on {on} with the same JAX, jaxlib and libtpu loads them instead of compiling)"
+        ]
     if f is not None and pr is not None:
         lines += [
             f"  model FLOPs   {f['model_flops_per_token'] / 1e9:.2f} GFLOP/token (6N = "

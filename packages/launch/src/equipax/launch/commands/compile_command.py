@@ -3,6 +3,7 @@
 import contextlib
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -69,7 +70,9 @@ def compile_cmd(
 ) -> None:
     """Compile the experiment's exact train step for its full mesh on this host (AOT).
 
-    With --topology, for a real TPU slice with libtpu's XLA:TPU; without, on simulated CPU devices.
+    With --topology, for a real TPU slice with libtpu's XLA:TPU, the programs written into the
+    compilation cache a run on that slice loads them from (train.compiler.cache_dir); without, on
+    simulated CPU devices.
     """
     from equipax.launch.hardware.accelerators import ACCELERATORS
 
@@ -122,12 +125,12 @@ def compile_cmd(
     try:
         check_compiler_flags(flags, xla_flags=compiler.xla_flags, libtpu_init_args=compiler.libtpu_init_args)
 
-        def compile_(cfg, cache: Path | None) -> dict:
+        def compile_(cfg, cache: Path | None, fill: Path | None = None) -> dict:
             if topology is None:
                 return _compile_simulated(cfg, target or "tpu-v4", hbm_gib, assumed_mfu, cache)
-            return _compile_topology(cfg, topology, slices, target, hbm_gib, assumed_mfu, cache)
+            return _compile_topology(cfg, topology, slices, target, hbm_gib, assumed_mfu, cache, fill)
 
-        report = compile_(cfg, cache)
+        report = compile_(cfg, cache, fill=job_dir)
         if compare_context:
             report["without_context"] = _without_context(cfg, report, compile_)
     except ConfigError as e:
@@ -197,7 +200,10 @@ def _compile_topology(
     hbm_gib: float | None,
     assumed_mfu: float,
     cache: Path | None,
+    fill: Path | None = None,
 ) -> dict:
+    """`compile_report` for `topology`; with `fill` (the job directory), into the persistent
+    compilation cache that a run's `train.compiler.cache_dir` names (`_filling_cache`)."""
     from equipax.launch.aot.report import compile_report
     from equipax.launch.hardware.accelerators import ACCELERATORS
     from equipax.launch.hardware.tpu import lookup_slice, topology_devices
@@ -237,15 +243,64 @@ def _compile_topology(
         "num_slices": num_slices,
         "chips_per_slice": tpu.chips,
     }
-    return compile_report(
-        cfg,
-        target=ACCELERATORS[tpu.target_name],
-        hbm_gib=hbm_gib,
-        assumed_mfu=assumed_mfu,
-        mesh=mesh,
-        topology=info,
-        log=_log,
-        cache=cache,
+
+    def compile_(init: bool) -> dict:
+        return compile_report(
+            cfg,
+            target=ACCELERATORS[tpu.target_name],
+            hbm_gib=hbm_gib,
+            assumed_mfu=assumed_mfu,
+            mesh=mesh,
+            topology=info,
+            log=_log,
+            cache=cache,
+            init=init,
+        )
+
+    return compile_(False) if fill is None else _filling_cache(cfg, fill, compile_)
+
+
+def _filling_cache(cfg, job_dir: Path, compile_: Callable[[bool], dict]) -> dict:
+    """`compile_(init)` with JAX's persistent compilation cache where `launch run` of `cfg` in
+    `job_dir` would have it (`train.compiler.cache_dir`, by default the machine's; off where that is
+    ''), every program written whatever its compile time, the initialisation compiled too (`init`).
+    XLA:TPU's program for a topology is the chip's own program under the chip's own cache key (on
+    the v5e, benchmarks/README.md "On a real TPU, ninth session"), so a run on such a slice with the
+    same JAX, jaxlib and libtpu loads these instead of compiling them. libtpu's compile-only client
+    cannot load a program: one already in the cache is compiled and written again. The report's
+    `cache`: the directory and the programs added (None where the cache is off)."""
+    import jax
+
+    from equipax.launch.training.startup import compile_cache
+
+    with compile_cache(cfg.train.compiler.cache_dir, job_dir, reads=False):
+        where = jax.config.jax_compilation_cache_dir  # also one chosen outside (JAX_COMPILATION_CACHE_DIR)
+        if not where:
+            return compile_(False) | {"cache": None}
+        before = _cache_entries(where)
+        least = jax.config.jax_persistent_cache_min_compile_time_secs
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        try:
+            report = compile_(True)
+        finally:
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", least)
+        after = _cache_entries(where)
+    written = None if before is None or after is None else len(after - before)
+    return report | {"cache": {"dir": str(where), "programs_written": written}}
+
+
+def _cache_entries(where: str) -> set[str] | None:
+    """The programs in a local compilation cache directory (JAX's `<name>-<key>-cache` files, not
+    their `-atime` records or its `.lockfile`); None for a remote one, not counted."""
+    from equipax.launch.store.storage import is_remote
+
+    if is_remote(where):
+        return None
+    path = Path(where)
+    return (
+        {p.name for p in path.iterdir() if not p.name.startswith(".") and not p.name.endswith("-atime")}
+        if path.is_dir()
+        else set()
     )
 
 

@@ -25,6 +25,7 @@ once per program, with its source line; `compile_cache` turns those warnings int
 import contextlib
 import itertools
 import os
+import re
 import sys
 import time
 import warnings
@@ -124,19 +125,23 @@ def _cache_path(cache_dir: str, job_dir: AnyPath) -> AnyPath:
 
 
 @contextlib.contextmanager
-def compile_cache(cache_dir: str, job_dir: AnyPath) -> Iterator[AnyPath | None]:
+def compile_cache(cache_dir: str, job_dir: AnyPath, *, reads: bool = True) -> Iterator[AnyPath | None]:
     """JAX's persistent compilation cache in `cache_dir` (relative: under `job_dir`) while inside.
 
     Yields the directory, or None where the cache is off (`cache_dir` empty) or already chosen
     outside the run (`JAX_COMPILATION_CACHE_DIR`, or `jax_compilation_cache_dir` set in this
     process), which is then left as it is. JAX's settings are restored on leaving. Either way, a
-    cache that fails to write or read is reported in one line per run (`_once_per_run`).
+    cache that fails to write or read is reported in one line per run (`_once_per_run`); with
+    `reads=False`, failures to read are not (`launch compile --topology`: libtpu's compile-only
+    client cannot load a program it finds, it compiles it again).
     """
     import jax
 
-    previous = warnings.showwarning
-    warnings.showwarning = _once_per_run(previous, set())
-    try:
+    with warnings.catch_warnings():  # the filters and `warnings.showwarning`, restored on leaving
+        warnings.showwarning = _once_per_run(warnings.showwarning, set())
+        if not reads:
+            reading = next(prefix for prefix, kind in _CACHE_ERRORS.items() if kind == "read")
+            warnings.filterwarnings("ignore", message=re.escape(reading))
         if not cache_dir or os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
             yield None
             return
@@ -160,5 +165,3 @@ def compile_cache(cache_dir: str, job_dir: AnyPath) -> Iterator[AnyPath | None]:
             if limit:
                 jax.config.update(limit, before)
             compilation_cache.reset_cache()
-    finally:
-        warnings.showwarning = previous
