@@ -273,19 +273,19 @@ def resolve_auto_remat(preset: Preset) -> Preset:
     device's memory, `equipax.launch.aot.remat.choose_remat`); other presets unchanged."""
     if preset.model.transformer.remat != "auto":
         return preset
-    from equipax.launch.aot.hlo_cost import NOMINAL_HOST, Roofline
     from equipax.launch.aot.remat import choose_remat
-    from equipax.launch.hardware.accelerators import accelerator_of
-    from equipax.launch.training.loop import local_device_memory_gib
+    from equipax.launch.training.loop import remat_target
 
     cfg = preset_config(preset)
-    accelerator = accelerator_of(jax.devices()[0].device_kind)
+    mesh = build_mesh(cfg.mesh)
+    budget, roofline, target = remat_target(cfg, mesh.devices.flat[0])
     choice = choose_remat(
         cfg,
-        build_mesh(cfg.mesh),
-        budget_gib=cfg.train.hbm_gib_per_device or local_device_memory_gib(),
+        mesh,
+        budget_gib=budget,
         margin=cfg.train.hbm_margin,
-        roofline=Roofline.of(accelerator) if accelerator is not None else NOMINAL_HOST,
+        roofline=roofline,
+        target=target,
         log=lambda m: print(f"[{preset.name}] {m}", file=sys.stderr, flush=True),
     )
     print(f"[{preset.name}] remat auto -> {choice.policy}", file=sys.stderr, flush=True)

@@ -171,6 +171,42 @@ def test_the_compiled_programs_are_in_the_cache_a_run_loads_them_from(fresh):
     assert "could not read" not in proc.stderr  # the compile-only client's refusal to load is expected
 
 
+def test_a_run_on_the_slice_finds_the_remat_choice_launch_compile_made(tmp_path, monkeypatch):
+    # remat="auto" chosen by `launch compile --topology v5e-1`; then `launch run`'s own choosing on
+    # that slice (its device, the v5e's allocator limit, the roofline of its device kind) finds the
+    # choice in the machine's cache and compiles nothing.
+    import contextlib
+    import dataclasses
+
+    from equipax.core.mesh import build_mesh
+    from equipax.launch.commands.common import resolve
+    from equipax.launch.hardware.accelerators import ACCELERATORS
+    from equipax.launch.hardware.tpu import lookup_slice, topology_devices
+    from equipax.launch.training import loop
+
+    monkeypatch.setenv("EQUIPAX_CACHE_DIR", str(tmp_path / "machine"))
+    sets = ["model.transformer.remat=auto", "mesh.ici_mesh_shape=(1,-1,1)", "train.compiler.cache_dir="]
+    args = [arg for knob in sets for arg in ("--set", knob)]
+    result = invoke("compile", "--exp", "c4_1b_smoke", "--topology", "v5e-1", *args, "--job-log-dir", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "compile.json").read_text())
+    assert report["memory_per_device"]["budget_gib"] == ACCELERATORS["tpu-v5e"].allocatable_gib < 16
+    assert report["remat"]["cached"] is None  # searched
+
+    allocator_limit = 16_909_336_064 - 2**20  # another v5e's bytes_limit: the key holds the budget to 16 MiB
+    monkeypatch.setattr(loop, "local_device_memory_gib", lambda: allocator_limit / 2**30)
+    _, cfg, _ = resolve("c4_1b_smoke", sets)
+    devices = topology_devices(lookup_slice("v5e-1"))
+    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.fit(len(devices)))
+    logged = []
+    with contextlib.ExitStack() as cleanup:
+        chosen, _, compiled = loop._choose_remat(
+            cfg, build_mesh(cfg.mesh, devices), tmp_path / "run", {}, logged.append, cleanup
+        )
+    assert compiled is None and "cached in the machine's cache" in logged[0]
+    assert chosen.model.transformer.remat == report["remat"]["policy"]
+
+
 def test_multislice_mesh_spans_the_slices(tmp_path):
     # c4_22b_2x_smoke: data 2 across slices (DCN) x fsdp 4 within a v4-8 slice; --slices defaults to 2.
     result = invoke("compile", "--exp", "c4_22b_2x_smoke", "--topology", "v4-8", "--job-log-dir", str(tmp_path))

@@ -11,9 +11,10 @@ unrolled, splash attention's kernels counted). A candidate replaces the own poli
 fits the memory budget less a margin and is projected at least `MIN_GAIN` faster. The table is
 printed and recorded (compile.json's `remat`, knobs.txt), and the choice is cached in the job
 directory (`remat_auto.json`) and in the machine's cache (`remat/`, `EQUIPAX_CACHE_DIR`) per step
-knobs (remat aside), mesh, device kind, budget and JAX / jaxlib / libtpu versions: a second job of
-the same experiment on the same kind of device compiles nothing to choose. docs/compile.md,
-"Choosing remat by compiling".
+knobs (remat aside), mesh, devices, roofline, budget and JAX / jaxlib / libtpu versions: a second job
+of the same experiment on the same kind of device compiles nothing to choose, nor does a run on a
+TPU slice after `launch compile --topology` of that slice. docs/compile.md, "Choosing remat by
+compiling".
 """
 
 import contextlib
@@ -152,10 +153,15 @@ def _versions(platform: str) -> dict[str, str | None]:
     }
 
 
-def _cache_key(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, own: str, target: dict[str, Any]) -> str:
+def _cache_key(
+    cfg: ExperimentConfig, mesh: jax.sharding.Mesh, own: str, roofline: Roofline, budget_gib: float, margin: float
+) -> str:
     """What the choice depends on: the step's knobs (remat aside; not the run's length, logging or
-    where its tokens come from), the own policy, the mesh, the device kind, the target and budget,
-    and the compiler's versions."""
+    where its tokens come from), the own policy, the mesh and its devices (kind and coordinates),
+    the roofline the programs are priced at, the budget (to 16 MiB: the allocator's limit a chip
+    reports is what `launch compile` knows of it, `Accelerator.allocatable_gib`) and margin, and
+    the compiler's versions. Not who asked: `launch compile --topology` and `launch run` on that
+    slice make the same key."""
     knobs = to_dict(cfg)
     model = json.loads(json.dumps(knobs["model"], default=str))
     model.get("transformer", {}).pop("remat", None)
@@ -173,7 +179,10 @@ def _cache_key(cfg: ExperimentConfig, mesh: jax.sharding.Mesh, own: str, target:
             "own": own,
             "mesh": dict(mesh.shape),
             "device": [device.platform, device.device_kind],
-            "target": target,
+            "coords": [getattr(d, "coords", None) for d in mesh.devices.flat],
+            "roofline": dataclasses.asdict(roofline),
+            "budget_gib_64ths": round(budget_gib * 64),
+            "margin": margin,
             "versions": _versions(device.platform),
             "rule": [_RULE, MIN_GAIN],
         },
@@ -252,7 +261,7 @@ def choose_remat(
         margin: the fraction of `budget_gib` kept free (a candidate fits at or under
             `budget_gib * (1 - margin)`).
         roofline: the device's figures the compiled programs are priced at.
-        target: what the budget is for (part of the cache key and the record).
+        target: what the budget is for (recorded with the cached choice).
         cache: the job's `remat_auto.json` (None: only the machine's cache).
         log: progress messages.
         feeds_batches: as `build_training`'s: True where the chosen candidate's program
@@ -275,7 +284,7 @@ def choose_remat(
     own = own_policy(cfg)
     order = candidate_policies(mesh.devices.flat[0].platform)
     own = own if own in order else "full"
-    key = _cache_key(cfg, mesh, own, (target or {}) | {"budget_bytes": budget})
+    key = _cache_key(cfg, mesh, own, roofline, budget_gib, margin)
     hit, where = _read_cache(cache, key)
     if hit is not None:
         policy = hit["policy"]

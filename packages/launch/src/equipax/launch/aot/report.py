@@ -103,7 +103,8 @@ def compile_report(
     Arguments:
         cfg: the experiment.
         target: the accelerator the numbers are projected onto.
-        hbm_gib: memory budget per device (default: `train.hbm_gib_per_device`, else the target's HBM).
+        hbm_gib: memory budget per device (default: `train.hbm_gib_per_device`, else what the
+            target's allocator allows where measured, else its HBM).
         assumed_mfu: model FLOPs utilisation for the "realistic" step time.
         mesh: the mesh to compile for (default: `build_mesh(cfg.mesh)` on this process's devices).
         topology: what the mesh's devices are, when they are a real TPU topology (reported as is).
@@ -119,12 +120,15 @@ def compile_report(
     """
     host_rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     mesh = mesh or build_mesh(cfg.mesh)
-    budget = hbm_gib if hbm_gib is not None else cfg.train.hbm_gib_per_device or target.hbm_gib
+    budget = (
+        hbm_gib if hbm_gib is not None else cfg.train.hbm_gib_per_device or target.allocatable_gib or target.hbm_gib
+    )
     remat = None
     if is_auto(cfg):
         target_info = {"name": target.name, "topology": topology, "budget_gib": budget}
         remat = choose_remat(
-            cfg, mesh, budget_gib=budget, margin=cfg.train.hbm_margin, roofline=Roofline.of(target),
+            cfg, mesh, budget_gib=budget, margin=cfg.train.hbm_margin,
+            roofline=Roofline.of(target, cfg.train.peak_tflops_per_device),
             target=target_info, cache=cache, log=log,
         )  # fmt: skip
         cfg = remat.cfg

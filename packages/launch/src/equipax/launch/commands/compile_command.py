@@ -263,7 +263,8 @@ def _compile_topology(
 def _filling_cache(cfg, job_dir: Path, compile_: Callable[[bool], dict]) -> dict:
     """`compile_(init)` with JAX's persistent compilation cache where `launch run` of `cfg` in
     `job_dir` would have it (`train.compiler.cache_dir`, by default the machine's; off where that is
-    ''), every program written whatever its compile time, the initialisation compiled too (`init`).
+    ''), every program written whatever its compile time (a cache chosen outside the command,
+    `JAX_COMPILATION_CACHE_DIR`, keeps its own settings), the initialisation compiled too (`init`).
     XLA:TPU's program for a topology is the chip's own program under the chip's own cache key (on
     the v5e, benchmarks/README.md "On a real TPU, ninth session"), so a run on such a slice with the
     same JAX, jaxlib and libtpu loads these instead of compiling them. libtpu's compile-only client
@@ -273,13 +274,14 @@ def _filling_cache(cfg, job_dir: Path, compile_: Callable[[bool], dict]) -> dict
 
     from equipax.launch.training.startup import compile_cache
 
-    with compile_cache(cfg.train.compiler.cache_dir, job_dir, reads=False):
+    with compile_cache(cfg.train.compiler.cache_dir, job_dir, reads=False) as ours:
         where = jax.config.jax_compilation_cache_dir  # also one chosen outside (JAX_COMPILATION_CACHE_DIR)
         if not where:
             return compile_(False) | {"cache": None}
         before = _cache_entries(where)
         least = jax.config.jax_persistent_cache_min_compile_time_secs
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        if ours is not None:  # a cache chosen outside keeps its own settings
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         try:
             report = compile_(True)
         finally:

@@ -24,6 +24,9 @@ class Accelerator:
     hbm_gbytes_per_s: float = 0.0
     host_gbytes_per_s: float = 32.0
     int8_peak_tops: float = 0.0  # dense int8 x int8 matrix multiplies (0: not faster than bf16)
+    # What the chip's allocator lets a program hold (JAX's `memory_stats()["bytes_limit"]`), where
+    # measured on the chip: `launch compile`'s default budget, the one `launch run` has there.
+    allocatable_gib: float | None = None
 
 
 # Order matters for `device_kind` matching: "TPU v5 lite" (v5e) is tried before "TPU v5" (v5p).
@@ -33,7 +36,16 @@ ACCELERATORS: dict[str, Accelerator] = {
     a.name: a
     for a in (
         Accelerator("tpu-v4", 275.0, 32.0, ("TPU v4",), hbm_gbytes_per_s=1200.0),
-        Accelerator("tpu-v5e", 197.0, 16.0, ("TPU v5 lite", "TPU v5e"), hbm_gbytes_per_s=819.0, int8_peak_tops=394.0),
+        Accelerator(
+            "tpu-v5e",
+            197.0,
+            16.0,
+            ("TPU v5 lite", "TPU v5e"),
+            hbm_gbytes_per_s=819.0,
+            int8_peak_tops=394.0,
+            # 15.748 GiB: the lent v5e's bytes_limit, 16,909,336,064 (benchmarks/README.md, "tenth session")
+            allocatable_gib=16_909_336_064 / 2**30,
+        ),
         Accelerator("tpu-v5p", 459.0, 95.0, ("TPU v5p", "TPU v5"), hbm_gbytes_per_s=2765.0, int8_peak_tops=918.0),
         Accelerator("tpu-v6e", 918.0, 32.0, ("TPU v6",), hbm_gbytes_per_s=1640.0, int8_peak_tops=1836.0),
         Accelerator("h100", 989.0, 80.0, ("H100",), hbm_gbytes_per_s=3350.0, host_gbytes_per_s=64.0),

@@ -40,7 +40,7 @@ from equipax.launch.training.start import Start, resume_or_start
 from equipax.launch.training.startup import compile_cache, mark
 from equipax.launch.training.step_loop import StepLoop
 
-__all__ = ["build_run_mesh", "run_experiment", "RunResult"]
+__all__ = ["build_run_mesh", "remat_target", "run_experiment", "RunResult"]
 
 
 def build_run_mesh(cfg: ExperimentConfig) -> jax.sharding.Mesh:
@@ -142,6 +142,19 @@ def _compile_ahead(cfg: ExperimentConfig, training: Training, inputs: Inputs) ->
     return CompileAhead(training, eval_step=getattr(inputs.eval, "batch_size", None) == inputs.train.batch_size)
 
 
+def remat_target(cfg: ExperimentConfig, device: Any) -> tuple[float, Any, dict[str, Any]]:
+    """What `remat="auto"` is chosen against on `device` in a run: the budget in GiB
+    (`train.hbm_gib_per_device`, else the device's own memory, `local_device_memory_gib`), the
+    roofline of its kind (`train.peak_tflops_per_device` for the peak) and the target recorded."""
+    from equipax.launch.aot.hlo_cost import NOMINAL_HOST, Roofline
+    from equipax.launch.hardware.accelerators import accelerator_of
+
+    budget = cfg.train.hbm_gib_per_device or local_device_memory_gib()
+    accelerator = accelerator_of(device.device_kind)
+    roofline = Roofline.of(accelerator, cfg.train.peak_tflops_per_device) if accelerator else NOMINAL_HOST
+    return budget, roofline, {"name": device.device_kind, "platform": device.platform, "budget_gib": budget}
+
+
 def _choose_remat(
     cfg: ExperimentConfig,
     mesh: jax.sharding.Mesh,
@@ -153,21 +166,16 @@ def _choose_remat(
     """`model.transformer.remat="auto"` resolved on this job's devices (`equipax.launch.aot.remat`),
     with the chosen candidate's program where it was compiled here (its first step compiles nothing,
     whether or not JAX's persistent compilation cache is on)."""
-    from equipax.launch.aot.hlo_cost import NOMINAL_HOST, Roofline
     from equipax.launch.aot.remat import CACHE_FILE, KNOB, choose_remat, format_remat_table
-    from equipax.launch.hardware.accelerators import accelerator_of
 
-    budget = cfg.train.hbm_gib_per_device or local_device_memory_gib()
-    device = jax.devices()[0]
-    accelerator = accelerator_of(device.device_kind)
-    roofline = Roofline.of(accelerator, cfg.train.peak_tflops_per_device) if accelerator else NOMINAL_HOST
+    budget, roofline, target = remat_target(cfg, mesh.devices.flat[0])
     choice = choose_remat(
         cfg,
         mesh,
         budget_gib=budget,
         margin=cfg.train.hbm_margin,
         roofline=roofline,
-        target={"name": device.device_kind, "platform": device.platform, "budget_gib": budget},
+        target=target,
         cache=job_dir / CACHE_FILE,
         log=log,
         feeds_batches=True,
