@@ -144,6 +144,14 @@ def test_a_candidate_waits_while_one_before_it_that_is_expected_to_fit_compiles(
     assert policy == "save_attention_out"
     # 10.8 + 3.8 > 14.25: dots_with_context is not expected to fit, so dots_saveable compiles beside it.
     assert events.index(("start", "dots_saveable")) < events.index(("end", "dots_with_context")), events
+    # The chip's own budget (15.748 GiB less the 5% margin): dots_with_context is expected to fit
+    # (10.8 + 3.8 <= 14.96) and compiles alone beside own; it needs 17.4, 3.0 over its expectation,
+    # so dots_saveable is no longer expected to (10.6 + 3.8 + 3.0 > 14.96): save_attention_out
+    # compiles beside it, not after it.
+    policy, events = run(llama, compiled, budget=14.96)
+    assert policy == "save_attention_out"
+    assert events.index(("end", "dots_with_context")) < events.index(("start", "dots_saveable")), events
+    assert events.index(("start", "save_attention_out")) < events.index(("end", "dots_saveable")), events
 
 
 def test_the_run_executes_the_chosen_candidate_and_loads_its_initialisation(tmp_path, monkeypatch, capsys, caplog):
