@@ -144,12 +144,20 @@ def test_a_candidate_waits_while_one_before_it_that_is_expected_to_fit_compiles(
     assert policy == "save_attention_out"
     # 10.8 + 3.8 > 14.25: dots_with_context is not expected to fit, so dots_saveable compiles beside it.
     assert events.index(("start", "dots_saveable")) < events.index(("end", "dots_with_context")), events
-    # The chip's own budget (15.748 GiB less the 5% margin): dots_with_context is expected to fit
-    # (10.8 + 3.8 <= 14.96) and compiles alone beside own; it needs 17.4, 3.0 over its expectation,
-    # so dots_saveable is no longer expected to (10.6 + 3.8 + 3.0 > 14.96): save_attention_out
-    # compiles beside it, not after it.
+    # The chip's own budget (15.748 GiB less the 5% margin), and save_context, which removes more
+    # than MIN_GAIN of full's matrix work: dots_with_context is expected to fit (10.8 + 3.8 <= 14.96)
+    # and compiles alone beside own; it needs 17.4, 3.0 over its expectation for the 2.2 its floor
+    # saves over own's, so dots_saveable, saving 2.0, is no longer expected to fit (10.6 + 3.8 + 2.7
+    # > 14.96): save_attention_out compiles beside it, not after it. save_attention_out, saving
+    # 0.4, is (9.0 + 3.8 + 0.5), so save_context waits for it and is never compiled.
+    order.insert(4, "save_context")
+    work["save_context"] = 32.4
+    llama["save_context"] = 8.8
+    compiled["save_context"] = Outcome(True, 0.262, total_bytes=12.9)
     policy, events = run(llama, compiled, budget=14.96)
     assert policy == "save_attention_out"
+    started = [p for e, p in events if e == "start"]
+    assert started == ["full", "dots_with_context", "dots_saveable", "save_attention_out"], events
     assert events.index(("end", "dots_with_context")) < events.index(("start", "dots_saveable")), events
     assert events.index(("start", "save_attention_out")) < events.index(("end", "dots_saveable")), events
 

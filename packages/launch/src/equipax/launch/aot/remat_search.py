@@ -18,10 +18,13 @@ expected to fit (its floor plus what own's compiled program needs over own's flo
 budget), since that one would end the search (c4_1b at 6 layers on the chip: `dots_saveable`
 started once `full` was done, 2 s before `dots_with_context` fitted, and compiled on beside the
 run's first steps for 13 s; benchmarks/README.md). A candidate that compiled to more than so
-expected raises the expectation of the next by as much (llama3_2_1b at 6 layers on the chip:
-`dots_with_context` expected at 14.6 GiB of a 15.0-GiB budget compiled to 17.5, and
-`dots_saveable`, then expected to fit, held `save_attention_out` back for a compile of its own,
-16.7 GiB). The expectation orders the compiles only; what is
+expected raises the expectation of the next in proportion to what each saves over own's floor:
+the temporaries a floor leaves out grow with the residuals it keeps (llama3_2_1b at 6 layers on
+the chip, GiB: `dots_with_context`, floor 10.8 against own's 8.6, expected at 14.6 of a 14.96
+budget, compiled to 17.5; `dots_saveable` (10.6), then expected to fit, held `save_attention_out`
+(9.0) back for a compile of its own, 16.7; by the same rule as a flat correction, `save_attention_out`
+(compiled 13.5) would not have been expected to fit, and `save_context` compiled for nothing
+beside it). The expectation orders the compiles only; what is
 chosen is decided by the compiled figures alone. A faster candidate replaces
 `own` only where it fits and its compiled program is projected at least `min_gain` faster than
 own's; the first such one down the list is taken, and candidates after it are never lowered.
@@ -194,18 +197,20 @@ def search(
 
     def expected_to_fit(policy: str) -> bool:
         """Whether `policy` is expected to fit: its floor plus what own's compiled program needs over
-        own's floor (known once own has compiled and fits; before, nothing is expected), plus the
-        most a candidate compiled so far needed over that expectation of it."""
+        own's floor (known once own has compiled and fits; before, nothing is expected), plus, per
+        byte its floor saves over own's, the most a candidate compiled so far needed over that
+        expectation of it per byte its own floor saved."""
         mine = outcomes.get(own)
         if mine is None or not mine.fits or mine.total_bytes is None:
             return False
         overhead = max(0.0, mine.total_bytes - floors[own])
         missed = [
-            outcome.total_bytes - floors[p] - overhead
+            (outcome.total_bytes - floors[p] - overhead) / (floors[p] - floors[own])
             for p, outcome in outcomes.items()
-            if p != own and p in floors and outcome.total_bytes is not None
+            if p in floors and outcome.total_bytes is not None and floors[p] > floors[own]
         ]
-        return floors[policy] + overhead + max([0.0, *missed]) <= budget
+        saved = max(0.0, floors[policy] - floors[own])
+        return floors[policy] + overhead + saved * max([0.0, *missed]) <= budget
 
     def speculative(policy: str) -> bool:
         """Whether `policy` is needed only if a faster candidate before it, still compiling and
