@@ -24,7 +24,8 @@ the chip, GiB: `dots_with_context`, floor 10.8 against own's 8.6, expected at 14
 budget, compiled to 17.5; `dots_saveable` (10.6), then expected to fit, held `save_attention_out`
 (9.0) back for a compile of its own, 16.7; by the same rule as a flat correction, `save_attention_out`
 (compiled 13.5) would not have been expected to fit, and `save_context` compiled for nothing
-beside it). The expectation orders the compiles only; what is
+beside it). Nor does a candidate start once one before it has compiled to a win: the search
+then waits only for those between. The expectation orders the compiles only; what is
 chosen is decided by the compiled figures alone. A faster candidate replaces
 `own` only where it fits and its compiled program is projected at least `min_gain` faster than
 own's; the first such one down the list is taken, and candidates after it are never lowered.
@@ -212,11 +213,18 @@ def search(
         saved = max(0.0, floors[policy] - floors[own])
         return floors[policy] + overhead + saved * max([0.0, *missed]) <= budget
 
+    def wins(policy: str) -> bool:
+        """Whether `policy` has compiled, fits and is projected at least `min_gain` faster than own."""
+        outcome, mine = outcomes.get(policy), outcomes.get(own)
+        gain = _gain(outcome, mine) if outcome is not None and mine is not None else None
+        return outcome is not None and outcome.fits and gain is not None and gain >= min_gain
+
     def speculative(policy: str) -> bool:
         """Whether `policy` is needed only if a faster candidate before it, still compiling and
-        expected to fit, turns out not to."""
+        expected to fit, turns out not to; or not at all, one before it having compiled to a win
+        (the search then waits only for those between)."""
         ahead = faster[: faster.index(policy)] if policy in faster else []
-        return any(p in running.values() and expected_to_fit(p) for p in ahead)
+        return any((p in running.values() and expected_to_fit(p)) or wins(p) for p in ahead)
 
     def start(queue: collections.deque[str], hold: Callable[[str], bool] = lambda policy: False) -> None:
         while queue and len(running) < limit[0] and not hold(queue[0]):
