@@ -22,9 +22,9 @@ expected raises the expectation of the next in proportion to what each saves ove
 the temporaries a floor leaves out grow with the residuals it keeps (llama3_2_1b at 6 layers on
 the chip, GiB: `dots_with_context`, floor 10.8 against own's 8.6, expected at 14.6 of a 14.96
 budget, compiled to 17.5; `dots_saveable` (10.6), then expected to fit, held `save_attention_out`
-(9.0) back for a compile of its own, 16.7; by the same rule as a flat correction, `save_attention_out`
-(compiled 13.5) would not have been expected to fit, and `save_context` compiled for nothing
-beside it). Nor does a candidate start once one before it has compiled to a win: the search
+(9.0) back for a compile of its own, 16.7; the miss added whole would have expected
+`save_attention_out` over the budget too, compiled 13.5, and compiled `save_context` beside it for
+nothing). Nor does a candidate start once one before it has compiled to a win: the search
 then waits only for those between. The expectation orders the compiles only; what is
 chosen is decided by the compiled figures alone. A faster candidate replaces
 `own` only where it fits and its compiled program is projected at least `min_gain` faster than
