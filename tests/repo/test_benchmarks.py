@@ -458,3 +458,23 @@ def test_splash_blocks_times_each_setting_and_records_it(tmp_path):
     assert [(r["block_q"], r["block_kv"], r["fused_bwd"]) for r in rows] == [(128, 128, True), (256, 128, False)]
     assert all(r["ms"] > 0 and "error" not in r for r in rows), rows
     assert json.loads(out.read_text()) == json.loads(json.dumps(rows))
+
+
+def test_device_open_variants_time_each_environment_and_refuse_a_malformed_one(tmp_path):
+    """`device_open.py --variants`: one process per setting, the setting in its environment; a
+    setting that is not NAME=VALUE is refused, naming it."""
+    from benchmarks import device_open
+
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        device_open.parse_variant("TPU_PREMAPPED_BUFFER_SIZE")
+    out = tmp_path / "open.json"
+    variants = ["--variants", "default", "EQUIPAX_TEST_VARIANT=1"]
+    got = device_open.main(["--rounds", "1", *variants, "--transfer-mib", "1", "--many", "2", "--out", str(out)])
+    assert json.loads(out.read_text()) == got
+    assert set(got["medians"]) == {"default", "EQUIPAX_TEST_VARIANT=1"}
+    for runs in got["runs"].values():
+        (run,) = runs
+        assert run["platform"] == "cpu" and set(run["moves"]) == {"1 MiB", "2 x 256 MiB"}
+        assert 0 < run["open_s"] < run["wall_s"] and run["exit_s"] >= 0
+    assert got["runs"]["EQUIPAX_TEST_VARIANT=1"][0]["env"] == {"EQUIPAX_TEST_VARIANT": "1"}
+    assert got["runs"]["default"][0]["env"] == {}
