@@ -126,3 +126,47 @@ def test_the_state_digest_comes_from_the_checksums_of_the_last_save(monkeypatch,
     changed = {**state, "w": state["w"].at[5, 3].add(1e-3)}
     assert tree_digest(changed, ckpt.checksums(changed)) != tree_digest(state) and len(calls) == 2
     ckpt.close()
+
+
+def test_a_tpus_copy_to_the_host_goes_in_waves_that_fit_libtpus_buffer(monkeypatch, tmp_path):
+    """On a TPU a save copies its arrays off the device in waves of at most half of libtpu's
+    premapped buffer (`TPU_PREMAPPED_BUFFER_SIZE`), in order, each waited for: the same
+    checkpoint, restored bit for bit. Off a TPU it is one copy of everything, as orbax does it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from orbax.checkpoint._src.serialization import replica_slices
+
+    from equipax.launch.jobdir import host_transfer
+    from equipax.launch.jobdir.checkpoints import Checkpointer
+
+    assert list(host_transfer.waves([3, 3, 5, 9, 1, 1], 6)) == [[0, 1], [2], [3], [4, 5]]
+    assert host_transfer.wave_bytes({}) == 2 * 2**30
+    assert host_transfer.wave_bytes({"TPU_PREMAPPED_BUFFER_SIZE": "1073741824"}) == 2**29
+    state = {f"w{i}": jnp.full((256, 1024), float(i), jnp.float32) for i in range(5)}  # 1 MiB each
+    state["b"] = jnp.arange(7.0)
+    ckpt = Checkpointer(tmp_path / "ckpt", keep=2)  # installs the waves
+    wrapped = replica_slices.transfer_arrays_to_host
+    assert getattr(wrapped, "equipax_waves", False)
+    calls: list[list[int]] = []
+    original = wrapped.__wrapped__  # pyright: ignore[reportFunctionMemberAccess]
+
+    def spy(arrays, *args, **kwargs):
+        calls.append([int(a.size) for a in arrays])
+        return original(arrays, *args, **kwargs)
+
+    monkeypatch.setattr(replica_slices, "transfer_arrays_to_host", host_transfer._in_waves(spy))
+    ckpt.save(1, state, {"cursor": 1})
+    ckpt.wait()
+    assert len(calls) == 1 and sum(map(len, calls)) == 6  # CPU: one copy of everything
+    calls.clear()
+    monkeypatch.setattr(host_transfer, "_on_tpu", lambda arrays: True)
+    monkeypatch.setenv("TPU_PREMAPPED_BUFFER_SIZE", str(4 * 2**20))  # waves of 2 MiB
+    ckpt.save(2, state, {"cursor": 2})
+    ckpt.close()
+    assert len(calls) == 3 and sorted(n for wave in calls for n in wave) == sorted(int(a.size) for a in state.values())
+    assert all(sum(wave) * 4 <= 2 * 2**20 for wave in calls if len(wave) > 1)
+    back, data = Checkpointer(tmp_path / "ckpt", keep=2).restore(2, jax.tree.map(jnp.zeros_like, state))
+    assert data == {"cursor": 2}
+    for k in state:
+        np.testing.assert_array_equal(np.asarray(back[k]), np.asarray(state[k]))

@@ -39,6 +39,7 @@ from equipax.launch.jobdir.checksums import (
     unverified_warning,
     verify,
 )
+from equipax.launch.jobdir.host_transfer import transfer_in_waves
 from equipax.launch.jobdir.orbax_quiet import QuietOrbaxErrors, quiet_process, restore_failure
 from equipax.launch.jobdir.save_errors import save_error
 from equipax.launch.store.orbax_s3 import manager_options
@@ -96,6 +97,7 @@ class Checkpointer:
         logging.getLogger("absl").addFilter(self._quiet)
         quiet_process()  # for the process: orbax's callbacks and futures outlive this checkpointer
         split_only_large_replicated_arrays()
+        transfer_in_waves()  # a TPU's copy to the host in waves that fit libtpu's buffer
         options = dict(max_to_keep=keep, create=True, enable_async_checkpointing=True, cleanup_tmp_directories=True)
         self._manager = ocp.CheckpointManager(
             self.directory,
