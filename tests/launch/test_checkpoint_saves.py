@@ -143,6 +143,7 @@ def test_a_tpus_copy_to_the_host_goes_in_waves_that_fit_libtpus_buffer(monkeypat
     assert list(host_transfer.waves([3, 3, 5, 9, 1, 1], 6)) == [[0, 1], [2], [3], [4, 5]]
     assert host_transfer.wave_bytes({}) == 2 * 2**30
     assert host_transfer.wave_bytes({"TPU_PREMAPPED_BUFFER_SIZE": "1073741824"}) == 2**29
+    assert host_transfer._local_bytes(np.zeros(3, np.float32)) == 12 == host_transfer._local_bytes(jnp.zeros(3))
     state = {f"w{i}": jnp.full((256, 1024), float(i), jnp.float32) for i in range(5)}  # 1 MiB each
     state["b"] = jnp.arange(7.0)
     ckpt = Checkpointer(tmp_path / "ckpt", keep=2)  # installs the waves

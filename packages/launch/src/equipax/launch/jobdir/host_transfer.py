@@ -54,7 +54,9 @@ def waves(sizes: Sequence[int], limit: int) -> Iterator[list[int]]:
 
 
 def _local_bytes(array: Any) -> int:
-    """The bytes of `array` on this process's devices (every addressable shard)."""
+    """The bytes of `array` on this process's devices (every addressable shard; a host array's own)."""
+    if not isinstance(array, jax.Array):
+        return int(getattr(array, "nbytes", 0))
     return sum(shard.data.nbytes for shard in array.addressable_shards)
 
 
