@@ -92,23 +92,12 @@ def parse_variant(text: str) -> dict[str, str]:
 
 
 def run_variant(text: str, transfer_mib: str, many: int) -> dict:
-    import os
     import time
 
     started = time.time()
-    env = {**os.environ, **parse_variant(text)}
-    proc = subprocess.run(
-        [sys.executable, "-c", VARIANT_CHILD, transfer_mib, str(many), ",".join(parse_variant(text))],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    names = ",".join(parse_variant(text))
+    got = _child(text, [VARIANT_CHILD, transfer_mib, str(many), names], parse_variant(text))
     ended = time.time()
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT=")), None)
-    if proc.returncode != 0 or line is None:
-        raise SystemExit(f"device_open.py: the {text!r} child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    got = json.loads(line[len("RESULT=") :])
     imported, last_line = got.pop("import_jax_at"), got.pop("last_line_at")
     return {**got, "start_to_import_s": imported - started, "exit_s": ended - last_line, "wall_s": ended - started}
 
@@ -146,12 +135,22 @@ def main_variants(variants: list[str], rounds: int, transfer_mib: str, many: int
     return write_json(out, result)
 
 
-def run_child(mode: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, timeout=600)
+def _child(label: str, args: list[str], env: dict[str, str] | None = None) -> dict:
+    """`python -c args[0] args[1:]` in a fresh process (`env` added to this one's environment): its
+    `RESULT=` line, or SystemExit naming `label` with the child's stderr."""
+    import os
+
+    proc = subprocess.run(
+        [sys.executable, "-c", *args], capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})}
+    )
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT=")), None)
     if proc.returncode != 0 or line is None:
-        raise SystemExit(f"device_open.py: the {mode!r} child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"device_open.py: the {label!r} child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(line[len("RESULT=") :])
+
+
+def run_child(mode: str) -> dict:
+    return _child(mode, [CHILD, mode])
 
 
 def main(argv: list[str] | None = None) -> dict:
