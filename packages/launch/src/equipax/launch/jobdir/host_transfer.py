@@ -3,9 +3,9 @@
 libtpu moves data between the host and a TPU through a host buffer it pins when it opens the
 chip, `TPU_PREMAPPED_BUFFER_SIZE` bytes (4 GiB unless set). A transfer that does not fit in what
 is free of it takes a path of its own, several times slower. orbax starts the device-to-host copy
-of every array of a checkpoint at once: c4_1b at 6 layers' state, 24 arrays of 256 MiB (6 GiB),
-left the TPU v5e in 3.67 s all at once and in 2.22 s in waves of 2 GiB, and with a 1-GiB buffer
-in 9.99 s against 2.17 s in waves of 1 GiB (benchmarks/README.md, "eleventh session").
+of every array of a checkpoint at once: 24 arrays of 256 MiB (6 GiB; c4_1b at 6 layers' state is
+6.2) left the TPU v5e in 3.67 s all at once and in 2.22 s in waves of 2 GiB, and with a 1-GiB
+buffer in 9.99 s against 2.17 s in waves of 1 GiB (benchmarks/README.md, "eleventh session").
 
 `transfer_in_waves` wraps orbax's `transfer_arrays_to_host` (the step of a save that copies the
 arrays to host memory and blocks until they are there) so that on a TPU it copies them in waves
