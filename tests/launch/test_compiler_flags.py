@@ -164,3 +164,54 @@ def test_libtpu_is_quiet_on_a_host_without_tpus_and_untouched_on_a_tpu_vm(tmp_pa
     import os
 
     assert os.environ["TPU_ACCELERATOR_TYPE"] == "v5p-64" and QUIETED_TPU not in os.environ
+
+
+def test_a_new_tpu_job_opens_the_chip_with_a_1_gib_host_buffer_and_a_resume_keeps_libtpus(tmp_path, monkeypatch):
+    """libtpu pins `TPU_PREMAPPED_BUFFER_SIZE` bytes when it opens the chip (4 GiB by default, about
+    1.1 s per GiB on the v5e's host). `launch run` of a job with no checkpoint and no weights to
+    import sets 1 GiB before JAX starts, and says so; a resume, `model.init_from`, a buffer the
+    user set, `JAX_PLATFORMS` without tpu, or a host without TPU chips keep libtpu's default."""
+    from equipax.launch.cluster import devices
+    from equipax.launch.hardware import tpu
+    from helpers.cli import invoke
+
+    dev = tmp_path / "dev"
+    (dev / "vfio").mkdir(parents=True)
+    new, old = tmp_path / "new", tmp_path / "old"
+    (old / "checkpoints").mkdir(parents=True)
+    assert tpu.host_buffer_for_new_job(new, loads_weights=False, environ=(env := {}), dev=dev) is None and env == {}
+    (dev / "accel0").touch()  # a v5e VM's chip
+    assert tpu.host_buffer_for_new_job(new, loads_weights=False, environ=(env := {}), dev=dev) == "1073741824"
+    assert env == {"TPU_PREMAPPED_BUFFER_SIZE": str(2**30)}
+    assert tpu.host_buffer_for_new_job(new, loads_weights=False, environ={"JAX_PLATFORMS": "tpu,cpu"}, dev=dev)
+    for environ, job, loads in [
+        ({}, old, False),  # a resume puts the whole state on the chip
+        ({}, new, True),  # so does an import of weights
+        ({"TPU_PREMAPPED_BUFFER_SIZE": str(4 * 2**30)}, new, False),
+        ({"JAX_PLATFORMS": "cpu"}, new, False),
+    ]:
+        before = dict(environ)
+        assert tpu.host_buffer_for_new_job(job, loads_weights=loads, environ=environ, dev=dev) is None
+        assert environ == before
+
+    # `launch run` asks before the devices open, with the job's directory and its model.init_from.
+    class Opened(Exception):
+        pass
+
+    def stop() -> None:
+        raise Opened
+
+    seen: list[tuple[str, bool]] = []
+
+    def spy(job_dir, *, loads_weights):
+        seen.append((str(job_dir), loads_weights))
+        return str(2**30) if not loads_weights else None
+
+    monkeypatch.setattr(devices, "open_devices_early", stop)
+    monkeypatch.setattr(tpu, "host_buffer_for_new_job", spy)
+    code, out = invoke("run", "--exp", "shakespeare_tiny", "--job-log-dir", new)
+    assert code == 1 and seen == [(str(new), False)] and "TPU_PREMAPPED_BUFFER_SIZE=1073741824" in out, out
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    code, out = invoke("run", "--exp", "shakespeare_tiny", "--job-log-dir", new, "--set", f"model.init_from=hf:{hf}")
+    assert seen[-1] == (str(new), True) and "TPU_PREMAPPED_BUFFER_SIZE" not in out, out

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from equipax.core.knobs import ConfigError, format_knobs, to_dict
+from equipax.core.knobs import ConfigError, flatten, format_knobs, to_dict
 from equipax.launch.commands.common import (
     DEFAULT_EXPERIMENT,
     CpuDevicesOption,
@@ -204,8 +204,14 @@ def run(
             check_shape(cfg.mesh, num_processes=jax.process_count(), local_devices=jax.local_device_count())
     except ConfigError as e:
         fail(str(e))
-    open_devices_early()  # while the training code imports (the devices phase)
     job_dir = job_given or Path("runs") / cfg.name
+    if entry.kind == "train":
+        from equipax.launch.hardware.tpu import host_buffer_for_new_job
+
+        loads_weights = bool(flatten(cfg).get("model.init_from"))
+        if (size := host_buffer_for_new_job(job_dir, loads_weights=loads_weights)) is not None:
+            err.print(f"TPU_PREMAPPED_BUFFER_SIZE={size} (a new job: docs/compile.md)", highlight=False, markup=False)
+    open_devices_early()  # while the training code imports (the devices phase)
     startup.mark("config")  # the knobs, the compiler flags (the devices open meanwhile, on the thread above)
     if entry.kind == "benchmark":
         from equipax.launch.bench.attention_timing import run_attention_bench

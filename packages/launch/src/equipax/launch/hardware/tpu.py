@@ -18,7 +18,9 @@ from typing import Any
 from equipax.core.knobs import ConfigError
 
 __all__ = [
+    "host_buffer_for_new_job",
     "libtpu_available",
+    "NEW_JOB_BUFFER_BYTES",
     "lookup_slice",
     "prepare_libtpu",
     "quiet_absent_tpu",
@@ -156,6 +158,48 @@ def quiet_absent_tpu(environ: MutableMapping[str, str] | None = None, *, dev: Pa
     env.update(TPU_ACCELERATOR_TYPE="v4-8", TPU_WORKER_HOSTNAMES="localhost", TPU_WORKER_ID="0")
     env[QUIETED_TPU] = "1"
     return True
+
+
+# libtpu's premapped host buffer for a job that restores nothing (libtpu's own default: 4 GiB).
+NEW_JOB_BUFFER_BYTES = 2**30
+
+
+def host_buffer_for_new_job(
+    job_dir: Any, *, loads_weights: bool, environ: MutableMapping[str, str] | None = None, dev: Path = Path("/dev")
+) -> str | None:
+    """A 1-GiB premapped host buffer for libtpu where the job has nothing to put on the chip; call
+    before JAX starts.
+
+    libtpu pins `TPU_PREMAPPED_BUFFER_SIZE` bytes of host memory when it opens the chip (4 GiB by
+    default), about 1.1 s per GiB on the TPU v5e's host. A new job initialises its state on the
+    chip and copies its checkpoints off it in waves that fit the buffer
+    (`equipax.launch.jobdir.host_transfer`), so a smaller one only shortens its start: c4_1b at 6
+    layers opened the chip in 3.0-4.6 s instead of 6.3-9.9 s. A resume or an import of weights
+    puts the whole state on the chip, which with 1 GiB took 12.6-16.7 s instead of 9.3-11.5 s
+    (benchmarks/README.md, "twelfth session"), so those keep libtpu's default, as does a buffer the
+    user set, and a host without TPU chips or whose `JAX_PLATFORMS` leaves the TPU out.
+
+    Args:
+        job_dir: the job directory; "new" means it holds no `checkpoints/` (one that cannot be
+            read counts as holding them).
+        loads_weights: the run starts from weights read from disk (`model.init_from`).
+
+    Returns:
+        The value set, or None where nothing was set.
+    """
+    env = os.environ if environ is None else environ
+    platforms = env.get("JAX_PLATFORMS", "")
+    if "TPU_PREMAPPED_BUFFER_SIZE" in env or loads_weights or (platforms and "tpu" not in platforms.split(",")):
+        return None
+    if not _has_tpu_chips(dev):
+        return None
+    try:
+        if (job_dir / "checkpoints").exists():
+            return None
+    except OSError:
+        return None
+    env["TPU_PREMAPPED_BUFFER_SIZE"] = str(NEW_JOB_BUFFER_BYTES)
+    return env["TPU_PREMAPPED_BUFFER_SIZE"]
 
 
 def prepare_libtpu(accelerator_type: str) -> None:
