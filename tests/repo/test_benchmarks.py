@@ -478,3 +478,33 @@ def test_device_open_variants_time_each_environment_and_refuse_a_malformed_one(t
         assert 0 < run["open_s"] < run["wall_s"] and run["exit_s"] >= 0
     assert got["runs"]["EQUIPAX_TEST_VARIANT=1"][0]["env"] == {"EQUIPAX_TEST_VARIANT": "1"}
     assert got["runs"]["default"][0]["env"] == {}
+
+
+def test_launch_timeline_times_the_checkpointers_calls(tmp_path, monkeypatch, caplog):
+    """`launch_timeline.py --checkpoints`: each call of the checkpointer logs its duration (the
+    restore's until its arrays are on the devices), once however often it is asked for."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from benchmarks import launch_timeline
+    from equipax.launch.jobdir.checkpoints import Checkpointer
+
+    for name in launch_timeline.CHECKPOINTER_CALLS:  # put back after the test
+        monkeypatch.setattr(Checkpointer, name, getattr(Checkpointer, name))
+    launch_timeline.time_checkpointer()
+    launch_timeline.time_checkpointer()
+    state = {"w": jnp.arange(6.0).reshape(2, 3)}
+    with caplog.at_level("WARNING", logger=launch_timeline.log.name):
+        ckpt = Checkpointer(tmp_path / "ckpt", keep=1)
+        ckpt.save(1, state, {"cursor": 1})
+        ckpt.wait()
+        step, back, data, _ = ckpt.restore_latest({"w": jnp.zeros((2, 3))})
+        ckpt.close()
+    assert step == 1 and data == {"cursor": 1}
+    np.testing.assert_array_equal(np.asarray(back["w"]), np.asarray(state["w"]))
+    calls = [re.fullmatch(r"Checkpointer\.(\w+): \d+\.\d{3} s", r.getMessage()) for r in caplog.records]
+    assert all(calls), [r.getMessage() for r in caplog.records]
+    names = [m.group(1) for m in calls if m]
+    assert set(names) == set(launch_timeline.CHECKPOINTER_CALLS), names  # save/restore also wait inside
+    assert names.count("save") == names.count("restore_latest") == names.count("close") == 1, names
+    assert names.index("save") < names.index("restore_latest") < names.index("close") == len(names) - 1
