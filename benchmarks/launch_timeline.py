@@ -9,7 +9,8 @@ those lines are the start-up's timeline: what waits for what, and what compiles 
 
 `--checkpoints` first (before the command) also logs how long each of the checkpointer's calls took,
 stamped the same way: `restore_latest` (until the restored arrays are on the devices), `save` (what
-blocks the run: the copy to the host), `wait` and `close` (the writes waited for). How a resume's
+blocks the run: the copy to the host, and the earlier save's write, whose `wait` is logged first
+on its own), `wait` and `close` (the writes waited for). How a resume's
 restore and a save were timed under each libtpu host buffer (benchmarks/README.md, "twelfth session";
 the checkpointer's imports, orbax's among them, then come before the command, in its start-up phase):
 
